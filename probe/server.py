@@ -1,0 +1,362 @@
+"""The sender thread: turns queued items into frames, serves viewers, writes the recording.
+
+Everything that can block or cost more than a deque append happens here, never
+on the training thread. Each viewer has its own bounded outbound queue; a slow
+viewer loses its oldest frames (counted, then announced with a ``drops``
+record) and a viewer that stays unwritable for ``STALL_SECONDS`` is dropped.
+"""
+
+from __future__ import annotations
+
+import collections
+import os
+import selectors
+import socket
+import struct
+import sys
+import threading
+import time
+from typing import Any, Callable, Deque, Iterable
+
+from probe import wire
+from probe.recording import RecordingWriter
+
+MAX_VIEWERS = 8
+VIEWER_QUEUE_BYTES = 4 << 20
+STALL_SECONDS = 10.0
+HELLO_DEADLINE = 2.0          # TCP viewers must authenticate within this
+BACKFILL_STEPS = 2000
+BACKFILL_EVENTS = 100
+TICK = 0.05                   # sender wake-up period: latency of the live stream
+MAX_ITEMS_PER_TICK = 20_000   # keeps one tick bounded even after a burst
+
+_PEERCRED = struct.Struct("3i")
+
+
+class Viewer:
+    """One attached viewer connection and its outbound queue."""
+
+    __slots__ = ("sock", "out", "out_bytes", "head_sent", "dropped", "dropped_total", "last_progress",
+                 "decoder", "authed", "accepted", "tcp")
+
+    def __init__(self, sock: socket.socket, *, tcp: bool) -> None:
+        self.sock = sock
+        self.out: Deque[bytes] = collections.deque()
+        self.out_bytes = 0
+        self.head_sent = 0            # bytes of out[0] already sent
+        self.dropped = 0              # frames dropped since the last drops record
+        self.dropped_total = 0
+        self.last_progress = time.monotonic()
+        self.decoder = wire.FrameDecoder(max_frame=wire.VIEWER_MAX_FRAME)
+        self.tcp = tcp
+        self.authed = not tcp
+        self.accepted = time.monotonic()
+
+    def enqueue(self, frame: bytes) -> None:
+        """Queue a frame, dropping the oldest whole frames (never the one in flight) to fit."""
+        if not self.out:
+            self.last_progress = time.monotonic()
+        self.out.append(frame)
+        self.out_bytes += len(frame)
+        while self.out_bytes > VIEWER_QUEUE_BYTES and len(self.out) > 1:
+            victim_index = 1 if self.head_sent else 0
+            victim = self.out[victim_index]
+            del self.out[victim_index]
+            self.out_bytes -= len(victim)
+            self.dropped += 1
+            self.dropped_total += 1
+
+
+class Sender(threading.Thread):
+    """Background thread owning every socket and file of the probe."""
+
+    def __init__(self, *, queue: Deque[Any], build: Callable[[Any], dict | None], hello: dict,
+                 listener: socket.socket | None, tcp_listener: socket.socket | None = None,
+                 tcp_token: str | None = None, recorder: RecordingWriter | None = None,
+                 on_error: Callable[[str, BaseException], None] | None = None) -> None:
+        super().__init__(name="perfmon-sender", daemon=True)
+        self.queue = queue
+        self.build = build
+        self.encoder = wire.Encoder()
+        self.hello_frame = self.encoder.frame(hello)
+        self.listener = listener
+        self.tcp_listener = tcp_listener
+        self.tcp_token = tcp_token
+        self.recorder = recorder
+        self.on_error = on_error or (lambda where, exc: None)
+        self.viewers: dict[int, Viewer] = {}
+        self.backfill_steps: Deque[bytes] = collections.deque(maxlen=BACKFILL_STEPS)
+        self.backfill_events: Deque[bytes] = collections.deque(maxlen=BACKFILL_EVENTS)
+        self.latest: dict[str, bytes] = {}
+        self.stop_event = threading.Event()
+        self.stopped = threading.Event()
+        self.frames_out = 0
+        self.recorder_failed = False
+        self.sel = selectors.DefaultSelector()
+        for lst in (listener, tcp_listener):
+            if lst is not None:
+                lst.setblocking(False)
+                self.sel.register(lst, selectors.EVENT_READ, None)
+        if recorder is not None:
+            self._record([self.hello_frame])
+
+    # -- thread body ------------------------------------------------------------------------
+    def run(self) -> None:
+        try:
+            while not self.stop_event.is_set():
+                self._tick(TICK)
+            self._finish()
+        except BaseException as exc:  # the probe must never take the process down
+            self.on_error("sender", exc)
+        finally:
+            self.stopped.set()
+
+    def _tick(self, timeout: float) -> None:
+        for key, mask in self.sel.select(timeout):
+            if key.data is None:
+                self._accept(key.fileobj)  # type: ignore[arg-type]
+            else:
+                viewer: Viewer = key.data
+                if mask & selectors.EVENT_READ:
+                    self._read(viewer)
+                if mask & selectors.EVENT_WRITE and viewer.sock.fileno() in self.viewers:
+                    self._flush(viewer)
+        self._drain()
+        now = time.monotonic()
+        for viewer in list(self.viewers.values()):
+            if viewer.out:
+                self._flush(viewer)
+            if viewer.out and now - viewer.last_progress > STALL_SECONDS:
+                self._close(viewer)
+            elif not viewer.authed and now - viewer.accepted > HELLO_DEADLINE:
+                self._close(viewer)
+
+    def _finish(self) -> None:
+        """Final drain, ``bye`` to everyone, a bounded attempt to flush, then close all."""
+        self._drain()
+        bye = self.encoder.frame({"k": "bye", "t": time.time()})
+        self._fan_out([bye], kinds=["bye"])
+        self._record([bye])
+        deadline = time.monotonic() + 1.0
+        while any(v.out for v in self.viewers.values()) and time.monotonic() < deadline:
+            for viewer in list(self.viewers.values()):
+                self._flush(viewer)
+            time.sleep(0.01)
+        for viewer in list(self.viewers.values()):
+            self._close(viewer)
+        self.close_listeners()
+        if self.recorder is not None:
+            try:
+                self.recorder.close()
+            except OSError:
+                pass
+
+    # -- records ----------------------------------------------------------------------------
+    def _drain(self) -> None:
+        frames: list[bytes] = []
+        kinds: list[str] = []
+        q = self.queue
+        for _ in range(MAX_ITEMS_PER_TICK):
+            try:
+                item = q.popleft()
+            except IndexError:
+                break
+            try:
+                rec = self.build(item)
+                if rec is None:
+                    continue
+                frame = self.encoder.frame(rec)
+            except Exception as exc:
+                self.on_error("encode", exc)
+                continue
+            kind = rec["k"]
+            frames.append(frame)
+            kinds.append(kind)
+            if kind == "step":
+                self.backfill_steps.append(frame)
+            elif kind in ("event", "drops"):
+                self.backfill_events.append(frame)
+            elif kind == "comm" or kind == "memory" or kind == "sample":
+                self.latest[kind] = frame
+        if frames:
+            self.frames_out += len(frames)
+            self._fan_out(frames, kinds)
+            self._record(frames)
+
+    def _fan_out(self, frames: list[bytes], kinds: list[str]) -> None:
+        for viewer in self.viewers.values():
+            if not viewer.authed:
+                continue
+            for frame in frames:
+                viewer.enqueue(frame)
+            if viewer.dropped:
+                viewer.enqueue(self.encoder.frame({
+                    "k": "drops", "t": time.time(), "count": viewer.dropped, "total": viewer.dropped_total,
+                    "reason": "viewer too slow: oldest records dropped from its 4 MiB queue"}))
+                viewer.dropped = 0
+
+    def _record(self, frames: Iterable[bytes]) -> None:
+        if self.recorder is None or self.recorder_failed:
+            return
+        try:
+            self.recorder.write(b"".join(RecordingWriter.wrap(f) for f in frames))
+        except OSError as exc:
+            self.recorder_failed = True
+            self.on_error("recorder", exc)
+
+    # -- viewers ----------------------------------------------------------------------------
+    def _accept(self, listener: socket.socket) -> None:
+        try:
+            sock, _ = listener.accept()
+        except (BlockingIOError, InterruptedError):
+            return
+        except OSError as exc:
+            self.on_error("accept", exc)
+            return
+        tcp = listener is self.tcp_listener
+        if not tcp and not _peer_is_us(sock):
+            sock.close()
+            return
+        sock.setblocking(False)
+        if len(self.viewers) >= MAX_VIEWERS:
+            try:
+                sock.send(self.hello_frame + self.encoder.frame({
+                    "k": "event", "t": time.time(), "name": "error",
+                    "message": f"too many viewers ({MAX_VIEWERS} already attached)"}), _MSG_FLAGS)
+            except OSError:
+                pass
+            sock.close()
+            return
+        viewer = Viewer(sock, tcp=tcp)
+        self.viewers[sock.fileno()] = viewer
+        self.sel.register(sock, selectors.EVENT_READ, viewer)
+        if viewer.authed:
+            self._backfill(viewer)
+
+    def _backfill(self, viewer: Viewer) -> None:
+        viewer.enqueue(self.hello_frame)
+        for frame in self.backfill_events:
+            viewer.enqueue(frame)
+        for frame in self.backfill_steps:
+            viewer.enqueue(frame)
+        for frame in self.latest.values():
+            viewer.enqueue(frame)
+        self._flush(viewer)
+
+    def _read(self, viewer: Viewer) -> None:
+        try:
+            data = viewer.sock.recv(4096)
+        except (BlockingIOError, InterruptedError):
+            return
+        except OSError:
+            self._close(viewer)
+            return
+        if not data:
+            self._close(viewer)
+            return
+        try:
+            for rec in viewer.decoder.feed(data):
+                if rec["k"] != "hello":
+                    continue
+                wire.check_compatible(rec.get("proto"), we_are="probe")
+                if not viewer.authed:
+                    if self.tcp_token and rec.get("token") == self.tcp_token:
+                        viewer.authed = True
+                        self._backfill(viewer)
+                    else:
+                        self._close(viewer)
+                        return
+        except wire.ProtocolMismatch as exc:
+            _say(str(exc))
+            self._close(viewer)
+        except wire.ProtocolError:
+            self._close(viewer)
+
+    def _flush(self, viewer: Viewer) -> None:
+        sock = viewer.sock
+        while viewer.out:
+            head = viewer.out[0]
+            try:
+                n = sock.send(memoryview(head)[viewer.head_sent:], _MSG_FLAGS)
+            except (BlockingIOError, InterruptedError):
+                break
+            except OSError:
+                self._close(viewer)
+                return
+            viewer.last_progress = time.monotonic()
+            viewer.head_sent += n
+            if viewer.head_sent >= len(head):
+                viewer.out.popleft()
+                viewer.out_bytes -= len(head)
+                viewer.head_sent = 0
+        self._watch_writable(viewer)
+
+    def _watch_writable(self, viewer: Viewer) -> None:
+        events = selectors.EVENT_READ | (selectors.EVENT_WRITE if viewer.out else 0)
+        try:
+            if self.sel.get_key(viewer.sock).events != events:
+                self.sel.modify(viewer.sock, events, viewer)
+        except (KeyError, ValueError):
+            pass
+
+    def _close(self, viewer: Viewer) -> None:
+        fd = viewer.sock.fileno()
+        if fd in self.viewers:
+            del self.viewers[fd]
+            try:
+                self.sel.unregister(viewer.sock)
+            except (KeyError, ValueError):
+                pass
+        try:
+            viewer.sock.close()
+        except OSError:
+            pass
+
+    def close_listeners(self) -> None:
+        for lst in (self.listener, self.tcp_listener):
+            if lst is not None:
+                try:
+                    self.sel.unregister(lst)
+                except (KeyError, ValueError):
+                    pass
+                lst.close()
+
+    def abandon(self) -> None:
+        """Forked child: close every inherited fd without sending or writing anything."""
+        for viewer in list(self.viewers.values()):
+            try:
+                viewer.sock.close()
+            except OSError:
+                pass
+        self.viewers.clear()
+        for lst in (self.listener, self.tcp_listener):
+            if lst is not None:
+                try:
+                    lst.close()
+                except OSError:
+                    pass
+        try:
+            self.sel.close()
+        except (OSError, RuntimeError):
+            pass
+        if self.recorder is not None:
+            self.recorder.abandon()
+
+
+_MSG_FLAGS = getattr(socket, "MSG_NOSIGNAL", 0)
+
+
+def _peer_is_us(sock: socket.socket) -> bool:
+    """SO_PEERCRED: only the same user (or root) may read a job's stream."""
+    try:
+        _pid, uid, _gid = _PEERCRED.unpack(sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, _PEERCRED.size))
+    except (OSError, AttributeError):
+        return False
+    return uid in (os.getuid(), 0)
+
+
+def _say(message: str) -> None:
+    try:
+        sys.stderr.write(f"perfmon: {message}\n")
+    except (OSError, ValueError):
+        pass

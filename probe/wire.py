@@ -1,0 +1,187 @@
+"""Wire protocol v1: the one place that defines frames, record kinds, keys and limits.
+
+The probe (producer) owns the format; the viewer, the recorder reader and the
+report import it from here so that both sides can never drift apart.
+
+Frame = u32 big-endian payload length + one msgpack map (DESIGN §4). The length
+is checked against ``MAX_FRAME`` before any body byte is buffered, the body is
+decoded with ``unpackb`` (whose internal limits then collapse to the frame
+length) and the result is schema-checked before anyone sees it.
+"""
+
+from __future__ import annotations
+
+import struct
+from typing import Any, Iterator
+
+import msgpack
+
+PROTO: tuple[int, int] = (1, 0)
+MAX_FRAME = 1 << 20          # 1 MiB, checked before the body is read
+MAX_DEPTH = 8                # records are shallow; anything deeper is hostile
+MAX_CONTAINER = 10_000       # entries in any one map or list
+VIEWER_MAX_FRAME = 4096      # viewers only ever send a small hello
+
+HEADER = struct.Struct(">I")
+
+KINDS = frozenset({"hello", "step", "sample", "memory", "comm", "event", "drops", "bye"})
+
+# Keys a reader relies on, with the types they must have when present.
+# Minor versions may add keys; readers ignore keys they do not know.
+_NUM = (int, float)
+REQUIRED: dict[str, dict[str, tuple[type, ...]]] = {
+    "hello": {"proto": (list, tuple)},
+    "step": {"step": (int,), "dur": _NUM},
+    "sample": {},
+    "memory": {},
+    "comm": {"ops": (list,)},
+    "event": {"name": (str,)},
+    "drops": {"count": (int,)},
+    "bye": {},
+}
+OPTIONAL: dict[str, dict[str, tuple[type, ...]]] = {
+    "hello": {"job": (str,), "rank": (int,), "world_size": (int,), "pid": (int,), "host": (str,),
+              "restart": (int,), "device": (dict,), "argv": (list,)},
+    "step": {"start": _NUM, "phases": (dict,), "comm": (dict,), "mem": (dict,), "syncs": _NUM,
+             "samples": _NUM, "tokens": _NUM, "flops": _NUM},
+    "sample": {"gpus": (list,), "host": (dict,)},
+}
+
+
+class ProtocolError(Exception):
+    """A frame or record that breaks the protocol. ``str()`` is one line for the user."""
+
+
+class ProtocolMismatch(ProtocolError):
+    """Peers speak different major versions."""
+
+
+def format_proto(proto: Any) -> str:
+    try:
+        return f"{int(proto[0])}.{int(proto[1])}"
+    except (TypeError, ValueError, IndexError, KeyError):
+        return "?"
+
+
+def mismatch_message(viewer: Any, probe: Any) -> str:
+    return f"protocol version mismatch (viewer {format_proto(viewer)}, probe {format_proto(probe)})"
+
+
+def check_compatible(peer_proto: Any, *, we_are: str) -> None:
+    """Raise ProtocolMismatch unless ``peer_proto`` has our major version.
+
+    ``we_are`` is "viewer" or "probe" so the message names each side correctly.
+    """
+    try:
+        major = int(peer_proto[0])
+    except (TypeError, ValueError, IndexError, KeyError):
+        major = -1
+    if major != PROTO[0]:
+        if we_are == "viewer":
+            raise ProtocolMismatch(mismatch_message(PROTO, peer_proto))
+        raise ProtocolMismatch(mismatch_message(peer_proto, PROTO))
+
+
+class Encoder:
+    """Packs records into frames. Not thread-safe: one per thread (the sender's)."""
+
+    def __init__(self) -> None:
+        self._packer = msgpack.Packer(use_bin_type=True, autoreset=True)
+
+    def frame(self, record: dict[str, Any]) -> bytes:
+        body = self._packer.pack(record)
+        if len(body) > MAX_FRAME:
+            raise ProtocolError(f"record of kind {record.get('k')!r} is {len(body)} bytes, over the 1 MiB frame limit")
+        return HEADER.pack(len(body)) + body
+
+
+def encode(record: dict[str, Any]) -> bytes:
+    """One-off frame encoding (tests, viewers' hello)."""
+    return Encoder().frame(record)
+
+
+def decode_body(body: bytes) -> dict[str, Any]:
+    """Decode and validate one frame body; raise ProtocolError on anything wrong."""
+    try:
+        obj = msgpack.unpackb(body, raw=False, strict_map_key=True, use_list=True)
+    except (ValueError, msgpack.ExtraData, msgpack.FormatError, msgpack.StackError,
+            msgpack.BufferFull, TypeError, MemoryError, RecursionError) as exc:
+        raise ProtocolError(f"undecodable frame ({type(exc).__name__})") from None
+    return validate(obj)
+
+
+def _check_shape(obj: Any, depth: int) -> None:
+    if depth > MAX_DEPTH:
+        raise ProtocolError(f"record nested deeper than {MAX_DEPTH} levels")
+    if isinstance(obj, dict):
+        if len(obj) > MAX_CONTAINER:
+            raise ProtocolError("record has an oversized map")
+        for key, value in obj.items():
+            if not isinstance(key, str):
+                raise ProtocolError("record has a non-string key")
+            if isinstance(value, (dict, list)):
+                _check_shape(value, depth + 1)
+    elif isinstance(obj, list):
+        if len(obj) > MAX_CONTAINER:
+            raise ProtocolError("record has an oversized list")
+        for value in obj:
+            if isinstance(value, (dict, list)):
+                _check_shape(value, depth + 1)
+
+
+def validate(obj: Any) -> dict[str, Any]:
+    """Schema check: a map with a known kind, a time, and correctly typed known keys.
+
+    Unknown kinds are rejected (a new kind needs a new minor version *and* a
+    reader that knows it); unknown keys are allowed (minor versions add keys).
+    """
+    if not isinstance(obj, dict):
+        raise ProtocolError("frame is not a map")
+    _check_shape(obj, 1)
+    kind = obj.get("k")
+    if kind not in KINDS:
+        raise ProtocolError(f"unknown record kind {str(kind)[:20]!r}")
+    t = obj.get("t")
+    if not isinstance(t, _NUM) or isinstance(t, bool):
+        raise ProtocolError(f"{kind} record without a time")
+    for key, types in REQUIRED[kind].items():
+        if not isinstance(obj.get(key), types) or isinstance(obj.get(key), bool):
+            raise ProtocolError(f"{kind} record: '{key}' missing or of the wrong type")
+    for key, types in OPTIONAL.get(kind, {}).items():
+        value = obj.get(key)
+        if value is not None and (not isinstance(value, types) or isinstance(value, bool)):
+            raise ProtocolError(f"{kind} record: '{key}' of the wrong type")
+    return obj
+
+
+class FrameDecoder:
+    """Incremental decoder for a byte stream of frames.
+
+    ``feed()`` buffers at most one frame (``max_frame`` + 4 bytes) before it
+    must be consumed, so a hostile length prefix cannot make it allocate more.
+    """
+
+    def __init__(self, max_frame: int = MAX_FRAME) -> None:
+        self._buf = bytearray()
+        self._max = max_frame
+        self.offset = 0  # stream offset of the next undecoded frame, for messages
+
+    def feed(self, data: bytes) -> Iterator[dict[str, Any]]:
+        self._buf += data
+        while True:
+            if len(self._buf) < HEADER.size:
+                return
+            (length,) = HEADER.unpack_from(self._buf)
+            if length > self._max:
+                raise ProtocolError(f"frame at offset {self.offset} claims {length} bytes, over the {self._max}-byte limit")
+            if len(self._buf) < HEADER.size + length:
+                return
+            body = bytes(self._buf[HEADER.size:HEADER.size + length])
+            del self._buf[:HEADER.size + length]
+            self.offset += HEADER.size + length
+            yield decode_body(body)
+
+    @property
+    def pending(self) -> int:
+        """Bytes received but not yet forming a whole frame (a torn frame at EOF)."""
+        return len(self._buf)
