@@ -11,6 +11,33 @@ length) and the result is schema-checked before anyone sees it.
 
 from __future__ import annotations
 
+# Record keys (v1.0). Absent or None means unknown. Times are unix seconds, durations
+# seconds, sizes bytes, shares fractions 0..1 unless named otherwise.
+#
+# hello   proto [1,0], job, rank, local_rank, world_size, host, pid, restart, argv, torch,
+#         name (socket base name), device {type "cpu"|"cuda", name, count, memory_total,
+#         peak_flops {dtype: FLOP/s}, status (why no GPU, e.g. "no NVIDIA GPU: NVML library not found")}
+# step    step (int, increasing), start, dur (from the end of the previous step, includes the
+#         data wait), phases {data, forward, backward, optimizer, other, <user phases>},
+#         data_cpu (main-thread CPU s spent inside the loader wait: num_workers=0 loading),
+#         comm {seconds, exposed, bytes, ops, estimated (bool: exposed is an estimate)},
+#         syncs (host-device syncs in the step), sync_site ("file:line" of the most frequent),
+#         samples, tokens, flops, mem {allocated, peak, reserved},
+#         gpu_time (device time of the step from events), lead (host-ahead-of-device s)
+# sample  host {cpu (cores busy in this process), cpu_count, sys_cpu, rss, mem_used, mem_total,
+#         mem_limit, mem_limit_source, loader_workers, loader_cpu (mean share of one core per
+#         loader worker), loader_cpu_max}, gpus [{index, name, util, mem_used, mem_total,
+#         power_w, power_limit_w, sm_clock, sm_clock_max, temp_c, throttle [reason names],
+#         pcie_tx, pcie_rx, nvlink_tx, nvlink_rx (bytes/s), and on GPM devices sm_active,
+#         sm_occupancy, tensor_active, dram_bw (0..1)}], gpu_status (str when no GPU data)
+# memory  device, params, grads, optimizer, activations, cache, fragmentation, other, limit,
+#         peak, reserved, allocated, alloc_retries, ooms
+# comm    backend, world_size, ops [{op, count, bytes, seconds, busbw}] (cumulative since start)
+# event   name (checkpoint|oom|exception|restart|warning|error|first_batch|<custom>), message,
+#         seconds, and free-form fields
+# drops   count (since the last drops record), total, reason
+# bye     (clean shutdown)
+
 import struct
 from typing import Any, Iterator
 

@@ -1,0 +1,85 @@
+"""The ``perfmon`` command: argument parsing and dispatch, nothing else.
+
+Each subcommand lives in its own module with a ``main(args) -> int``; they are
+imported lazily so ``perfmon ls`` never pays for (or needs) Textual or torch.
+User mistakes raise ``UserError`` and become one line on stderr, exit 2.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+
+from tui.errors import UserError
+
+
+COMMANDS = {
+    "demo": "tui.demo.cli",
+    "attach": "tui.attach",
+    "ls": "tui.discovery",
+    "run": "tui.runner",
+    "record": "tui.record",
+    "report": "tui.report",
+}
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="perfmon", description="Why is my training slow right now?")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+
+    demo = sub.add_parser("demo", help="run a built-in training workload and watch perfmon diagnose it")
+    demo.add_argument("--scenario", default="tour", help="tour (default), healthy, data_preprocessing, data_loading, "
+                      "communication, load_imbalance, memory, step_gaps, host_sync")
+    demo.add_argument("--ranks", type=int, default=None, help="processes (gloo on CPU); scenario default if omitted")
+    demo.add_argument("--seconds", type=float, default=None, help="how long to run (headless default 40)")
+    demo.add_argument("--headless", action="store_true", help="no TUI: run, then print the report JSON")
+    demo.add_argument("--memory-limit", default=None, help="CPU memory limit the memory scenario is judged against")
+    demo.add_argument("--record", default=None, metavar="DIR", help="also record the run to DIR")
+
+    attach = sub.add_parser("attach", help="live TUI for a job (or replay a recording)")
+    attach.add_argument("target", nargs="?", help="job name, pid, socket path, recording file/dir, or host:port")
+    attach.add_argument("--token", default=None, help="token for host:port (default: read from the token file)")
+    attach.add_argument("--speed", type=float, default=1.0, help="replay speed for recordings")
+
+    ls = sub.add_parser("ls", help="list live jobs of this user on this node")
+    ls.add_argument("--json", action="store_true", help="print a JSON list")
+
+    run = sub.add_parser("run", help="run CMD with zero-code instrumentation")
+    run.add_argument("--record", default=None, metavar="DIR", help="record every rank to DIR")
+    run.add_argument("--no-tui", action="store_true", help="do not open the TUI; pass output through")
+    run.add_argument("--job", default=None, help="job name (default: the script's name)")
+    run.add_argument("cmd", nargs=argparse.REMAINDER, help="-- CMD ...")
+
+    record = sub.add_parser("record", help="record a live job without a TUI")
+    record.add_argument("target", nargs="?", help="job name, pid or socket path (default: the only job)")
+    record.add_argument("-o", "--output", required=True, metavar="DIR", help="directory for the recording files")
+    record.add_argument("--seconds", type=float, default=None, help="stop after this long (default: until the job ends)")
+
+    report = sub.add_parser("report", help="summary with the verdict, from a recording or a live job")
+    report.add_argument("target", help="recording file or directory, or a live job (name, pid, socket)")
+    report.add_argument("--json", action="store_true", help="print the report JSON (schema perfmon.report/1)")
+    report.add_argument("--seconds", type=float, default=5.0, help="for a live job: how long to gather")
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if not args.command:
+        parser.print_help()
+        return 2
+    try:
+        module = importlib.import_module(COMMANDS[args.command])
+        return int(module.main(args) or 0)
+    except UserError as exc:
+        print(f"perfmon {args.command}: {exc}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        return 130
+    except BrokenPipeError:  # `perfmon ls | head`
+        return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,152 @@
+"""Where viewers get records: live probe sockets and recording files.
+
+Both yield validated wire records tagged with the stream they came from, so
+the run model does not care whether it is watching a job or a replay. Errors
+the user can act on (version mismatch, bad frame, unreadable file) become
+``UserError`` / ``StreamError`` with one line; never a traceback.
+"""
+
+from __future__ import annotations
+
+import selectors
+import socket
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Iterator
+
+from probe import wire
+from probe.recording import RecordingError, read_recording, recording_files
+from tui.errors import UserError
+
+VIEWER_HELLO = {"k": "hello", "proto": list(wire.PROTO), "role": "viewer"}
+
+
+class StreamError(Exception):
+    """One stream broke (bad frame, mismatch); ``str()`` is one line."""
+
+
+def viewer_hello(token: str | None = None) -> bytes:
+    rec = dict(VIEWER_HELLO, t=time.time())
+    if token:
+        rec["token"] = token
+    return wire.encode(rec)
+
+
+@dataclass
+class LiveStream:
+    """A blocking-socket connection to one probe, read through ``FrameDecoder``."""
+
+    path: str
+    sock: socket.socket | None = None
+    decoder: wire.FrameDecoder = field(default_factory=wire.FrameDecoder)
+    hello: dict[str, Any] | None = None
+    ended: bool = False       # bye seen or EOF
+
+    def connect(self, timeout: float = 2.0) -> None:
+        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        sock.settimeout(timeout)
+        try:
+            sock.connect(self.path)
+            sock.sendall(viewer_hello())
+        except PermissionError:
+            sock.close()
+            raise UserError(f"{self.path}: permission denied (a job of another user?)") from None
+        except OSError as exc:
+            sock.close()
+            raise UserError(f"cannot connect to {self.path}: {exc.strerror or exc}") from None
+        sock.setblocking(False)
+        self.sock = sock
+
+    def feed(self, data: bytes) -> list[dict[str, Any]]:
+        """Decode bytes; check the hello; raise StreamError on a protocol problem."""
+        try:
+            records = list(self.decoder.feed(data))
+        except wire.ProtocolError as exc:
+            raise StreamError(f"{self.path}: {exc}") from None
+        for rec in records:
+            if rec["k"] == "hello" and self.hello is None:
+                try:
+                    wire.check_compatible(rec.get("proto"), we_are="viewer")
+                except wire.ProtocolMismatch as exc:
+                    raise StreamError(str(exc)) from None
+                self.hello = rec
+            elif rec["k"] == "bye":
+                self.ended = True
+        return records
+
+    def close(self) -> None:
+        if self.sock is not None:
+            self.sock.close()
+            self.sock = None
+
+
+def follow_live(paths: list[str], seconds: float | None = None) -> Iterator[tuple[str, dict[str, Any]]]:
+    """Yield ``(socket path, record)`` from every probe until all end or ``seconds`` pass."""
+    streams = [LiveStream(p) for p in paths]
+    sel = selectors.DefaultSelector()
+    try:
+        for stream in streams:
+            stream.connect()
+            sel.register(stream.sock, selectors.EVENT_READ, stream)  # type: ignore[arg-type]
+        deadline = None if seconds is None else time.monotonic() + seconds
+        open_count = len(streams)
+        while open_count:
+            timeout = 0.5 if deadline is None else max(0.0, min(0.5, deadline - time.monotonic()))
+            if deadline is not None and time.monotonic() >= deadline:
+                return
+            for key, _ in sel.select(timeout):
+                stream: LiveStream = key.data
+                try:
+                    data = stream.sock.recv(1 << 16)  # type: ignore[union-attr]
+                except BlockingIOError:
+                    continue
+                except OSError:
+                    data = b""
+                if data:
+                    for rec in stream.feed(data):
+                        yield stream.path, rec
+                if not data or stream.ended:
+                    sel.unregister(key.fileobj)
+                    stream.close()
+                    open_count -= 1
+    finally:
+        for stream in streams:
+            stream.close()
+        sel.close()
+
+
+@dataclass
+class LoadedRecording:
+    path: Path
+    records: list[dict[str, Any]]
+    problem: str | None   # one line when the file was torn or damaged, else None
+
+
+def load_recordings(target: str | Path) -> list[LoadedRecording]:
+    """Every recording file under ``target`` (file or directory), each read to its intact end."""
+    target = Path(target)
+    if not target.exists():
+        raise UserError(f"{target}: no such file or directory")
+    files = recording_files(target)
+    if not files:
+        raise UserError(f"{target}: no perfmon recordings (*.pmrec) in it")
+    loaded = []
+    for path in files:
+        try:
+            result = read_recording(path)
+        except RecordingError as exc:
+            raise UserError(str(exc)) from None
+        hello = next((r for r in result.records if r["k"] == "hello"), None)
+        if hello is not None:
+            try:
+                wire.check_compatible(hello.get("proto"), we_are="viewer")
+            except wire.ProtocolMismatch as exc:
+                raise UserError(f"{path}: {exc}") from None
+        loaded.append(LoadedRecording(path, result.records, result.message))
+    return loaded
+
+
+def is_recording_target(target: str) -> bool:
+    path = Path(target)
+    return path.exists() and not path.is_socket()
