@@ -1,0 +1,88 @@
+"""Test helpers: read a probe's stream as a plain client would."""
+
+from __future__ import annotations
+
+import os
+import socket
+import struct
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Callable
+
+import msgpack
+
+from probe import wire
+
+JOBS = Path(__file__).parent / "jobs"
+
+
+def connect(path) -> socket.socket:
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    sock.connect(str(path))
+    return sock
+
+
+def read_until(sock: socket.socket, done: Callable[[list[dict]], bool], timeout: float = 20.0) -> list[dict]:
+    """Decode frames with the project's decoder until ``done(records)`` or EOF; fail on timeout."""
+    dec = wire.FrameDecoder()
+    records: list[dict] = []
+    deadline = time.monotonic() + timeout
+    sock.settimeout(0.2)
+    while not done(records):
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout}s with {len(records)} records")
+        try:
+            data = sock.recv(1 << 16)
+        except socket.timeout:
+            continue
+        if not data:
+            break
+        records.extend(dec.feed(data))
+    return records
+
+
+def raw_read_all(sock: socket.socket, timeout: float = 30.0) -> list[dict]:
+    """Follow the documented frame format by hand (u32 BE length + msgpack map) until EOF."""
+    sock.settimeout(timeout)
+    buf = b""
+    out = []
+    while True:
+        data = sock.recv(1 << 16)
+        if not data:
+            return out
+        buf += data
+        while len(buf) >= 4:
+            (n,) = struct.unpack(">I", buf[:4])
+            if len(buf) < 4 + n:
+                break
+            out.append(msgpack.unpackb(buf[4:4 + n], raw=False))
+            buf = buf[4 + n:]
+
+
+def wait_for(cond: Callable[[], bool], timeout: float = 10.0, what: str = "condition") -> None:
+    deadline = time.monotonic() + timeout
+    while not cond():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out waiting for {what}")
+        time.sleep(0.01)
+
+
+def start_job(*args: str, env: dict | None = None) -> tuple[subprocess.Popen, str]:
+    """Start jobs/api_job.py; return the process and its socket path (first stdout line)."""
+    proc = subprocess.Popen([sys.executable, str(JOBS / "api_job.py"), *args], stdin=subprocess.PIPE,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            env={**os.environ, **(env or {})})
+    path = proc.stdout.readline().strip()
+    assert path and path != "None", proc.stderr.read()
+    return proc, path
+
+
+def perfmon(*args: str, env: dict | None = None, timeout: float = 60) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "tui.cli", *args], capture_output=True, text=True,
+                          timeout=timeout, env={**os.environ, **(env or {})})
+
+
+def fd_count() -> int:
+    return len(os.listdir("/proc/self/fd"))

@@ -1,0 +1,98 @@
+"""Recording files: a torn tail keeps the intact prefix; a flipped bit is corruption, never data."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from probe import wire
+from probe.recording import MAGIC, RecordingError, RecordingWriter, read_recording
+
+RECORDS = [{"k": "hello", "t": 1.0, "proto": [1, 0], "job": "rec"}] + [
+    {"k": "step", "t": 2.0 + i, "step": i, "dur": 0.01 * (i + 1), "phases": {"data": 0.001}} for i in range(20)]
+
+
+def write(path: Path, records=RECORDS) -> list[int]:
+    """Write records; return the file offset where each record starts."""
+    writer = RecordingWriter(path)
+    enc = wire.Encoder()
+    offsets = []
+    for rec in records:
+        offsets.append(len(MAGIC) + writer.bytes_written)
+        writer.write(RecordingWriter.wrap(enc.frame(rec)))
+    writer.close()
+    return offsets
+
+
+def test_clean_file_reads_back_every_record(tmp_path):
+    path = tmp_path / "a.pmrec"
+    write(path)
+    result = read_recording(path)
+    assert result.clean and result.records == RECORDS and result.message is None
+
+
+def test_every_truncation_in_the_last_three_records_keeps_exactly_the_complete_prefix(tmp_path):
+    path = tmp_path / "a.pmrec"
+    offsets = write(path)
+    data = path.read_bytes()
+    for cut in range(offsets[-3], len(data)):
+        path.write_bytes(data[:cut])
+        result = read_recording(path)
+        complete = sum(1 for off in offsets[1:] + [len(data)] if off <= cut)
+        assert result.records == RECORDS[:complete], cut
+        if cut in offsets:
+            assert result.clean
+        else:
+            assert result.problem == "truncated"
+            assert result.stopped_at == max(o for o in offsets if o <= cut)
+            assert "truncated record at offset" in result.message and "\n" not in result.message
+
+
+def test_a_flipped_bit_is_reported_as_corruption_at_its_record_and_never_returned(tmp_path):
+    path = tmp_path / "a.pmrec"
+    offsets = write(path)
+    data = bytearray(path.read_bytes())
+    target = 7
+    for bit in range(8):
+        damaged = bytearray(data)
+        damaged[offsets[target] + 12] ^= 1 << bit  # inside the body of record 7
+        path.write_bytes(bytes(damaged))
+        result = read_recording(path)
+        assert result.problem == "corrupt"
+        assert result.stopped_at == offsets[target]
+        assert result.records == RECORDS[:target]
+        assert f"corrupt record at offset {offsets[target]}" in result.message
+
+
+def test_flipped_bits_anywhere_after_the_header_never_yield_wrong_records(tmp_path):
+    path = tmp_path / "a.pmrec"
+    write(path)
+    data = path.read_bytes()
+    for pos in range(len(MAGIC), len(data), 5):
+        damaged = bytearray(data)
+        damaged[pos] ^= 0x10
+        path.write_bytes(bytes(damaged))
+        result = read_recording(path)
+        assert result.records == RECORDS[:len(result.records)]
+        assert not result.clean
+
+
+def test_not_a_recording_and_wrong_format_version_are_one_line_errors(tmp_path):
+    other = tmp_path / "notes.txt"
+    other.write_text("hello world, not a recording")
+    with pytest.raises(RecordingError, match="not a perfmon recording"):
+        read_recording(other)
+    future = tmp_path / "future.pmrec"
+    future.write_bytes(MAGIC[:6] + b"\x09\n")
+    with pytest.raises(RecordingError, match="format 9 is not supported"):
+        read_recording(future)
+    with pytest.raises(RecordingError, match="no such file"):
+        read_recording(tmp_path / "missing.pmrec")
+
+
+def test_writer_appends_to_an_existing_file_without_a_second_header(tmp_path):
+    path = tmp_path / "a.pmrec"
+    write(path, RECORDS[:3])
+    write(path, RECORDS[3:6])
+    assert read_recording(path).records == RECORDS[:6]

@@ -1,0 +1,113 @@
+"""Wire protocol v1: framing, schema checks, version handshake, hostile input."""
+
+from __future__ import annotations
+
+import random
+import resource
+import struct
+
+import msgpack
+import pytest
+
+from probe import wire
+
+
+def frame_of(obj) -> bytes:
+    body = msgpack.packb(obj, use_bin_type=True)
+    return struct.pack(">I", len(body)) + body
+
+
+def decode_all(data: bytes, chunk: int | None = None) -> list[dict]:
+    dec = wire.FrameDecoder()
+    out: list[dict] = []
+    step = chunk or len(data) or 1
+    for i in range(0, len(data), step):
+        out.extend(dec.feed(data[i:i + step]))
+    return out
+
+
+def test_round_trip_across_arbitrary_chunk_boundaries():
+    enc = wire.Encoder()
+    records = [{"k": "hello", "t": 1.0, "proto": [1, 0], "job": "j"}] + [
+        {"k": "step", "t": 2.0 + i, "step": i, "dur": 0.01, "phases": {"data": 0.004}} for i in range(300)]
+    stream = b"".join(enc.frame(r) for r in records)
+    for chunk in (1, 7, 777, len(stream)):
+        assert decode_all(stream, chunk) == records
+
+
+def test_frame_is_u32_big_endian_length_then_msgpack_map():
+    data = wire.encode({"k": "bye", "t": 5.0})
+    (length,) = struct.unpack(">I", data[:4])
+    assert length == len(data) - 4
+    assert msgpack.unpackb(data[4:]) == {"k": "bye", "t": 5.0}
+
+
+def test_oversized_length_prefix_is_rejected_before_any_body_is_buffered():
+    dec = wire.FrameDecoder()
+    with pytest.raises(wire.ProtocolError, match="over the 1048576-byte limit"):
+        list(dec.feed(struct.pack(">I", 0xFFFFFFFF)))
+    assert dec.pending == 4  # nothing beyond the header was kept
+
+
+def test_encoder_refuses_records_over_the_frame_limit():
+    with pytest.raises(wire.ProtocolError, match="over the 1 MiB frame limit"):
+        wire.Encoder().frame({"k": "event", "t": 0.0, "name": "x", "blob": b"\0" * (wire.MAX_FRAME + 1)})
+
+
+@pytest.mark.parametrize("body, why", [
+    (b"\xdd\xff\xff\xff\xff", "array32 bomb"),
+    (b"\xdf\xff\xff\xff\xff", "map32 bomb"),
+    (b"\xc6\xff\xff\xff\xff", "bin32 bomb"),
+    (b"\xc1", "reserved byte"),
+    (b"\x91" * 1025 + b"\xc0", "1025 nested arrays"),
+    (msgpack.packb({1: 2}), "non-string key"),
+    (msgpack.packb([1, 2, 3]), "not a map"),
+    (msgpack.packb({"k": "step", "t": 1.0}), "step without its keys"),
+    (msgpack.packb({"k": "nope", "t": 1.0}), "unknown kind"),
+    (msgpack.packb({"k": "bye"}), "no time"),
+    (msgpack.packb({"k": "bye", "t": 1.0, "x": {"a": {"b": {"c": {"d": {"e": {"f": {"g": {"h": 1}}}}}}}}}), "deep map"),
+    (msgpack.packb({"k": "bye", "t": 1.0}) + b"\x00", "trailing bytes"),
+])
+def test_hostile_bodies_raise_protocol_error_only(body, why):
+    before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    with pytest.raises(wire.ProtocolError):
+        decode_all(struct.pack(">I", len(body)) + body)
+    grown_kib = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - before
+    assert grown_kib < 64 * 1024, f"{why}: decoder grew RSS by {grown_kib} KiB"
+
+
+def test_random_bytes_never_raise_anything_but_protocol_error():
+    rng = random.Random(1234)
+    for _ in range(3000):
+        blob = bytes(rng.getrandbits(8) for _ in range(rng.randint(0, 64)))
+        framed = struct.pack(">I", len(blob)) + blob
+        try:
+            decode_all(framed)
+        except wire.ProtocolError:
+            pass
+        try:  # unframed garbage: the prefix itself is random
+            decode_all(blob)
+        except wire.ProtocolError:
+            pass
+
+
+def test_unknown_keys_are_kept_for_forward_compatibility():
+    rec = {"k": "step", "t": 1.0, "step": 3, "dur": 0.1, "added_in_1_1": {"x": 1}}
+    assert decode_all(frame_of(rec)) == [rec]
+
+
+def test_wrong_type_for_a_known_key_is_rejected():
+    with pytest.raises(wire.ProtocolError, match="'phases' of the wrong type"):
+        decode_all(frame_of({"k": "step", "t": 1.0, "step": 1, "dur": 0.1, "phases": [1, 2]}))
+
+
+def test_major_mismatch_names_both_sides_from_each_point_of_view():
+    with pytest.raises(wire.ProtocolMismatch, match=r"^protocol version mismatch \(viewer 1.0, probe 2.0\)$"):
+        wire.check_compatible([2, 0], we_are="viewer")
+    with pytest.raises(wire.ProtocolMismatch, match=r"^protocol version mismatch \(viewer 3.1, probe 1.0\)$"):
+        wire.check_compatible([3, 1], we_are="probe")
+
+
+def test_newer_minor_version_is_compatible():
+    wire.check_compatible([1, 7], we_are="viewer")
+    wire.check_compatible([1, 0], we_are="probe")

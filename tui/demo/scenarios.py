@@ -1,0 +1,102 @@
+"""The demo's scenario table: each name maps to the knobs that induce its bottleneck.
+
+Every bottleneck comes from a real mechanism in a real training job (pure
+Python tokenisation in the loader workers, storage latency on reads, a large
+gradient all-reduce, uneven shards, predictions kept for an epoch metric,
+blocking checkpoints, ``.item()`` logging); nothing fakes a record. Sizes are
+chosen so the verdict is unambiguous on two CPU cores within ~10 s. This module
+is pure Python: the launcher reads it without importing torch.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, replace
+
+
+@dataclass(frozen=True)
+class ModelSize:
+    """A small GPT: token + position embeddings, pre-norm blocks, untied LM head."""
+
+    vocab: int = 512
+    d_model: int = 128
+    layers: int = 2
+    heads: int = 4
+    max_seq: int = 256
+
+
+@dataclass(frozen=True)
+class Scenario:
+    name: str
+    summary: str                      # what the demo does to the job, one line
+    expect: str                       # the verdict perfmon should reach (a vocabulary ID)
+    finding: str | None = None        # a secondary finding it should list (step_gaps)
+    ranks: int = 1
+    needs_gpu: bool = False
+    model: ModelSize = field(default_factory=ModelSize)
+    batch: int = 16                   # sequences per optimizer step and rank
+    seq: int = 64                     # tokens per sequence
+    accumulate: int = 1               # micro-batches per optimizer step (DDP no_sync between)
+    workers: int = 1                  # DataLoader worker processes
+    source: str = "synthetic"         # synthetic | text (tokenised in the workers) | shards (files on slow storage)
+    text_chars: int = 0               # raw characters tokenised per sequence (source=text)
+    read_latency_s: float = 0.0       # storage latency per shard read (source=shards)
+    straggler_seq_factor: float = 1.0  # the last rank's shard holds sequences this many times longer
+    keep_predictions: bool = False    # keep every step's logits for an epoch-end metric (memory grows)
+    memory_budget_mb: int = 0         # CPU: default limit = RSS at start + this (unless --memory-limit)
+    checkpoint_every_s: float = 0.0   # blocking checkpoint after this much training time
+    checkpoint_mb_per_s: float = 0.0  # bandwidth of the (slow) checkpoint storage
+    item_logging: bool = False        # per-parameter grad-norm .item() every step (host-device syncs)
+
+
+SMALL = ModelSize()
+# Large gradients relative to the work per step: a wide vocabulary makes the embedding and
+# the LM head ~2.6 M parameters each, ~22 MB of fp32 gradients to all-reduce every step.
+WIDE = ModelSize(vocab=8192, d_model=320, layers=1, heads=4, max_seq=64)
+
+SCENARIOS: dict[str, Scenario] = {s.name: s for s in (
+    Scenario("healthy", "a small GPT trains on synthetic tokens; the loader keeps up, nothing else in the way",
+             expect="healthy"),
+    Scenario("data_preprocessing", "the loader worker tokenises raw text in pure Python for every sample: "
+             "its CPU is saturated and the step waits for batches",
+             expect="data_preprocessing", source="text", text_chars=3000),
+    Scenario("data_loading", "the loader worker reads token shards from storage with 60 ms latency per read: "
+             "it sleeps on I/O while the step waits",
+             expect="data_loading", source="shards", read_latency_s=0.06),
+    Scenario("communication", "2 ranks (gloo) train a wide-vocabulary model on 2 sequences each: "
+             "~22 MB of gradients are all-reduced after every tiny step",
+             expect="communication", ranks=2, model=WIDE, batch=2, seq=32),
+    Scenario("load_imbalance", "2 ranks (gloo) with uneven shards: the last rank's sequences are 4x longer, "
+             "so the others wait for it in the all-reduce",
+             expect="load_imbalance", ranks=2, batch=8, seq=32, straggler_seq_factor=4.0),
+    Scenario("memory", "the loop keeps every step's logits for an epoch-end metric: memory grows "
+             "until it nears the limit",
+             expect="memory", model=replace(SMALL, vocab=4096), keep_predictions=True, memory_budget_mb=400),
+    Scenario("step_gaps", "every ~1.5 s of training the job blocks on a checkpoint written to slow "
+             "storage (8 MB/s)", expect="healthy", finding="step_gaps",
+             checkpoint_every_s=1.5, checkpoint_mb_per_s=8.0),
+    Scenario("host_sync", "every step logs each parameter's gradient norm with .item(): the host "
+             "waits for the device dozens of times per step", expect="host_sync", needs_gpu=True,
+             item_logging=True),
+)}
+
+TOUR_NAME = "tour"
+TOUR_PHASE_S = 30.0
+# The tour runs one live job and switches what it does every TOUR_PHASE_S seconds. It keeps
+# one model and one rank count, so comm-dependent phases use its 2 ranks with the small model.
+TOUR_RANKS = 2
+TOUR: tuple[Scenario, ...] = (
+    replace(SCENARIOS["healthy"], ranks=TOUR_RANKS, accumulate=4),
+    replace(SCENARIOS["data_preprocessing"], ranks=TOUR_RANKS, accumulate=4),
+    replace(SCENARIOS["data_loading"], ranks=TOUR_RANKS, accumulate=4),
+    replace(SCENARIOS["communication"], ranks=TOUR_RANKS, model=SMALL, batch=1, seq=32),
+    replace(SCENARIOS["load_imbalance"], ranks=TOUR_RANKS),
+    replace(SCENARIOS["step_gaps"], ranks=TOUR_RANKS, accumulate=4),
+)
+
+
+def names() -> list[str]:
+    return [TOUR_NAME, *SCENARIOS]
+
+
+def get(name: str) -> Scenario | None:
+    return SCENARIOS.get(name)

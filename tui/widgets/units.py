@@ -1,0 +1,85 @@
+"""Number formatting shared by every pane, so a unit reads the same everywhere.
+
+Unknown values (``None``) print as ``n/a``: a pane never invents a number.
+"""
+
+from __future__ import annotations
+
+NA = "n/a"
+
+
+def pct(frac: float | None, digits: int = 0) -> str:
+    """0.381 -> '38%'."""
+    return NA if frac is None else f"{frac * 100:.{digits}f}%"
+
+
+def seconds(value: float | None) -> str:
+    """Durations from microseconds to hours, three significant figures at most."""
+    if value is None:
+        return NA
+    v = abs(value)
+    if v < 1e-3:
+        return f"{value * 1e6:.0f}µs"
+    if v < 1.0:
+        return f"{value * 1e3:.3g}ms"
+    if v < 120:
+        return f"{value:.3g}s"
+    if v < 7200:
+        return f"{value / 60:.0f}m"
+    return f"{value / 3600:.1f}h"
+
+
+def age(value: float | None) -> str:
+    """Elapsed time for humans: '42s', '5m', '1h20m'."""
+    if value is None:
+        return NA
+    v = int(max(0.0, value))
+    if v < 60:
+        return f"{v}s"
+    if v < 3600:
+        return f"{v // 60}m{v % 60:02d}s"
+    return f"{v // 3600}h{(v % 3600) // 60:02d}m"
+
+
+def nbytes(value: float | None) -> str:
+    """Binary units: 1536 -> '1.5K', 3.2e9 -> '3.0G'."""
+    if value is None:
+        return NA
+    v = float(value)
+    if abs(v) < 1024:
+        return f"{v:.0f}B"
+    for unit in ("K", "M", "G"):
+        v /= 1024
+        if abs(v) < 1024:
+            return f"{v:.1f}{unit}"
+    return f"{v / 1024:.1f}T"
+
+
+def _si(v: float, prefixes: tuple[str, ...]) -> tuple[float, str]:
+    for prefix in prefixes[:-1]:
+        if abs(v) < 1000:
+            return v, prefix
+        v /= 1000
+    return v, prefixes[-1]
+
+
+def rate(value: float | None, unit: str = "") -> str:
+    """Per-second rates with SI prefixes: 1520 -> '1.52k/s'."""
+    if value is None:
+        return NA
+    v, prefix = _si(float(value), ("", "k", "M", "G", "T"))
+    return f"{v:.3g}{prefix}{unit}/s"
+
+
+def bandwidth(value: float | None) -> str:
+    """Bytes per second in decimal units, as nccl-tests prints busbw: '12.3GB/s'."""
+    if value is None:
+        return NA
+    v, prefix = _si(float(value), ("", "K", "M", "G", "T"))
+    return f"{v:.3g}{prefix}B/s"
+
+
+def number(value: float | None, digits: int = 3) -> str:
+    if value is None:
+        return NA
+    return f"{value:.{digits}g}"
