@@ -122,6 +122,7 @@ class Probe:
         self.pid = os.getpid()
         self.name = paths.base_name(job, rank, restart, self.pid)
         self.socket_path: Path | None = None
+        self.token_path: Path | None = None   # PERFMON_TCP: the token viewers must send
         self.record_path: Path | None = None
         self.problems: list[str] = []     # why a part is off, one line each
         self.closed = False
@@ -211,11 +212,12 @@ class Probe:
             if self.sender is not None:
                 self.sender.stop_event.set()
                 self.sender.stopped.wait(2.0)
-            if self.socket_path is not None:
-                try:
-                    os.unlink(self.socket_path)
-                except OSError:
-                    pass
+            for path in (self.socket_path, self.token_path):
+                if path is not None:
+                    try:
+                        os.unlink(path)
+                    except OSError:
+                        pass
         except Exception:
             pass
         with _lock:
@@ -280,11 +282,17 @@ class Probe:
     def _setup(self, record: str | os.PathLike | None, serve: bool, sample_hz: float) -> None:
         listener = None
         recorder = None
+        tcp_listener, tcp_token = None, None
         if serve:
             try:
                 listener = self._listen()
             except (paths.UnsafeDirectory, OSError) as exc:
                 self._problem(f"live view off: {exc}")
+            if os.environ.get("PERFMON_TCP"):
+                try:
+                    tcp_listener, tcp_token = self._listen_tcp(os.environ["PERFMON_TCP"])
+                except (paths.UnsafeDirectory, OSError, ValueError) as exc:
+                    self._problem(f"TCP view off: {exc}")
         if record:
             try:
                 rec_dir = Path(record)
@@ -300,6 +308,7 @@ class Probe:
             except Exception as exc:
                 self._problem(f"device detection failed: {exc!r}")
         self.sender = Sender(queue=self._q, build=self.build, hello=self.hello(), listener=listener,
+                             tcp_listener=tcp_listener, tcp_token=tcp_token,
                              recorder=recorder, on_error=self._internal_error)
         self.sender.start()
         sources = []
@@ -327,6 +336,30 @@ class Probe:
         sock.listen(16)
         self.socket_path = path
         return sock
+
+    def _listen_tcp(self, spec: str) -> tuple[socket.socket, str]:
+        """``PERFMON_TCP=[host:]port``: listen (127.0.0.1 unless told), token in a 0600 file by the socket."""
+        import secrets
+        host, _, port = spec.rpartition(":")
+        if not port.isdigit():
+            raise ValueError(f"PERFMON_TCP={spec!r} is not [host:]port")
+        directory = paths.ensure_dir()
+        token = secrets.token_urlsafe(24)
+        token_path = directory / f"{self.name}.token"
+        fd = os.open(token_path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o600)
+        with os.fdopen(fd, "w") as fh:
+            fh.write(token + "\n")
+        sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            sock.bind((host or "127.0.0.1", int(port)))
+            sock.listen(8)
+        except OSError:
+            sock.close()
+            os.unlink(token_path)
+            raise
+        self.token_path = token_path
+        return sock, token
 
     def _problem(self, message: str) -> None:
         self.problems.append(message)

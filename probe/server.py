@@ -92,6 +92,8 @@ class Sender(threading.Thread):
         self.stopped = threading.Event()
         self.frames_out = 0
         self.recorder_failed = False
+        self.last_step = -1   # steps are numbered from 0
+        self.buffer_lost = 0
         self.sel = selectors.DefaultSelector()
         for lst in (listener, tcp_listener):
             if lst is not None:
@@ -135,7 +137,7 @@ class Sender(threading.Thread):
         """Final drain, ``bye`` to everyone, a bounded attempt to flush, then close all."""
         self._drain()
         bye = self.encoder.frame({"k": "bye", "t": time.time()})
-        self._fan_out([bye], kinds=["bye"])
+        self._fan_out([bye])
         self._record([bye])
         deadline = time.monotonic() + 1.0
         while any(v.out for v in self.viewers.values()) and time.monotonic() < deadline:
@@ -154,7 +156,6 @@ class Sender(threading.Thread):
     # -- records ----------------------------------------------------------------------------
     def _drain(self) -> None:
         frames: list[bytes] = []
-        kinds: list[str] = []
         q = self.queue
         for _ in range(MAX_ITEMS_PER_TICK):
             try:
@@ -170,20 +171,30 @@ class Sender(threading.Thread):
                 self.on_error("encode", exc)
                 continue
             kind = rec["k"]
-            frames.append(frame)
-            kinds.append(kind)
             if kind == "step":
+                self._check_gap(rec["step"], frames)
                 self.backfill_steps.append(frame)
             elif kind in ("event", "drops"):
                 self.backfill_events.append(frame)
-            elif kind == "comm" or kind == "memory" or kind == "sample":
+            elif kind in ("comm", "memory", "sample"):
                 self.latest[kind] = frame
+            frames.append(frame)
         if frames:
             self.frames_out += len(frames)
-            self._fan_out(frames, kinds)
+            self._fan_out(frames)
             self._record(frames)
 
-    def _fan_out(self, frames: list[bytes], kinds: list[str]) -> None:
+    def _check_gap(self, step: int, frames: list[bytes]) -> None:
+        """Steps are numbered; a gap means the hot-path buffer overflowed before we drained it."""
+        lost = step - self.last_step - 1
+        self.last_step = step
+        if lost > 0:
+            self.buffer_lost += lost
+            frames.append(self.encoder.frame({
+                "k": "drops", "t": time.time(), "count": lost, "total": self.buffer_lost,
+                "reason": "probe buffer full: the sender fell behind the training loop"}))
+
+    def _fan_out(self, frames: list[bytes]) -> None:
         for viewer in self.viewers.values():
             if not viewer.authed:
                 continue

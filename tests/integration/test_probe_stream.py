@@ -229,3 +229,21 @@ def test_viewer_with_another_major_version_is_refused_by_the_probe(capfd):
         assert "protocol version mismatch (viewer 2.0, probe 1.0)" in capfd.readouterr().err
     finally:
         mon.close()
+
+
+def test_hot_path_buffer_overflow_is_counted_as_a_drops_record(monkeypatch):
+    from probe import core
+    monkeypatch.setattr(core, "QUEUE_ITEMS", 64)
+    mon = probe.start(job="overflow")
+    sock = connect(mon.socket_path)
+    try:
+        wait_for(lambda: len(mon.sender.viewers) == 1, what="viewer accepted")
+        _emit(mon, 20_000, phase=False)  # far faster than one 50 ms sender tick can drain 64 items
+        last = mon._step_no - 1
+        records = read_until(sock, lambda rs: any(r["k"] == "step" and r["step"] == last for r in rs))
+        got = len(steps_of(records))
+        lost = sum(r["count"] for r in records if r["k"] == "drops" and r["reason"].startswith("probe buffer full"))
+        assert lost > 0 and got + lost == 20_000
+    finally:
+        sock.close()
+        mon.close()
