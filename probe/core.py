@@ -84,8 +84,10 @@ class _Step:
 
     def __enter__(self) -> "_Step":
         p = self.probe
+        t = time.perf_counter()
         if p._prev_end is None:
-            p._prev_end = time.perf_counter()
+            p._prev_end = t
+        p._gap = t - p._prev_end - p._data   # between steps, outside the loader wait
         if p._begin_hooks:
             p._run_hooks(p._begin_hooks)
         return self
@@ -103,7 +105,10 @@ class _Step:
         p._phases = {}
         data = p._data
         p._data = 0.0
-        p._q.append((_STEP, p._step_no, p._prev_end, t, data, phases, self.samples, self.tokens, self.flops, extras))
+        data_cpu = p._data_cpu
+        p._data_cpu = None
+        p._q.append((_STEP, p._step_no, p._prev_end, t, data, phases, self.samples, self.tokens, self.flops, extras,
+                     p._gap, data_cpu))
         p._step_no += 1
         p._prev_end = t
         return False
@@ -130,6 +135,8 @@ class Probe:
         self._q: collections.deque = collections.deque(maxlen=QUEUE_ITEMS)
         self._phases: dict[str, float] = {}
         self._data = 0.0
+        self._data_cpu: float | None = None   # main-thread CPU s in loader waits (single-process loaders)
+        self._gap = 0.0
         self._step_no = 0
         self._prev_end: float | None = None
         self._phase_ctx: dict[str, _Phase] = {}
@@ -140,6 +147,7 @@ class Probe:
         self._epoch = time.time() - time.perf_counter()  # perf_counter -> unix seconds
         self.first_batch_wait: float | None = None
         self.loader_iterators: list[weakref.ref] = []    # for worker discovery (sampler side)
+        self.extra_sources: list[Any] = []               # sampler sources added by device extensions
         self.device: dict[str, Any] = {"type": "cpu", "name": _cpu_name(), "count": os.cpu_count() or 1}
         self.sender: Sender | None = None
         self.sampler: Sampler | None = None
@@ -151,7 +159,9 @@ class Probe:
         it = iter(iterable)
         self.loader_iterators.append(weakref.ref(it) if _weakrefable(it) else (lambda it=it: it))
         pc = time.perf_counter
+        tt = time.thread_time
         t0 = pc()
+        c0 = tt()
         try:
             first = next(it)
         except StopIteration:
@@ -161,14 +171,31 @@ class Probe:
         self._q.append((_REC, {"k": "event", "t": time.time(), "name": "first_batch", "seconds": dt}))
         if self._prev_end is not None:
             self._data += dt
+        if type(it).__name__ == "_MultiProcessingDataLoaderIter":   # workers load; the sampler watches them
+            yield first
+            while True:
+                t0 = pc()
+                try:
+                    batch = next(it)
+                except StopIteration:
+                    return
+                self._data += pc() - t0
+                yield batch
+        # This thread does the loading (num_workers=0, plain iterables): its CPU time inside
+        # next() tells CPU-bound preprocessing from waiting on I/O.
+        if self._prev_end is not None:
+            self._data_cpu = (self._data_cpu or 0.0) + (tt() - c0)
         yield first
         while True:
+            c0 = tt()
             t0 = pc()
             try:
                 batch = next(it)
             except StopIteration:
                 return
-            self._data += pc() - t0
+            t1 = pc()
+            self._data_cpu = (self._data_cpu or 0.0) + (tt() - c0)
+            self._data += t1 - t0
             yield batch
 
     def step(self, samples: float | None = None, tokens: float | None = None,
@@ -224,6 +251,17 @@ class Probe:
             if _current is self:
                 _current = None
 
+    def watch(self, model: Any = None, optimizer: Any = None, **options: Any) -> None:
+        """Attach phase hooks, communication timing, memory breakdown and FLOPs (probe.watch).
+
+        Idempotent per model/optimizer; never raises.
+        """
+        try:
+            from probe.watch import watch
+            watch(self, model=model, optimizer=optimizer, **options)
+        except Exception as exc:
+            self._internal_error("watch", exc)
+
     # -- hooks for instrumentation (watch, zero-code mode) ----------------------------------
     def add_step_hooks(self, begin: Callable[[], None] | None = None,
                        end: Callable[[dict[str, Any]], None] | None = None) -> None:
@@ -232,6 +270,39 @@ class Probe:
             self._begin_hooks = self._begin_hooks + [begin]
         if end is not None:
             self._end_hooks = self._end_hooks + [end]
+
+    def begin_step(self) -> None:
+        """Zero-code mode (``probe.auto``): hooks found a step beginning; run the step-begin hooks."""
+        if self._begin_hooks:
+            self._run_hooks(self._begin_hooks)
+
+    def add_step(self, start: float, end: float, phases: dict[str, float] | None = None,
+                 samples: float | None = None, data_cpu: float | None = None) -> None:
+        """Queue a step whose boundaries hooks found (``perf_counter`` seconds; zero-code mode).
+
+        Unlike ``step()`` the step's own start is explicit: the time since the previous
+        step's end becomes the record's ``gap`` (checkpoints, evaluation: lost time in
+        ETTR). ``phases`` (``data`` included) add to those timed with ``phase()``;
+        ``data_cpu`` is the training thread's CPU time inside the loader waits.
+        """
+        extras: dict[str, Any] | None = None
+        if self._end_hooks:
+            extras = {}
+            self._run_hooks(self._end_hooks, extras)
+        merged = self._phases
+        self._phases = {}
+        for name, seconds in (phases or {}).items():
+            merged[name] = merged.get(name, 0.0) + seconds
+        data = merged.pop("data", 0.0) + self._data
+        self._data = 0.0
+        if data_cpu is not None or self._data_cpu is not None:
+            data_cpu = (data_cpu or 0.0) + (self._data_cpu or 0.0)
+        self._data_cpu = None
+        prev = self._prev_end if self._prev_end is not None and self._prev_end <= start else start
+        self._q.append((_STEP, self._step_no, prev, end, data, merged, samples, None, None, extras, start - prev,
+                        data_cpu))
+        self._step_no += 1
+        self._prev_end = end
 
     def _run_hooks(self, hooks: list[Callable[..., Any]], *args: Any) -> None:
         for hook in hooks:
@@ -242,7 +313,7 @@ class Probe:
 
     def _on_step_exception(self, et: Any, ev: Any) -> None:
         name = getattr(et, "__name__", "Exception")
-        kind = "oom" if "OutOfMemory" in name else "exception"
+        kind = "oom" if "OutOfMemory" in name or name == "MemoryError" else "exception"
         self._q.append((_REC, {"k": "event", "t": time.time(), "name": kind, "error": name,
                                "message": str(ev)[:300], "step": self._step_no}))
 
@@ -250,21 +321,24 @@ class Probe:
     def build(self, item: tuple) -> dict[str, Any] | None:
         if item[0] == _REC:
             return item[1]
-        _, step_no, start, end, data, phases, samples, tokens, flops, extras = item
+        _, step_no, start, end, data, phases, samples, tokens, flops, extras, gap, data_cpu = item
         dur = end - start
         phases = dict(phases)
         if data:
             phases["data"] = data
         known = sum(v for v in phases.values())
-        phases["other"] = max(0.0, dur - known)
+        gap = max(0.0, gap)
+        phases["other"] = max(0.0, dur - known - gap)   # phases + gap add up to dur
         rec: dict[str, Any] = {"k": "step", "t": end + self._epoch, "step": step_no, "start": start + self._epoch,
-                               "dur": dur, "phases": phases}
+                               "dur": dur, "phases": phases, "gap": gap}
         if samples is not None:
             rec["samples"] = samples
         if tokens is not None:
             rec["tokens"] = tokens
         if flops is not None:
             rec["flops"] = flops
+        if data_cpu is not None:
+            rec["data_cpu"] = data_cpu
         if extras:
             rec.update(extras)
         return rec
@@ -317,6 +391,12 @@ class Probe:
             sources.append(HostSource())
         except Exception as exc:
             self._problem(f"host sampling off: {exc!r}")
+        try:
+            from probe.loader_workers import LoaderWorkersSource
+            sources.append(LoaderWorkersSource(self))
+        except Exception as exc:
+            self._problem(f"loader worker sampling off: {exc!r}")
+        sources.extend(self.extra_sources)
         self.sampler = Sampler(sources, self.emit, hz=sample_hz)
         self.sampler.start()
         _register_fork_handler(self)
@@ -388,6 +468,14 @@ class Probe:
 
 # Instrumentation modules (GPU, watch) register here to fill ``Probe.device`` before hello.
 _device_extensions: list[Callable[[Probe], None]] = []
+
+
+def _attach_gpu(probe: Probe) -> None:
+    from probe.gpu import attach
+    attach(probe)
+
+
+_device_extensions.append(_attach_gpu)
 
 _fork_registered = False
 _probes: "weakref.WeakSet[Probe]" = weakref.WeakSet()
@@ -472,6 +560,15 @@ class _Disabled:
         pass
 
     def add_step_hooks(self, *a: Any, **k: Any) -> None:
+        pass
+
+    def watch(self, *a: Any, **k: Any) -> None:
+        pass
+
+    def begin_step(self) -> None:
+        pass
+
+    def add_step(self, *a: Any, **k: Any) -> None:
         pass
 
     def close(self) -> None:

@@ -16,23 +16,34 @@ from __future__ import annotations
 #
 # hello   proto [1,0], job, rank, local_rank, world_size, host, pid, restart, argv, torch,
 #         name (socket base name), device {type "cpu"|"cuda", name, count, memory_total,
-#         peak_flops {dtype: FLOP/s}, status (why no GPU, e.g. "no NVIDIA GPU: NVML library not found")}
+#         peak_flops {dtype: FLOP/s}, driver, status (why no GPU, e.g. "no NVIDIA GPU: NVML library not found")}
 # step    step (int, increasing), start, dur (from the end of the previous step, includes the
-#         data wait), phases {data, forward, backward, optimizer, other, <user phases>},
+#         data wait), gap (part of dur between the previous step's end and entering this one,
+#         outside the loader wait: checkpoints, eval, logging; ETTR's lost time),
+#         phases {data, forward, backward, optimizer, other, <user phases>} (phases + gap = dur),
 #         data_cpu (main-thread CPU s spent inside the loader wait: num_workers=0 loading),
 #         comm {seconds, exposed, bytes, ops, estimated (bool: exposed is an estimate)},
 #         syncs (host-device syncs in the step), sync_site ("file:line" of the most frequent),
-#         samples, tokens, flops, mem {allocated, peak, reserved},
-#         gpu_time (device time of the step from events), lead (host-ahead-of-device s)
+#         samples, tokens, flops, flops_source ("user"|"counted"|"6N"), mem {allocated, peak, reserved},
+#         gpu_time (device time of the step from events), lead (host-ahead-of-device s),
+#         gpu_step (the step gpu_time/lead belong to: device results arrive a step or more late),
+#         gpu_phases {forward, backward, optimizer} (device s, when the step had one forward)
 # sample  host {cpu (cores busy in this process), cpu_count, sys_cpu, rss, mem_used, mem_total,
 #         mem_limit, mem_limit_source, loader_workers, loader_cpu (mean share of one core per
 #         loader worker), loader_cpu_max}, gpus [{index, name, util, mem_used, mem_total,
 #         power_w, power_limit_w, sm_clock, sm_clock_max, temp_c, throttle [reason names],
 #         pcie_tx, pcie_rx, nvlink_tx, nvlink_rx (bytes/s), and on GPM devices sm_active,
-#         sm_occupancy, tensor_active, dram_bw (0..1)}], gpu_status (str when no GPU data)
+#         sm_occupancy, tensor_active, dram_bw (0..1), lost (true once NVML says the GPU is lost)}],
+#         gpu_status (str when no GPU data), compute {dtype ("fp32"|"tf32"|"bf16"|"fp16"|"fp8"),
+#         peak_flops (FLOP/s for that dtype, None when unknown: no MFU), peak_source, flops_source,
+#         params (trainable parameter count), device} (after watch())
 # memory  device, params, grads, optimizer, activations, cache, fragmentation, other, limit,
-#         peak, reserved, allocated, alloc_retries, ooms
-# comm    backend, world_size, ops [{op, count, bytes, seconds, busbw}] (cumulative since start)
+#         peak, reserved, allocated, alloc_retries, ooms; CUDA: peak = allocated peak since the
+#         allocator's last reset (never reset by the probe), peak_reserved, fragmentation = inactive
+#         split bytes, other = NVML-used - reserved; CPU: rss, peak = peak RSS, limit_source,
+#         activations = bytes autograd saved in a sampled forward
+# comm    backend, world_size, nccl_timing, ops [{op, count, bytes, seconds, busbw (bytes/s)}]
+#         (cumulative since start; seconds/busbw None when not timed)
 # event   name (checkpoint|oom|exception|restart|warning|error|first_batch|<custom>), message,
 #         seconds, and free-form fields
 # drops   count (since the last drops record), total, reason

@@ -46,7 +46,6 @@ class StreamStatus:
     message: str | None = None      # one line when state is error/lost
     records: int = 0
     rank: int | None = None
-    restart: int = 0
 
 
 @dataclass
@@ -57,8 +56,6 @@ class Feed:
     description: str = ""
     streams: dict[str, StreamStatus] = field(default_factory=dict)
     paused: bool = False            # replay: the clock stops; live: only the display freezes (app side)
-    problems: list[str] = field(default_factory=list)   # one-line notes (torn recording tails...)
-    changed: bool = False           # set on every ingest; the app clears it after a refresh
     _first_data: asyncio.Event | None = None
 
     is_replay = False
@@ -85,14 +82,12 @@ class Feed:
             n += 1
             if rec["k"] == "hello":
                 status.rank = rec.get("rank") if isinstance(rec.get("rank"), int) else None
-                status.restart = int(rec.get("restart") or 0)
                 if status.rank is not None:
                     status.label = f"rank {status.rank}"
             elif rec["k"] == "bye" and status.state in ("live", "connecting"):
                 status.state = "exited"
         if n:
             status.records += n
-            self.changed = True
             self.first_data.set()
 
     @property
@@ -103,7 +98,9 @@ class Feed:
     def state_line(self) -> str:
         """Short status for the header: 'live', 'job exited', 'replay 2x 40%'..."""
         states = [s.state for s in self.streams.values()]
-        if not states or all(s == "connecting" for s in states):
+        if not states:
+            return "waiting for the job's probe"
+        if all(s == "connecting" for s in states):
             return "connecting"
         if all(s == "exited" for s in states):
             return "job exited"
@@ -143,9 +140,7 @@ class LiveFeed(Feed):
         try:
             found = await asyncio.to_thread(discovery.list_endpoints)
         except (UserError, OSError) as exc:
-            note = f"cannot rescan sockets: {exc}"
-            if note not in self.problems:
-                self.problems.append(note)
+            self.model.add_problem(f"cannot rescan sockets: {exc}")
             return
         for ep in discovery.jobs(found).get(self.job or "", []):
             if ep.socket not in self._tasks:
@@ -163,6 +158,7 @@ class LiveFeed(Feed):
         except (OSError, asyncio.TimeoutError) as exc:
             status.state = "lost" if isinstance(exc, (ConnectionRefusedError, FileNotFoundError)) else "error"
             status.message = f"cannot connect: {getattr(exc, 'strerror', None) or exc or 'timeout'}"
+            self.model.add_problem(f"{status.label}: {status.message}")
             return
         await _pump(self, status, stream, reader, writer, viewer_hello())
 
@@ -184,11 +180,13 @@ class TcpFeed(Feed):
         except (OSError, asyncio.TimeoutError) as exc:
             status.state = "error"
             status.message = f"cannot connect to {sid}: {getattr(exc, 'strerror', None) or exc or 'timeout'}"
+            self.model.add_problem(status.message)
             return
         await _pump(self, status, LiveStream(sid), reader, writer, viewer_hello(self.token))
         if status.records == 0 and status.state == "lost":
             status.state = "error"
             status.message = f"{sid} closed the connection: wrong token, or not a perfmon probe"
+            self.model.add_problem(status.message)
 
 
 async def _pump(feed: Feed, status: StreamStatus, stream: LiveStream, reader: asyncio.StreamReader,
@@ -212,11 +210,13 @@ async def _pump(feed: Feed, status: StreamStatus, stream: LiveStream, reader: as
     except StreamError as exc:
         status.state = "error"
         status.message = str(exc)
+        feed.model.add_problem(status.message)
     except (OSError, asyncio.IncompleteReadError) as exc:
         status.state = "lost"
         status.message = f"connection lost: {getattr(exc, 'strerror', None) or exc}"
     finally:
         writer.close()
+        feed.model.end_stream(status.stream_id)
 
 
 # -- recordings ------------------------------------------------------------------------------
@@ -238,7 +238,7 @@ class ReplayFeed(Feed):
             sid = str(rec_file.path)
             self.streams[sid] = StreamStatus(sid, rec_file.path.name.removesuffix(paths.RECORD_SUFFIX), state="replay")
             if rec_file.problem:
-                self.problems.append(rec_file.problem)
+                model.add_problem(rec_file.problem)
             for i, rec in enumerate(rec_file.records):
                 merged.append((float(rec["t"]), len(merged), sid, rec))
         merged.sort(key=lambda item: (item[0], item[1]))
@@ -289,6 +289,7 @@ class ReplayFeed(Feed):
                 await self._ingest_until(self._position)
         for status in self.streams.values():
             status.state = "done"
+            self.model.end_stream(status.stream_id)
         self.first_data.set()
 
     async def _ingest_until(self, t: float) -> None:

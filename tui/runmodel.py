@@ -31,10 +31,11 @@ Formulas (sources in the comments next to each):
 from __future__ import annotations
 
 import collections
+import itertools
 import statistics
 import time
 from dataclasses import dataclass, field
-from typing import Any, Deque
+from typing import Any, Deque, NamedTuple
 
 # -- window and buffer sizes -----------------------------------------------------------------
 WINDOW_STEPS = 50          # DESIGN §6: last 50 steps ...
@@ -42,6 +43,7 @@ WINDOW_SECONDS = 30.0      # ... or 30 s, whichever is shorter
 MIN_STEPS = 5              # DESIGN §6: fewer steps -> warming_up
 STEP_BUFFER = 2048         # the probe backfills ~2000 steps on attach (probe.server.BACKFILL_STEPS)
 SAMPLE_BUFFER = 120        # ~2 min of 1 Hz samples
+WINDOW_SAMPLES = 60        # samples averaged for loader CPU / NVML utilization
 MEMORY_BUFFER = 32
 COMM_BUFFER = 64
 EVENT_BUFFER = 200
@@ -120,12 +122,15 @@ class MemoryMetrics:
 class Metrics:
     """Job-level numbers. Field names equal the report JSON ``metrics`` keys (DESIGN §7).
 
-    Aggregation across ranks: ``data_wait_frac`` and ``loader_cpu`` take the
-    worst rank (one starving rank stalls every rank through the collectives);
-    ``ettr`` the least productive rank; ``step_time_median_s`` the slowest
-    rank (it sets the pace); throughputs are summed; the rest are means.
+    Aggregation across ranks: the flowchart quantities take the worst rank,
+    because in a synchronous job one rank's idle or waiting time is lost by
+    all: ``device_busy`` the least busy rank, ``data_wait_frac``, ``comm_frac``,
+    ``comm_exposed_frac`` and ``loader_cpu`` the highest; ``ettr`` the least
+    productive rank; ``step_time_median_s`` the slowest rank (it sets the
+    pace); throughputs are summed; the rest are means over ranks.
     Extra keys beyond DESIGN §7: busbw, comm_op, comm_estimated, loader_workers,
-    data_cpu_frac, gap_frac, compute_ratio, flops_per_s, memory_headroom, device_busy_source.
+    data_cpu_frac, gap_frac, compute_ratio, arrival_ratio, straggler_by, flops_per_s,
+    memory_headroom, device_busy_source.
     """
 
     steps: int = 0
@@ -149,6 +154,8 @@ class Metrics:
     loader_cpu: float | None = None         # mean share of one core per loader worker (worst rank)
     loader_workers: int | None = None
     compute_ratio: float | None = None      # fastest / slowest rank compute time (1.0 = balanced)
+    arrival_ratio: float | None = None      # first / last rank to reach the collective (step - exposed wait)
+    straggler_by: str | None = None         # "compute" | "arrival": which rule named the straggler
     memory_headroom: float | None = None    # 1 - memory.peak_frac
     memory: MemoryMetrics = field(default_factory=MemoryMetrics)
 
@@ -161,7 +168,8 @@ class Metrics:
 _METRIC_KEYS = ("steps", "step_time_median_s", "samples_per_s", "tokens_per_s", "device_busy", "data_wait_frac",
                 "comm_frac", "comm_exposed_frac", "syncs_per_step", "mfu", "ettr", "loader_cpu",
                 "busbw", "comm_op", "comm_estimated", "loader_workers", "data_cpu_frac", "gap_frac",
-                "compute_ratio", "flops_per_s", "memory_headroom", "device_busy_source")
+                "compute_ratio", "arrival_ratio", "straggler_by", "flops_per_s", "memory_headroom",
+                "device_busy_source")
 
 
 @dataclass(frozen=True)
@@ -220,8 +228,9 @@ class JobView:
     """Everything a pane or the verdict needs, derived from the buffers at one instant.
 
     Per-rank containers are dicts keyed by rank number:
-    * ``steps_recent[r]``: last ``TIMELINE_STEPS`` step dicts {step, start, dur, gap, phases,
-      comm_exposed, syncs} (phases include ``data`` and ``other``), oldest first;
+    * ``steps_recent[r]``: the last ``TIMELINE_STEPS`` step records as received (wire keys: step,
+      start, dur, gap, phases incl. ``data`` and ``other`` with phases + gap = dur, comm, syncs,
+      sync_site, ...), oldest first; treat them as read-only;
     * ``data_wait_history[r]``: data-wait share of each of those steps (0..1);
     * ``gpus[r]``: latest ``sample.gpus`` list; ``host[r]``: latest ``sample.host`` dict;
     * ``memory_records[r]``: latest ``memory`` record; ``sample_history[r]``: recent ``sample`` records.
@@ -249,7 +258,7 @@ class JobView:
     memory_records: dict[int, dict[str, Any]]
     sample_history: dict[int, list[dict[str, Any]]]
     events: list[dict[str, Any]]
-    straggler_rank: int | None       # the slowest-computing rank when compute_ratio < STRAGGLER_RATIO
+    straggler_rank: int | None       # see _straggler: slowest compute, or last to arrive at the collective
     restarted: list[int]
     problems: list[str]
     hellos: dict[int, dict[str, Any]]
@@ -259,7 +268,7 @@ class JobView:
 class _RankState:
     """Ring buffers of one process (one generation of one rank)."""
 
-    __slots__ = ("rank", "stream", "hello", "generation", "steps", "samples", "memory", "comm", "events",
+    __slots__ = ("rank", "stream", "hello", "generation", "steps", "nums", "samples", "memory", "comm", "events",
                  "drops", "ended", "version", "first_start", "last_end", "inside", "gap_total", "unseen",
                  "pending_gap", "loader_seen", "last_t", "_cache")
 
@@ -269,6 +278,7 @@ class _RankState:
         self.hello = hello
         self.generation = generation
         self.steps: Deque[dict[str, Any]] = collections.deque(maxlen=STEP_BUFFER)
+        self.nums: Deque[_StepNums] = collections.deque(maxlen=STEP_BUFFER)   # parallel to steps
         self.samples: Deque[dict[str, Any]] = collections.deque(maxlen=SAMPLE_BUFFER)
         self.memory: Deque[dict[str, Any]] = collections.deque(maxlen=MEMORY_BUFFER)
         self.comm: Deque[dict[str, Any]] = collections.deque(maxlen=COMM_BUFFER)
@@ -310,9 +320,49 @@ class _RankState:
             self.last_end = end
         self.inside += dur - gap
         self.gap_total += gap
-        if "data" in (rec.get("phases") or {}):
+        nums = _step_nums(rec, dur, gap, end, start)
+        if nums.has_data:
             self.loader_seen = True
         self.steps.append(rec)
+        self.nums.append(nums)
+
+
+class _StepNums(NamedTuple):
+    """The numbers of one step record, extracted once at ingest so windows are cheap."""
+
+    step: int
+    t: float | None
+    start: float | None
+    dur: float
+    gap: float
+    active: float
+    data: float
+    has_data: bool
+    secs: float | None
+    exposed: float | None
+    estimated: bool
+    samples: float | None
+    tokens: float | None
+    flops: float | None
+    syncs: float | None
+    data_cpu: float | None
+    gpu_time: float | None
+    gpu_step: Any
+    data_share: float
+
+
+def _step_nums(rec: dict[str, Any], dur: float, gap: float, end: float | None, start: float | None) -> _StepNums:
+    phases = rec.get("phases") if isinstance(rec.get("phases"), dict) else {}
+    comm = rec.get("comm") if isinstance(rec.get("comm"), dict) else None
+    data = _num(phases.get("data")) or 0.0
+    active = max(dur - gap, 1e-9)
+    return _StepNums(
+        step=rec["step"], t=end, start=start, dur=dur, gap=gap, active=active, data=data,
+        has_data="data" in phases, secs=_comm_value(comm, "seconds"), exposed=_comm_value(comm, "exposed"),
+        estimated=bool(comm.get("estimated")) if comm else False, samples=_num(rec.get("samples")),
+        tokens=_num(rec.get("tokens")), flops=_num(rec.get("flops")), syncs=_num(rec.get("syncs")),
+        data_cpu=_num(rec.get("data_cpu")), gpu_time=_num(rec.get("gpu_time")),
+        gpu_step=rec.get("gpu_step", rec["step"]), data_share=max(0.0, min(1.0, data / active)))
 
 
 def _num(value: Any) -> float | None:
@@ -396,6 +446,13 @@ class RunModel:
         """A one-line stream problem (torn recording, bad frame) to show with the view."""
         if message not in self.problems:
             self.problems.append(message)
+
+    def set_window(self, steps: int, seconds: float) -> None:
+        """Change the window (the TUI's ``w`` key); cached per-rank statistics are recomputed."""
+        self.window_steps = max(MIN_STEPS, int(steps))
+        self.window_seconds = float(seconds)
+        for state in list(self._ranks.values()) + self._retired:
+            state._cache = None
 
     def _hello(self, stream_id: str, hello: dict[str, Any]) -> None:
         rank = hello.get("rank")
@@ -503,8 +560,7 @@ class _RankStats:
     warming_up: bool
     step_median: float | None
     compute_median: float | None
-    active_sum: float
-    dur_sum: float
+    arrive_median: float | None      # step time minus exposed wait: when the rank reached the collective
     data_frac: float | None
     data_cpu_frac: float | None
     comm_frac: float | None
@@ -519,24 +575,23 @@ class _RankStats:
     syncs: float | None
     loader_cpu: float | None
     loader_workers: int | None
-    window_start: float | None
     timeline: list[dict[str, Any]]
     data_history: list[float]
     memory: MemoryMetrics
     comm_delta: dict[str, tuple[int, int, float]]   # op -> (count, bytes, seconds) in the window
 
 
-def _window(steps: Deque[dict[str, Any]], max_steps: int, max_seconds: float) -> list[dict[str, Any]]:
-    if not steps:
+def _window(nums: Deque[_StepNums], max_steps: int, max_seconds: float) -> list[_StepNums]:
+    if not nums:
         return []
-    tail = list(steps)[-(max_steps + 1):]
-    if len(tail) > 1 and tail[0].get("step") == 0:
+    tail = list(itertools.islice(reversed(nums), max_steps + 1))[::-1]
+    if len(tail) > 1 and tail[0].step == 0:
         tail = tail[1:]        # the first step pays for lazy init
     tail = tail[-max_steps:]
-    last_t = _num(tail[-1].get("t"))
+    last_t = tail[-1].t
     if last_t is None:
         return tail
-    recent = [s for s in tail if (_num(s.get("t")) or last_t) >= last_t - max_seconds]
+    recent = [s for s in tail if (s.t if s.t is not None else last_t) >= last_t - max_seconds]
     return recent if len(recent) >= MIN_STEPS else tail[-MIN_STEPS:]
 
 
@@ -546,87 +601,69 @@ def _sum(values: list[float | None]) -> float | None:
 
 
 def _rank_stats(state: _RankState, max_steps: int, max_seconds: float) -> _RankStats:
-    win = _window(state.steps, max_steps, max_seconds)
+    win = _window(state.nums, max_steps, max_seconds)
     n = len(win)
-    durs = [_num(s.get("dur")) or 0.0 for s in win]
-    gaps = [max(0.0, min(_num(s.get("gap")) or 0.0, d)) for s, d in zip(win, durs)]
-    actives = [max(d - g, 1e-9) for d, g in zip(durs, gaps)]
-    phases = [s.get("phases") if isinstance(s.get("phases"), dict) else {} for s in win]
-    data = [_num(p.get("data")) or 0.0 for p in phases]
-    comms = [s.get("comm") if isinstance(s.get("comm"), dict) else None for s in win]
-    comm_known = any(c is not None for c in comms)
+    durs = [s.dur for s in win]
+    actives = [s.active for s in win]
+    data = [s.data for s in win]
+    secs_known = any(s.secs is not None for s in win)
+    comm_known = any(s.exposed is not None for s in win)    # the flowchart needs the exposed part
     world = state.hello.get("world_size")
     single = isinstance(world, int) and world <= 1
-    secs = [(_num(c.get("seconds")) or 0.0) if c else 0.0 for c in comms]
-    exposed = [(_num(c.get("exposed")) if _num(c.get("exposed")) is not None else _num(c.get("seconds")) or 0.0)
-               if c else 0.0 for c in comms]
+    secs_sum = sum(s.secs or 0.0 for s in win)
+    exposed = [s.exposed or 0.0 for s in win]
     active_sum = sum(actives)
     dur_sum = sum(durs)
-    data_known = state.loader_seen or any("data" in p for p in phases)
+    data_sum = sum(data)
+    data_known = state.loader_seen or any(s.has_data for s in win)
     computes = [max(0.0, a - d - e) for a, d, e in zip(actives, data, exposed)]
-    win_start = _num(win[0].get("start")) if win else None
-    if win_start is None and win:
-        win_start = (_num(win[0].get("t")) or 0.0) - durs[0]
+    win_start = None
+    if win:
+        win_start = win[0].start if win[0].start is not None else (win[0].t or 0.0) - win[0].dur
     samples = [s for s in state.samples if win_start is None or (_num(s.get("t")) or 0.0) >= win_start]
-    if not samples and state.samples:
-        samples = [state.samples[-1]]
+    samples = samples[-WINDOW_SAMPLES:] or list(state.samples)[-1:]
     hosts = [s.get("host") for s in samples if isinstance(s.get("host"), dict)]
 
-    data_frac = sum(data) / active_sum if n and data_known else None
-    data_cpu = _sum([_num(s.get("data_cpu")) for s in win])
-    data_cpu_frac = (data_cpu / sum(data)) if data_cpu is not None and sum(data) > 0 else None
-    if comm_known:
-        comm_frac: float | None = sum(secs) / active_sum
-        exposed_frac: float | None = sum(exposed) / active_sum
-    elif single and n:
-        comm_frac, exposed_frac = 0.0, 0.0     # one process: no peers to communicate with
-    else:
-        comm_frac = exposed_frac = None
-    estimated = any(bool(c.get("estimated")) for c in comms if c) if comm_known else None
+    data_frac = data_sum / active_sum if n and data_known else None
+    data_cpu = _sum([s.data_cpu for s in win])
+    data_cpu_frac = (data_cpu / data_sum) if data_cpu is not None and data_sum > 0 else None
+    none_single = 0.0 if single and n else None     # one process: no peers to communicate with
+    comm_frac = secs_sum / active_sum if secs_known else none_single
+    exposed_frac = sum(exposed) / active_sum if comm_known else none_single
+    estimated = any(s.estimated for s in win) if comm_known else None
 
     device = state.hello.get("device") if isinstance(state.hello.get("device"), dict) else {}
     busy, busy_src = None, None
     if n:
-        gpu_times = [_num(s.get("gpu_time")) for s in win]
+        events_busy = _events_busy(state, win)
         util = _gpu_util(samples, state.hello)
-        if device.get("type") == "cuda" and all(g is not None for g in gpu_times):
-            busy, busy_src = min(1.0, sum(g for g in gpu_times if g is not None) / active_sum), "events"
+        if device.get("type") == "cuda" and events_busy is not None:
+            busy, busy_src = events_busy, "events"
         elif device.get("type") == "cuda" and util is not None:
             busy, busy_src = util, "nvml"
         else:
             # host-side accounting: the share of step time not spent waiting for data or peers
             busy, busy_src = sum(computes) / active_sum, "step_accounting"
 
-    samples_sum = _sum([_num(s.get("samples")) for s in win])
-    tokens_sum = _sum([_num(s.get("tokens")) for s in win])
-    flops_sum = _sum([_num(s.get("flops")) for s in win])
+    samples_sum = _sum([s.samples for s in win])
+    tokens_sum = _sum([s.tokens for s in win])
+    flops_sum = _sum([s.flops for s in win])
     flops_per_s = flops_sum / dur_sum if flops_sum is not None and dur_sum > 0 else None
-    peak = _peak_flops(device)
-    syncs = _sum([_num(s.get("syncs")) for s in win])
-    loader_cpus = [_num(h.get("loader_cpu")) for h in hosts]
-    loader_cpus_known = [v for v in loader_cpus if v is not None]
+    peak = _peak_flops(device, state.samples)
+    syncs = _sum([s.syncs for s in win])
+    loader_cpus = [v for v in (_num(h.get("loader_cpu")) for h in hosts) if v is not None]
     workers = next((h.get("loader_workers") for h in reversed(hosts) if isinstance(h.get("loader_workers"), int)),
                    None)
-
-    timeline = []
-    history = []
-    for s in list(state.steps)[-TIMELINE_STEPS:]:
-        ph = dict(s.get("phases") or {})
-        d = _num(s.get("dur")) or 0.0
-        g = _num(s.get("gap")) or 0.0
-        c = s.get("comm") if isinstance(s.get("comm"), dict) else {}
-        timeline.append({"step": s.get("step"), "start": s.get("start"), "dur": d, "gap": g, "phases": ph,
-                         "comm_exposed": _num(c.get("exposed")), "syncs": _num(s.get("syncs"))})
-        history.append(min(1.0, (_num(ph.get("data")) or 0.0) / max(d - g, 1e-9)))
+    timeline = list(itertools.islice(reversed(state.steps), TIMELINE_STEPS))[::-1]
+    history = [s.data_share for s in itertools.islice(state.nums, max(0, len(state.nums) - TIMELINE_STEPS), None)]
 
     return _RankStats(
         n=n,
-        span=(_num(win[-1].get("t")) or 0.0) - win_start if n and win_start is not None else 0.0,
+        span=(win[-1].t or 0.0) - win_start if n and win_start is not None else 0.0,
         warming_up=n < MIN_STEPS,
         step_median=statistics.median(durs) if n else None,
         compute_median=statistics.median(computes) if n and (comm_known or single) else None,
-        active_sum=active_sum,
-        dur_sum=dur_sum,
+        arrive_median=statistics.median(d - e for d, e in zip(durs, exposed)) if n and comm_known else None,
         data_frac=data_frac,
         data_cpu_frac=data_cpu_frac,
         comm_frac=comm_frac,
@@ -639,14 +676,23 @@ def _rank_stats(state: _RankState, max_steps: int, max_seconds: float) -> _RankS
         flops_per_s=flops_per_s,
         mfu=flops_per_s / peak if flops_per_s is not None and peak else None,
         syncs=syncs / n if syncs is not None and n else None,
-        loader_cpu=statistics.fmean(loader_cpus_known) if loader_cpus_known else None,
+        loader_cpu=statistics.fmean(loader_cpus) if loader_cpus else None,
         loader_workers=workers,
-        window_start=win_start,
         timeline=timeline,
         data_history=history,
-        memory=_rank_memory(state, win_start),
+        memory=_rank_memory(state, win_start, hosts),
         comm_delta=_comm_delta(state, win_start),
     )
+
+
+def _comm_value(comm: dict[str, Any] | None, key: str) -> float | None:
+    """``comm[key]`` seconds; a step the comm instrumentation saw with no collective counts as 0."""
+    if comm is None:
+        return None
+    value = _num(comm.get(key))
+    if value is None and comm.get("ops") == 0:
+        return 0.0
+    return value
 
 
 def _gpu_util(samples: list[dict[str, Any]], hello: dict[str, Any]) -> float | None:
@@ -663,21 +709,53 @@ def _gpu_util(samples: list[dict[str, Any]], hello: dict[str, Any]) -> float | N
     return statistics.fmean(values) if values else None
 
 
-def _peak_flops(device: dict[str, Any]) -> float | None:
-    """Peak FLOP/s for the dtype in use: device.dtype if named, else bf16, else the highest listed."""
+def _events_busy(state: _RankState, win: list[_StepNums]) -> float | None:
+    """Σ device time / Σ active time over window steps whose ``gpu_time`` has arrived.
+
+    Device results come a step or more late, tagged with ``gpu_step``; steps
+    still in flight are left out. Needs at least half the window (and MIN_STEPS).
+    """
+    active_by_step = {s.step: s.active for s in win}
+    gpu = active = 0.0
+    matched = 0
+    for s in itertools.islice(reversed(state.nums), len(win) + 16):
+        if s.gpu_time is None:
+            continue
+        a = active_by_step.get(s.gpu_step)
+        if a is not None:
+            gpu += s.gpu_time
+            active += a
+            matched += 1
+    if matched < max(MIN_STEPS, len(win) // 2) or active <= 0:
+        return None
+    return min(1.0, gpu / active)
+
+
+def _peak_flops(device: dict[str, Any], samples: Deque[dict[str, Any]]) -> float | None:
+    """Peak FLOP/s for the dtype in use: the sampler's ``compute.peak_flops`` (after watch()),
+    else hello ``device.peak_flops`` for the compute dtype, bf16, or the highest listed."""
+    compute = next((s["compute"] for s in reversed(samples) if isinstance(s.get("compute"), dict)), {})
+    if _num(compute.get("peak_flops")):
+        return _num(compute.get("peak_flops"))
     peaks = device.get("peak_flops")
     if not isinstance(peaks, dict) or not peaks:
         return None
-    for key in (device.get("dtype"), "bf16", "fp16"):
+    for key in (compute.get("dtype"), device.get("dtype"), "bf16", "fp16"):
         if key in peaks and _num(peaks[key]):
             return _num(peaks[key])
     known = [_num(v) for v in peaks.values() if _num(v)]
     return max(known) if known else None
 
 
-def _rank_memory(state: _RankState, win_start: float | None) -> MemoryMetrics:
+def _rank_memory(state: _RankState, win_start: float | None, hosts: list[dict[str, Any]]) -> MemoryMetrics:
+    """Memory against its limit. ``peak_bytes`` is the number compared with the limit: CUDA the
+    peak reserved by the allocator (DESIGN §6), CPU the highest RSS seen in the window."""
     ooms = sum(1 for e in state.events if e.get("name") == "oom"
                and (win_start is None or (_num(e.get("t")) or 0.0) >= win_start))
+    device = state.hello.get("device") if isinstance(state.hello.get("device"), dict) else {}
+    host_rss = [_int(h.get("rss")) for h in hosts]
+    host_limit = next((_int(h.get("mem_limit")) for h in reversed(hosts) if _int(h.get("mem_limit"))), None)
+    host_limit_source = next((h.get("mem_limit_source") for h in reversed(hosts) if h.get("mem_limit_source")), None)
     mem = state.memory[-1] if state.memory else None
     if mem is not None:
         in_win = [m for m in state.memory if win_start is None or (_num(m.get("t")) or 0.0) >= win_start]
@@ -685,36 +763,38 @@ def _rank_memory(state: _RankState, win_start: float | None) -> MemoryMetrics:
         retries = _int(mem.get("alloc_retries"))
         rising = retries is not None and (_int(first.get("alloc_retries")) or 0) < retries and len(in_win) > 1
         alloc_ooms = (_int(mem.get("ooms")) or 0) - (_int(first.get("ooms")) or 0) if len(in_win) > 1 else 0
-        limit = _int(mem.get("limit"))
-        peak = _int(mem.get("peak")) or _int(mem.get("reserved"))
+        on_host = mem.get("device") == "cpu"
+        if on_host:
+            used = max((r for r in [_int(m.get("rss")) for m in in_win] + host_rss if r is not None),
+                       default=_int(mem.get("rss")) or _int(mem.get("peak")))
+            limit = _int(mem.get("limit")) or host_limit
+            limit_source = mem.get("limit_source") or host_limit_source
+        else:
+            used = _int(mem.get("peak_reserved")) or _int(mem.get("reserved")) or _int(mem.get("peak"))
+            limit = _int(mem.get("limit")) or _int(device.get("memory_total"))
+            limit_source = "device"
         return MemoryMetrics(
-            source="device", rank=state.rank, limit_bytes=limit, limit_source="device",
-            peak_bytes=peak, peak_frac=peak / limit if peak is not None and limit else None,
+            source="host" if on_host else "device", rank=state.rank, limit_bytes=limit, limit_source=limit_source,
+            peak_bytes=used, peak_frac=used / limit if used is not None and limit else None,
             params_bytes=_int(mem.get("params")), grads_bytes=_int(mem.get("grads")),
             optimizer_bytes=_int(mem.get("optimizer")), activations_bytes=_int(mem.get("activations")),
             cache_bytes=_int(mem.get("cache")), other_bytes=_int(mem.get("other")),
             fragmentation_bytes=_int(mem.get("fragmentation")), reserved_bytes=_int(mem.get("reserved")),
             allocated_bytes=_int(mem.get("allocated")), alloc_retries=retries, alloc_retries_rising=rising,
             ooms=ooms + max(0, alloc_ooms))
-    device = state.hello.get("device") if isinstance(state.hello.get("device"), dict) else {}
     if device.get("type") == "cuda":
-        steps_mem = [s.get("mem") for s in state.steps if isinstance(s.get("mem"), dict)][-WINDOW_STEPS:]
+        recent = itertools.islice(reversed(state.steps), WINDOW_STEPS)
+        steps_mem = [s.get("mem") for s in recent if isinstance(s.get("mem"), dict)]
         limit = _int(device.get("memory_total"))
         peaks = [_int(m.get("reserved")) or _int(m.get("peak")) for m in steps_mem]
         peak = max((p for p in peaks if p is not None), default=None)
         return MemoryMetrics(source="device" if peak is not None else None, rank=state.rank, limit_bytes=limit,
                              limit_source="device" if limit else None, peak_bytes=peak,
                              peak_frac=peak / limit if peak is not None and limit else None, ooms=ooms)
-    hosts = [s.get("host") for s in state.samples if isinstance(s.get("host"), dict)
-             and (win_start is None or (_num(s.get("t")) or 0.0) >= win_start)]
-    if not hosts and state.samples and isinstance(state.samples[-1].get("host"), dict):
-        hosts = [state.samples[-1]["host"]]
-    rss = max((r for r in (_int(h.get("rss")) for h in hosts) if r is not None), default=None)
-    limit = next((_int(h.get("mem_limit")) for h in reversed(hosts) if _int(h.get("mem_limit"))), None)
-    source = next((h.get("mem_limit_source") for h in reversed(hosts) if h.get("mem_limit_source")), None)
-    return MemoryMetrics(source="host" if rss is not None else None, rank=state.rank, limit_bytes=limit,
-                         limit_source=source, peak_bytes=rss,
-                         peak_frac=rss / limit if rss is not None and limit else None, ooms=ooms)
+    rss = max((r for r in host_rss if r is not None), default=None)
+    return MemoryMetrics(source="host" if rss is not None else None, rank=state.rank, limit_bytes=host_limit,
+                         limit_source=host_limit_source, peak_bytes=rss,
+                         peak_frac=rss / host_limit if rss is not None and host_limit else None, ooms=ooms)
 
 
 def _int(value: Any) -> int | None:
@@ -785,6 +865,37 @@ def _ettr(state: _RankState, now: float) -> float | None:
 STRAGGLER_RATIO = 0.7
 
 
+def _straggler(ready: list[tuple[_RankState, _RankStats]]) -> tuple[float | None, float | None, int | None,
+                                                                       str | None]:
+    """(compute ratio, arrival ratio, straggler rank, rule) over ranks with comm measured.
+
+    Rule "compute" (NVRx relative score, fastest / slowest < STRAGGLER_RATIO):
+    the rank with the slowest median compute. Rule "arrival" (HTA: "a straggler
+    is the trainer which starts later than others"), the same score applied to
+    each rank's time to reach the collective (step time minus its exposed wait,
+    so time lost between steps or in its own data wait counts): the last rank to
+    arrive, when compute alone does not explain it.
+    """
+    computes = [(s.rank, x.compute_median) for s, x in ready if x.compute_median is not None]
+    if len(computes) < 2:
+        return None, None, None, None
+    ratio, slow_rank = _relative(computes)
+    arrivals = [(s.rank, x.arrive_median) for s, x in ready if x.arrive_median is not None]
+    arrival_ratio, late_rank = _relative(arrivals) if len(arrivals) >= 2 else (None, None)
+    if ratio < STRAGGLER_RATIO:
+        return ratio, arrival_ratio, slow_rank, "compute"
+    if arrival_ratio is not None and arrival_ratio < STRAGGLER_RATIO:
+        return ratio, arrival_ratio, late_rank, "arrival"
+    return ratio, arrival_ratio, None, None
+
+
+def _relative(times: list[tuple[int, float]]) -> tuple[float, int]:
+    """(fastest / slowest, slowest rank)."""
+    fast = min(t for _, t in times)
+    slow_rank, slow = max(times, key=lambda rt: rt[1])
+    return (fast / slow if slow > 0 else 1.0), slow_rank
+
+
 def _mean(values: list[float | None]) -> float | None:
     known = [v for v in values if v is not None]
     return statistics.fmean(known) if known else None
@@ -802,14 +913,7 @@ def _job_metrics(ready: list[tuple[_RankState, _RankStats]], ranks: list[RankVie
         return Metrics(steps=steps, ettr=_min_known([r.ettr for r in ranks]),
                        memory=_job_memory(states, stats)), None
     st = [x[1] for x in ready]
-    computes = [(s.rank, x.compute_median) for s, x in ready if x.compute_median is not None]
-    ratio, straggler = None, None
-    if len(computes) >= 2:
-        fast = min(c for _, c in computes)
-        slow_rank, slow = max(computes, key=lambda rc: rc[1])
-        ratio = fast / slow if slow > 0 else 1.0
-        if ratio < STRAGGLER_RATIO:
-            straggler = slow_rank
+    ratio, arrival_ratio, straggler, straggler_by = _straggler(ready)
     comm_rows = _comm_rows(ready, world)
     top = max(comm_rows, key=lambda r: r.seconds, default=None)
     memory = _job_memory(states, stats)
@@ -820,12 +924,12 @@ def _job_metrics(ready: list[tuple[_RankState, _RankStats]], ranks: list[RankVie
         step_time_median_s=_max([x.step_median for x in st]),
         samples_per_s=sum(v for v in samples if v is not None) if any(v is not None for v in samples) else None,
         tokens_per_s=sum(v for v in tokens if v is not None) if any(v is not None for v in tokens) else None,
-        device_busy=_mean([x.device_busy for x in st]),
+        device_busy=_min_known([x.device_busy for x in st]),
         device_busy_source=st[0].busy_source,
         data_wait_frac=_max([x.data_frac for x in st]),
         data_cpu_frac=_max([x.data_cpu_frac for x in st]),
-        comm_frac=_mean([x.comm_frac for x in st]),
-        comm_exposed_frac=_mean([x.exposed_frac for x in st]),
+        comm_frac=_max([x.comm_frac for x in st]),
+        comm_exposed_frac=_max([x.exposed_frac for x in st]),
         comm_estimated=any(x.comm_estimated for x in st) if any(x.comm_estimated is not None for x in st) else None,
         comm_op=top.op if top else None,
         busbw=top.busbw if top else None,
@@ -837,6 +941,8 @@ def _job_metrics(ready: list[tuple[_RankState, _RankStats]], ranks: list[RankVie
         loader_cpu=_max([x.loader_cpu for x in st]),
         loader_workers=_max_int([x.loader_workers for x in st]),
         compute_ratio=ratio,
+        arrival_ratio=arrival_ratio,
+        straggler_by=straggler_by,
         memory_headroom=1.0 - memory.peak_frac if memory.peak_frac is not None else None,
         memory=memory,
     )

@@ -41,8 +41,8 @@ def test_script_streams_hello_then_steps_matching_what_it_did():
     assert 0.0039 <= data < 0.007, data
     assert 0.0019 <= fwd < 0.005 and 0.0029 <= bwd < 0.006
     for s in later:
-        parts = sum(s["phases"].values())
-        assert parts == pytest.approx(s["dur"], rel=1e-6)  # other = dur - known phases
+        parts = sum(s["phases"].values()) + s["gap"]
+        assert parts == pytest.approx(s["dur"], rel=1e-6)  # other = dur - known phases - gap
         assert s["samples"] == 8
     first_batch = [r for r in records if r["k"] == "event" and r["name"] == "first_batch"]
     assert len(first_batch) == 1 and first_batch[0]["seconds"] >= 0.0039

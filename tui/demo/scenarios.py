@@ -18,7 +18,7 @@ class ModelSize:
     """A small GPT: token + position embeddings, pre-norm blocks, untied LM head."""
 
     vocab: int = 512
-    d_model: int = 128
+    d_model: int = 192
     layers: int = 2
     heads: int = 4
     max_seq: int = 256
@@ -34,7 +34,7 @@ class Scenario:
     needs_gpu: bool = False
     model: ModelSize = field(default_factory=ModelSize)
     batch: int = 16                   # sequences per optimizer step and rank
-    seq: int = 64                     # tokens per sequence
+    seq: int = 128                    # tokens per sequence
     accumulate: int = 1               # micro-batches per optimizer step (DDP no_sync between)
     workers: int = 1                  # DataLoader worker processes
     source: str = "synthetic"         # synthetic | text (tokenised in the workers) | shards (files on slow storage)
@@ -58,40 +58,54 @@ SCENARIOS: dict[str, Scenario] = {s.name: s for s in (
              expect="healthy"),
     Scenario("data_preprocessing", "the loader worker tokenises raw text in pure Python for every sample: "
              "its CPU is saturated and the step waits for batches",
-             expect="data_preprocessing", source="text", text_chars=3000),
-    Scenario("data_loading", "the loader worker reads token shards from storage with 60 ms latency per read: "
+             expect="data_preprocessing", source="text", text_chars=30000),
+    Scenario("data_loading", "the loader worker reads token shards from storage with 0.5 s latency per read: "
              "it sleeps on I/O while the step waits",
-             expect="data_loading", source="shards", read_latency_s=0.06),
-    Scenario("communication", "2 ranks (gloo) train a wide-vocabulary model on 2 sequences each: "
+             expect="data_loading", source="shards", read_latency_s=0.5),
+    Scenario("communication", "2 ranks (gloo) train a wide-vocabulary model on one sequence each: "
              "~22 MB of gradients are all-reduced after every tiny step",
-             expect="communication", ranks=2, model=WIDE, batch=2, seq=32),
+             expect="communication", ranks=2, model=WIDE, batch=1, seq=16, workers=0),
     Scenario("load_imbalance", "2 ranks (gloo) with uneven shards: the last rank's sequences are 4x longer, "
              "so the others wait for it in the all-reduce",
-             expect="load_imbalance", ranks=2, batch=8, seq=32, straggler_seq_factor=4.0),
+             expect="load_imbalance", ranks=2, batch=8, seq=32, straggler_seq_factor=4.0, workers=0),
     Scenario("memory", "the loop keeps every step's logits for an epoch-end metric: memory grows "
              "until it nears the limit",
-             expect="memory", model=replace(SMALL, vocab=4096), keep_predictions=True, memory_budget_mb=400),
+             expect="memory", model=replace(SMALL, vocab=2048), batch=8, keep_predictions=True,
+             memory_budget_mb=400),
     Scenario("step_gaps", "every 15 steps the job blocks on a checkpoint of model and optimizer "
-             "written to slow storage (8 MB/s)", expect="healthy", finding="step_gaps",
-             checkpoint_every=15, checkpoint_mb_per_s=8.0),
+             "written to slow storage (16 MB/s)", expect="healthy", finding="step_gaps",
+             checkpoint_every=15, checkpoint_mb_per_s=16.0),
     Scenario("host_sync", "every step logs each parameter's gradient norm with .item(): the host "
              "waits for the device dozens of times per step", expect="host_sync", needs_gpu=True,
              item_logging=True),
 )}
 
 TOUR_NAME = "tour"
-TOUR_PHASE_S = 30.0
-# The tour runs one live job and switches what it does every TOUR_PHASE_S seconds. It keeps
-# one model and one rank count, so comm-dependent phases use its 2 ranks with the small model.
-TOUR_RANKS = 2
-TOUR: tuple[Scenario, ...] = (
-    replace(SCENARIOS["healthy"], ranks=TOUR_RANKS, accumulate=4),
-    replace(SCENARIOS["data_preprocessing"], ranks=TOUR_RANKS, accumulate=4),
-    replace(SCENARIOS["data_loading"], ranks=TOUR_RANKS, accumulate=4),
-    replace(SCENARIOS["communication"], ranks=TOUR_RANKS, model=SMALL, batch=1, seq=32),
-    replace(SCENARIOS["load_imbalance"], ranks=TOUR_RANKS),
-    replace(SCENARIOS["step_gaps"], ranks=TOUR_RANKS, accumulate=4),
-)
+# Long enough for the verdict window (last 50 steps or 30 s) to fill with the new phase's
+# steps and show its verdict for a good part of the phase.
+TOUR_PHASE_S = 40.0
+
+
+def tour(ranks: int) -> tuple[Scenario, ...]:
+    """The tour's phases for one live job of ``ranks`` processes: one model throughout.
+
+    Multi-rank phases (communication, load imbalance) join when the job has peers; they use
+    the small model with tiny batches rather than the wide one, since the model cannot change.
+    """
+    single = (
+        replace(SCENARIOS["healthy"], accumulate=4),
+        replace(SCENARIOS["data_preprocessing"], accumulate=4),
+        replace(SCENARIOS["data_loading"], accumulate=4),
+    )
+    peers = (
+        replace(SCENARIOS["communication"], model=SMALL, batch=2, seq=64),
+        replace(SCENARIOS["load_imbalance"]),
+    ) if ranks > 1 else ()
+    rest = (
+        replace(SCENARIOS["memory"], model=SMALL, batch=16),
+        replace(SCENARIOS["step_gaps"], accumulate=4),
+    )
+    return tuple(replace(s, ranks=ranks) for s in single + peers + rest)
 
 
 def names() -> list[str]:

@@ -37,7 +37,7 @@ from probe.host import memory_limit, parse_bytes
 from tui.demo import scenarios
 from tui.demo.scenarios import ModelSize, Scenario
 
-MEMORY_HOLD = 0.95      # stop keeping predictions here: near the limit, never over it
+MEMORY_HOLD = 0.93      # keep predictions up to here: over the 90% verdict mark, under the limit
 TOKEN_BYTES = 2         # shards store tokens as int16
 
 
@@ -93,7 +93,11 @@ class SyntheticTokens(Dataset):
         return 1 << 30
 
     def __getitem__(self, i: int) -> torch.Tensor:
-        return torch.tensor(_pattern(random.Random(self.seed * 1_000_003 + i), self.vocab, self.seq + 1))
+        g = torch.Generator().manual_seed(self.seed * 1_000_003 + i)
+        start, stride = torch.randint(self.vocab, (1,), generator=g), torch.randint(1, 8, (1,), generator=g)
+        seq = (start + stride * torch.arange(self.seq + 1)) % self.vocab
+        noise = torch.rand(self.seq + 1, generator=g) < 0.05
+        return torch.where(noise, torch.randint(self.vocab, (self.seq + 1,), generator=g), seq)
 
 
 class Tokenizer:
@@ -213,6 +217,8 @@ class Job:
     step: int = 0
     kept: list[torch.Tensor] = field(default_factory=list)   # predictions kept for the epoch metric
     last_loss: torch.Tensor | None = None
+    floor: int = 0                    # memory in use at the start of the step (memory scenario)
+    floor_limit: int | None = None
     grad_norms: dict[str, float] = field(default_factory=dict)
 
 
@@ -226,6 +232,14 @@ def setup_distributed(world: int) -> torch.device:
     if world > 1:
         dist.init_process_group("nccl" if use_cuda else "gloo")
     return device
+
+
+def make_optimizer(model: nn.Module) -> torch.optim.Optimizer:
+    """AdamW, fused where this torch build supports it for the device (several times faster on CPU)."""
+    try:
+        return torch.optim.AdamW(model.parameters(), lr=3e-4, fused=True)
+    except (RuntimeError, TypeError, ValueError):
+        return torch.optim.AdamW(model.parameters(), lr=3e-4)
 
 
 def memory_used(job: Job) -> tuple[int, int | None]:
@@ -264,6 +278,8 @@ def checkpoint(job: Job, mb_per_s: float) -> None:
 def train_step(job: Job, sc: Scenario, batch: torch.Tensor) -> None:
     mon, model = job.mon, job.model
     batch = batch.to(job.device, non_blocking=True)
+    if sc.keep_predictions:
+        job.floor, job.floor_limit = memory_used(job)
     x, y = batch[:, :-1], batch[:, 1:]
     micro = max(1, min(sc.accumulate, x.shape[0]))
     xs, ys = x.chunk(micro), y.chunk(micro)
@@ -293,33 +309,47 @@ def train_step(job: Job, sc: Scenario, batch: torch.Tensor) -> None:
 
 
 def keep_prediction(job: Job, logits: torch.Tensor) -> None:
-    """Keep this micro-batch's logits for the epoch-end metric unless memory is at the hold mark."""
-    used, limit = memory_used(job)
-    if limit and used < MEMORY_HOLD * limit:
+    """Keep this micro-batch's logits for the epoch-end metric while memory is below the hold mark.
+
+    ``job.floor`` is the memory in use at the start of the step (kept data, no activations), so
+    the step's own transient activations land above the hold mark, not the kept data.
+    """
+    if job.floor_limit and job.floor < MEMORY_HOLD * job.floor_limit:
         job.kept.append(logits.detach())
 
 
-def phase_schedule(name: str, t0: float) -> Iterator[Scenario]:
-    """The scenario in force now: fixed, or the tour's phase for the current time."""
-    if name != scenarios.TOUR_NAME:
-        sc = scenarios.get(name)
-        assert sc is not None
-        while True:
-            yield sc
-    while True:
-        index = int((time.time() - t0) // scenarios.TOUR_PHASE_S) % len(scenarios.TOUR)
-        yield scenarios.TOUR[index]
+def phases_for(name: str, world: int) -> tuple[Scenario, ...]:
+    """The scenario itself, or the tour's phases for this many ranks."""
+    if name == scenarios.TOUR_NAME:
+        return scenarios.tour(world)
+    sc = scenarios.get(name)
+    if sc is None:
+        raise SystemExit(f"unknown scenario {name!r}")
+    return (sc,)
 
 
-def run(job: Job, name: str, t0: float, seconds: float | None) -> None:
-    schedule = phase_schedule(name, t0)
+def phase_now(phases: tuple[Scenario, ...], t0: float) -> Scenario:
+    """The phase in force now; every rank computes it from the launcher's shared ``t0``.
+
+    Ranks may switch one step apart; each step still does exactly one all-reduce,
+    so that never deadlocks DDP.
+    """
+    if len(phases) == 1:
+        return phases[0]
+    return phases[int((time.time() - t0) // scenarios.TOUR_PHASE_S) % len(phases)]
+
+
+def run(job: Job, phases: tuple[Scenario, ...], t0: float, seconds: float | None, parent_pid: int | None) -> None:
     current: Scenario | None = None
     loader_iter: Iterator[torch.Tensor] | None = None
-    model_size = model_size_for(name)
+    model_size = phases[0].model
     last_note = time.monotonic()
     deadline = None if seconds is None else time.monotonic() + seconds
     while not job.stop and (deadline is None or time.monotonic() < deadline):
-        sc = next(schedule)
+        if parent_pid is not None and os.getppid() != parent_pid:
+            note(job, "the demo launcher is gone; stopping")
+            break
+        sc = phase_now(phases, t0)
         if sc is not current:
             if current is not None and current.keep_predictions:
                 job.kept.clear()   # the epoch metric is computed and its inputs freed
@@ -337,23 +367,15 @@ def run(job: Job, name: str, t0: float, seconds: float | None) -> None:
             note(job, f"step {job.step} loss {float(job.last_loss):.3f}")
 
 
-def model_size_for(name: str) -> ModelSize:
-    if name == scenarios.TOUR_NAME:
-        return scenarios.TOUR[0].model
-    sc = scenarios.get(name)
-    assert sc is not None
-    return sc.model
-
-
 def note(job: Job, message: str) -> None:
     print(f"[rank {job.rank}] {message}", flush=True)
 
 
-def cpu_memory_limit(sc_names: list[Scenario], explicit: str | None) -> int | None:
+def cpu_memory_limit(phases: tuple[Scenario, ...], explicit: str | None) -> int | None:
     """The CPU limit the memory scenario grows towards: --memory-limit, else RSS now + the budget."""
     if explicit:
         return parse_bytes(explicit)
-    budget = max((s.memory_budget_mb for s in sc_names if s.keep_predictions), default=0)
+    budget = max((s.memory_budget_mb for s in phases if s.keep_predictions), default=0)
     if not budget:
         return None
     baseline = psutil.Process().memory_info().rss + budget * (1 << 20)
@@ -367,6 +389,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--t0", type=float, default=None, help="tour clock origin (unix s), shared by ranks")
     parser.add_argument("--seconds", type=float, default=None)
     parser.add_argument("--memory-limit", default=None)
+    parser.add_argument("--parent-pid", type=int, default=None, help="stop when this launcher is gone")
     args = parser.parse_args(argv)
 
     job_state: dict[str, Job] = {}
@@ -381,16 +404,16 @@ def main(argv: list[str] | None = None) -> int:
 
     rank = int(os.environ.get("RANK", "0"))
     world = int(os.environ.get("WORLD_SIZE", "1"))
-    torch.set_num_threads(max(1, (os.cpu_count() or 1) // world))
-    torch.manual_seed(0)
     t0 = args.t0 if args.t0 is not None else time.time()
-    phases = list(scenarios.TOUR) if args.scenario == scenarios.TOUR_NAME else [scenarios.get(args.scenario)]
+    phases = phases_for(args.scenario, world)
+    # leave the loader workers their cores: oversubscribed OpenMP threads stall every op
+    torch.set_num_threads(max(1, (os.cpu_count() or 1) // world - max(s.workers for s in phases)))
+    torch.manual_seed(0)
     device = setup_distributed(world)
-    size = model_size_for(args.scenario)
-    model: nn.Module = TinyGPT(size).to(device)
+    model: nn.Module = TinyGPT(phases[0].model).to(device)
     if world > 1:
         model = nn.parallel.DistributedDataParallel(model)
-    optimizer = torch.optim.AdamW(model.parameters(), lr=3e-4)
+    optimizer = make_optimizer(model)
 
     limit = cpu_memory_limit(phases, args.memory_limit) if device.type == "cpu" else None
     if limit:
@@ -405,7 +428,7 @@ def main(argv: list[str] | None = None) -> int:
         if limit:
             note(job, f"memory limit for this demo: {limit / (1 << 20):.0f} MiB")
         try:
-            run(job, args.scenario, t0, args.seconds)
+            run(job, phases, t0, args.seconds, args.parent_pid)
         except Exception as exc:
             if not _stopping(job, world):
                 raise

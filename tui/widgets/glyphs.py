@@ -8,9 +8,11 @@ distinct fill characters so the categories stay apart.
 
 from __future__ import annotations
 
-from typing import Callable, Iterable, Sequence
+from typing import Any, Callable, Iterable, Sequence
 
 from rich.text import Text
+
+from tui.verdict import NODES, Node
 
 # Severity colours (the verdict bar, judged numbers, straggler rows).
 OK = "green"
@@ -19,13 +21,13 @@ BAD = "red"
 DIM = "grey50"
 ACCENT = "cyan"
 
-SEVERITY = {"ok": OK, "info": ACCENT, "warn": WARN, "bad": BAD, "critical": BAD, "error": BAD}
+SEVERITY = {"ok": OK, "info": ACCENT, "warn": WARN, "crit": BAD}
 
 # Categories: memory bar and step timeline use the same colour for the same thing everywhere.
 CATEGORY = {
-    "params": "blue", "grads": "magenta", "optimizer": "cyan", "activations": "yellow",
-    "cache": "grey62", "other": "grey42", "free": "grey23",
-    "data": "red", "forward": "green", "backward": "blue", "comm": "magenta", "optimizer_step": "cyan",
+    "params": "#5f87d7", "grads": "#d787d7", "optimizer": "#5fd7d7", "activations": "#d7af5f",
+    "cache": "grey62", "other": "grey46", "free": "grey23", "gap": "grey70",
+    "data": "#ff5f5f", "forward": "#87d75f", "backward": "#8787ff", "comm": "#af87ff",
 }
 MONO_FILL = {"params": "█", "grads": "▓", "optimizer": "▒", "activations": "░", "cache": "▞", "other": "▚",
              "free": "·", "data": "▒", "forward": "█", "backward": "▓", "comm": "░"}
@@ -54,6 +56,23 @@ def sparkline(values: Sequence[float | None], width: int, lo: float = 0.0, hi: f
         level = (min(max(v, lo), top) - lo) / span
         out.append(SPARK[min(len(SPARK) - 1, int(level * (len(SPARK) - 1) + 0.5))])
     return "".join(out)
+
+
+def column_chart(values: Sequence[float | None], width: int, height: int, lo: float = 0.0,
+                 hi: float = 1.0) -> list[str]:
+    """The last ``width`` values as vertical bars ``height`` rows tall (top row first)."""
+    values = list(values)[-width:] if width > 0 else []
+    span = (hi - lo) or 1.0
+    levels = [0.0 if v is None else max(0.0, min(1.0, (v - lo) / span)) * height for v in values]
+    rows = []
+    for row in range(height):
+        below = height - 1 - row
+        line = []
+        for level in levels:
+            fill = level - below
+            line.append("█" if fill >= 1 else " " if fill <= 0 else SPARK[min(7, int(fill * 8))])
+        rows.append("".join(line))
+    return rows
 
 
 def hbar(frac: float | None, width: int, style: str = ACCENT, back: str = "grey23") -> Text:
@@ -100,17 +119,39 @@ def stacked_bar(parts: Iterable[tuple[str, float]], total: float, width: int, mo
     return text
 
 
-def judged(value: float | None, threshold: float | None, fmt: Callable[[float | None], str],
-           higher_is_bad: bool = True, threshold_text: str | None = None) -> Text:
-    """``38% ! (≥5%)``: the value, a marker when it crosses, and the threshold it is judged by."""
-    text = Text(fmt(value), style="bold")
-    if value is None or threshold is None:
+def compare(value: float, node: Node) -> bool:
+    """Does ``value`` take the node's "yes" exit (the direction that names a problem)?"""
+    if node.op == "<":
+        return value < node.threshold
+    if node.op == ">":
+        return value > node.threshold
+    return value >= node.threshold
+
+
+def threshold_text(node: Node, fmt: Callable[[float | None], str]) -> str:
+    """'≥5%', '<70%', '>90%': the flowchart node's test as the panes print it."""
+    sign = {"<": "<", ">": ">"}.get(node.op, "≥")
+    return sign + fmt(node.threshold)
+
+
+def judged(value: float | None, node_id: str, fmt: Callable[[float | None], str], verdict: Any = None) -> Text:
+    """``38% ! (≥5%)``: the value, ``!`` when it takes the flowchart's problem exit, and the threshold.
+
+    The thresholds come from ``tui.verdict.NODES`` so a pane can never disagree with the verdict.
+    Colour is kept for questions on the verdict's live path; off the path the marker stays but is
+    dimmed, so a number that did not decide anything does not shout.
+    """
+    text = Text.assemble((fmt(value), "bold"))
+    node = NODES.get(node_id)
+    if node is None:
         return text
-    over = value >= threshold if higher_is_bad else value < threshold
-    text.stylize(BAD if over else OK)
-    text.append(" !" if over else " ·", style=BAD if over else DIM)
-    sign = "≥" if higher_is_bad else "<"
-    text.append(f" ({threshold_text or sign + fmt(threshold)})", style=DIM)
+    if value is not None:
+        over = compare(value, node)
+        live = verdict is None or node_id in getattr(verdict, "path", ())
+        if live:
+            text.stylize(BAD if over else OK)
+        text.append(" !" if over else " ·", style=(BAD if over else DIM) if live else DIM)
+    text.append(f" ({threshold_text(node, fmt)})", style=DIM)
     return text
 
 

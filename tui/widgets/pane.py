@@ -33,7 +33,8 @@ class Pane(Widget, can_focus=True):
     KEY: ClassVar[str] = ""        # number key that toggles it
     NAME: ClassVar[str] = ""       # id and title
     DEFAULT_CSS = """
-    Pane { border: round $panel-lighten-2; padding: 0 1; height: 1fr; overflow: hidden; }
+    Pane { border: round $panel-lighten-2; padding: 0 1; height: 1fr; overflow: hidden;
+           text-wrap: nowrap; text-overflow: ellipsis; }
     Pane:focus { border: round $accent; }
     """
 
@@ -51,10 +52,15 @@ class Pane(Widget, can_focus=True):
     def render(self) -> RenderableType:
         if self._view is None:
             return Text("waiting for data…", style="grey50")
-        return self.draw(self._view, self._verdict, self._ui, max(1, self.content_size.width),
-                         max(1, self.content_size.height))
+        out = self.draw(self._view, self._verdict, self._ui, max(1, self.content_size.width),
+                        max(1, self.content_size.height))
+        if isinstance(out, list):   # lines: one Text, so the CSS no-wrap/ellipsis applies to each line
+            out = Text("\n").join(out)
+        return out
 
-    def draw(self, view: JobView, verdict: Any, ui: UiState, width: int, height: int) -> RenderableType:
+    def draw(self, view: JobView, verdict: Any, ui: UiState, width: int,
+             height: int) -> list[Text] | RenderableType:
+        """Lines (cut with an ellipsis at the pane's width) or any Rich renderable."""
         raise NotImplementedError
 
 

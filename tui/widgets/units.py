@@ -42,17 +42,11 @@ def age(value: float | None) -> str:
 
 
 def nbytes(value: float | None) -> str:
-    """Binary units: 1536 -> '1.5K', 3.2e9 -> '3.0G'."""
+    """Decimal units, as the verdict's headlines print them: 1.5e3 -> '1.5kB', 3.2e9 -> '3.2GB'."""
     if value is None:
         return NA
-    v = float(value)
-    if abs(v) < 1024:
-        return f"{v:.0f}B"
-    for unit in ("K", "M", "G"):
-        v /= 1024
-        if abs(v) < 1024:
-            return f"{v:.1f}{unit}"
-    return f"{v / 1024:.1f}T"
+    v, prefix = _si(float(value), ("", "k", "M", "G", "T"))
+    return f"{v:.0f}B" if not prefix else f"{v:.1f}{prefix}B"
 
 
 def _si(v: float, prefixes: tuple[str, ...]) -> tuple[float, str]:

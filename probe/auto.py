@@ -1,0 +1,426 @@
+"""Zero-code instrumentation (``perfmon run``): measure a training script that knows nothing of perfmon.
+
+``probe/autostart/sitecustomize.py`` calls ``install()`` right after a process of
+the job imports torch. Until training is seen the probe stays dormant: no
+socket, no thread, no file; only hooks that stamp ``perf_counter`` and feed
+``probe.stepfinder.StepFinder`` (which documents the step rules):
+
+* global optimizer step pre/post hooks (``register_optimizer_step_*_hook``) and a
+  wrapper on ``Optimizer.__init__`` (a process with no optimizer is in backward mode);
+* a wrapper on ``torch.autograd.backward`` (``Tensor.backward`` calls it);
+* a wrapper on the DataLoader iterator's ``__next__`` (data wait, batch size);
+* forward hooks: global ones while dormant, to find the root modules of the
+  training forward; then only on those roots (global hooks put every module call
+  on PyTorch's slow path).
+
+At the first step end (training seen) the probe starts (``probe.start()``: job,
+rank, restart count and recording directory come from the environment that
+``perfmon run`` and torchrun set), ``watch()`` is called on the root model and
+optimizer when the probe has it, and each later step is queued with its own
+boundaries (``Probe.add_step``). A process that never trains (the torchrun
+launcher, DataLoader workers, helper scripts) never starts a probe. A script
+that uses the probe API itself wins: zero-code mode stands aside. Every hook
+swallows its own errors; nothing here raises into the script.
+"""
+
+from __future__ import annotations
+
+import atexit
+import functools
+import os
+import sys
+import time
+import warnings
+import weakref
+from _thread import get_ident
+from typing import Any
+
+from probe.stepfinder import StepFinder
+
+IDLE_MODULE_CALLS = 50_000   # module calls with no backward at all: an inference-only process, stop watching
+_pc = time.perf_counter
+_tt = time.thread_time
+_auto: "_Auto | None" = None
+
+
+class _Auto:
+    """Hook state of one process. The hooks below are module functions reading ``_auto``."""
+
+    def __init__(self, torch: Any) -> None:
+        self.torch = torch
+        self.finder = StepFinder(self._emit, self._on_open)
+        self.off = False
+        self.errors = 0
+        self.probe: Any = None
+        self.emitted = 0
+        self.train_thread: int | None = None
+        self.fwd_module: Any = None             # outermost training forward in progress
+        self.bwd_active = False
+        self.opt_outer: int | None = None       # id of the outermost optimizer stepping
+        self.optimizer_ref: Any = None          # weakref to the last optimizer that stepped
+        self.roots: list[weakref.ref] = []      # outermost training modules seen
+        self.global_handles: list[Any] = []
+        self.root_handles: list[Any] = []
+        self.opt_handles: list[Any] = []
+        self.idle_calls = 0
+        self.backward_seen = False
+        self.first_batch: float | None = None
+        self.iterators: list[weakref.ref] = []
+        self.iter_id = 0
+        self.is_compiling = _compiling_check(torch)
+
+    # -- steps ----------------------------------------------------------------------------------
+    def _emit(self, start: float, end: float, phases: dict[str, float], samples: int | None,
+              data_cpu: float | None) -> None:
+        if self.probe is None:
+            self.start()
+        mon = self.probe
+        if mon is None or self.off:
+            return
+        if mon._step_no != self.emitted:   # the script records steps through the API itself
+            self.turn_off()
+            return
+        mon.add_step(start, end, phases, samples=samples, data_cpu=data_cpu)
+        self.emitted += 1
+
+    def _on_open(self) -> None:
+        if self.probe is not None:
+            self.probe.begin_step()
+
+    # -- start at the first training step ----------------------------------------------------
+    def start(self) -> None:
+        """Training seen: start the probe, narrow the forward hooks to the roots, call watch()."""
+        from probe import core
+
+        if self.probe is not None or self.off:
+            return
+        self.train_thread = get_ident()
+        if core.current() is not None:      # the script started the probe itself: the API wins
+            self.turn_off()
+            return
+        mon = core.start(**_distributed_rank(self.torch))
+        if not isinstance(mon, core.Probe):
+            self.turn_off()
+            return
+        self.probe = mon
+        restart = mon.restart
+        if restart > 0:
+            mon.event("restart", restart=restart, max_restarts=_env_int("TORCHELASTIC_MAX_RESTARTS"),
+                      message=f"worker restarted by torchrun (restart {restart}); earlier attempts are separate "
+                              "recordings")
+        if self.first_batch is not None:
+            mon.first_batch_wait = self.first_batch
+            mon.event("first_batch", seconds=self.first_batch)
+        mon.loader_iterators.extend(self.iterators)
+        self.iterators = mon.loader_iterators
+        model = self._hook_roots()
+        optimizer = self.optimizer_ref() if self.optimizer_ref is not None else None
+        watch = getattr(mon, "watch", None)
+        if callable(watch) and (model is not None or optimizer is not None):
+            try:   # communication, memory, FLOPs, device timing; phases come from the hooks here
+                watch(model=model, optimizer=optimizer, phases=False)
+            except Exception as exc:
+                mon._internal_error("watch", exc)
+        atexit.register(self.flush)   # registered after the probe's close: runs before it
+        _chain_excepthook(self)
+
+    def _hook_roots(self) -> Any:
+        """Replace the global forward hooks by hooks on the trainable roots; return the largest root.
+
+        When torch.compile has already compiled code the global hooks stay: Dynamo guards on
+        their number, so removing them would recompile; inside compiled code they cost nothing.
+        """
+        roots = [m for m in (r() for r in self.roots) if m is not None and _trainable(m)]
+        self.roots = []
+        if _dynamo_compiled():
+            return max(roots, key=_numel, default=None)
+        _remove(self.global_handles)
+        for module in roots:
+            try:
+                self.root_handles.append(module.register_forward_pre_hook(_fwd_pre))
+                self.root_handles.append(module.register_forward_hook(_fwd_post, always_call=True))
+            except Exception as exc:
+                self.fail(exc)
+        return max(roots, key=_numel, default=None)
+
+    def note_root(self, module: Any) -> None:
+        if self.probe is None and not any(r() is module for r in self.roots) and len(self.roots) < 16:
+            self.roots.append(weakref.ref(module))
+
+    def arm_global_hooks(self) -> None:
+        # torch.compile warns about global hooks on every compiled-module call; these are ours and
+        # fire only once per call (the outermost-forward check), so that warning says nothing to the user
+        warnings.filterwarnings("ignore", message=r"Using `torch\.compile\(module\)` when there are global hooks",
+                                category=UserWarning)
+        mod = self.torch.nn.modules.module
+        self.global_handles = [mod.register_module_forward_pre_hook(_fwd_pre),
+                               mod.register_module_forward_hook(_fwd_post, always_call=True)]
+
+    def flush(self) -> None:
+        if not self.off and os.getpid() == _pid:
+            try:
+                self.finder.flush()
+            except Exception as exc:
+                self.fail(exc)
+
+    def fail(self, exc: BaseException) -> None:
+        """A hook failed: counted; the first failure becomes a warning event in the stream."""
+        self.errors += 1
+        if self.errors == 1 and self.probe is not None:
+            self.probe._internal_error("zero-code hook", exc)
+
+    def turn_off(self) -> None:
+        """Stand aside for good: the hooks that cost something are removed, the wrappers pass through."""
+        self.off = True
+        _remove(self.global_handles)
+        _remove(self.root_handles)
+        _remove(self.opt_handles)
+
+
+# -- hooks (hot path: cheap checks first, errors counted, never raised) ------------------------
+def _fwd_pre(module: Any, args: Any) -> None:
+    a = _auto
+    if a is None or a.is_compiling() or a.fwd_module is not None or a.off:
+        return
+    try:
+        if a.probe is None:
+            a.idle_calls += 1
+            if a.idle_calls > IDLE_MODULE_CALLS and not a.backward_seen:
+                _remove(a.global_handles)   # inference only so far; re-armed by the first backward
+                return
+        if a.bwd_active or not getattr(module, "training", False) or not a.torch.is_grad_enabled():
+            return                          # checkpoint recompute, evaluation
+        if a.train_thread is not None and get_ident() != a.train_thread:
+            return
+        a.fwd_module = module
+        a.finder.forward_begin(_pc())
+        a.note_root(module)
+    except Exception as exc:
+        a.fail(exc)
+
+
+def _fwd_post(module: Any, args: Any, output: Any) -> None:
+    a = _auto
+    if a is None or a.is_compiling() or module is not a.fwd_module:
+        return
+    a.fwd_module = None
+    try:
+        a.finder.forward_end(_pc())
+    except Exception as exc:
+        a.fail(exc)
+
+
+def _opt_pre(optimizer: Any, args: Any, kwargs: Any) -> None:
+    a = _auto
+    if a is None or a.off:
+        return None
+    oid = id(optimizer)
+    if a.opt_outer is not None and a.opt_outer != oid:
+        return None                         # an optimizer stepped inside another (ZeRO's inner one)
+    a.opt_outer = oid
+    try:
+        a.finder.optimizer_begin(_pc())
+    except Exception as exc:
+        a.fail(exc)
+    return None
+
+
+def _opt_post(optimizer: Any, args: Any, kwargs: Any) -> None:
+    a = _auto
+    if a is None or a.off or a.opt_outer != id(optimizer):
+        return
+    a.opt_outer = None
+    try:
+        a.optimizer_ref = weakref.ref(optimizer)
+        if a.probe is None:
+            a.start()       # inside the first step, where the script's own timer sees the start-up cost too
+        a.finder.optimizer_end(_pc(), id(optimizer))
+    except Exception as exc:
+        a.fail(exc)
+
+
+def _wrap_backward(orig: Any) -> Any:
+    @functools.wraps(orig)
+    def backward(*args: Any, **kwargs: Any) -> Any:
+        a = _auto
+        if a is None or a.off or a.bwd_active or a.is_compiling():
+            return orig(*args, **kwargs)    # nested (reentrant checkpointing) or off
+        a.bwd_active = True
+        try:
+            if not a.backward_seen:
+                a.backward_seen = True
+                if a.probe is None and not a.global_handles:
+                    a.arm_global_hooks()   # dropped as inference-only earlier
+            a.finder.backward_begin(_pc())
+        except Exception as exc:
+            a.fail(exc)
+        try:
+            result = orig(*args, **kwargs)
+        finally:
+            a.bwd_active = False
+        try:
+            if a.probe is None and a.finder.optimizers == 0:
+                a.start()   # a backward ends a step when there is no optimizer: training seen
+            a.finder.backward_end(_pc())
+        except Exception as exc:
+            a.fail(exc)
+        return result
+    return backward
+
+
+def _wrap_next(orig: Any) -> Any:
+    @functools.wraps(orig)
+    def __next__(self: Any) -> Any:
+        a = _auto
+        if a is None or a.off:
+            return orig(self)
+        single = getattr(self, "_num_workers", 1) == 0   # this thread loads: CPU time tells preprocessing from I/O
+        c0 = _tt() if single else 0.0
+        t0 = _pc()
+        batch = orig(self)
+        t1 = _pc()
+        cpu = _tt() - c0 if single else None
+        if a.train_thread is not None and get_ident() != a.train_thread:
+            return batch                    # a prefetch thread's fetch: the training thread did not wait
+        try:
+            if id(self) != a.iter_id:
+                a.iter_id = id(self)
+                _register_iterator(a, self)
+            if a.first_batch is None:       # worker start-up: reported apart, as probe.loader() does
+                a.first_batch = t1 - t0
+                t0 = t1
+                cpu = None
+            a.finder.fetch(t0, t1, _batch_size(a.torch, batch), cpu)
+        except Exception as exc:
+            a.fail(exc)
+        return batch
+    return __next__
+
+
+def _wrap_optimizer_init(orig: Any) -> Any:
+    @functools.wraps(orig)
+    def __init__(self: Any, *args: Any, **kwargs: Any) -> None:
+        orig(self, *args, **kwargs)
+        a = _auto
+        if a is not None:
+            a.finder.optimizers += 1
+    return __init__
+
+
+# -- helpers ----------------------------------------------------------------------------------
+def _register_iterator(a: _Auto, it: Any) -> None:
+    """Let the sampler find the loader's worker processes (as ``Probe.loader`` does)."""
+    if any(r() is it for r in a.iterators[-8:]):
+        return
+    a.iterators.append(weakref.ref(it))
+
+
+def _batch_size(torch: Any, batch: Any) -> int:
+    for _ in range(3):
+        if isinstance(batch, torch.Tensor):
+            return int(batch.shape[0]) if batch.dim() else 0
+        if isinstance(batch, (list, tuple)) and batch:
+            batch = batch[0]
+        elif isinstance(batch, dict) and batch:
+            batch = next(iter(batch.values()))
+        else:
+            return 0
+    return 0
+
+
+def _trainable(module: Any) -> bool:
+    return any(p.requires_grad for p in module.parameters())
+
+
+def _numel(module: Any) -> int:
+    return sum(p.numel() for p in module.parameters())
+
+
+def _remove(handles: list[Any]) -> None:
+    while handles:
+        try:
+            handles.pop().remove()
+        except Exception:
+            pass
+
+
+def _distributed_rank(torch: Any) -> dict[str, int]:
+    """Rank and world size from an initialized process group (mp.spawn jobs set no RANK variable)."""
+    try:
+        dist = torch.distributed
+        if dist.is_available() and dist.is_initialized():
+            return {"rank": dist.get_rank(), "world_size": dist.get_world_size()}
+    except Exception:
+        pass
+    return {}
+
+
+def _dynamo_compiled() -> bool:
+    utils = sys.modules.get("torch._dynamo.utils")
+    counters = getattr(utils, "counters", None)
+    try:
+        return bool(counters is not None and counters["frames"].get("ok"))
+    except Exception:
+        return False
+
+
+def _compiling_check(torch: Any) -> Any:
+    compiler = getattr(torch, "compiler", None)
+    check = getattr(compiler, "is_compiling", None)
+    return check if callable(check) else (lambda: False)
+
+
+def _env_int(name: str) -> int | None:
+    value = os.environ.get(name, "")
+    return int(value) if value.isdigit() else None
+
+
+def _chain_excepthook(a: _Auto) -> None:
+    """An uncaught exception becomes an event in the stream before the interpreter exits."""
+    previous = sys.excepthook
+
+    def excepthook(et: Any, ev: Any, tb: Any) -> None:
+        try:
+            if a.probe is not None and not a.off:
+                name = getattr(et, "__name__", "Exception")
+                a.probe.event("oom" if "OutOfMemory" in name else "exception", error=name,
+                              message=str(ev)[:300], step=a.emitted)
+        except Exception:
+            pass
+        previous(et, ev, tb)
+
+    sys.excepthook = excepthook
+
+
+def _after_fork_in_child() -> None:
+    """A forked child (a DataLoader worker) is not the training process: zero-code mode is off there."""
+    if _auto is not None:
+        _auto.off = True
+        _auto.global_handles = []
+        _auto.root_handles = []
+        _auto.opt_handles = []
+
+
+_pid = os.getpid()
+
+
+def install() -> None:
+    """Put the dormant hooks in place (once per process); called right after torch is imported."""
+    global _auto, _pid
+    if _auto is not None or os.environ.get("PERFMON_DISABLE") == "1":
+        return
+    import torch
+    import torch.utils.data.dataloader as dataloader
+    from torch.optim import optimizer as optim_mod
+
+    a = _auto = _Auto(torch)
+    _pid = os.getpid()
+    a.opt_handles = [optim_mod.register_optimizer_step_pre_hook(_opt_pre),
+                     optim_mod.register_optimizer_step_post_hook(_opt_post)]
+    torch.optim.Optimizer.__init__ = _wrap_optimizer_init(torch.optim.Optimizer.__init__)
+    torch.autograd.backward = _wrap_backward(torch.autograd.backward)
+    it_cls = dataloader._BaseDataLoaderIter
+    it_cls.__next__ = _wrap_next(it_cls.__next__)
+    a.arm_global_hooks()
+    if hasattr(os, "register_at_fork"):
+        os.register_at_fork(after_in_child=_after_fork_in_child)

@@ -1,0 +1,124 @@
+"""GPU side of the probe: device description for ``hello`` and the per-GPU ``sample`` source.
+
+``attach(probe)`` runs before the hello (core ``_device_extensions``). It opens
+NVML once, picks the GPUs this process uses, describes them in ``probe.device``
+and adds ``GpuSource`` to the sampler. No GPU is a normal state: the hello's
+``device.status`` and every sample's ``gpu_status`` say why, e.g.
+``no NVIDIA GPU: NVML library not found``.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from typing import Any
+
+from probe import flops
+from probe.gpu.nvml import Device, Nvml
+
+
+class GpuSource:
+    """``gpus`` (one entry per GPU of this process) or ``gpu_status`` when there is none."""
+
+    name = "gpu"
+
+    def __init__(self, nvml: Nvml, devices: list[Device]) -> None:
+        self.nvml = nvml
+        self.devices = devices
+
+    def read(self) -> dict[str, Any]:
+        if self.nvml.status is not None or not self.devices:
+            return {"gpu_status": self.nvml.status or "no NVIDIA GPU: none assigned to this process"}
+        return {"gpus": [self.nvml.read(dev) for dev in self.devices]}
+
+
+def visible_devices(nvml: Nvml, env: str | None = None) -> list[Device]:
+    """NVML devices named by CUDA_VISIBLE_DEVICES (indices or UUID prefixes); all when unset.
+
+    NVML numbers GPUs in PCI order and ignores CUDA_VISIBLE_DEVICES; CUDA numbers them
+    the same way only with CUDA_DEVICE_ORDER=PCI_BUS_ID. ``refine`` later matches by UUID.
+    """
+    env = os.environ.get("CUDA_VISIBLE_DEVICES") if env is None else env
+    if env is None:
+        return list(nvml.devices)
+    chosen: list[Device] = []
+    for token in (t.strip() for t in env.split(",")):
+        if not token:
+            break
+        if token.lstrip("-").isdigit():
+            index = int(token)
+            if index < 0:
+                break
+            chosen.extend(d for d in nvml.devices if d.index == index)
+        else:
+            chosen.extend(d for d in nvml.devices if d.uuid and d.uuid.startswith(token))
+    return chosen
+
+
+def own_devices(nvml: Nvml, local_rank: int, world_size: int) -> list[Device]:
+    """The GPUs to sample: one per rank when several ranks share the visible set."""
+    visible = visible_devices(nvml)
+    if world_size > 1 and len(visible) > 1:
+        return [visible[local_rank % len(visible)]]
+    return visible
+
+
+def _torch_uses_cuda() -> bool | None:
+    torch = sys.modules.get("torch")
+    if torch is None:
+        return None
+    try:
+        return bool(torch.cuda.is_available())
+    except Exception:
+        return False
+
+
+def describe(nvml: Nvml, devices: list[Device], fallback: dict[str, Any]) -> dict[str, Any]:
+    """The hello's ``device`` map."""
+    if nvml.status is not None or not devices or _torch_uses_cuda() is False:
+        device = dict(fallback)
+        device["status"] = nvml.status or ("no NVIDIA GPU: torch was built without CUDA or sees no GPU"
+                                           if devices else "no NVIDIA GPU: none assigned to this process")
+        return device
+    first = devices[0]
+    return {"type": "cuda", "name": first.name, "count": len(devices), "memory_total": first.mem_total,
+            "peak_flops": flops.peak_table(first.name), "driver": nvml.driver, "status": None}
+
+
+def attach(probe: Any, module: Any = None) -> None:
+    """Device extension: NVML session, hello description, GPU sample source."""
+    nvml = Nvml(module)
+    devices = own_devices(nvml, probe.local_rank, probe.world_size) if nvml.status is None else []
+    probe._nvml = nvml
+    probe._nvml_devices = devices
+    probe.device = describe(nvml, devices, probe.device)
+    extra = getattr(probe, "extra_sources", None)
+    source = GpuSource(nvml, devices)
+    probe._gpu_source = source
+    if extra is not None:
+        extra.append(source)
+
+
+def refine(probe: Any, cuda_index: int, cuda: Any) -> Device | None:
+    """Once torch has CUDA initialized: the NVML device behind ``cuda:<index>`` (by UUID).
+
+    Narrows the sampled GPUs to that one, which fixes any numbering mismatch.
+    """
+    nvml: Nvml | None = getattr(probe, "_nvml", None)
+    if nvml is None or nvml.status is not None:
+        return None
+    try:
+        uuid = cuda.device_uuid(cuda_index)
+    except Exception:
+        uuid = None
+    match = None
+    if uuid:
+        bare = uuid.removeprefix("GPU-")
+        match = next((d for d in nvml.devices if d.uuid.removeprefix("GPU-") == bare), None)
+    if match is None:
+        own = getattr(probe, "_nvml_devices", [])
+        match = own[0] if len(own) == 1 else None
+    source = getattr(probe, "_gpu_source", None)
+    if match is not None and source is not None:
+        source.devices = [match]
+    return match

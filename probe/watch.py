@@ -1,0 +1,541 @@
+"""``Probe.watch(model=..., optimizer=...)``: attach what can be attached automatically.
+
+* Phases from hooks when the script marks none in a step: forward = the root
+  module's forward calls; backward = from the end of a forward to the next forward
+  or the optimizer step (loss computation included); optimizer = the optimizer's
+  step (pre/post step hooks). Gradient clipping lands in backward.
+* Communication (probe.comm): DDP comm hook, patched torch.distributed collectives.
+* Memory breakdown (probe.memory) on the sampler thread.
+* CUDA only: device time per step from pooled events and the host's lead
+  (probe.gpu.cuda), host-device sync counts.
+* FLOPs per step (probe.flops) and the compute dtype and peak for MFU.
+
+``watch()`` is idempotent per model and optimizer, can be called late (after some
+steps), with only an optimizer, and from inside an optimizer step hook (hook
+registration is then deferred to the next step, because adding a hook while the
+optimizer iterates its hooks would raise in the training loop). It never raises.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import threading
+import time
+import weakref
+from typing import Any
+
+from probe import comm, flops
+from probe.gpu import cuda as gpu_cuda
+from probe.memory import MemorySource, SavedTensorMeter, StateWalker
+
+_perf_counter = time.perf_counter
+MAX_FLOP_SIGNATURES = 16     # distinct input shapes counted; beyond that, 6·N·tokens
+MAX_COUNT_SECONDS = 5.0      # a count slower than this stops further counting
+
+_OPTIONS = {"flops_per_step", "peak_flops", "phases", "comm", "memory", "syncs", "gpu_events", "count_flops"}
+
+
+def poller_for(probe: Any) -> gpu_cuda.Poller:
+    """The probe's completion poller thread (created on first use)."""
+    poller = getattr(probe, "_poller", None)
+    if poller is None:
+        poller = gpu_cuda.Poller(alive=lambda: not probe.closed)
+        probe._poller = poller
+    return poller
+
+
+def watch(probe: Any, model: Any = None, optimizer: Any = None, **options: Any) -> "Watcher":
+    watcher = getattr(probe, "_watcher", None)
+    if watcher is None:
+        watcher = Watcher(probe)
+        probe._watcher = watcher
+    watcher.configure(options)
+    inside_step = _inside_optimizer_step()
+    for opt in _as_list(optimizer):
+        watcher.add_optimizer(opt, defer=inside_step)
+    for mod in _as_list(model):
+        watcher.add_model(mod)
+    return watcher
+
+
+def _as_list(value: Any) -> list[Any]:
+    if value is None:
+        return []
+    if isinstance(value, (list, tuple)):
+        return [v for v in value if v is not None]
+    return [value]
+
+
+def _inside_optimizer_step() -> bool:
+    """True when called (through any hooks) from inside ``Optimizer.step``."""
+    target = os.path.join("torch", "optim", "optimizer.py")
+    frame = sys._getframe(1)
+    for _ in range(64):
+        if frame is None:
+            return False
+        if frame.f_code.co_filename.endswith(target):
+            return True
+        frame = frame.f_back
+    return False
+
+
+def _unwrap(module: Any) -> Any:
+    """The plain module under DDP and torch.compile wrappers."""
+    for _ in range(4):
+        if type(module).__name__ == "DistributedDataParallel" and hasattr(module, "module"):
+            module = module.module
+        elif hasattr(module, "_orig_mod"):
+            module = module._orig_mod
+        else:
+            break
+    return module
+
+
+class ComputeSource:
+    """``compute`` sample section: what MFU needs besides the step records."""
+
+    name = "compute"
+
+    def __init__(self, watcher: "Watcher") -> None:
+        self.watcher = watcher
+
+    def read(self) -> dict[str, Any]:
+        w = self.watcher
+        return {"compute": {"dtype": w.dtype, "peak_flops": w.peak, "peak_source": w.peak_source,
+                            "flops_source": w.flops_source, "params": w.n_params, "device": w.device_label()}}
+
+
+class Watcher:
+    """Hooks and per-step state for one probe (main thread unless noted)."""
+
+    def __init__(self, probe: Any) -> None:
+        self.probe = probe
+        self.options: dict[str, Any] = {"phases": True, "comm": True, "memory": True, "syncs": None,
+                                        "gpu_events": True, "count_flops": True, "flops_per_step": None,
+                                        "peak_flops": None}
+        self.model_ids: set[int] = set()
+        self.optimizer_ids: set[int] = set()
+        self.models: list[weakref.ref] = []
+        self.walker = StateWalker()
+        self.deferred: list[Any] = []
+        self.handles: list[Any] = []
+        self.device_type: str | None = None
+        self.device_index: int | None = None
+        self.n_params = 0
+        self.dtype: str | None = None
+        self.peak: float | None = None
+        self.peak_source: str | None = None
+        self.flops_source: str | None = None
+        self.param_dtype: Any = None
+        self.comm_state: comm.CommState | None = None
+        self.timer: gpu_cuda.StepTimer | None = None
+        self.syncs: gpu_cuda.SyncCounter | None = None
+        self.meter: SavedTensorMeter | None = None
+        self.memory_source: MemorySource | None = None
+        self.sources_added = False
+        self.comm_source_added = False
+        # flops
+        self.flops_cache: dict[tuple, int] = {}
+        self.flops_failed: set[tuple] = set()
+        self.replay_blockers: dict[int, str | None] = {}
+        self.count_request: tuple | None = None
+        self.counting: tuple | None = None        # key being counted on the background thread
+        self.live: tuple[flops.LiveCount, tuple] | None = None
+        self.counting_off = False
+        torch = sys.modules.get("torch")
+        self.grad_enabled = torch.is_grad_enabled if torch is not None else (lambda: True)
+        self.tensor_type = torch.Tensor if torch is not None else type(None)
+        self.phases_on = self.flops_on = self.count_flops = True
+        # per-step state
+        self._reset_step()
+        self.fwd_depth = 0
+        self.opt_depth = 0
+        probe.add_step_hooks(self._begin, self._end)
+
+    def _reset_step(self) -> None:
+        self.fwd = 0.0
+        self.bwd = 0.0
+        self.opt = 0.0
+        self.n_fwd = 0
+        self.fwd_t0 = 0.0
+        self.last_fwd_end = 0.0
+        self.bwd_open = False
+        self.opt_t0 = 0.0
+        self.step_flops = 0
+        self.step_unknown: list[tuple] = []
+
+    # -- configuration --------------------------------------------------------------------
+    def configure(self, options: dict[str, Any]) -> None:
+        unknown = set(options) - _OPTIONS
+        if unknown:
+            self.probe.event("warning", message=f"watch(): unknown option(s) ignored: {', '.join(sorted(unknown))}")
+        for key in _OPTIONS & set(options):
+            self.options[key] = options[key]
+        self.phases_on = bool(self.options["phases"])
+        self.flops_on = bool(self.options["count_flops"]) or self.options["flops_per_step"] is not None
+        self.count_flops = bool(self.options["count_flops"]) and self.options["flops_per_step"] is None
+        if options.get("peak_flops") is not None or options.get("flops_per_step") is not None:
+            self._update_peak()
+
+    def device_label(self) -> str | None:
+        if self.device_type is None:
+            return None
+        return f"{self.device_type}:{self.device_index}" if self.device_index is not None else self.device_type
+
+    def add_model(self, model: Any) -> None:
+        if id(model) in self.model_ids:
+            return
+        self.model_ids.add(id(model))
+        self.models.append(weakref.ref(model))
+        self.walker.add_model(model)
+        self._learn_device(model.parameters())
+        self.n_params = self._count_params()
+        pre = model.register_forward_pre_hook(self._fwd_pre, with_kwargs=True, prepend=True)
+        post = model.register_forward_hook(self._fwd_post, with_kwargs=True, always_call=True)
+        self.handles += [pre, post]
+        if self.options["comm"]:
+            self._attach_comm(model)
+        self._ensure_sources()
+
+    def add_optimizer(self, optimizer: Any, defer: bool = False) -> None:
+        if id(optimizer) in self.optimizer_ids:
+            return
+        self.optimizer_ids.add(id(optimizer))
+        self.walker.add_optimizer(optimizer)
+        self._learn_device(p for g in optimizer.param_groups for p in g["params"])
+        self.n_params = self.n_params or self._count_params()
+        if defer:
+            self.deferred.append(optimizer)
+        else:
+            self._hook_optimizer(optimizer)
+        if self.options["comm"]:
+            self._attach_comm(None)
+        self._ensure_sources()
+
+    def _hook_optimizer(self, optimizer: Any) -> None:
+        self.handles.append(optimizer.register_step_pre_hook(self._opt_pre))
+        self.handles.append(optimizer.register_step_post_hook(self._opt_post))
+
+    def _run_deferred(self) -> None:
+        pending, self.deferred = self.deferred, []
+        for optimizer in pending:
+            try:
+                self._hook_optimizer(optimizer)
+            except Exception as exc:
+                self.probe._internal_error("watch optimizer hooks", exc)
+
+    def _count_params(self) -> int:
+        seen: set[int] = set()
+        total = 0
+        for p in self.walker._params():
+            if p.requires_grad and id(p) not in seen:
+                seen.add(id(p))
+                total += p.numel()
+        return total
+
+    def _learn_device(self, params: Any) -> None:
+        if self.device_type is not None:
+            return
+        first = next(iter(params), None)
+        if first is None:
+            return
+        device = first.device
+        self.device_type = device.type
+        self.param_dtype = first.dtype
+        self.walker.device_type = device.type
+        cuda = gpu_cuda.backend
+        if device.type == "cuda":
+            self.device_index = device.index if device.index is not None else _safe(cuda.current_device)
+            self._setup_cuda(cuda)
+        self._update_peak()
+
+    def _setup_cuda(self, cuda: Any) -> None:
+        if not cuda.ready():
+            return
+        if self.options["gpu_events"]:
+            self.timer = gpu_cuda.StepTimer(cuda)
+            poller_for(self.probe).add(self.timer.poll)
+        if self.options["syncs"] is not False:
+            counter = gpu_cuda.SyncCounter()
+            why_not = gpu_cuda.enable_sync_counting(cuda, counter)
+            if why_not is None:
+                self.syncs = counter
+            else:
+                self.probe.event("warning", message=why_not, source="watch")
+        if self.device_index is not None:
+            from probe import gpu
+            gpu.refine(self.probe, self.device_index, cuda)
+
+    def _update_peak(self) -> None:
+        """Peak FLOP/s for the compute dtype: user's, else $PERFMON_PEAK_FLOPS, else the table."""
+        if self.options.get("peak_flops"):
+            self.peak, self.peak_source = float(self.options["peak_flops"]), "user"
+            return
+        env = os.environ.get("PERFMON_PEAK_FLOPS")
+        if env:
+            try:
+                self.peak, self.peak_source = float(env), "PERFMON_PEAK_FLOPS"
+                return
+            except ValueError:
+                pass
+        if self.device_type == "cuda":
+            name = self.probe.device.get("name") if isinstance(self.probe.device, dict) else None
+            if self.device_index is not None and gpu_cuda.backend.ready():
+                name = _safe(lambda: gpu_cuda.backend.device_name(self.device_index)) or name
+            self.peak = flops.peak_flops(name, self.dtype)
+            self.peak_source = "table" if self.peak is not None else None
+        else:
+            self.peak, self.peak_source = None, None
+
+    def _attach_comm(self, model: Any) -> None:
+        state = self.comm_state or comm.install(self.probe)
+        if state is None:
+            return
+        self.comm_state = state
+        if state.event_backend is None and self.device_type == "cuda":
+            state.event_backend = gpu_cuda.backend
+        if model is not None and type(model).__name__ == "DistributedDataParallel":
+            if state.tracker.nccl_timing:
+                comm.enable_nccl_timing(model.process_group, state)
+            why_not = comm.attach_ddp(state, model)
+            if why_not:
+                state.say(why_not)
+
+    def _ensure_sources(self) -> None:
+        sampler = getattr(self.probe, "sampler", None)
+        if sampler is None:
+            return
+        if not self.sources_added:
+            self.sources_added = True
+            sampler.add(ComputeSource(self))
+        if self.memory_source is None and self.options["memory"] and self.device_type is not None:
+            if self.device_type == "cpu":
+                self.meter = SavedTensorMeter(lambda: self.walker.param_keys)
+            nvml_device = None
+            if self.device_type == "cuda":
+                source = getattr(self.probe, "_gpu_source", None)
+                devices = source.devices if source is not None else []
+                nvml_device = devices[0] if len(devices) == 1 else None
+            self.memory_source = MemorySource(self.probe.emit, self.walker, device_type=self.device_type,
+                                              index=self.device_index, cuda=gpu_cuda.backend,
+                                              nvml=getattr(self.probe, "_nvml", None), nvml_device=nvml_device,
+                                              activations=self.meter)
+            sampler.add(self.memory_source)
+        if self.comm_state is not None and not self.comm_source_added:
+            self.comm_source_added = True
+            sampler.add(comm.CommSource(self.comm_state, self.probe.emit))
+
+    # -- hooks (training thread) --------------------------------------------------------------
+    # The hot path: a few attribute reads per call (bench/bench_watch.py measures it).
+    def _fwd_pre(self, module: Any, args: tuple, kwargs: dict) -> None:
+        try:
+            if self.fwd_depth == 0:
+                now = _perf_counter()
+                if self.deferred:
+                    self._run_deferred()
+                if self.bwd_open:
+                    self.bwd += now - self.last_fwd_end
+                    self.bwd_open = False
+                self.fwd_t0 = now
+                if self.dtype is None:
+                    self.dtype = flops.compute_dtype(self.param_dtype, self.device_type or "cpu")
+                    self._update_peak()
+                if self.count_flops:
+                    self._flops_pre(module, args, kwargs)
+                meter = self.meter
+                if (meter is not None and now >= meter.next_due and meter.ctx is None and self.live is None
+                        and self.grad_enabled()):
+                    meter.start()
+            self.fwd_depth += 1
+        except Exception as exc:
+            self.probe._internal_error("forward pre-hook", exc)
+        return None
+
+    def _fwd_post(self, module: Any, args: tuple, kwargs: dict, output: Any) -> None:
+        try:
+            depth = self.fwd_depth - 1
+            if depth <= 0:
+                now = _perf_counter()
+                self.fwd_depth = 0
+                self.fwd += now - self.fwd_t0
+                self.last_fwd_end = now
+                self.bwd_open = self.grad_enabled()
+                self.n_fwd += 1
+                if self.timer is not None:
+                    self.timer.forward_end()
+                if self.meter is not None and self.meter.ctx is not None:
+                    self.meter.stop(now)
+            else:
+                self.fwd_depth = depth
+        except Exception as exc:
+            self.probe._internal_error("forward hook", exc)
+        return None
+
+    def _opt_pre(self, optimizer: Any, args: tuple, kwargs: dict) -> None:
+        try:
+            now = _perf_counter()
+            if self.bwd_open:
+                self.bwd += now - self.last_fwd_end
+                self.bwd_open = False
+            if self.opt_depth == 0:
+                self.opt_t0 = now
+                if self.timer is not None:
+                    self.timer.backward_end()
+                if self.walker.need_grads:
+                    self.walker.capture_grads()
+            self.opt_depth += 1
+        except Exception as exc:
+            self.probe._internal_error("optimizer pre-hook", exc)
+        return None
+
+    def _opt_post(self, optimizer: Any, args: tuple, kwargs: dict) -> None:
+        try:
+            if self.opt_depth > 0:
+                self.opt_depth -= 1
+                if self.opt_depth == 0:
+                    self.opt += _perf_counter() - self.opt_t0
+        except Exception as exc:
+            self.probe._internal_error("optimizer post-hook", exc)
+        return None
+
+    # -- step boundaries ------------------------------------------------------------------------
+    def _begin(self) -> None:
+        if self.deferred:
+            self._run_deferred()
+        self._reset_step()
+        if self.timer is not None:
+            self.timer.begin()
+
+    def _end(self, extras: dict[str, Any]) -> None:
+        p = self.probe
+        now = _perf_counter()
+        if self.bwd_open:
+            self.bwd += now - self.last_fwd_end
+            self.bwd_open = False
+        if self.opt_depth > 0:           # the step ended inside the optimizer's step (zero-code ordering)
+            self.opt += now - self.opt_t0
+            self.opt_t0 = now
+        elif self.walker.need_grads and self.n_fwd:   # no watched optimizer: backward is over by now
+            self.walker.capture_grads()
+        if self.phases_on and not p._phases:
+            phases = p._phases
+            if self.fwd:
+                phases["forward"] = self.fwd
+            if self.bwd:
+                phases["backward"] = self.bwd
+            if self.opt:
+                phases["optimizer"] = self.opt
+        state = self.comm_state
+        if state is not None:
+            summary = state.tracker.drain()
+            if summary is not None:
+                extras["comm"] = summary
+        if self.syncs is not None:
+            count, site = self.syncs.take()
+            extras["syncs"] = count
+            if site is not None:
+                extras["sync_site"] = site
+        if self.flops_on:
+            self._flops_end(extras)
+        if self.timer is not None:
+            self.timer.end(p._step_no)
+            result = self.timer.take()
+            if result is not None:
+                extras.update(result)
+
+    # -- FLOPs ----------------------------------------------------------------------------------
+    def _flops_pre(self, module: Any, args: tuple, kwargs: dict) -> None:
+        if self.probe._step_ctx.flops is not None:
+            return
+        if not kwargs and len(args) == 1 and isinstance(args[0], self.tensor_type):
+            sig: tuple = (args[0].shape, args[0].dtype)      # the common case, without building tuples
+        else:
+            sig = flops.signature(args, kwargs)
+        grad = self.grad_enabled()
+        key = (id(module), sig, grad)
+        value = self.flops_cache.get(key)
+        if value is not None:
+            self.step_flops += value
+            return
+        self.step_unknown.append(key)
+        if (self.counting_off or key in self.flops_failed or len(self.flops_cache) >= MAX_FLOP_SIGNATURES
+                or self.count_request is not None or self.counting is not None or self.live is not None):
+            return
+        target = _unwrap(module)
+        blocker = self.replay_blockers.get(id(target), "unchecked")
+        if blocker == "unchecked":
+            blocker = flops.meta_replay_blocker(target)
+            self.replay_blockers[id(target)] = blocker
+        if blocker is None:
+            self.count_request = (target, key, flops.to_meta(args), flops.to_meta(kwargs), grad)
+        elif not hasattr(module, "_orig_mod"):      # never run the counting mode over compiled code
+            live = flops.LiveCount()
+            live.start()
+            self.live = (live, key)
+
+    def _flops_end(self, extras: dict[str, Any]) -> None:
+        ctx = self.probe._step_ctx
+        if ctx.flops is not None:
+            self.flops_source = "user"
+            return
+        if self.options["flops_per_step"] is not None:
+            extras["flops"] = float(self.options["flops_per_step"])
+            extras["flops_source"] = self.flops_source = "user"
+            return
+        if self.live is not None:
+            live, key = self.live
+            self.live = None
+            try:
+                total = live.stop()
+                self.flops_cache[key] = total // max(1, self.step_unknown.count(key))
+            except Exception as exc:
+                self.flops_failed.add(key)
+                self.probe._internal_error("FLOP count", exc)
+        if self.count_request is not None:
+            self._start_count()
+        unknown = self.step_unknown
+        if unknown and all(k in self.flops_cache for k in unknown):
+            self.step_flops += sum(self.flops_cache[k] for k in unknown)
+            unknown = []
+        if self.n_fwd and not unknown and self.step_flops:
+            extras["flops"] = float(self.step_flops)
+            extras["flops_source"] = self.flops_source = "counted"
+            return
+        estimate = flops.six_n(self.n_params, ctx.tokens)
+        if estimate is not None:
+            extras["flops"] = estimate
+            extras["flops_source"] = self.flops_source = "6N"
+
+    def _start_count(self) -> None:
+        """Count the requested signature on a meta copy, off the training thread."""
+        request, self.count_request = self.count_request, None
+        self.counting = request[1]   # type: ignore[index]
+        thread = threading.Thread(target=self._count, args=request, name="perfmon-flops", daemon=True)
+        thread.start()
+
+    def _count(self, target: Any, key: tuple, margs: tuple, mkwargs: dict, grad: bool) -> None:
+        t0 = time.perf_counter()
+        try:
+            try:
+                replica = flops.meta_replica(target)
+            except Exception as exc:     # cannot copy: a real step will be counted instead
+                self.replay_blockers[id(target)] = f"no meta copy: {exc!r}"
+                return
+            forward, total = flops.count_meta(replica, margs, mkwargs, backward=grad)
+            self.flops_cache[key] = total if grad else forward
+        except Exception as exc:
+            self.flops_failed.add(key)
+            self.probe.event("warning", source="watch",
+                             message=f"FLOPs not counted for an input shape (meta replay failed: {exc!r})"[:300])
+        finally:
+            self.counting = None
+            if time.perf_counter() - t0 > MAX_COUNT_SECONDS:
+                self.counting_off = True
+
+
+def _safe(fn: Any) -> Any:
+    try:
+        return fn()
+    except Exception:
+        return None

@@ -1,0 +1,94 @@
+"""Render the TUI against recordings to SVG (and PNG when rsvg-convert is installed).
+
+    python scripts/screenshots.py                      # the test recordings (tests/tui/scenarios.py)
+    python scripts/screenshots.py --recording NAME=DIR  # also a real recording (perfmon demo --record DIR)
+
+Writes ``screenshots/<name>-<W>x<H>.svg`` (+ ``.png``) at 120x36 and 80x24, plus
+the flowchart screen. A recording is replayed to its end at once and the clock
+is the recording's own, so the pictures are the same on every run.
+PNG needs ``rsvg-convert`` (Debian: librsvg2-bin) and a monospace font with box
+characters (fonts-firacode): the SVG itself is what Textual exports.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import shutil
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from tests.tui import scenarios  # noqa: E402
+
+SIZES = ((120, 36), (80, 24))
+
+
+async def render(recording: Path, size: tuple[int, int], press: tuple[str, ...] = ()) -> str:
+    """The SVG of the app replaying ``recording`` at ``size`` once the verdict has settled."""
+    app = scenarios.replay_app(recording)
+    async with app.run_test(size=size) as pilot:
+        await scenarios.settle(pilot)
+        for key in press:
+            await pilot.press(key)
+        await pilot.pause()
+        return app.export_screenshot(title="perfmon")
+
+
+def to_png(svg: Path) -> Path | None:
+    tool = shutil.which("rsvg-convert")
+    if tool is None:
+        return None
+    png = svg.with_suffix(".png")
+    # Textual writes spaces as &#160; inside <text>; librsvg drops leading ones unless told to keep them.
+    fixed = svg.read_text(encoding="utf-8").replace("<svg ", '<svg xml:space="preserve" ', 1)
+    with tempfile.NamedTemporaryFile("w", suffix=".svg", encoding="utf-8", delete=False) as tmp:
+        tmp.write(fixed)
+    try:
+        subprocess.run([tool, "-z", "1.5", tmp.name, "-o", str(png)], check=True)
+    finally:
+        Path(tmp.name).unlink()
+    return png
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--out", type=Path, default=ROOT / "screenshots")
+    parser.add_argument("--recording", action="append", default=[], metavar="NAME=DIR",
+                        help="also render this recording (file or directory) under NAME")
+    parser.add_argument("--only-recordings", action="store_true", help="skip the test recordings")
+    args = parser.parse_args()
+    args.out.mkdir(parents=True, exist_ok=True)
+    jobs: list[tuple[str, Path]] = []
+    with tempfile.TemporaryDirectory() as tmp:
+        if not args.only_recordings:
+            for name in scenarios.SCENARIOS:
+                jobs.append((name, scenarios.write(name, Path(tmp))))
+        for spec in args.recording:
+            name, sep, path = spec.partition("=")
+            if not sep:
+                parser.error(f"--recording {spec}: expected NAME=DIR")
+            jobs.append((name, Path(path)))
+        written: list[Path] = []
+        for name, recording in jobs:
+            for width, height in SIZES:
+                svg = args.out / f"{name}-{width}x{height}.svg"
+                svg.write_text(asyncio.run(render(recording, (width, height))), encoding="utf-8")
+                written.append(svg)
+        first_name, first = jobs[0]
+        svg = args.out / f"flowchart-{first_name}-120x36.svg"
+        svg.write_text(asyncio.run(render(first, (120, 36), press=("f",))), encoding="utf-8")
+        written.append(svg)
+    for svg in written:
+        png = to_png(svg)
+        print(svg.relative_to(ROOT) if svg.is_relative_to(ROOT) else svg,
+              "(+ png)" if png else "(no rsvg-convert: SVG only)")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,58 @@
+"""Plain ``perfmon demo`` in a real terminal (tmux): the tour's live TUI shows a verdict
+within 20 s, and ``q`` stops the workload and leaves nothing behind.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import sys
+import time
+
+import psutil
+import pytest
+
+from tests.e2e.test_tmux import PANE_TITLES, Tmux, wait_screen
+
+pytestmark = [pytest.mark.slow, pytest.mark.skipif(shutil.which("tmux") is None, reason="tmux not installed")]
+
+
+@pytest.fixture
+def tmux(tmp_path):
+    server = Tmux(tmp_path / "tmux.sock")
+    yield server
+    server.kill()
+
+
+def workload_processes(perfmon_dir) -> list[psutil.Process]:
+    found = []
+    for proc in psutil.process_iter(["cmdline"]):
+        try:
+            if "tui.demo.workload" in " ".join(proc.info["cmdline"] or []) \
+                    and proc.environ().get("PERFMON_DIR") == str(perfmon_dir):
+                found.append(proc)
+        except psutil.Error:
+            continue
+    return found
+
+
+def test_plain_demo_shows_a_verdict_and_quits_cleanly(tmux, perfmon_dir):
+    started = time.monotonic()
+    tmux.start(f"exec env PERFMON_DIR={perfmon_dir} TERM=xterm-256color {sys.executable} -m tui.cli demo", 120, 36)
+    screen = wait_screen(tmux, lambda s: "HEALTHY" in s and all(t in s for t in PANE_TITLES), timeout=20)
+    took = time.monotonic() - started
+    assert "Traceback" not in screen
+    assert "demo-tour" in screen
+    procs = workload_processes(perfmon_dir)
+    assert procs, "the demo's training rank is not running"
+    tmux.run("send-keys", "-t", "t", "q")
+    deadline = time.monotonic() + 10.0     # the rank finishes its step, then the launcher returns
+    while tmux.pane("#{pane_dead}") != "1":
+        assert time.monotonic() < deadline, "q did not end perfmon demo within 10 s"
+        time.sleep(0.1)
+    assert tmux.pane("#{pane_dead_status}") == "0"
+    assert "Traceback" not in tmux.screen()
+    gone, alive = psutil.wait_procs(procs, timeout=5)
+    assert alive == []
+    assert os.listdir(perfmon_dir) == []
+    print(f"verdict on screen {took:.1f}s after `perfmon demo` started")

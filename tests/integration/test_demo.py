@@ -1,0 +1,143 @@
+"""``perfmon demo --headless``: each scenario's real workload gets its own verdict, and the
+demo always leaves nothing behind (no rank or loader-worker process, no socket).
+
+Every test runs the real command in a subprocess: a launcher plus one or two torch
+training ranks (gloo) with DataLoader workers, watched for a few seconds.
+"""
+
+from __future__ import annotations
+
+import json
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Callable
+
+import jsonschema
+import psutil
+import pytest
+
+from tui.demo import scenarios
+
+ROOT = Path(__file__).parents[2]
+SCHEMA = json.loads((ROOT / "tui" / "schemas" / "report.schema.json").read_text())
+PERFMON = [sys.executable, "-m", "tui.cli"]
+SECONDS = {"data_preprocessing": 10, "data_loading": 10}   # slow steps: more time for a full window
+DEFAULT_SECONDS = 8
+CPU_SCENARIOS = [name for name, sc in scenarios.SCENARIOS.items() if not sc.needs_gpu]
+
+pytestmark = pytest.mark.slow
+
+
+def demo_processes(perfmon_dir: Path) -> list[psutil.Process]:
+    """Workload ranks and their loader workers started under this test's socket directory."""
+    found = []
+    for proc in psutil.process_iter(["cmdline"]):
+        try:
+            if "tui.demo.workload" in " ".join(proc.info["cmdline"] or []) \
+                    and proc.environ().get("PERFMON_DIR") == str(perfmon_dir):
+                found.append(proc)
+        except psutil.Error:
+            continue
+    return found
+
+
+def wait_for(cond: Callable[[], bool], timeout: float, what: str) -> None:
+    """Poll ``cond`` (a process-table scan: not too often) until true or fail after ``timeout``."""
+    deadline = time.monotonic() + timeout
+    while not cond():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out waiting for {what}")
+        time.sleep(0.2)
+
+
+def run_demo(*args: str, timeout: float = 120) -> subprocess.CompletedProcess:
+    return subprocess.run(PERFMON + ["demo", *args], capture_output=True, text=True, timeout=timeout, cwd=ROOT)
+
+
+@pytest.mark.parametrize("name", CPU_SCENARIOS)
+def test_headless_demo_names_the_scenario_as_the_bottleneck(name, perfmon_dir):
+    sc = scenarios.SCENARIOS[name]
+    seconds = SECONDS.get(name, DEFAULT_SECONDS)
+    proc = run_demo("--headless", "--seconds", str(seconds), "--scenario", name)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    report = json.loads(proc.stdout)
+    jsonschema.validate(report, SCHEMA)
+    verdict = report["verdict"]
+    assert verdict["bottleneck"] == sc.expect, (verdict, report["metrics"])
+    assert len(report["ranks"]) == sc.ranks and report["job"] == f"demo-{name}"
+    findings = [f["id"] for f in report["findings"]]
+    if sc.finding:
+        assert sc.finding in findings, (report["findings"], report["metrics"])
+    if name == "load_imbalance":
+        assert verdict["straggler_rank"] == sc.ranks - 1
+    # clean exit: no socket left, no rank or worker process left
+    assert list(perfmon_dir.iterdir()) == []
+    assert demo_processes(perfmon_dir) == []
+    assert all(not psutil.pid_exists(r["pid"]) for r in report["ranks"])
+
+
+def test_interrupt_stops_ranks_and_loader_workers_and_removes_sockets(perfmon_dir):
+    launcher = subprocess.Popen(PERFMON + ["demo", "--headless", "--seconds", "300", "--scenario", "data_loading",
+                                           "--ranks", "2"], cwd=ROOT, stdout=subprocess.PIPE,
+                                stderr=subprocess.PIPE, text=True)
+    try:
+        wait_for(lambda: len(list(perfmon_dir.glob("*.sock"))) == 2, 90, "both ranks' sockets")
+        wait_for(lambda: len(demo_processes(perfmon_dir)) >= 4, 60, "two ranks with a loader worker each")
+        procs = demo_processes(perfmon_dir)
+        launcher.send_signal(signal.SIGINT)
+        out, err = launcher.communicate(timeout=30)
+    finally:
+        if launcher.poll() is None:
+            launcher.kill()
+    assert launcher.returncode == 130, err
+    assert out == ""
+    assert "Traceback" not in err
+    gone, alive = psutil.wait_procs(procs, timeout=5)
+    assert alive == []
+    assert list(perfmon_dir.iterdir()) == []
+
+
+def test_ranks_stop_by_themselves_when_the_launcher_is_killed(perfmon_dir):
+    launcher = subprocess.Popen(PERFMON + ["demo", "--headless", "--seconds", "300", "--scenario", "healthy"],
+                                cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        wait_for(lambda: len(list(perfmon_dir.glob("*.sock"))) == 1, 90, "the rank's socket")
+        procs = demo_processes(perfmon_dir)
+        assert procs
+        launcher.kill()          # no chance to clean up: the ranks must notice on their own
+        launcher.wait(timeout=10)
+        gone, alive = psutil.wait_procs(procs, timeout=20)
+    finally:
+        if launcher.poll() is None:
+            launcher.kill()
+    assert alive == []
+    assert list(perfmon_dir.glob("*.sock")) == []
+
+
+def test_host_sync_without_a_gpu_says_so_in_one_line():
+    proc = run_demo("--headless", "--scenario", "host_sync", timeout=60)
+    import torch
+    if torch.cuda.is_available():
+        pytest.skip("a GPU is present: host_sync runs for real here")
+    assert proc.returncode != 0
+    assert proc.stdout == ""
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1 and "needs a GPU" in lines[0], proc.stderr
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--scenario", "nope"], "unknown scenario 'nope'"),
+    (["--scenario", "communication", "--ranks", "1"], "needs at least 2 ranks"),
+    (["--scenario", "memory", "--memory-limit", "lots"], "--memory-limit 'lots'"),
+    (["--scenario", "healthy", "--seconds", "0"], "--seconds must be positive"),
+    (["--scenario", "healthy"], "needs a terminal"),          # no TTY here and no --headless
+])
+def test_bad_demo_arguments_are_one_line_errors(args, message, perfmon_dir):
+    proc = run_demo(*args, timeout=30)
+    assert proc.returncode == 2
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1 and message in lines[0], proc.stderr
+    assert list(perfmon_dir.iterdir()) == []

@@ -1,0 +1,273 @@
+"""The app driven through Textual's Pilot: keys, panes, picker, replay, live jobs that end or restart.
+
+Live tests run the real probe in a subprocess (tests/integration/jobs/api_job.py,
+no torch) and attach the app's own feed to its socket.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tests.tui import scenarios
+from tests.tui.scenarios import screen_text, settle, wait_until
+from tui import discovery
+from tui.app import WINDOWS, PerfmonApp
+from tui.feed import LiveFeed, ReplayFeed, TcpFeed, read_token
+from tui.runmodel import RunModel
+from tui.screens.flowchart import FlowchartScreen
+from tui.screens.help import HelpScreen
+from tui.screens.log import LogScreen
+from tui.screens.picker import JobChoice, PickerScreen
+from tui.sources import load_recordings
+from tui.verdict import NODES
+from tui.widgets.memory import MemoryPane
+
+API_JOB = Path(__file__).resolve().parents[1] / "integration" / "jobs" / "api_job.py"
+
+
+def start_api_job(job: str, steps: int, *flags: str, env: dict | None = None) -> subprocess.Popen:
+    """A probe-instrumented loop (data 20 ms, forward 5 ms, backward 5 ms per step)."""
+    return subprocess.Popen([sys.executable, str(API_JOB), job, str(steps), "20", "5", "5", *flags],
+                            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            env={**os.environ, **(env or {})})
+
+
+def live_app(job: str) -> PerfmonApp:
+    endpoints = discovery.jobs(discovery.list_endpoints()).get(job, [])
+    return PerfmonApp(LiveFeed(RunModel(), job, endpoints), watch_terminal=False)
+
+
+# -- keys -------------------------------------------------------------------------------------
+
+async def test_q_quits(recordings):
+    app = scenarios.replay_app(recordings["healthy"])
+    async with app.run_test(size=(120, 36)) as pilot:
+        await settle(pilot)
+        await pilot.press("q")
+        await wait_until(pilot, lambda: not app.is_running, what="exit")
+    assert app.return_code == 0
+
+
+async def test_help_and_flowchart_open_and_close(recordings):
+    app = scenarios.replay_app(recordings["load_imbalance"])
+    async with app.run_test(size=(120, 36)) as pilot:
+        await settle(pilot)
+        await pilot.press("question_mark")
+        assert isinstance(app.screen, HelpScreen)
+        await pilot.press("escape")
+        assert not isinstance(app.screen, HelpScreen)
+        await pilot.press("f")
+        assert isinstance(app.screen, FlowchartScreen)
+        text = screen_text(app)
+        assert NODES["straggler"].question in text and "now 0.5 → yes" in text
+        await pilot.press("f")
+        assert not isinstance(app.screen, FlowchartScreen)
+
+
+async def test_number_keys_toggle_panes_and_zero_restores(recordings):
+    app = scenarios.replay_app(recordings["load_imbalance"])
+    async with app.run_test(size=(120, 36)) as pilot:
+        await settle(pilot)
+        assert set(app.plan.visible) == {"device", "memory", "comm", "data", "timeline", "ranks"}
+        await pilot.press("6")
+        assert "ranks" not in app.plan.visible and not app.query_one("#ranks").display
+        await pilot.press("2")
+        assert "memory" not in app.plan.visible
+        await pilot.press("0")
+        assert len(app.plan.visible) == 6 and app.query_one("#ranks").display
+
+
+async def test_small_terminal_keeps_verdict_pane_and_shows_a_dropped_one_on_request(recordings):
+    app = scenarios.replay_app(recordings["data_preprocessing"])
+    async with app.run_test(size=(80, 24)) as pilot:
+        await settle(pilot)
+        assert len(app.plan.visible) == 4 and "data" in app.plan.visible
+        assert app.query_one("#verdict").region.height == 3
+        dropped = app.plan.dropped[0]
+        await pilot.press(str(["device", "memory", "comm", "data", "timeline", "ranks"].index(dropped) + 1))
+        assert dropped in app.plan.visible and len(app.plan.visible) == 4
+        assert "data" in app.plan.visible   # the pane behind the verdict is never the one pushed out
+
+
+async def test_rank_selection_cycles_and_clears(recordings):
+    app = scenarios.replay_app(recordings["load_imbalance"])
+    async with app.run_test(size=(120, 36)) as pilot:
+        await settle(pilot)
+        await pilot.press("r")
+        assert app.selected_rank == 0
+        await pilot.press("r", "r")
+        assert app.selected_rank == 2
+        await pilot.press("R")
+        assert app.selected_rank == 1
+        await pilot.press("a")
+        assert app.selected_rank is None
+
+
+async def test_window_key_recomputes_over_a_longer_window(recordings):
+    app = scenarios.replay_app(recordings["healthy"])
+    async with app.run_test(size=(120, 36)) as pilot:
+        await settle(pilot)
+        assert app.view.window["steps"] == WINDOWS[0][0]
+        await pilot.press("w")
+        # 80 steps recorded, the first left out: the longer window holds all the others
+        assert app.view.window["steps"] == 79
+        assert app.feed.model.window_steps == WINDOWS[1][0]
+
+
+async def test_no_color_draws_categories_with_characters(recordings, monkeypatch):
+    monkeypatch.setenv("NO_COLOR", "1")
+    app = scenarios.replay_app(recordings["memory"])
+    async with app.run_test(size=(120, 36)) as pilot:
+        await settle(pilot)
+        assert app.no_color
+        bar = str(app.query_one(MemoryPane).render()).splitlines()[1]
+        assert "▓" in bar and "▒" in bar and "█" in bar   # params, grads, optimizer told apart without colour
+
+
+async def test_log_key_tails_the_job_output(tmp_path, recordings):
+    log = tmp_path / "job.log"
+    log.write_text("epoch 1\nloss 2.5\n")
+    app = PerfmonApp(ReplayFeed(RunModel(), load_recordings(recordings["healthy"]), speed=None),
+                     log_path=log, watch_terminal=False)
+    async with app.run_test(size=(100, 30)) as pilot:
+        await pilot.press("l")
+        assert isinstance(app.screen, LogScreen)
+        body = app.screen.query_one("#log-body")
+        await wait_until(pilot, lambda: body.line_count >= 2, what="log lines")
+        with log.open("a") as fh:
+            fh.write("loss 2.1\n")
+        await wait_until(pilot, lambda: body.line_count >= 3, what="the appended line")
+        await pilot.press("escape")
+        assert not isinstance(app.screen, LogScreen)
+
+
+# -- replay -----------------------------------------------------------------------------------
+
+async def test_replay_plays_pauses_speeds_up_and_jumps_to_end(recordings):
+    feed = ReplayFeed(RunModel(), load_recordings(recordings["data_preprocessing"]), speed=4.0)
+    app = PerfmonApp(feed, watch_terminal=False)
+    async with app.run_test(size=(120, 36)) as pilot:
+        await wait_until(pilot, lambda: feed.progress > 0.05, what="replay progress")
+        await pilot.press("p")
+        assert feed.paused
+        held = feed.progress
+        await pilot.pause(0.3)
+        assert feed.progress == held
+        await pilot.press("p", "plus")
+        assert not feed.paused and feed.speed == 8.0
+        await pilot.press("end")
+        await settle(pilot)
+        assert feed.state_line() == "replay finished"
+        assert app.verdict.bottleneck == "data_preprocessing"
+
+
+# -- picker -----------------------------------------------------------------------------------
+
+async def test_picker_lists_jobs_and_attaches_to_the_chosen_one():
+    procs = [start_api_job(name, 2000, "--linger") for name in ("job-a", "job-b")]
+    try:
+        for proc in procs:
+            assert proc.stdout.readline().strip()
+        grouped = discovery.jobs(discovery.list_endpoints())
+        choices = [JobChoice(job, tuple(eps)) for job, eps in sorted(grouped.items())]
+        app = PerfmonApp(None, jobs=choices, watch_terminal=False)
+        async with app.run_test(size=(100, 30)) as pilot:
+            assert isinstance(app.screen, PickerScreen)
+            await pilot.press("down", "enter")
+            await wait_until(pilot, lambda: app.view is not None and app.view.ranks, what="data from job-b")
+            assert app.feed.job == "job-b" and app.view.job == "job-b"
+    finally:
+        for proc in procs:
+            proc.kill()
+            proc.wait()
+
+
+# -- live jobs: exit, loss, restart, TCP ------------------------------------------------------
+
+async def test_job_exit_is_shown_and_last_data_kept():
+    proc = start_api_job("short", 60, "--wait")
+    try:
+        assert proc.stdout.readline().strip()
+        app = live_app("short")
+        async with app.run_test(size=(120, 36)) as pilot:
+            await wait_until(pilot, lambda: app.feed.streams and all(
+                s.state == "live" for s in app.feed.streams.values()), what="connection")
+            proc.stdin.write("go\n")
+            proc.stdin.flush()
+            await wait_until(pilot, lambda: app.feed.state_line() == "job exited", timeout=15, what="job exit")
+            app.refresh_view()
+            assert app.view.ended and app.view.metrics.steps == 60
+            await pilot.pause()
+            assert "job exited" in screen_text(app)
+            assert app.verdict.bottleneck != "warming_up"   # the last verdict stays on screen
+    finally:
+        proc.kill()
+        proc.wait()
+
+
+async def test_killed_probe_is_shown_as_lost():
+    proc = start_api_job("doomed", 100000, "--linger")
+    try:
+        assert proc.stdout.readline().strip()
+        app = live_app("doomed")
+        async with app.run_test(size=(120, 36)) as pilot:
+            await wait_until(pilot, lambda: app.view is not None and app.view.metrics.steps > 5, what="steps")
+            proc.kill()
+            await wait_until(pilot, lambda: "lost" in app.feed.state_line(), what="lost stream")
+            assert app.view.metrics.steps > 5
+    finally:
+        proc.kill()
+        proc.wait()
+
+
+async def test_restarted_rank_is_reattached():
+    first = start_api_job("elastic", 100000, "--linger", env={"TORCHELASTIC_RESTART_COUNT": "0"})
+    second = None
+    try:
+        assert first.stdout.readline().strip()
+        app = live_app("elastic")
+        async with app.run_test(size=(120, 36)) as pilot:
+            await wait_until(pilot, lambda: app.view is not None and app.view.metrics.steps > 3, what="steps")
+            first.kill()
+            first.wait()
+            second = start_api_job("elastic", 100000, "--linger", env={"TORCHELASTIC_RESTART_COUNT": "1"})
+            assert second.stdout.readline().strip()
+            await wait_until(pilot, lambda: app.view is not None and app.view.ranks
+                             and app.view.ranks[0].generation == 1 and app.view.ranks[0].steps > 3,
+                             timeout=15, what="the restarted rank's steps")
+            assert app.view.ranks[0].pid == second.pid
+            assert app.feed.state_line().startswith("live")
+    finally:
+        for proc in (first, second):
+            if proc is not None:
+                proc.kill()
+                proc.wait()
+
+
+async def test_tcp_with_token_streams_and_a_wrong_token_is_refused(perfmon_dir):
+    import socket
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    proc = start_api_job("remote", 100000, "--linger", env={"PERFMON_TCP": f"127.0.0.1:{port}"})
+    try:
+        assert proc.stdout.readline().strip()
+        token_files = list(perfmon_dir.glob("*.token"))
+        assert len(token_files) == 1 and oct(token_files[0].stat().st_mode & 0o777) == "0o600"
+        good = PerfmonApp(TcpFeed(RunModel(), "127.0.0.1", port, read_token(None)), watch_terminal=False)
+        async with good.run_test(size=(120, 36)) as pilot:
+            await wait_until(pilot, lambda: good.view is not None and good.view.metrics.steps > 3, what="steps")
+            assert good.view.job == "remote"
+        bad = PerfmonApp(TcpFeed(RunModel(), "127.0.0.1", port, "not-the-token"), watch_terminal=False)
+        async with bad.run_test(size=(120, 36)) as pilot:
+            await wait_until(pilot, lambda: any(s.state == "error" for s in bad.feed.streams.values()),
+                             what="refusal")
+            assert "wrong token" in next(iter(bad.feed.streams.values())).message
+    finally:
+        proc.kill()
+        proc.wait()

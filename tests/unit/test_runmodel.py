@@ -1,0 +1,316 @@
+"""Run model: windows, derived metrics and their formulas, ranks and generations."""
+
+from __future__ import annotations
+
+import pytest
+
+from tests.unit.verdict_synth import T0, Rank, job, records
+from tui.runmodel import MIN_STEPS, RunModel, busbw_factor
+
+GB = 1 << 30
+
+
+# -- window ----------------------------------------------------------------------------------
+def test_window_is_last_50_steps():
+    view = job(Rank(steps=200, dur=0.1)).view()
+    assert view.window["steps"] == 50
+    assert view.ranks[0].window_steps == 50 and view.metrics.steps == 200
+
+
+def test_window_is_30_seconds_when_that_is_fewer_steps():
+    view = job(Rank(steps=100, dur=1.0)).view()
+    assert view.window["steps"] == 31          # steps ending in [last-30 s, last]
+    assert view.window["seconds"] == pytest.approx(31.0)
+
+
+def test_window_keeps_at_least_five_slow_steps():
+    view = job(Rank(steps=20, dur=20.0)).view()
+    assert view.window["steps"] == MIN_STEPS and not view.warming_up
+
+
+def test_custom_window():
+    model = job(Rank(steps=100, dur=0.1), model=RunModel(window_steps=10))
+    assert model.view().window["steps"] == 10
+
+
+def test_first_step_is_left_out_of_the_window():
+    recs = records(Rank(steps=8, dur=0.1))
+    recs[1] = dict(recs[1], dur=5.0)            # step 0: lazy init
+    model = RunModel()
+    for r in recs:
+        model.ingest("s", r)
+    m = model.view().metrics
+    assert m.step_time_median_s == pytest.approx(0.1) and model.view().window["steps"] == 7
+
+
+def test_warming_up_before_five_steps_after_the_first():
+    assert job(Rank(steps=5)).view().warming_up
+    assert not job(Rank(steps=6)).view().warming_up
+
+
+# -- derived metrics --------------------------------------------------------------------------
+def test_shares_and_cpu_device_busy_formula():
+    m = job(Rank(0, dur=0.1, data=0.02, comm=0.03, exposed=0.01), Rank(1, dur=0.1, data=0.02, comm=0.03,
+                                                                      exposed=0.01)).view().metrics
+    assert m.data_wait_frac == pytest.approx(0.2)
+    assert m.comm_frac == pytest.approx(0.3) and m.comm_exposed_frac == pytest.approx(0.1)
+    # busy = (step - data wait - exposed comm) / step
+    assert m.device_busy == pytest.approx(0.7) and m.device_busy_source == "step_accounting"
+
+
+def test_gap_is_excluded_from_step_time_shares_and_lowers_ettr():
+    m = job(Rank(dur=0.1, data=0.02, gap=0.02, steps=40)).view().metrics
+    assert m.data_wait_frac == pytest.approx(0.02 / 0.08)
+    assert m.device_busy == pytest.approx(0.06 / 0.08)
+    assert m.ettr == pytest.approx(0.8, abs=1e-6) and m.gap_frac == pytest.approx(0.2)
+
+
+def test_ettr_falls_back_to_blocking_event_seconds_without_gap_key():
+    recs = records(Rank(dur=0.1, steps=20))
+    for r in recs:
+        r.pop("gap", None)
+    # a 1.0 s checkpoint event before step 10, whose dur includes it
+    idx = next(i for i, r in enumerate(recs) if r.get("step") == 10)
+    recs.insert(idx, {"k": "event", "t": recs[idx]["start"] + 1.0, "name": "checkpoint", "seconds": 1.0})
+    recs[idx + 1] = dict(recs[idx + 1], dur=1.1)
+    for r in recs[idx + 2:]:
+        for key in ("t", "start"):
+            if key in r:
+                r[key] += 1.0
+    model = RunModel()
+    for r in recs:
+        model.ingest("s", r)
+    view = model.view()
+    assert view.metrics.ettr == pytest.approx(2.0 / 3.0, abs=1e-6)    # 2 s of steps in 3 s
+    assert view.steps_recent[0][10]["gap"] == pytest.approx(1.0)
+    assert view.metrics.step_time_median_s == pytest.approx(0.1)
+
+
+def test_ettr_counts_an_ongoing_stall_live_but_not_after_the_end():
+    model = job(Rank(steps=20, dur=0.1))
+    last = T0 + 2.0
+    assert model.view(now=last).metrics.ettr == pytest.approx(1.0)
+    assert model.view(now=last + 2.0).metrics.ettr == pytest.approx(0.5)   # stuck for 2 s so far
+    model.end_stream(model.view().ranks[0].stream)
+    assert model.view(now=last + 2.0).metrics.ettr == pytest.approx(1.0)
+
+
+def test_steps_lost_to_drops_do_not_count_as_gaps():
+    recs = [r for r in records(Rank(steps=30, dur=0.1)) if not (r["k"] == "step" and 10 <= r["step"] < 20)]
+    model = RunModel()
+    for r in recs:
+        model.ingest("s", r)
+    assert model.view().metrics.ettr == pytest.approx(1.0)
+
+
+def test_mfu_from_flops_and_peak_never_on_cpu_without_peak():
+    m = job(Rank(dur=0.1, flops=4e12, gpu_util=99), device="cuda", peak=100e12).view().metrics
+    assert m.mfu == pytest.approx(0.4) and m.flops_per_s == pytest.approx(40e12)
+    assert job(Rank(dur=0.1, flops=4e12)).view().metrics.mfu is None
+
+
+def test_gpu_device_busy_prefers_events_then_nvml():
+    m = job(Rank(dur=0.1, gpu_time=0.06, gpu_util=99), device="cuda").view().metrics
+    assert m.device_busy == pytest.approx(0.6) and m.device_busy_source == "events"
+    m = job(Rank(dur=0.1, gpu_util=55), device="cuda").view().metrics
+    assert m.device_busy == pytest.approx(0.55) and m.device_busy_source == "nvml"
+
+
+def test_throughput_summed_step_time_from_slowest_rank():
+    m = job(Rank(0, dur=0.1, samples=32, comm=0.0), Rank(1, dur=0.2, samples=32, comm=0.0)).view().metrics
+    assert m.samples_per_s == pytest.approx(320 + 160)
+    assert m.step_time_median_s == pytest.approx(0.2)
+
+
+def test_syncs_and_loader_numbers():
+    m = job(Rank(syncs=2, loader_workers=3, loader_cpu=0.8, data=0.01, data_cpu=0.005)).view().metrics
+    assert m.syncs_per_step == 2 and m.loader_workers == 3 and m.loader_cpu == pytest.approx(0.8)
+    assert m.data_cpu_frac == pytest.approx(0.5)
+
+
+def test_unknowns_stay_none():
+    m = job(Rank(0), Rank(1)).view().metrics       # two ranks, comm not measured, no loader
+    assert m.comm_frac is None and m.comm_exposed_frac is None and m.data_wait_frac is None
+    assert m.mfu is None and m.syncs_per_step is None and m.loader_cpu is None and m.compute_ratio is None
+    single = job(Rank(0)).view().metrics               # one process: no peers, so no communication
+    assert single.comm_frac == 0.0 and single.comm_exposed_frac == 0.0
+
+
+# -- straggler --------------------------------------------------------------------------------
+def test_straggler_is_the_slowest_computing_rank():
+    view = job(Rank(0, comm=0.05, exposed=0.05), Rank(1, comm=0.0), Rank(2, comm=0.05, exposed=0.05)).view()
+    assert view.straggler_rank == 1 and view.metrics.compute_ratio == pytest.approx(0.5)
+    by_rank = {r.rank: r for r in view.ranks}
+    assert by_rank[1].compute_s == pytest.approx(0.1) and by_rank[0].compute_s == pytest.approx(0.05)
+
+
+def test_no_straggler_at_ratio_0_7():
+    view = job(Rank(0, comm=0.03, exposed=0.03), Rank(1, comm=0.0)).view()
+    assert view.metrics.compute_ratio == pytest.approx(0.7) and view.straggler_rank is None
+
+
+# -- comm ops and busbw -----------------------------------------------------------------------
+@pytest.mark.parametrize("op,n,factor", [("all_reduce", 2, 1.0), ("all_reduce", 8, 1.75), ("allreduce", 4, 1.5),
+                                         ("all_gather", 4, 0.75), ("reduce_scatter", 8, 0.875),
+                                         ("all_to_all", 2, 0.5), ("broadcast", 8, 1.0), ("reduce", 8, 1.0),
+                                         ("gloo:all_reduce", 4, 1.5), ("send", 4, 1.0), ("all_reduce", 1, 1.0)])
+def test_busbw_factors_follow_nccl_tests(op, n, factor):
+    assert busbw_factor(op, n) == pytest.approx(factor)
+
+
+def test_comm_rows_are_window_deltas_of_cumulative_records():
+    comm = [{"k": "comm", "t": T0 + 0.05, "world_size": 4,
+             "ops": [{"op": "all_reduce", "count": 100, "bytes": 100 << 20, "seconds": 9.0}]},
+            {"k": "comm", "t": T0 + 3.0, "world_size": 4,
+             "ops": [{"op": "all_reduce", "count": 130, "bytes": 130 << 20, "seconds": 9.3},
+                     {"op": "broadcast", "count": 1, "bytes": 1 << 20, "seconds": 0.01}]}]
+    ranks = [Rank(i, comm=0.01, extra_records=comm if i == 0 else []) for i in range(4)]
+    view = job(*ranks).view()
+    rows = {r.op: r for r in view.comm_ops}
+    ar = rows["all_reduce"]
+    assert (ar.count, ar.bytes) == (30, 30 << 20) and ar.seconds == pytest.approx(0.3)
+    assert ar.algbw == pytest.approx((30 << 20) / 0.3) and ar.busbw == pytest.approx(ar.algbw * 1.5)
+    assert view.comm_ops[0].op == "all_reduce" and view.metrics.comm_op == "all_reduce"
+    assert view.metrics.busbw == pytest.approx(ar.busbw)
+
+
+# -- memory -----------------------------------------------------------------------------------
+def test_cpu_memory_is_rss_against_the_limit():
+    m = job(Rank(rss=4 * GB, mem_limit=16 * GB)).view().metrics
+    assert m.memory.source == "host" and m.memory.peak_frac == pytest.approx(0.25)
+    assert m.memory_headroom == pytest.approx(0.75) and m.memory.limit_source == "machine"
+
+
+def test_device_memory_breakdown_and_retries():
+    mem = lambda t, retries: {"k": "memory", "t": t, "params": 1, "grads": 2, "optimizer": 3, "activations": 4,
+                              "cache": 5, "fragmentation": 6, "other": 7, "limit": 100, "peak": 85,
+                              "peak_reserved": 95, "reserved": 90, "allocated": 80, "alloc_retries": retries,
+                              "ooms": 0}
+    m = job(Rank(gpu_util=90, extra_records=[mem(T0 + 1, 1), mem(T0 + 2, 4)]), device="cuda").view().metrics.memory
+    assert (m.params_bytes, m.grads_bytes, m.optimizer_bytes, m.activations_bytes, m.cache_bytes,
+            m.other_bytes) == (1, 2, 3, 4, 5, 7)
+    assert m.peak_frac == pytest.approx(0.95) and m.alloc_retries == 4 and m.alloc_retries_rising
+    steady = job(Rank(gpu_util=90, extra_records=[mem(T0 + 1, 4), mem(T0 + 2, 4)]), device="cuda").view()
+    assert not steady.metrics.memory.alloc_retries_rising
+
+
+def test_oom_events_are_counted_across_ranks():
+    oom = {"k": "event", "t": T0 + 2.5, "name": "oom", "message": "x"}
+    m = job(Rank(0, extra_records=[oom], comm=0.0), Rank(1, extra_records=[oom], comm=0.0)).view().metrics
+    assert m.memory.ooms == 2
+
+
+# -- ranks, generations, stream state -----------------------------------------------------------
+def test_restarted_rank_is_a_new_generation():
+    model = job(Rank(0, steps=20, pid=11))
+    for rec in records(Rank(0, steps=8, pid=22, restart=1, start=T0 + 100)):
+        model.ingest("/tmp/new.sock", rec)
+    view = model.view()
+    (r,) = view.ranks
+    assert (r.pid, r.generation, r.restart, r.steps) == (22, 1, 1, 8)
+    assert view.restarted == [0] and model.retired[0][1]["pid"] == 11
+
+
+def test_older_generation_read_after_the_newer_one_is_kept_aside():
+    model = RunModel()
+    for rec in records(Rank(0, steps=8, pid=22, restart=1, start=T0 + 100)):
+        model.ingest("new", rec)
+    for rec in records(Rank(0, steps=20, pid=11)):
+        model.ingest("old", rec)
+    (r,) = model.view().ranks
+    assert r.pid == 22 and r.steps == 8 and r.generation == 1
+    assert [h["pid"] for _, h in model.retired] == [11]
+
+
+def test_repeated_hello_on_the_same_stream_is_not_a_restart():
+    model = job(Rank(0, steps=10))
+    stream = model.view().ranks[0].stream
+    model.ingest(stream, records(Rank(0))[0])
+    assert model.view().ranks[0].generation == 0 and model.view().ranks[0].steps == 10
+
+
+def test_ended_when_every_rank_said_bye_or_closed():
+    model = job(Rank(0), Rank(1, comm=0.0))
+    assert not model.view().ended
+    model.ingest(model.view().ranks[0].stream, {"k": "bye", "t": T0 + 5})
+    assert not model.view().ended
+    model.end_stream(model.view().ranks[1].stream)
+    assert model.view().ended
+
+
+def test_drops_orphans_and_events():
+    model = job(Rank(0, extra_records=[{"k": "drops", "t": T0 + 3, "count": 5, "total": 5},
+                                       {"k": "event", "t": T0 + 3.1, "name": "warning", "message": "m"}]))
+    model.ingest("unknown-stream", {"k": "step", "t": T0, "step": 0, "dur": 0.1})
+    view = model.view()
+    assert view.drops_total == 5 and model.orphans == 1
+    assert view.events[-1]["name"] == "warning" and view.events[-1]["rank"] == 0
+
+
+def test_timeline_and_data_history_for_the_panes():
+    view = job(Rank(steps=200, dur=0.1, data=0.025)).view()
+    steps = view.steps_recent[0]
+    assert len(steps) == 120 and steps[-1]["step"] == 199
+    assert set(steps[-1]) >= {"step", "start", "dur", "gap", "phases"}
+    assert view.data_wait_history[0][-1] == pytest.approx(0.25)
+    assert view.host[0]["rss"] == 1 << 30 and view.sample_history[0]
+
+
+def test_view_recomputes_only_after_new_records():
+    model = job(Rank(steps=20))
+    a, b = model.view(), model.view()
+    assert a.metrics == b.metrics
+    stream = a.ranks[0].stream
+    model.ingest(stream, {"k": "step", "t": T0 + 10, "step": 20, "start": T0 + 2.0, "dur": 8.0,
+                          "phases": {"data": 8.0}})
+    assert model.view().metrics.data_wait_frac > 0
+
+
+def test_comm_with_unknown_exposed_part_is_not_taken_as_exposed():
+    recs0 = records(Rank(0, comm=0.05), world=2)
+    recs1 = records(Rank(1, comm=0.05), world=2)
+    model = RunModel()
+    for stream, recs in (("a", recs0), ("b", recs1)):
+        for r in recs:
+            if r["k"] == "step":
+                r["comm"] = {"seconds": 0.05, "exposed": None, "bytes": 1, "ops": 1, "estimated": False}
+            model.ingest(stream, r)
+    m = model.view().metrics
+    assert m.comm_frac == pytest.approx(0.5) and m.comm_exposed_frac is None and m.compute_ratio is None
+
+
+def test_steps_without_collectives_count_as_zero_comm():
+    model = RunModel()
+    for r in records(Rank(0), world=2):
+        if r["k"] == "step":
+            r["comm"] = {"seconds": None, "exposed": None, "bytes": 0, "ops": 0}
+        model.ingest("a", r)
+    m = model.view().metrics
+    assert m.comm_exposed_frac == 0.0 and m.comm_frac == 0.0
+
+
+def test_cpu_memory_records_use_the_window_rss_against_the_limit():
+    mem = {"k": "memory", "t": T0 + 2.0, "device": "cpu", "rss": 3 * GB, "peak": 12 * GB, "limit": 16 * GB,
+           "limit_source": "cgroup", "params": 1, "grads": 1, "optimizer": 0, "activations": 5, "other": 9}
+    m = job(Rank(rss=2 * GB, extra_records=[mem])).view().metrics.memory
+    assert m.source == "host" and m.peak_bytes == 3 * GB and m.peak_frac == pytest.approx(3 / 16)
+    assert m.limit_source == "cgroup" and m.activations_bytes == 5
+
+
+def test_events_busy_matches_late_device_times_to_their_steps():
+    recs = records(Rank(steps=30, dur=0.1, gpu_util=99), device="cuda")
+    steps = [r for r in recs if r["k"] == "step"]
+    for later, earlier in zip(steps[2:], steps):        # device results arrive two steps late
+        later["gpu_time"] = 0.04
+        later["gpu_step"] = earlier["step"]
+    model = RunModel()
+    for r in recs:
+        model.ingest("s", r)
+    m = model.view().metrics
+    assert m.device_busy == pytest.approx(0.4) and m.device_busy_source == "events"
+
+
+def test_mfu_peak_from_the_sampler_compute_section():
+    compute = {"k": "sample", "t": T0 + 2.9, "compute": {"dtype": "bf16", "peak_flops": 50e12, "params": 10}}
+    m = job(Rank(dur=0.1, flops=1e12, gpu_util=99, extra_records=[compute]), device="cuda").view().metrics
+    assert m.mfu == pytest.approx(0.2)

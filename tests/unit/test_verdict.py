@@ -1,0 +1,377 @@
+"""The flowchart: every leaf reached from synthetic windows, every threshold on both sides,
+missing measurements, hysteresis and warm-up."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+
+from tests.unit.verdict_synth import T0, Rank, job
+from tui import verdict as V
+from tui.runmodel import JobView, MemoryMetrics, RunModel
+
+GB = 1 << 30
+PEAK = 100e12
+
+
+def _oom(rank_start: float = T0) -> dict:
+    return {"k": "event", "t": rank_start + 2.95, "name": "oom", "error": "OutOfMemoryError", "message": "CUDA OOM"}
+
+
+def _mem(t: float, retries: int, reserved: int = 10 * GB) -> dict:
+    return {"k": "memory", "t": t, "params": GB, "grads": GB, "optimizer": 2 * GB, "activations": 3 * GB,
+            "cache": GB, "fragmentation": GB // 10, "other": GB, "limit": 80 * GB, "peak": reserved,
+            "reserved": reserved, "allocated": 9 * GB, "alloc_retries": retries, "ooms": 0}
+
+
+# (name, ranks, device kwargs, expected bottleneck, expected path)
+LEAVES = [
+    ("memory: host RSS over 90% of the limit",
+     [Rank(rss=int(15 * GB), mem_limit=16 * GB)], {}, "memory", ["memory"]),
+    ("memory: an OOM event in the window",
+     [Rank(extra_records=[_oom()])], {}, "memory", ["memory"]),
+    ("memory: allocator retries rising (device memory records)",
+     [Rank(gpu_util=95, flops=50e12 * 0.1,
+           extra_records=[_mem(T0 + 1.0, 0), _mem(T0 + 2.0, 3)])], {"device": "cuda", "peak": PEAK},
+     "memory", ["memory"]),
+    ("data_preprocessing: workers CPU-bound",
+     [Rank(data=0.040, loader_workers=2, loader_cpu=0.95)], {}, "data_preprocessing",
+     ["memory", "device_busy", "data_wait", "loader_cpu"]),
+    ("data_preprocessing: num_workers=0, main thread on CPU during the wait",
+     [Rank(data=0.040, data_cpu=0.038, loader_workers=0)], {}, "data_preprocessing",
+     ["memory", "device_busy", "data_wait", "loader_cpu"]),
+    ("data_loading: workers idle on I/O",
+     [Rank(data=0.040, loader_workers=4, loader_cpu=0.03)], {}, "data_loading",
+     ["memory", "device_busy", "data_wait", "loader_cpu"]),
+    ("data_loading: num_workers=0 blocked in reads",
+     [Rank(data=0.040, data_cpu=0.002, loader_workers=0)], {}, "data_loading",
+     ["memory", "device_busy", "data_wait", "loader_cpu"]),
+    ("communication: every rank blocked in the collective",
+     [Rank(0, comm=0.045), Rank(1, comm=0.045)], {}, "communication",
+     ["memory", "device_busy", "data_wait", "comm_exposed", "straggler"]),
+    ("load_imbalance: rank 1 computes twice as long, rank 0 waits",
+     [Rank(0, comm=0.052, exposed=0.050), Rank(1, comm=0.002, exposed=0.0)], {}, "load_imbalance",
+     ["memory", "device_busy", "data_wait", "comm_exposed", "straggler"]),
+    ("host_sync: GPU idle and every step syncs",
+     [Rank(gpu_util=40, syncs=3)], {"device": "cuda"}, "host_sync",
+     ["memory", "device_busy", "data_wait", "comm_exposed", "syncs"]),
+    ("host_overhead: GPU idle, no data, comm or syncs",
+     [Rank(gpu_util=40, syncs=0)], {"device": "cuda"}, "host_overhead",
+     ["memory", "device_busy", "data_wait", "comm_exposed", "syncs"]),
+    ("compute_efficiency: busy GPU at 10% MFU",
+     [Rank(gpu_util=97, flops=PEAK * 0.1 * 0.1)], {"device": "cuda", "peak": PEAK}, "compute_efficiency",
+     ["memory", "device_busy", "mfu"]),
+    ("compute_efficiency: MFU unknown, tensor cores idle",
+     [Rank(gpu_util=97, tensor_active=0.0)], {"device": "cuda"}, "compute_efficiency",
+     ["memory", "device_busy", "mfu"]),
+    ("healthy: busy GPU at 45% MFU",
+     [Rank(gpu_util=97, flops=PEAK * 0.45 * 0.1)], {"device": "cuda", "peak": PEAK}, "healthy",
+     ["memory", "device_busy", "mfu"]),
+    ("healthy: CPU job computing all step",
+     [Rank()], {}, "healthy", ["memory", "device_busy", "mfu"]),
+]
+
+
+@pytest.mark.parametrize("name,ranks,kw,leaf,path", LEAVES, ids=[x[0].split(":")[0] + "-" + str(i)
+                                                                  for i, x in enumerate(LEAVES)])
+def test_every_leaf_is_reached(name, ranks, kw, leaf, path):
+    v = V.evaluate(job(*ranks, **kw).view())
+    assert v.bottleneck == leaf, (name, v.headline, v.path, v.evidence)
+    assert v.path == path
+    assert v.headline and v.severity in ("ok", "info", "warn", "crit")
+    if leaf not in ("healthy",):
+        assert v.suggestions
+
+
+def test_all_leaves_of_the_chart_are_covered_by_the_table():
+    leaves = {x for n in V.FLOWCHART for x in (n.yes, n.no) if x in V.BOTTLENECKS}
+    assert leaves == {x[3] for x in LEAVES}
+    assert leaves | {"warming_up"} == set(V.BOTTLENECKS)
+
+
+def test_flowchart_is_well_formed_data():
+    ids = [n.id for n in V.FLOWCHART]
+    assert len(ids) == len(set(ids)) and V.ROOT == ids[0]
+    for n in V.FLOWCHART:
+        assert n.question.endswith("?") and n.threshold_source and n.op in ("<", ">=", ">")
+        for exit_ in (n.yes, n.no):
+            assert exit_ in V.NODES or exit_ in V.BOTTLENECKS
+    # every node is reachable from the root
+    seen, todo = set(), [V.ROOT]
+    while todo:
+        n = V.NODES[todo.pop()]
+        seen.add(n.id)
+        todo += [x for x in (n.yes, n.no) if x not in V.BOTTLENECKS and x not in seen]
+    assert seen == set(ids)
+
+
+# -- suggestions and headlines use the job's numbers ------------------------------------------
+def test_preprocessing_suggestion_names_the_worker_count():
+    v = V.evaluate(job(Rank(data=0.040, loader_workers=2, loader_cpu=0.95)).view())
+    assert "raise num_workers from 2" in v.suggestions[0]
+    assert "40%" in v.headline and "2 workers" in v.headline
+
+
+def test_communication_headline_quotes_exposed_share_and_busbw():
+    comm = [{"k": "comm", "t": T0 + 0.5, "backend": "gloo", "world_size": 2,
+             "ops": [{"op": "all_reduce", "count": 5, "bytes": 5 * (8 << 20), "seconds": 0.25}]},
+            {"k": "comm", "t": T0 + 2.95, "backend": "gloo", "world_size": 2,
+             "ops": [{"op": "all_reduce", "count": 30, "bytes": 30 * (8 << 20), "seconds": 1.5}]}]
+    model = job(Rank(0, comm=0.045, extra_records=comm), Rank(1, comm=0.045))
+    v = V.evaluate(model.view())
+    assert v.bottleneck == "communication"
+    # no comm record before the window: all 30 calls of 8 MiB in 1.5 s; factor 2(n-1)/n = 1 for n=2
+    assert "exposed all-reduce is 45% of the step at 167.8 MB/s busbw" in v.headline
+    assert v.evidence["busbw"] == pytest.approx(30 * (8 << 20) / 1.5, rel=1e-3)
+
+
+def test_load_imbalance_names_the_slow_rank_and_only_it():
+    model = job(Rank(0, comm=0.052, exposed=0.050), Rank(1, comm=0.002, exposed=0.0),
+                Rank(2, comm=0.051, exposed=0.049))
+    view = model.view()
+    v = V.evaluate(view)
+    assert v.bottleneck == "load_imbalance" and v.straggler_rank == 1
+    assert "rank 1" in v.headline and v.evidence["compute_ratio"] == pytest.approx(0.5, abs=0.02)
+    assert [r.rank for r in view.ranks if r.rank == view.straggler_rank] == [1]
+
+
+def test_data_wait_on_one_rank_counts_for_the_job():
+    """One starving rank stalls the others in the collective: the job metric is the worst rank."""
+    model = job(Rank(0, comm=0.04, exposed=0.04, loader_workers=2, loader_cpu=0.02),
+                Rank(1, data=0.04, comm=0.0, exposed=0.0, loader_workers=2, loader_cpu=0.02))
+    v = V.evaluate(model.view())
+    assert v.bottleneck == "data_loading"
+
+
+# -- threshold edges: both sides of every threshold --------------------------------------------
+def _base_view(**metrics) -> JobView:
+    view = job(Rank(gpu_util=97, flops=PEAK * 0.5 * 0.1), device="cuda", peak=PEAK).view()
+    return dataclasses.replace(view, metrics=dataclasses.replace(view.metrics, **metrics))
+
+
+def _idle(**metrics) -> JobView:
+    base = dict(device_busy=0.5, data_wait_frac=0.0, comm_exposed_frac=0.0, syncs_per_step=0.0, mfu=0.5)
+    base.update(metrics)
+    return _base_view(**base)
+
+
+EPS = 1e-9
+EDGES = [
+    # (name, view factory at value, value that fires, value that does not, leaf when fired, leaf when not)
+    ("memory", lambda x: _base_view(memory=MemoryMetrics(source="device", peak_frac=x, peak_bytes=1, limit_bytes=1)),
+     V.MEMORY_PEAK_MAX + EPS, V.MEMORY_PEAK_MAX, "memory", "healthy"),
+    ("device_busy", lambda x: _idle(device_busy=x), V.DEVICE_BUSY_MIN - EPS, V.DEVICE_BUSY_MIN,
+     "host_overhead", "healthy"),
+    ("data_wait", lambda x: _idle(data_wait_frac=x, loader_cpu=0.0, loader_workers=2), V.DATA_WAIT_MIN,
+     V.DATA_WAIT_MIN - EPS, "data_loading", "host_overhead"),
+    ("loader_cpu", lambda x: _idle(data_wait_frac=0.2, loader_cpu=x, loader_workers=2), V.LOADER_CPU_BOUND,
+     V.LOADER_CPU_BOUND - EPS, "data_preprocessing", "data_loading"),
+    ("data_cpu (num_workers=0)", lambda x: _idle(data_wait_frac=0.2, data_cpu_frac=x, loader_workers=0),
+     V.LOADER_CPU_BOUND, V.LOADER_CPU_BOUND - EPS, "data_preprocessing", "data_loading"),
+    ("comm_exposed", lambda x: _idle(comm_exposed_frac=x, compute_ratio=1.0), V.COMM_EXPOSED_MIN,
+     V.COMM_EXPOSED_MIN - EPS, "communication", "host_overhead"),
+    ("straggler", lambda x: _idle(comm_exposed_frac=0.3, compute_ratio=x), V.STRAGGLER_RATIO_MAX - EPS,
+     V.STRAGGLER_RATIO_MAX, "load_imbalance", "communication"),
+    ("host_sync", lambda x: _idle(syncs_per_step=x), V.SYNCS_PER_STEP_MIN, V.SYNCS_PER_STEP_MIN - EPS,
+     "host_sync", "host_overhead"),
+    ("mfu", lambda x: _base_view(mfu=x), V.MFU_MIN - EPS, V.MFU_MIN, "compute_efficiency", "healthy"),
+]
+
+
+@pytest.mark.parametrize("name,make,fires,holds,yes_leaf,no_leaf", EDGES, ids=[e[0] for e in EDGES])
+def test_threshold_edges(name, make, fires, holds, yes_leaf, no_leaf):
+    assert V.evaluate(make(fires)).bottleneck == yes_leaf
+    assert V.evaluate(make(holds)).bottleneck == no_leaf
+
+
+def test_ettr_edge_for_step_gaps():
+    assert "step_gaps" in [f["id"] for f in V.evaluate(_base_view(ettr=V.ETTR_MIN - EPS)).findings]
+    assert "step_gaps" not in [f["id"] for f in V.evaluate(_base_view(ettr=V.ETTR_MIN)).findings]
+
+
+def test_device_busy_crit_edge():
+    assert V.evaluate(_idle(device_busy=V.DEVICE_BUSY_CRIT - EPS)).severity == "crit"
+    assert V.evaluate(_idle(device_busy=V.DEVICE_BUSY_CRIT)).severity == "warn"
+
+
+def test_every_threshold_is_a_named_constant_with_a_source():
+    for node in V.FLOWCHART:
+        assert node.threshold in (V.MEMORY_PEAK_MAX, V.DEVICE_BUSY_MIN, V.DATA_WAIT_MIN, V.LOADER_CPU_BOUND,
+                                  V.COMM_EXPOSED_MIN, V.STRAGGLER_RATIO_MAX, V.SYNCS_PER_STEP_MIN, V.MFU_MIN)
+    assert (V.DEVICE_BUSY_MIN, V.DATA_WAIT_MIN, V.COMM_EXPOSED_MIN, V.STRAGGLER_RATIO_MAX, V.MEMORY_PEAK_MAX,
+            V.MFU_MIN, V.ETTR_MIN) == (0.70, 0.05, 0.10, 0.7, 0.90, 0.30, 0.90)
+
+
+# -- missing measurements never crash and never pick an unsupported branch ---------------------
+def test_cpu_job_skips_host_sync_and_mfu_with_a_reason():
+    model = job(Rank(dur=0.1, comm=None), Rank(1, comm=None))   # two ranks, comm not measured
+    v = V.evaluate(model.view())
+    skipped = v.evidence["skipped"]
+    assert "CPU job" in skipped["mfu"]
+    assert "collectives not measured" not in str(skipped) or v.bottleneck != "communication"
+    assert v.bottleneck == "healthy"
+
+
+def test_cpu_idle_reaches_host_sync_node_but_skips_it():
+    v = V.evaluate(dataclasses.replace(_idle(), device_type="cpu"))
+    assert v.path[-1] == "syncs" and "CPU job" in v.evidence["skipped"]["syncs"]
+    assert v.bottleneck == "host_overhead"
+
+
+def test_unknown_comm_on_multirank_does_not_claim_communication_or_imbalance():
+    view = _idle(comm_exposed_frac=None, compute_ratio=None)
+    v = V.evaluate(view)
+    assert v.bottleneck not in ("communication", "load_imbalance")
+    assert "comm_exposed" in v.evidence["skipped"]
+
+
+def test_single_rank_exposed_comm_is_communication_not_imbalance():
+    v = V.evaluate(_idle(comm_exposed_frac=0.3, compute_ratio=None))
+    assert v.bottleneck == "communication" and "straggler" in v.evidence["skipped"]
+
+
+def test_unknown_loader_cpu_reports_data_loading_and_says_why():
+    v = V.evaluate(_idle(data_wait_frac=0.3, loader_cpu=None, loader_workers=None, data_cpu_frac=None))
+    assert v.bottleneck == "data_loading"
+    assert "cannot tell" in v.evidence["skipped"]["loader_cpu"] and "not measured" in v.headline
+
+
+def test_unknown_data_wait_is_skipped():
+    v = V.evaluate(_idle(data_wait_frac=None))
+    assert "data_wait" in v.evidence["skipped"] and v.bottleneck == "host_overhead"
+
+
+def test_gpu_without_mfu_or_tensor_counters_is_healthy_with_reason():
+    v = V.evaluate(_base_view(mfu=None))
+    assert v.bottleneck == "healthy" and "MFU unknown" in v.evidence["skipped"]["mfu"]
+
+
+@pytest.mark.parametrize("records", [
+    [],
+    [{"k": "hello", "t": T0, "proto": [1, 0]}],
+    [{"k": "hello", "t": T0, "proto": [1, 0], "rank": 0}] +
+    [{"k": "step", "t": T0 + i, "step": i, "dur": 1.0} for i in range(10)],
+    [{"k": "hello", "t": T0, "proto": [1, 0], "rank": 0, "device": {"type": "cuda"}}] +
+    [{"k": "step", "t": T0 + i, "step": i, "dur": 1.0, "phases": {"data": "x"}, "comm": {"seconds": None},
+      "samples": "many", "mem": {"peak": "?"}} for i in range(10)] +
+    [{"k": "sample", "t": T0 + 3, "gpus": [{"util": None}, "junk"], "host": {"loader_cpu": "hot"}},
+     {"k": "memory", "t": T0 + 4, "limit": 0, "peak": None}, {"k": "comm", "t": T0 + 5, "ops": [None, {"op": 3}]},
+     {"k": "drops", "t": T0 + 6, "count": 7}, {"k": "event", "t": T0 + 7, "name": "checkpoint", "seconds": "long"}],
+    [{"k": "step", "t": T0, "step": 0, "dur": 0.1}],   # before any hello
+], ids=["empty", "hello-only", "bare-steps", "garbage-values", "orphan"])
+def test_missing_or_odd_fields_never_crash(records):
+    model = RunModel()
+    for rec in records:
+        model.ingest("s", rec)
+    view = model.view()
+    v = V.evaluate(view)
+    assert v.bottleneck in V.BOTTLENECKS
+
+
+def test_bare_steps_are_healthy_on_cpu_with_skips_listed():
+    model = RunModel()
+    model.ingest("s", {"k": "hello", "t": T0, "proto": [1, 0], "rank": 0})
+    for i in range(10):
+        model.ingest("s", {"k": "step", "t": T0 + i + 1, "step": i, "dur": 1.0})
+    v = V.evaluate(model.view())
+    assert v.bottleneck == "healthy"
+    assert {"memory", "mfu"} <= set(v.evidence["skipped"])
+
+
+# -- warming up and hysteresis -----------------------------------------------------------------
+def test_warming_up_until_five_steps():
+    assert V.evaluate(job(Rank(steps=5)).view()).bottleneck == "warming_up"   # step 0 is left out
+    assert V.evaluate(job(Rank(steps=6)).view()).bottleneck == "healthy"
+
+
+def _views(*leaves: str) -> list[JobView]:
+    make = {"healthy": lambda: _base_view(), "data": lambda: _idle(data_wait_frac=0.3, loader_cpu=0.0, loader_workers=2),
+            "comm": lambda: _idle(comm_exposed_frac=0.3, compute_ratio=1.0)}
+    return [make[x]() for x in leaves]
+
+
+def test_hysteresis_needs_two_agreeing_evaluations():
+    tracker = V.VerdictTracker()
+    shown = [tracker.update(v).bottleneck for v in _views("healthy", "healthy", "data", "healthy", "data", "data",
+                                                          "comm", "data", "comm", "comm")]
+    assert shown == ["warming_up", "healthy", "healthy", "healthy", "healthy", "data_loading",
+                     "data_loading", "data_loading", "data_loading", "communication"]
+
+
+def test_tracker_marks_a_pending_change_and_refreshes_numbers_of_the_same_verdict():
+    tracker = V.VerdictTracker()
+    tracker.update(_base_view())
+    tracker.update(_base_view())
+    held = tracker.update(_idle(data_wait_frac=0.3, loader_cpu=0.0, loader_workers=2))
+    assert held.bottleneck == "healthy" and held.pending == "data_loading"
+    d1 = tracker.update(_idle(data_wait_frac=0.3, loader_cpu=0.0, loader_workers=2))
+    d2 = tracker.update(_idle(data_wait_frac=0.4, loader_cpu=0.0, loader_workers=2))
+    assert d1.evidence["data_wait_frac"] == 0.3 and d2.evidence["data_wait_frac"] == 0.4 and d2.pending is None
+
+
+def test_tracker_starts_from_warming_up_without_delay():
+    tracker = V.VerdictTracker()
+    assert tracker.update(job(Rank(steps=2)).view()).bottleneck == "warming_up"
+
+
+# -- findings ----------------------------------------------------------------------------------
+def test_step_gaps_finding_from_checkpoint_pauses():
+    v = V.evaluate(job(Rank(steps=30, dur=0.1, gap=0.02)).view())
+    assert v.bottleneck == "healthy"
+    gaps = [f for f in v.findings if f["id"] == "step_gaps"]
+    assert gaps and gaps[0]["ettr"] == pytest.approx(0.8, abs=0.01)
+
+
+def test_throttling_and_fragmentation_findings():
+    mem = _mem(T0 + 2.0, 0, reserved=10 * GB)
+    mem["fragmentation"] = 3 * GB
+    v = V.evaluate(job(Rank(gpu_util=97, throttle=["sw_power_cap"], extra_records=[mem]), device="cuda").view())
+    ids = {f["id"] for f in v.findings}
+    assert {"throttling", "fragmentation"} <= ids
+    v2 = V.evaluate(job(Rank(gpu_util=97, throttle=["idle", "app_clocks"]), device="cuda").view())
+    assert "throttling" not in {f["id"] for f in v2.findings}
+
+
+def test_comm_time_known_but_exposed_part_unknown_is_skipped_with_that_reason():
+    v = V.evaluate(_idle(comm_exposed_frac=None, comm_frac=0.4))
+    assert "exposed part is not measured" in v.evidence["skipped"]["comm_exposed"]
+    assert v.bottleneck not in ("communication", "load_imbalance")
+
+
+def test_finding_ids_are_from_the_documented_list():
+    from tests.unit.verdict_synth import records
+    mem = _mem(T0 + 12.0, 0, reserved=10 * GB)
+    mem["fragmentation"] = 3 * GB
+    model = job(Rank(gpu_util=97), device="cuda")
+    restarted = Rank(0, pid=999, restart=1, start=T0 + 10, gpu_util=97, gap=0.05, throttle=["hw_slowdown"],
+                     extra_records=[mem, {"k": "drops", "t": T0 + 12, "count": 3}])
+    for rec in records(restarted, world=1, device="cuda"):
+        model.ingest("restarted", rec)
+    ids = [f["id"] for f in V.evaluate(model.view()).findings]
+    assert sorted(ids) == sorted(V.FINDINGS)
+
+
+# -- straggler by late arrival (equal compute, time lost outside the step) -----------------------
+def test_rank_that_arrives_last_is_the_straggler_even_with_equal_compute():
+    model = job(Rank(0, comm=0.045, exposed=0.045), Rank(1, comm=0.0, exposed=0.0, gap=0.045),
+                Rank(2, comm=0.045, exposed=0.045))
+    view = model.view()
+    assert view.metrics.compute_ratio == pytest.approx(1.0, abs=0.01)
+    v = V.evaluate(view)
+    assert v.bottleneck == "load_imbalance" and v.straggler_rank == 1
+    assert view.metrics.straggler_by == "arrival" and "rank 1 arrives last" in v.headline
+
+
+@pytest.mark.parametrize("late,fires", [(0.055 / 0.7 - 1e-5, False), (0.055 / 0.7 + 1e-5, True)])
+def test_arrival_rule_edge(late, fires):
+    """Rank 1 computes like the others (55 ms) but reaches the collective ``late`` s into the step;
+    the others (55 ms to arrive) wait for it. Fires when 0.055 / late < 0.7."""
+    step = late
+    wait = step - 0.055
+    ranks = [Rank(0, dur=step, comm=wait, exposed=wait), Rank(1, dur=step, comm=0.0, exposed=0.0, gap=wait),
+             Rank(2, dur=step, comm=wait, exposed=wait)]
+    view = job(*ranks).view()
+    assert view.metrics.compute_ratio == pytest.approx(1.0, abs=1e-6)
+    assert (view.straggler_rank == 1) is fires, view.metrics.arrival_ratio
+    assert (V.evaluate(view).bottleneck == "load_imbalance") is fires

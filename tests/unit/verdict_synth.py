@@ -1,0 +1,114 @@
+"""Synthetic wire records for run-model / verdict / report tests.
+
+``Rank`` describes one rank's steady state (step time and how it splits);
+``job(...)`` turns ranks into the records a probe would send and feeds them to
+a ``RunModel``. Values are exact so thresholds can be probed at their edges.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from tui.runmodel import RunModel
+
+T0 = 1_700_000_000.0
+
+
+@dataclass
+class Rank:
+    rank: int = 0
+    steps: int = 30
+    dur: float = 0.100             # step time (includes data and gap)
+    data: float = 0.0              # loader wait per step
+    gap: float = 0.0               # time between steps outside the loader
+    comm: float | None = None      # collective seconds per step (None: not measured)
+    exposed: float | None = None   # blocked part of it (defaults to comm)
+    syncs: float | None = None
+    flops: float | None = None
+    samples: float | None = 32
+    gpu_time: float | None = None
+    data_cpu: float | None = None
+    loader_workers: int | None = None
+    loader_cpu: float | None = None
+    rss: int | None = 1 << 30
+    mem_limit: int | None = 16 << 30
+    gpu_util: float | None = None  # percent, NVML style
+    tensor_active: float | None = None
+    throttle: list[str] = field(default_factory=list)
+    pid: int | None = None
+    restart: int = 0
+    start: float = T0
+    extra_records: list[dict[str, Any]] = field(default_factory=list)
+
+
+def hello(r: Rank, world: int, device: str, peak: float | None, t: float) -> dict[str, Any]:
+    dev: dict[str, Any] = {"type": device, "name": "Simulated GPU" if device == "cuda" else "CPU", "count": 1}
+    if device == "cuda":
+        dev["memory_total"] = 80 << 30
+    if peak is not None:
+        dev["peak_flops"] = {"bf16": peak}
+    return {"k": "hello", "t": t, "proto": [1, 0], "job": "synth", "rank": r.rank, "local_rank": 0,
+            "world_size": world, "host": "node1", "pid": r.pid or 1000 + r.rank, "restart": r.restart,
+            "device": dev}
+
+
+def records(r: Rank, world: int = 1, device: str = "cpu", peak: float | None = None,
+            bye: bool = False) -> list[dict[str, Any]]:
+    """hello, then ``r.steps`` steps with one sample after each, then optional bye."""
+    out = [hello(r, world, device, peak, r.start)]
+    t = r.start
+    for i in range(r.steps):
+        rest = r.dur - r.data - r.gap
+        phases = {"forward": rest / 2, "backward": rest / 2, "other": 0.0}
+        if r.data:
+            phases["data"] = r.data
+        step: dict[str, Any] = {"k": "step", "t": t + r.dur, "step": i, "start": t, "dur": r.dur,
+                                "phases": phases, "gap": r.gap}
+        if r.comm is not None:
+            step["comm"] = {"seconds": r.comm, "exposed": r.exposed if r.exposed is not None else r.comm,
+                            "bytes": 4 << 20, "ops": 1}
+        for key in ("syncs", "flops", "samples", "gpu_time", "data_cpu"):
+            if getattr(r, key) is not None:
+                step[key] = getattr(r, key)
+        out.append(step)
+        t += r.dur
+        host: dict[str, Any] = {"cpu": 1.0, "cpu_count": 8}
+        if r.rss is not None:
+            host["rss"] = r.rss
+        if r.mem_limit is not None:
+            host["mem_limit"] = r.mem_limit
+            host["mem_limit_source"] = "machine"
+        if r.loader_workers is not None:
+            host["loader_workers"] = r.loader_workers
+        if r.loader_cpu is not None:
+            host["loader_cpu"] = r.loader_cpu
+        sample: dict[str, Any] = {"k": "sample", "t": t, "host": host}
+        if r.gpu_util is not None or r.tensor_active is not None or r.throttle:
+            gpu: dict[str, Any] = {"index": 0, "name": "Simulated GPU", "throttle": list(r.throttle)}
+            if r.gpu_util is not None:
+                gpu["util"] = r.gpu_util
+            if r.tensor_active is not None:
+                gpu["tensor_active"] = r.tensor_active
+            sample["gpus"] = [gpu]
+        out.append(sample)
+    out.extend(r.extra_records)
+    if bye:
+        out.append({"k": "bye", "t": t + 0.01})
+    return out
+
+
+def job(*ranks: Rank, device: str = "cpu", peak: float | None = None, bye: bool = False,
+        model: RunModel | None = None) -> RunModel:
+    """A RunModel fed with every rank's records, interleaved by time like a live viewer sees them."""
+    model = model or RunModel()
+    world = len(ranks)
+    streams = []
+    for r in ranks:
+        stream = f"/tmp/synth.r{r.rank}.x{r.restart}.p{r.pid or 1000 + r.rank}.sock"
+        streams.append((stream, records(r, world, device, peak, bye)))
+    merged = sorted(((rec["t"], i, n, stream, rec) for i, (stream, recs) in enumerate(streams)
+                     for n, rec in enumerate(recs)), key=lambda x: (x[0], x[1], x[2]))
+    for _, _, _, stream, rec in merged:
+        model.ingest(stream, rec)
+    return model

@@ -1,0 +1,1 @@
+"""Screens pushed over the main view: flowchart, help, job picker, job output."""
