@@ -59,7 +59,7 @@ def tiny_loop(steps: int, mon=None) -> float:
 
 
 class _LoaderIter:
-    """Stands in for a single-process DataLoader iterator (the costlier case: CPU time is read too)."""
+    """Stands in for a single-process DataLoader iterator."""
 
     _num_workers = 0
 

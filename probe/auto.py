@@ -35,6 +35,7 @@ import weakref
 from _thread import get_ident
 from typing import Any
 
+from probe.core import CPU_TIMED_BATCHES, CPU_TIMED_WAIT
 from probe.stepfinder import StepFinder
 
 IDLE_MODULE_CALLS = 50_000   # module calls with no backward at all: an inference-only process, stop watching
@@ -67,6 +68,7 @@ class _Auto:
         self.first_batch: float | None = None
         self.iterators: list[weakref.ref] = []
         self.iter_id = 0
+        self.cpu_timed = CPU_TIMED_BATCHES     # fetches left whose CPU time is read
         self.is_compiling = _compiling_check(torch)
 
     # -- steps ----------------------------------------------------------------------------------
@@ -113,19 +115,19 @@ class _Auto:
             mon.event("first_batch", seconds=self.first_batch)
         mon.loader_iterators.extend(self.iterators)
         self.iterators = mon.loader_iterators
-        model = self._hook_roots()
+        models = self._hook_roots()
         optimizer = self.optimizer_ref() if self.optimizer_ref is not None else None
         watch = getattr(mon, "watch", None)
-        if callable(watch) and (model is not None or optimizer is not None):
+        if callable(watch) and (models or optimizer is not None):
             try:   # communication, memory, FLOPs, device timing; phases come from the hooks here
-                watch(model=model, optimizer=optimizer, phases=False)
+                watch(model=models or None, optimizer=optimizer, phases=False)
             except Exception as exc:
                 mon._internal_error("watch", exc)
         atexit.register(self.flush)   # registered after the probe's close: runs before it
         _chain_excepthook(self)
 
-    def _hook_roots(self) -> Any:
-        """Replace the global forward hooks by hooks on the trainable roots; return the largest root.
+    def _hook_roots(self) -> list[Any]:
+        """Replace the global forward hooks by hooks on the trainable roots; return those roots.
 
         When torch.compile has already compiled code the global hooks stay: Dynamo guards on
         their number, so removing them would recompile; inside compiled code they cost nothing.
@@ -133,7 +135,7 @@ class _Auto:
         roots = [m for m in (r() for r in self.roots) if m is not None and _trainable(m)]
         self.roots = []
         if _dynamo_compiled():
-            return max(roots, key=_numel, default=None)
+            return roots
         _remove(self.global_handles)
         for module in roots:
             try:
@@ -141,7 +143,7 @@ class _Auto:
                 self.root_handles.append(module.register_forward_hook(_fwd_post, always_call=True))
             except Exception as exc:
                 self.fail(exc)
-        return max(roots, key=_numel, default=None)
+        return roots
 
     def note_root(self, module: Any) -> None:
         if self.probe is None and not any(r() is module for r in self.roots) and len(self.roots) < 16:
@@ -274,12 +276,18 @@ def _wrap_next(orig: Any) -> Any:
         a = _auto
         if a is None or a.off:
             return orig(self)
-        single = getattr(self, "_num_workers", 1) == 0   # this thread loads: CPU time tells preprocessing from I/O
+        # single-process loader: this thread loads, and its CPU time tells preprocessing from I/O;
+        # read only while waits matter, as probe.loader() does
+        single = a.cpu_timed > 0 and getattr(self, "_num_workers", 1) == 0
         c0 = _tt() if single else 0.0
         t0 = _pc()
         batch = orig(self)
         t1 = _pc()
         cpu = _tt() - c0 if single else None
+        if single:
+            a.cpu_timed -= 1
+        if t1 - t0 > CPU_TIMED_WAIT:
+            a.cpu_timed = CPU_TIMED_BATCHES
         if a.train_thread is not None and get_ident() != a.train_thread:
             return batch                    # a prefetch thread's fetch: the training thread did not wait
         try:
@@ -330,10 +338,6 @@ def _batch_size(torch: Any, batch: Any) -> int:
 
 def _trainable(module: Any) -> bool:
     return any(p.requires_grad for p in module.parameters())
-
-
-def _numel(module: Any) -> int:
-    return sum(p.numel() for p in module.parameters())
 
 
 def _remove(handles: list[Any]) -> None:

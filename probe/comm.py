@@ -3,8 +3,8 @@
 Sources of collectives:
 * DDP: its C++ reducer calls the process group directly, invisible to Python
   (research §2.5), so ``attach_ddp`` registers a comm hook that does what DDP's
-  default does (divide by the group size, all-reduce, return the bucket) and times
-  it. If the script already registered a hook, DDP allows no second one: we say so
+  default does (divide by the group size, all-reduce on DDP's process group, return
+  the bucket) and times it. If the script already registered a hook, DDP allows no second one: we say so
   in the stream and rely on the eager patch (most Python hooks call
   ``dist.all_reduce``). A hook the script registers *after* us is run by our hook.
 * ``install(probe)``: patches the ``torch.distributed`` collectives by attribute
@@ -260,18 +260,31 @@ class WorkPoller:
                 except Exception:      # timing not enabled after all, or not supported
                     self.broken = True
                     self.tracker.error()
-            if item.seconds is not None and item.pass_id is None:
-                item.exposed = None    # async on the device: overlap unknown
-            self.tracker.add(item)
+            self.tracker.add(item)         # exposed stays unknown: async on the device
         return bool(self.pending)
 
 
 class EventPairPoller:
-    """Poller client for synchronous CUDA collectives bracketed by two events."""
+    """Poller client for synchronous CUDA collectives bracketed by two events.
+
+    Event pairs are reused (``free``): creating CUDA events is costly (ATen pools them too).
+    """
+
+    MAX_PAIRS = 256     # in flight at most; beyond that a collective is counted but not timed
 
     def __init__(self, tracker: CommTracker) -> None:
         self.tracker = tracker
         self.pending: collections.deque = collections.deque()
+        self.free: collections.deque = collections.deque()
+        self.created = 0
+
+    def pair(self, cuda: Any) -> tuple[Any, Any] | None:
+        if self.free:
+            return self.free.popleft()
+        if self.created >= self.MAX_PAIRS:
+            return None
+        self.created += 1
+        return cuda.new_event(), cuda.new_event()
 
     def add(self, start: Any, end: Any, item: _Done) -> None:
         self.pending.append((start, end, item))
@@ -287,6 +300,7 @@ class EventPairPoller:
                 item.exposed = item.seconds
             except Exception:
                 self.tracker.error()
+            self.free.append((start, end))
             self.tracker.add(item)
         return False
 
@@ -602,8 +616,9 @@ class CommState:
         events = None
         if cuda is not None:
             try:
-                events = (cuda.new_event(), cuda.new_event())
-                cuda.record_on(events[0], device)
+                events = self.event_poller().pair(cuda)
+                if events is not None:
+                    cuda.record_on(events[0], device)
             except Exception:
                 self.tracker.error()
                 events = None

@@ -179,13 +179,12 @@ def meta_replica(module: Any) -> Any:
                                          requires_grad=p.requires_grad)
     for b in module.buffers():
         memo[id(b)] = torch.empty(b.shape, dtype=b.dtype, device="meta")
-    replica = copy.deepcopy(module, memo)
-    for sub in replica.modules():
+    for sub in module.modules():      # hook dicts are copied as empty ones: hooks are never copied
         for name in _HOOK_DICTS:
             hooks = sub.__dict__.get(name)
             if hooks is not None:
-                hooks.clear()
-    return replica
+                memo[id(hooks)] = type(hooks)()
+    return copy.deepcopy(module, memo)
 
 
 def count_meta(replica: Any, meta_args: tuple, meta_kwargs: dict, backward: bool) -> tuple[int, int]:

@@ -301,9 +301,9 @@ class MemorySource:
         if self.device_type == "cuda":
             fields = self._cuda(state)
             device = f"cuda:{self.index}" if self.index is not None else "cuda"
-        else:
+        else:                      # CPU, and devices without allocator statistics here (host view)
             fields = self._cpu(state)
-            device = "cpu"
+            device = self.device_type
         if fields is None:
             return None
         return {"k": "memory", "t": time.time(), "device": device, **fields}

@@ -18,6 +18,7 @@ optimizer iterates its hooks would raise in the training loop). It never raises.
 
 from __future__ import annotations
 
+import atexit
 import os
 import sys
 import threading
@@ -37,11 +38,13 @@ _OPTIONS = {"flops_per_step", "peak_flops", "phases", "comm", "memory", "syncs",
 
 
 def poller_for(probe: Any) -> gpu_cuda.Poller:
-    """The probe's completion poller thread (created on first use)."""
+    """The probe's completion poller thread (created on first use; stopped and joined at exit,
+    so it is never inside a CUDA call while the interpreter finalizes)."""
     poller = getattr(probe, "_poller", None)
     if poller is None:
         poller = gpu_cuda.Poller(alive=lambda: not probe.closed)
         probe._poller = poller
+        atexit.register(poller.stop)
     return poller
 
 
@@ -141,6 +144,7 @@ class Watcher:
         self.replay_blockers: dict[int, str | None] = {}
         self.count_request: tuple | None = None
         self.counting: tuple | None = None        # key being counted on the background thread
+        self.count_thread: threading.Thread | None = None
         self.live: tuple[flops.LiveCount, tuple] | None = None
         self.counting_off = False
         torch = sys.modules.get("torch")
@@ -508,11 +512,23 @@ class Watcher:
             extras["flops_source"] = self.flops_source = "6N"
 
     def _start_count(self) -> None:
-        """Count the requested signature on a meta copy, off the training thread."""
+        """Count the requested signature on a meta copy, off the training thread.
+
+        At interpreter exit a count still running is waited for (bounded): a daemon
+        thread inside torch's C++ code while the interpreter finalizes aborts the process.
+        """
         request, self.count_request = self.count_request, None
         self.counting = request[1]   # type: ignore[index]
         thread = threading.Thread(target=self._count, args=request, name="perfmon-flops", daemon=True)
+        if self.count_thread is None:
+            atexit.register(self._join_count)
+        self.count_thread = thread
         thread.start()
+
+    def _join_count(self) -> None:
+        thread = self.count_thread
+        if thread is not None and thread.is_alive():
+            thread.join(2 * MAX_COUNT_SECONDS)
 
     def _count(self, target: Any, key: tuple, margs: tuple, mkwargs: dict, grad: bool) -> None:
         t0 = time.perf_counter()

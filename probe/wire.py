@@ -21,7 +21,8 @@ from __future__ import annotations
 #         data wait), gap (part of dur between the previous step's end and entering this one,
 #         outside the loader wait: checkpoints, eval, logging; ETTR's lost time),
 #         phases {data, forward, backward, optimizer, other, <user phases>} (phases + gap = dur),
-#         data_cpu (main-thread CPU s spent inside the loader wait: num_workers=0 loading),
+#         data_cpu (main-thread CPU s spent inside the loader wait: num_workers=0 loading; absent
+#         with loader workers; read only while waits exceed 50 µs, shorter ones cost nothing),
 #         comm {seconds, exposed, bytes, ops, estimated (bool: exposed is an estimate)},
 #         syncs (host-device syncs in the step), sync_site ("file:line" of the most frequent),
 #         samples, tokens, flops, flops_source ("user"|"counted"|"6N"), mem {allocated, peak, reserved},

@@ -56,6 +56,7 @@ class PerfmonApp(App[int]):
     ENABLE_COMMAND_PALETTE = False
     BINDINGS = [
         Binding("q", "quit", "quit"),
+        Binding("ctrl+c", "quit", "quit", show=False, priority=True),   # as in htop/btop
         Binding("question_mark,h,f1", "help", "help"),
         Binding("f", "flowchart", "flowchart"),
         Binding("p,space", "pause", "pause"),

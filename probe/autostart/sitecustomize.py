@@ -13,7 +13,7 @@ perfmon were absent.
 import os
 import sys
 
-_HERE = os.path.dirname(os.path.abspath(__file__))
+_HERE = os.path.dirname(os.path.realpath(__file__))
 _ROOT = os.path.dirname(os.path.dirname(_HERE))   # the directory holding the ``probe`` package
 
 
@@ -29,7 +29,7 @@ def _chain_shadowed():
     ours = sys.modules.get(__name__)
     saved = list(sys.path)
     try:
-        sys.path[:] = [p for p in sys.path if os.path.abspath(p or os.curdir) != _HERE]
+        sys.path[:] = [p for p in sys.path if os.path.realpath(p or os.curdir) != _HERE]
         del sys.modules[__name__]
         import sitecustomize  # noqa: F401  (the shadowed one, found further down the path)
     except ImportError as exc:
@@ -50,7 +50,7 @@ def _install_auto():
         if spec is None:
             sys.path.append(_ROOT)          # a job interpreter without perfmon installed
             spec = importlib.util.find_spec("probe")
-        origin = os.path.dirname(os.path.abspath(spec.origin)) if spec and spec.origin else ""
+        origin = os.path.dirname(os.path.realpath(spec.origin)) if spec and spec.origin else ""
         if os.path.dirname(origin) != _ROOT:
             _say(f"zero-code mode off: the module named 'probe' in this job is {origin or 'missing'}, not perfmon's")
             return
@@ -78,15 +78,24 @@ class _TorchImportWatcher:
                 spec = finder.find_spec(fullname, path, target)
                 if spec is not None:
                     break
-            if spec is None or spec.loader is None or not hasattr(spec.loader, "exec_module"):
+            loader = getattr(spec, "loader", None)
+            if loader is None or not hasattr(loader, "exec_module"):
                 return None
-            real_exec = spec.loader.exec_module
+            real_exec = loader.exec_module
 
             def exec_module(module):
-                real_exec(module)
+                if module.__name__ != "torch":      # a loader shared with other modules (a zip importer)
+                    return real_exec(module)
+                try:
+                    real_exec(module)
+                finally:
+                    try:
+                        del loader.exec_module      # back to the loader's own method
+                    except AttributeError:
+                        pass
                 _install_auto()
 
-            spec.loader.exec_module = exec_module
+            loader.exec_module = exec_module
         except Exception:
             return None
         finally:

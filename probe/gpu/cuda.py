@@ -116,6 +116,11 @@ class Poller(threading.Thread):
             busy = self.poll_once()
             self.stop_event.wait(self.PERIOD if busy else self.IDLE)
 
+    def stop(self) -> None:
+        self.stop_event.set()
+        if self.is_alive():
+            self.join(1.0)
+
     def poll_once(self) -> bool:
         busy = False
         for client in self.clients:

@@ -1,5 +1,5 @@
 """Plain ``perfmon demo`` in a real terminal (tmux): the tour's live TUI shows a verdict
-within 20 s, and ``q`` stops the workload and leaves nothing behind.
+within 20 s, and ``q`` or Ctrl-C stops the workload and leaves nothing behind.
 """
 
 from __future__ import annotations
@@ -36,7 +36,8 @@ def workload_processes(perfmon_dir) -> list[psutil.Process]:
     return found
 
 
-def test_plain_demo_shows_a_verdict_and_quits_cleanly(tmux, perfmon_dir):
+@pytest.mark.parametrize("key", ["q", "C-c"])
+def test_plain_demo_shows_a_verdict_and_quits_cleanly(tmux, perfmon_dir, key):
     started = time.monotonic()
     tmux.start(f"exec env PERFMON_DIR={perfmon_dir} TERM=xterm-256color {sys.executable} -m tui.cli demo", 120, 36)
     screen = wait_screen(tmux, lambda s: "HEALTHY" in s and all(t in s for t in PANE_TITLES), timeout=20)
@@ -45,10 +46,10 @@ def test_plain_demo_shows_a_verdict_and_quits_cleanly(tmux, perfmon_dir):
     assert "demo-tour" in screen
     procs = workload_processes(perfmon_dir)
     assert procs, "the demo's training rank is not running"
-    tmux.run("send-keys", "-t", "t", "q")
+    tmux.run("send-keys", "-t", "t", key)
     deadline = time.monotonic() + 10.0     # the rank finishes its step, then the launcher returns
     while tmux.pane("#{pane_dead}") != "1":
-        assert time.monotonic() < deadline, "q did not end perfmon demo within 10 s"
+        assert time.monotonic() < deadline, f"{key} did not end perfmon demo within 10 s"
         time.sleep(0.1)
     assert tmux.pane("#{pane_dead_status}") == "0"
     assert "Traceback" not in tmux.screen()

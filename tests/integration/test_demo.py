@@ -8,6 +8,7 @@ training ranks (gloo) with DataLoader workers, watched for a few seconds.
 from __future__ import annotations
 
 import json
+import os
 import signal
 import subprocess
 import sys
@@ -19,6 +20,7 @@ import jsonschema
 import psutil
 import pytest
 
+from probe.recording import read_recording
 from tui.demo import scenarios
 
 ROOT = Path(__file__).parents[2]
@@ -141,3 +143,27 @@ def test_bad_demo_arguments_are_one_line_errors(args, message, perfmon_dir):
     lines = proc.stderr.strip().splitlines()
     assert len(lines) == 1 and message in lines[0], proc.stderr
     assert list(perfmon_dir.iterdir()) == []
+
+
+def test_tour_switches_scenario_inside_one_live_job(tmp_path, perfmon_dir):
+    rec = tmp_path / "rec"
+    env = dict(os.environ, **{scenarios.PHASE_ENV: "8"})
+    proc = subprocess.run(PERFMON + ["demo", "--headless", "--seconds", "16", "--record", str(rec)], env=env,
+                          capture_output=True, text=True, timeout=120, cwd=ROOT)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    jsonschema.validate(json.loads(proc.stdout), SCHEMA)
+    files = list(rec.glob("*.pmrec"))
+    assert len(files) == 1                       # one process ran the whole tour
+    events = [r for r in read_recording(files[0]).records if r["k"] == "event" and r["name"] == "demo"]
+    seen = [e["scenario"] for e in events]
+    order = [s.name for s in scenarios.tour(1)]
+    assert len(seen) >= 2, seen
+    start = order.index(seen[0])
+    assert seen == order[start:start + len(seen)], seen
+    assert list(perfmon_dir.iterdir()) == []
+
+
+def test_launcher_modules_do_not_import_torch():
+    code = "import sys, tui.demo.cli, tui.demo.scenarios; print('torch' in sys.modules)"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, cwd=ROOT)
+    assert out.stdout.strip() == "False", out.stderr

@@ -23,6 +23,9 @@ from tests.integration.streamutil import wait_for
 SCRIPTS = Path(__file__).parent / "scripts"
 PY = sys.executable
 TORCHRUN = [PY, "-m", "torch.distributed.run", "--standalone"]
+# the console script when the environment has it (its shebang runs the same interpreter)
+TORCHRUN_BIN = ([str(Path(PY).parent / "torchrun")] if (Path(PY).parent / "torchrun").exists() else TORCHRUN[:3]) \
+    + ["--standalone"]
 
 
 def perfmon(*args: str, timeout: float = 90, **kwargs) -> subprocess.CompletedProcess:
@@ -129,12 +132,15 @@ def test_torchrun_two_ranks_each_recorded_under_one_job(tmp_path):
     assert {r["rank"]: r["steps"] for r in rep["ranks"]} == {0: 12, 1: 12}
     hello = read_recording(recording_files(rec)[0]).records[0]
     assert hello["world_size"] == 2 and hello["restart"] == 0
+    # DDP's gradient all-reduce is timed through watch() (its comm hook), as with the API
+    assert all(s["comm"]["ops"] >= 1 for f in recording_files(rec) for s in steps_of(f)[1:])
+    assert rep["metrics"]["comm_frac"] > 0
 
 
 @pytest.mark.slow
 def test_worker_restarted_by_torchrun_starts_a_new_recording(tmp_path):
     rec = tmp_path / "rec"
-    out = run_job(rec, *TORCHRUN, "--nproc-per-node", "1", "--max-restarts", "1", script("elastic_retry.py"),
+    out = run_job(rec, *TORCHRUN_BIN, "--nproc-per-node", "1", "--max-restarts", "1", script("elastic_retry.py"),
                   timeout=120)
     assert out.returncode == 0, out.stderr
     files = {parse_name(f.name).restart: f for f in recording_files(rec)}

@@ -11,7 +11,6 @@ import subprocess
 import sys
 from pathlib import Path
 
-import pytest
 
 from tests.tui import scenarios
 from tests.tui.scenarios import screen_text, settle, wait_until

@@ -3,18 +3,18 @@ SIMULATED CUDA backend and SIMULATED NVML (tests/sim), never a real GPU."""
 
 from __future__ import annotations
 
+import os
+
 import torch
 
 import probe
+from probe.gpu.nvml import Nvml
 from probe.memory import (MEMORY_PERIOD, MemorySource, SavedTensorMeter, StateWalker, cuda_memory, local_tensor,
                           storage_bytes)
 from probe.recording import read_recording
 from tests.sim.fixtures import simulated_cuda, simulated_nvml  # noqa: F401
 from tests.sim.simulated_cuda import memory_stats
 from tests.sim.simulated_pynvml import SimulatedGpu
-from probe.gpu.nvml import Nvml
-
-MiB = 1 << 20
 
 
 def _trained(model: torch.nn.Module) -> tuple[StateWalker, torch.optim.Optimizer]:
@@ -69,7 +69,6 @@ def test_cuda_record_fields_from_one_stats_read(simulated_cuda, simulated_nvml):
     stats = memory_stats(allocated=20 * GiB, reserved=26 * GiB, peak=31 * GiB, peak_reserved=33 * GiB,
                          inactive_split=3 * GiB, retries=2, ooms=1)
     cuda = simulated_cuda(stats=stats, total=80 * GiB)
-    import os
     simulated_nvml([SimulatedGpu(processes=[(os.getpid(), 28 * GiB)])])
     nvml = Nvml()
     walker = StateWalker()

@@ -10,6 +10,7 @@ is pure Python: the launcher reads it without importing torch.
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass, field, replace
 
 
@@ -50,7 +51,7 @@ class Scenario:
 
 SMALL = ModelSize()
 # Large gradients relative to the work per step: a wide vocabulary makes the embedding and
-# the LM head ~2.6 M parameters each, ~22 MB of fp32 gradients to all-reduce every step.
+# the LM head ~2.6 M parameters each, ~26 MB of fp32 gradients (6.5 M parameters) per step.
 WIDE = ModelSize(vocab=8192, d_model=320, layers=1, heads=4, max_seq=64)
 
 SCENARIOS: dict[str, Scenario] = {s.name: s for s in (
@@ -63,7 +64,7 @@ SCENARIOS: dict[str, Scenario] = {s.name: s for s in (
              "it sleeps on I/O while the step waits",
              expect="data_loading", source="shards", read_latency_s=0.5),
     Scenario("communication", "2 ranks (gloo) train a wide-vocabulary model on one sequence each: "
-             "~22 MB of gradients are all-reduced after every tiny step",
+             "~26 MB of gradients are all-reduced after every tiny step",
              expect="communication", ranks=2, model=WIDE, batch=1, seq=16, workers=0),
     Scenario("load_imbalance", "2 ranks (gloo) with uneven shards: the last rank's sequences are 4x longer, "
              "so the others wait for it in the all-reduce",
@@ -84,6 +85,15 @@ TOUR_NAME = "tour"
 # Long enough for the verdict window (last 50 steps or 30 s) to fill with the new phase's
 # steps and show its verdict for a good part of the phase.
 TOUR_PHASE_S = 40.0
+PHASE_ENV = "PERFMON_DEMO_PHASE_SECONDS"   # overrides TOUR_PHASE_S (tests, slow machines)
+
+
+def tour_phase_seconds() -> float:
+    try:
+        value = float(os.environ.get(PHASE_ENV) or TOUR_PHASE_S)
+    except ValueError:
+        return TOUR_PHASE_S
+    return value if value > 0 else TOUR_PHASE_S
 
 
 def tour(ranks: int) -> tuple[Scenario, ...]:
@@ -98,7 +108,9 @@ def tour(ranks: int) -> tuple[Scenario, ...]:
         replace(SCENARIOS["data_loading"], accumulate=4),
     )
     peers = (
-        replace(SCENARIOS["communication"], model=SMALL, batch=2, seq=64),
+        replace(SCENARIOS["communication"], model=SMALL, batch=2, seq=64,
+                summary="tiny batches (2 sequences per rank): every step all-reduces the model's ~4.5 MB "
+                        "of gradients for very little compute"),
         replace(SCENARIOS["load_imbalance"]),
     ) if ranks > 1 else ()
     rest = (

@@ -12,6 +12,8 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import ctypes
+import ctypes.util
 import io
 import os
 import random
@@ -37,7 +39,7 @@ from probe.host import memory_limit, parse_bytes
 from tui.demo import scenarios
 from tui.demo.scenarios import ModelSize, Scenario
 
-MEMORY_HOLD = 0.93      # keep predictions up to here: over the 90% verdict mark, under the limit
+MEMORY_HOLD = 0.92      # keep predictions up to here: over the 90% verdict mark, under the limit
 TOKEN_BYTES = 2         # shards store tokens as int16
 
 
@@ -318,6 +320,18 @@ def keep_prediction(job: Job, logits: torch.Tensor) -> None:
         job.kept.append(logits.detach())
 
 
+def release_predictions(job: Job) -> None:
+    """Free the kept predictions and hand the memory back (glibc keeps freed heap otherwise)."""
+    job.kept.clear()
+    if job.device.type == "cuda":
+        torch.cuda.empty_cache()
+        return
+    try:
+        ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6").malloc_trim(0)
+    except (OSError, AttributeError):
+        pass   # not glibc: RSS stays high until the allocator reuses it
+
+
 def phases_for(name: str, world: int) -> tuple[Scenario, ...]:
     """The scenario itself, or the tour's phases for this many ranks."""
     if name == scenarios.TOUR_NAME:
@@ -336,7 +350,7 @@ def phase_now(phases: tuple[Scenario, ...], t0: float) -> Scenario:
     """
     if len(phases) == 1:
         return phases[0]
-    return phases[int((time.time() - t0) // scenarios.TOUR_PHASE_S) % len(phases)]
+    return phases[int((time.time() - t0) // scenarios.tour_phase_seconds()) % len(phases)]
 
 
 def run(job: Job, phases: tuple[Scenario, ...], t0: float, seconds: float | None, parent_pid: int | None) -> None:
@@ -352,7 +366,7 @@ def run(job: Job, phases: tuple[Scenario, ...], t0: float, seconds: float | None
         sc = phase_now(phases, t0)
         if sc is not current:
             if current is not None and current.keep_predictions:
-                job.kept.clear()   # the epoch metric is computed and its inputs freed
+                release_predictions(job)   # the epoch metric is computed and its inputs freed
             current = sc
             seq = int(sc.seq * (sc.straggler_seq_factor if job.rank == job.world - 1 else 1.0))
             loader_iter = iter(job.mon.loader(make_loader(sc, model_size.vocab, seq, job.rank, job.scratch)))
@@ -409,7 +423,12 @@ def main(argv: list[str] | None = None) -> int:
     # leave the loader workers their cores: oversubscribed OpenMP threads stall every op
     torch.set_num_threads(max(1, (os.cpu_count() or 1) // world - max(s.workers for s in phases)))
     torch.manual_seed(0)
-    device = setup_distributed(world)
+    try:
+        device = setup_distributed(world)
+    except Exception:
+        if stop_requested:   # stopped while the ranks were still meeting: nothing to clean up
+            return 0
+        raise
     model: nn.Module = TinyGPT(phases[0].model).to(device)
     if world > 1:
         model = nn.parallel.DistributedDataParallel(model)

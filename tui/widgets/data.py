@@ -32,8 +32,8 @@ class DataPane(Pane):
             label = f"r{rank} "
             chart_rows = max(1, min(6, height - 5))
             if chart_rows == 1:
-                lines.append(Text.assemble((label, glyphs.DIM), (glyphs.sparkline(history, width - len(label), 0.0, 1.0),
-                                                                 glyphs.CATEGORY["data"])))
+                spark = glyphs.sparkline(history, width - len(label), 0.0, 1.0)
+                lines.append(Text.assemble((label, glyphs.DIM), (spark, glyphs.CATEGORY["data"])))
             else:
                 rows = glyphs.column_chart(history, width - 5, chart_rows, 0.0, 1.0)
                 for i, row in enumerate(rows):

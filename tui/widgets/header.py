@@ -13,7 +13,8 @@ from tui.widgets.pane import UiState
 
 
 class HeaderBar(Widget):
-    DEFAULT_CSS = "HeaderBar { height: 2; background: $panel; padding: 0 1; text-wrap: nowrap; text-overflow: ellipsis; }"
+    DEFAULT_CSS = ("HeaderBar { height: 2; background: $panel; padding: 0 1;"
+                   " text-wrap: nowrap; text-overflow: ellipsis; }")
 
     def __init__(self) -> None:
         super().__init__(id="header")

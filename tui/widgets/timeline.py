@@ -39,9 +39,8 @@ class TimelinePane(Pane):
             phases = s.get("phases") or {}
             dur = s.get("dur") or 0.0
             gap = s.get("gap") or 0.0
-            parts = [(n, float(phases.get(n) or 0.0)) for n in names if n != "other"]
-            # ``other`` carries the gap (time between steps) when the probe charged it there
-            parts.append(("other", max(0.0, float(phases.get("other") or 0.0) - gap)))
+            # phases + gap = dur (wire contract): the gap is drawn as its own segment
+            parts = [(n, float(phases.get(n) or 0.0)) for n in names]
             parts.append(("gap", gap))
             row = Text.assemble((f"{s.get('step')!s:>{label_w - 1}} ", glyphs.DIM))
             row.append(f"{units.seconds(dur):>7} ")

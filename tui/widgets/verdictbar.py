@@ -51,7 +51,8 @@ def path_steps(verdict: Verdict) -> list[tuple[str, str, str | None]]:
 
 
 class VerdictBar(Widget):
-    DEFAULT_CSS = "VerdictBar { height: 3; padding: 0 1; background: $panel; text-wrap: nowrap; text-overflow: ellipsis; }"
+    DEFAULT_CSS = ("VerdictBar { height: 3; padding: 0 1; background: $panel;"
+                   " text-wrap: nowrap; text-overflow: ellipsis; }")
 
     def __init__(self) -> None:
         super().__init__(id="verdict")

@@ -37,6 +37,6 @@ for x, y in loader:
     loss.backward()
     opt.step()
     steps += 1
-print(json.dumps({"rank": rank, "world_size": dist.get_world_size(), "optimizer_steps": steps, "pid": os.getpid()}),
-      flush=True)
+line = json.dumps({"rank": rank, "world_size": dist.get_world_size(), "optimizer_steps": steps, "pid": os.getpid()})
+os.write(1, (line + "\n").encode())   # one write: the ranks share stdout
 dist.destroy_process_group()
