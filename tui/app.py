@@ -15,7 +15,7 @@ import signal
 import sys
 import threading
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 from textual.app import App, ComposeResult
 from textual.binding import Binding
@@ -76,8 +76,10 @@ class PerfmonApp(App[int]):
     ]
 
     def __init__(self, feed: Feed | None = None, *, jobs: list[JobChoice] | None = None,
-                 log_path: Path | None = None, refresh_hz: float = 4.0, watch_terminal: bool = True) -> None:
+                 log_path: Path | None = None, refresh_hz: float = 4.0, watch_terminal: bool = True,
+                 on_signal: Callable[[int], None] | None = None) -> None:
         super().__init__()
+        self.on_signal = on_signal   # `perfmon run` forwards SIGTERM/SIGHUP to its job before we exit
         self.feed = feed
         self.jobs = jobs or []
         self.log_path = log_path
@@ -286,11 +288,19 @@ class PerfmonApp(App[int]):
     def _watch_terminal(self) -> None:
         try:
             loop = asyncio.get_running_loop()
-            loop.add_signal_handler(signal.SIGHUP, self._terminal_gone)
-            loop.add_signal_handler(signal.SIGTERM, lambda: self.exit(143))
+            loop.add_signal_handler(signal.SIGHUP, self._signalled, signal.SIGHUP)
+            loop.add_signal_handler(signal.SIGTERM, self._signalled, signal.SIGTERM)
         except (NotImplementedError, RuntimeError, ValueError):
             pass
         self.set_interval(TERMINAL_CHECK_SECONDS, self._check_terminal)
+
+    def _signalled(self, signum: int) -> None:
+        if self.on_signal is not None:
+            self.on_signal(signum)
+        if signum == signal.SIGHUP:
+            self._terminal_gone()
+        else:
+            self.exit(143)
 
     def _check_terminal(self) -> None:
         if not terminal_alive():

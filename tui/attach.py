@@ -12,6 +12,7 @@ from __future__ import annotations
 import os
 import sys
 from pathlib import Path
+from typing import Callable
 
 from probe import paths
 from tui import discovery
@@ -56,21 +57,23 @@ def build_app(target: str | None, *, token: str | None = None, speed: float | No
     return _app(LiveFeed(RunModel(), job, endpoints), log_path=log_path)
 
 
-def _app(feed, *, jobs=None, log_path=None):
+def _app(feed, *, jobs=None, log_path=None, on_signal=None):
     from tui.app import PerfmonApp
-    return PerfmonApp(feed, jobs=jobs, log_path=log_path)
+    return PerfmonApp(feed, jobs=jobs, log_path=log_path, on_signal=on_signal)
 
 
-def run_tui(target_job: str, log_path: Path | None = None) -> int:
+def run_tui(target_job: str, log_path: Path | None = None,
+            on_signal: Callable[[int], None] | None = None) -> int:
     """Open the TUI on a job that ``perfmon run`` just started, with ``l`` showing its output file.
 
     The job's probes may not be listening yet: the feed attaches to every rank as its socket appears.
+    SIGTERM/SIGHUP close the TUI; ``on_signal`` is called first so the caller can pass them on.
     """
     _needs_terminal()
     from tui.feed import LiveFeed
     from tui.runmodel import RunModel
     endpoints = discovery.jobs(discovery.list_endpoints()).get(paths.safe_job(target_job), [])
-    app = _app(LiveFeed(RunModel(), paths.safe_job(target_job), endpoints), log_path=log_path)
+    app = _app(LiveFeed(RunModel(), paths.safe_job(target_job), endpoints), log_path=log_path, on_signal=on_signal)
     result = app.run()
     return 0 if result in (None, 0, 129) else int(result)
 

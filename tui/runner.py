@@ -165,6 +165,11 @@ class Job:
         finally:
             signal.signal(signal.SIGTTOU, previous)
 
+    def forward_signals(self) -> None:
+        """(Re)install the forwarding handlers; the TUI's event loop resets them when it closes."""
+        for sig in FORWARDED:
+            signal.signal(sig, self._forward)
+
     def _restore(self) -> None:
         for sig, handler in self._previous.items():
             signal.signal(sig, handler)
@@ -243,9 +248,11 @@ def main(args: Any) -> int:
         waiter = threading.Thread(target=job.proc.wait, name="perfmon-run-wait", daemon=True)
         waiter.start()
         try:
-            run_tui(job_label, log_path)
+            run_tui(job_label, log_path, on_signal=lambda signum: job._forward(signum, None))
         except UserError as exc:
             _say(f"TUI closed: {exc}")
+        finally:
+            job.forward_signals()
         if job.proc.poll() is None:
             _say(f"TUI closed; job {job_label} still running (pid {job.proc.pid}); its output follows "
                  "(Ctrl-C stops it)")

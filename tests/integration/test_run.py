@@ -366,3 +366,26 @@ def test_tui_mode_keeps_job_output_off_the_screen_and_passes_the_exit_code(tmp_p
     assert '"optimizer_steps": 10' in log.read_text() and "optimizer_steps" not in text
     assert f"job output: {log}" in text
     assert len(steps_of(recording_files(rec)[0])) == 10
+
+
+def test_sigterm_with_the_tui_open_stops_the_job_closes_the_tui_and_keeps_the_recording(tmp_path):
+    """The TUI's event loop owns SIGTERM while it runs: it must still pass it on to the job."""
+    rec = tmp_path / "rec"
+    term = Terminal("--record", str(rec), "--", PY, script("mlp_train.py"), "--steps", "100000",
+                    "--step-sleep", "0.005")
+
+    def training_under_tui() -> bool:
+        files = recording_files(rec) if rec.exists() else []
+        return term.poll() or (bool(files) and len(steps_of(files[0])) >= 5 and b"\x1b[?1049h" in term.screen)
+
+    try:
+        wait_for(training_under_tui, timeout=60, what="the job to train under the TUI")
+        os.kill(term.pid, signal.SIGTERM)
+        wait_for(term.poll, timeout=30, what="perfmon to exit after SIGTERM")
+    finally:
+        term.close()
+    assert term.status == 128 + signal.SIGTERM, term.text()[-2000:]
+    (file,) = recording_files(rec)
+    result = read_recording(file)
+    assert result.records and result.problem in (None, "truncated")
+    assert 5 <= len(steps_of(file)) < 100000

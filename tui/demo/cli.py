@@ -231,6 +231,9 @@ def main(args: Any) -> int:
     rc = 0
     try:
         if args.headless:
+            what = chosen[0].summary if len(chosen) == 1 else f"a tour of {len(chosen)} scenarios"
+            print(f"perfmon demo: {name} ({count} rank{'s' * (count > 1)}): {what}; watching for {seconds:g} s "
+                  "once the ranks are up", file=sys.stderr, flush=True)
             source = {"kind": "demo", "scenario": name, "ranks": count, "seconds": seconds}
             report = headless(ranks, count, seconds, source)
         else:

@@ -446,6 +446,8 @@ def main(argv: list[str] | None = None) -> int:
         job_state["job"] = job
         if limit:
             note(job, f"memory limit for this demo: {limit / (1 << 20):.0f} MiB")
+        elif args.memory_limit and device.type == "cuda":
+            note(job, "--memory-limit applies to CPU jobs; on a GPU the device's memory is the limit")
         try:
             run(job, phases, t0, args.seconds, args.parent_pid)
         except Exception as exc:
