@@ -102,9 +102,10 @@ def test_interrupt_stops_ranks_and_loader_workers_and_removes_sockets(perfmon_di
     assert list(perfmon_dir.iterdir()) == []
 
 
-def test_ranks_stop_by_themselves_when_the_launcher_is_killed(perfmon_dir):
+def test_ranks_stop_by_themselves_when_the_launcher_is_killed(perfmon_dir, tmp_path):
+    env = dict(os.environ, TMPDIR=str(tmp_path))   # a killed launcher cannot remove its log directory
     launcher = subprocess.Popen(PERFMON + ["demo", "--headless", "--seconds", "300", "--scenario", "healthy"],
-                                cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+                                cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
         wait_for(lambda: len(list(perfmon_dir.glob("*.sock"))) == 1, 90, "the rank's socket")
         procs = demo_processes(perfmon_dir)
