@@ -35,7 +35,7 @@ import threading
 import time
 from typing import Any, Callable
 
-COMM_PERIOD = 5.0      # seconds between ``comm`` records (when something changed)
+COMM_PERIOD = 2.0      # seconds between ``comm`` records (when something changed); one more at close
 MAX_ASYNC = 4096       # async works remembered for Work.wait() timing
 
 
@@ -216,15 +216,20 @@ class CommSource:
         tracker = self.state.tracker
         if tracker.backend is None:       # watch() may come before init_process_group
             describe(self.state)
-        now = time.monotonic()
-        if now - self.last_emit < COMM_PERIOD or tracker.totals == self.last_totals:
-            return {}
+        if time.monotonic() - self.last_emit >= COMM_PERIOD:
+            self.flush()
+        return {}
+
+    def flush(self) -> None:
+        """Emit the cumulative totals if they changed since the last record."""
+        tracker = self.state.tracker
+        if tracker.totals == self.last_totals:
+            return
         record = tracker.record()
         if record is not None:
             self.last_totals = dict(tracker.totals)
-            self.last_emit = now
+            self.last_emit = time.monotonic()
             self.emit(record)
-        return {}
 
 
 # -- async works on CUDA: polled for _get_duration ----------------------------------------------

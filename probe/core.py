@@ -253,13 +253,14 @@ class Probe:
         try:
             if self.sampler is not None:
                 self.sampler.stop_event.set()
-            if self.sender is not None:
-                self.sender.stop_event.set()
-                self.sender.stopped.wait(2.0)
-            if self.sampler is not None and self.sampler.is_alive():
                 # sources call into torch (memory walker); a daemon thread inside torch's C++ code
                 # while the interpreter finalizes aborts the process ("terminate called ...", exit 134)
                 self.sampler.join(1.0)
+                if not self.sampler.is_alive():
+                    self.sampler.flush()   # last totals (comm) reach the stream before bye
+            if self.sender is not None:
+                self.sender.stop_event.set()
+                self.sender.stopped.wait(2.0)
             for path in (self.socket_path, self.token_path):
                 if path is not None:
                     try:

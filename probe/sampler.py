@@ -22,6 +22,13 @@ class Source(Protocol):
         """Return record sections to merge, e.g. ``{"host": {...}}``, or ``{}``."""
 
 
+def flush_source(source: Any) -> None:
+    """Sources with periodic records of their own (comm) may define ``flush()``: emit what is pending."""
+    flush = getattr(source, "flush", None)
+    if flush is not None:
+        flush()
+
+
 class Sampler(threading.Thread):
     def __init__(self, sources: list[Source], emit: Callable[[dict[str, Any]], None], hz: float = 1.0,
                  extra_records: Callable[[], list[dict[str, Any]]] | None = None) -> None:
@@ -66,6 +73,14 @@ class Sampler(threading.Thread):
             for extra in self.extra_records():
                 self.emit(extra)
         return record
+
+    def flush(self) -> None:
+        """At close, after the thread stopped: let sources emit their last pending records."""
+        for source in self.sources:
+            try:
+                flush_source(source)
+            except Exception:
+                pass
 
     def _failed(self, source: Source, exc: Exception) -> None:
         n = self.failures.get(source.name, 0) + 1

@@ -559,6 +559,7 @@ class _RankStats:
     span: float
     warming_up: bool
     step_median: float | None
+    gap_frac: float | None           # share of the window's wall time spent between steps
     compute_median: float | None
     arrive_median: float | None      # step time minus exposed wait: when the rank reached the collective
     data_frac: float | None
@@ -662,6 +663,7 @@ def _rank_stats(state: _RankState, max_steps: int, max_seconds: float) -> _RankS
         span=(win[-1].t or 0.0) - win_start if n and win_start is not None else 0.0,
         warming_up=n < MIN_STEPS,
         step_median=statistics.median(durs) if n else None,
+        gap_frac=(dur_sum - active_sum) / dur_sum if n and dur_sum > 0 else None,
         compute_median=statistics.median(computes) if n and (comm_known or single) else None,
         arrive_median=statistics.median(d - e for d, e in zip(durs, exposed)) if n and comm_known else None,
         data_frac=data_frac,
@@ -808,11 +810,11 @@ def _comm_delta(state: _RankState, win_start: float | None) -> dict[str, tuple[i
         return {}
     last = state.comm[-1]
     base = None
-    for rec in state.comm:
-        if win_start is not None and (_num(rec.get("t")) or 0.0) <= win_start:
-            base = rec
-    if base is None and len(state.comm) > 1 and win_start is None:
-        base = state.comm[0]
+    for rec in itertools.islice(state.comm, len(state.comm) - 1):
+        if win_start is None or (_num(rec.get("t")) or 0.0) <= win_start:
+            base = rec      # the newest record from before the window
+    if base is None and len(state.comm) > 1:
+        base = state.comm[-2]   # window shorter than the record period: the latest period stands in
     base_ops = {o.get("op"): o for o in (base.get("ops") or []) if isinstance(o, dict)} if base else {}
     out = {}
     for op in last.get("ops") or []:
@@ -838,21 +840,23 @@ def _rank_view(state: _RankState, st: _RankStats, now: float) -> RankView:
         step_time_median_s=st.step_median, compute_s=st.compute_median, device_busy=st.device_busy,
         data_wait_frac=st.data_frac, comm_frac=st.comm_frac, comm_exposed_frac=st.exposed_frac,
         samples_per_s=st.samples_per_s, tokens_per_s=st.tokens_per_s, syncs_per_step=st.syncs, mfu=st.mfu,
-        ettr=_ettr(state, now), loader_cpu=st.loader_cpu, loader_workers=st.loader_workers,
+        ettr=_ettr(state, now, st.step_median), loader_cpu=st.loader_cpu, loader_workers=st.loader_workers,
         cpu=_num(host.get("cpu")), rss=_int(host.get("rss")), ended=state.ended,
         since_last_step_s=max(0.0, now - state.last_end) if state.last_end is not None and not state.ended else None,
         drops=state.drops)
 
 
-def _ettr(state: _RankState, now: float) -> float | None:
+def _ettr(state: _RankState, now: float, step_median: float | None) -> float | None:
     """Time inside steps / wall time since the first step (seed 001; Meta ETTR, Google goodput).
 
-    Wall time runs to ``now`` while the rank is live (an ongoing stall lowers it)
-    and to its last step once it ended; spans of steps lost to drops are excluded.
+    While the rank is live, wall time runs to ``now`` less one typical step: the
+    step in progress is not lost time, but a stall longer than a step lowers
+    ETTR as it happens. Once the rank ended, wall time stops at its last step;
+    spans of steps lost to drops are excluded.
     """
     if state.first_start is None or state.last_end is None or len(state.steps) < 2:
         return None
-    end = state.last_end if state.ended else max(state.last_end, now)
+    end = state.last_end if state.ended else max(state.last_end, now - (step_median or 0.0))
     wall = end - state.first_start - state.unseen
     if wall <= 0:
         return None
@@ -937,7 +941,7 @@ def _job_metrics(ready: list[tuple[_RankState, _RankStats]], ranks: list[RankVie
         mfu=_mean([x.mfu for x in st]),
         flops_per_s=_mean([x.flops_per_s for x in st]),
         ettr=_min_known([r.ettr for r in ranks]),
-        gap_frac=_max([_gap_frac(s) for s, _ in ready]),
+        gap_frac=_max([x.gap_frac for x in st]),
         loader_cpu=_max([x.loader_cpu for x in st]),
         loader_workers=_max_int([x.loader_workers for x in st]),
         compute_ratio=ratio,
@@ -947,11 +951,6 @@ def _job_metrics(ready: list[tuple[_RankState, _RankStats]], ranks: list[RankVie
         memory=memory,
     )
     return metrics, straggler
-
-
-def _gap_frac(state: _RankState) -> float | None:
-    total = state.inside + state.gap_total
-    return state.gap_total / total if total > 0 else None
 
 
 def _min_known(values: list[float | None]) -> float | None:

@@ -429,11 +429,14 @@ def _findings(v: JobView) -> list[dict[str, Any]]:
     """Secondary findings; each dict has ``id`` and its numbers."""
     out: list[dict[str, Any]] = []
     m = v.metrics
-    if m.ettr is not None and m.ettr < ETTR_MIN:
+    gaps_now = m.gap_frac is not None and m.gap_frac >= 1.0 - ETTR_MIN
+    if (m.ettr is not None and m.ettr < ETTR_MIN) or gaps_now:
         pauses = [e for e in v.events if e.get("name") in ("checkpoint", "eval", "evaluation", "save", "pause")]
-        out.append({"id": "step_gaps", "ettr": round(m.ettr, 4), "gap_frac": _round(m.gap_frac),
+        lost = f"ETTR {_pct(m.ettr)}" if m.ettr is not None and m.ettr < ETTR_MIN else \
+            f"{_pct(m.gap_frac)} of recent time"
+        out.append({"id": "step_gaps", "ettr": _round(m.ettr), "gap_frac": _round(m.gap_frac),
                     "events": len(pauses),
-                    "message": f"ETTR {_pct(m.ettr)}: time between steps is lost to "
+                    "message": f"{lost}: time between steps is lost to "
                                f"{'checkpoints/evaluation' if pauses else 'pauses or stalls'}"})
     throttled = sorted({(rank, g.get("index"), reason) for rank, gpus in v.gpus.items() for g in gpus
                         if isinstance(g, dict) for reason in (g.get("throttle") or []) if reason in THROTTLE_REASONS})

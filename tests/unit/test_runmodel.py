@@ -90,7 +90,10 @@ def test_ettr_counts_an_ongoing_stall_live_but_not_after_the_end():
     model = job(Rank(steps=20, dur=0.1))
     last = T0 + 2.0
     assert model.view(now=last).metrics.ettr == pytest.approx(1.0)
-    assert model.view(now=last + 2.0).metrics.ettr == pytest.approx(0.5)   # stuck for 2 s so far
+    # the step in progress (up to one typical step, 0.1 s) is not lost time...
+    assert model.view(now=last + 0.1).metrics.ettr == pytest.approx(1.0)
+    # ...but a stall beyond it is, as it happens: 2 s in steps over 2 + (2 - 0.1) s
+    assert model.view(now=last + 2.0).metrics.ettr == pytest.approx(2.0 / 3.9)
     model.end_stream(model.view().ranks[0].stream)
     assert model.view(now=last + 2.0).metrics.ettr == pytest.approx(1.0)
 
@@ -314,3 +317,23 @@ def test_mfu_peak_from_the_sampler_compute_section():
     compute = {"k": "sample", "t": T0 + 2.9, "compute": {"dtype": "bf16", "peak_flops": 50e12, "params": 10}}
     m = job(Rank(dur=0.1, flops=1e12, gpu_util=99, extra_records=[compute]), device="cuda").view().metrics
     assert m.mfu == pytest.approx(0.2)
+
+
+def test_gap_share_is_measured_over_the_window_not_the_whole_run():
+    """A job that has just started pausing: the window shows it while whole-run ETTR is still high."""
+    recs = records(Rank(steps=200, dur=0.1))
+    steps = [r for r in recs if r["k"] == "step"]
+    shift = 0.0
+    for r in steps:   # the last 20 steps each follow a 0.05 s pause (checkpoint-like)
+        if r["step"] >= 180:
+            shift += 0.05
+            r["gap"] = 0.05
+            r["dur"] = 0.15
+        r["start"] += shift - (0.05 if r["step"] >= 180 else 0.0)
+        r["t"] += shift
+    model = RunModel(window_steps=20)
+    for r in recs:
+        model.ingest("s", r)
+    m = model.view(now=steps[-1]["t"]).metrics
+    assert m.ettr > 0.9
+    assert m.gap_frac == pytest.approx(1.0 / 3.0, rel=1e-3)

@@ -190,6 +190,14 @@ def test_ettr_edge_for_step_gaps():
     assert "step_gaps" not in [f["id"] for f in V.evaluate(_base_view(ettr=V.ETTR_MIN)).findings]
 
 
+def test_recent_gap_share_edge_for_step_gaps_while_whole_run_ettr_is_still_high():
+    """Pauses that began recently show in the window before they pull whole-run ETTR under 90%."""
+    fired = V.evaluate(_base_view(ettr=0.97, gap_frac=1.0 - V.ETTR_MIN)).findings
+    assert [f for f in fired if f["id"] == "step_gaps"][0]["message"].startswith("10% of recent time")
+    held = V.evaluate(_base_view(ettr=0.97, gap_frac=1.0 - V.ETTR_MIN - 0.001)).findings
+    assert "step_gaps" not in [f["id"] for f in held]
+
+
 def test_device_busy_crit_edge():
     assert V.evaluate(_idle(device_busy=V.DEVICE_BUSY_CRIT - EPS)).severity == "crit"
     assert V.evaluate(_idle(device_busy=V.DEVICE_BUSY_CRIT)).severity == "warn"
