@@ -9,6 +9,7 @@ record) and a viewer that stays unwritable for ``STALL_SECONDS`` is dropped.
 from __future__ import annotations
 
 import collections
+import hmac
 import os
 import selectors
 import socket
@@ -271,7 +272,9 @@ class Sender(threading.Thread):
                     continue
                 wire.check_compatible(rec.get("proto"), we_are="probe")
                 if not viewer.authed:
-                    if self.tcp_token and rec.get("token") == self.tcp_token:
+                    token = rec.get("token")
+                    if self.tcp_token and isinstance(token, str) and \
+                            hmac.compare_digest(token.encode(), self.tcp_token.encode()):
                         viewer.authed = True
                         self._backfill(viewer)
                     else:

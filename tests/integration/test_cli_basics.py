@@ -121,3 +121,17 @@ def test_user_mistakes_are_one_line_errors(tmp_path):
         assert out.returncode == 2, args
         lines = out.stderr.strip().splitlines()
         assert len(lines) == 1 and lines[0].startswith(f"perfmon {args[0]}: "), out.stderr
+
+
+def test_report_reads_a_recording_with_torch_unimportable(tmp_path):
+    env = no_torch_env(tmp_path)
+    rec = tmp_path / "rec"
+    proc, _ = start_job("reportjob", "30", "2", "1", "1", env={**env, "PERFMON_RECORD": str(rec)})
+    assert proc.wait(timeout=60) == 0
+    out = perfmon("report", str(rec), "--json", env=env)
+    assert out.returncode == 0, out.stderr
+    report = json.loads(out.stdout)
+    assert report["job"] == "reportjob" and report["metrics"]["steps"] == 30
+    assert [r["rank"] for r in report["ranks"]] == [0]
+    assert 0.3 < report["metrics"]["data_wait_frac"] < 0.8   # 2 ms wait in ~4 ms steps
+    assert report["metrics"]["step_time_median_s"] > 0.003
