@@ -7,6 +7,9 @@ from pathlib import Path
 
 import pytest
 
+# the simulated device layer (simulated pynvml / CUDA) as fixtures for any test that asks for them
+pytest_plugins = ["tests.sim.fixtures"]
+
 
 @pytest.fixture(autouse=True)
 def perfmon_dir(tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.MonkeyPatch) -> Path:

@@ -13,6 +13,7 @@ import psutil
 import pytest
 
 from tests.e2e.test_tmux import PANE_TITLES, Tmux, wait_screen
+from tests.integration.test_demo import demo_processes as workload_processes
 
 pytestmark = [pytest.mark.slow, pytest.mark.skipif(shutil.which("tmux") is None, reason="tmux not installed")]
 
@@ -22,18 +23,6 @@ def tmux(tmp_path):
     server = Tmux(tmp_path / "tmux.sock")
     yield server
     server.kill()
-
-
-def workload_processes(perfmon_dir) -> list[psutil.Process]:
-    found = []
-    for proc in psutil.process_iter(["cmdline"]):
-        try:
-            if "tui.demo.workload" in " ".join(proc.info["cmdline"] or []) \
-                    and proc.environ().get("PERFMON_DIR") == str(perfmon_dir):
-                found.append(proc)
-        except psutil.Error:
-            continue
-    return found
 
 
 @pytest.mark.parametrize("key", ["q", "C-c"])

@@ -7,7 +7,6 @@ import pytest
 
 from probe import comm
 from probe.comm import CommState, CommTracker, EventPairPoller, WorkPoller, _Done, bus_factor
-from tests.sim.fixtures import simulated_cuda  # noqa: F401
 
 
 def _host(op: str, launch: float, done: float, nbytes: int = 100, n: int = 2, **kw) -> _Done:

@@ -23,7 +23,6 @@ from probe.gpu import cuda as gpu_cuda
 from probe.gpu.nvml import GPM_ONLY, Nvml, decode_throttle
 from probe.recording import read_recording
 from probe.sampler import Sampler
-from tests.sim.fixtures import simulated_cuda, simulated_nvml  # noqa: F401
 from tests.sim.simulated_cuda import memory_stats
 from tests.sim.simulated_pynvml import (NVML_ERROR_FUNCTION_NOT_FOUND, NVML_ERROR_GPU_IS_LOST,
                                         NVML_ERROR_NOT_SUPPORTED, NVML_ERROR_UNKNOWN, SimulatedGpu)

@@ -1,7 +1,6 @@
 """DataLoader workers (fork) calling probe.start() must get a silent, socket-less probe."""
 
 import os
-import sys
 
 import torch
 from torch.utils.data import DataLoader, Dataset
