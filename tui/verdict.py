@@ -334,14 +334,14 @@ def _explain(leaf: str, v: JobView, straggler: int | None) -> tuple[str, list[st
         what = (f"{mem.ooms} out-of-memory error(s)" if mem.ooms else
                 "allocator retries rising" if mem.alloc_retries_rising else
                 f"peak {_gb(mem.peak_bytes)} is {_pct(mem.peak_frac)} of the {_gb(mem.limit_bytes)} limit")
-        where = "device" if mem.source == "device" else "host (RSS)"
+        where = "device memory" if mem.source == "device" else "host RSS"
         fixes = ["activation checkpointing (torch.utils.checkpoint) on the largest blocks",
                  "mixed precision (bf16 autocast) to halve activations",
                  "smaller micro-batch with gradient accumulation to keep the global batch",
                  "shard optimizer state and gradients (FSDP / ZeRO)"]
         if mem.source == "device":
             fixes.append("PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True against fragmentation")
-        return f"Memory ({where}): {what}", fixes, {"memory_rank": mem.rank}
+        return f"Memory, {where}: {what}", fixes, {"memory_rank": mem.rank}
     if leaf in ("data_preprocessing", "data_loading"):
         share = _pct(m.data_wait_frac)
         if leaf == "data_preprocessing":
