@@ -128,9 +128,9 @@ def _draw_cpu(view: Any, width: int, height: int) -> list[Text]:
         lines.append(Text(status, style=glyphs.DIM))
     ranks = sorted(view.host)
     cpu_count = next((view.host[r].get("cpu_count") for r in ranks if view.host[r].get("cpu_count")), None)
-    for rank in ranks:
-        if len(lines) >= height - 1:
-            break
+    room = height - len(lines) - 1          # the node line stays
+    shown = ranks if len(ranks) <= room else ranks[:max(0, room - 1)]
+    for rank in shown:
         host = view.host[rank]
         cpu = host.get("cpu")
         hist = _history(view, rank, lambda s: (s.get("host") or {}).get("cpu"))
@@ -140,6 +140,8 @@ def _draw_cpu(view: Any, width: int, height: int) -> list[Text]:
         top = float(cpu_count or max([v for v in hist if v is not None] + [1.0]))
         row.append(glyphs.sparkline(hist, max(4, width - len(row.plain)), 0.0, top), style=glyphs.ACCENT)
         lines.append(row)
+    if len(shown) < len(ranks) and len(lines) < height - 1:
+        lines.append(Text(f"+{len(ranks) - len(shown)} more ranks (see the ranks pane)", style=glyphs.DIM))
     if ranks and len(lines) < height:
         host = view.host[ranks[0]]
         sys_cpu = host.get("sys_cpu")
