@@ -192,23 +192,16 @@ class Probe:
         timed = CPU_TIMED_BATCHES if dt > CPU_TIMED_WAIT else 0
         yield first
         while True:
-            if timed:
+            c0 = tt() if timed else None
+            t0 = pc()
+            try:
+                batch = next(it)
+            except StopIteration:
+                return
+            t1 = pc()
+            if c0 is not None:
                 timed -= 1
-                c0 = tt()
-                t0 = pc()
-                try:
-                    batch = next(it)
-                except StopIteration:
-                    return
-                t1 = pc()
                 self._data_cpu = (self._data_cpu or 0.0) + (tt() - c0)
-            else:
-                t0 = pc()
-                try:
-                    batch = next(it)
-                except StopIteration:
-                    return
-                t1 = pc()
             dt = t1 - t0
             self._data += dt
             if dt > CPU_TIMED_WAIT:
