@@ -37,6 +37,7 @@ from typing import Any
 
 from probe.core import CPU_TIMED_BATCHES, CPU_TIMED_WAIT
 from probe.stepfinder import StepFinder
+from probe.tracing import HiddenPhases, compiling_check, dynamo_has_compiled, run_eagerly
 
 IDLE_MODULE_CALLS = 50_000   # module calls with no backward at all: an inference-only process, stop watching
 _pc = time.perf_counter
@@ -59,6 +60,11 @@ class _Auto:
         self.bwd_active = False
         self.opt_outer: int | None = None       # id of the outermost optimizer stepping
         self.optimizer_ref: Any = None          # weakref to the last optimizer that stepped
+        self.built_ref: Any = None              # weakref to the last optimizer built
+        self.opt_hooks_seen = False             # an optimizer step ran its hooks (eager): no version checks
+        self.versions = -1                      # sum of a few parameters' version counters at the last check
+        self.versions_of: Any = None            # weakref.finalize holding those parameters (track_versions)
+        self.hidden = HiddenPhases(self._say)
         self.roots: list[weakref.ref] = []      # outermost training modules seen
         self.global_handles: list[Any] = []
         self.root_handles: list[Any] = []
@@ -69,7 +75,6 @@ class _Auto:
         self.iterators: list[weakref.ref] = []
         self.iter_id = 0
         self.cpu_timed = CPU_TIMED_BATCHES     # fetches left whose CPU time is read
-        self.is_compiling = _compiling_check(torch)
 
     # -- steps ----------------------------------------------------------------------------------
     def _emit(self, start: float, end: float, phases: dict[str, float], samples: int | None,
@@ -82,8 +87,15 @@ class _Auto:
         if mon._step_no != self.emitted:   # the script records steps through the API itself
             self.turn_off()
             return
+        if not self.hidden.done:
+            self.hidden.step(phases, ("forward", "backward", "optimizer") if self.finder.optimizers
+                             else ("forward", "backward"))
         mon.add_step(start, end, phases, samples=samples, data_cpu=data_cpu)
         self.emitted += 1
+
+    def _say(self, message: str) -> None:
+        if self.probe is not None:
+            self.probe.event("warning", message=message, source="zero-code")
 
     def _on_open(self) -> None:
         if self.probe is not None:
@@ -116,7 +128,8 @@ class _Auto:
         mon.loader_iterators.extend(self.iterators)
         self.iterators = mon.loader_iterators
         models = self._hook_roots()
-        optimizer = self.optimizer_ref() if self.optimizer_ref is not None else None
+        ref = self.optimizer_ref or self.built_ref
+        optimizer = ref() if ref is not None else None
         watch = getattr(mon, "watch", None)
         if callable(watch) and (models or optimizer is not None):
             try:   # communication, memory, FLOPs, device timing; phases come from the hooks here
@@ -134,7 +147,7 @@ class _Auto:
         """
         roots = [m for m in (r() for r in self.roots) if m is not None and _trainable(m)]
         self.roots = []
-        if _dynamo_compiled():
+        if dynamo_has_compiled():
             return roots
         _remove(self.global_handles)
         for module in roots:
@@ -144,6 +157,41 @@ class _Auto:
             except Exception as exc:
                 self.fail(exc)
         return roots
+
+    def track_versions(self, optimizer: Any) -> None:
+        """Follow a few of this optimizer's parameters (``check_unseen_step``) for as long as it lives.
+
+        A finalizer holds them, so the optimizer's last step is still seen when the
+        script drops the optimizer before exit; it holds nothing the optimizer does not.
+        """
+        if self.versions_of is not None:
+            self.versions_of.detach()
+        params = [p for group in optimizer.param_groups[:2] for p in group["params"][:2]]
+        self.versions = -1
+        self.versions_of = weakref.finalize(optimizer, self.check_unseen_step, params)
+        self.versions_of.atexit = False
+
+    def check_unseen_step(self, params: list[Any] | None = None) -> None:
+        """End the step if an optimizer step ran where no hook sees it (inside a compiled region).
+
+        Optimizers update parameters in place, which bumps their version counters
+        (from compiled code too); reading a counter is a field read, no device sync.
+        """
+        if self.opt_hooks_seen or self.off:
+            return
+        if params is None:
+            alive = self.versions_of.peek() if self.versions_of is not None else None
+            if alive is None:
+                return
+            params = alive[2][0]
+        total = 0
+        for p in params:
+            total += p._version
+        previous, self.versions = self.versions, total
+        if previous >= 0 and total != previous:
+            if self.optimizer_ref is None:
+                self.optimizer_ref = self.built_ref
+            self.finder.optimizer_unseen(_pc())
 
     def note_root(self, module: Any) -> None:
         if self.probe is None and not any(r() is module for r in self.roots) and len(self.roots) < 16:
@@ -161,6 +209,7 @@ class _Auto:
     def flush(self) -> None:
         if not self.off and os.getpid() == _pid:
             try:
+                self.check_unseen_step()
                 self.finder.flush()
             except Exception as exc:
                 self.fail(exc)
@@ -181,8 +230,10 @@ class _Auto:
 
 # -- hooks (hot path: cheap checks first, errors counted, never raised) ------------------------
 def _fwd_pre(module: Any, args: Any) -> None:
+    if _is_compiling():
+        return
     a = _auto
-    if a is None or a.is_compiling() or a.fwd_module is not None or a.off:
+    if a is None or a.fwd_module is not None or a.off:
         return
     try:
         if a.probe is None:
@@ -195,6 +246,7 @@ def _fwd_pre(module: Any, args: Any) -> None:
         if a.train_thread is not None and get_ident() != a.train_thread:
             return
         a.fwd_module = module
+        a.check_unseen_step()
         a.finder.forward_begin(_pc())
         a.note_root(module)
     except Exception as exc:
@@ -202,8 +254,10 @@ def _fwd_pre(module: Any, args: Any) -> None:
 
 
 def _fwd_post(module: Any, args: Any, output: Any) -> None:
+    if _is_compiling():
+        return
     a = _auto
-    if a is None or a.is_compiling() or module is not a.fwd_module:
+    if a is None or module is not a.fwd_module:
         return
     a.fwd_module = None
     try:
@@ -213,6 +267,8 @@ def _fwd_post(module: Any, args: Any, output: Any) -> None:
 
 
 def _opt_pre(optimizer: Any, args: Any, kwargs: Any) -> None:
+    if _is_compiling():
+        return None
     a = _auto
     if a is None or a.off:
         return None
@@ -228,10 +284,13 @@ def _opt_pre(optimizer: Any, args: Any, kwargs: Any) -> None:
 
 
 def _opt_post(optimizer: Any, args: Any, kwargs: Any) -> None:
+    if _is_compiling():
+        return
     a = _auto
     if a is None or a.off or a.opt_outer != id(optimizer):
         return
     a.opt_outer = None
+    a.opt_hooks_seen = True
     try:
         a.optimizer_ref = weakref.ref(optimizer)
         if a.probe is None:
@@ -245,7 +304,7 @@ def _wrap_backward(orig: Any) -> Any:
     @functools.wraps(orig)
     def backward(*args: Any, **kwargs: Any) -> Any:
         a = _auto
-        if a is None or a.off or a.bwd_active or a.is_compiling():
+        if _is_compiling() or a is None or a.off or a.bwd_active:
             return orig(*args, **kwargs)    # nested (reentrant checkpointing) or off
         a.bwd_active = True
         try:
@@ -253,6 +312,7 @@ def _wrap_backward(orig: Any) -> Any:
                 a.backward_seen = True
                 if a.probe is None and not a.global_handles:
                     a.arm_global_hooks()   # dropped as inference-only earlier
+            a.check_unseen_step()
             a.finder.backward_begin(_pc())
         except Exception as exc:
             a.fail(exc)
@@ -274,7 +334,7 @@ def _wrap_next(orig: Any) -> Any:
     @functools.wraps(orig)
     def __next__(self: Any) -> Any:
         a = _auto
-        if a is None or a.off:
+        if _is_compiling() or a is None or a.off:
             return orig(self)
         # single-process loader: this thread loads, and its CPU time tells preprocessing from I/O;
         # read only while waits matter, as probe.loader() does
@@ -298,6 +358,7 @@ def _wrap_next(orig: Any) -> Any:
                 a.first_batch = t1 - t0
                 t0 = t1
                 cpu = None
+            a.check_unseen_step()
             a.finder.fetch(t0, t1, _batch_size(a.torch, batch), cpu)
         except Exception as exc:
             a.fail(exc)
@@ -312,6 +373,11 @@ def _wrap_optimizer_init(orig: Any) -> Any:
         a = _auto
         if a is not None:
             a.finder.optimizers += 1
+            a.built_ref = weakref.ref(self)
+            try:
+                a.track_versions(self)
+            except Exception as exc:
+                a.fail(exc)
     return __init__
 
 
@@ -359,21 +425,6 @@ def _distributed_rank(torch: Any) -> dict[str, int]:
     return {}
 
 
-def _dynamo_compiled() -> bool:
-    utils = sys.modules.get("torch._dynamo.utils")
-    counters = getattr(utils, "counters", None)
-    try:
-        return bool(counters is not None and counters["frames"].get("ok"))
-    except Exception:
-        return False
-
-
-def _compiling_check(torch: Any) -> Any:
-    compiler = getattr(torch, "compiler", None)
-    check = getattr(compiler, "is_compiling", None)
-    return check if callable(check) else (lambda: False)
-
-
 def _env_int(name: str) -> int | None:
     value = os.environ.get(name, "")
     return int(value) if value.isdigit() else None
@@ -406,14 +457,17 @@ def _after_fork_in_child() -> None:
 
 
 _pid = os.getpid()
+_is_compiling = compiling_check()   # replaced in install(), once torch is imported
 
 
 def install() -> None:
     """Put the dormant hooks in place (once per process); called right after torch is imported."""
-    global _auto, _pid
+    global _auto, _pid, _is_compiling
     if _auto is not None or os.environ.get("PERFMON_DISABLE") == "1":
         return
     import torch
+
+    _is_compiling = compiling_check()
     import torch.utils.data.dataloader as dataloader
     from torch.optim import optimizer as optim_mod
 
@@ -425,6 +479,10 @@ def install() -> None:
     torch.autograd.backward = _wrap_backward(torch.autograd.backward)
     it_cls = dataloader._BaseDataLoaderIter
     it_cls.__next__ = _wrap_next(it_cls.__next__)
+    # never compiled as frames of their own (probe.tracing); the wrappers only at their own level
+    run_eagerly(_fwd_pre, _fwd_post, _opt_pre, _opt_post, _Auto.start, _Auto.flush, _Auto.fail,
+                _Auto.check_unseen_step, _Auto.track_versions, _Auto.arm_global_hooks, _register_iterator, _batch_size)
+    run_eagerly(torch.optim.Optimizer.__init__, torch.autograd.backward, it_cls.__next__, recursive=False)
     a.arm_global_hooks()
     if hasattr(os, "register_at_fork"):
         os.register_at_fork(after_in_child=_after_fork_in_child)

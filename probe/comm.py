@@ -33,7 +33,12 @@ import os
 import sys
 import threading
 import time
+import weakref
 from typing import Any, Callable
+
+from probe.tracing import compiling_check
+
+_is_compiling = compiling_check()   # every wrapper's first check (probe.tracing says why)
 
 COMM_PERIOD = 2.0      # seconds between ``comm`` records (when something changed); one more at close
 MAX_ASYNC = 4096       # async works remembered for Work.wait() timing
@@ -468,9 +473,11 @@ _SPECS: dict[str, tuple[str, int | None, int, Callable[[tuple, int], int]]] = {
     "reduce": ("reduce", 4, 3, lambda a, n: _nbytes(a[0])),
     "all_gather_into_tensor": ("all_gather", 3, 2, lambda a, n: _nbytes(a[0])),
     "_all_gather_base": ("all_gather", 3, 2, lambda a, n: _nbytes(a[0])),
+    "all_gather_single": ("all_gather", 3, 2, lambda a, n: _nbytes(a[0])),      # FSDP2 (torch >= 2.10)
     "all_gather": ("all_gather", 3, 2, lambda a, n: _nbytes(a[1]) * n),
     "reduce_scatter_tensor": ("reduce_scatter", 4, 3, lambda a, n: _nbytes(a[1])),
     "_reduce_scatter_base": ("reduce_scatter", 4, 3, lambda a, n: _nbytes(a[1])),
+    "reduce_scatter_single": ("reduce_scatter", 4, 3, lambda a, n: _nbytes(a[1])),   # FSDP2 (torch >= 2.10)
     "reduce_scatter": ("reduce_scatter", 4, 3, lambda a, n: _list_bytes(a[1])),
     "all_to_all_single": ("all_to_all", 5, 4, lambda a, n: _nbytes(a[1])),
     "all_to_all": ("all_to_all", 3, 2, lambda a, n: _list_bytes(a[1])),
@@ -485,7 +492,8 @@ _SPECS: dict[str, tuple[str, int | None, int, Callable[[tuple, int], int]]] = {
 _ARG_NAMES = {
     "all_reduce": ("tensor", "op"), "all_reduce_coalesced": ("tensors", "op"), "broadcast": ("tensor", "src"),
     "reduce": ("tensor", "dst", "op"), "all_gather_into_tensor": ("output_tensor", "input_tensor"),
-    "_all_gather_base": ("output_tensor", "input_tensor"), "all_gather": ("tensor_list", "tensor"),
+    "_all_gather_base": ("output_tensor", "input_tensor"), "all_gather_single": ("output_tensor", "input_tensor"),
+    "all_gather": ("tensor_list", "tensor"), "reduce_scatter_single": ("output", "input", "op"),
     "reduce_scatter_tensor": ("output", "input", "op"), "_reduce_scatter_base": ("output", "input", "op"),
     "reduce_scatter": ("output", "input_list", "op"),
     "all_to_all_single": ("output", "input", "output_split_sizes", "input_split_sizes"),
@@ -502,6 +510,7 @@ class CommState:
         self.probe = probe
         self.tracker = CommTracker()
         self.originals: dict[str, Callable[..., Any]] = {}
+        self.funcol_originals: dict[str, Callable[..., Any]] = {}
         self.orig_wait: Callable[..., Any] | None = None
         self.async_works: dict[int, tuple[Any, _Done]] = {}
         self.group_sizes: dict[int, int] = {}
@@ -551,7 +560,7 @@ class CommState:
         state = self
 
         def collective(*args: Any, **kwargs: Any) -> Any:
-            if getattr(_tls, "depth", 0) > 0 or state.probe.closed:
+            if _is_compiling() or getattr(_tls, "depth", 0) > 0 or state.probe.closed:
                 return orig(*args, **kwargs)
             try:
                 prepared = state._prepare(args, kwargs, names, async_pos, group_pos, nbytes_of, op)
@@ -687,6 +696,126 @@ class CommState:
                 self.tracker.error()
 
 
+# -- functional collectives (DTensor, tensor parallel, torch.distributed._functional_collectives) ------
+# The base functions every other functional collective calls through the module's globals, so
+# patching these by attribute sees each collective once. Positions: group argument; bytes(args, n).
+_FUNCOL_SPECS: dict[str, tuple[str, int, Callable[[tuple, int], int]]] = {
+    "all_reduce": ("all_reduce", 2, lambda a, n: _nbytes(a[0])),
+    "broadcast": ("broadcast", 2, lambda a, n: _nbytes(a[0])),
+    "all_gather_single": ("all_gather", 2, lambda a, n: _nbytes(a[0]) * n),
+    "all_gather_tensor": ("all_gather", 2, lambda a, n: _nbytes(a[0]) * n),           # older torch
+    "reduce_scatter_single": ("reduce_scatter", 3, lambda a, n: _nbytes(a[0])),
+    "reduce_scatter_tensor": ("reduce_scatter", 3, lambda a, n: _nbytes(a[0])),        # older torch
+    "all_to_all_single": ("all_to_all", 3, lambda a, n: _nbytes(a[0])),
+}
+MAX_FUNCOL_PENDING = 1024   # launched functional collectives not yet waited for (oldest forgotten)
+
+
+class FuncolTiming:
+    """Times functional collectives: launch to the ``wait_tensor`` that completes them.
+
+    Eager functional collectives return an ``AsyncCollectiveTensor`` whose first use
+    calls ``wait_tensor``; the host is blocked there (CPU) or the stream waits (CUDA).
+    ``seconds`` = launch to the end of that wait; ``exposed`` = the launch call plus the
+    wait (host time the step could not proceed). A wait on a collective launched
+    elsewhere (the backward formulas call the ops directly) is counted as op ``other``
+    with its wait time. On CUDA the host times are estimates and marked so.
+    """
+
+    def __init__(self, state: "CommState") -> None:
+        self.state = state
+        self.pending: collections.OrderedDict[int, tuple[Any, _Done, float]] = collections.OrderedDict()
+        self.sizes: dict[str, int] = {}
+
+    def group_size(self, group: Any, tag: str = "") -> int:
+        from torch.distributed import _functional_collectives as funcol
+        from torch.distributed import distributed_c10d as c10d
+
+        name = str(funcol._resolve_group_name(group, tag))
+        n = self.sizes.get(name)
+        if n is None:
+            n = int(c10d._get_group_size_by_name(name))
+            if len(self.sizes) < 256:
+                self.sizes[name] = n
+        return n
+
+    def wrap(self, name: str, orig: Callable[..., Any]) -> Callable[..., Any]:
+        op, group_pos, nbytes_of = _FUNCOL_SPECS[name]
+        timing = self
+
+        def functional_collective(*args: Any, **kwargs: Any) -> Any:
+            if _is_compiling() or getattr(_tls, "depth", 0) > 0 or timing.state.probe.closed:
+                return orig(*args, **kwargs)
+            t0 = time.perf_counter()
+            _tls.depth = getattr(_tls, "depth", 0) + 1
+            try:
+                result = orig(*args, **kwargs)
+            finally:
+                _tls.depth -= 1
+            try:
+                timing.launched(op, group_pos, nbytes_of, args, kwargs, result, t0)
+            except Exception:
+                timing.state.tracker.error()
+            return result
+
+        functional_collective.__wrapped__ = orig   # type: ignore[attr-defined]
+        functional_collective.__name__ = getattr(orig, "__name__", name)
+        functional_collective.__qualname__ = getattr(orig, "__qualname__", name)
+        functional_collective.__doc__ = getattr(orig, "__doc__", None)
+        functional_collective._perfmon = True      # type: ignore[attr-defined]
+        return functional_collective
+
+    def launched(self, op: str, group_pos: int, nbytes_of: Callable[[tuple, int], int], args: tuple,
+                 kwargs: dict, result: Any, t0: float) -> None:
+        group = kwargs["group"] if "group" in kwargs else args[group_pos]
+        n = self.group_size(group, kwargs.get("tag", args[group_pos + 1] if len(args) > group_pos + 1 else ""))
+        t1 = time.perf_counter()
+        item = _Done(op, 1, nbytes_of(args, n), n, None, None, launch=t0)
+        item.estimated = bool(getattr(args[0], "is_cuda", False))
+        elem = getattr(result, "elem", None)       # AsyncCollectiveTensor: completed by a later wait
+        if elem is None:
+            item.done = t1
+            item.seconds = item.exposed = t1 - t0
+            self.state.tracker.add(item)
+            return
+        pending = self.pending
+        if len(pending) >= MAX_FUNCOL_PENDING:
+            pending.popitem(last=False)
+        pending[id(elem)] = (weakref.ref(elem), item, t1 - t0)
+
+    def wait(self, orig: Callable[..., Any]) -> Callable[..., Any]:
+        timing = self
+
+        def wait_tensor(tensor: Any) -> Any:
+            if _is_compiling() or timing.state.probe.closed:
+                return orig(tensor)
+            t0 = time.perf_counter()
+            result = orig(tensor)
+            try:
+                timing.waited(tensor, t0, time.perf_counter())
+            except Exception:
+                timing.state.tracker.error()
+            return result
+
+        wait_tensor.__wrapped__ = orig   # type: ignore[attr-defined]
+        wait_tensor.__name__ = getattr(orig, "__name__", "wait_tensor")
+        wait_tensor.__doc__ = getattr(orig, "__doc__", None)
+        wait_tensor._perfmon = True      # type: ignore[attr-defined]
+        return wait_tensor
+
+    def waited(self, tensor: Any, t0: float, t1: float) -> None:
+        entry = self.pending.pop(id(tensor), None)
+        if entry is not None and entry[0]() is tensor:
+            _, item, launch_cost = entry
+            item.done = t1
+            item.seconds = t1 - item.launch
+            item.exposed = launch_cost + (t1 - t0)
+        else:
+            item = _Done("other", 1, _nbytes(tensor), 0, t1 - t0, t1 - t0, launch=t0, done=t1)
+            item.estimated = bool(getattr(tensor, "is_cuda", False))
+        self.state.tracker.add(item)
+
+
 _state: CommState | None = None
 _install_lock = threading.Lock()
 
@@ -744,6 +873,7 @@ def install(probe: Any) -> CommState | None:
             setattr(c10d, name, wrapper)
             if getattr(dist, name, None) is orig:
                 setattr(dist, name, wrapper)
+        _patch_functional(state)
         work_cls = getattr(dist, "Work", None)
         if work_cls is not None and getattr(work_cls, "wait", None) is not None:
             orig_wait = work_cls.wait
@@ -758,6 +888,25 @@ def install(probe: Any) -> CommState | None:
         _state = state
         describe(state)
         return state
+
+
+def _patch_functional(state: CommState) -> None:
+    """Patch the functional collectives by attribute (imported only if torch has them)."""
+    try:
+        from torch.distributed import _functional_collectives as funcol
+    except Exception:
+        return
+    timing = FuncolTiming(state)
+    for name in _FUNCOL_SPECS:
+        orig = getattr(funcol, name, None)
+        if orig is None or getattr(orig, "_perfmon", False):
+            continue
+        state.funcol_originals[name] = orig
+        setattr(funcol, name, timing.wrap(name, orig))
+    orig_wait = getattr(funcol, "wait_tensor", None)
+    if orig_wait is not None and not getattr(orig_wait, "_perfmon", False):
+        state.funcol_originals["wait_tensor"] = orig_wait
+        funcol.wait_tensor = timing.wait(orig_wait)
 
 
 def describe(state: CommState) -> None:
@@ -807,6 +956,11 @@ def uninstall() -> None:
                 setattr(dist, name, orig)
         if state.orig_wait is not None:
             dist.Work.wait = state.orig_wait
+        if state.funcol_originals:
+            from torch.distributed import _functional_collectives as funcol
+            for name, orig in state.funcol_originals.items():
+                if getattr(getattr(funcol, name, None), "_perfmon", False):
+                    setattr(funcol, name, orig)
         _state = None
 
 

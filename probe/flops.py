@@ -1,11 +1,12 @@
 """FLOPs per step and the peak FLOP/s they are compared with (MFU).
 
 FLOPs, in order of preference: the user's number (``step(flops=)``,
-``watch(flops_per_step=)``); a count with ``torch.utils.flop_counter.FlopCounterMode``
+``watch(flops_per_step=)``); a count with torch's per-op formulas
+(``torch.utils.flop_counter.flop_registry``, through a thread-local dispatch mode)
 of one forward+backward on a meta-device copy of the model (no real compute, on a
 background thread, cached per input-shape signature), or on one real step when a
 meta copy cannot stand for the model (FSDP, DTensor) or cannot be made; else the
-6·N·tokens rule (Kaplan et al. 2020; PaLM appendix B). FlopCounterMode counts
+6·N·tokens rule (Kaplan et al. 2020; PaLM appendix B). The formulas count
 matmuls, convolutions and attention, not elementwise ops: the MFU convention.
 
 Peak: a device-name × dtype table of dense (not sparse) tensor-core numbers merged
@@ -190,22 +191,20 @@ def meta_replica(module: Any) -> Any:
 def count_meta(replica: Any, meta_args: tuple, meta_kwargs: dict, backward: bool) -> tuple[int, int]:
     """(forward FLOPs, forward+backward FLOPs) of one call of a ``meta_replica``.
 
-    Nothing is computed; the counting mode is thread-local, so this may run on a
-    background thread while training goes on.
+    Nothing is computed, and the counting mode lives on this thread only, so this
+    runs on a background thread while training goes on.
     """
     torch = sys.modules["torch"]
-    from torch.utils.flop_counter import FlopCounterMode
-
-    with FlopCounterMode(display=False) as counter:
+    with FlopCount() as counter:
         with torch.enable_grad() if backward else torch.no_grad():
             out = replica(*meta_args, **meta_kwargs)
-        forward = counter.get_total_flops()
+        forward = counter.total
         if backward:
             loss = _sum_outputs(out)
             wanted = [p for p in replica.parameters() if p.requires_grad]
             if loss is not None and wanted and loss.requires_grad:
                 torch.autograd.grad(loss, wanted, allow_unused=True)
-        total = counter.get_total_flops()
+        total = counter.total
     return int(forward), int(total)
 
 
@@ -221,27 +220,84 @@ def _sum_outputs(out: Any) -> Any:
     return total
 
 
-class LiveCount:
-    """FlopCounterMode around one real step, for models a meta replay cannot run.
+class FlopCount:
+    """Counts the FLOPs of the ops dispatched on *this thread* while entered (a context manager).
 
-    Entered in a forward pre-hook and left at the step's end on the same thread
-    (the mode stack is thread-local; autograd carries it into backward threads).
-    Costs that one step roughly +40% (measured on CPU, research §7.2).
+    A ``TorchDispatchMode`` with torch's own per-op formulas
+    (``torch.utils.flop_counter.flop_registry``: matmuls, convolutions, attention).
+    ``FlopCounterMode`` is not used: it also installs process-global module hooks
+    (its ``ModuleTracker``), which fire on the training thread, slow every module
+    call there and are traced by dynamo inside compiled modules. The dispatch-mode
+    stack is thread-local and autograd carries it into the backward of this
+    thread's graph only.
     """
 
     def __init__(self) -> None:
-        from torch.utils.flop_counter import FlopCounterMode
+        self.total = 0
+        self._mode = _dispatch_counter_class()(self)
 
-        self.mode = FlopCounterMode(display=False)
+    def add(self, flops: int) -> None:
+        self.total += flops
+
+    def __enter__(self) -> "FlopCount":
+        self._mode.__enter__()
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self._mode.__exit__(*exc)
+
+
+_COUNTER_CLASS: Any = None
+
+
+def _dispatch_counter_class() -> Any:
+    global _COUNTER_CLASS
+    if _COUNTER_CLASS is None:
+        from torch.utils._python_dispatch import TorchDispatchMode
+        from torch.utils.flop_counter import flop_registry
+
+        class _Counting(TorchDispatchMode):
+            def __init__(self, sink: FlopCount) -> None:
+                super().__init__()
+                self.sink = sink
+
+            def __torch_dispatch__(self, func: Any, types: Any, args: tuple = (), kwargs: dict | None = None) -> Any:
+                kwargs = kwargs or {}
+                formula = flop_registry.get(func._overloadpacket)
+                if formula is None:
+                    # a composite op reaches the mode whole: count the ops it is made of
+                    with self:
+                        out = func.decompose(*args, **kwargs)
+                    if out is not NotImplemented:
+                        return out
+                out = func(*args, **kwargs)
+                if formula is not None:
+                    self.sink.add(int(formula(*args, **kwargs, out_val=out)))
+                return out
+
+        _COUNTER_CLASS = _Counting
+    return _COUNTER_CLASS
+
+
+class LiveCount:
+    """FLOPs of one real step, for models a meta replay cannot stand for (FSDP, DTensor).
+
+    Entered in a forward pre-hook and left at the step's end on the same thread.
+    Costs that one step roughly +40% (measured on CPU, research §7.2). Never used
+    around compiled code: an active dispatch mode changes what dynamo traces.
+    """
+
+    def __init__(self) -> None:
+        self.count = FlopCount()
         self.active = False
 
     def start(self) -> None:
-        self.mode.__enter__()
+        self.count.__enter__()
         self.active = True
 
     def stop(self) -> int:
         if not self.active:
             return 0
         self.active = False
-        self.mode.__exit__(None, None, None)
-        return int(self.mode.get_total_flops())
+        self.count.__exit__(None, None, None)
+        return int(self.count.total)

@@ -17,7 +17,10 @@ loading, for single-process loaders; None when unknown). The rules:
   seen to be followed by the next step's work; until then the end is settled by
   the next fetch, forward or backward (or ``flush`` at exit);
 * in a process that never built an optimizer (manual SGD updates) a step ends
-  when its backward returns.
+  when its backward returns;
+* an optimizer step inside a compiled region runs no hooks; the caller sees that
+  the parameters changed (``optimizer_unseen``) at its next event, and the step
+  ends there (its optimizer time lands in that step's unattributed time).
 """
 
 from __future__ import annotations
@@ -107,6 +110,13 @@ class StepFinder:
             self._close(t)
         else:
             self._pending = (t, optimizer)
+
+    def optimizer_unseen(self, t: float) -> None:
+        """The parameters were updated by an optimizer step no hook saw; ``t`` is when that was noticed."""
+        self._settle()
+        if self.is_open:
+            self.trained = True
+            self._close(t)
 
     def flush(self) -> None:
         """Settle a step whose end is still pending (at exit)."""

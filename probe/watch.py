@@ -29,8 +29,10 @@ from typing import Any
 from probe import comm, flops
 from probe.gpu import cuda as gpu_cuda
 from probe.memory import MemorySource, SavedTensorMeter, StateWalker
+from probe.tracing import HiddenPhases, compiling_check, contains_compiled, dynamo_has_compiled, run_eagerly
 
 _perf_counter = time.perf_counter
+_is_compiling = compiling_check()   # every hook's first statement (probe.tracing says why)
 MAX_FLOP_SIGNATURES = 16     # distinct input shapes counted; beyond that, 6·N·tokens
 MAX_COUNT_SECONDS = 5.0      # a count slower than this stops further counting
 
@@ -56,10 +58,30 @@ def watch(probe: Any, model: Any = None, optimizer: Any = None, **options: Any) 
     watcher.configure(options)
     inside_step = _inside_optimizer_step()
     for opt in _as_list(optimizer):
-        watcher.add_optimizer(opt, defer=inside_step)
+        try:        # one object that cannot be watched must not cost the others
+            watcher.add_optimizer(_unwrap_optimizer(opt), defer=inside_step)
+        except Exception as exc:
+            probe._internal_error("watch optimizer", exc)
     for mod in _as_list(model):
-        watcher.add_model(mod)
+        try:
+            watcher.add_model(mod)
+        except Exception as exc:
+            probe._internal_error("watch model", exc)
     return watcher
+
+
+def _unwrap_optimizer(optimizer: Any) -> Any:
+    """The torch optimizer inside a framework's wrapper (Accelerate's ``AcceleratedOptimizer``,
+    Lightning's ``LightningOptimizer``): wrappers that skip ``Optimizer.__init__`` have no hook
+    registries, and the wrapped optimizer's step is the one that runs."""
+    for _ in range(3):
+        if hasattr(optimizer, "_optimizer_step_pre_hooks"):
+            return optimizer
+        inner = getattr(optimizer, "optimizer", None) or getattr(optimizer, "_optimizer", None)
+        if inner is None:
+            return optimizer
+        optimizer = inner
+    return optimizer
 
 
 def _as_list(value: Any) -> list[Any]:
@@ -106,7 +128,8 @@ class ComputeSource:
     def read(self) -> dict[str, Any]:
         w = self.watcher
         return {"compute": {"dtype": w.dtype, "peak_flops": w.peak, "peak_source": w.peak_source,
-                            "flops_source": w.flops_source, "params": w.n_params, "device": w.device_label()}}
+                            "flops_source": w.flops_source, "params": w.n_params, "device": w.device_label(),
+                            "hidden_phases": w.hidden.hidden or None}}
 
 
 class Watcher:
@@ -151,6 +174,8 @@ class Watcher:
         self.grad_enabled = torch.is_grad_enabled if torch is not None else (lambda: True)
         self.tensor_type = torch.Tensor if torch is not None else type(None)
         self.phases_on = self.flops_on = self.count_flops = True
+        self.hidden = HiddenPhases(lambda message: probe.event("warning", message=message, source="watch"),
+                                   hint="to time them, pass the module torch.compile returns to watch()")
         # per-step state
         self._reset_step()
         self.fwd_depth = 0
@@ -333,6 +358,8 @@ class Watcher:
     # -- hooks (training thread) --------------------------------------------------------------
     # The hot path: a few attribute reads per call (bench/bench_watch.py measures it).
     def _fwd_pre(self, module: Any, args: tuple, kwargs: dict) -> None:
+        if _is_compiling():
+            return None
         try:
             if self.fwd_depth == 0:
                 now = _perf_counter()
@@ -349,7 +376,7 @@ class Watcher:
                     self._flops_pre(module, args, kwargs)
                 meter = self.meter
                 if (meter is not None and now >= meter.next_due and meter.ctx is None and self.live is None
-                        and self.grad_enabled()):
+                        and self.grad_enabled() and not dynamo_has_compiled()):   # no saved-tensor hooks under compile
                     meter.start()
             self.fwd_depth += 1
         except Exception as exc:
@@ -357,6 +384,8 @@ class Watcher:
         return None
 
     def _fwd_post(self, module: Any, args: tuple, kwargs: dict, output: Any) -> None:
+        if _is_compiling():
+            return None
         try:
             depth = self.fwd_depth - 1
             if depth <= 0:
@@ -377,6 +406,8 @@ class Watcher:
         return None
 
     def _opt_pre(self, optimizer: Any, args: tuple, kwargs: dict) -> None:
+        if _is_compiling():
+            return None
         try:
             now = _perf_counter()
             if self.bwd_open:
@@ -394,6 +425,8 @@ class Watcher:
         return None
 
     def _opt_post(self, optimizer: Any, args: tuple, kwargs: dict) -> None:
+        if _is_compiling():
+            return None
         try:
             if self.opt_depth > 0:
                 self.opt_depth -= 1
@@ -430,6 +463,9 @@ class Watcher:
                 phases["backward"] = self.bwd
             if self.opt:
                 phases["optimizer"] = self.opt
+            if not self.hidden.done and self.models:
+                self.hidden.step(phases, ("forward", "backward", "optimizer") if self.optimizer_ids
+                                 else ("forward", "backward"))
         state = self.comm_state
         if state is not None:
             summary = state.tracker.drain()
@@ -473,7 +509,7 @@ class Watcher:
             self.replay_blockers[id(target)] = blocker
         if blocker is None:
             self.count_request = (target, key, flops.to_meta(args), flops.to_meta(kwargs), grad)
-        elif not hasattr(module, "_orig_mod"):      # never run the counting mode over compiled code
+        elif not contains_compiled(module) and not dynamo_has_compiled():   # a dispatch mode alters what dynamo traces
             live = flops.LiveCount()
             live.start()
             self.live = (live, key)
@@ -555,3 +591,7 @@ def _safe(fn: Any) -> Any:
         return fn()
     except Exception:
         return None
+
+
+# hooks never compiled as frames of their own (probe.tracing)
+run_eagerly(Watcher._fwd_pre, Watcher._fwd_post, Watcher._opt_pre, Watcher._opt_post)

@@ -18,3 +18,19 @@ def perfmon_dir(tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.Mo
     os.chmod(path, 0o700)
     monkeypatch.setenv("PERFMON_DIR", str(path))
     return path
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """``gpu`` tests run only where CUDA is; elsewhere they are skipped, saying so."""
+    gpu_items = [item for item in items if item.get_closest_marker("gpu")]
+    if not gpu_items:
+        return
+    try:
+        import torch
+        has_gpu = torch.cuda.is_available()
+    except Exception:
+        has_gpu = False
+    if not has_gpu:
+        skip = pytest.mark.skip(reason="needs a CUDA GPU (run with -m gpu on a GPU machine)")
+        for item in gpu_items:
+            item.add_marker(skip)

@@ -177,3 +177,26 @@ def test_loader_cpu_of_the_training_thread_is_summed_per_step():
     f.optimizer_begin(0.07)
     f.optimizer_end(0.08, 1)
     assert cpus == [pytest.approx(0.009), None]
+
+
+def test_an_optimizer_step_no_hook_saw_ends_the_step_where_it_is_noticed():
+    """A compiled train step: only the eager backward is seen; the parameter change, noticed at the
+    next backward, ends the step there."""
+    loop = Loop()
+    for _ in range(3):
+        loop.idle(0.02)                 # compiled forward: no hook
+        loop.f.optimizer_unseen(loop.t)  # the previous step's update, noticed now (nothing open at first)
+        loop.backward(0.03)
+        loop.idle(0.01)                 # compiled optimizer step: no hook
+    loop.f.optimizer_unseen(loop.t)     # at exit
+    assert len(loop.steps) == 3
+    # each step runs from one notice to the next (its backward, its update, the next forward);
+    # the last ends when its update is noticed at exit
+    assert [round(e - s, 6) for s, e, _, _ in loop.steps] == [0.06, 0.06, 0.04]
+    assert all(set(ph) == {"backward"} for _, _, ph, _ in loop.steps)
+
+
+def test_an_unseen_optimizer_step_with_nothing_open_emits_nothing():
+    loop = Loop()
+    loop.f.optimizer_unseen(1.0)
+    assert loop.steps == []
