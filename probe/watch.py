@@ -220,7 +220,9 @@ class Watcher:
         self.walker.add_model(model)
         self._learn_device(model.parameters())
         self.n_params = self._count_params()
-        pre = model.register_forward_pre_hook(self._fwd_pre, with_kwargs=True, prepend=True)
+        # first, to time the whole forward; when phases come from elsewhere (zero-code mode, whose
+        # hook opens the step), after the existing hooks, so a forward's FLOPs land in its own step
+        pre = model.register_forward_pre_hook(self._fwd_pre, with_kwargs=True, prepend=self.phases_on)
         post = model.register_forward_hook(self._fwd_post, with_kwargs=True, always_call=True)
         self.handles += [pre, post]
         if self.options["comm"]:

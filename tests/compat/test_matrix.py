@@ -63,6 +63,18 @@ def _bare(name: str) -> dict[int, dict]:
     return _run(BY_NAME[name], "bare", None)
 
 
+@functools.cache
+def _watched(name: str, mode: str) -> tuple[dict[int, dict], Path]:
+    """One run of the cell with perfmon (``api`` or ``run``), shared by the tests that read it."""
+    record = Path(tempfile.mkdtemp(prefix=f"perfmon-compat-{name}-{mode}-"))
+    return _run(BY_NAME[name], mode, record), record
+
+
+def _flops_per_step(record: Path) -> list[float]:
+    return [r["flops"] for path in recording_files(record) for r in read_recording(path).records
+            if r["k"] == "step" and r.get("flops")]
+
+
 def _steps_and_phases(record: Path) -> dict[int, tuple[int, frozenset[str], int, list[str]]]:
     """Per rank: step records, the standard phases timed in most steps, steps with comm time, warnings."""
     out = {}
@@ -88,16 +100,16 @@ CPU_CELLS = [c.name for c in CELLS if not c.gpu]
 
 @pytest.mark.parametrize("mode", ["api", "run"])
 @pytest.mark.parametrize("name", CPU_CELLS)
-def test_cell(name: str, mode: str, tmp_path: Path) -> None:
+def test_cell(name: str, mode: str) -> None:
     cell = BY_NAME[name]
     _available(cell)
     bare = _bare(name)
     assert sorted(bare) == list(range(cell.ranks))
-    watched = _run(cell, mode, tmp_path / "rec")
+    watched, record = _watched(name, mode)
     for rank, line in bare.items():        # the job is unchanged: same steps, same loss to the last bit
         assert watched[rank]["steps"] == line["steps"]
         assert watched[rank]["loss"] == line["loss"], f"rank {rank}: {watched[rank]['loss']} != {line['loss']}"
-    seen = _steps_and_phases(tmp_path / "rec")
+    seen = _steps_and_phases(record)
     assert sorted(seen) == list(range(cell.ranks))
     expected = cell.api_phases if mode == "api" else cell.run_phases
     for rank, (steps, timed, with_comm, warnings) in seen.items():
@@ -111,11 +123,19 @@ def test_cell(name: str, mode: str, tmp_path: Path) -> None:
         else:
             assert with_comm == 0
     if cell.comm:
-        report = subprocess.run([PY, "-m", "tui.cli", "report", str(tmp_path / "rec"), "--json"],
+        report = subprocess.run([PY, "-m", "tui.cli", "report", str(record), "--json"],
                                 capture_output=True, text=True, timeout=60, cwd=ROOT)
         assert report.returncode == 0, report.stderr
         metrics = json.loads(report.stdout)["metrics"]
         assert metrics["comm_frac"] and metrics["comm_exposed_frac"] is not None
+
+
+@pytest.mark.parametrize("name", ["activation_checkpointing", "autocast_bf16"])
+def test_zero_code_counts_the_same_flops_as_the_api(name: str) -> None:
+    """Both count one forward+backward on a meta copy of the same model: the same FLOPs per step."""
+    api, run = (_flops_per_step(_watched(name, mode)[1]) for mode in ("api", "run"))
+    assert len(api) >= 20 and len(run) >= 20
+    assert set(run) == set(api) and len(set(api)) == 1, (set(api), set(run))
 
 
 @pytest.mark.gpu
