@@ -64,6 +64,7 @@ class _Auto:
         self.opt_hooks_seen = False             # an optimizer step ran its hooks (eager): no version checks
         self.versions = -1                      # sum of a few parameters' version counters at the last check
         self.versions_of: Any = None            # weakref.finalize holding those parameters (track_versions)
+        self.backward_since_check = False       # a backward returned since the last version check
         self.hidden = HiddenPhases(self._say)
         self.roots: list[weakref.ref] = []      # outermost training modules seen
         self.global_handles: list[Any] = []
@@ -188,7 +189,8 @@ class _Auto:
         for p in params:
             total += p._version
         previous, self.versions = self.versions, total
-        if previous >= 0 and total != previous:
+        backward, self.backward_since_check = self.backward_since_check, False
+        if previous >= 0 and total != previous and backward:   # an update follows a backward
             if self.optimizer_ref is None:
                 self.optimizer_ref = self.built_ref
             self.finder.optimizer_unseen(_pc())
@@ -320,6 +322,7 @@ def _wrap_backward(orig: Any) -> Any:
             result = orig(*args, **kwargs)
         finally:
             a.bwd_active = False
+            a.backward_since_check = True
         try:
             if a.probe is None and a.finder.optimizers == 0:
                 a.start()   # a backward ends a step when there is no optimizer: training seen
