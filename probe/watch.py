@@ -226,7 +226,7 @@ class Watcher:
         post = model.register_forward_hook(self._fwd_post, with_kwargs=True, always_call=True)
         self.handles += [pre, post]
         if self.options["comm"]:
-            self._attach_comm(model)
+            self._attach_comm(getattr(model, "_orig_mod", model))   # torch.compile(DDP(...)): the DDP inside
         self._ensure_sources()
 
     def add_optimizer(self, optimizer: Any, defer: bool = False) -> None:

@@ -217,6 +217,29 @@ def ddp_no_sync_accum() -> None:
     _done()
 
 
+def compile_ddp() -> None:
+    """``torch.compile(DDP(model))``: dynamo's DDPOptimizer splits the graph at bucket boundaries."""
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
+    rank = _init()
+    model = DDP(mlp())
+    opt = torch.optim.SGD(model.parameters(), lr=1e-2)
+    watch(model, opt)
+    data = batches(ARGS.steps, seed=1 + rank)
+    loss = torch.tensor(0.0)
+    compiled = torch.compile(model)
+    steps = 0
+    for x, y in data:
+        with step(len(x)):
+            loss = F.mse_loss(compiled(x), y)
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+        steps += 1
+    report(steps, loss, rank)
+    _done()
+
+
 def fsdp2_mixed_precision() -> None:
     from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
@@ -443,7 +466,7 @@ def nccl_ddp() -> None:
 
 
 CELLS = {f.__name__: f for f in (cuda_graphs, nccl_ddp, compile_model, compile_step, compile_optimizer, activation_checkpointing,
-                                  autocast_bf16, ddp_no_sync_accum, fsdp2_mixed_precision, fsdp2_comm_bound, dtensor_tp,
+                                  autocast_bf16, ddp_no_sync_accum, compile_ddp, fsdp2_mixed_precision, fsdp2_comm_bound, dtensor_tp,
                                   accelerate, hf_trainer, lightning_trainer)}
 
 if __name__ == "__main__":

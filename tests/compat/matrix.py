@@ -45,6 +45,10 @@ CELLS: tuple[Cell, ...] = (
     Cell("autocast_bf16", "`torch.autocast('cpu', dtype=torch.bfloat16)` forward"),
     Cell("ddp_no_sync_accum", "DDP, 4 micro-batches per step with `no_sync()`", launcher="torchrun", ranks=2,
          comm=True),
+    Cell("compile_ddp", "`torch.compile(DDP(model))` (dynamo's DDPOptimizer)", launcher="torchrun", ranks=2,
+         comm=True,
+         notes="dynamo compiles the module inside DDP, so the hooks on DDP itself run and time every phase; "
+               "the gradient all-reduce is timed by perfmon's comm hook on the DDP inside the compiled wrapper"),
     Cell("fsdp2_mixed_precision", "FSDP2 `fully_shard` per block + root, bf16 params / fp32 reduce",
          launcher="torchrun", ranks=2, comm=True,
          notes="all-gather and reduce-scatter counted with their bytes (`all_gather_single`, "
