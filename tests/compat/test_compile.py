@@ -21,6 +21,15 @@ import probe  # noqa: E402
 from probe import flops  # noqa: E402
 
 
+@pytest.fixture(autouse=True)
+def _fresh_dynamo():
+    """Compiling marks the process as one that runs compiled code (``probe.tracing.dynamo_has_compiled``),
+    which switches off live FLOP counting; leave no trace of it for the tests that follow."""
+    yield
+    dynamo.reset()
+    counters.clear()
+
+
 def _train(watch: bool, steps: int = 6, watch_after: int | None = None) -> tuple[float, dict[str, Any]]:
     dynamo.reset()
     counters.clear()
