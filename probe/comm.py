@@ -511,6 +511,7 @@ class CommState:
         self.tracker = CommTracker()
         self.originals: dict[str, Callable[..., Any]] = {}
         self.funcol_originals: dict[str, Callable[..., Any]] = {}
+        self.funcol: FuncolTiming | None = None
         self.orig_wait: Callable[..., Any] | None = None
         self.async_works: dict[int, tuple[Any, _Done]] = {}
         self.group_sizes: dict[int, int] = {}
@@ -896,11 +897,13 @@ def _patch_functional(state: CommState) -> None:
         from torch.distributed import _functional_collectives as funcol
     except Exception:
         return
-    timing = FuncolTiming(state)
+    timing = state.funcol = FuncolTiming(state)
     for name in _FUNCOL_SPECS:
         orig = getattr(funcol, name, None)
         if orig is None or getattr(orig, "_perfmon", False):
             continue
+        if name.endswith("_tensor") and hasattr(funcol, name.replace("_tensor", "_single")):
+            continue        # the deprecated spelling calls the ``_single`` one: counted there
         state.funcol_originals[name] = orig
         setattr(funcol, name, timing.wrap(name, orig))
     orig_wait = getattr(funcol, "wait_tensor", None)
