@@ -134,7 +134,8 @@ def test_cell(name: str, mode: str) -> None:
 def test_zero_code_counts_the_same_flops_as_the_api(name: str) -> None:
     """Both count one forward+backward on a meta copy of the same model: the same FLOPs per step."""
     api, run = (_flops_per_step(_watched(name, mode)[1]) for mode in ("api", "run"))
-    assert len(api) >= 20 and len(run) >= 20
+    # the count runs on a background thread: the first steps (more on a loaded machine) have none yet
+    assert len(api) >= 5 and len(run) >= 5
     assert set(run) == set(api) and len(set(api)) == 1, (set(api), set(run))
 
 
