@@ -62,7 +62,7 @@ class _Disabled:
         self.sampler = None
 
     def loader(self, iterable: Iterable[Any]) -> Iterator[Any]:
-        return iter(iterable)
+        yield from iterable          # a generator, like Probe.loader (it has close(), send(), throw())
 
     def step(self, samples: float | None = None, tokens: float | None = None,
              flops: float | None = None) -> Any:
