@@ -507,11 +507,11 @@ class CommState:
         self.originals: dict[str, Callable[..., Any]] = {}
         self.orig_wait: Callable[..., Any] | None = None
         self.async_works: dict[int, tuple[Any, _Done]] = {}
-        self.group_sizes: dict[int, int] = {}
+        self.group_sizes: dict[int, int] = {}     # one per process group: bounded by the script's groups
         self._work_poller: WorkPoller | None = None
         self._event_poller: EventPairPoller | None = None
         self.event_backend: Any = None   # probe.gpu.cuda backend when CUDA is in use
-        self.said: set[str] = set()
+        self.said: set[str] = set()               # messages said once; bounded by the call sites of say()
 
     def say(self, message: str) -> None:
         if message in self.said:

@@ -5,6 +5,11 @@ appends a tuple to a bounded deque; nothing else. Building records, packing,
 sending and recording happen on the sender thread (``probe.server``), slow
 numbers on the sampler thread (``probe.sampler``). ``start()`` never raises:
 anything that fails leaves a probe that still works for whatever did not.
+
+This module is a little over 500 lines on purpose: the hot-path context managers and the
+lifecycle (setup, close, fork) share the probe's private state and are kept together;
+everything else (endpoints, records, the disabled probe, attachments, failure reporting,
+the loader CPU policy) lives in its own module.
 """
 
 from __future__ import annotations

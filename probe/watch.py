@@ -129,7 +129,7 @@ class Watcher:
         self.comm_source_added = False
         # flops
         self.flops_cache: dict[tuple, int] = {}
-        self.flops_failed: set[tuple] = set()
+        self.flops_failed: set[tuple] = set()     # with flops_cache: at most MAX_FLOP_SIGNATURES keys
         self.replay_blockers: dict[int, str | None] = {}
         self.count_request: tuple | None = None
         self.counting: tuple | None = None        # key being counted on the background thread
@@ -454,7 +454,8 @@ class Watcher:
             self.step_flops += value
             return
         self.step_unknown.append(key)
-        if (self.counting_off or key in self.flops_failed or len(self.flops_cache) >= MAX_FLOP_SIGNATURES
+        if (self.counting_off or key in self.flops_failed
+                or len(self.flops_cache) + len(self.flops_failed) >= MAX_FLOP_SIGNATURES
                 or self.count_request is not None or self.counting is not None or self.live is not None):
             return
         target = _unwrap(module)

@@ -222,7 +222,7 @@ def _ask_host_sync(v: JobView, node: Node) -> _Answer:
         return _Answer(None, None, "CPU job: there is no host-device sync to find")
     s = v.metrics.syncs_per_step
     if s is None:
-        return _Answer(None, None, "syncs not counted")
+        return _Answer(None, None, "syncs not counted (opt-in: watch(syncs=True) or PERFMON_SYNCS=1)")
     return _Answer(s, _compare(s, node))
 
 
