@@ -1,7 +1,7 @@
 """The fault suite of issue 12 at full size (the CI-sized runs are tests/integration/test_faults.py;
 both call tests/integration/faults.py). Prints one JSON line of figures per fault.
 
-    python bench/bench_faults.py kill9 [--points 1000]
+    python bench/bench_faults.py kill9 [--points 1000]     # perfmon report on every file, in-process
     python bench/bench_faults.py forks [--workers 400]      # fork, forkserver and spawn, 400 each
     python bench/bench_faults.py storm [--cycles 10000 --stalled 50 --blocks 5 --block-seconds 4]
     python bench/bench_faults.py other-user
@@ -29,6 +29,7 @@ def main() -> int:
     ap.add_argument("fault", choices=["kill9", "forks", "storm", "other-user", "warnings"])
     ap.add_argument("--points", type=int, default=1000)
     ap.add_argument("--report-every", type=int, default=1)
+    ap.add_argument("--max-delay", type=float, default=0.5)
     ap.add_argument("--workers", type=int, default=400)
     ap.add_argument("--methods", default="fork,forkserver,spawn")
     ap.add_argument("--cycles", type=int, default=10_000)
@@ -38,7 +39,8 @@ def main() -> int:
     args = ap.parse_args()
     t0 = time.monotonic()
     if args.fault == "kill9":
-        f = faults.kill9(args.points, seed=2026, report_every=args.report_every)
+        f = faults.kill9(args.points, seed=2026, max_delay=args.max_delay, report_every=args.report_every,
+                         subprocess_report=False)
         sizes = sorted(f.pop("bytes", []))
         f["file_bytes_min_median_max"] = [sizes[0], sizes[len(sizes) // 2], sizes[-1]] if sizes else None
         out = [f]
