@@ -59,9 +59,11 @@ def kill9(points: int, seed: int = 1, max_delay: float = 0.8, report_every: int 
                                     stderr=subprocess.DEVNULL, env=_env())
             # the random point, from the spawn: start-up, first records, steady stepping, samples, events
             # (a delay is the very thing varied here, not a stand-in for synchronization)
-            time.sleep(rng.uniform(0.0, max_delay))
-            proc.send_signal(signal.SIGKILL)
-            proc.wait()
+            try:
+                time.sleep(rng.uniform(0.0, max_delay))
+            finally:                              # also when this run is interrupted: no orphan job
+                proc.send_signal(signal.SIGKILL)
+                proc.wait()
             _check_killed_file(d, figures, run_report=(i % report_every == 0), subprocess_report=subprocess_report)
             shutil.rmtree(d, ignore_errors=True)
     finally:
