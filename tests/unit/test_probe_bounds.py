@@ -177,3 +177,26 @@ def test_reporter_rate_limit():
     assert [e["count"] for e in out] == [1]
     rep.report("x", None, now=time.monotonic() + health.INTERVAL + 1)
     assert [e["count"] for e in out] == [1, 5]
+
+
+def test_nvml_errors_become_a_warning(simulated_nvml, monkeypatch):
+    """SIMULATED NVML: a device whose queries fail; the NVML wrapper counts, the health source reports."""
+    from probe import gpu
+    from tests.sim.simulated_pynvml import SimulatedGpu
+
+    module = simulated_nvml([SimulatedGpu()])
+    monkeypatch.setattr(gpu, "_torch_uses_cuda", lambda: None)
+    out: list[dict] = []
+    mon = probe.start(job="nvml-errors", serve=False, sample_hz=0.1)
+    try:
+        nvml = mon.attached.gpu.nvml
+        before = nvml.errors
+        monkeypatch.setattr(module, "nvmlDeviceGetUtilizationRates",
+                            lambda handle: (_ for _ in ()).throw(module.NVMLError(999)), raising=False)
+        nvml.read(mon.attached.gpu.devices[0])
+        assert nvml.errors > before
+        mon.failures.emit = out.append
+        health.HealthSource(mon).read()
+    finally:
+        mon.close()
+    assert [e["where"] for e in out] == ["NVML"] and out[0]["count"] == nvml.errors
