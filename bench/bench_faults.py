@@ -48,8 +48,11 @@ def main() -> int:
         out = []
         for method in args.methods.split(","):
             f = faults.forks(method, args.workers, viewers=2, timeout=3600)
-            f.pop("stderr", None) if not f.get("rc") else None
-            out.append(f)
+            if not f.get("rc"):
+                f.pop("stderr", None)
+            print(json.dumps(f), flush=True)      # each method as soon as it is done
+        print(f"# {args.fault}: {time.monotonic() - t0:.0f} s", flush=True)
+        return 0
     elif args.fault == "storm":
         out = [faults.storm(args.cycles, args.stalled, block_seconds=args.block_seconds, blocks=args.blocks)]
     elif args.fault == "other-user":
