@@ -435,7 +435,15 @@ class Probe:
         self.sampler = Sampler(sources, self.emit, hz=sample_hz)
         self.sampler.start()
         _register_fork_handler(self)
+        atexit.register(self._join_at_exit)   # runs after close() (atexit is last-in, first-out)
         atexit.register(self.close)
+
+    def _join_at_exit(self) -> None:
+        """Interpreter exit only: close() returned within its bound, but a sampler thread still inside
+        torch while the interpreter finalizes aborts the process (exit 134); wait for it (<= 5 s)."""
+        sampler = self.sampler
+        if sampler is not None and sampler.is_alive() and os.getpid() == self.pid:
+            sampler.join(5.0)
 
     def _problem(self, message: str) -> None:
         self.problems.append(message)

@@ -518,7 +518,8 @@ class Watcher:
         self.count_thread = thread
         thread.start()
 
-    def _join_count(self, timeout: float = 1.0) -> None:
+    def _join_count(self, timeout: float = 2 * MAX_COUNT_SECONDS) -> None:   # atexit: a thread inside torch
+        # while the interpreter finalizes aborts the process; close() passes its own, shorter bound
         thread = self.count_thread
         if thread is not None and thread.is_alive():
             thread.join(max(0.0, timeout))
