@@ -35,7 +35,7 @@ import weakref
 from _thread import get_ident
 from typing import Any
 
-from probe.core import CPU_TIMED_BATCHES, CPU_TIMED_WAIT
+from probe.loader_policy import CpuTimingPolicy
 from probe.stepfinder import StepFinder
 from probe.tracing import HiddenPhases, compiling_check, dynamo_has_compiled, run_eagerly
 
@@ -75,7 +75,7 @@ class _Auto:
         self.first_batch: float | None = None
         self.iterators: list[weakref.ref] = []
         self.iter_id = 0
-        self.cpu_timed = CPU_TIMED_BATCHES     # fetches left whose CPU time is read
+        self.cpu_timing = CpuTimingPolicy()    # when a fetch's CPU time is read (one policy with probe.loader)
 
     # -- steps ----------------------------------------------------------------------------------
     def _emit(self, start: float, end: float, phases: dict[str, float], samples: int | None,
@@ -85,7 +85,7 @@ class _Auto:
         mon = self.probe
         if mon is None or self.off:
             return
-        if mon._step_no != self.emitted:   # the script records steps through the API itself
+        if mon.steps != self.emitted:   # the script records steps through the API itself
             self.turn_off()
             return
         if not self.hidden.done:
@@ -136,7 +136,7 @@ class _Auto:
             try:   # communication, memory, FLOPs, device timing; phases come from the hooks here
                 watch(model=models or None, optimizer=optimizer, phases=False)
             except Exception as exc:
-                mon._internal_error("watch", exc)
+                mon.report_error("watch", exc)
         atexit.register(self.flush)   # registered after the probe's close: runs before it
         _chain_excepthook(self)
 
@@ -220,7 +220,7 @@ class _Auto:
         """A hook failed: counted; the first failure becomes a warning event in the stream."""
         self.errors += 1
         if self.errors == 1 and self.probe is not None:
-            self.probe._internal_error("zero-code hook", exc)
+            self.probe.report_error("zero-code hook", exc)
 
     def turn_off(self) -> None:
         """Stand aside for good: the hooks that cost something are removed, the wrappers pass through."""
@@ -341,16 +341,13 @@ def _wrap_next(orig: Any) -> Any:
             return orig(self)
         # single-process loader: this thread loads, and its CPU time tells preprocessing from I/O;
         # read only while waits matter, as probe.loader() does
-        single = a.cpu_timed > 0 and getattr(self, "_num_workers", 1) == 0
+        single = a.cpu_timing.left > 0 and getattr(self, "_num_workers", 1) == 0
         c0 = _tt() if single else 0.0
         t0 = _pc()
         batch = orig(self)
         t1 = _pc()
         cpu = _tt() - c0 if single else None
-        if single:
-            a.cpu_timed -= 1
-        if t1 - t0 > CPU_TIMED_WAIT:
-            a.cpu_timed = CPU_TIMED_BATCHES
+        a.cpu_timing.fetched(t1 - t0, single)
         if a.train_thread is not None and get_ident() != a.train_thread:
             return batch                    # a prefetch thread's fetch: the training thread did not wait
         try:

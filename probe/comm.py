@@ -244,11 +244,12 @@ class WorkPoller:
 
     def __init__(self, tracker: CommTracker) -> None:
         self.tracker = tracker
-        self.pending: collections.deque = collections.deque()
+        self.pending: collections.deque = collections.deque(maxlen=MAX_ASYNC)   # oldest untimed beyond it
         self.broken = False
+        self.closed = False     # the probe closed: nothing more is queued (CommState.close)
 
     def add(self, work: Any, item: _Done) -> None:
-        if self.broken:
+        if self.broken or self.closed:
             self.tracker.add(item)
         else:
             self.pending.append((work, item))
@@ -350,6 +351,8 @@ class DdpTiming:
         buf.div_(self.n)
         work = self.pg.allreduce([buf])          # what the C++ reducer does: the group directly, SUM
         fut = work.get_future()
+        if self.state.probe.closed:              # after close(): DDP's default, untimed
+            return fut.then(_first_value)
         tracker = self.state.tracker
         try:
             nbytes = buf.numel() * buf.element_size()
@@ -514,11 +517,11 @@ class CommState:
         self.funcol: FuncolTiming | None = None
         self.orig_wait: Callable[..., Any] | None = None
         self.async_works: dict[int, tuple[Any, _Done]] = {}
-        self.group_sizes: dict[int, int] = {}
+        self.group_sizes: dict[int, int] = {}     # one per process group: bounded by the script's groups
         self._work_poller: WorkPoller | None = None
         self._event_poller: EventPairPoller | None = None
         self.event_backend: Any = None   # probe.gpu.cuda backend when CUDA is in use
-        self.said: set[str] = set()
+        self.said: set[str] = set()               # messages said once; bounded by the call sites of say()
 
     def say(self, message: str) -> None:
         if message in self.said:
@@ -528,6 +531,15 @@ class CommState:
             self.probe.event("warning", message=message, source="comm")
         except Exception:
             pass
+
+    def close(self) -> None:
+        """The probe closed: release the works and pending completions kept for timing."""
+        self.async_works.clear()
+        if self._work_poller is not None:
+            self._work_poller.closed = True
+            self._work_poller.pending.clear()
+        if self._event_poller is not None:
+            self._event_poller.pending.clear()
 
     def work_poller(self) -> WorkPoller:
         if self._work_poller is None:
@@ -664,14 +676,16 @@ class CommState:
             if len(works) >= MAX_ASYNC:
                 works.pop(next(iter(works)))
             works[id(work)] = (work, item)
-            work.get_future().then(self._async_done(item))
+            work.get_future().then(self._async_done(item, id(work)))
         except Exception:
             self.tracker.error()
 
-    def _async_done(self, item: _Done) -> Callable[[Any], None]:
+    def _async_done(self, item: _Done, key: int) -> Callable[[Any], None]:
         tracker = self.tracker
+        works = self.async_works
 
         def done(_fut: Any) -> None:
+            works.pop(key, None)   # finished: a later wait() returns at once (nothing exposed to time)
             try:
                 t = time.perf_counter()
                 item.done = t
@@ -835,7 +849,7 @@ def _first_tensor(args: tuple) -> Any:
 
 def _poller_for(probe: Any) -> Any:
     try:
-        from probe.watch import poller_for
+        from probe.gpu.cuda import poller_for
         return poller_for(probe)
     except Exception:
         return None

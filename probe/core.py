@@ -5,6 +5,11 @@ appends a tuple to a bounded deque; nothing else. Building records, packing,
 sending and recording happen on the sender thread (``probe.server``), slow
 numbers on the sampler thread (``probe.sampler``). ``start()`` never raises:
 anything that fails leaves a probe that still works for whatever did not.
+
+This module is a little over 500 lines on purpose: the hot-path context managers and the
+lifecycle (setup, close, fork) share the probe's private state and are kept together;
+everything else (endpoints, records, the disabled probe, attachments, failure reporting,
+the loader CPU policy) lives in its own module.
 """
 
 from __future__ import annotations
@@ -12,7 +17,6 @@ from __future__ import annotations
 import atexit
 import collections
 import os
-import socket
 import sys
 import threading
 import time
@@ -20,14 +24,21 @@ import weakref
 from pathlib import Path
 from typing import Any, Callable, Iterable, Iterator
 
-from probe import paths, wire
+from probe import paths, records
+from probe.attachments import Attachments
+from probe.disabled import _Disabled
+from probe.endpoints import cpu_name, listen_tcp, listen_unix
+from probe.health import FailureReporter, HealthSource
+from probe.loader_policy import CpuTimingPolicy
 from probe.recording import RecordingWriter
 from probe.sampler import Sampler
 from probe.server import Sender
 
+__all__ = ["Probe", "StepArgs", "current", "start"]
+
 QUEUE_ITEMS = 65_536   # hot-path buffer; at 200 B a step this bounds it near 13 MB
-CPU_TIMED_WAIT = 50e-6  # a loader wait above this (s) switches on main-thread CPU timing (data_cpu) ...
-CPU_TIMED_BATCHES = 64  # ... for this many batches
+LOADER_ITERATORS = 16  # loaders remembered (weakly) for worker discovery; older ones are forgotten
+CLOSE_SECONDS = 2.0    # close() returns within this, whatever the threads are doing
 _STEP = 0
 _REC = 1
 
@@ -74,7 +85,8 @@ class _Phase:
 
 
 class _Step:
-    """Reusable context manager for ``Probe.step()``."""
+    """Reusable context manager for ``Probe.step()``; ``samples``/``tokens``/``flops`` are what the
+    script passed for the current step (``Probe.step_args``: the watcher reads ``flops``/``tokens``)."""
 
     __slots__ = ("probe", "samples", "tokens", "flops")
 
@@ -100,7 +112,7 @@ class _Step:
         extras: dict[str, Any] | None = None
         if p._end_hooks:
             extras = {}
-            p._run_hooks(p._end_hooks, extras)
+            p._run_hooks(p._end_hooks, extras, p._phases)
         if et is not None:
             p._on_step_exception(et, ev)
         phases = p._phases
@@ -116,8 +128,13 @@ class _Step:
         return False
 
 
+StepArgs = _Step   # the type of ``Probe.step_args``
+
+
 class Probe:
-    """One per process. Use ``probe.start()`` rather than constructing it."""
+    """One per process. Use ``probe.start()`` rather than constructing it.
+
+    ``probe.disabled._Disabled`` has the same public surface (a test walks both)."""
 
     def __init__(self, *, job: str, rank: int, local_rank: int, world_size: int, restart: int,
                  record: str | os.PathLike | None, serve: bool, sample_hz: float) -> None:
@@ -143,14 +160,16 @@ class Probe:
         self._prev_end: float | None = None
         self._phase_ctx: dict[str, _Phase] = {}
         self._step_ctx = _Step(self)
+        # step hooks: one pair per instrumentation module (watch), bounded by the number of modules
         self._begin_hooks: list[Callable[..., Any]] = []
         self._end_hooks: list[Callable[..., Any]] = []
-        self._hook_errors = 0
         self._epoch = time.time() - time.perf_counter()  # perf_counter -> unix seconds
         self.first_batch_wait: float | None = None
-        self.loader_iterators: list[weakref.ref] = []    # for worker discovery (sampler side)
-        self.extra_sources: list[Any] = []               # sampler sources added by device extensions
-        self.device: dict[str, Any] = {"type": "cpu", "name": _cpu_name(), "count": os.cpu_count() or 1}
+        # weak references to loader iterators, for worker discovery (sampler side); bounded
+        self.loader_iterators: collections.deque = collections.deque(maxlen=LOADER_ITERATORS)
+        self.attached = Attachments()                    # what probe.gpu and probe.watch attach
+        self.failures = FailureReporter(self.emit)       # counted internal failures -> warning events
+        self.device: dict[str, Any] = {"type": "cpu", "name": cpu_name(), "count": os.cpu_count() or 1}
         self.sender: Sender | None = None
         self.sampler: Sampler | None = None
         self._setup(record, serve, sample_hz)
@@ -159,7 +178,10 @@ class Probe:
     def loader(self, iterable: Iterable[Any]) -> Iterator[Any]:
         """Yield from ``iterable``, timing how long each ``next()`` blocks (the data stall)."""
         it = iter(iterable)
-        self.loader_iterators.append(weakref.ref(it) if _weakrefable(it) else (lambda it=it: it))
+        try:
+            self.loader_iterators.append(weakref.ref(it))
+        except TypeError:   # not weakly referable: not a DataLoader iterator, nothing to discover
+            pass
         pc = time.perf_counter
         tt = time.thread_time
         t0 = pc()
@@ -183,16 +205,15 @@ class Probe:
                     return
                 self._data += pc() - t0
                 yield batch
-        # This thread does the loading (num_workers=0, plain iterables): its CPU time inside
-        # next() tells CPU-bound preprocessing from waiting on I/O. It is read (two syscalls)
-        # for the CPU_TIMED_BATCHES batches after any wait long enough to matter: a loader
-        # that never makes the step wait costs nothing extra.
+        # This thread does the loading (num_workers=0, plain iterables): probe.loader_policy says
+        # when its CPU time inside next() is read.
         if self._prev_end is not None:
             self._data_cpu = (self._data_cpu or 0.0) + (tt() - c0)
-        timed = CPU_TIMED_BATCHES if dt > CPU_TIMED_WAIT else 0
+        policy = CpuTimingPolicy(left=0)
+        policy.fetched(dt, timed=False)
         yield first
         while True:
-            c0 = tt() if timed else None
+            c0 = tt() if policy.left > 0 else None
             t0 = pc()
             try:
                 batch = next(it)
@@ -200,12 +221,10 @@ class Probe:
                 return
             t1 = pc()
             if c0 is not None:
-                timed -= 1
                 self._data_cpu = (self._data_cpu or 0.0) + (tt() - c0)
             dt = t1 - t0
             self._data += dt
-            if dt > CPU_TIMED_WAIT:
-                timed = CPU_TIMED_BATCHES
+            policy.fetched(dt, c0 is not None)
             yield batch
 
     def step(self, samples: float | None = None, tokens: float | None = None,
@@ -238,22 +257,30 @@ class Probe:
         self._q.append((_REC, record))
 
     def close(self) -> None:
-        """Flush, say ``bye``, close sockets and the recording. Idempotent; bounded to ~2 s."""
+        """Flush, say ``bye``, close sockets and the recording, release what is attached.
+
+        Idempotent; returns within ``CLOSE_SECONDS`` whatever the threads are doing (a thread
+        still busy then is a daemon and is left to finish or die with the process)."""
         global _current
         if self.closed or os.getpid() != self.pid:
             return
         self.closed = True
+        deadline = time.monotonic() + CLOSE_SECONDS
         try:
+            watcher = self.attached.watcher
+            if watcher is not None:
+                watcher.close(deadline - 1.6)     # hooks removed; a FLOP count is waited for <= 0.4 s
             if self.sampler is not None:
                 self.sampler.stop_event.set()
                 # sources call into torch (memory walker); a daemon thread inside torch's C++ code
                 # while the interpreter finalizes aborts the process ("terminate called ...", exit 134)
-                self.sampler.join(1.0)
+                self.sampler.join(max(0.0, deadline - 1.4 - time.monotonic()))
                 if not self.sampler.is_alive():
                     self.sampler.flush()   # last totals (comm) reach the stream before bye
+            self.attached.release()
             if self.sender is not None:
                 self.sender.stop_event.set()
-                self.sender.stopped.wait(2.0)
+                self.sender.stopped.wait(max(0.0, deadline - time.monotonic()))
             for path in (self.socket_path, self.token_path):
                 if path is not None:
                     try:
@@ -262,6 +289,9 @@ class Probe:
                         pass
         except Exception:
             pass
+        self.loader_iterators.clear()
+        self._begin_hooks = []
+        self._end_hooks = []
         with _lock:
             if _current is self:
                 _current = None
@@ -271,16 +301,33 @@ class Probe:
 
         Idempotent per model/optimizer; never raises.
         """
+        if self.closed:
+            return
         try:
             from probe.watch import watch
             watch(self, model=model, optimizer=optimizer, **options)
         except Exception as exc:
-            self._internal_error("watch", exc)
+            self.report_error("watch", exc)
+
+    @property
+    def steps(self) -> int:
+        """Steps recorded so far (the next step's number)."""
+        return self._step_no
+
+    @property
+    def step_args(self) -> StepArgs:
+        """What the script passed to the current ``step()`` (``samples``, ``tokens``, ``flops``)."""
+        return self._step_ctx
+
+    def report_error(self, where: str, exc: BaseException) -> None:
+        """The probe's own failures: counted, and a rate-limited ``warning`` event (never raises)."""
+        self.failures.failed(where, exc)
 
     # -- hooks for instrumentation (watch, zero-code mode) ----------------------------------
     def add_step_hooks(self, begin: Callable[[], None] | None = None,
-                       end: Callable[[dict[str, Any]], None] | None = None) -> None:
-        """Register callables run at step begin / end; ``end`` fills extra step-record keys."""
+                       end: Callable[[dict[str, Any], dict[str, float]], None] | None = None) -> None:
+        """Register callables run at step begin / end. ``end(extras, phases)`` fills extra step-record
+        keys and may add phases (seconds by name) when the script timed none."""
         if begin is not None:
             self._begin_hooks = self._begin_hooks + [begin]
         if end is not None:
@@ -303,7 +350,7 @@ class Probe:
         extras: dict[str, Any] | None = None
         if self._end_hooks:
             extras = {}
-            self._run_hooks(self._end_hooks, extras)
+            self._run_hooks(self._end_hooks, extras, self._phases)
         merged = self._phases
         self._phases = {}
         for name, seconds in (phases or {}).items():
@@ -323,8 +370,8 @@ class Probe:
         for hook in hooks:
             try:
                 hook(*args)
-            except Exception:
-                self._hook_errors += 1
+            except Exception as exc:
+                self.failures.failed("step hook", exc)
 
     def _on_step_exception(self, et: Any, ev: Any) -> None:
         name = getattr(et, "__name__", "Exception")
@@ -333,39 +380,11 @@ class Probe:
                                "message": str(ev)[:300], "step": self._step_no}))
 
     # -- record building (sender thread) -----------------------------------------------------
-    def build(self, item: tuple) -> dict[str, Any] | None:
-        if item[0] == _REC:
-            return item[1]
-        _, step_no, start, end, data, phases, samples, tokens, flops, extras, gap, data_cpu = item
-        dur = end - start
-        phases = dict(phases)
-        if data:
-            phases["data"] = data
-        known = sum(v for v in phases.values())
-        gap = max(0.0, gap)
-        phases["other"] = max(0.0, dur - known - gap)   # phases + gap add up to dur
-        rec: dict[str, Any] = {"k": "step", "t": end + self._epoch, "step": step_no, "start": start + self._epoch,
-                               "dur": dur, "phases": phases, "gap": gap}
-        if samples is not None:
-            rec["samples"] = samples
-        if tokens is not None:
-            rec["tokens"] = tokens
-        if flops is not None:
-            rec["flops"] = flops
-        if data_cpu is not None:
-            rec["data_cpu"] = data_cpu
-        if extras:
-            rec.update(extras)
-        return rec
+    def _build(self, item: tuple) -> dict[str, Any] | None:
+        return item[1] if item[0] == _REC else records.step_record(item, self._epoch)
 
-    def hello(self) -> dict[str, Any]:
-        import platform
-        torch_mod = sys.modules.get("torch")
-        return {"k": "hello", "t": time.time(), "proto": list(wire.PROTO), "job": self.job, "rank": self.rank,
-                "local_rank": self.local_rank, "world_size": self.world_size, "host": platform.node(),
-                "pid": self.pid, "restart": self.restart, "argv": [str(a)[:200] for a in sys.argv[:32]],
-                "torch": getattr(torch_mod, "__version__", None), "device": self.device, "name": self.name,
-                "python": platform.python_version()}
+    def _hello(self) -> dict[str, Any]:
+        return records.hello(self)
 
     # -- setup ------------------------------------------------------------------------------
     def _setup(self, record: str | os.PathLike | None, serve: bool, sample_hz: float) -> None:
@@ -374,12 +393,12 @@ class Probe:
         tcp_listener, tcp_token = None, None
         if serve:
             try:
-                listener = self._listen()
+                listener, self.socket_path = listen_unix(self.name)
             except (paths.UnsafeDirectory, OSError) as exc:
                 self._problem(f"live view off: {exc}")
             if os.environ.get("PERFMON_TCP"):
                 try:
-                    tcp_listener, tcp_token = self._listen_tcp(os.environ["PERFMON_TCP"])
+                    tcp_listener, tcp_token, self.token_path = listen_tcp(self.name, os.environ["PERFMON_TCP"])
                 except (paths.UnsafeDirectory, OSError, ValueError) as exc:
                     self._problem(f"TCP view off: {exc}")
         if record:
@@ -396,9 +415,9 @@ class Probe:
                 extend(self)
             except Exception as exc:
                 self._problem(f"device detection failed: {exc!r}")
-        self.sender = Sender(queue=self._q, build=self.build, hello=self.hello(), listener=listener,
+        self.sender = Sender(queue=self._q, build=self._build, hello=self._hello(), listener=listener,
                              tcp_listener=tcp_listener, tcp_token=tcp_token,
-                             recorder=recorder, on_error=self._internal_error)
+                             recorder=recorder, on_error=self.report_error)
         self.sender.start()
         sources = []
         try:
@@ -411,50 +430,20 @@ class Probe:
             sources.append(LoaderWorkersSource(self))
         except Exception as exc:
             self._problem(f"loader worker sampling off: {exc!r}")
-        sources.extend(self.extra_sources)
+        sources.extend(self.attached.sources)
+        sources.append(HealthSource(self))
         self.sampler = Sampler(sources, self.emit, hz=sample_hz)
         self.sampler.start()
         _register_fork_handler(self)
+        atexit.register(self._join_at_exit)   # runs after close() (atexit is last-in, first-out)
         atexit.register(self.close)
 
-    def _listen(self) -> socket.socket:
-        directory = paths.ensure_dir()
-        path = directory / f"{self.name}{paths.SOCKET_SUFFIX}"
-        _remove_stale(path)
-        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-        old = os.umask(0o177)
-        try:
-            sock.bind(str(path))
-        finally:
-            os.umask(old)
-        os.chmod(path, 0o600)
-        sock.listen(16)
-        self.socket_path = path
-        return sock
-
-    def _listen_tcp(self, spec: str) -> tuple[socket.socket, str]:
-        """``PERFMON_TCP=[host:]port``: listen (127.0.0.1 unless told), token in a 0600 file by the socket."""
-        import secrets
-        host, _, port = spec.rpartition(":")
-        if not port.isdigit():
-            raise ValueError(f"PERFMON_TCP={spec!r} is not [host:]port")
-        directory = paths.ensure_dir()
-        token = secrets.token_urlsafe(24)
-        token_path = directory / f"{self.name}.token"
-        fd = os.open(token_path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o600)
-        with os.fdopen(fd, "w") as fh:
-            fh.write(token + "\n")
-        sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        try:
-            sock.bind((host or "127.0.0.1", int(port)))
-            sock.listen(8)
-        except OSError:
-            sock.close()
-            os.unlink(token_path)
-            raise
-        self.token_path = token_path
-        return sock, token
+    def _join_at_exit(self) -> None:
+        """Interpreter exit only: close() returned within its bound, but a sampler thread still inside
+        torch while the interpreter finalizes aborts the process (exit 134); wait for it (<= 5 s)."""
+        sampler = self.sampler
+        if sampler is not None and sampler.is_alive() and os.getpid() == self.pid:
+            sampler.join(5.0)
 
     def _problem(self, message: str) -> None:
         self.problems.append(message)
@@ -463,13 +452,7 @@ class Probe:
         except (OSError, ValueError):
             pass
 
-    def _internal_error(self, where: str, exc: BaseException) -> None:
-        """The probe's own failures become events in the stream, not output per step."""
-        try:
-            self._q.append((_REC, {"k": "event", "t": time.time(), "name": "warning",
-                                   "message": f"perfmon {where} error: {exc!r}"[:300]}))
-        except Exception:
-            pass
+    _internal_error = report_error    # older name, kept for instrumentation modules not yet renamed
 
     def _after_fork_in_child(self) -> None:
         """Forked child (DataLoader worker): go silent; close inherited fds; touch no locks."""
@@ -513,92 +496,6 @@ def _on_fork_child() -> None:
             probe._after_fork_in_child()
         except Exception:
             pass
-
-
-def _remove_stale(path: Path) -> None:
-    """Remove a socket file nobody answers on (a crashed run's leftover)."""
-    if not path.exists():
-        return
-    probe_sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-    try:
-        probe_sock.settimeout(0.2)
-        probe_sock.connect(str(path))
-    except OSError:
-        try:
-            os.unlink(path)
-        except OSError:
-            pass
-    finally:
-        probe_sock.close()
-
-
-def _weakrefable(obj: Any) -> bool:
-    try:
-        weakref.ref(obj)
-        return True
-    except TypeError:
-        return False
-
-
-def _cpu_name() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    import platform
-    return platform.processor() or "CPU"
-
-
-class _Disabled:
-    """Same API, does nothing: returned in DataLoader workers or when PERFMON_DISABLE is set."""
-
-    closed = True
-    socket_path = None
-    record_path = None
-    problems: list[str] = []
-
-    def loader(self, iterable: Iterable[Any]) -> Iterator[Any]:
-        return iter(iterable)
-
-    def step(self, **_: Any) -> "_Null":
-        return _NULL
-
-    def phase(self, name: str) -> "_Null":
-        return _NULL
-
-    def event(self, name: str, **fields: Any) -> None:
-        pass
-
-    def emit(self, record: dict[str, Any]) -> None:
-        pass
-
-    def add_step_hooks(self, *a: Any, **k: Any) -> None:
-        pass
-
-    def watch(self, *a: Any, **k: Any) -> None:
-        pass
-
-    def begin_step(self) -> None:
-        pass
-
-    def add_step(self, *a: Any, **k: Any) -> None:
-        pass
-
-    def close(self) -> None:
-        pass
-
-
-class _Null:
-    def __enter__(self) -> "_Null":
-        return self
-
-    def __exit__(self, *exc: Any) -> bool:
-        return False
-
-
-_NULL = _Null()
 
 
 def start(job: str | None = None, *, record: str | os.PathLike | None = None, rank: int | None = None,

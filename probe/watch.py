@@ -39,34 +39,23 @@ MAX_COUNT_SECONDS = 5.0      # a count slower than this stops further counting
 _OPTIONS = {"flops_per_step", "peak_flops", "phases", "comm", "memory", "syncs", "gpu_events", "count_flops"}
 
 
-def poller_for(probe: Any) -> gpu_cuda.Poller:
-    """The probe's completion poller thread (created on first use; stopped and joined at exit,
-    so it is never inside a CUDA call while the interpreter finalizes)."""
-    poller = getattr(probe, "_poller", None)
-    if poller is None:
-        poller = gpu_cuda.Poller(alive=lambda: not probe.closed)
-        probe._poller = poller
-        atexit.register(poller.stop)
-    return poller
-
-
 def watch(probe: Any, model: Any = None, optimizer: Any = None, **options: Any) -> "Watcher":
-    watcher = getattr(probe, "_watcher", None)
+    watcher = probe.attached.watcher
     if watcher is None:
         watcher = Watcher(probe)
-        probe._watcher = watcher
+        probe.attached.watcher = watcher
     watcher.configure(options)
     inside_step = _inside_optimizer_step()
     for opt in _as_list(optimizer):
         try:        # one object that cannot be watched must not cost the others
             watcher.add_optimizer(_unwrap_optimizer(opt), defer=inside_step)
         except Exception as exc:
-            probe._internal_error("watch optimizer", exc)
+            probe.report_error("watch optimizer", exc)
     for mod in _as_list(model):
         try:
             watcher.add_model(mod)
         except Exception as exc:
-            probe._internal_error("watch model", exc)
+            probe.report_error("watch model", exc)
     return watcher
 
 
@@ -163,7 +152,7 @@ class Watcher:
         self.comm_source_added = False
         # flops
         self.flops_cache: dict[tuple, int] = {}
-        self.flops_failed: set[tuple] = set()
+        self.flops_failed: set[tuple] = set()     # with flops_cache: at most MAX_FLOP_SIGNATURES keys
         self.replay_blockers: dict[int, str | None] = {}
         self.count_request: tuple | None = None
         self.counting: tuple | None = None        # key being counted on the background thread
@@ -254,7 +243,7 @@ class Watcher:
             try:
                 self._hook_optimizer(optimizer)
             except Exception as exc:
-                self.probe._internal_error("watch optimizer hooks", exc)
+                self.probe.report_error("watch optimizer hooks", exc)
 
     def _count_params(self) -> int:
         seen: set[int] = set()
@@ -286,8 +275,8 @@ class Watcher:
             return
         if self.options["gpu_events"]:
             self.timer = gpu_cuda.StepTimer(cuda)
-            poller_for(self.probe).add(self.timer.poll)
-        if self.options["syncs"] is not False:
+            gpu_cuda.poller_for(self.probe).add(self.timer.poll)
+        if self.options["syncs"] or (self.options["syncs"] is None and os.environ.get("PERFMON_SYNCS") == "1"):
             counter = gpu_cuda.SyncCounter()
             why_not = gpu_cuda.enable_sync_counting(cuda, counter)
             if why_not is None:
@@ -344,13 +333,14 @@ class Watcher:
             if self.device_type == "cpu":
                 self.meter = SavedTensorMeter(lambda: self.walker.param_keys)
             nvml_device = None
+            gpu = None
             if self.device_type == "cuda":
-                source = getattr(self.probe, "_gpu_source", None)
-                devices = source.devices if source is not None else []
+                gpu = self.probe.attached.gpu
+                devices = gpu.source.devices if gpu is not None else []
                 nvml_device = devices[0] if len(devices) == 1 else None
             self.memory_source = MemorySource(self.probe.emit, self.walker, device_type=self.device_type,
                                               index=self.device_index, cuda=gpu_cuda.backend,
-                                              nvml=getattr(self.probe, "_nvml", None), nvml_device=nvml_device,
+                                              nvml=gpu.nvml if gpu is not None else None, nvml_device=nvml_device,
                                               activations=self.meter)
             sampler.add(self.memory_source)
         if self.comm_state is not None and not self.comm_source_added:
@@ -382,7 +372,7 @@ class Watcher:
                     meter.start()
             self.fwd_depth += 1
         except Exception as exc:
-            self.probe._internal_error("forward pre-hook", exc)
+            self.probe.report_error("forward pre-hook", exc)
         return None
 
     def _fwd_post(self, module: Any, args: tuple, kwargs: dict, output: Any) -> None:
@@ -404,7 +394,7 @@ class Watcher:
             else:
                 self.fwd_depth = depth
         except Exception as exc:
-            self.probe._internal_error("forward hook", exc)
+            self.probe.report_error("forward hook", exc)
         return None
 
     def _opt_pre(self, optimizer: Any, args: tuple, kwargs: dict) -> None:
@@ -423,7 +413,7 @@ class Watcher:
                     self.walker.capture_grads()
             self.opt_depth += 1
         except Exception as exc:
-            self.probe._internal_error("optimizer pre-hook", exc)
+            self.probe.report_error("optimizer pre-hook", exc)
         return None
 
     def _opt_post(self, optimizer: Any, args: tuple, kwargs: dict) -> None:
@@ -435,7 +425,7 @@ class Watcher:
                 if self.opt_depth == 0:
                     self.opt += _perf_counter() - self.opt_t0
         except Exception as exc:
-            self.probe._internal_error("optimizer post-hook", exc)
+            self.probe.report_error("optimizer post-hook", exc)
         return None
 
     # -- step boundaries ------------------------------------------------------------------------
@@ -443,10 +433,12 @@ class Watcher:
         if self.deferred:
             self._run_deferred()
         self._reset_step()
+        if self.syncs is not None:
+            self.syncs.ensure_first()
         if self.timer is not None:
             self.timer.begin()
 
-    def _end(self, extras: dict[str, Any]) -> None:
+    def _end(self, extras: dict[str, Any], phases: dict[str, float]) -> None:
         p = self.probe
         now = _perf_counter()
         if self.bwd_open:
@@ -457,8 +449,7 @@ class Watcher:
             self.opt_t0 = now
         elif self.walker.need_grads and self.n_fwd:   # no watched optimizer: backward is over by now
             self.walker.capture_grads()
-        if self.phases_on and not p._phases:
-            phases = p._phases
+        if self.phases_on and not phases:
             if self.fwd:
                 phases["forward"] = self.fwd
             if self.bwd:
@@ -481,14 +472,14 @@ class Watcher:
         if self.flops_on:
             self._flops_end(extras)
         if self.timer is not None:
-            self.timer.end(p._step_no)
+            self.timer.end(p.steps)
             result = self.timer.take()
             if result is not None:
                 extras.update(result)
 
     # -- FLOPs ----------------------------------------------------------------------------------
     def _flops_pre(self, module: Any, args: tuple, kwargs: dict) -> None:
-        if self.probe._step_ctx.flops is not None:
+        if self.probe.step_args.flops is not None:
             return
         if not kwargs and len(args) == 1 and isinstance(args[0], self.tensor_type):
             sig: tuple = (args[0].shape, args[0].dtype)      # the common case, without building tuples
@@ -501,7 +492,8 @@ class Watcher:
             self.step_flops += value
             return
         self.step_unknown.append(key)
-        if (self.counting_off or key in self.flops_failed or len(self.flops_cache) >= MAX_FLOP_SIGNATURES
+        if (self.counting_off or key in self.flops_failed
+                or len(self.flops_cache) + len(self.flops_failed) >= MAX_FLOP_SIGNATURES
                 or self.count_request is not None or self.counting is not None or self.live is not None):
             return
         target = _unwrap(module)
@@ -515,9 +507,10 @@ class Watcher:
             live = flops.LiveCount()
             live.start()
             self.live = (live, key)
+            self.live_thread = threading.get_ident()
 
     def _flops_end(self, extras: dict[str, Any]) -> None:
-        ctx = self.probe._step_ctx
+        ctx = self.probe.step_args
         if ctx.flops is not None:
             self.flops_source = "user"
             return
@@ -533,7 +526,7 @@ class Watcher:
                 self.flops_cache[key] = total // max(1, self.step_unknown.count(key))
             except Exception as exc:
                 self.flops_failed.add(key)
-                self.probe._internal_error("FLOP count", exc)
+                self.probe.report_error("FLOP count", exc)
         if self.count_request is not None:
             self._start_count()
         unknown = self.step_unknown
@@ -563,10 +556,35 @@ class Watcher:
         self.count_thread = thread
         thread.start()
 
-    def _join_count(self) -> None:
+    def _join_count(self, timeout: float = 2 * MAX_COUNT_SECONDS) -> None:   # atexit: a thread inside torch
+        # while the interpreter finalizes aborts the process; close() passes its own, shorter bound
         thread = self.count_thread
         if thread is not None and thread.is_alive():
-            thread.join(2 * MAX_COUNT_SECONDS)
+            thread.join(max(0.0, timeout))
+
+    def close(self, deadline: float) -> None:
+        """Probe.close(): remove every hook; wait for a running FLOP count until ``deadline``
+        (time.monotonic()); after that it finishes on its own (daemon thread)."""
+        handles, self.handles = self.handles, []
+        for handle in handles:
+            try:
+                handle.remove()
+            except Exception:
+                pass
+        self.deferred = []
+        self.count_request = None
+        if self.comm_state is not None:
+            self.comm_state.close()
+        if self.syncs is not None:       # sync debug mode back to off, our filter out
+            gpu_cuda.disable_sync_counting(gpu_cuda.backend, self.syncs)
+            self.syncs = None
+        live, self.live = self.live, None
+        if live is not None and getattr(self, "live_thread", None) == threading.get_ident():
+            try:   # a step's live count ends here: its step-end hook no longer runs
+                live[0].stop()
+            except Exception:
+                pass
+        self._join_count(deadline - time.monotonic())
 
     def _count(self, target: Any, key: tuple, margs: tuple, mkwargs: dict, grad: bool) -> None:
         t0 = time.perf_counter()

@@ -271,10 +271,12 @@ class PerfmonApp(App[int]):
             self.feed.to_end()  # type: ignore[attr-defined]
 
     def action_log(self) -> None:
-        if self.log_path is None:
-            self.notify("no job output here: `perfmon run` shows its job's output with l", timeout=3)
-        elif not isinstance(self.screen, LogScreen):
-            self.push_screen(LogScreen(self.log_path))
+        if not isinstance(self.screen, LogScreen):   # job output (perfmon run) and the probe's warnings
+            self.push_screen(LogScreen(self.log_path, warnings=self._recent_events))
+
+    def _recent_events(self) -> list[dict[str, Any]]:
+        view = self.view
+        return list(getattr(view, "events", None) or [])
 
     def action_screenshot_svg(self) -> None:
         try:

@@ -8,8 +8,10 @@ the user can act on (version mismatch, bad frame, unreadable file) become
 
 from __future__ import annotations
 
+import os
 import selectors
 import socket
+import stat
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -126,8 +128,7 @@ class LoadedRecording:
 def load_recordings(target: str | Path) -> list[LoadedRecording]:
     """Every recording file under ``target`` (file or directory), each read to its intact end."""
     target = Path(target)
-    if not target.exists():
-        raise UserError(f"{target}: no such file or directory")
+    _check_readable(target)
     files = recording_files(target)
     if not files:
         raise UserError(f"{target}: no perfmon recordings (*.pmrec) in it")
@@ -149,4 +150,23 @@ def load_recordings(target: str | Path) -> list[LoadedRecording]:
 
 def is_recording_target(target: str) -> bool:
     path = Path(target)
-    return path.exists() and not path.is_socket()
+    try:
+        mode = path.stat().st_mode
+    except PermissionError:
+        raise UserError(f"{target}: permission denied (a job or recording of another user?)") from None
+    except OSError:
+        return False
+    return not stat.S_ISSOCK(mode)
+
+
+def _check_readable(target: Path) -> None:
+    """One line, not an empty listing or a traceback, for what this user may not read."""
+    try:
+        is_dir = target.is_dir()
+        exists = is_dir or target.exists()
+    except PermissionError:
+        raise UserError(f"{target}: permission denied (a recording of another user?)") from None
+    if not exists:
+        raise UserError(f"{target}: no such file or directory")
+    if not os.access(target, os.R_OK | (os.X_OK if is_dir else 0)):
+        raise UserError(f"{target}: permission denied (a recording of another user?)")

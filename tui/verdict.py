@@ -61,7 +61,7 @@ THROTTLE_REASONS = frozenset({"sw_power_cap", "hw_slowdown", "sw_thermal", "hw_t
 
 BOTTLENECKS = ("warming_up", "memory", "data_loading", "data_preprocessing", "communication",
                "load_imbalance", "host_sync", "host_overhead", "compute_efficiency", "healthy")
-FINDINGS = ("step_gaps", "throttling", "fragmentation", "rank_restarted", "drops")
+FINDINGS = ("step_gaps", "throttling", "fragmentation", "rank_restarted", "drops", "probe_warnings")
 
 
 @dataclass(frozen=True)
@@ -222,7 +222,7 @@ def _ask_host_sync(v: JobView, node: Node) -> _Answer:
         return _Answer(None, None, "CPU job: there is no host-device sync to find")
     s = v.metrics.syncs_per_step
     if s is None:
-        return _Answer(None, None, "syncs not counted")
+        return _Answer(None, None, "syncs not counted (opt-in: watch(syncs=True) or PERFMON_SYNCS=1)")
     return _Answer(s, _compare(s, node))
 
 
@@ -456,7 +456,26 @@ def _findings(v: JobView) -> list[dict[str, Any]]:
     if v.drops_total:
         out.append({"id": "drops", "count": v.drops_total,
                     "message": f"{v.drops_total} records dropped on the way; numbers may have holes"})
+    probe_warning = _probe_warnings(v.events)
+    if probe_warning is not None:
+        out.append(probe_warning)
     return out
+
+
+def _probe_warnings(events: list[dict[str, Any]]) -> dict[str, Any] | None:
+    """The probe's own counted failures (``warning`` events with ``source: perfmon``, each carrying
+    the running ``count`` for its ``where``): the newest count per rank and place, summed."""
+    latest: dict[tuple[Any, str], dict[str, Any]] = {}
+    for e in events:
+        if e.get("name") == "warning" and e.get("source") == "perfmon":
+            latest[(e.get("rank"), str(e.get("where") or "?"))] = e
+    if not latest:
+        return None
+    total = sum(int(e.get("count") or 1) for e in latest.values())
+    where = sorted({w for _, w in latest})
+    return {"id": "probe_warnings", "count": total, "where": where,
+            "message": f"the probe counted {total} failure(s) of its own ({', '.join(where)}): "
+                       "numbers from those parts may be missing"}
 
 
 class VerdictTracker:

@@ -14,6 +14,7 @@ import sys
 from typing import Any
 
 from probe import flops
+from probe.attachments import GpuAttachment
 from probe.gpu.nvml import Device, Nvml
 
 
@@ -89,14 +90,10 @@ def attach(probe: Any, module: Any = None) -> None:
     """Device extension: NVML session, hello description, GPU sample source."""
     nvml = Nvml(module)
     devices = own_devices(nvml, probe.local_rank, probe.world_size) if nvml.status is None else []
-    probe._nvml = nvml
-    probe._nvml_devices = devices
     probe.device = describe(nvml, devices, probe.device)
-    extra = getattr(probe, "extra_sources", None)
     source = GpuSource(nvml, devices)
-    probe._gpu_source = source
-    if extra is not None:
-        extra.append(source)
+    probe.attached.gpu = GpuAttachment(nvml=nvml, devices=devices, source=source)
+    probe.attached.sources.append(source)
 
 
 def refine(probe: Any, cuda_index: int, cuda: Any) -> Device | None:
@@ -104,8 +101,9 @@ def refine(probe: Any, cuda_index: int, cuda: Any) -> Device | None:
 
     Narrows the sampled GPUs to that one, which fixes any numbering mismatch.
     """
-    nvml: Nvml | None = getattr(probe, "_nvml", None)
-    if nvml is None or nvml.status is not None:
+    gpu = probe.attached.gpu
+    nvml = gpu.nvml if gpu is not None else None
+    if gpu is None or nvml is None or nvml.status is not None:
         return None
     try:
         uuid = cuda.device_uuid(cuda_index)
@@ -116,9 +114,8 @@ def refine(probe: Any, cuda_index: int, cuda: Any) -> Device | None:
         bare = uuid.removeprefix("GPU-")
         match = next((d for d in nvml.devices if d.uuid.removeprefix("GPU-") == bare), None)
     if match is None:
-        own = getattr(probe, "_nvml_devices", [])
+        own = gpu.devices
         match = own[0] if len(own) == 1 else None
-    source = getattr(probe, "_gpu_source", None)
-    if match is not None and source is not None:
-        source.devices = [match]
+    if match is not None:
+        gpu.source.devices = [match]
     return match

@@ -10,15 +10,22 @@
   ATen's EventPool does). The host time at which the step's last event is seen
   complete, minus the host time it was recorded, is how far the host runs ahead
   of the device: near zero means the device is starved.
-* ``SyncCounter``: counts host-device synchronizations with
-  ``torch.cuda.set_sync_debug_mode("warn")`` and a warnings filter whose message
-  matcher counts and names the calling line, then drops the warning. Not covered
-  by the debug mode (documented by PyTorch): ``torch.cuda.synchronize()``, event
-  syncs, allocator-caused syncs, torch.distributed and torch.sparse.
+* ``SyncCounter`` (opt-in: ``watch(syncs=True)`` or ``PERFMON_SYNCS=1``): counts host-device
+  synchronizations with ``torch.cuda.set_sync_debug_mode("warn")``. PyTorch offers no hook on
+  its C++ warnings (``TORCH_WARN`` becomes a Python warning, through the user's filters), so
+  the counter is a ``warnings`` filter entry kept first in the list: it is put back in front
+  at every step begin, so ``-W error``, ``PYTHONWARNINGS=error`` and any filter added between
+  steps (``catch_warnings`` + ``simplefilter("error"|"ignore")`` around the loop) neither turn
+  a sync into an exception nor silence the count. A filter added *inside* a step takes
+  precedence until the next step begins: there a sync warning meets that filter (raised
+  under "error", uncounted under "ignore"). That is why counting is opt-in. Not covered by
+  the debug mode (documented by PyTorch): ``torch.cuda.synchronize()``, event syncs,
+  allocator-caused syncs, torch.distributed and torch.sparse.
 """
 
 from __future__ import annotations
 
+import atexit
 import collections
 import sys
 import threading
@@ -99,11 +106,14 @@ class Poller(threading.Thread):
     def __init__(self, alive: Callable[[], bool]) -> None:
         super().__init__(name="perfmon-poller", daemon=True)
         self.alive = alive
-        self.clients: list[Callable[[], bool]] = []
+        self.clients: list[Callable[[], bool]] = []   # one per timer/poller kind: bounded by the code
         self.errors: dict[int, int] = {}
+        self.dropped = 0          # clients dropped after MAX_ERRORS failures (probe.health reports it)
         self.stop_event = threading.Event()
 
     def add(self, client: Callable[[], bool]) -> None:
+        if self.stop_event.is_set():
+            return
         self.clients = self.clients + [client]
         if not self.is_alive() and not self.stop_event.is_set():
             try:
@@ -116,10 +126,11 @@ class Poller(threading.Thread):
             busy = self.poll_once()
             self.stop_event.wait(self.PERIOD if busy else self.IDLE)
 
-    def stop(self) -> None:
+    def stop(self, timeout: float = 1.0) -> None:
         self.stop_event.set()
         if self.is_alive():
-            self.join(1.0)
+            self.join(timeout)
+        self.clients = []
 
     def poll_once(self) -> bool:
         busy = False
@@ -132,7 +143,21 @@ class Poller(threading.Thread):
                 self.errors[id(client)] = n
                 if n >= self.MAX_ERRORS:
                     self.clients = [c for c in self.clients if c is not client]
+                    self.errors.pop(id(client), None)
+                    self.dropped += 1
         return busy
+
+
+def poller_for(probe: Any) -> Poller:
+    """The probe's completion poller thread (``probe.attached.poller``; created on first use,
+    stopped at ``close()`` and at exit, so it is never inside a CUDA call while the interpreter
+    finalizes)."""
+    poller = probe.attached.poller
+    if poller is None:
+        poller = Poller(alive=lambda: not probe.closed)
+        probe.attached.poller = poller
+        atexit.register(poller.stop)
+    return poller
 
 
 class _Pending:
@@ -259,6 +284,14 @@ class SyncCounter:
         warnings.filters[0] = (action, self, category, module, lineno)
         self.installed = True
 
+    def ensure_first(self) -> None:
+        """Step begin: put the counter back in front of any filter added since (no-op when it is)."""
+        filters = warnings.filters
+        if filters and filters[0][1] is self:
+            return
+        filters[:] = [("ignore", self, Warning, None, 0)] + [f for f in filters if f[1] is not self]
+        warnings._filters_mutated()   # type: ignore[attr-defined]  # drop once-registries, as filterwarnings does
+
     def take(self) -> tuple[int, str | None]:
         """(syncs since the last call, "file:line" of the most frequent one)."""
         if not self.count:
@@ -287,3 +320,17 @@ def enable_sync_counting(cuda: Any, counter: SyncCounter) -> str | None:
         return f"host-device sync counting off: {exc!r}"[:200]
     counter.install_filter()
     return None
+
+
+def disable_sync_counting(cuda: Any, counter: SyncCounter) -> None:
+    """Undo ``enable_sync_counting`` (probe closed): debug mode off, the counter's filter removed."""
+    try:
+        if cuda.get_sync_debug_mode() == 1:
+            cuda.set_sync_debug_mode(0)
+    except Exception:
+        pass
+    try:
+        warnings.filters[:] = [f for f in warnings.filters if f[1] is not counter]
+        warnings._filters_mutated()   # type: ignore[attr-defined]
+    except Exception:
+        pass

@@ -91,7 +91,7 @@ DDP_JOB = """
             opt.zero_grad()
         times["sync" if synced else "nosync"].append(time.perf_counter() - t0)
     deadline = time.monotonic() + 10
-    while time.monotonic() < deadline and not mon._watcher.comm_state.tracker.totals:
+    while time.monotonic() < deadline and not mon.attached.watcher.comm_state.tracker.totals:
         time.sleep(0.05)
     time.sleep(5.5)     # one memory record (every 2 s) and one comm record (every 5 s) after the last step
     mon.close()

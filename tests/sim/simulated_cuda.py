@@ -13,6 +13,7 @@ Nothing here talks to a GPU.
 from __future__ import annotations
 
 import time
+import warnings
 from typing import Any
 
 
@@ -94,6 +95,18 @@ class SimulatedCuda:
     def set_sync_debug_mode(self, mode: int) -> None:
         self.calls.append(f"set_sync_debug_mode({mode})")
         self.sync_mode = mode
+
+    def synchronizing_op(self) -> None:
+        """A host-device sync (``loss.item()``) as c10's ``warn_or_error_on_sync`` treats it: debug mode
+        1 raises the ``TORCH_WARN`` as a Python ``UserWarning`` from the caller's line (through the
+        warnings filters, as torch's PyWarningHandler does), 2 raises an error, 0 says nothing."""
+        from probe.gpu.cuda import SYNC_MESSAGE
+
+        self.calls.append("sync")
+        if self.sync_mode == 1:
+            warnings.warn(SYNC_MESSAGE + " (simulated)", UserWarning, stacklevel=2)
+        elif self.sync_mode == 2:
+            raise RuntimeError(SYNC_MESSAGE + " (simulated)")
 
 
 def memory_stats(*, allocated: int, reserved: int, peak: int, peak_reserved: int | None = None,

@@ -145,6 +145,30 @@ async def test_log_key_tails_the_job_output(tmp_path, recordings):
         assert not isinstance(app.screen, LogScreen)
 
 
+async def test_log_screen_lists_the_probes_own_warnings(tmp_path):
+    """A probe failure (a step hook raising) reaches the TUI's log screen as a warning line."""
+    import probe
+
+    mon = probe.start(job="warned", record=tmp_path, serve=False)
+
+    def broken(extras, phases):
+        raise ValueError("hook broke")
+    mon.add_step_hooks(end=broken)
+    for _ in range(6):
+        with mon.step():
+            pass
+    mon.close()
+    app = PerfmonApp(ReplayFeed(RunModel(), load_recordings(str(tmp_path)), speed=None), watch_terminal=False)
+    async with app.run_test(size=(100, 30)) as pilot:
+        await wait_until(pilot, lambda: app.view is not None and app.view.events, what="events replayed")
+        await pilot.press("l")
+        assert isinstance(app.screen, LogScreen)
+        body = app.screen.query_one("#log-warnings")
+        await wait_until(pilot, lambda: any("hook broke" in line for line in body.lines), what="warning line")
+        await pilot.press("escape")
+        assert not isinstance(app.screen, LogScreen)
+
+
 # -- replay -----------------------------------------------------------------------------------
 
 async def test_replay_plays_pauses_speeds_up_and_jumps_to_end(recordings):

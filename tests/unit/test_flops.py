@@ -21,7 +21,7 @@ def _transformer(d: int = 128, layers: int = 2) -> torch.nn.Module:
 
 def _steps_until_counted(mon, model, opt, x, tokens, limit_s=30.0) -> None:
     deadline = time.monotonic() + limit_s
-    watcher = mon._watcher
+    watcher = mon.attached.watcher
     while time.monotonic() < deadline:
         with mon.step(samples=x.shape[0], tokens=tokens):
             model(x).sum().backward()

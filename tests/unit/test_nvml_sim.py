@@ -19,6 +19,7 @@ import torch
 import probe
 from probe import gpu
 from probe import watch as watch_module
+from probe.attachments import Attachments
 from probe.gpu import cuda as gpu_cuda
 from probe.gpu.nvml import GPM_ONLY, Nvml, decode_throttle
 from probe.recording import read_recording
@@ -38,7 +39,7 @@ class _Probe:
         self.local_rank = local_rank
         self.world_size = world_size
         self.device = {"type": "cpu", "name": "test CPU", "count": 2}
-        self.extra_sources: list = []
+        self.attached = Attachments()
 
 
 def _sample(source) -> dict:
@@ -57,7 +58,7 @@ def test_gpm_device_sample_carries_every_field(simulated_nvml, monkeypatch):
     gpu.attach(p)
     assert p.device["type"] == "cuda" and p.device["name"] == "NVIDIA H100 80GB HBM3"
     assert p.device["peak_flops"]["bf16"] == 989e12 and p.device["status"] is None
-    source = p.extra_sources[0]
+    source = p.attached.sources[0]
     first = _sample(source)["gpus"][0]
     assert "sm_active" in first and first["sm_active"] is None    # no interval before the second sample
     source.devices[0].gpm.prev_t -= 1.0          # as if a second passed between samples
@@ -139,7 +140,7 @@ def test_no_gpu_is_a_state_in_hello_and_samples(simulated_nvml, init_error, stat
     p = _Probe()
     gpu.attach(p)
     assert p.device["type"] == "cpu" and p.device["status"] == status
-    assert _sample(p.extra_sources[0])["gpu_status"] == status
+    assert _sample(p.attached.sources[0])["gpu_status"] == status
 
 
 def test_real_environment_without_gpu_says_library_not_found():
@@ -174,7 +175,7 @@ def test_refine_matches_the_torch_device_by_uuid(simulated_nvml, simulated_cuda,
     backend = simulated_cuda(uuid="GPU-1bbbbbbb-sim")
     match = gpu.refine(p, 0, backend)
     assert match is not None and match.index == 1
-    assert [d.index for d in p._gpu_source.devices] == [1]
+    assert [d.index for d in p.attached.gpu.source.devices] == [1]
 
 
 def test_default_backend_is_the_real_one():
@@ -248,7 +249,7 @@ def test_watch_on_a_simulated_gpu_fills_step_and_memory_records(simulated_cuda, 
     mon = probe.start(job="simulated-gpu", record=tmp_path, serve=False, sample_hz=10)
     try:
         assert mon.device["type"] == "cuda"
-        watcher = watch_module.watch(mon)
+        watcher = watch_module.watch(mon, syncs=True)    # sync counting is opt-in
         # a model on cuda:0 in bf16, as the simulated device sees it
         watcher._learn_device([types.SimpleNamespace(device=torch.device("cuda", 0), dtype=torch.bfloat16)])
         model = torch.nn.Linear(4, 4)
@@ -280,7 +281,8 @@ def test_watch_on_a_simulated_gpu_fills_step_and_memory_records(simulated_cuda, 
     assert compute["dtype"] == "bf16" and compute["peak_flops"] == 989e12 and compute["device"] == "cuda:0"
     memory = [r for r in records if r["k"] == "memory"][-1]
     assert memory["device"] == "cuda:0" and memory["cache"] == 2 * GiB and memory["limit"] == 80 * GiB
-    assert cuda.sync_mode == 1 and not any("reset" in c for c in cuda.calls)
+    assert cuda.calls.count("set_sync_debug_mode(1)") == 1 and not any("reset" in c for c in cuda.calls)
+    assert cuda.sync_mode == 0                   # close() switched the debug mode back off
 
 
 def _memory_written(mon) -> bool:

@@ -439,7 +439,7 @@ def main(argv: list[str] | None = None) -> int:
         os.environ["PERFMON_MEMORY_LIMIT"] = str(limit)   # the probe judges RSS against this
     mon = probe.start(job=args.job)
     if hasattr(mon, "watch"):
-        mon.watch(model=model, optimizer=optimizer)
+        mon.watch(model=model, optimizer=optimizer, syncs=True)   # sync counting is opt-in; the demo shows it
     with tempfile.TemporaryDirectory(prefix=f"perfmon-demo-r{rank}-") as scratch:
         job = Job(rank, world, device, model, optimizer, mon, Path(scratch), limit)
         job.stop = bool(stop_requested)

@@ -1,0 +1,49 @@
+"""What instrumentation modules attach to a ``Probe``: typed slots, one owner each.
+
+``probe.gpu.attach`` fills ``gpu`` before the hello; ``probe.watch.watch`` creates the
+``watcher``; ``probe.gpu.cuda.poller_for`` creates the ``poller`` (device-completion
+thread, shared by the step timer and the communication pollers). Nothing else writes
+them, and no module writes a ``Probe``'s private attributes. ``close()`` releases them.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from probe.gpu import GpuSource
+    from probe.gpu.cuda import Poller
+    from probe.gpu.nvml import Device, Nvml
+    from probe.watch import Watcher
+
+
+@dataclass
+class GpuAttachment:
+    """The NVML session, the GPUs this process uses, and the sampler source reading them."""
+
+    nvml: "Nvml"
+    devices: "list[Device]"
+    source: "GpuSource"
+
+
+@dataclass
+class Attachments:
+    gpu: "GpuAttachment | None" = None
+    watcher: "Watcher | None" = None
+    poller: "Poller | None" = None
+    # sampler sources added by device extensions before the sampler starts; one per
+    # extension module (bounded by the number of extensions, today one: probe.gpu)
+    sources: "list[Any]" = field(default_factory=list)
+
+    def release(self) -> None:
+        """At ``close()``: stop the poller thread and drop every reference."""
+        poller, self.poller = self.poller, None
+        if poller is not None:
+            try:
+                poller.stop(0.2)
+            except Exception:
+                pass
+        self.watcher = None
+        self.gpu = None
+        self.sources = []
