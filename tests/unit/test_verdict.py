@@ -8,8 +8,8 @@ import dataclasses
 import pytest
 
 from tests.unit.verdict_synth import T0, Rank, job
-from tui import verdict as V
-from tui.runmodel import JobView, MemoryMetrics, RunModel
+from tui.model import verdict as V
+from tui.model.runmodel import JobView, MemoryMetrics, RunModel
 
 GB = 1 << 30
 PEAK = 100e12
