@@ -17,7 +17,8 @@ from typing import Any
 
 from probe.paths import RECORD_SUFFIX, SOCKET_SUFFIX
 from tui.errors import UserError
-from tui.model.runmodel import JobView, RunModel
+from tui.model.runmodel import RunModel
+from tui.model.views import JobView
 from tui.model.verdict import Verdict, evaluate
 
 SCHEMA = "perfmon.report/1"

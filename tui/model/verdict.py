@@ -18,7 +18,8 @@ import dataclasses
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
-from tui.model.runmodel import MIN_STEPS, STRAGGLER_RATIO, JobView, RankView
+from tui.model.runmodel import MIN_STEPS, STRAGGLER_RATIO
+from tui.model.views import JobView, RankView
 
 # -- thresholds (each with its source) ---------------------------------------------------------
 # Seed 000 (常见瓶颈识别流程 step 1): "低利用率(<70%) → 可能是通信或数据加载瓶颈"; DESIGN §6.

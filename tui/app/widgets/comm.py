@@ -3,11 +3,11 @@ the busiest collectives with their bus bandwidth, and how long each rank waits."
 
 from __future__ import annotations
 
-from typing import Any
-
 from rich.console import RenderableType
 from rich.text import Text
 
+from tui.model.views import JobView
+from tui.model.verdict import Verdict
 from tui.app.widgets import glyphs, units
 from tui.app.widgets.pane import Pane, UiState
 
@@ -16,7 +16,7 @@ class CommPane(Pane):
     KEY = "3"
     NAME = "comm"
 
-    def draw(self, view: Any, verdict: Any, ui: UiState, width: int, height: int) -> RenderableType:
+    def draw(self, view: JobView, verdict: Verdict | None, ui: UiState, width: int, height: int) -> RenderableType:
         m = view.metrics
         lines: list[Text] = []
         if view.world_size <= 1 and not view.comm_ops:

@@ -3,11 +3,11 @@ loader CPU and worker count: the numbers behind data_loading vs data_preprocessi
 
 from __future__ import annotations
 
-from typing import Any
-
 from rich.console import RenderableType
 from rich.text import Text
 
+from tui.model.views import JobView
+from tui.model.verdict import Verdict
 from tui.app.widgets import glyphs, units
 from tui.app.widgets.pane import Pane, UiState, focus_rank
 
@@ -16,7 +16,7 @@ class DataPane(Pane):
     KEY = "4"
     NAME = "data"
 
-    def draw(self, view: Any, verdict: Any, ui: UiState, width: int, height: int) -> RenderableType:
+    def draw(self, view: JobView, verdict: Verdict | None, ui: UiState, width: int, height: int) -> RenderableType:
         m = view.metrics
         lines: list[Text] = []
         wait = Text.assemble(("wait ", "bold"))
@@ -59,7 +59,7 @@ class DataPane(Pane):
         return lines[:height]
 
 
-def _worst_rank(view: Any) -> int | None:
+def _worst_rank(view: JobView) -> int | None:
     known = [r for r in view.ranks if r.data_wait_frac is not None]
     if not known:
         return view.ranks[0].rank if view.ranks else None

@@ -8,6 +8,8 @@ from typing import Any
 from rich.console import RenderableType
 from rich.text import Text
 
+from tui.model.views import JobView
+from tui.model.verdict import Verdict
 from tui.app.widgets import glyphs, units
 from tui.app.widgets.pane import Pane, UiState
 
@@ -18,7 +20,7 @@ class DevicePane(Pane):
     KEY = "1"
     NAME = "device"
 
-    def draw(self, view: Any, verdict: Any, ui: UiState, width: int, height: int) -> RenderableType:
+    def draw(self, view: JobView, verdict: Verdict | None, ui: UiState, width: int, height: int) -> RenderableType:
         m = view.metrics
         lines: list[Text] = []
         busy = Text("busy ")
@@ -34,7 +36,7 @@ class DevicePane(Pane):
         return lines[:height]
 
 
-def _gpu_rows(view: Any) -> list[tuple[int, dict[str, Any]]]:
+def _gpu_rows(view: JobView) -> list[tuple[int, dict[str, Any]]]:
     """(rank, gpu) for each distinct GPU the ranks report: a rank's own GPU (index = local_rank) first."""
     seen: set[tuple[str | None, Any]] = set()
     rows = []
@@ -52,7 +54,7 @@ def _gpu_rows(view: Any) -> list[tuple[int, dict[str, Any]]]:
     return rows
 
 
-def _history(view: Any, rank: int, pick) -> list[float | None]:
+def _history(view: JobView, rank: int, pick) -> list[float | None]:
     out = []
     for sample in view.sample_history.get(rank, []):
         out.append(pick(sample))
@@ -65,7 +67,7 @@ def _util(value: Any) -> float | None:
     return value / 100.0 if value > 1.0 else float(value)
 
 
-def _draw_gpus(view: Any, rows: list[tuple[int, dict[str, Any]]], width: int, height: int) -> list[Text]:
+def _draw_gpus(view: JobView, rows: list[tuple[int, dict[str, Any]]], width: int, height: int) -> list[Text]:
     if not rows:
         status = _gpu_status(view) or "no GPU samples yet"
         return [Text(status, style=glyphs.WARN)]
@@ -106,7 +108,7 @@ def _draw_gpus(view: Any, rows: list[tuple[int, dict[str, Any]]], width: int, he
     return lines
 
 
-def _gpu_status(view: Any) -> str | None:
+def _gpu_status(view: JobView) -> str | None:
     for rank in sorted(view.hellos):
         device = view.hellos[rank].get("device") or {}
         if isinstance(device, dict) and device.get("status"):
@@ -118,7 +120,7 @@ def _gpu_status(view: Any) -> str | None:
     return None
 
 
-def _draw_cpu(view: Any, width: int, height: int) -> list[Text]:
+def _draw_cpu(view: JobView, width: int, height: int) -> list[Text]:
     lines: list[Text] = []
     status = _gpu_status(view)
     note = Text.assemble(("CPU job", "bold"))

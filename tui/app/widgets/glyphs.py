@@ -12,7 +12,7 @@ from typing import Any, Callable, Iterable, Sequence
 
 from rich.text import Text
 
-from tui.model.verdict import NODES, Node
+from tui.model.verdict import NODES, Node, Verdict
 
 # Severity colours (the verdict bar, judged numbers, straggler rows).
 OK = "green"
@@ -134,7 +134,7 @@ def threshold_text(node: Node, fmt: Callable[[float | None], str]) -> str:
     return sign + fmt(node.threshold)
 
 
-def judged(value: float | None, node_id: str, fmt: Callable[[float | None], str], verdict: Any = None) -> Text:
+def judged(value: float | None, node_id: str, fmt: Callable[[float | None], str], verdict: Verdict | None = None) -> Text:
     """``38% ! (≥5%)``: the value, ``!`` when it takes the flowchart's problem exit, and the threshold.
 
     The thresholds come from ``tui.model.verdict.NODES`` so a pane can never disagree with the verdict.

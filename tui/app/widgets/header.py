@@ -3,11 +3,10 @@ throughput, MFU, ETTR, uptime), plus the stream state and drop count."""
 
 from __future__ import annotations
 
-from typing import Any
-
 from rich.text import Text
 from textual.widget import Widget
 
+from tui.model.views import JobView
 from tui.app.widgets import glyphs, units
 from tui.app.widgets.pane import UiState
 
@@ -18,11 +17,11 @@ class HeaderBar(Widget):
 
     def __init__(self) -> None:
         super().__init__(id="header")
-        self._view: Any = None
+        self._view: JobView = None
         self._ui = UiState()
         self._description = ""
 
-    def show(self, view: Any, ui: UiState, description: str) -> None:
+    def show(self, view: JobView, ui: UiState, description: str) -> None:
         self._view, self._ui, self._description = view, ui, description
         self.refresh()
 

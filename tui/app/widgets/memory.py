@@ -7,11 +7,11 @@ verdict uses (``PERFMON_MEMORY_LIMIT``, cgroup or machine), with where it came f
 
 from __future__ import annotations
 
-from typing import Any
-
 from rich.console import RenderableType
 from rich.text import Text
 
+from tui.model.views import JobView
+from tui.model.verdict import Verdict
 from tui.app.widgets import glyphs, units
 from tui.app.widgets.pane import Pane, UiState
 
@@ -24,7 +24,7 @@ class MemoryPane(Pane):
     KEY = "2"
     NAME = "memory"
 
-    def draw(self, view: Any, verdict: Any, ui: UiState, width: int, height: int) -> RenderableType:
+    def draw(self, view: JobView, verdict: Verdict | None, ui: UiState, width: int, height: int) -> RenderableType:
         mem = view.metrics.memory
         lines: list[Text] = []
         if mem.source is None:

@@ -7,14 +7,15 @@ on its refresh timer (2-4 Hz) and a pane only formats what it is given.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, ClassVar
+from typing import TYPE_CHECKING, ClassVar
 
 from rich.console import RenderableType
 from rich.text import Text
 from textual.widget import Widget
 
 if TYPE_CHECKING:
-    from tui.model.runmodel import JobView
+    from tui.model.verdict import Verdict
+    from tui.model.views import JobView
 
 
 @dataclass(frozen=True)
@@ -42,10 +43,10 @@ class Pane(Widget, can_focus=True):
         super().__init__(id=self.NAME)
         self.border_title = f"{self.KEY} {self.NAME}"
         self._view: JobView | None = None
-        self._verdict: Any = None
+        self._verdict: Verdict | None = None
         self._ui = UiState()
 
-    def show(self, view: JobView, verdict: Any, ui: UiState) -> None:
+    def show(self, view: JobView, verdict: Verdict | None, ui: UiState) -> None:
         self._view, self._verdict, self._ui = view, verdict, ui
         self.refresh()
 
@@ -58,13 +59,13 @@ class Pane(Widget, can_focus=True):
             out = Text("\n").join(out)
         return out
 
-    def draw(self, view: JobView, verdict: Any, ui: UiState, width: int,
+    def draw(self, view: JobView, verdict: Verdict | None, ui: UiState, width: int,
              height: int) -> list[Text] | RenderableType:
         """Lines (cut with an ellipsis at the pane's width) or any Rich renderable."""
         raise NotImplementedError
 
 
-def focus_rank(view: JobView, ui: UiState, verdict: Any = None) -> int | None:
+def focus_rank(view: JobView, ui: UiState, verdict: Verdict | None = None) -> int | None:
     """The rank a single-rank drawing should show: the selected one, else the straggler, else the first."""
     ranks = [r.rank for r in view.ranks]
     if not ranks:

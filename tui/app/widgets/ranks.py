@@ -3,10 +3,10 @@ the straggler marked ◀ and the selected rank highlighted."""
 
 from __future__ import annotations
 
-from typing import Any
-
 from rich.text import Text
 
+from tui.model.views import JobView, RankView
+from tui.model.verdict import Verdict
 from tui.app.widgets import glyphs, units
 from tui.app.widgets.pane import Pane, UiState
 
@@ -15,7 +15,7 @@ class RanksPane(Pane):
     KEY = "6"
     NAME = "ranks"
 
-    def draw(self, view: Any, verdict: Any, ui: UiState, width: int, height: int) -> list[Text]:
+    def draw(self, view: JobView, verdict: Verdict | None, ui: UiState, width: int, height: int) -> list[Text]:
         if not view.ranks:
             return [Text("no ranks yet", style=glyphs.DIM)]
         straggler = getattr(verdict, "straggler_rank", None)
@@ -51,7 +51,7 @@ NORMAL = (("steps", 6), ("step", 6), ("compute", 7), ("data", 4), ("comm", 4))
 WIDE = NORMAL + (("cpu", 4), ("pid", 7))
 
 
-def _cell(r: Any, name: str) -> str:
+def _cell(r: RankView, name: str) -> str:
     if name == "steps":
         return str(r.steps)
     if name == "step":
@@ -67,7 +67,7 @@ def _cell(r: Any, name: str) -> str:
     return str(r.pid or "?")
 
 
-def _state(r: Any, straggler: int | None, short: bool = False) -> Text:
+def _state(r: RankView, straggler: int | None, short: bool = False) -> Text:
     if r.rank == straggler:
         return Text("◀" if short else "◀ straggler", style=glyphs.BAD)
     if r.ended:
@@ -82,7 +82,7 @@ def _state(r: Any, straggler: int | None, short: bool = False) -> Text:
     return Text("ok", style=glyphs.OK)
 
 
-def _rows_that_fit(ranks: list[Any], rows: int, keep: set[int | None]) -> list[Any]:
+def _rows_that_fit(ranks: list[RankView], rows: int, keep: set[int | None]) -> list[RankView]:
     """All ranks if they fit, else the first ones plus the straggler and the selected rank,
     leaving one row for the '+N more' line."""
     if len(ranks) <= rows:

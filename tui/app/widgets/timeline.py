@@ -12,6 +12,8 @@ from typing import Any
 from rich.console import RenderableType
 from rich.text import Text
 
+from tui.model.views import JobView
+from tui.model.verdict import Verdict
 from tui.app.widgets import glyphs, units
 from tui.app.widgets.pane import Pane, UiState, focus_rank
 
@@ -22,7 +24,7 @@ class TimelinePane(Pane):
     KEY = "5"
     NAME = "timeline"
 
-    def draw(self, view: Any, verdict: Any, ui: UiState, width: int, height: int) -> RenderableType:
+    def draw(self, view: JobView, verdict: Verdict | None, ui: UiState, width: int, height: int) -> RenderableType:
         rank = focus_rank(view, ui, verdict)
         steps = view.steps_recent.get(rank, []) if rank is not None else []
         if not steps:
