@@ -21,7 +21,7 @@ from textual.app import App, ComposeResult
 from textual.binding import Binding
 from textual.containers import Grid
 
-from tui.stream.feed import Feed, LiveFeed
+from tui.stream.feed import Feed, LiveFeed, ReplayFeed
 from tui.model.runmodel import RunModel
 from tui.app.screens.flowchart import FlowchartScreen
 from tui.app.screens.help import HelpScreen
@@ -262,13 +262,13 @@ class PerfmonApp(App[int]):
 
     def action_speed(self, direction: int) -> None:
         feed = self.feed
-        if feed is not None and feed.is_replay:
-            feed.faster() if direction > 0 else feed.slower()  # type: ignore[attr-defined]
+        if isinstance(feed, ReplayFeed):
+            feed.faster() if direction > 0 else feed.slower()
             self._draw()
 
     def action_to_end(self) -> None:
-        if self.feed is not None and self.feed.is_replay:
-            self.feed.to_end()  # type: ignore[attr-defined]
+        if isinstance(self.feed, ReplayFeed):
+            self.feed.to_end()
 
     def action_log(self) -> None:
         if self.log_path is None:

@@ -17,7 +17,7 @@ class HeaderBar(Widget):
 
     def __init__(self) -> None:
         super().__init__(id="header")
-        self._view: JobView = None
+        self._view: JobView | None = None
         self._ui = UiState()
         self._description = ""
 
