@@ -18,7 +18,8 @@ import dataclasses
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
-from tui.model.runmodel import MIN_STEPS, STRAGGLER_RATIO
+from tui.model.buffers import MIN_STEPS
+from tui.model.stats import STRAGGLER_RATIO
 from tui.model.views import JobView, RankView
 
 # -- thresholds (each with its source) ---------------------------------------------------------
@@ -30,7 +31,7 @@ DATA_WAIT_MIN = 0.05
 # TB plugin communication rule (analysis_anchors §11 step 3: C/T > 0.10); DESIGN §6: exposed comm >= 10%.
 COMM_EXPOSED_MIN = 0.10
 # NVIDIA Resiliency Extension straggler detection, gpu_relative_perf_threshold = 0.7 (relative score =
-# fastest rank / this rank), analysis_anchors §7; defined in tui.model.runmodel so the view marks the rank.
+# fastest rank / this rank), analysis_anchors §7; defined in tui.model.stats so the view marks the rank.
 STRAGGLER_RATIO_MAX = STRAGGLER_RATIO
 # TB plugin memory rule: peak_mem > totalGlobalMem * 0.9 (analysis_anchors §2.2); DESIGN §6.
 MEMORY_PEAK_MAX = 0.90
