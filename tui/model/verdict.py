@@ -154,7 +154,10 @@ def _pct(x: float | None) -> str:
     return "?" if x is None else f"{100 * x:.0f}%"
 
 
-def _compare(value: float, node: Node) -> bool:
+def compare(value: float, node: Node) -> bool:
+    """Does ``value`` take the node's "yes" exit (the direction that names a problem)?
+
+    The one definition: the verdict and the panes' judged numbers both use it."""
     if node.op == "<":
         return value < node.threshold
     if node.op == ">":
@@ -170,33 +173,33 @@ def _ask_memory(v: JobView, node: Node) -> _Answer:
         return _Answer(m.peak_frac, True, f"allocator retries rising ({m.alloc_retries} so far)")
     if m.peak_frac is None:
         return _Answer(None, None, "memory limit or peak not reported")
-    return _Answer(m.peak_frac, _compare(m.peak_frac, node))
+    return _Answer(m.peak_frac, compare(m.peak_frac, node))
 
 
 def _ask_device_busy(v: JobView, node: Node) -> _Answer:
     busy = v.metrics.device_busy
     if busy is None:
         return _Answer(None, None, "no step timing in the window")
-    return _Answer(busy, _compare(busy, node), v.metrics.device_busy_source or "")
+    return _Answer(busy, compare(busy, node), v.metrics.device_busy_source or "")
 
 
 def _ask_data_wait(v: JobView, node: Node) -> _Answer:
     d = v.metrics.data_wait_frac
     if d is None:
         return _Answer(None, None, "loader wait not measured (wrap the loader: mon.loader(...))")
-    return _Answer(d, _compare(d, node))
+    return _Answer(d, compare(d, node))
 
 
 def _ask_loader_cpu(v: JobView, node: Node) -> _Answer:
     m = v.metrics
     if m.loader_workers == 0 or (m.loader_workers is None and m.loader_cpu is None):
         if m.data_cpu_frac is not None:
-            return _Answer(m.data_cpu_frac, _compare(m.data_cpu_frac, node),
+            return _Answer(m.data_cpu_frac, compare(m.data_cpu_frac, node),
                            "num_workers=0: main-process CPU share of the data wait")
         return _Answer(None, None, "loader CPU not measured: cannot tell preprocessing from I/O")
     if m.loader_cpu is None:
         return _Answer(None, None, "loader worker CPU not measured: cannot tell preprocessing from I/O")
-    return _Answer(m.loader_cpu, _compare(m.loader_cpu, node), f"{m.loader_workers} workers")
+    return _Answer(m.loader_cpu, compare(m.loader_cpu, node), f"{m.loader_workers} workers")
 
 
 def _ask_comm_exposed(v: JobView, node: Node) -> _Answer:
@@ -206,7 +209,7 @@ def _ask_comm_exposed(v: JobView, node: Node) -> _Answer:
                                    "part is not measured (NCCL: PERFMON_NCCL_TIMING=1)")
     if c is None:
         return _Answer(None, None, "collectives not measured (mon.watch(model=ddp_model) measures them)")
-    return _Answer(c, _compare(c, node), "estimated" if v.metrics.comm_estimated else "")
+    return _Answer(c, compare(c, node), "estimated" if v.metrics.comm_estimated else "")
 
 
 def _ask_straggler(v: JobView, node: Node) -> _Answer:
@@ -216,7 +219,7 @@ def _ask_straggler(v: JobView, node: Node) -> _Answer:
     if m.straggler_by == "arrival":
         return _Answer(m.compute_ratio, True, f"compute is even, but rank {v.straggler_rank} reaches the "
                                               f"collective last (arrival ratio {m.arrival_ratio:.2f})")
-    return _Answer(m.compute_ratio, _compare(m.compute_ratio, node))
+    return _Answer(m.compute_ratio, compare(m.compute_ratio, node))
 
 
 def _ask_host_sync(v: JobView, node: Node) -> _Answer:
@@ -225,13 +228,13 @@ def _ask_host_sync(v: JobView, node: Node) -> _Answer:
     s = v.metrics.syncs_per_step
     if s is None:
         return _Answer(None, None, "syncs not counted")
-    return _Answer(s, _compare(s, node))
+    return _Answer(s, compare(s, node))
 
 
 def _ask_mfu(v: JobView, node: Node) -> _Answer:
     mfu = v.metrics.mfu
     if mfu is not None:
-        return _Answer(mfu, _compare(mfu, node))
+        return _Answer(mfu, compare(mfu, node))
     if v.device_type != "cuda":
         return _Answer(None, None, "CPU job: no peak FLOP/s to compare with, tensor cores do not apply")
     tensor = _tensor_active(v)

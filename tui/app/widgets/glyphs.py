@@ -12,7 +12,7 @@ from typing import Callable, Iterable, Sequence
 
 from rich.text import Text
 
-from tui.model.verdict import NODES, Node, Verdict
+from tui.model.verdict import NODES, Node, Verdict, compare
 
 # Severity colours (the verdict bar, judged numbers, straggler rows).
 OK = "green"
@@ -117,15 +117,6 @@ def stacked_bar(parts: Iterable[tuple[str, float]], total: float, width: int, mo
     if used < width:
         text.append(("·" if mono else "─") * (width - used), style=DIM)
     return text
-
-
-def compare(value: float, node: Node) -> bool:
-    """Does ``value`` take the node's "yes" exit (the direction that names a problem)?"""
-    if node.op == "<":
-        return value < node.threshold
-    if node.op == ">":
-        return value > node.threshold
-    return value >= node.threshold
 
 
 def threshold_text(node: Node, fmt: Callable[[float | None], str]) -> str:
