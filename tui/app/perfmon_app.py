@@ -33,7 +33,7 @@ from tui.app.widgets.data import DataPane
 from tui.app.widgets.device import DevicePane
 from tui.app.widgets.header import HeaderBar
 from tui.app.widgets.keyline import KeyLine
-from tui.app.widgets.layout import PANE_ORDER, Plan, plan
+from tui.app.widgets.layout import PANE_ORDER, Plan, pane_key, plan
 from tui.app.widgets.memory import MemoryPane
 from tui.app.widgets.pane import Pane, UiState
 from tui.app.widgets.ranks import RanksPane
@@ -60,7 +60,7 @@ class PerfmonApp(App[int]):
         Binding("question_mark,h,f1", "help", "help"),
         Binding("f", "flowchart", "flowchart"),
         Binding("p,space", "pause", "pause"),
-        *[Binding(str(i + 1), f"toggle_pane('{name}')", name, show=False) for i, name in enumerate(PANE_ORDER)],
+        *[Binding(pane_key(name), f"toggle_pane('{name}')", name, show=False) for name in PANE_ORDER],
         Binding("0", "reset_panes", "all panes", show=False),
         Binding("r", "rank(1)", "next rank", show=False),
         Binding("R", "rank(-1)", "previous rank", show=False),

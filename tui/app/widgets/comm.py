@@ -13,7 +13,6 @@ from tui.app.widgets.pane import Pane, UiState
 
 
 class CommPane(Pane):
-    KEY = "3"
     NAME = "comm"
 
     def draw(self, view: JobView, verdict: Verdict | None, ui: UiState, width: int, height: int) -> RenderableType:

@@ -13,7 +13,6 @@ from tui.app.widgets.pane import Pane, UiState, focus_rank
 
 
 class DataPane(Pane):
-    KEY = "4"
     NAME = "data"
 
     def draw(self, view: JobView, verdict: Verdict | None, ui: UiState, width: int, height: int) -> RenderableType:

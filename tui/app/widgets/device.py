@@ -17,7 +17,6 @@ BUSY_SOURCE = {"events": "device events", "nvml": "NVML util", "step_accounting"
 
 
 class DevicePane(Pane):
-    KEY = "1"
     NAME = "device"
 
     def draw(self, view: JobView, verdict: Verdict | None, ui: UiState, width: int, height: int) -> RenderableType:

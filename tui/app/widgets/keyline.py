@@ -6,7 +6,7 @@ from rich.text import Text
 from textual.widget import Widget
 
 from tui.app.widgets import glyphs
-from tui.app.widgets.layout import PANE_ORDER
+from tui.app.widgets.layout import pane_key
 
 KEYS = (("q", "quit"), ("?", "help"), ("f", "flowchart"), ("p", "pause"), ("1-6", "panes"), ("r", "rank"),
         ("w", "window"), ("F8", "svg"))
@@ -29,7 +29,7 @@ class KeyLine(Widget):
         text = Text()
         if self._dropped:
             text.append("no room: ", style=glyphs.WARN)
-            text.append(" ".join(f"{PANE_ORDER.index(p) + 1} {p}" for p in self._dropped), style=glyphs.WARN)
+            text.append(" ".join(f"{pane_key(p)} {p}" for p in self._dropped), style=glyphs.WARN)
             text.append("  │ ", style=glyphs.DIM)
         for key, what in KEYS + self._extra:
             text.append(key, style=f"bold {glyphs.ACCENT}")

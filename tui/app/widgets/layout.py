@@ -13,6 +13,11 @@ from dataclasses import dataclass
 PANE_ORDER = ("device", "memory", "comm", "data", "timeline", "ranks")   # DOM / grid order, keys 1-6
 DEFAULT_PRIORITY = ("data", "device", "comm", "memory", "timeline", "ranks")
 
+
+def pane_key(name: str) -> str:
+    """The number key that toggles pane ``name``: its place in ``PANE_ORDER``, from 1."""
+    return str(PANE_ORDER.index(name) + 1)
+
 # The pane whose numbers back each verdict (it is never the one dropped).
 BOTTLENECK_PANE = {
     "memory": "memory",

@@ -21,7 +21,6 @@ SHORT = {"params": "par", "grads": "grad", "optimizer": "opt", "activations": "a
 
 
 class MemoryPane(Pane):
-    KEY = "2"
     NAME = "memory"
 
     def draw(self, view: JobView, verdict: Verdict | None, ui: UiState, width: int, height: int) -> RenderableType:

@@ -13,6 +13,8 @@ from rich.console import RenderableType
 from rich.text import Text
 from textual.widget import Widget
 
+from tui.app.widgets.layout import pane_key
+
 if TYPE_CHECKING:
     from tui.model.verdict import Verdict
     from tui.model.views import JobView
@@ -31,8 +33,7 @@ class UiState:
 class Pane(Widget, can_focus=True):
     """A bordered pane; subclasses implement ``draw``."""
 
-    KEY: ClassVar[str] = ""        # number key that toggles it
-    NAME: ClassVar[str] = ""       # id and title
+    NAME: ClassVar[str] = ""       # id and title; its toggle key comes from layout.PANE_ORDER
     DEFAULT_CSS = """
     Pane { border: round $panel-lighten-2; padding: 0 1; height: 1fr; overflow: hidden;
            text-wrap: nowrap; text-overflow: ellipsis; }
@@ -41,7 +42,7 @@ class Pane(Widget, can_focus=True):
 
     def __init__(self) -> None:
         super().__init__(id=self.NAME)
-        self.border_title = f"{self.KEY} {self.NAME}"
+        self.border_title = f"{pane_key(self.NAME)} {self.NAME}"
         self._view: JobView | None = None
         self._verdict: Verdict | None = None
         self._ui = UiState()

@@ -12,7 +12,6 @@ from tui.app.widgets.pane import Pane, UiState
 
 
 class RanksPane(Pane):
-    KEY = "6"
     NAME = "ranks"
 
     def draw(self, view: JobView, verdict: Verdict | None, ui: UiState, width: int, height: int) -> list[Text]:

@@ -21,7 +21,6 @@ ORDER = ("data", "forward", "backward", "optimizer")
 
 
 class TimelinePane(Pane):
-    KEY = "5"
     NAME = "timeline"
 
     def draw(self, view: JobView, verdict: Verdict | None, ui: UiState, width: int, height: int) -> RenderableType:
