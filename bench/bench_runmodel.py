@@ -7,8 +7,8 @@ from __future__ import annotations
 
 import time
 
-from tui.runmodel import RunModel
-from tui.verdict import evaluate
+from tui.model.runmodel import RunModel
+from tui.model.verdict import evaluate
 
 RANKS = 64
 T0 = 1_700_000_000.0

@@ -5,7 +5,7 @@
 The job is a real ``probe.start()`` process (socket served, sender and sampler threads
 running) whose loop times a tiny CPU torch step (``mon.loader`` + ``mon.step`` + two
 phases) paced at ``--rate`` steps/s. The viewer is the TUI's data path without Textual:
-``tui.sources.follow_live`` feeding a ``RunModel``, with ``view()`` + ``evaluate()`` at
+``tui.stream.sources.follow_live`` feeding a ``RunModel``, with ``view()`` + ``evaluate()`` at
 4 Hz like the app's refresh timer. Every 10 s the parent reads both processes' RSS
 from /proc; at the end it prints the RSS slope (least squares over the samples after a
 60 s warm-up, in KiB per minute) and the step accounting: steps the job made = steps
@@ -61,9 +61,9 @@ def job(seconds: float, rate: float, out: str) -> None:
 
 
 def viewer(socket_path: str, out: str) -> None:
-    from tui.runmodel import RunModel
-    from tui.sources import follow_live
-    from tui.verdict import evaluate
+    from tui.model.runmodel import RunModel
+    from tui.stream.sources import follow_live
+    from tui.model.verdict import evaluate
 
     model = RunModel()
     steps = dropped = drops_records = 0

@@ -111,7 +111,7 @@ def attach_command(env_dir: str) -> str:
 
 def full_screen(text: str, ranks: int) -> bool:
     """The verdict bar shows a confirmed verdict and the ranks pane accounts for every rank."""
-    from tui.widgets.verdictbar import LABEL
+    from tui.app.widgets.verdictbar import LABEL
     verdict_line = next((line for line in text.splitlines() if any(f" {lab} " in line for lab in LABEL.values())), "")
     if not verdict_line or "WARMING UP" in verdict_line or "checking:" in verdict_line:
         return False

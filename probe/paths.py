@@ -15,6 +15,7 @@ from pathlib import Path
 
 SOCKET_SUFFIX = ".sock"
 RECORD_SUFFIX = ".pmrec"
+TOKEN_SUFFIX = ".token"   # PERFMON_TCP: <name>.token beside the socket, mode 0600; viewers read it
 _SAFE = re.compile(r"[^A-Za-z0-9_.-]+")
 _NAME = re.compile(r"^(?P<job>.+)\.r(?P<rank>\d+)\.x(?P<restart>\d+)\.p(?P<pid>\d+)$")
 MAX_JOB_CHARS = 48  # keeps socket paths well under the 108-byte sun_path limit
@@ -73,6 +74,11 @@ def safe_job(job: str) -> str:
 def base_name(job: str, rank: int, restart: int, pid: int) -> str:
     """``<job>.r<rank>.x<restart>.p<pid>``: enough for ls/attach to group ranks of a job."""
     return f"{safe_job(job)}.r{rank}.x{restart}.p{pid}"
+
+
+def token_path(directory: Path, name: str) -> Path:
+    """Where a probe started with ``PERFMON_TCP`` keeps its token: ``<name>.token`` beside its socket."""
+    return directory / f"{name}{TOKEN_SUFFIX}"
 
 
 @dataclass(frozen=True)

@@ -224,3 +224,32 @@ class FrameDecoder:
     def pending(self) -> int:
         """Bytes received but not yet forming a whole frame (a torn frame at EOF)."""
         return len(self._buf)
+
+
+# -- bus bandwidth ---------------------------------------------------------------------------
+# nccl-tests doc/PERFORMANCE.md: busbw = algbw x factor(n), n = the collective's group size;
+# DeepSpeed comms_logging uses the same. Here because both the probe (``comm`` records) and
+# the viewer (window busbw) compute it, and this is the one module both import.
+_ALL_REDUCE = frozenset({"all_reduce", "allreduce"})
+_N_MINUS_1 = frozenset({"all_gather", "allgather", "all_gather_into_tensor", "reduce_scatter", "reducescatter",
+                        "reduce_scatter_tensor", "all_to_all", "alltoall", "all_to_all_single"})
+
+
+def busbw_factor(op: str, n: int) -> float | None:
+    """nccl-tests factor for ``op`` over ``n`` ranks; None where busbw has no meaning.
+
+    all-reduce 2(n-1)/n; all-gather, reduce-scatter, all-to-all (n-1)/n; broadcast,
+    reduce, point-to-point and unknown ops 1. A backend prefix ("gloo:all_reduce") is
+    ignored. A one-rank group moves nothing over a bus: its busbw is its algbw (1).
+    None for a barrier (no payload) or a group size below 1.
+    """
+    name = op.lower().rsplit(":", 1)[-1]
+    if n < 1 or name == "barrier":
+        return None
+    if n == 1:
+        return 1.0
+    if name in _ALL_REDUCE:
+        return 2.0 * (n - 1) / n
+    if name in _N_MINUS_1:
+        return (n - 1) / n
+    return 1.0

@@ -1,6 +1,6 @@
 """The ``perfmon`` command: argument parsing and dispatch, nothing else.
 
-Each subcommand lives in its own module with a ``main(args) -> int``; they are
+Each subcommand lives in its own module in ``tui.commands`` with a ``main(args) -> int``; they are
 imported lazily so ``perfmon ls`` never pays for (or needs) Textual or torch.
 User mistakes raise ``UserError`` and become one line on stderr, exit 2.
 """
@@ -15,12 +15,12 @@ from tui.errors import UserError
 
 
 COMMANDS = {
-    "demo": "tui.demo.cli",
-    "attach": "tui.attach",
-    "ls": "tui.discovery",
-    "run": "tui.runner",
-    "record": "tui.record",
-    "report": "tui.report",
+    "demo": "tui.commands.demo.cli",
+    "attach": "tui.commands.attach",
+    "ls": "tui.commands.ls",
+    "run": "tui.commands.run",
+    "record": "tui.commands.record",
+    "report": "tui.commands.report",
 }
 
 

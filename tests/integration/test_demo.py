@@ -21,7 +21,7 @@ import psutil
 import pytest
 
 from probe.recording import read_recording
-from tui.demo import scenarios
+from tui.commands.demo import scenarios
 
 ROOT = Path(__file__).parents[2]
 SCHEMA = json.loads((ROOT / "tui" / "schemas" / "report.schema.json").read_text())
@@ -38,7 +38,7 @@ def demo_processes(perfmon_dir: Path) -> list[psutil.Process]:
     found = []
     for proc in psutil.process_iter(["cmdline"]):
         try:
-            if "tui.demo.workload" in " ".join(proc.info["cmdline"] or []) \
+            if "tui.commands.demo.workload" in " ".join(proc.info["cmdline"] or []) \
                     and proc.environ().get("PERFMON_DIR") == str(perfmon_dir):
                 found.append(proc)
         except psutil.Error:
@@ -165,6 +165,6 @@ def test_tour_switches_scenario_inside_one_live_job(tmp_path, perfmon_dir):
 
 
 def test_launcher_modules_do_not_import_torch():
-    code = "import sys, tui.demo.cli, tui.demo.scenarios; print('torch' in sys.modules)"
+    code = "import sys, tui.commands.demo.cli, tui.commands.demo.scenarios; print('torch' in sys.modules)"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, cwd=ROOT)
     assert out.stdout.strip() == "False", out.stderr

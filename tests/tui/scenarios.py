@@ -176,10 +176,10 @@ def write(name: str, directory: Path, bye: bool = True) -> Path:
 
 def replay_app(recording: Path):
     """The app replaying ``recording`` ingested at once (the clock is the recording's)."""
-    from tui.app import PerfmonApp
-    from tui.feed import ReplayFeed
-    from tui.runmodel import RunModel
-    from tui.sources import load_recordings
+    from tui.app.perfmon_app import PerfmonApp
+    from tui.stream.feed import ReplayFeed
+    from tui.model.runmodel import RunModel
+    from tui.stream.sources import load_recordings
     return PerfmonApp(ReplayFeed(RunModel(), load_recordings(recording), speed=None), watch_terminal=False)
 
 

@@ -10,11 +10,11 @@ from types import SimpleNamespace
 
 import pytest
 
-from tui import app as app_module
-from tui.attach import build_app
+from tui.app import perfmon_app as app_module
+from tui.commands.attach import build_app
 from tui.errors import UserError
-from tui.feed import LiveFeed, ReplayFeed, TcpFeed, parse_host_port, read_token
-from tui.widgets.layout import plan
+from tui.stream.feed import LiveFeed, ReplayFeed, TcpFeed, parse_host_port, read_token
+from tui.app.widgets.layout import plan
 
 
 # -- TARGET -----------------------------------------------------------------------------------
@@ -68,17 +68,17 @@ def test_token_file_beside_the_sockets_is_found(perfmon_dir):
 
 
 def test_several_jobs_open_the_picker(monkeypatch):
-    from tui.discovery import Endpoint
+    from tui.stream.discovery import Endpoint
     eps = [Endpoint("a", 0, 0, 11, "/x/a.sock", 1.0), Endpoint("b", 0, 0, 12, "/x/b.sock", 2.0)]
-    monkeypatch.setattr("tui.discovery.list_endpoints", lambda directory=None: eps)
+    monkeypatch.setattr("tui.stream.discovery.list_endpoints", lambda directory=None: eps)
     app = build_app(None)
     assert app.feed is None and [c.job for c in app.jobs] == ["a", "b"]
 
 
 def test_one_job_attaches_all_its_ranks(monkeypatch):
-    from tui.discovery import Endpoint
+    from tui.stream.discovery import Endpoint
     eps = [Endpoint("a", r, 0, 10 + r, f"/x/a{r}.sock", 1.0) for r in range(3)]
-    monkeypatch.setattr("tui.discovery.list_endpoints", lambda directory=None: eps)
+    monkeypatch.setattr("tui.stream.discovery.list_endpoints", lambda directory=None: eps)
     app = build_app(None)
     assert isinstance(app.feed, LiveFeed) and app.feed.job == "a" and len(app.feed._initial) == 3
 
@@ -93,7 +93,7 @@ def test_cli_without_a_terminal_is_one_line_not_a_traceback(recordings):
 
 def test_bad_speed_is_refused():
     with pytest.raises(UserError, match="--speed"):
-        from tui.attach import main
+        from tui.commands.attach import main
         main(SimpleNamespace(target=None, token=None, speed=0.0))
 
 

@@ -14,17 +14,17 @@ from pathlib import Path
 
 from tests.tui import scenarios
 from tests.tui.scenarios import screen_text, settle, wait_until
-from tui import discovery
-from tui.app import WINDOWS, PerfmonApp
-from tui.feed import LiveFeed, ReplayFeed, TcpFeed, read_token
-from tui.runmodel import RunModel
-from tui.screens.flowchart import FlowchartScreen
-from tui.screens.help import HelpScreen
-from tui.screens.log import LogScreen
-from tui.screens.picker import JobChoice, PickerScreen
-from tui.sources import load_recordings
-from tui.verdict import NODES
-from tui.widgets.memory import MemoryPane
+from tui.stream import discovery
+from tui.app.perfmon_app import WINDOWS, PerfmonApp
+from tui.stream.feed import LiveFeed, ReplayFeed, TcpFeed, read_token
+from tui.model.runmodel import RunModel
+from tui.app.screens.flowchart import FlowchartScreen
+from tui.app.screens.help import HelpScreen
+from tui.app.screens.log import LogScreen
+from tui.app.screens.picker import JobChoice, PickerScreen
+from tui.stream.sources import load_recordings
+from tui.model.verdict import NODES
+from tui.app.widgets.memory import MemoryPane
 
 API_JOB = Path(__file__).resolve().parents[1] / "integration" / "jobs" / "api_job.py"
 

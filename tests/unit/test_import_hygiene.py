@@ -1,4 +1,6 @@
-"""The probe never pulls in the UI; the viewer commands never pull in torch.
+"""Each room imports only what it may: the probe never pulls in the UI, the viewer never
+pulls in torch, the stream readers never pull in Textual, and the model (tui.model)
+pulls in neither Textual, torch nor socket/asyncio I/O.
 
 Checked in a fresh interpreter, because only a subprocess proves that an import
 is really absent (Harlequin's approach).
@@ -6,13 +8,23 @@ is really absent (Harlequin's approach).
 
 from __future__ import annotations
 
+import ast
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
-VIEWER_MODULES = ["tui.cli", "tui.discovery", "tui.sources", "tui.record", "tui.report", "tui.runmodel",
-                  "tui.verdict", "tui.attach", "tui.app"]
+VIEWER_MODULES = ["tui.cli", "tui.stream.discovery", "tui.stream.sources", "tui.stream.feed", "tui.commands.ls",
+                  "tui.commands.record", "tui.commands.report", "tui.model.runmodel", "tui.model.verdict",
+                  "tui.commands.attach", "tui.app.perfmon_app"]
+ROOT = Path(__file__).resolve().parents[2]
+MODEL_MODULES = ["tui.model.runmodel", "tui.model.verdict"]
+STREAM_MODULES = ["tui.stream.discovery", "tui.stream.sources", "tui.stream.feed"]
+UI = ("textual", "rich")
+# Checked in the model's own source: importing ``probe.wire`` runs ``probe/__init__``, which
+# loads the probe's socket code, so sys.modules cannot tell whether the model itself does I/O.
+MODEL_SOURCE_FORBIDDEN = (*UI, "torch", "asyncio", "socket", "selectors", "tui.stream", "tui.commands", "tui.app")
 
 
 def modules_after(code: str) -> set[str]:
@@ -26,7 +38,7 @@ def test_probe_import_and_start_do_not_import_textual_or_rich(tmp_path):
     loaded = modules_after(f"import probe\nmon = probe.start(job='hygiene', record={str(tmp_path)!r})\n"
                            "with mon.step():\n    pass\nmon.close()")
     assert "probe" in loaded
-    assert not {m for m in loaded if m.split(".")[0] in ("textual", "rich")}
+    assert not {m for m in loaded if m.split(".")[0] in UI}
 
 
 @pytest.mark.parametrize("module", VIEWER_MODULES)
@@ -36,3 +48,26 @@ def test_viewer_modules_do_not_import_torch(module):
                            f"import {module}")
     assert module in loaded
     assert not {m for m in loaded if m.split(".")[0] == "torch"}
+
+
+def test_model_imports_no_ui_or_torch():
+    loaded = modules_after("\n".join(f"import {m}" for m in MODEL_MODULES))
+    assert set(MODEL_MODULES) <= loaded
+    assert not {m for m in loaded if m.split(".")[0] in (*UI, "torch")}
+
+
+def test_model_source_imports_no_io_ui_or_other_rooms():
+    found = set()
+    for path in (ROOT / "tui" / "model").rglob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text())):
+            names = [a.name for a in node.names] if isinstance(node, ast.Import) else \
+                [node.module or ""] if isinstance(node, ast.ImportFrom) else []
+            found |= {(path.name, n) for n in names
+                      if any(n == bad or n.startswith(bad + ".") for bad in MODEL_SOURCE_FORBIDDEN)}
+    assert not found
+
+
+def test_stream_imports_no_textual():
+    loaded = modules_after("\n".join(f"import {m}" for m in STREAM_MODULES))
+    assert set(STREAM_MODULES) <= loaded
+    assert not {m for m in loaded if m.split(".")[0] in UI}

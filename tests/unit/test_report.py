@@ -14,7 +14,7 @@ from probe.paths import base_name
 from probe.recording import RecordingWriter
 from tests.unit.verdict_synth import T0, Rank, job, records
 from tui import cli
-from tui.report import build_report, render_text
+from tui.commands.report import build_report, render_text
 
 SCHEMA = json.loads((Path(__file__).parents[2] / "tui" / "schemas" / "report.schema.json").read_text())
 VALIDATOR = jsonschema.Draft202012Validator(SCHEMA)
@@ -34,7 +34,7 @@ JOBS = {
 
 
 def _hello_only():
-    from tui.runmodel import RunModel
+    from tui.model.runmodel import RunModel
     model = RunModel()
     model.ingest("s", {"k": "hello", "t": T0, "proto": [1, 0]})
     return model

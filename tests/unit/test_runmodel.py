@@ -5,7 +5,8 @@ from __future__ import annotations
 import pytest
 
 from tests.unit.verdict_synth import T0, Rank, job, records
-from tui.runmodel import MIN_STEPS, RunModel, busbw_factor
+from probe.wire import busbw_factor
+from tui.model.runmodel import MIN_STEPS, RunModel
 
 GB = 1 << 30
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import os
 
-from tui.runner import AUTOSTART_DIR, exit_code, job_env, job_name
+from tui.commands.run import AUTOSTART_DIR, exit_code, job_env, job_name
 
 
 def test_job_name_is_the_training_script():

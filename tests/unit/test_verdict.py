@@ -8,8 +8,9 @@ import dataclasses
 import pytest
 
 from tests.unit.verdict_synth import T0, Rank, job
-from tui import verdict as V
-from tui.runmodel import JobView, MemoryMetrics, RunModel
+from tui.model import verdict as V
+from tui.model.runmodel import RunModel
+from tui.model.views import JobView, MemoryMetrics
 
 GB = 1 << 30
 PEAK = 100e12

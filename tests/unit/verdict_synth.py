@@ -10,7 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from tui.runmodel import RunModel
+from tui.model.runmodel import RunModel
 
 T0 = 1_700_000_000.0
 

@@ -1,0 +1,325 @@
+"""The Textual app behind ``perfmon attach``: layout, keys, the refresh timer, terminal loss.
+
+Data flow: a feed (``tui.stream.feed``) runs as one asyncio worker and ingests every
+record into its ``RunModel``; a timer (4 Hz by default) takes one ``JobView``
+and one ``Verdict`` and hands them to the visible panes inside
+``batch_update()``. Nothing is redrawn per record, hidden panes are not drawn
+at all, and a paused live view keeps ingesting so nothing is lost.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import sys
+import threading
+from pathlib import Path
+from typing import Any, Callable
+
+from textual.app import App, ComposeResult
+from textual.binding import Binding
+from textual.containers import Grid
+
+from tui.stream.feed import Feed, LiveFeed, ReplayFeed
+from tui.model.runmodel import RunModel
+from tui.app.screens.flowchart import FlowchartScreen
+from tui.app.screens.help import HelpScreen
+from tui.app.screens.log import LogScreen
+from tui.app.screens.picker import JobChoice, PickerScreen
+from tui.model.verdict import Verdict, VerdictTracker
+from tui.app.widgets.comm import CommPane
+from tui.app.widgets.data import DataPane
+from tui.app.widgets.device import DevicePane
+from tui.app.widgets.header import HeaderBar
+from tui.app.widgets.keyline import KeyLine
+from tui.app.widgets.layout import PANE_ORDER, Plan, pane_key, plan
+from tui.app.widgets.memory import MemoryPane
+from tui.app.widgets.pane import Pane, UiState
+from tui.app.widgets.ranks import RanksPane
+from tui.app.widgets.timeline import TimelinePane
+from tui.app.widgets.verdictbar import VerdictBar
+
+PANE_CLASSES: tuple[type[Pane], ...] = (DevicePane, MemoryPane, CommPane, DataPane, TimelinePane, RanksPane)
+# (steps, seconds) windows the ``w`` key cycles through; the first is DESIGN §6's default.
+WINDOWS = ((50, 30.0), (200, 120.0), (1000, 600.0))
+TERMINAL_CHECK_SECONDS = 1.0
+FORCED_EXIT_SECONDS = 3.0      # if a clean exit hangs on a dead terminal, leave anyway
+FIRST_SCREEN_TRIES = 60        # 20 Hz for at most 3 s after the first records arrive
+
+
+class PerfmonApp(App[int]):
+    """Live (or replayed) view of one job. Give it a feed, or a list of jobs to pick from."""
+
+    CSS_PATH = "app.tcss"
+    TITLE = "perfmon"
+    ENABLE_COMMAND_PALETTE = False
+    BINDINGS = [
+        Binding("q", "quit", "quit"),
+        Binding("ctrl+c", "quit", "quit", show=False, priority=True),   # as in htop/btop
+        Binding("question_mark,h,f1", "help", "help"),
+        Binding("f", "flowchart", "flowchart"),
+        Binding("p,space", "pause", "pause"),
+        *[Binding(pane_key(name), f"toggle_pane('{name}')", name, show=False) for name in PANE_ORDER],
+        Binding("0", "reset_panes", "all panes", show=False),
+        Binding("r", "rank(1)", "next rank", show=False),
+        Binding("R", "rank(-1)", "previous rank", show=False),
+        Binding("a", "all_ranks", "all ranks", show=False),
+        Binding("w", "window", "window", show=False),
+        Binding("plus,equals_sign", "speed(1)", "faster", show=False),
+        Binding("minus", "speed(-1)", "slower", show=False),
+        Binding("end", "to_end", "end", show=False),
+        Binding("l", "log", "log", show=False),
+        Binding("f8", "screenshot_svg", "screenshot", show=False),
+        Binding("right", "app.focus_next", "next pane", show=False),
+        Binding("left", "app.focus_previous", "previous pane", show=False),
+    ]
+
+    def __init__(self, feed: Feed | None = None, *, jobs: list[JobChoice] | None = None,
+                 log_path: Path | None = None, refresh_hz: float = 4.0, watch_terminal: bool = True,
+                 on_signal: Callable[[int], None] | None = None) -> None:
+        super().__init__()
+        self.on_signal = on_signal   # `perfmon run` forwards SIGTERM/SIGHUP to its job before we exit
+        self.feed = feed
+        self.jobs = jobs or []
+        self.log_path = log_path
+        self.refresh_hz = refresh_hz
+        self.watch_terminal = watch_terminal
+        self.tracker = VerdictTracker()
+        self.view: Any = None
+        self.verdict: Verdict | None = None
+        self.selected_rank: int | None = None
+        self.window_index = 0
+        self.display_paused = False
+        self.hidden: set[str] = set()
+        self.shown: set[str] = set()
+        self.plan: Plan | None = None
+        self._panes: dict[str, Pane] = {}
+
+    # -- layout -----------------------------------------------------------------------------
+    def compose(self) -> ComposeResult:
+        yield HeaderBar()
+        with Grid(id="panes"):
+            for cls in PANE_CLASSES:
+                pane = cls()
+                self._panes[cls.NAME] = pane
+                yield pane
+        yield VerdictBar()
+        yield KeyLine(extra=(("l", "log"),) if self.log_path else ())
+
+    def on_mount(self) -> None:
+        self._relayout()
+        self.set_interval(1.0 / self.refresh_hz, self.refresh_view)
+        if self.watch_terminal and not self.is_headless:
+            self._watch_terminal()
+        if self.feed is not None:
+            self._start_feed(self.feed)
+        elif self.jobs:
+            self.push_screen(PickerScreen(self.jobs), callback=self._picked)
+
+    def on_resize(self) -> None:
+        self._relayout()
+
+    def _relayout(self) -> None:
+        view = self.view
+        new = plan(self.size.width, self.size.height,
+                   bottleneck=self.verdict.bottleneck if self.verdict else None,
+                   hidden=frozenset(self.hidden), shown=frozenset(self.shown),
+                   multi_rank=view is not None and len(view.ranks) > 1)
+        if new == self.plan:
+            return
+        self.plan = new
+        grid = self.query_one("#panes", Grid)
+        grid.styles.grid_size_columns = new.columns
+        for name, pane in self._panes.items():
+            pane.display = name in new.visible
+        self.query_one(KeyLine).show(new.dropped)
+        if self.view is not None:
+            self._draw()
+
+    # -- data -------------------------------------------------------------------------------
+    def _start_feed(self, feed: Feed) -> None:
+        self.feed = feed
+        self.run_worker(self._run_feed(feed), name="feed", group="feed", exclusive=True, exit_on_error=False)
+
+    async def _run_feed(self, feed: Feed) -> None:
+        first = asyncio.ensure_future(self._first_screen(feed))
+        try:
+            await feed.run()
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:  # a bug in a feed must not take the screen down: show it in one line
+            feed.model.add_problem(f"reader stopped: {exc!r}"[:200])
+        finally:
+            if not first.done():
+                first.cancel()
+        self.refresh_view()
+
+    async def _first_screen(self, feed: Feed) -> None:
+        """Right after attaching, refresh at 20 Hz until the first verdict is confirmed (the
+        tracker wants two agreeing evaluations), instead of making the user wait for two ticks."""
+        await feed.first_data.wait()
+        for _ in range(FIRST_SCREEN_TRIES):
+            await asyncio.sleep(0.05)
+            self.refresh_view()
+            verdict = self.verdict
+            if verdict is not None and verdict.pending is None and verdict.bottleneck != "warming_up":
+                return
+
+    def _picked(self, choice: JobChoice | None) -> None:
+        if choice is None:
+            self.exit(0)
+            return
+        self._start_feed(LiveFeed(RunModel(*WINDOWS[self.window_index]), choice.job, list(choice.endpoints)))
+
+    def refresh_view(self) -> None:
+        """The refresh timer: one view, one verdict, every visible pane drawn once."""
+        feed = self.feed
+        if feed is None or (self.display_paused and not feed.is_replay):
+            return
+        self.view = feed.model.view(now=feed.now())
+        self.verdict = self.tracker.update(self.view)
+        self._relayout()
+        self._draw()
+        if isinstance(self.screen, FlowchartScreen):
+            self.screen.show(self.verdict)
+
+    def _draw(self) -> None:
+        feed, view = self.feed, self.view
+        if feed is None or view is None:
+            return
+        state = feed.state_line()
+        if self.display_paused and not feed.is_replay:
+            state = f"{state}, PAUSED (p resumes)"
+        if view.problems:
+            state = f"{state} · {view.problems[-1]}"
+        steps, seconds = WINDOWS[self.window_index]
+        ui = UiState(selected_rank=self.selected_rank, mono=self.no_color,
+                     window_label=f"w: max {steps} steps/{seconds:g}s", feed_state=state)
+        with self.batch_update():
+            self.query_one(HeaderBar).show(view, ui, feed.description)
+            for name in (self.plan.visible if self.plan else ()):
+                self._panes[name].show(view, self.verdict, ui)
+            if self.verdict is not None:
+                self.query_one(VerdictBar).show(self.verdict, self.no_color)
+
+    # -- actions ----------------------------------------------------------------------------
+    def action_help(self) -> None:
+        if not isinstance(self.screen, HelpScreen):
+            self.push_screen(HelpScreen())
+
+    def action_flowchart(self) -> None:
+        if not isinstance(self.screen, FlowchartScreen):
+            self.push_screen(FlowchartScreen(self.verdict, self.no_color))
+
+    def action_pause(self) -> None:
+        if self.feed is None:
+            return
+        if self.feed.is_replay:
+            self.feed.paused = not self.feed.paused
+        else:
+            self.display_paused = not self.display_paused
+            if not self.display_paused:
+                self.refresh_view()
+                return
+        self._draw()
+
+    def action_toggle_pane(self, name: str) -> None:
+        visible = self.plan is not None and name in self.plan.visible
+        if visible:
+            self.hidden.add(name)
+            self.shown.discard(name)
+        else:
+            self.shown.add(name)
+            self.hidden.discard(name)
+        self._relayout()
+
+    def action_reset_panes(self) -> None:
+        self.hidden.clear()
+        self.shown.clear()
+        self._relayout()
+
+    def action_rank(self, step: int) -> None:
+        ranks = [r.rank for r in self.view.ranks] if self.view is not None else []
+        if not ranks:
+            return
+        if self.selected_rank not in ranks:
+            self.selected_rank = ranks[0] if step > 0 else ranks[-1]
+        else:
+            self.selected_rank = ranks[(ranks.index(self.selected_rank) + step) % len(ranks)]
+        self._draw()
+
+    def action_all_ranks(self) -> None:
+        self.selected_rank = None
+        self._draw()
+
+    def action_window(self) -> None:
+        if self.feed is None:
+            return
+        self.window_index = (self.window_index + 1) % len(WINDOWS)
+        self.feed.model.set_window(*WINDOWS[self.window_index])
+        self.refresh_view()
+
+    def action_speed(self, direction: int) -> None:
+        feed = self.feed
+        if isinstance(feed, ReplayFeed):
+            feed.faster() if direction > 0 else feed.slower()
+            self._draw()
+
+    def action_to_end(self) -> None:
+        if isinstance(self.feed, ReplayFeed):
+            self.feed.to_end()
+
+    def action_log(self) -> None:
+        if not isinstance(self.screen, LogScreen):   # job output (perfmon run) and the probe's warnings
+            self.push_screen(LogScreen(self.log_path, warnings=self._recent_events))
+
+    def _recent_events(self) -> list[dict[str, Any]]:
+        view = self.view
+        return list(getattr(view, "events", None) or [])
+
+    def action_screenshot_svg(self) -> None:
+        try:
+            path = self.save_screenshot(path=os.getcwd())
+        except OSError as exc:
+            self.notify(f"screenshot failed: {exc.strerror or exc}", severity="error")
+            return
+        self.notify(f"saved {path}", timeout=4)
+
+    # -- terminal loss (SSH drop, closed tmux pane) -------------------------------------------
+    def _watch_terminal(self) -> None:
+        try:
+            loop = asyncio.get_running_loop()
+            loop.add_signal_handler(signal.SIGHUP, self._signalled, signal.SIGHUP)
+            loop.add_signal_handler(signal.SIGTERM, self._signalled, signal.SIGTERM)
+        except (NotImplementedError, RuntimeError, ValueError):
+            pass
+        self.set_interval(TERMINAL_CHECK_SECONDS, self._check_terminal)
+
+    def _signalled(self, signum: int) -> None:
+        if self.on_signal is not None:
+            self.on_signal(signum)
+        if signum == signal.SIGHUP:
+            self._terminal_gone()
+        else:
+            self.exit(143)
+
+    def _check_terminal(self) -> None:
+        if not terminal_alive():
+            self._terminal_gone()
+
+    def _terminal_gone(self) -> None:
+        """No one can see us any more: exit, and make sure a write blocked on the dead tty cannot hold us."""
+        timer = threading.Timer(FORCED_EXIT_SECONDS, os._exit, args=(129,))
+        timer.daemon = True
+        timer.start()
+        self.exit(129)
+
+
+def terminal_alive() -> bool:
+    """A hung-up tty stops being a tty (tcgetattr fails with EIO), which is what isatty checks."""
+    stream = sys.__stdin__
+    try:
+        return stream is not None and os.isatty(stream.fileno())
+    except (OSError, ValueError):
+        return False

@@ -1,0 +1,98 @@
+"""Flowchart screen (``f``): the whole diagnosis chart with the live path highlighted,
+every threshold with its source, the fixes for the current verdict and the secondary findings."""
+
+from __future__ import annotations
+
+from rich.console import Group
+from rich.text import Text
+from rich.tree import Tree
+from textual.app import ComposeResult
+from textual.binding import Binding
+from textual.containers import VerticalScroll
+from textual.screen import Screen
+from textual.widgets import Footer, Static
+
+from tui.model.verdict import BOTTLENECKS, NODES, ROOT, Verdict
+from tui.app.widgets import glyphs
+from tui.app.widgets.verdictbar import LABEL, format_value, path_steps
+
+
+def chart(verdict: Verdict | None, mono: bool = False) -> Group:
+    """The chart as a tree; nodes and exits on the live path are bold and marked ▶."""
+    on_path = set(verdict.path) if verdict else set()
+    answers = {node_id: (value, answer) for node_id, value, answer in path_steps(verdict)} if verdict else {}
+    skipped = verdict.evidence.get("skipped", {}) if verdict else {}
+    hot = glyphs.SEVERITY.get(verdict.severity, glyphs.ACCENT) if verdict else glyphs.ACCENT
+
+    def label(node_id: str) -> Text:
+        node = NODES[node_id]
+        live = node_id in on_path
+        text = Text.assemble(("▶ " if live else "  ", f"bold {hot}"))
+        text.append(node.question, style="bold" if live else "")
+        text.append(f"  [{node.quantity} {glyphs.threshold_text(node, lambda v, n=node_id: format_value(n, v))}]",
+                    style=glyphs.DIM)
+        if node_id in answers:
+            value, answer = answers[node_id]
+            if answer is None:
+                text.append(f"  skipped: {skipped.get(node_id, '')}", style=glyphs.WARN)
+            else:
+                text.append(f"  now {value} → {answer}", style=f"bold {glyphs.BAD if answer == 'yes' else glyphs.OK}")
+        text.append(f"\n    source: {node.threshold_source}", style=glyphs.DIM)
+        return text
+
+    def leaf(name: str, exit_label: str, live: bool) -> Text:
+        text = Text.assemble((f"{exit_label} ⇒ ", glyphs.DIM))
+        text.append(LABEL.get(name, name), style=f"bold reverse {hot}" if live else "bold")
+        return text
+
+    def grow(tree: Tree, node_id: str) -> None:
+        node = NODES[node_id]
+        for exit_label, target in (("yes", node.yes), ("no ", node.no)):
+            if target in BOTTLENECKS:   # a leaf (the root question shares its name with the memory leaf)
+                live = node_id in on_path and verdict is not None and target == verdict.bottleneck
+                tree.add(leaf(target, exit_label, live))
+            else:
+                branch = tree.add(Text.assemble((f"{exit_label} ", glyphs.DIM), label(target)))
+                grow(branch, target)
+
+    root = Tree(label(ROOT), guide_style=glyphs.DIM)
+    grow(root, ROOT)
+    parts: list = [root]
+    if verdict is not None:
+        parts.append(Text(""))
+        head = Text.assemble(("now: ", "bold"))
+        head.append(f" {LABEL.get(verdict.bottleneck, verdict.bottleneck)} ", style=f"bold reverse {hot}")
+        head.append(f" {verdict.headline}")
+        parts.append(head)
+        for i, fix in enumerate(verdict.suggestions, 1):
+            parts.append(Text(f"  {i}. {fix}"))
+        for finding in verdict.findings:
+            parts.append(Text(f"  also {finding.get('id')}: {finding.get('message', '')}", style=glyphs.WARN))
+    return Group(*parts)
+
+
+class FlowchartScreen(Screen[None]):
+    """Re-drawn by the app's refresh timer while it is on top (``show``)."""
+
+    BINDINGS = [
+        Binding("escape,f", "app.pop_screen", "back"),
+        Binding("q", "app.quit", "quit"),
+    ]
+
+    def __init__(self, verdict: Verdict | None, mono: bool = False) -> None:
+        super().__init__()
+        self._verdict = verdict
+        self._mono = mono
+
+    def compose(self) -> ComposeResult:
+        yield Static(Text("diagnosis flowchart (DESIGN §6): first question that fires wins; "
+                          "▶ marks the live path", style="bold"), id="flow-title")
+        with VerticalScroll(id="flow-body"):
+            yield Static(chart(self._verdict, self._mono), id="flow-chart")
+        yield Footer(compact=True)
+
+    def show(self, verdict: Verdict) -> None:
+        if verdict != self._verdict:
+            self._verdict = verdict
+            self.query_one("#flow-chart", Static).update(chart(verdict, self._mono))
+

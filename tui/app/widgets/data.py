@@ -1,0 +1,65 @@
+"""Data pane: how long each step waits for its batch (history), that share of the step,
+loader CPU and worker count: the numbers behind data_loading vs data_preprocessing."""
+
+from __future__ import annotations
+
+from rich.console import RenderableType
+from rich.text import Text
+
+from tui.model.views import JobView
+from tui.model.verdict import Verdict
+from tui.app.widgets import glyphs, units
+from tui.app.widgets.pane import Pane, UiState, focus_rank
+
+
+class DataPane(Pane):
+    NAME = "data"
+
+    def draw(self, view: JobView, verdict: Verdict | None, ui: UiState, width: int, height: int) -> RenderableType:
+        m = view.metrics
+        lines: list[Text] = []
+        wait = Text.assemble(("wait ", "bold"))
+        wait.append_text(glyphs.judged(m.data_wait_frac, "data_wait", units.pct, verdict))
+        wait.append(" of step", style=glyphs.DIM)
+        rank = _worst_rank(view) if ui.selected_rank is None else focus_rank(view, ui, verdict)
+        if len(view.ranks) > 1:
+            wait.append(" (worst rank)", style=glyphs.DIM)
+            wait.append(f"  history: rank {rank}", style=glyphs.DIM)
+        lines.append(wait)
+        history = view.data_wait_history.get(rank, []) if rank is not None else []
+        if history:
+            label = f"r{rank} "
+            chart_rows = max(1, min(6, height - 5))
+            if chart_rows == 1:
+                spark = glyphs.sparkline(history, width - len(label), 0.0, 1.0)
+                lines.append(Text.assemble((label, glyphs.DIM), (spark, glyphs.CATEGORY["data"])))
+            else:
+                rows = glyphs.column_chart(history, width - 5, chart_rows, 0.0, 1.0)
+                for i, row in enumerate(rows):
+                    axis = "100%" if i == 0 else "0%" if i == chart_rows - 1 else ""
+                    lines.append(Text.assemble((f"{axis:>4} ", glyphs.DIM), (row, glyphs.CATEGORY["data"])))
+            recent = view.steps_recent.get(rank, [])[-1:] if rank is not None else []
+            if recent:
+                last = recent[-1]
+                waited = (last.get("phases") or {}).get("data")
+                lines.append(Text(f"last step waited {units.seconds(waited)} of {units.seconds(last.get('dur'))}",
+                                  style=glyphs.DIM))
+        elif m.data_wait_frac is None:
+            lines.append(Text("loader wait not measured: wrap the loader in mon.loader(...)", style=glyphs.DIM))
+        cpu = Text.assemble(("loader CPU ", "bold"))
+        if m.loader_workers == 0 or (m.loader_workers is None and m.loader_cpu is None):
+            cpu.append_text(glyphs.judged(m.data_cpu_frac, "loader_cpu", units.pct, verdict))
+            cpu.append(" main process (num_workers=0)", style=glyphs.DIM)
+        else:
+            cpu.append_text(glyphs.judged(m.loader_cpu, "loader_cpu", units.pct, verdict))
+            cpu.append(" of a core per worker", style=glyphs.DIM)
+        lines.append(cpu)
+        lines.append(Text(f"workers {m.loader_workers if m.loader_workers is not None else units.NA}"))
+        return lines[:height]
+
+
+def _worst_rank(view: JobView) -> int | None:
+    known = [r for r in view.ranks if r.data_wait_frac is not None]
+    if not known:
+        return view.ranks[0].rank if view.ranks else None
+    return max(known, key=lambda r: r.data_wait_frac).rank

@@ -1,0 +1,65 @@
+"""Header: what is being watched and how it is going (job, ranks, step, step time,
+throughput, MFU, ETTR, uptime), plus the stream state and drop count."""
+
+from __future__ import annotations
+
+from rich.text import Text
+from textual.widget import Widget
+
+from tui.model.views import JobView
+from tui.app.widgets import glyphs, units
+from tui.app.widgets.pane import UiState
+
+
+class HeaderBar(Widget):
+    DEFAULT_CSS = ("HeaderBar { height: 2; background: $panel; padding: 0 1;"
+                   " text-wrap: nowrap; text-overflow: ellipsis; }")
+
+    def __init__(self) -> None:
+        super().__init__(id="header")
+        self._view: JobView | None = None
+        self._ui = UiState()
+        self._description = ""
+
+    def show(self, view: JobView, ui: UiState, description: str) -> None:
+        self._view, self._ui, self._description = view, ui, description
+        self.refresh()
+
+    def render(self) -> Text:
+        view, ui = self._view, self._ui
+        line1 = Text.assemble(("perfmon ", f"bold {glyphs.ACCENT}"))
+        if view is None or not view.ranks:
+            line1.append(self._description or "connecting…")
+            line1.append(f"  ·  {ui.feed_state}", style=glyphs.DIM)
+            return line1
+        line1.append(view.job or "?", style="bold")
+        hosts = sorted({r.host for r in view.ranks if r.host})
+        sep = (" · ", glyphs.DIM)
+        line1.append(*sep)
+        line1.append(f"{len(view.ranks)}/{view.world_size} rank{'s' * (view.world_size != 1)}")
+        if hosts:
+            line1.append(f"@{hosts[0]}" + (f"+{len(hosts) - 1}" if len(hosts) > 1 else ""), style=glyphs.DIM)
+        line1.append(f" {view.device_type.upper()}")
+        gone = any(word in ui.feed_state for word in ("exited", "gone", "lost", "PAUSED", "finished"))
+        line1.append(*sep)
+        line1.append(ui.feed_state, style=f"bold {glyphs.WARN if gone else glyphs.OK}")
+        started = [h.get("t") for h in view.hellos.values() if isinstance(h.get("t"), (int, float))]
+        if started:
+            line1.append(*sep)
+            line1.append(f"up {units.age(view.now - min(started))}")
+        line1.append(*sep)
+        line1.append("drops ")
+        line1.append(str(view.drops_total), style=f"bold {glyphs.BAD}" if view.drops_total else "")
+        m = view.metrics
+        line2 = Text()
+        for label, value in (("step", str(m.steps)), ("step time", units.seconds(m.step_time_median_s)),
+                             ("samples", units.rate(m.samples_per_s)), ("tokens", units.rate(m.tokens_per_s)),
+                             ("MFU", units.pct(m.mfu)), ("ETTR", units.pct(m.ettr))):
+            line2.append(f"{label} ", style=glyphs.DIM)
+            line2.append(value, style="bold")
+            line2.append("  ")
+        line2.append(f"window {int(view.window.get('steps', 0))} steps/{units.seconds(view.window.get('seconds'))}",
+                     style=glyphs.DIM)
+        if ui.window_label:
+            line2.append(f" ({ui.window_label})", style=glyphs.DIM)
+        return Text("\n").join([line1, line2])

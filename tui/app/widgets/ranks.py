@@ -1,0 +1,92 @@
+"""Ranks pane: one row per rank (step time, compute, data wait, comm wait, CPU, state),
+the straggler marked ◀ and the selected rank highlighted."""
+
+from __future__ import annotations
+
+from rich.text import Text
+
+from tui.model.views import JobView, RankView
+from tui.model.verdict import Verdict
+from tui.app.widgets import glyphs, units
+from tui.app.widgets.pane import Pane, UiState
+
+
+class RanksPane(Pane):
+    NAME = "ranks"
+
+    def draw(self, view: JobView, verdict: Verdict | None, ui: UiState, width: int, height: int) -> list[Text]:
+        if not view.ranks:
+            return [Text("no ranks yet", style=glyphs.DIM)]
+        straggler = getattr(verdict, "straggler_rank", None)
+        if straggler is None:
+            straggler = view.straggler_rank
+        columns = NARROW if width < 46 else WIDE if width >= 60 else NORMAL
+        rank_w = max(4, max(len(str(r.rank)) for r in view.ranks))
+        head = Text(f"{'rank':<{rank_w}}", style=glyphs.DIM)
+        for name, w in columns:
+            head.append(f" {name:>{w}}", style=glyphs.DIM)
+        head.append(" state", style=glyphs.DIM)
+        lines = [head]
+        shown = _rows_that_fit(view.ranks, max(1, height - 1), {straggler, ui.selected_rank})
+        for r in shown:
+            row = Text(f"{r.rank:<{rank_w}}")
+            for name, w in columns:
+                row.append(f" {_cell(r, name):>{w}}")
+            row.append(" ")
+            row.append_text(_state(r, straggler, short=columns is NARROW))
+            if r.rank == straggler:
+                row.stylize(f"bold {glyphs.BAD}")
+            if r.rank == ui.selected_rank:
+                row.stylize("reverse")
+            lines.append(row)
+        hidden = len(view.ranks) - len(shown)
+        if hidden:
+            lines.append(Text(f"+{hidden} more ranks (r selects one)", style=glyphs.DIM))
+        return lines
+
+
+NARROW = (("step", 6), ("comp", 6), ("data", 4), ("comm", 4))
+NORMAL = (("steps", 6), ("step", 6), ("compute", 7), ("data", 4), ("comm", 4))
+WIDE = NORMAL + (("cpu", 4), ("pid", 7))
+
+
+def _cell(r: RankView, name: str) -> str:
+    if name == "steps":
+        return str(r.steps)
+    if name == "step":
+        return units.seconds(r.step_time_median_s)
+    if name in ("comp", "compute"):
+        return units.seconds(r.compute_s)
+    if name == "data":
+        return units.pct(r.data_wait_frac)
+    if name == "comm":
+        return units.pct(r.comm_exposed_frac)
+    if name == "cpu":
+        return units.number(r.cpu, 2)
+    return str(r.pid or "?")
+
+
+def _state(r: RankView, straggler: int | None, short: bool = False) -> Text:
+    if r.rank == straggler:
+        return Text("◀" if short else "◀ straggler", style=glyphs.BAD)
+    if r.ended:
+        return Text("exited", style=glyphs.DIM)
+    if r.warming_up:
+        return Text("warming up", style=glyphs.DIM)
+    if r.generation:
+        return Text(f"restart {r.generation}", style=glyphs.WARN)
+    if r.since_last_step_s is not None and r.step_time_median_s and r.since_last_step_s > max(
+            5.0, 10 * r.step_time_median_s):
+        return Text(f"stalled {units.age(r.since_last_step_s)}", style=glyphs.WARN)
+    return Text("ok", style=glyphs.OK)
+
+
+def _rows_that_fit(ranks: list[RankView], rows: int, keep: set[int | None]) -> list[RankView]:
+    """All ranks if they fit, else the first ones plus the straggler and the selected rank,
+    leaving one row for the '+N more' line."""
+    if len(ranks) <= rows:
+        return list(ranks)
+    room = max(1, rows - 1)
+    must = [r for r in ranks if r.rank in keep]
+    rest = [r for r in ranks if r.rank not in keep][: max(0, room - len(must))]
+    return sorted(must + rest, key=lambda r: r.rank)[:room]

@@ -1,0 +1,58 @@
+"""``perfmon record TARGET -o DIR``: save a live job's streams without a TUI.
+
+Each rank's stream goes to its own file in the same format the probe writes
+with ``PERFMON_RECORD``, so ``perfmon report`` and ``perfmon attach`` read
+either. Stops when every rank says ``bye`` (or disconnects), after
+``--seconds``, or on Ctrl-C; the files stay readable in every case.
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+from probe import paths, wire
+from probe.recording import RecordingWriter
+from tui.stream.discovery import resolve_live
+from tui.errors import UserError
+from tui.stream.sources import StreamError, follow_live
+
+
+def record(socket_paths: list[str], out_dir: Path, seconds: float | None = None) -> dict[str, int]:
+    """Record every stream into ``out_dir``; returns records written per output file."""
+    try:
+        out_dir.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise UserError(f"cannot create {out_dir}: {exc.strerror or exc}") from None
+    writers: dict[str, RecordingWriter] = {}
+    counts: dict[str, int] = {}
+    encoder = wire.Encoder()
+    try:
+        for source, rec in follow_live(socket_paths, seconds):
+            writer = writers.get(source)
+            if writer is None:
+                stem = Path(source).name.removesuffix(paths.SOCKET_SUFFIX)
+                try:
+                    writer = writers[source] = RecordingWriter(out_dir / f"{stem}{paths.RECORD_SUFFIX}")
+                except OSError as exc:
+                    raise UserError(f"cannot write to {out_dir}: {exc.strerror or exc}") from None
+            writer.write(RecordingWriter.wrap(encoder.frame(rec)))
+            counts[str(writer.path)] = counts.get(str(writer.path), 0) + 1
+    except StreamError as exc:
+        raise UserError(str(exc)) from None
+    except KeyboardInterrupt:
+        pass
+    finally:
+        for writer in writers.values():
+            writer.close()
+    return counts
+
+
+def main(args) -> int:
+    endpoints = resolve_live(args.target)
+    out = Path(args.output)
+    print(f"recording {len(endpoints)} rank(s) of {endpoints[0].job} to {out} (Ctrl-C to stop)", file=sys.stderr)
+    counts = record([ep.socket for ep in endpoints], out, args.seconds)
+    for path, n in sorted(counts.items()):
+        print(f"{path}: {n} records")
+    return 0

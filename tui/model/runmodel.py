@@ -1,0 +1,221 @@
+"""The run model: ingests wire records into per-rank buffers and hands out ``JobView`` snapshots.
+
+Shared by the TUI, ``perfmon report`` and the tests. ``RunModel.ingest`` only
+appends to bounded deques (O(1)); ``RunModel.view`` derives a frozen
+``JobView`` from the buffers. Per-rank window statistics are cached by a
+version counter, so a view of a 64-rank job where nothing changed costs a few
+dictionary look-ups and a view after new steps recomputes only those ranks.
+Buffers live in ``tui.model.buffers``, the window statistics in ``tui.model.stats``, the
+view dataclasses in ``tui.model.views``. No Textual, no torch, no I/O.
+
+Window (DESIGN §6): the last ``window_steps`` steps or the steps that ended in
+the last ``window_seconds`` (measured back from the rank's latest step, so a
+replayed recording has a window too), whichever is fewer, but never fewer than
+``MIN_STEPS``; a rank with fewer steps is warming up. The first step a rank
+reports (lazy init, allocator warm-up) is left out while there are others.
+
+Formulas (sources in the comments next to each):
+* active step time = ``dur`` − ``gap`` (time between steps lost to checkpoints,
+  evaluation, stalls; from the step's ``gap`` key, else from the ``seconds`` of
+  blocking events such as ``checkpoint`` that fell before the step);
+* data wait share = Σ phases.data / Σ active;
+* comm share = Σ comm.seconds / Σ active; exposed share = Σ comm.exposed / Σ active;
+* compute time of a step = active − data − exposed comm;
+* device busy: CUDA = Σ gpu_time / Σ active (device events), else the mean NVML
+  utilization of the rank's GPU in the window, else the CPU formula;
+  CPU = Σ compute / Σ active, i.e. the share of step time spent computing;
+* busbw = bytes / seconds × nccl-tests factor of the collective;
+* MFU = Σ flops / Σ dur / peak FLOP/s of the device (never invented on CPU);
+* ETTR = time inside steps / wall time since the first step.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+from tui.model.buffers import (BLOCKING_EVENTS, EVENT_BUFFER, MIN_STEPS, WINDOW_SAMPLES, WINDOW_SECONDS,
+                               WINDOW_STEPS, RankState, num)
+from tui.model.stats import RankStats, comm_rows, job_metrics, rank_stats, rank_view
+from tui.model.views import JobView
+
+
+class RunModel:
+    """Ingests wire records from any number of streams and derives ``JobView``s.
+
+    A stream is one process's connection or recording file (``stream_id`` is its
+    path). Its ``hello`` says which rank it is; a later hello for the same rank
+    from another pid or restart count starts a new generation of that rank (the
+    older one is kept only for the restart note). Records that arrive before a
+    stream's hello are counted in ``orphans`` and ignored.
+    """
+
+    def __init__(self, window_steps: int = WINDOW_STEPS, window_seconds: float = WINDOW_SECONDS) -> None:
+        self.window_steps = max(MIN_STEPS, int(window_steps))
+        self.window_seconds = float(window_seconds)
+        self._ranks: dict[int, RankState] = {}
+        self._streams: dict[str, RankState] = {}
+        self._retired: list[RankState] = []
+        self.problems: list[str] = []
+        self.orphans = 0
+        self.last_t: float | None = None
+
+    # -- ingest -------------------------------------------------------------------------------
+    def ingest(self, stream_id: str, record: dict[str, Any]) -> None:
+        """Add one validated wire record from ``stream_id``. O(1); never raises on odd values."""
+        kind = record.get("k")
+        t = num(record.get("t"))
+        if t is not None and (self.last_t is None or t > self.last_t):
+            self.last_t = t
+        if kind == "hello":
+            self._hello(stream_id, record)
+            return
+        state = self._streams.get(stream_id)
+        if state is None:
+            self.orphans += 1
+            return
+        state.version += 1
+        if t is not None:
+            state.last_t = t
+        if kind == "step":
+            if isinstance(record.get("step"), int) and num(record.get("dur")) is not None:
+                state.add_step(record)
+        elif kind == "sample":
+            state.samples.append(record)
+            host = record.get("host")
+            if isinstance(host, dict) and host.get("loader_workers") is not None:
+                state.loader_seen = True
+        elif kind == "memory":
+            state.memory.append(record)
+        elif kind == "comm":
+            state.comm.append(record)
+        elif kind == "event":
+            state.events.append(record)
+            name = record.get("name")
+            if name == "first_batch":
+                state.loader_seen = True
+            secs = num(record.get("seconds"))
+            if name in BLOCKING_EVENTS and secs is not None and secs > 0:
+                state.pending_gap += secs
+        elif kind == "drops":
+            count = record.get("count")
+            if isinstance(count, int) and count > 0:
+                state.drops += count
+        elif kind == "bye":
+            state.ended = True
+
+    def end_stream(self, stream_id: str) -> None:
+        """The stream closed (EOF, or the end of a recording file) without necessarily a ``bye``."""
+        state = self._streams.get(stream_id)
+        if state is not None and not state.ended:
+            state.ended = True
+            state.version += 1
+
+    def add_problem(self, message: str) -> None:
+        """A one-line stream problem (torn recording, bad frame) to show with the view."""
+        if message not in self.problems:
+            self.problems.append(message)
+
+    def set_window(self, steps: int, seconds: float) -> None:
+        """Change the window (the TUI's ``w`` key); cached per-rank statistics are recomputed."""
+        self.window_steps = max(MIN_STEPS, int(steps))
+        self.window_seconds = float(seconds)
+        for state in list(self._ranks.values()) + self._retired:
+            state._cache = None
+
+    def _hello(self, stream_id: str, hello: dict[str, Any]) -> None:
+        rank = hello.get("rank")
+        rank = rank if isinstance(rank, int) and not isinstance(rank, bool) else 0
+        cur = self._ranks.get(rank)
+        if cur is not None and cur.stream == stream_id and _same_process(cur.hello, hello):
+            cur.hello = hello           # a repeated hello (re-attach): update only
+            cur.version += 1
+            return
+        if cur is not None and not _same_process(cur.hello, hello):
+            if (num(hello.get("t")) or 0.0) < (num(cur.hello.get("t")) or 0.0):
+                # an older generation read after the newer one (recording order): keep it aside
+                old = RankState(rank, stream_id, hello, max(0, cur.generation - 1))
+                self._retired.append(old)
+                self._streams[stream_id] = old
+                cur.generation = max(cur.generation, len([s for s in self._retired if s.rank == rank]))
+                cur.version += 1
+                return
+            self._retired.append(cur)
+            state = RankState(rank, stream_id, hello, cur.generation + 1)
+        elif cur is not None:
+            cur.stream = stream_id
+            cur.hello = hello
+            cur.version += 1
+            self._streams[stream_id] = cur
+            return
+        else:
+            state = RankState(rank, stream_id, hello, 0)
+        self._ranks[rank] = state
+        self._streams[stream_id] = state
+
+    # -- view ---------------------------------------------------------------------------------
+    def view(self, now: float | None = None) -> JobView:
+        """Derive the current ``JobView``. ``now`` defaults to the newest record time seen
+        (right for recordings); live viewers pass ``time.time()``."""
+        if now is None:
+            now = self.last_t if self.last_t is not None else time.time()
+        states = [self._ranks[r] for r in sorted(self._ranks)]
+        stats = [self._stats(s) for s in states]
+        hello0 = states[0].hello if states else {}
+        device = hello0.get("device") if isinstance(hello0.get("device"), dict) else {}
+        device_type = str(device.get("type") or "cpu")
+        world = _world_size(states)
+        ranks = [rank_view(s, st, now) for s, st in zip(states, stats)]
+        ready = [(s, st) for s, st in zip(states, stats) if not st.warming_up]
+        metrics, straggler = job_metrics(ready, ranks, states, stats, world)
+        window = {"steps": max((st.n for st in stats), default=0),
+                  "seconds": round(max((st.span for st in stats), default=0.0), 3)}
+        comm_ops = comm_rows([(s, st) for s, st in zip(states, stats)], world)
+        events = sorted((dict(e, rank=s.rank) for s in states for e in s.events), key=lambda e: e.get("t") or 0.0)
+        return JobView(
+            job=hello0.get("job") if states else None,
+            world_size=world,
+            device_type=device_type,
+            device_name=device.get("name"),
+            now=now,
+            ranks=ranks,
+            metrics=metrics,
+            window=window,
+            warming_up=not ready,
+            ended=bool(states) and all(s.ended for s in states),
+            drops_total=sum(s.drops for s in states),
+            steps_recent={s.rank: st.timeline for s, st in zip(states, stats)},
+            data_wait_history={s.rank: st.data_history for s, st in zip(states, stats)},
+            comm_ops=comm_ops,
+            gpus={s.rank: list(s.samples[-1].get("gpus") or []) for s in states if s.samples},
+            host={s.rank: dict(s.samples[-1].get("host") or {}) for s in states if s.samples},
+            memory_records={s.rank: s.memory[-1] for s in states if s.memory},
+            sample_history={s.rank: list(s.samples)[-WINDOW_SAMPLES:] for s in states},
+            events=events[-EVENT_BUFFER:],
+            straggler_rank=straggler,
+            restarted=sorted(s.rank for s in states if s.generation > 0),
+            problems=list(self.problems),
+            hellos={s.rank: s.hello for s in states},
+        )
+
+    def _stats(self, state: RankState) -> "RankStats":
+        cache = state._cache
+        if cache is not None and cache[0] == state.version:
+            return cache[1]
+        st = rank_stats(state, self.window_steps, self.window_seconds)
+        state._cache = (state.version, st)
+        return st
+
+    @property
+    def retired(self) -> list[tuple[int, dict[str, Any]]]:
+        """(rank, hello) of every older generation seen (restarted workers)."""
+        return [(s.rank, s.hello) for s in self._retired]
+
+
+def _same_process(a: dict[str, Any], b: dict[str, Any]) -> bool:
+    return a.get("pid") == b.get("pid") and a.get("restart") == b.get("restart") and a.get("host") == b.get("host")
+
+
+def _world_size(states: list[RankState]) -> int:
+    sizes = [s.hello.get("world_size") for s in states if isinstance(s.hello.get("world_size"), int)]
+    return max(sizes + [len(states), 1])

@@ -1,0 +1,455 @@
+"""Window statistics: per-rank numbers over the current window, then the job's.
+
+Formulas and their sources are listed in ``tui.model.runmodel``'s docstring and next to
+each function. Input: ``RankState`` buffers; output: ``RankStats`` and the view types.
+"""
+
+from __future__ import annotations
+
+import itertools
+import statistics
+from dataclasses import dataclass
+from typing import Any, Callable, Deque, Iterable
+
+from probe import wire
+from tui.model.buffers import (MIN_STEPS, TIMELINE_STEPS, WINDOW_SAMPLES, RankState, StepNums, num)
+from tui.model.views import CommOpRow, MemoryMetrics, Metrics, RankView
+
+
+# -- per-rank statistics ---------------------------------------------------------------------
+@dataclass(frozen=True)
+class RankStats:
+    n: int
+    span: float
+    warming_up: bool
+    step_median: float | None
+    gap_frac: float | None           # share of the window's wall time spent between steps
+    compute_median: float | None
+    arrive_median: float | None      # step time minus exposed wait: when the rank reached the collective
+    data_frac: float | None
+    data_cpu_frac: float | None
+    comm_frac: float | None
+    exposed_frac: float | None
+    comm_estimated: bool | None
+    device_busy: float | None
+    busy_source: str | None
+    samples_per_s: float | None
+    tokens_per_s: float | None
+    flops_per_s: float | None
+    mfu: float | None
+    syncs: float | None
+    loader_cpu: float | None
+    loader_workers: int | None
+    timeline: list[dict[str, Any]]
+    data_history: list[float]
+    memory: MemoryMetrics
+    comm_delta: dict[str, tuple[int, int, float]]   # op -> (count, bytes, seconds) in the window
+
+
+def _window(nums: Deque[StepNums], max_steps: int, max_seconds: float) -> list[StepNums]:
+    if not nums:
+        return []
+    tail = list(itertools.islice(reversed(nums), max_steps + 1))[::-1]
+    if len(tail) > 1 and tail[0].step == 0:
+        tail = tail[1:]        # the first step pays for lazy init
+    tail = tail[-max_steps:]
+    last_t = tail[-1].t
+    if last_t is None:
+        return tail
+    recent = [s for s in tail if (s.t if s.t is not None else last_t) >= last_t - max_seconds]
+    return recent if len(recent) >= MIN_STEPS else tail[-MIN_STEPS:]
+
+
+# -- statistics over values that may be unknown (None) -----------------------------------------
+def _known(reduce: Callable[[list[Any]], Any], values: Iterable[Any]) -> Any:
+    """``reduce`` over the known values; None when none is known (unknown is never 0)."""
+    known = [v for v in values if v is not None]
+    return reduce(known) if known else None
+
+
+def _sum(values: Iterable[float | None]) -> float | None:
+    return _known(sum, values)
+
+
+def _mean(values: Iterable[float | None]) -> float | None:
+    return _known(statistics.fmean, values)
+
+
+def _max(values: Iterable[Any]) -> Any:
+    return _known(max, values)
+
+
+def _min(values: Iterable[float | None]) -> float | None:
+    return _known(min, values)
+
+
+def rank_stats(state: RankState, max_steps: int, max_seconds: float) -> RankStats:
+    win = _window(state.nums, max_steps, max_seconds)
+    n = len(win)
+    durs = [s.dur for s in win]
+    actives = [s.active for s in win]
+    data = [s.data for s in win]
+    secs_known = any(s.secs is not None for s in win)
+    comm_known = any(s.exposed is not None for s in win)    # the flowchart needs the exposed part
+    world = state.hello.get("world_size")
+    single = isinstance(world, int) and world <= 1
+    secs_sum = sum(s.secs or 0.0 for s in win)
+    exposed = [s.exposed or 0.0 for s in win]
+    active_sum = sum(actives)
+    dur_sum = sum(durs)
+    data_sum = sum(data)
+    data_known = state.loader_seen or any(s.has_data for s in win)
+    computes = [max(0.0, a - d - e) for a, d, e in zip(actives, data, exposed)]
+    win_start = None
+    if win:
+        win_start = win[0].start if win[0].start is not None else (win[0].t or 0.0) - win[0].dur
+    samples = [s for s in state.samples if win_start is None or (num(s.get("t")) or 0.0) >= win_start]
+    samples = samples[-WINDOW_SAMPLES:] or list(state.samples)[-1:]
+    hosts = [s.get("host") for s in samples if isinstance(s.get("host"), dict)]
+
+    data_frac = data_sum / active_sum if n and data_known else None
+    data_cpu = _sum([s.data_cpu for s in win])
+    data_cpu_frac = (data_cpu / data_sum) if data_cpu is not None and data_sum > 0 else None
+    none_single = 0.0 if single and n else None     # one process: no peers to communicate with
+    comm_frac = secs_sum / active_sum if secs_known else none_single
+    exposed_frac = sum(exposed) / active_sum if comm_known else none_single
+    estimated = any(s.estimated for s in win) if comm_known else None
+
+    device = state.hello.get("device") if isinstance(state.hello.get("device"), dict) else {}
+    busy, busy_src = None, None
+    if n:
+        events_busy = _events_busy(state, win)
+        util = _gpu_util(samples, state.hello)
+        if device.get("type") == "cuda" and events_busy is not None:
+            busy, busy_src = events_busy, "events"
+        elif device.get("type") == "cuda" and util is not None:
+            busy, busy_src = util, "nvml"
+        else:
+            # host-side accounting: the share of step time not spent waiting for data or peers
+            busy, busy_src = sum(computes) / active_sum, "step_accounting"
+
+    samples_sum = _sum([s.samples for s in win])
+    tokens_sum = _sum([s.tokens for s in win])
+    flops_sum = _sum([s.flops for s in win])
+    flops_per_s = flops_sum / dur_sum if flops_sum is not None and dur_sum > 0 else None
+    peak = _peak_flops(device, state.samples)
+    syncs = _sum([s.syncs for s in win])
+    loader_cpus = [v for v in (num(h.get("loader_cpu")) for h in hosts) if v is not None]
+    workers = next((h.get("loader_workers") for h in reversed(hosts) if isinstance(h.get("loader_workers"), int)),
+                   None)
+    timeline = list(itertools.islice(reversed(state.steps), TIMELINE_STEPS))[::-1]
+    history = [s.data_share for s in itertools.islice(state.nums, max(0, len(state.nums) - TIMELINE_STEPS), None)]
+
+    return RankStats(
+        n=n,
+        span=(win[-1].t or 0.0) - win_start if n and win_start is not None else 0.0,
+        warming_up=n < MIN_STEPS,
+        step_median=statistics.median(durs) if n else None,
+        gap_frac=(dur_sum - active_sum) / dur_sum if n and dur_sum > 0 else None,
+        compute_median=statistics.median(computes) if n and (comm_known or single) else None,
+        arrive_median=statistics.median(d - e for d, e in zip(durs, exposed)) if n and comm_known else None,
+        data_frac=data_frac,
+        data_cpu_frac=data_cpu_frac,
+        comm_frac=comm_frac,
+        exposed_frac=exposed_frac,
+        comm_estimated=estimated,
+        device_busy=busy,
+        busy_source=busy_src,
+        samples_per_s=samples_sum / dur_sum if samples_sum is not None and dur_sum > 0 else None,
+        tokens_per_s=tokens_sum / dur_sum if tokens_sum is not None and dur_sum > 0 else None,
+        flops_per_s=flops_per_s,
+        mfu=flops_per_s / peak if flops_per_s is not None and peak else None,
+        syncs=syncs / n if syncs is not None and n else None,
+        loader_cpu=statistics.fmean(loader_cpus) if loader_cpus else None,
+        loader_workers=workers,
+        timeline=timeline,
+        data_history=history,
+        memory=_rank_memory(state, win_start, hosts, max_steps),
+        comm_delta=_comm_delta(state, win_start),
+    )
+
+
+
+
+def _gpu_util(samples: list[dict[str, Any]], hello: dict[str, Any]) -> float | None:
+    """Mean NVML utilization of this rank's GPU (index = local_rank when listed) over the samples."""
+    local = hello.get("local_rank") if isinstance(hello.get("local_rank"), int) else 0
+    values = []
+    for s in samples:
+        gpus = [g for g in (s.get("gpus") or []) if isinstance(g, dict)]
+        mine = [g for g in gpus if g.get("index") == local] or gpus[:1]
+        for g in mine:
+            u = num(g.get("util"))
+            if u is not None:
+                values.append(u / 100.0 if u > 1.0 else u)
+    return statistics.fmean(values) if values else None
+
+
+def _events_busy(state: RankState, win: list[StepNums]) -> float | None:
+    """Σ device time / Σ active time over window steps whose ``gpu_time`` has arrived.
+
+    Device results come a step or more late, tagged with ``gpu_step``; steps
+    still in flight are left out. Needs at least half the window (and MIN_STEPS).
+    """
+    active_by_step = {s.step: s.active for s in win}
+    gpu = active = 0.0
+    matched = 0
+    for s in itertools.islice(reversed(state.nums), len(win) + 16):
+        if s.gpu_time is None:
+            continue
+        a = active_by_step.get(s.gpu_step)
+        if a is not None:
+            gpu += s.gpu_time
+            active += a
+            matched += 1
+    if matched < max(MIN_STEPS, len(win) // 2) or active <= 0:
+        return None
+    return min(1.0, gpu / active)
+
+
+def _peak_flops(device: dict[str, Any], samples: Deque[dict[str, Any]]) -> float | None:
+    """Peak FLOP/s for the dtype in use: the sampler's ``compute.peak_flops`` (after watch()),
+    else hello ``device.peak_flops`` for the compute dtype, bf16, or the highest listed."""
+    compute = next((s["compute"] for s in reversed(samples) if isinstance(s.get("compute"), dict)), {})
+    if num(compute.get("peak_flops")):
+        return num(compute.get("peak_flops"))
+    peaks = device.get("peak_flops")
+    if not isinstance(peaks, dict) or not peaks:
+        return None
+    for key in (compute.get("dtype"), device.get("dtype"), "bf16", "fp16"):
+        if key in peaks and num(peaks[key]):
+            return num(peaks[key])
+    known = [num(v) for v in peaks.values() if num(v)]
+    return max(known) if known else None
+
+
+def _rank_memory(state: RankState, win_start: float | None, hosts: list[dict[str, Any]],
+                 max_steps: int) -> MemoryMetrics:
+    """Memory against its limit. ``peak_bytes`` is the number compared with the limit: CUDA the
+    peak reserved by the allocator (DESIGN §6), CPU the highest RSS seen in the window."""
+    ooms = sum(1 for e in state.events if e.get("name") == "oom"
+               and (win_start is None or (num(e.get("t")) or 0.0) >= win_start))
+    device = state.hello.get("device") if isinstance(state.hello.get("device"), dict) else {}
+    host_rss = [_int(h.get("rss")) for h in hosts]
+    host_limit = next((_int(h.get("mem_limit")) for h in reversed(hosts) if _int(h.get("mem_limit"))), None)
+    host_limit_source = next((h.get("mem_limit_source") for h in reversed(hosts) if h.get("mem_limit_source")), None)
+    mem = state.memory[-1] if state.memory else None
+    if mem is not None:
+        in_win = [m for m in state.memory if win_start is None or (num(m.get("t")) or 0.0) >= win_start]
+        first = in_win[0] if in_win else mem
+        retries = _int(mem.get("alloc_retries"))
+        rising = retries is not None and (_int(first.get("alloc_retries")) or 0) < retries and len(in_win) > 1
+        alloc_ooms = (_int(mem.get("ooms")) or 0) - (_int(first.get("ooms")) or 0) if len(in_win) > 1 else 0
+        on_host = mem.get("device") == "cpu"
+        if on_host:
+            used = max((r for r in [_int(m.get("rss")) for m in in_win] + host_rss if r is not None),
+                       default=_int(mem.get("rss")) or _int(mem.get("peak")))
+            limit = _int(mem.get("limit")) or host_limit
+            limit_source = mem.get("limit_source") or host_limit_source
+        else:
+            used = _int(mem.get("peak_reserved")) or _int(mem.get("reserved")) or _int(mem.get("peak"))
+            limit = _int(mem.get("limit")) or _int(device.get("memory_total"))
+            limit_source = "device"
+        return MemoryMetrics(
+            source="host" if on_host else "device", rank=state.rank, limit_bytes=limit, limit_source=limit_source,
+            peak_bytes=used, peak_frac=used / limit if used is not None and limit else None,
+            params_bytes=_int(mem.get("params")), grads_bytes=_int(mem.get("grads")),
+            optimizer_bytes=_int(mem.get("optimizer")), activations_bytes=_int(mem.get("activations")),
+            cache_bytes=_int(mem.get("cache")), other_bytes=_int(mem.get("other")),
+            fragmentation_bytes=_int(mem.get("fragmentation")), reserved_bytes=_int(mem.get("reserved")),
+            allocated_bytes=_int(mem.get("allocated")), alloc_retries=retries, alloc_retries_rising=rising,
+            ooms=ooms + max(0, alloc_ooms))
+    if device.get("type") == "cuda":
+        recent = itertools.islice(reversed(state.steps), max_steps)   # the current window, not the default
+        steps_mem = [s.get("mem") for s in recent if isinstance(s.get("mem"), dict)]
+        limit = _int(device.get("memory_total"))
+        peaks = [_int(m.get("reserved")) or _int(m.get("peak")) for m in steps_mem]
+        peak = max((p for p in peaks if p is not None), default=None)
+        return MemoryMetrics(source="device" if peak is not None else None, rank=state.rank, limit_bytes=limit,
+                             limit_source="device" if limit else None, peak_bytes=peak,
+                             peak_frac=peak / limit if peak is not None and limit else None, ooms=ooms)
+    rss = max((r for r in host_rss if r is not None), default=None)
+    return MemoryMetrics(source="host" if rss is not None else None, rank=state.rank, limit_bytes=host_limit,
+                         limit_source=host_limit_source, peak_bytes=rss,
+                         peak_frac=rss / host_limit if rss is not None and host_limit else None, ooms=ooms)
+
+
+def _int(value: Any) -> int | None:
+    v = num(value)
+    return int(v) if v is not None else None
+
+
+def _comm_delta(state: RankState, win_start: float | None) -> dict[str, tuple[int, int, float]]:
+    """Per-op (count, bytes, seconds) during the window from the cumulative ``comm`` records."""
+    if not state.comm:
+        return {}
+    last = state.comm[-1]
+    base = None
+    for rec in itertools.islice(state.comm, len(state.comm) - 1):
+        if win_start is None or (num(rec.get("t")) or 0.0) <= win_start:
+            base = rec      # the newest record from before the window
+    if base is None and len(state.comm) > 1:
+        base = state.comm[-2]   # window shorter than the record period: the latest period stands in
+    base_ops = {o.get("op"): o for o in (base.get("ops") or []) if isinstance(o, dict)} if base else {}
+    out = {}
+    for op in last.get("ops") or []:
+        if not isinstance(op, dict) or not isinstance(op.get("op"), str):
+            continue
+        prev = base_ops.get(op["op"], {})
+        count = (_int(op.get("count")) or 0) - (_int(prev.get("count")) or 0)
+        nbytes = (_int(op.get("bytes")) or 0) - (_int(prev.get("bytes")) or 0)
+        secs = (num(op.get("seconds")) or 0.0) - (num(prev.get("seconds")) or 0.0)
+        if count > 0 or secs > 0:
+            out[op["op"]] = (count, nbytes, secs)
+    return out
+
+
+def rank_view(state: RankState, st: RankStats, now: float) -> RankView:
+    h = state.hello
+    host = state.samples[-1].get("host") if state.samples and isinstance(state.samples[-1].get("host"), dict) else {}
+    last = state.steps[-1] if state.steps else None
+    return RankView(
+        rank=state.rank, stream=state.stream, host=h.get("host"), pid=h.get("pid"),
+        restart=h.get("restart") if isinstance(h.get("restart"), int) else 0, generation=state.generation,
+        steps=(last["step"] + 1) if last is not None else 0, window_steps=st.n, warming_up=st.warming_up,
+        step_time_median_s=st.step_median, compute_s=st.compute_median, device_busy=st.device_busy,
+        data_wait_frac=st.data_frac, comm_frac=st.comm_frac, comm_exposed_frac=st.exposed_frac,
+        samples_per_s=st.samples_per_s, tokens_per_s=st.tokens_per_s, syncs_per_step=st.syncs, mfu=st.mfu,
+        ettr=_ettr(state, now, st.step_median), loader_cpu=st.loader_cpu, loader_workers=st.loader_workers,
+        cpu=num(host.get("cpu")), rss=_int(host.get("rss")), ended=state.ended,
+        since_last_step_s=max(0.0, now - state.last_end) if state.last_end is not None and not state.ended else None,
+        drops=state.drops)
+
+
+def _ettr(state: RankState, now: float, step_median: float | None) -> float | None:
+    """Time inside steps / wall time since the first step (seed 001; Meta ETTR, Google goodput).
+
+    While the rank is live, wall time runs to ``now`` less one typical step: the
+    step in progress is not lost time, but a stall longer than a step lowers
+    ETTR as it happens. Once the rank ended, wall time stops at its last step;
+    spans of steps lost to drops are excluded.
+    """
+    if state.first_start is None or state.last_end is None or len(state.steps) < 2:
+        return None
+    end = state.last_end if state.ended else max(state.last_end, now - (step_median or 0.0))
+    wall = end - state.first_start - state.unseen
+    if wall <= 0:
+        return None
+    return max(0.0, min(1.0, state.inside / wall))
+
+
+# -- job level -------------------------------------------------------------------------------
+# Straggler rule, shared with tui.model.verdict (which cites it): NVIDIA Resiliency Extension relative
+# score = best rank / this rank, default threshold gpu_relative_perf_threshold = 0.7.
+STRAGGLER_RATIO = 0.7
+
+
+def _straggler(ready: list[tuple[RankState, RankStats]]) -> tuple[float | None, float | None, int | None,
+                                                                       str | None]:
+    """(compute ratio, arrival ratio, straggler rank, rule) over ranks with comm measured.
+
+    Rule "compute" (NVRx relative score, fastest / slowest < STRAGGLER_RATIO):
+    the rank with the slowest median compute. Rule "arrival" (HTA: "a straggler
+    is the trainer which starts later than others"), the same score applied to
+    each rank's time to reach the collective (step time minus its exposed wait,
+    so time lost between steps or in its own data wait counts): the last rank to
+    arrive, when compute alone does not explain it.
+    """
+    computes = [(s.rank, x.compute_median) for s, x in ready if x.compute_median is not None]
+    if len(computes) < 2:
+        return None, None, None, None
+    ratio, slow_rank = _relative(computes)
+    arrivals = [(s.rank, x.arrive_median) for s, x in ready if x.arrive_median is not None]
+    arrival_ratio, late_rank = _relative(arrivals) if len(arrivals) >= 2 else (None, None)
+    if ratio < STRAGGLER_RATIO:
+        return ratio, arrival_ratio, slow_rank, "compute"
+    if arrival_ratio is not None and arrival_ratio < STRAGGLER_RATIO:
+        return ratio, arrival_ratio, late_rank, "arrival"
+    return ratio, arrival_ratio, None, None
+
+
+def _relative(times: list[tuple[int, float]]) -> tuple[float, int]:
+    """(fastest / slowest, slowest rank)."""
+    fast = min(t for _, t in times)
+    slow_rank, slow = max(times, key=lambda rt: rt[1])
+    return (fast / slow if slow > 0 else 1.0), slow_rank
+
+
+
+
+def job_metrics(ready: list[tuple[RankState, RankStats]], ranks: list[RankView], states: list[RankState],
+                 stats: list[RankStats], world: int) -> tuple[Metrics, int | None]:
+    steps = max((r.steps for r in ranks), default=0)
+    if not ready:
+        return Metrics(steps=steps, ettr=_min([r.ettr for r in ranks]),
+                       memory=_job_memory(states, stats)), None
+    st = [x[1] for x in ready]
+    ratio, arrival_ratio, straggler, straggler_by = _straggler(ready)
+    rows = comm_rows(ready, world)
+    top = max(rows, key=lambda r: r.seconds, default=None)
+    memory = _job_memory(states, stats)
+    samples = [x.samples_per_s for x in st]
+    tokens = [x.tokens_per_s for x in st]
+    metrics = Metrics(
+        steps=steps,
+        step_time_median_s=_max([x.step_median for x in st]),
+        samples_per_s=_sum(samples),
+        tokens_per_s=_sum(tokens),
+        device_busy=_min([x.device_busy for x in st]),
+        device_busy_source=st[0].busy_source,
+        data_wait_frac=_max([x.data_frac for x in st]),
+        data_cpu_frac=_max([x.data_cpu_frac for x in st]),
+        comm_frac=_max([x.comm_frac for x in st]),
+        comm_exposed_frac=_max([x.exposed_frac for x in st]),
+        comm_estimated=any(x.comm_estimated for x in st) if any(x.comm_estimated is not None for x in st) else None,
+        comm_op=top.op if top else None,
+        busbw=top.busbw if top else None,
+        syncs_per_step=_mean([x.syncs for x in st]),
+        mfu=_mean([x.mfu for x in st]),
+        flops_per_s=_mean([x.flops_per_s for x in st]),
+        ettr=_min([r.ettr for r in ranks]),
+        gap_frac=_max([x.gap_frac for x in st]),
+        loader_cpu=_max([x.loader_cpu for x in st]),
+        loader_workers=_max([x.loader_workers for x in st]),
+        compute_ratio=ratio,
+        arrival_ratio=arrival_ratio,
+        straggler_by=straggler_by,
+        memory_headroom=1.0 - memory.peak_frac if memory.peak_frac is not None else None,
+        memory=memory,
+    )
+    return metrics, straggler
+
+
+
+
+def _job_memory(states: list[RankState], stats: list[RankStats]) -> MemoryMetrics:
+    """The fullest rank's memory (highest peak/limit), OOMs summed over ranks."""
+    mems = [st.memory for st in stats]
+    if not mems:
+        return MemoryMetrics()
+    best = max(mems, key=lambda m: (m.peak_frac if m.peak_frac is not None else -1.0,
+                                    m.peak_bytes if m.peak_bytes is not None else -1))
+    ooms = sum(m.ooms for m in mems)
+    rising = any(m.alloc_retries_rising for m in mems)
+    if ooms != best.ooms or rising != best.alloc_retries_rising:
+        best = MemoryMetrics(**{**best.__dict__, "ooms": ooms, "alloc_retries_rising": rising})
+    return best
+
+
+def comm_rows(pairs: list[tuple[RankState, RankStats]], world: int) -> list[CommOpRow]:
+    acc: dict[str, list[Any]] = {}
+    for _, st in pairs:
+        for op, (count, nbytes, secs) in st.comm_delta.items():
+            row = acc.setdefault(op, [0, 0, 0.0, [], []])
+            row[0] += count
+            row[1] += nbytes
+            row[2] += secs
+            if secs > 0 and nbytes > 0:
+                algbw = nbytes / secs
+                row[3].append(algbw)
+                factor = wire.busbw_factor(op, max(1, world))
+                if factor is not None:
+                    row[4].append(algbw * factor)
+    rows = [CommOpRow(op=op, count=c, bytes=b, seconds=s, algbw=_mean(alg), busbw=_mean(bus), ranks=len(pairs))
+            for op, (c, b, s, alg, bus) in acc.items()]
+    return sorted(rows, key=lambda r: -r.seconds)

@@ -1,0 +1,196 @@
+"""The view types the run model hands out: frozen snapshots of one instant of a job.
+
+Built by ``tui.model.runmodel.RunModel.view``; read by the verdict rules, the report and
+the panes. None means unknown, never 0.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+
+@dataclass(frozen=True)
+class MemoryMetrics:
+    """Memory of the job's fullest rank. Bytes; None = unknown.
+
+    ``source`` is "device" (CUDA allocator via ``memory`` records / step.mem) or
+    "host" (CPU job: RSS against ``mem_limit``). ``peak_frac`` = peak / limit.
+    """
+
+    source: str | None = None
+    rank: int | None = None
+    limit_bytes: int | None = None
+    limit_source: str | None = None
+    peak_bytes: int | None = None
+    peak_frac: float | None = None
+    params_bytes: int | None = None
+    grads_bytes: int | None = None
+    optimizer_bytes: int | None = None
+    activations_bytes: int | None = None
+    cache_bytes: int | None = None
+    other_bytes: int | None = None
+    fragmentation_bytes: int | None = None
+    reserved_bytes: int | None = None
+    allocated_bytes: int | None = None
+    alloc_retries: int | None = None
+    alloc_retries_rising: bool = False
+    ooms: int = 0                   # OOM events + allocator OOM count increase, in the window
+
+    def as_json(self) -> dict[str, Any]:
+        """The report's ``metrics.memory`` object (DESIGN §7 keys first)."""
+        return {
+            "limit_bytes": self.limit_bytes, "peak_bytes": self.peak_bytes, "params_bytes": self.params_bytes,
+            "grads_bytes": self.grads_bytes, "optimizer_bytes": self.optimizer_bytes,
+            "activations_bytes": self.activations_bytes, "cache_bytes": self.cache_bytes,
+            "other_bytes": self.other_bytes, "fragmentation_bytes": self.fragmentation_bytes,
+            "reserved_bytes": self.reserved_bytes, "peak_frac": self.peak_frac, "source": self.source,
+            "limit_source": self.limit_source, "rank": self.rank, "alloc_retries": self.alloc_retries,
+            "alloc_retries_rising": self.alloc_retries_rising, "ooms": self.ooms,
+        }
+
+
+@dataclass(frozen=True)
+class Metrics:
+    """Job-level numbers. Field names equal the report JSON ``metrics`` keys (DESIGN §7).
+
+    Aggregation across ranks: the flowchart quantities take the worst rank,
+    because in a synchronous job one rank's idle or waiting time is lost by
+    all: ``device_busy`` the least busy rank, ``data_wait_frac``, ``comm_frac``,
+    ``comm_exposed_frac`` and ``loader_cpu`` the highest; ``ettr`` the least
+    productive rank; ``step_time_median_s`` the slowest rank (it sets the
+    pace); throughputs are summed; the rest are means over ranks.
+    Extra keys beyond DESIGN §7: busbw, comm_op, comm_estimated, loader_workers,
+    data_cpu_frac, gap_frac, compute_ratio, arrival_ratio, straggler_by, flops_per_s,
+    memory_headroom, device_busy_source.
+    """
+
+    steps: int = 0
+    step_time_median_s: float | None = None
+    samples_per_s: float | None = None
+    tokens_per_s: float | None = None
+    device_busy: float | None = None
+    device_busy_source: str | None = None   # "events" | "nvml" | "step_accounting"
+    data_wait_frac: float | None = None
+    data_cpu_frac: float | None = None      # main-thread CPU share of the data wait (num_workers=0)
+    comm_frac: float | None = None
+    comm_exposed_frac: float | None = None
+    comm_estimated: bool | None = None      # exposed comm is an estimate (GPU without events)
+    comm_op: str | None = None              # the collective with the most time in the window
+    busbw: float | None = None              # bytes/s of comm_op (nccl-tests definition)
+    syncs_per_step: float | None = None
+    mfu: float | None = None
+    flops_per_s: float | None = None        # per rank (mean)
+    ettr: float | None = None
+    gap_frac: float | None = None           # share of window wall time lost between steps
+    loader_cpu: float | None = None         # mean share of one core per loader worker (worst rank)
+    loader_workers: int | None = None
+    compute_ratio: float | None = None      # fastest / slowest rank compute time (1.0 = balanced)
+    arrival_ratio: float | None = None      # first / last rank to reach the collective (step - exposed wait)
+    straggler_by: str | None = None         # "compute" | "arrival": which rule named the straggler
+    memory_headroom: float | None = None    # 1 - memory.peak_frac
+    memory: MemoryMetrics = field(default_factory=MemoryMetrics)
+
+    def as_json(self) -> dict[str, Any]:
+        out = {name: getattr(self, name) for name in _METRIC_KEYS}
+        out["memory"] = self.memory.as_json()
+        return out
+
+
+_METRIC_KEYS = ("steps", "step_time_median_s", "samples_per_s", "tokens_per_s", "device_busy", "data_wait_frac",
+                "comm_frac", "comm_exposed_frac", "syncs_per_step", "mfu", "ettr", "loader_cpu",
+                "busbw", "comm_op", "comm_estimated", "loader_workers", "data_cpu_frac", "gap_frac",
+                "compute_ratio", "arrival_ratio", "straggler_by", "flops_per_s", "memory_headroom",
+                "device_busy_source")
+
+
+@dataclass(frozen=True)
+class RankView:
+    """One rank's windowed numbers (the ranks pane and the report's per-rank rows).
+
+    ``generation`` counts processes that have been this rank (0 = the first; a
+    torchrun restart or a new pid makes a new one); ``compute_s`` is the median
+    compute time per step (active − data − exposed comm), the straggler measure.
+    """
+
+    rank: int
+    stream: str
+    host: str | None
+    pid: int | None
+    restart: int
+    generation: int
+    steps: int                       # steps reported by this process (last step number + 1)
+    window_steps: int
+    warming_up: bool
+    step_time_median_s: float | None
+    compute_s: float | None
+    device_busy: float | None
+    data_wait_frac: float | None
+    comm_frac: float | None
+    comm_exposed_frac: float | None
+    samples_per_s: float | None
+    tokens_per_s: float | None
+    syncs_per_step: float | None
+    mfu: float | None
+    ettr: float | None
+    loader_cpu: float | None
+    loader_workers: int | None
+    cpu: float | None                # cores busy in the process (latest sample)
+    rss: int | None
+    ended: bool
+    since_last_step_s: float | None  # now − end of the latest step (a stall shows here)
+    drops: int
+
+
+@dataclass(frozen=True)
+class CommOpRow:
+    """One collective over the window, summed over ranks; busbw/algbw in bytes/s (mean over ranks)."""
+
+    op: str
+    count: int
+    bytes: int
+    seconds: float
+    busbw: float | None
+    algbw: float | None
+    ranks: int
+
+
+@dataclass(frozen=True)
+class JobView:
+    """Everything a pane or the verdict needs, derived from the buffers at one instant.
+
+    Per-rank containers are dicts keyed by rank number:
+    * ``steps_recent[r]``: the last ``TIMELINE_STEPS`` step records as received (wire keys: step,
+      start, dur, gap, phases incl. ``data`` and ``other`` with phases + gap = dur, comm, syncs,
+      sync_site, ...), oldest first; treat them as read-only;
+    * ``data_wait_history[r]``: data-wait share of each of those steps (0..1);
+    * ``gpus[r]``: latest ``sample.gpus`` list; ``host[r]``: latest ``sample.host`` dict;
+    * ``memory_records[r]``: latest ``memory`` record; ``sample_history[r]``: recent ``sample`` records.
+    ``events``: recent events of all ranks (each with ``rank`` added), oldest first.
+    ``problems``: one line per stream problem the caller reported (torn recording, ...).
+    ``restarted``: ranks that are on a second or later generation.
+    """
+
+    job: str | None
+    world_size: int
+    device_type: str                 # "cpu" | "cuda"
+    device_name: str | None
+    now: float
+    ranks: list[RankView]
+    metrics: Metrics
+    window: dict[str, float]         # {"steps": n, "seconds": s}
+    warming_up: bool
+    ended: bool
+    drops_total: int
+    steps_recent: dict[int, list[dict[str, Any]]]
+    data_wait_history: dict[int, list[float]]
+    comm_ops: list[CommOpRow]
+    gpus: dict[int, list[dict[str, Any]]]
+    host: dict[int, dict[str, Any]]
+    memory_records: dict[int, dict[str, Any]]
+    sample_history: dict[int, list[dict[str, Any]]]
+    events: list[dict[str, Any]]
+    straggler_rank: int | None       # see _straggler: slowest compute, or last to arrive at the collective
+    restarted: list[int]
+    problems: list[str]
+    hellos: dict[int, dict[str, Any]]
