@@ -12,19 +12,9 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from probe.gpu import GpuSource
+    from probe.gpu import GpuAttachment
     from probe.gpu.cuda import Poller
-    from probe.gpu.nvml import Device, Nvml
     from probe.watch import Watcher
-
-
-@dataclass
-class GpuAttachment:
-    """The NVML session, the GPUs this process uses, and the sampler source reading them."""
-
-    nvml: "Nvml"
-    devices: "list[Device]"
-    source: "GpuSource"
 
 
 @dataclass

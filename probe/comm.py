@@ -22,7 +22,7 @@ Timing, never blocking the host:
   ``Work._get_duration()`` after ``is_completed()``; their exposed part is an
   estimate (the last DDP bucket cannot overlap with backward compute).
 
-Bus bandwidth = bytes / seconds × factor (NVIDIA/nccl-tests doc/PERFORMANCE.md).
+Bus bandwidth = bytes / seconds × ``probe.wire.busbw_factor`` (nccl-tests), with the collective's group size.
 Every callback here is wrapped: a failure is counted, never raised into DDP or NCCL.
 """
 
@@ -37,24 +37,12 @@ import weakref
 from typing import Any, Callable
 
 from probe.tracing import compiling_check
+from probe.wire import busbw_factor
 
 _is_compiling = compiling_check()   # every wrapper's first check (probe.tracing says why)
 
 COMM_PERIOD = 2.0      # seconds between ``comm`` records (when something changed); one more at close
 MAX_ASYNC = 4096       # async works remembered for Work.wait() timing
-
-
-def bus_factor(op: str, n: int) -> float | None:
-    """nccl-tests busbw factor for a group of ``n`` ranks."""
-    if n <= 0:
-        return None
-    if op == "all_reduce":
-        return 2.0 * (n - 1) / n
-    if op in ("all_gather", "reduce_scatter", "all_to_all"):
-        return (n - 1) / n
-    if op == "barrier":
-        return None
-    return 1.0   # broadcast, reduce, send, recv, gather, scatter
 
 
 class _Done:
@@ -138,7 +126,7 @@ class CommTracker:
             if item.count:
                 c, b, s, bb, tb = totals.get(item.op, (0, 0, 0.0, 0.0, 0))
                 if item.seconds is not None:
-                    factor = bus_factor(item.op, item.n) or 0.0
+                    factor = busbw_factor(item.op, item.n) or 0.0
                     totals[item.op] = (c + item.count, b + item.nbytes, s + item.seconds,
                                        bb + item.nbytes * factor, tb + item.nbytes)
                 else:

@@ -33,7 +33,7 @@ def listen_tcp(name: str, spec: str) -> tuple[socket.socket, str, Path]:
         raise ValueError(f"PERFMON_TCP={spec!r} is not [host:]port")
     directory = paths.ensure_dir()
     token = secrets.token_urlsafe(24)
-    token_path = directory / f"{name}.token"
+    token_path = paths.token_path(directory, name)
     fd = os.open(token_path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o600)
     with os.fdopen(fd, "w") as fh:
         fh.write(token + "\n")

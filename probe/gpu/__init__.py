@@ -11,11 +11,22 @@ from __future__ import annotations
 
 import os
 import sys
+from dataclasses import dataclass
 from typing import Any
 
 from probe import flops
-from probe.attachments import GpuAttachment
 from probe.gpu.nvml import Device, Nvml
+
+
+@dataclass
+class GpuAttachment:
+    """What ``attach`` puts in ``Probe.attached.gpu``: the NVML session, this process's GPUs,
+    and the sampler source reading them (defined here so that ``probe.attachments`` only
+    refers to it for typing)."""
+
+    nvml: Nvml
+    devices: list[Device]
+    source: "GpuSource"
 
 
 class GpuSource:

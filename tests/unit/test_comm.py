@@ -6,7 +6,8 @@ from __future__ import annotations
 import pytest
 
 from probe import comm
-from probe.comm import CommState, CommTracker, EventPairPoller, WorkPoller, _Done, bus_factor
+from probe.comm import CommState, CommTracker, EventPairPoller, WorkPoller, _Done
+from probe.wire import busbw_factor as bus_factor
 
 
 def _host(op: str, launch: float, done: float, nbytes: int = 100, n: int = 2, **kw) -> _Done:

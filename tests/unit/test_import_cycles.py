@@ -81,8 +81,6 @@ def test_graph_resolves_from_imports_to_modules():
     assert "tui.stream.discovery" in graph["tui.stream.feed"]
 
 
-@pytest.mark.parametrize("package", ["tui", pytest.param("probe", marks=pytest.mark.xfail(
-    reason="probe.comm <-> probe.watch (comm needs watch.poller_for); the probe half of issue 10 removes it; "
-           "drop this mark then", strict=False))])
+@pytest.mark.parametrize("package", ["tui", "probe"])
 def test_no_import_cycle(package):
     assert find_cycle(module_graph(package)) is None
