@@ -204,11 +204,14 @@ def test_device_busy_crit_edge():
 
 
 def test_every_threshold_is_a_named_constant_with_a_source():
-    for node in V.FLOWCHART:
-        assert node.threshold in (V.MEMORY_PEAK_MAX, V.DEVICE_BUSY_MIN, V.DATA_WAIT_MIN, V.LOADER_CPU_BOUND,
-                                  V.COMM_EXPOSED_MIN, V.STRAGGLER_RATIO_MAX, V.SYNCS_PER_STEP_MIN, V.MFU_MIN)
-    assert (V.DEVICE_BUSY_MIN, V.DATA_WAIT_MIN, V.COMM_EXPOSED_MIN, V.STRAGGLER_RATIO_MAX, V.MEMORY_PEAK_MAX,
-            V.MFU_MIN, V.ETTR_MIN) == (0.70, 0.05, 0.10, 0.7, 0.90, 0.30, 0.90)
+    # each node's threshold is the documented number (DESIGN §6 / seed 000), compared the documented way,
+    # and names where it comes from
+    documented = {"memory": (">", 0.90), "device_busy": ("<", 0.70), "data_wait": (">=", 0.05),
+                  "loader_cpu": (">=", 0.30), "comm_exposed": (">=", 0.10), "straggler": ("<", 0.7),
+                  "syncs": (">=", 1.0), "mfu": ("<", 0.30)}
+    assert {n.id: (n.op, n.threshold) for n in V.FLOWCHART} == documented
+    assert all(len(n.threshold_source) > 10 for n in V.FLOWCHART)
+    assert (V.ETTR_MIN, V.DEVICE_BUSY_CRIT, V.FRAGMENTATION_MAX) == (0.90, 0.50, 0.20)
 
 
 # -- missing measurements never crash and never pick an unsupported branch ---------------------
@@ -217,7 +220,6 @@ def test_cpu_job_skips_host_sync_and_mfu_with_a_reason():
     v = V.evaluate(model.view())
     skipped = v.evidence["skipped"]
     assert "CPU job" in skipped["mfu"]
-    assert "collectives not measured" not in str(skipped) or v.bottleneck != "communication"
     assert v.bottleneck == "healthy"
 
 
