@@ -6,6 +6,7 @@ import time
 
 import pytest
 import torch
+from torch.utils.flop_counter import FlopCounterMode   # a submodule: `import torch` alone does not load it
 
 import probe
 from probe import flops
@@ -60,7 +61,7 @@ def test_transformer_step_flops_agree_with_6_n_tokens(tmp_path):
 def test_meta_count_equals_a_real_count_and_touches_nothing():
     model = _transformer(d=64, layers=1)
     x = torch.randn(2, 8, 64)
-    with torch.utils.flop_counter.FlopCounterMode(display=False) as real:
+    with FlopCounterMode(display=False) as real:
         model(x).sum().backward()
     for p in model.parameters():
         p.grad = None
