@@ -96,3 +96,26 @@ def test_writer_appends_to_an_existing_file_without_a_second_header(tmp_path):
     write(path, RECORDS[:3])
     write(path, RECORDS[3:6])
     assert read_recording(path).records == RECORDS[:6]
+
+
+def test_abandon_closes_the_file_without_writing_and_is_idempotent(tmp_path):
+    path = tmp_path / "child.pmrec"
+    writer = RecordingWriter(path)
+    writer.abandon()
+    assert writer.fd == -1
+    writer.abandon()                      # a second call touches no descriptor
+    writer.close()
+    assert writer.fd == -1 and path.read_bytes() == MAGIC
+
+
+def test_close_is_idempotent_and_counts_what_was_written(tmp_path):
+    path = tmp_path / "a.pmrec"
+    writer = RecordingWriter(path)
+    chunk = RecordingWriter.wrap(wire.encode({"k": "bye", "t": 1.0}))
+    writer.write(chunk)
+    assert writer.bytes_written == len(chunk)
+    writer.close()
+    writer.close()
+    assert writer.fd == -1
+    assert read_recording(path).records == [{"k": "bye", "t": 1.0}]
+    assert oct(path.stat().st_mode & 0o777) == oct(0o600)

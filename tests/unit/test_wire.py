@@ -111,3 +111,27 @@ def test_major_mismatch_names_both_sides_from_each_point_of_view():
 def test_newer_minor_version_is_compatible():
     wire.check_compatible([1, 7], we_are="viewer")
     wire.check_compatible([1, 0], we_are="probe")
+
+
+def test_unreadable_version_is_a_mismatch_shown_as_question_mark():
+    for garbage in (None, [], ["x", 0], {"a": 1}, [None, 0]):
+        with pytest.raises(wire.ProtocolMismatch, match=r"^protocol version mismatch \(viewer 1\.0, probe \?\)$"):
+            wire.check_compatible(garbage, we_are="viewer")
+    assert wire.format_proto([1]) == "?" and wire.format_proto(None) == "?"
+
+
+def test_frame_of_exactly_the_limit_is_accepted_one_byte_more_is_not():
+    body = msgpack.packb({"k": "bye", "t": 1.0}, use_bin_type=True)
+    exact = wire.FrameDecoder(max_frame=len(body))
+    assert list(exact.feed(frame_of({"k": "bye", "t": 1.0}))) == [{"k": "bye", "t": 1.0}]
+    short = wire.FrameDecoder(max_frame=len(body) - 1)
+    with pytest.raises(wire.ProtocolError, match=f"claims {len(body)} bytes, over the {len(body) - 1}-byte limit"):
+        list(short.feed(frame_of({"k": "bye", "t": 1.0})))
+
+
+def test_error_names_the_stream_offset_of_the_bad_frame():
+    good = frame_of({"k": "bye", "t": 1.0}) + frame_of({"k": "step", "t": 2.0, "step": 1, "dur": 0.5})
+    dec = wire.FrameDecoder(max_frame=64)
+    with pytest.raises(wire.ProtocolError, match=f"^frame at offset {len(good)} claims 65 bytes"):
+        list(dec.feed(good + struct.pack(">I", 65)))
+    assert dec.offset == len(good)
