@@ -337,3 +337,80 @@ def test_headline_severity_fixes_and_evidence(name):
     assert v.as_json() == {"bottleneck": bottleneck, "severity": severity, "headline": headline,
                            "path": v.path, "evidence": v.evidence, "suggestions": suggestions,
                            "straggler_rank": straggler}
+
+
+def _findings_view(**metrics):
+    model = job(Rank(0, steps=20, pid=11), device="cuda", peak=PEAK)
+    from tests.unit.verdict_synth import T0, records
+    for rec in records(Rank(0, steps=8, pid=22, restart=1, start=T0 + 100), device="cuda", peak=PEAK):
+        model.ingest("/tmp/new.sock", rec)
+    view = model.view()
+    return dataclasses.replace(
+        view, metrics=dataclasses.replace(view.metrics, **metrics), drops_total=12,
+        gpus={0: [{"index": 0, "throttle": ["idle", "sw_thermal", "hw_slowdown"]}, {"index": 1, "throttle": None},
+                  "not a dict"],
+              1: [{"index": 0, "throttle": ["sw_power_cap", "app_clocks"]}]},
+        events=[{"name": "checkpoint"}, {"name": "eval"}, {"name": "warning"}])
+
+
+def test_every_secondary_finding_with_its_numbers_and_message():
+    mem = MemoryMetrics(source="device", fragmentation_bytes=3 * GB, reserved_bytes=10 * GB)
+    v = V.evaluate(_findings_view(ettr=0.8, gap_frac=0.15, memory=mem))
+    assert v.findings == [
+        {"id": "step_gaps", "ettr": 0.8, "gap_frac": 0.15, "events": 2,
+         "message": "ETTR 80%: time between steps is lost to checkpoints/evaluation"},
+        {"id": "throttling", "gpus": [{"rank": 0, "index": 0, "reason": "hw_slowdown"},
+                                      {"rank": 0, "index": 0, "reason": "sw_thermal"},
+                                      {"rank": 1, "index": 0, "reason": "sw_power_cap"}],
+         "message": "3 GPU clock throttle reason(s) active (power/thermal)"},
+        {"id": "fragmentation", "fraction": 0.3, "bytes": 3 * GB,
+         "message": "30% of reserved memory is fragmented: try expandable_segments:True"},
+        {"id": "rank_restarted", "rank": 0, "generation": 1, "restart": 1, "pid": 22,
+         "message": "rank 0 restarted (generation 1, pid 22)"},
+        {"id": "drops", "count": 12, "message": "12 records dropped on the way; numbers may have holes"},
+    ]
+
+
+def test_step_gaps_from_recent_gaps_without_pauses_and_fragmentation_at_its_edge():
+    edge = MemoryMetrics(source="device", fragmentation_bytes=2 * GB, reserved_bytes=10 * GB)
+    view = dataclasses.replace(_findings_view(ettr=0.95, gap_frac=0.1, memory=edge), events=[], drops_total=0)
+    findings = {f["id"]: f for f in V.evaluate(view).findings}
+    assert findings["step_gaps"]["message"] == "10% of recent time: time between steps is lost to pauses or stalls"
+    assert findings["step_gaps"]["events"] == 0 and "fragmentation" not in findings and "drops" not in findings
+    no_reserved = MemoryMetrics(source="device", fragmentation_bytes=2 * GB, reserved_bytes=0)
+    view = dataclasses.replace(view, metrics=dataclasses.replace(view.metrics, memory=no_reserved, ettr=None,
+                                                                  gap_frac=None))
+    assert {f["id"] for f in V.evaluate(view).findings} == {"throttling", "rank_restarted"}
+
+
+def test_tracker_shows_warm_up_at_once_and_a_placeholder_while_the_first_verdict_is_confirmed():
+    tracker = V.VerdictTracker()
+    first = tracker.update(job(Rank(steps=3)).view())
+    assert (first.bottleneck, first.pending, first.headline) == (
+        "warming_up", None, "Warming up: 2 of 5 steps seen, no verdict yet")
+    tracker = V.VerdictTracker()
+    throttled = _findings_view(ettr=0.8, gap_frac=0.15)
+    pending = tracker.update(throttled)
+    assert pending == V.Verdict("warming_up", "info", "Warming up: confirming the first verdict", [], {}, [],
+                                findings=V.evaluate(throttled).findings, pending="healthy")
+    shown = tracker.update(throttled)
+    assert (shown.bottleneck, shown.pending) == ("healthy", None)
+
+
+@pytest.mark.parametrize("busbw,shown", [(999.0, "999 B/s"), (1000.0, "1.0 kB/s"), (1500.0, "1.5 kB/s"),
+                                         (1e6, "1.0 MB/s"), (2.5e8, "250.0 MB/s"), (1e9, "1.0 GB/s")])
+def test_busbw_in_the_headline_uses_the_largest_unit_it_reaches(busbw, shown):
+    v = V.evaluate(_idle(comm_exposed_frac=0.25, compute_ratio=0.95, comm_op="all_reduce", busbw=busbw))
+    assert v.headline == f"Communication: exposed all-reduce is 25% of the step at {shown} busbw"
+
+
+def test_memory_headline_with_unknown_sizes_says_so():
+    v = V.evaluate(_view(device="cpu", peak=None, memory=MemoryMetrics(source="host", peak_frac=0.95)))
+    assert v.headline == "Memory, host RSS: peak ? is 95% of the ? limit"
+
+
+def test_arrival_straggler_missing_from_the_rank_rows_is_still_named():
+    view = dataclasses.replace(_idle(comm_exposed_frac=0.3, compute_ratio=0.95, straggler_by="arrival",
+                                     arrival_ratio=0.5, comm_op=None), straggler_rank=5)
+    assert V.evaluate(view).headline == ("Load imbalance: rank 5 arrives last at collective; the others wait 30% "
+                                         "of the step for it (it waits ?)")
