@@ -414,3 +414,32 @@ def test_arrival_straggler_missing_from_the_rank_rows_is_still_named():
                                      arrival_ratio=0.5, comm_op=None), straggler_rank=5)
     assert V.evaluate(view).headline == ("Load imbalance: rank 5 arrives last at collective; the others wait 30% "
                                          "of the step for it (it waits ?)")
+
+
+def test_compute_straggler_without_per_rank_compute_times_shows_question_marks():
+    view = dataclasses.replace(_idle(comm_exposed_frac=0.3, compute_ratio=0.5, straggler_by="compute"),
+                               straggler_rank=1, ranks=[])
+    v = V.evaluate(view)
+    assert v.headline == "Load imbalance: rank 1 computes ?/step vs ? on rank ?; the others wait 30% in collective"
+
+
+def test_per_rank_batch_suggestion_divides_by_the_world_size():
+    view = dataclasses.replace(_idle(comm_exposed_frac=0.25, compute_ratio=0.95, samples_per_s=640.0,
+                                     step_time_median_s=0.1), world_size=2)
+    assert "larger per-rank batch (about 32 samples per rank per step now)" in V.evaluate(view).suggestions
+
+
+@pytest.mark.parametrize("gap,said", [(0.05, "; it loses 5% between steps"), (0.049, ""), (None, "")])
+def test_arrival_straggler_mentions_its_gaps_from_five_percent(gap, said):
+    view = dataclasses.replace(_idle(comm_exposed_frac=0.3, compute_ratio=0.95, straggler_by="arrival",
+                                     arrival_ratio=0.5, comm_op=None, gap_frac=gap), straggler_rank=0)
+    assert V.evaluate(view).headline == ("Load imbalance: rank 0 arrives last at collective; the others wait 30% "
+                                         f"of the step for it (it waits 0%){said}")
+
+
+def test_unknown_step_time_and_unmeasured_loader_are_said_plainly():
+    assert V.evaluate(_idle(step_time_median_s=None)).headline == (
+        "Host overhead: the device is busy only 45% of a ? step; the CPU cannot feed it")
+    v = V.evaluate(_idle(data_wait_frac=0.3, loader_workers=None, loader_cpu=None, data_cpu_frac=None))
+    assert v.headline == "Data loading: 30% of each step waits for the loader; loader CPU not measured"
+    assert v.suggestions[0] == "raise num_workers and prefetch_factor to hide read latency"
