@@ -443,3 +443,8 @@ def test_unknown_step_time_and_unmeasured_loader_are_said_plainly():
     v = V.evaluate(_idle(data_wait_frac=0.3, loader_workers=None, loader_cpu=None, data_cpu_frac=None))
     assert v.headline == "Data loading: 30% of each step waits for the loader; loader CPU not measured"
     assert v.suggestions[0] == "raise num_workers and prefetch_factor to hide read latency"
+
+
+def test_rate_formatter_says_unknown_for_no_bandwidth():
+    # the headline only quotes busbw when it is known; the formatter still says "unknown" for None
+    assert V._rate(None) == "? B/s" and V._rate(0.0) == "0 B/s"
