@@ -119,3 +119,62 @@ def test_close_is_idempotent_and_counts_what_was_written(tmp_path):
     assert writer.fd == -1
     assert read_recording(path).records == [{"k": "bye", "t": 1.0}]
     assert oct(path.stat().st_mode & 0o777) == oct(0o600)
+
+
+def test_unreadable_paths_are_one_line_errors(tmp_path, monkeypatch):
+    with pytest.raises(RecordingError, match="is a directory$"):
+        read_recording(tmp_path)
+    path = tmp_path / "locked.pmrec"
+    write(path, RECORDS[:1])
+
+    def denied(self):
+        raise PermissionError(13, "Permission denied")
+
+    monkeypatch.setattr(Path, "read_bytes", denied)     # root reads any mode: simulate a foreign 0600 file
+    with pytest.raises(RecordingError, match=r"locked\.pmrec: permission denied$"):
+        read_recording(path)
+
+
+def test_file_cut_inside_the_magic_is_a_truncated_empty_recording(tmp_path):
+    path = tmp_path / "cut.pmrec"
+    path.write_bytes(MAGIC[:3])
+    result = read_recording(path)
+    assert (result.records, result.stopped_at, result.problem) == ([], 0, "truncated")
+    assert result.message == f"{path}: truncated before the first record (offset 0)"
+
+
+def test_record_with_a_good_checksum_but_a_bad_body_is_corruption(tmp_path):
+    import struct
+    import zlib
+
+    import msgpack
+    path = tmp_path / "bad.pmrec"
+    offsets = write(path, RECORDS[:2])
+    body = msgpack.packb([1, 2, 3])
+    with open(path, "ab") as f:
+        f.write(struct.pack(">II", len(body), zlib.crc32(body)) + body)
+    end = path.stat().st_size - len(body) - 8
+    result = read_recording(path)
+    assert result.records == RECORDS[:2] and (result.problem, result.stopped_at) == ("corrupt", end)
+    assert result.message == f"{path}: corrupt record at offset {end} (frame is not a map); kept 2 records before it"
+    assert offsets[0] == len(MAGIC)
+
+
+def test_close_and_abandon_survive_os_errors(tmp_path, monkeypatch):
+    import os
+
+    writer = RecordingWriter(tmp_path / "a.pmrec")
+    monkeypatch.setattr(os, "fsync", lambda fd: (_ for _ in ()).throw(OSError(5, "I/O error")))
+    writer.close()                                   # fsync failed: the fd is still closed
+    assert writer.fd == -1
+    other = RecordingWriter(tmp_path / "b.pmrec")
+    real_close = os.close
+    fd = other.fd
+
+    def failing_close(n):
+        real_close(n)
+        raise OSError(9, "Bad file descriptor")
+
+    monkeypatch.setattr(os, "close", failing_close)
+    other.abandon()
+    assert other.fd == -1 and fd >= 0
