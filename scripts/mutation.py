@@ -8,7 +8,7 @@
 It copies the working tree (tracked and untracked, not ignored files) into a scratch
 directory, configures mutmut there (``source_paths`` = the packages, ``only_mutate`` =
 the given modules), runs ``mutmut run`` and prints, per module, killed / survived /
-total and the score (killed + timeouts over all mutants that ran), then the names of
+total and the score (killed + timeouts over the mutants checked), then the names of
 the surviving mutants (``mutmut show NAME`` inside the scratch directory prints a diff).
 The repository itself is never written to. Slow (minutes per module): not in CI; the
 figures go to bench/RESULTS.md. Needs ``pip install mutmut`` (3.x).
@@ -93,9 +93,9 @@ def results(dest: Path) -> dict[str, str]:
 
 
 def module_of(name: str, modules: list[str]) -> str:
-    dotted = name.split(".x")[0].split(".x_")[0]
+    """``tui.verdict.x__explain__mutmut_3`` -> ``tui/verdict.py``."""
     for m in modules:
-        if dotted.startswith(m[:-3].replace("/", ".") + "."):
+        if name.startswith(m[:-3].replace("/", ".") + ".x"):
             return m
     return "?"
 
@@ -107,24 +107,29 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--children", type=int, default=2, help="parallel mutant runs (default 2)")
     ap.add_argument("--workdir", type=Path, help="scratch directory (default: a new temporary one, kept)")
     ap.add_argument("--json", type=Path, help="also write the per-module figures and survivors here")
+    ap.add_argument("--report-only", action="store_true", help="only summarise the results already in --workdir")
     args = ap.parse_args(argv)
     for m in args.modules:
         if not (ROOT / m).is_file():
             ap.error(f"no such module: {m}")
+    if args.report_only and not args.workdir:
+        ap.error("--report-only needs --workdir")
 
     dest = args.workdir or Path(tempfile.mkdtemp(prefix="perfmon-mutation-"))
-    if (dest / "mutants").exists():
-        shutil.rmtree(dest / "mutants")
-    copy_tree(dest)
-    configure(dest, args.modules, args.tests)
-    print(f"mutmut in {dest} over {' '.join(args.modules)}, driven by {' '.join(args.tests)}", flush=True)
-    env = {**os.environ, "PYTHONDONTWRITEBYTECODE": "1"}
-    run = subprocess.run([sys.executable, "-m", "mutmut", "run", "--max-children", str(args.children)],
-                         cwd=dest, env=env)
+    returncode = 0
+    if not args.report_only:
+        if (dest / "mutants").exists():
+            shutil.rmtree(dest / "mutants")
+        copy_tree(dest)
+        configure(dest, args.modules, args.tests)
+        print(f"mutmut in {dest} over {' '.join(args.modules)}, driven by {' '.join(args.tests)}", flush=True)
+        env = {**os.environ, "PYTHONDONTWRITEBYTECODE": "1"}
+        returncode = subprocess.run([sys.executable, "-m", "mutmut", "run", "--max-children", str(args.children)],
+                                    cwd=dest, env=env).returncode
     status = results(dest)
     if not status:
         print("mutmut produced no results", file=sys.stderr)
-        return run.returncode or 1
+        return returncode or 1
 
     per: dict[str, collections.Counter] = collections.defaultdict(collections.Counter)
     survivors: dict[str, list[str]] = collections.defaultdict(list)
@@ -134,15 +139,18 @@ def main(argv: list[str] | None = None) -> int:
         if state in ("survived", "no tests"):
             survivors[mod].append(name)
     report = {}
-    print(f"\n{'module':<22} {'killed':>7} {'survived':>9} {'no tests':>9} {'timeout':>8} {'total':>6} {'score':>6}")
+    print(f"\n{'module':<22} {'killed':>7} {'survived':>9} {'no tests':>9} {'timeout':>8} {'unchecked':>9} "
+          f"{'total':>6} {'score':>6}")
     for mod in args.modules:
         c = per.get(mod, collections.Counter())
         total = sum(c.values())
+        checked = total - c["not checked"]          # an interrupted run leaves mutants "not checked"
         killed = c["killed"] + c["timeout"]
-        score = killed / total if total else 0.0
-        report[mod] = {**c, "total": total, "score": round(score, 4), "survivors": sorted(survivors[mod])}
-        print(f"{mod:<22} {c['killed']:>7} {c['survived']:>9} {c['no tests']:>9} {c['timeout']:>8} {total:>6} "
-              f"{100 * score:>5.1f}%")
+        score = killed / checked if checked else 0.0
+        report[mod] = {**c, "total": total, "checked": checked, "score": round(score, 4),
+                       "survivors": sorted(survivors[mod])}
+        print(f"{mod:<22} {c['killed']:>7} {c['survived']:>9} {c['no tests']:>9} {c['timeout']:>8} "
+              f"{c['not checked']:>9} {total:>6} {100 * score:>5.1f}%")
     for mod in args.modules:
         for name in sorted(survivors[mod]):
             print(f"  {status[name]:<9} {name}")

@@ -178,3 +178,43 @@ def test_close_and_abandon_survive_os_errors(tmp_path, monkeypatch):
     monkeypatch.setattr(os, "close", failing_close)
     other.abandon()
     assert other.fd == -1 and fd >= 0
+
+
+def _stop_of(path: Path, tail: bytes):
+    offsets = write(path, RECORDS[:2])
+    with open(path, "ab") as f:
+        f.write(tail)
+    return offsets, path.stat().st_size - len(tail)
+
+
+@pytest.mark.parametrize("tail,problem,detail", [
+    (b"\x00\x00\x00", "truncated", "torn tail: 3 bytes of a record header"),
+    (b"\x00\x00\x00\x10\x00\x00\x00\x00", "truncated", "torn tail: 0 of 16 bytes"),
+    (b"\x00\x00\x00\x10\x00\x00\x00\x00abc", "truncated", "torn tail: 3 of 16 bytes"),
+    (b"\x00\x10\x00\x01\x00\x00\x00\x00", "corrupt", f"record length {wire.MAX_FRAME + 1} over the frame limit"),
+    (b"\x00\x00\x00\x02\x00\x00\x00\x00\x81\xa1", "corrupt", "checksum mismatch"),
+])
+def test_each_stop_says_where_what_and_how_many_records_were_kept(tmp_path, tail, problem, detail):
+    path = tmp_path / "r.pmrec"
+    _, end = _stop_of(path, tail)
+    result = read_recording(path)
+    assert result.records == RECORDS[:2] and (result.problem, result.stopped_at) == (problem, end)
+    assert result.message == f"{path}: {problem} record at offset {end} ({detail}); kept 2 records before it"
+
+
+def test_a_record_of_exactly_the_frame_limit_is_read(tmp_path):
+    path = tmp_path / "big.pmrec"
+    enc = wire.Encoder()
+    base = len(enc.frame({"k": "event", "t": 0.0, "name": "x", "blob": b""})) - 4
+    big = {"k": "event", "t": 0.0, "name": "x", "blob": b"\0" * (wire.MAX_FRAME - base - 3)}
+    writer = RecordingWriter(path)
+    writer.write(RecordingWriter.wrap(enc.frame(big)))
+    writer.close()
+    assert read_recording(path).records == [big] and read_recording(path).clean
+
+
+def test_short_file_that_is_not_a_magic_prefix_is_not_a_recording(tmp_path):
+    path = tmp_path / "short"
+    path.write_bytes(b"PMx")
+    with pytest.raises(RecordingError, match="not a perfmon recording"):
+        read_recording(path)

@@ -154,3 +154,45 @@ def test_shapes_just_inside_the_limits_are_accepted():
     ok = {"k": "event", "t": 1.0, "name": "n", "x": {"a": {"b": {"c": {"d": {"e": {"f": {"g": 1}}}}}}},
           "y": list(range(10_000)), "z": [[1, {"w": []}]]}
     assert wire.validate(ok) is ok
+
+
+def test_bytes_and_strings_keep_their_types_and_lists_stay_lists():
+    rec = {"k": "event", "t": 1.0, "name": "n", "blob": b"\x00\xff", "text": "é", "xs": [1, [2]]}
+    assert decode_all(wire.encode(rec)) == [rec]
+    assert isinstance(decode_all(wire.encode(rec))[0]["blob"], bytes)
+
+
+def test_each_rejection_says_what_was_wrong():
+    cases = [
+        (msgpack.packb([1]), "^frame is not a map$"),
+        (msgpack.packb({1: 2}), r"^undecodable frame \(ValueError\)$"),
+        (b"\xc1", r"^undecodable frame \(FormatError\)$"),
+        (msgpack.packb({"k": "x" * 40, "t": 1.0}), "^unknown record kind 'xxxxxxxxxxxxxxxxxxxx'$"),
+        (msgpack.packb({"k": "bye"}), "^bye record without a time$"),
+        (msgpack.packb({"k": "bye", "t": True}), "^bye record without a time$"),
+        (msgpack.packb({"k": "step", "t": 1.0, "step": "3", "dur": 0.1}),
+         "^step record: 'step' missing or of the wrong type$"),
+    ]
+    for body, message in cases:
+        with pytest.raises(wire.ProtocolError, match=message):
+            wire.decode_body(body)
+
+
+def test_a_record_nested_eight_deep_counting_the_record_itself_is_accepted():
+    rec = {"k": "event", "t": 1.0, "name": "n", "x": {"a": {"b": {"c": {"d": {"e": {"f": 1}}}}}}}
+    assert wire.decode_body(msgpack.packb(rec)) == rec
+    rec["x"]["a"]["b"]["c"]["d"]["e"]["f"] = {"g": [1]}
+    with pytest.raises(wire.ProtocolError, match="nested deeper than 8 levels"):
+        wire.decode_body(msgpack.packb(rec))
+
+
+def test_encoder_limit_is_inclusive_and_names_the_kind():
+    enc = wire.Encoder()
+    base = len(msgpack.packb({"k": "event", "t": 0.0, "name": "x", "blob": b""}, use_bin_type=True))
+    # a blob this long has a 5-byte bin32 header instead of the 2-byte bin8 one: the body is exactly MAX_FRAME
+    blob = b"\0" * (wire.MAX_FRAME - base - 3)
+    body_len = len(msgpack.packb({"k": "event", "t": 0.0, "name": "x", "blob": blob}, use_bin_type=True))
+    assert body_len == wire.MAX_FRAME
+    assert len(enc.frame({"k": "event", "t": 0.0, "name": "x", "blob": blob})) == wire.MAX_FRAME + 4
+    with pytest.raises(wire.ProtocolError, match=r"^record of kind 'event' is 1048577 bytes, over the 1 MiB"):
+        enc.frame({"k": "event", "t": 0.0, "name": "x", "blob": blob + b"\0"})
