@@ -412,3 +412,33 @@ def test_ranks_with_zero_compute_time_are_even():
     from tui.runmodel import _relative
     assert _relative([(0, 0.0), (1, 0.0)])[0] == 1.0
     assert _relative([(0, 0.05), (1, 0.1)]) == (0.5, 1)
+
+
+def test_compute_ratio_of_exactly_0_7_is_not_a_straggler():
+    view = job(Rank(0, dur=1.0, comm=0.3, exposed=0.3), Rank(1, dur=1.0, comm=0.0)).view()
+    assert view.metrics.compute_ratio == 0.7 and view.straggler_rank is None
+
+
+@pytest.mark.parametrize("late,ratio,straggler", [(0.3, 0.7, None), (0.31, 0.69, 1)])
+def test_arrival_straggler_of_two_ranks_from_under_0_7(late, ratio, straggler):
+    # rank 1 computes as fast as rank 0 but starts each step `late` s later; rank 0 waits for it
+    view = job(Rank(0, dur=1.0, comm=late, exposed=late), Rank(1, dur=1.0, comm=0.0, gap=late)).view()
+    assert view.metrics.compute_ratio == 1.0 and view.metrics.arrival_ratio == pytest.approx(ratio)
+    assert view.straggler_rank == straggler
+    assert view.metrics.straggler_by == ("arrival" if straggler is not None else None)
+
+
+def test_same_process_seen_on_a_second_stream_keeps_its_rank_and_counts_the_new_streams_records():
+    model = job(Rank(0, steps=10, pid=11))
+    recs = records(Rank(0, steps=20, pid=11))
+    for rec in recs:
+        model.ingest("tcp:127.0.0.1:7777", rec)
+    (r,) = model.view().ranks
+    assert r.generation == 0 and model.orphans == 0 and r.stream == "tcp:127.0.0.1:7777" and r.steps == 20
+
+
+def test_hello_without_a_usable_rank_is_rank_zero():
+    model = RunModel()
+    for rec in records(Rank(3, steps=8)):
+        model.ingest("s", dict(rec, rank=True) if rec["k"] == "hello" else rec)
+    assert [r.rank for r in model.view().ranks] == [0]
