@@ -448,3 +448,9 @@ def test_unknown_step_time_and_unmeasured_loader_are_said_plainly():
 def test_rate_formatter_says_unknown_for_no_bandwidth():
     # the headline only quotes busbw when it is known; the formatter still says "unknown" for None
     assert V._rate(None) == "? B/s" and V._rate(0.0) == "0 B/s"
+
+
+def test_healthy_with_unknown_device_busy_says_question_mark():
+    v = V.evaluate(_view(device_busy=None))
+    assert v.bottleneck == "healthy" and v.evidence["skipped"]["device_busy"] == "no step timing in the window"
+    assert v.headline == "Healthy: CUDA busy ? of a 100 ms step, MFU 50%"
