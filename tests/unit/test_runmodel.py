@@ -442,3 +442,8 @@ def test_hello_without_a_usable_rank_is_rank_zero():
     for rec in records(Rank(3, steps=8)):
         model.ingest("s", dict(rec, rank=True) if rec["k"] == "hello" else rec)
     assert [r.rank for r in model.view().ranks] == [0]
+
+
+def test_a_wrapped_loader_that_never_made_the_step_wait_is_a_measured_zero_not_unknown():
+    assert job(Rank(loader_workers=2, loader_cpu=0.1)).view().metrics.data_wait_frac == 0.0   # loader seen
+    assert job(Rank()).view().metrics.data_wait_frac is None                                   # no loader
