@@ -332,7 +332,7 @@ def test_headline_severity_fixes_and_evidence(name):
     assert (v.bottleneck, v.severity) == (bottleneck, severity)
     assert v.headline == headline
     assert v.suggestions == suggestions
-    assert {k: v.evidence.get(k) for k in evidence} == evidence
+    assert set(evidence) <= set(v.evidence) and {k: v.evidence[k] for k in evidence} == evidence
     assert v.straggler_rank == straggler
     assert v.as_json() == {"bottleneck": bottleneck, "severity": severity, "headline": headline,
                            "path": v.path, "evidence": v.evidence, "suggestions": suggestions,
@@ -454,3 +454,32 @@ def test_healthy_with_unknown_device_busy_says_question_mark():
     v = V.evaluate(_view(device_busy=None))
     assert v.bottleneck == "healthy" and v.evidence["skipped"]["device_busy"] == "no step timing in the window"
     assert v.headline == "Healthy: CUDA busy ? of a 100 ms step, MFU 50%"
+
+
+def test_warm_up_keeps_findings_and_only_load_imbalance_names_a_straggler():
+    warming = job(Rank(steps=3, extra_records=[{"k": "drops", "t": 1_700_000_001.0, "count": 4}])).view()
+    assert "drops" in [f["id"] for f in V.evaluate(warming).findings]
+    comm = dataclasses.replace(_idle(comm_exposed_frac=0.3, compute_ratio=0.9), straggler_rank=1)
+    v = V.evaluate(comm)
+    assert v.bottleneck == "communication" and v.straggler_rank is None
+    assert "rank_restarted" not in [f["id"] for f in v.findings]
+
+
+def test_evidence_numbers_are_rounded_to_four_places():
+    v = V.evaluate(_idle(device_busy=0.123456, data_wait_frac=0.0123456))
+    assert v.evidence["device_busy"] == 0.1235 and v.evidence["data_wait_frac"] == 0.0123
+    mem = MemoryMetrics(source="device", fragmentation_bytes=1, reserved_bytes=3)
+    frag = [f for f in V.evaluate(_view(memory=mem)).findings if f["id"] == "fragmentation"]
+    assert frag[0]["fraction"] == 0.3333
+
+
+@pytest.mark.parametrize("name", ["checkpoint", "eval", "evaluation", "save", "pause"])
+def test_each_blocking_event_name_counts_as_a_pause(name):
+    view = dataclasses.replace(_view(ettr=0.5), events=[{"name": name}, {"name": "warning"}])
+    (gaps,) = [f for f in V.evaluate(view).findings if f["id"] == "step_gaps"]
+    assert gaps["events"] == 1 and gaps["message"].endswith("lost to checkpoints/evaluation")
+
+
+def test_ettr_of_exactly_ninety_percent_is_reported_through_recent_gaps():
+    (gaps,) = [f for f in V.evaluate(_view(ettr=0.9, gap_frac=0.1)).findings if f["id"] == "step_gaps"]
+    assert gaps["message"] == "10% of recent time: time between steps is lost to pauses or stalls"
