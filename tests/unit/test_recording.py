@@ -139,7 +139,7 @@ def test_file_cut_inside_the_magic_is_a_truncated_empty_recording(tmp_path):
     path = tmp_path / "cut.pmrec"
     path.write_bytes(MAGIC[:3])
     result = read_recording(path)
-    assert (result.records, result.stopped_at, result.problem) == ([], 0, "truncated")
+    assert (result.path, result.records, result.stopped_at, result.problem) == (path, [], 0, "truncated")
     assert result.message == f"{path}: truncated before the first record (offset 0)"
 
 

@@ -140,9 +140,9 @@ def test_error_names_the_stream_offset_of_the_bad_frame():
 @pytest.mark.parametrize("record,why", [
     ({"k": "event", "t": 1.0, "x": {"a": {"b": {"c": {"d": {"e": {"f": {"g": {}}}}}}}}}, "nested deeper than 8 levels"),
     ({"k": "event", "t": 1.0, "x": [[[[[[[[1]]]]]]]]}, "nested deeper than 8 levels"),
-    ({"k": "event", "t": 1.0, "x": {str(i): i for i in range(10_001)}}, "oversized map"),
-    ({"k": "event", "t": 1.0, "x": [{"y": list(range(10_001))}]}, "oversized list"),
-    ({"k": "event", "t": 1.0, "x": [{"y": {1: 2}}]}, "non-string key"),
+    ({"k": "event", "t": 1.0, "x": {str(i): i for i in range(10_001)}}, "^record has an oversized map$"),
+    ({"k": "event", "t": 1.0, "x": [{"y": list(range(10_001))}]}, "^record has an oversized list$"),
+    ({"k": "event", "t": 1.0, "x": [{"y": {1: 2}}]}, "^record has a non-string key$"),
 ])
 def test_shape_limits_apply_at_every_depth(record, why):
     body = msgpack.packb(record, use_bin_type=True, strict_types=False)
@@ -152,7 +152,8 @@ def test_shape_limits_apply_at_every_depth(record, why):
 
 def test_shapes_just_inside_the_limits_are_accepted():
     ok = {"k": "event", "t": 1.0, "name": "n", "x": {"a": {"b": {"c": {"d": {"e": {"f": {"g": 1}}}}}}},
-          "y": list(range(10_000)), "z": [[1, {"w": []}]]}
+          "y": list(range(10_000)), "z": [[1, {"w": []}]], "m": {str(i): i for i in range(10_000)},
+          "l": [[[[[[[1]]]]]]]}
     assert wire.validate(ok) is ok
 
 
