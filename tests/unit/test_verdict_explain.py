@@ -483,3 +483,8 @@ def test_each_blocking_event_name_counts_as_a_pause(name):
 def test_ettr_of_exactly_ninety_percent_is_reported_through_recent_gaps():
     (gaps,) = [f for f in V.evaluate(_view(ettr=0.9, gap_frac=0.1)).findings if f["id"] == "step_gaps"]
     assert gaps["message"] == "10% of recent time: time between steps is lost to pauses or stalls"
+
+
+def test_an_empty_model_is_warming_up_with_zero_steps():
+    from tui.runmodel import RunModel
+    assert V.evaluate(RunModel().view()).headline == "Warming up: 0 of 5 steps seen, no verdict yet"
