@@ -235,16 +235,16 @@ _N_MINUS_1 = frozenset({"all_gather", "allgather", "all_gather_into_tensor", "re
                         "reduce_scatter_tensor", "all_to_all", "alltoall", "all_to_all_single"})
 
 
-def busbw_factor(op: str, n: int) -> float | None:
+def busbw_factor(op: str, n: int | None) -> float | None:
     """nccl-tests factor for ``op`` over ``n`` ranks; None where busbw has no meaning.
 
     all-reduce 2(n-1)/n; all-gather, reduce-scatter, all-to-all (n-1)/n; broadcast,
     reduce, point-to-point and unknown ops 1. A backend prefix ("gloo:all_reduce") is
     ignored. A one-rank group moves nothing over a bus: its busbw is its algbw (1).
-    None for a barrier (no payload) or a group size below 1.
+    None for a barrier (no payload) or an unknown group size.
     """
     name = op.lower().rsplit(":", 1)[-1]
-    if n < 1 or name == "barrier":
+    if n is None or n < 1 or name == "barrier":
         return None
     if n == 1:
         return 1.0

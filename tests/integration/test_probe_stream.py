@@ -50,12 +50,18 @@ def test_script_streams_hello_then_steps_matching_what_it_did():
 
 def test_late_viewer_gets_hello_and_backfill_of_recent_steps():
     proc, path = start_job("late", "30", "0", "0", "0", "--linger")
-    # the job has finished its steps and waits on stdin; attach now
-    wait_for(lambda: True)
+    # the job has trained all its steps and its sender has processed every one of them before we attach:
+    # whatever steps this viewer gets come from the backfill, not from the live stream
+    assert proc.stdout.readline().strip() == "drained"
     sock = connect(path)
     records = read_until(sock, lambda rs: len(steps_of(rs)) >= 30)
     assert records[0]["k"] == "hello"
     assert [s["step"] for s in steps_of(records)] == list(range(30))
+    # backfill order: hello, recent events, the steps, then the latest sample/memory/comm
+    kinds = [r["k"] for r in records]
+    first, last = kinds.index("step"), len(kinds) - 1 - kinds[::-1].index("step")
+    assert set(kinds[first:last + 1]) == {"step"}
+    assert "first_batch" in [r.get("name") for r in records[:first] if r["k"] == "event"]
     proc.stdin.write("\n")
     proc.stdin.flush()
     assert proc.wait(timeout=30) == 0
@@ -110,9 +116,19 @@ def test_viewer_unwritable_past_the_stall_limit_is_disconnected(monkeypatch):
         wait_for(lambda: len(mon.sender.viewers) == 1, what="viewer accepted")
         _emit(mon, 20_000)
         wait_for(lambda: len(mon.sender.viewers) == 0, timeout=10, what="stalled viewer eviction")
-        with_probe_alive = _emit(mon, 100)
-        assert with_probe_alive >= 0
+        # the evicted viewer sees the end of its stream (EOF) once it reads what reached its socket
+        read_until(stalled, lambda rs: False, timeout=20)
         stalled.close()
+        # the probe still serves: a new viewer is attached and gets the steps emitted after the eviction
+        fresh = connect(mon.socket_path)
+        wait_for(lambda: len(mon.sender.viewers) == 1, what="new viewer accepted")
+        first_new = mon._step_no
+        _emit(mon, 100)
+        last_new = first_new + 99
+        records = read_until(fresh, lambda rs: any(r["k"] == "step" and r["step"] == last_new for r in rs))
+        assert records[0]["k"] == "hello"
+        assert {r["step"] for r in steps_of(records)} >= set(range(first_new, last_new + 1))
+        fresh.close()
     finally:
         mon.close()
 

@@ -35,3 +35,23 @@ def simulated_cuda(monkeypatch: pytest.MonkeyPatch) -> Callable[..., SimulatedCu
         return backend
 
     return install
+
+
+@pytest.fixture
+def cuda_peak_resets(monkeypatch: pytest.MonkeyPatch) -> list[str]:
+    """Every way torch offers to reset the CUDA allocator's peak/accumulated statistics, replaced by a
+    recorder: the returned list names each reset the code under test asked for (it must stay empty:
+    resetting would break the user's own peak tracking). Nothing here talks to a GPU."""
+    import torch
+
+    calls: list[str] = []
+    targets = [torch.cuda, torch.cuda.memory, torch._C] + ([torch.accelerator] if hasattr(torch, "accelerator") else [])
+    for module in targets:
+        for name in dir(module):
+            low = name.lower()
+            if "reset" in low and ("peak" in low or "max_memory" in low or "accumulated" in low
+                                   or "memory_stat" in low):
+                if callable(getattr(module, name, None)):
+                    monkeypatch.setattr(module, name,
+                                        lambda *a, _n=f"{module.__name__}.{name}", **k: calls.append(_n))
+    return calls

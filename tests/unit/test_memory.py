@@ -63,7 +63,7 @@ def test_dtensor_counts_its_local_shard():
     assert storage_bytes(DTensor(shard), set()) == 20
 
 
-def test_cuda_record_fields_from_one_stats_read(simulated_cuda, simulated_nvml):
+def test_cuda_record_fields_from_one_stats_read(simulated_cuda, simulated_nvml, cuda_peak_resets):
     GiB = 1 << 30
     stats = memory_stats(allocated=20 * GiB, reserved=26 * GiB, peak=31 * GiB, peak_reserved=33 * GiB,
                          inactive_split=3 * GiB, retries=2, ooms=1)
@@ -87,7 +87,7 @@ def test_cuda_record_fields_from_one_stats_read(simulated_cuda, simulated_nvml):
     assert (rec["limit"], rec["peak"], rec["peak_reserved"]) == (80 * GiB, 31 * GiB, 33 * GiB)
     assert (rec["alloc_retries"], rec["ooms"]) == (2, 1)
     assert cuda.calls.count("memory_stats") == 1
-    assert not any("reset" in call for call in cuda.calls)      # never resets the user's peaks
+    assert cuda_peak_resets == []                                # never resets the user's peaks
     source.read()                                                # within MEMORY_PERIOD: no new read
     assert cuda.calls.count("memory_stats") == 1
     source.last_read -= MEMORY_PERIOD
@@ -97,6 +97,14 @@ def test_cuda_record_fields_from_one_stats_read(simulated_cuda, simulated_nvml):
     source.last_read -= MEMORY_PERIOD
     source.read()
     assert len(out) == 2 and out[1]["ooms"] == 2
+    assert cuda_peak_resets == []
+
+
+def test_peak_reset_recorder_sees_torch_reset_entry_points(cuda_peak_resets):
+    """The recorder behind ``cuda_peak_resets`` would notice the probe resetting the user's peaks."""
+    torch.cuda.reset_peak_memory_stats()
+    torch.cuda.memory.reset_max_memory_allocated()
+    assert cuda_peak_resets == ["torch.cuda.reset_peak_memory_stats", "torch.cuda.memory.reset_max_memory_allocated"]
 
 
 def test_cuda_other_falls_back_to_device_use_when_pid_is_not_visible(simulated_nvml):

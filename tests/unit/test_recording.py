@@ -96,3 +96,125 @@ def test_writer_appends_to_an_existing_file_without_a_second_header(tmp_path):
     write(path, RECORDS[:3])
     write(path, RECORDS[3:6])
     assert read_recording(path).records == RECORDS[:6]
+
+
+def test_abandon_closes_the_file_without_writing_and_is_idempotent(tmp_path):
+    path = tmp_path / "child.pmrec"
+    writer = RecordingWriter(path)
+    writer.abandon()
+    assert writer.fd == -1
+    writer.abandon()                      # a second call touches no descriptor
+    writer.close()
+    assert writer.fd == -1 and path.read_bytes() == MAGIC
+
+
+def test_close_is_idempotent_and_counts_what_was_written(tmp_path):
+    path = tmp_path / "a.pmrec"
+    writer = RecordingWriter(path)
+    chunk = RecordingWriter.wrap(wire.encode({"k": "bye", "t": 1.0}))
+    writer.write(chunk)
+    assert writer.bytes_written == len(chunk)
+    writer.close()
+    writer.close()
+    assert writer.fd == -1
+    assert read_recording(path).records == [{"k": "bye", "t": 1.0}]
+    assert oct(path.stat().st_mode & 0o777) == oct(0o600)
+
+
+def test_unreadable_paths_are_one_line_errors(tmp_path, monkeypatch):
+    with pytest.raises(RecordingError, match="is a directory$"):
+        read_recording(tmp_path)
+    path = tmp_path / "locked.pmrec"
+    write(path, RECORDS[:1])
+
+    def denied(self):
+        raise PermissionError(13, "Permission denied")
+
+    monkeypatch.setattr(Path, "read_bytes", denied)     # root reads any mode: simulate a foreign 0600 file
+    with pytest.raises(RecordingError, match=r"locked\.pmrec: permission denied$"):
+        read_recording(path)
+
+
+def test_file_cut_inside_the_magic_is_a_truncated_empty_recording(tmp_path):
+    path = tmp_path / "cut.pmrec"
+    path.write_bytes(MAGIC[:3])
+    result = read_recording(path)
+    assert (result.path, result.records, result.stopped_at, result.problem) == (path, [], 0, "truncated")
+    assert result.message == f"{path}: truncated before the first record (offset 0)"
+
+
+def test_record_with_a_good_checksum_but_a_bad_body_is_corruption(tmp_path):
+    import struct
+    import zlib
+
+    import msgpack
+    path = tmp_path / "bad.pmrec"
+    offsets = write(path, RECORDS[:2])
+    body = msgpack.packb([1, 2, 3])
+    with open(path, "ab") as f:
+        f.write(struct.pack(">II", len(body), zlib.crc32(body)) + body)
+    end = path.stat().st_size - len(body) - 8
+    result = read_recording(path)
+    assert result.records == RECORDS[:2] and (result.problem, result.stopped_at) == ("corrupt", end)
+    assert result.message == f"{path}: corrupt record at offset {end} (frame is not a map); kept 2 records before it"
+    assert offsets[0] == len(MAGIC)
+
+
+def test_close_and_abandon_survive_os_errors(tmp_path, monkeypatch):
+    import os
+
+    writer = RecordingWriter(tmp_path / "a.pmrec")
+    monkeypatch.setattr(os, "fsync", lambda fd: (_ for _ in ()).throw(OSError(5, "I/O error")))
+    writer.close()                                   # fsync failed: the fd is still closed
+    assert writer.fd == -1
+    other = RecordingWriter(tmp_path / "b.pmrec")
+    real_close = os.close
+    fd = other.fd
+
+    def failing_close(n):
+        real_close(n)
+        raise OSError(9, "Bad file descriptor")
+
+    monkeypatch.setattr(os, "close", failing_close)
+    other.abandon()
+    assert other.fd == -1 and fd >= 0
+
+
+def _stop_of(path: Path, tail: bytes):
+    offsets = write(path, RECORDS[:2])
+    with open(path, "ab") as f:
+        f.write(tail)
+    return offsets, path.stat().st_size - len(tail)
+
+
+@pytest.mark.parametrize("tail,problem,detail", [
+    (b"\x00\x00\x00", "truncated", "torn tail: 3 bytes of a record header"),
+    (b"\x00\x00\x00\x10\x00\x00\x00\x00", "truncated", "torn tail: 0 of 16 bytes"),
+    (b"\x00\x00\x00\x10\x00\x00\x00\x00abc", "truncated", "torn tail: 3 of 16 bytes"),
+    (b"\x00\x10\x00\x01\x00\x00\x00\x00", "corrupt", f"record length {wire.MAX_FRAME + 1} over the frame limit"),
+    (b"\x00\x00\x00\x02\x00\x00\x00\x00\x81\xa1", "corrupt", "checksum mismatch"),
+])
+def test_each_stop_says_where_what_and_how_many_records_were_kept(tmp_path, tail, problem, detail):
+    path = tmp_path / "r.pmrec"
+    _, end = _stop_of(path, tail)
+    result = read_recording(path)
+    assert result.records == RECORDS[:2] and (result.problem, result.stopped_at) == (problem, end)
+    assert result.message == f"{path}: {problem} record at offset {end} ({detail}); kept 2 records before it"
+
+
+def test_a_record_of_exactly_the_frame_limit_is_read(tmp_path):
+    path = tmp_path / "big.pmrec"
+    enc = wire.Encoder()
+    base = len(enc.frame({"k": "event", "t": 0.0, "name": "x", "blob": b""})) - 4
+    big = {"k": "event", "t": 0.0, "name": "x", "blob": b"\0" * (wire.MAX_FRAME - base - 3)}
+    writer = RecordingWriter(path)
+    writer.write(RecordingWriter.wrap(enc.frame(big)))
+    writer.close()
+    assert read_recording(path).records == [big] and read_recording(path).clean
+
+
+def test_short_file_that_is_not_a_magic_prefix_is_not_a_recording(tmp_path):
+    path = tmp_path / "short"
+    path.write_bytes(b"PMx")
+    with pytest.raises(RecordingError, match="not a perfmon recording"):
+        read_recording(path)

@@ -338,3 +338,113 @@ def test_gap_share_is_measured_over_the_window_not_the_whole_run():
     m = model.view(now=steps[-1]["t"]).metrics
     assert m.ettr > 0.9
     assert m.gap_frac == pytest.approx(1.0 / 3.0, rel=1e-3)
+
+
+# -- edges found by mutation testing (scripts/mutation.py) -------------------------------------
+@pytest.mark.parametrize("op,n,factor", [("all_gather", 1, 1.0), ("all_gather", 0, None), ("all_gather", None, None),
+                                         ("pg0:nccl:all_gather", 4, 0.75)])
+def test_busbw_factor_of_one_rank_is_one_unknown_size_is_unknown_and_only_the_last_name_part_counts(op, n, factor):
+    assert busbw_factor(op, n) == (pytest.approx(factor) if factor is not None else None)
+
+
+def test_report_memory_object_carries_every_documented_key_with_the_model_numbers():
+    view = job(Rank(0, rss=3 * GB, mem_limit=4 * GB)).view()
+    out = view.metrics.as_json()["memory"]
+    assert out == view.metrics.memory.as_json()
+    design = ("limit_bytes", "peak_bytes", "params_bytes", "grads_bytes", "optimizer_bytes", "activations_bytes",
+              "cache_bytes", "other_bytes")
+    extra = ("fragmentation_bytes", "reserved_bytes", "peak_frac", "source", "limit_source", "rank",
+             "alloc_retries", "alloc_retries_rising", "ooms")
+    assert set(out) == set(design + extra)
+    assert (out["limit_bytes"], out["peak_bytes"], out["source"], out["rank"]) == (4 * GB, 3 * GB, "host", 0)
+    assert out["peak_frac"] == pytest.approx(0.75) and out["limit_source"] == "machine"
+    assert (out["ooms"], out["alloc_retries_rising"]) == (0, False)
+
+
+def test_memory_as_json_maps_each_field_to_its_own_key():
+    from dataclasses import fields
+
+    from tui.model.views import MemoryMetrics
+    values = {f.name: f"v-{f.name}" for f in fields(MemoryMetrics)}
+    out = MemoryMetrics(**values).as_json()
+    assert out == {key: f"v-{key}" for key in out} and "allocated_bytes" not in out
+
+
+def test_set_window_recomputes_cached_statistics_and_keeps_five_steps_at_least():
+    model = job(Rank(steps=100, dur=0.1))
+    assert model.view().window["steps"] == 50
+    model.set_window(10, 30.0)
+    assert model.view().window["steps"] == 10
+    model.set_window(2, 30.0)
+    assert (model.window_steps, model.view().window["steps"]) == (MIN_STEPS, MIN_STEPS)
+    model.set_window(50, 1.0)            # 1 s holds 11 steps of 0.1 s (steps ending in [last-1 s, last])
+    assert model.window_seconds == 1.0 and model.view().window["steps"] == 11
+
+
+def test_set_window_also_resets_retired_generations():
+    model = job(Rank(0, steps=20, pid=11))
+    for rec in records(Rank(0, steps=8, pid=22, restart=1, start=T0 + 100)):
+        model.ingest("/tmp/new.sock", rec)
+    model.view()
+    model.set_window(10, 30.0)
+    assert model.view().window["steps"] == 7 and len(model.retired) == 1
+
+
+def test_problems_are_listed_once_each_in_the_view():
+    model = job(Rank(0))
+    model.add_problem("x.pmrec: truncated record at offset 10")
+    model.add_problem("x.pmrec: truncated record at offset 10")
+    model.add_problem("bad frame")
+    assert model.view().problems == ["x.pmrec: truncated record at offset 10", "bad frame"]
+
+
+@pytest.mark.parametrize("changed", [{"restart": 1}, {"host": "node2"}])
+def test_same_pid_with_another_restart_count_or_host_is_another_process(changed):
+    model = job(Rank(0, steps=10, pid=11))
+    later = records(Rank(0, steps=8, pid=11, start=T0 + 100))
+    later[0] = dict(later[0], **changed)
+    for rec in later:
+        model.ingest("/tmp/other.sock", rec)
+    (r,) = model.view().ranks
+    assert r.generation == 1 and r.steps == 8
+
+
+def test_ranks_with_zero_compute_time_are_even():
+    from tui.model.stats import _relative
+    assert _relative([(0, 0.0), (1, 0.0)])[0] == 1.0
+    assert _relative([(0, 0.05), (1, 0.1)]) == (0.5, 1)
+
+
+def test_compute_ratio_of_exactly_0_7_is_not_a_straggler():
+    view = job(Rank(0, dur=1.0, comm=0.3, exposed=0.3), Rank(1, dur=1.0, comm=0.0)).view()
+    assert view.metrics.compute_ratio == 0.7 and view.straggler_rank is None
+
+
+@pytest.mark.parametrize("late,ratio,straggler", [(0.3, 0.7, None), (0.31, 0.69, 1)])
+def test_arrival_straggler_of_two_ranks_from_under_0_7(late, ratio, straggler):
+    # rank 1 computes as fast as rank 0 but starts each step `late` s later; rank 0 waits for it
+    view = job(Rank(0, dur=1.0, comm=late, exposed=late), Rank(1, dur=1.0, comm=0.0, gap=late)).view()
+    assert view.metrics.compute_ratio == 1.0 and view.metrics.arrival_ratio == pytest.approx(ratio)
+    assert view.straggler_rank == straggler
+    assert view.metrics.straggler_by == ("arrival" if straggler is not None else None)
+
+
+def test_same_process_seen_on_a_second_stream_keeps_its_rank_and_counts_the_new_streams_records():
+    model = job(Rank(0, steps=10, pid=11))
+    recs = records(Rank(0, steps=20, pid=11))
+    for rec in recs:
+        model.ingest("tcp:127.0.0.1:7777", rec)
+    (r,) = model.view().ranks
+    assert r.generation == 0 and model.orphans == 0 and r.stream == "tcp:127.0.0.1:7777" and r.steps == 20
+
+
+def test_hello_without_a_usable_rank_is_rank_zero():
+    model = RunModel()
+    for rec in records(Rank(3, steps=8)):
+        model.ingest("s", dict(rec, rank=True) if rec["k"] == "hello" else rec)
+    assert [r.rank for r in model.view().ranks] == [0]
+
+
+def test_a_wrapped_loader_that_never_made_the_step_wait_is_a_measured_zero_not_unknown():
+    assert job(Rank(loader_workers=2, loader_cpu=0.1)).view().metrics.data_wait_frac == 0.0   # loader seen
+    assert job(Rank()).view().metrics.data_wait_frac is None                                   # no loader

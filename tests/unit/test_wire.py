@@ -111,3 +111,89 @@ def test_major_mismatch_names_both_sides_from_each_point_of_view():
 def test_newer_minor_version_is_compatible():
     wire.check_compatible([1, 7], we_are="viewer")
     wire.check_compatible([1, 0], we_are="probe")
+
+
+def test_unreadable_version_is_a_mismatch_shown_as_question_mark():
+    for garbage in (None, [], ["x", 0], {"a": 1}, [None, 0]):
+        with pytest.raises(wire.ProtocolMismatch, match=r"^protocol version mismatch \(viewer 1\.0, probe \?\)$"):
+            wire.check_compatible(garbage, we_are="viewer")
+    assert wire.format_proto([1]) == "?" and wire.format_proto(None) == "?"
+
+
+def test_frame_of_exactly_the_limit_is_accepted_one_byte_more_is_not():
+    body = msgpack.packb({"k": "bye", "t": 1.0}, use_bin_type=True)
+    exact = wire.FrameDecoder(max_frame=len(body))
+    assert list(exact.feed(frame_of({"k": "bye", "t": 1.0}))) == [{"k": "bye", "t": 1.0}]
+    short = wire.FrameDecoder(max_frame=len(body) - 1)
+    with pytest.raises(wire.ProtocolError, match=f"claims {len(body)} bytes, over the {len(body) - 1}-byte limit"):
+        list(short.feed(frame_of({"k": "bye", "t": 1.0})))
+
+
+def test_error_names_the_stream_offset_of_the_bad_frame():
+    good = frame_of({"k": "bye", "t": 1.0}) + frame_of({"k": "step", "t": 2.0, "step": 1, "dur": 0.5})
+    dec = wire.FrameDecoder(max_frame=64)
+    with pytest.raises(wire.ProtocolError, match=f"^frame at offset {len(good)} claims 65 bytes"):
+        list(dec.feed(good + struct.pack(">I", 65)))
+    assert dec.offset == len(good)
+
+
+@pytest.mark.parametrize("record,why", [
+    ({"k": "event", "t": 1.0, "x": {"a": {"b": {"c": {"d": {"e": {"f": {"g": {}}}}}}}}}, "nested deeper than 8 levels"),
+    ({"k": "event", "t": 1.0, "x": [[[[[[[[1]]]]]]]]}, "nested deeper than 8 levels"),
+    ({"k": "event", "t": 1.0, "x": {str(i): i for i in range(10_001)}}, "^record has an oversized map$"),
+    ({"k": "event", "t": 1.0, "x": [{"y": list(range(10_001))}]}, "^record has an oversized list$"),
+    ({"k": "event", "t": 1.0, "x": [{"y": {1: 2}}]}, "^record has a non-string key$"),
+])
+def test_shape_limits_apply_at_every_depth(record, why):
+    body = msgpack.packb(record, use_bin_type=True, strict_types=False)
+    with pytest.raises(wire.ProtocolError, match=why):
+        wire.validate(msgpack.unpackb(body, strict_map_key=False))
+
+
+def test_shapes_just_inside_the_limits_are_accepted():
+    ok = {"k": "event", "t": 1.0, "name": "n", "x": {"a": {"b": {"c": {"d": {"e": {"f": {"g": 1}}}}}}},
+          "y": list(range(10_000)), "z": [[1, {"w": []}]], "m": {str(i): i for i in range(10_000)},
+          "l": [[[[[[[1]]]]]]]}
+    assert wire.validate(ok) is ok
+
+
+def test_bytes_and_strings_keep_their_types_and_lists_stay_lists():
+    rec = {"k": "event", "t": 1.0, "name": "n", "blob": b"\x00\xff", "text": "é", "xs": [1, [2]]}
+    assert decode_all(wire.encode(rec)) == [rec]
+    assert isinstance(decode_all(wire.encode(rec))[0]["blob"], bytes)
+
+
+def test_each_rejection_says_what_was_wrong():
+    cases = [
+        (msgpack.packb([1]), "^frame is not a map$"),
+        (msgpack.packb({1: 2}), r"^undecodable frame \(ValueError\)$"),
+        (b"\xc1", r"^undecodable frame \(FormatError\)$"),
+        (msgpack.packb({"k": "x" * 40, "t": 1.0}), "^unknown record kind 'xxxxxxxxxxxxxxxxxxxx'$"),
+        (msgpack.packb({"k": "bye"}), "^bye record without a time$"),
+        (msgpack.packb({"k": "bye", "t": True}), "^bye record without a time$"),
+        (msgpack.packb({"k": "step", "t": 1.0, "step": "3", "dur": 0.1}),
+         "^step record: 'step' missing or of the wrong type$"),
+    ]
+    for body, message in cases:
+        with pytest.raises(wire.ProtocolError, match=message):
+            wire.decode_body(body)
+
+
+def test_a_record_nested_eight_deep_counting_the_record_itself_is_accepted():
+    rec = {"k": "event", "t": 1.0, "name": "n", "x": {"a": {"b": {"c": {"d": {"e": {"f": 1}}}}}}}
+    assert wire.decode_body(msgpack.packb(rec)) == rec
+    rec["x"]["a"]["b"]["c"]["d"]["e"]["f"] = {"g": [1]}
+    with pytest.raises(wire.ProtocolError, match="nested deeper than 8 levels"):
+        wire.decode_body(msgpack.packb(rec))
+
+
+def test_encoder_limit_is_inclusive_and_names_the_kind():
+    enc = wire.Encoder()
+    base = len(msgpack.packb({"k": "event", "t": 0.0, "name": "x", "blob": b""}, use_bin_type=True))
+    # a blob this long has a 5-byte bin32 header instead of the 2-byte bin8 one: the body is exactly MAX_FRAME
+    blob = b"\0" * (wire.MAX_FRAME - base - 3)
+    body_len = len(msgpack.packb({"k": "event", "t": 0.0, "name": "x", "blob": blob}, use_bin_type=True))
+    assert body_len == wire.MAX_FRAME
+    assert len(enc.frame({"k": "event", "t": 0.0, "name": "x", "blob": blob})) == wire.MAX_FRAME + 4
+    with pytest.raises(wire.ProtocolError, match=r"^record of kind 'event' is 1048577 bytes, over the 1 MiB"):
+        enc.frame({"k": "event", "t": 0.0, "name": "x", "blob": blob + b"\0"})

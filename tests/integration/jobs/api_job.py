@@ -1,6 +1,7 @@
 """A training-shaped loop using the probe API with known timings (no torch needed).
 
-argv: JOB STEPS DATA_MS FWD_MS BWD_MS [--wait]  (--wait: block on stdin "go" before training)
+argv: JOB STEPS DATA_MS FWD_MS BWD_MS [--wait] [--linger]  (--wait: block on stdin "go" before training;
+--linger: after training, print "drained" once the sender has every step, then block on stdin)
 Prints the socket path first, then "done" when closed.
 """
 
@@ -29,6 +30,12 @@ for batch in mon.loader(batches()):
         with mon.phase("backward"):
             time.sleep(bwd_ms / 1000)
 if "--linger" in sys.argv:
+    # say when the sender has taken every step off the hot-path queue: a viewer that connects after this
+    # line can only get those steps from the backfill
+    deadline = time.monotonic() + 20
+    while mon._q and time.monotonic() < deadline:
+        time.sleep(0.01)
+    print("drained" if not mon._q else "not drained", flush=True)
     sys.stdin.readline()
 mon.close()
 print("done", flush=True)

@@ -1,0 +1,490 @@
+"""The verdict's words: for one view per leaf (and per wording branch), the exact headline, severity,
+fixes and evidence a user reads in the verdict bar, ``perfmon report`` and its JSON.
+
+The numbers in each headline are the view's own (step time, shares, worker counts, ranks), so a
+headline that quotes the wrong quantity, unit or rank fails here. Written for mutation testing
+(scripts/mutation.py): the flowchart tests check which leaf is reached, these check what it says.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+
+from tests.unit.verdict_synth import Rank, job
+from tui.model import verdict as V
+from tui.model.views import MemoryMetrics
+
+GB = 1 << 30
+PEAK = 100e12
+
+
+def _view(ranks=None, device="cuda", peak=PEAK, **metrics):
+    """A busy single-GPU job at 50% MFU, with the given metrics replaced."""
+    ranks = ranks or [Rank(gpu_util=97, flops=PEAK * 0.5 * 0.1)]
+    view = job(*ranks, device=device, peak=peak).view()
+    return dataclasses.replace(view, metrics=dataclasses.replace(view.metrics, **metrics))
+
+
+def _idle(**metrics):
+    """The same job with the device 45% busy and no measured loss, unless given."""
+    base = dict(device_busy=0.45, data_wait_frac=0.0, comm_exposed_frac=0.0, syncs_per_step=0.0, mfu=0.5)
+    base.update(metrics)
+    return _view(**base)
+
+
+VIEWS = {
+    "memory_ooms_device": lambda: _view(memory=MemoryMetrics(source="device", rank=0, peak_frac=0.5, peak_bytes=40 * GB,
+                                                             limit_bytes=80 * GB, ooms=2)),
+    "memory_retries_device": lambda: _view(memory=MemoryMetrics(source="device", rank=1, peak_frac=0.8,
+                                                                alloc_retries=7, alloc_retries_rising=True)),
+    "memory_peak_host": lambda: _view(device="cpu", peak=None,
+                                      memory=MemoryMetrics(source="host", rank=0, peak_frac=0.9375,
+                                                           peak_bytes=15 * GB, limit_bytes=16 * GB)),
+    "data_preprocessing_workers": lambda: _idle(data_wait_frac=0.4, loader_workers=2, loader_cpu=0.95),
+    "data_preprocessing_one_worker": lambda: _idle(data_wait_frac=0.4, loader_workers=1, loader_cpu=0.8),
+    "data_preprocessing_main_process": lambda: _idle(data_wait_frac=0.4, loader_workers=0, data_cpu_frac=0.9),
+    "data_loading_workers": lambda: _idle(data_wait_frac=0.3, loader_workers=4, loader_cpu=0.03),
+    "data_loading_main_process": lambda: _idle(data_wait_frac=0.3, loader_workers=0, data_cpu_frac=0.01,
+                                               loader_cpu=None),
+    "communication": lambda: _idle(comm_exposed_frac=0.25, compute_ratio=0.95, comm_op="all_reduce",
+                                   busbw=2.5e9, comm_estimated=True, samples_per_s=640.0,
+                                   step_time_median_s=0.1),
+    "communication_no_busbw": lambda: _idle(comm_exposed_frac=0.25, compute_ratio=0.95, comm_op=None, busbw=None,
+                                            samples_per_s=None),
+    "load_imbalance_compute": lambda: job(Rank(0, comm=0.052, exposed=0.050), Rank(1, comm=0.002, exposed=0.0)).view(),
+    "load_imbalance_arrival": lambda: dataclasses.replace(
+        _idle(comm_exposed_frac=0.3, compute_ratio=0.95, straggler_by="arrival", arrival_ratio=0.5,
+              comm_op="all_gather", gap_frac=0.08), straggler_rank=0),
+    "host_sync": lambda: job(Rank(gpu_util=40, syncs=3), device="cuda").view(),
+    "host_sync_site": lambda: dataclasses.replace(
+        job(Rank(gpu_util=40, syncs=1.5), device="cuda").view(),
+        steps_recent={0: [{"sync_site": "train.py:10"}, {"sync_site": "train.py:42"}, {}]}),
+    "host_overhead": lambda: _idle(step_time_median_s=0.25),
+    "compute_efficiency_mfu": lambda: _view(mfu=0.12, device_busy=0.97),
+    "compute_efficiency_tensor": lambda: job(Rank(gpu_util=97, tensor_active=0.004), device="cuda").view(),
+    "healthy_mfu": lambda: _view(mfu=0.45, device_busy=0.97, step_time_median_s=0.1234),
+    "healthy_cpu": lambda: job(Rank()).view(),
+    "warming_up": lambda: job(Rank(steps=3)).view(),
+}
+
+SUGGEST = {
+    "memory_device": [   'activation checkpointing (torch.utils.checkpoint) on the largest blocks',
+        'mixed precision (bf16 autocast) to halve activations',
+        'smaller micro-batch with gradient accumulation to keep the global batch',
+        'shard optimizer state and gradients (FSDP / ZeRO)',
+        'PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True against fragmentation'],
+}
+
+# name: (bottleneck, severity, headline, suggestions, evidence (without notes/skipped), straggler_rank)
+EXPECTED = {
+    'memory_ooms_device': (
+        'memory', 'crit',
+        'Memory, device memory: 2 out-of-memory error(s)',
+        SUGGEST["memory_device"],
+        {'memory_peak_frac': 0.5,
+         'step_time_median_s': 0.1,
+         'device_busy': 0.97,
+         'data_wait_frac': None,
+         'comm_exposed_frac': 0.0,
+         'memory_rank': 0},
+        None),
+    'memory_retries_device': (
+        'memory', 'warn',
+        'Memory, device memory: allocator retries rising',
+        SUGGEST["memory_device"],
+        {'memory_peak_frac': 0.8,
+         'step_time_median_s': 0.1,
+         'device_busy': 0.97,
+         'data_wait_frac': None,
+         'comm_exposed_frac': 0.0,
+         'memory_rank': 1},
+        None),
+    'memory_peak_host': (
+        'memory', 'warn',
+        'Memory, host RSS: peak 16.1 GB is 94% of the 17.2 GB limit',
+        ['activation checkpointing (torch.utils.checkpoint) on the largest blocks',
+         'mixed precision (bf16 autocast) to halve activations',
+         'smaller micro-batch with gradient accumulation to keep the global batch',
+         'shard optimizer state and gradients (FSDP / ZeRO)'],
+        {'memory_peak_frac': 0.9375,
+         'step_time_median_s': 0.1,
+         'device_busy': 1.0,
+         'data_wait_frac': None,
+         'comm_exposed_frac': 0.0,
+         'memory_rank': 0},
+        None),
+    'data_preprocessing_workers': (
+        'data_preprocessing', 'crit',
+        'Data preprocessing: 40% of each step waits for the loader; its 2 workers are CPU-bound (95% of a core each)',
+        ['raise num_workers from 2 (up to the free cores)',
+         'move per-sample transforms to the device or batch them',
+         'preprocess offline (cache decoded/tokenized data)',
+         'persistent_workers=True so workers are not re-forked every epoch'],
+        {'device_busy': 0.45,
+         'data_wait_frac': 0.4,
+         'loader_cpu': 0.95,
+         'step_time_median_s': 0.1,
+         'comm_exposed_frac': 0.0},
+        None),
+    'data_preprocessing_one_worker': (
+        'data_preprocessing', 'crit',
+        'Data preprocessing: 40% of each step waits for the loader; its worker is CPU-bound (80% of a core)',
+        ['raise num_workers from 1 (up to the free cores)',
+         'move per-sample transforms to the device or batch them',
+         'preprocess offline (cache decoded/tokenized data)',
+         'persistent_workers=True so workers are not re-forked every epoch'],
+        {'device_busy': 0.45,
+         'data_wait_frac': 0.4,
+         'loader_cpu': 0.8,
+         'step_time_median_s': 0.1,
+         'comm_exposed_frac': 0.0},
+        None),
+    'data_preprocessing_main_process': (
+        'data_preprocessing', 'crit',
+        'Data preprocessing: 40% of each step waits for the loader; the main process spends 90% of the wait on CPU (num_workers=0)',
+        ['use DataLoader(num_workers=N): loading runs in the training process now',
+         'move per-sample transforms to the device or batch them',
+         'preprocess offline (cache decoded/tokenized data)',
+         'persistent_workers=True so workers are not re-forked every epoch'],
+        {'device_busy': 0.45,
+         'data_wait_frac': 0.4,
+         'loader_cpu': 0.9,
+         'step_time_median_s': 0.1,
+         'comm_exposed_frac': 0.0},
+        None),
+    'data_loading_workers': (
+        'data_loading', 'crit',
+        'Data loading: 30% of each step waits for the loader; not CPU-bound (workers at 3% CPU)',
+        ['raise num_workers from 4 and prefetch_factor to hide read latency',
+         'pin_memory=True and non_blocking copies',
+         'persistent_workers=True',
+         'faster or local storage; cache the dataset in RAM or on local SSD'],
+        {'device_busy': 0.45,
+         'data_wait_frac': 0.3,
+         'loader_cpu': 0.03,
+         'step_time_median_s': 0.1,
+         'comm_exposed_frac': 0.0},
+        None),
+    'data_loading_main_process': (
+        'data_loading', 'crit',
+        'Data loading: 30% of each step waits for the loader; not CPU-bound',
+        ['raise num_workers from 0 and prefetch_factor to hide read latency',
+         'pin_memory=True and non_blocking copies',
+         'persistent_workers=True',
+         'faster or local storage; cache the dataset in RAM or on local SSD'],
+        {'device_busy': 0.45,
+         'data_wait_frac': 0.3,
+         'loader_cpu': 0.01,
+         'step_time_median_s': 0.1,
+         'comm_exposed_frac': 0.0},
+        None),
+    'communication': (
+        'communication', 'crit',
+        'Communication: exposed all-reduce is 25% of the step at 2.5 GB/s busbw (estimated)',
+        ['overlap all-reduce with backward (DDP bucket_cap_mb; no sync inside backward)',
+         'gradient accumulation with no_sync() to communicate every N micro-batches',
+         'gradient compression hooks (bf16/fp16 compress, PowerSGD)',
+         'larger per-rank batch (about 64 samples per rank per step now)',
+         "check the interconnect: busbw should approach the link's bandwidth"],
+        {'device_busy': 0.45,
+         'data_wait_frac': 0.0,
+         'comm_exposed_frac': 0.25,
+         'compute_ratio': 0.95,
+         'step_time_median_s': 0.1,
+         'busbw': 2500000000.0,
+         'comm_op': 'all_reduce'},
+        None),
+    'communication_no_busbw': (
+        'communication', 'crit',
+        'Communication: exposed collective is 25% of the step',
+        ['overlap collective with backward (DDP bucket_cap_mb; no sync inside backward)',
+         'gradient accumulation with no_sync() to communicate every N micro-batches',
+         'gradient compression hooks (bf16/fp16 compress, PowerSGD)',
+         "check the interconnect: busbw should approach the link's bandwidth"],
+        {'device_busy': 0.45,
+         'data_wait_frac': 0.0,
+         'comm_exposed_frac': 0.25,
+         'compute_ratio': 0.95,
+         'step_time_median_s': 0.1,
+         'busbw': None,
+         'comm_op': None},
+        None),
+    'load_imbalance_compute': (
+        'load_imbalance', 'warn',
+        'Load imbalance: rank 1 computes 100 ms/step vs 50 ms on rank 0; the others wait 50% in collective',
+        ['find what makes rank 1 slower: its data shard, sequence lengths, host load',
+         'balance work per rank (bucket samples by length, even shards)',
+         "check rank 1's host for other processes or throttling"],
+        {'memory_peak_frac': 0.0625,
+         'device_busy': 0.5,
+         'comm_exposed_frac': 0.5,
+         'compute_ratio': 0.5,
+         'step_time_median_s': 0.1,
+         'data_wait_frac': None,
+         'straggler_rank': 1},
+        1),
+    'load_imbalance_arrival': (
+        'load_imbalance', 'crit',
+        'Load imbalance: rank 0 arrives last at all-gather; the others wait 30% of the step for it (it waits 0%); it loses 8% between steps',
+        ['find what delays rank 0 outside its compute: work between steps, logging, checkpointing on that '
+         'rank only, its data path',
+         "check rank 0's host for other processes or throttling"],
+        {'device_busy': 0.45,
+         'data_wait_frac': 0.0,
+         'comm_exposed_frac': 0.3,
+         'compute_ratio': 0.95,
+         'step_time_median_s': 0.1,
+         'straggler_rank': 0,
+         'arrival_ratio': 0.5},
+        0),
+    'host_sync': (
+        'host_sync', 'crit',
+        'Host-device sync: 3.0 syncs per step stall the device',
+        ['remove .item() / .cpu() / print(tensor) from the step; log every N steps',
+         'keep metrics on the device and read them asynchronously (non_blocking=True into pinned memory)'],
+        {'device_busy': 0.4,
+         'comm_exposed_frac': 0.0,
+         'syncs_per_step': 3.0,
+         'step_time_median_s': 0.1,
+         'data_wait_frac': None},
+        None),
+    'host_sync_site': (
+        'host_sync', 'crit',
+        'Host-device sync: 1.5 syncs per step stall the device (most at train.py:42)',
+        ['remove .item() / .cpu() / print(tensor) from the step; log every N steps',
+         'keep metrics on the device and read them asynchronously (non_blocking=True into pinned memory)'],
+        {'syncs_per_step': 1.5},
+        None),
+    'host_overhead': (
+        'host_overhead', 'crit',
+        'Host overhead: the device is busy only 45% of a 250 ms step; the CPU cannot feed it',
+        ['larger batch per step',
+         'torch.compile or CUDA graphs to cut launch overhead',
+         'fuse small ops; avoid Python work per micro-op'],
+        {'device_busy': 0.45,
+         'data_wait_frac': 0.0,
+         'comm_exposed_frac': 0.0,
+         'syncs_per_step': 0.0,
+         'step_time_median_s': 0.25},
+        None),
+    'compute_efficiency_mfu': (
+        'compute_efficiency', 'info',
+        'Compute efficiency: device busy 97% but MFU 12%',
+        ["bf16 autocast (torch.autocast('cuda', dtype=torch.bfloat16))",
+         'torch.backends.cuda.matmul.allow_tf32 = True for fp32 matmuls',
+         'fused kernels (fused AdamW, flash attention) and torch.compile',
+         'larger batch per step'],
+        {'device_busy': 0.97,
+         'mfu': 0.12,
+         'step_time_median_s': 0.1,
+         'data_wait_frac': None,
+         'comm_exposed_frac': 0.0},
+        None),
+    'compute_efficiency_tensor': (
+        'compute_efficiency', 'info',
+        'Compute efficiency: device busy 97% but tensor cores 0% active',
+        ["bf16 autocast (torch.autocast('cuda', dtype=torch.bfloat16))",
+         'torch.backends.cuda.matmul.allow_tf32 = True for fp32 matmuls',
+         'fused kernels (fused AdamW, flash attention) and torch.compile',
+         'larger batch per step'],
+        {'device_busy': 0.97, 'step_time_median_s': 0.1, 'data_wait_frac': None, 'comm_exposed_frac': 0.0},
+        None),
+    'healthy_mfu': (
+        'healthy', 'ok',
+        'Healthy: CUDA busy 97% of a 123 ms step, MFU 45%',
+        [],
+        {'device_busy': 0.97,
+         'mfu': 0.45,
+         'step_time_median_s': 0.1234,
+         'data_wait_frac': None,
+         'comm_exposed_frac': 0.0},
+        None),
+    'healthy_cpu': (
+        'healthy', 'ok',
+        'Healthy: CPU busy 100% of a 100 ms step',
+        [],
+        {'memory_peak_frac': 0.0625,
+         'device_busy': 1.0,
+         'step_time_median_s': 0.1,
+         'data_wait_frac': None,
+         'comm_exposed_frac': 0.0},
+        None),
+    'warming_up': (
+        'warming_up', 'info',
+        'Warming up: 2 of 5 steps seen, no verdict yet',
+        [],
+        {'steps': 3},
+        None),
+}
+
+
+def test_every_case_has_an_expectation_and_every_leaf_is_covered():
+    assert set(VIEWS) == set(EXPECTED)
+    assert {e[0] for e in EXPECTED.values()} == set(V.BOTTLENECKS)
+
+
+@pytest.mark.parametrize("name", list(EXPECTED))
+def test_headline_severity_fixes_and_evidence(name):
+    v = V.evaluate(VIEWS[name]())
+    bottleneck, severity, headline, suggestions, evidence, straggler = EXPECTED[name]
+    assert (v.bottleneck, v.severity) == (bottleneck, severity)
+    assert v.headline == headline
+    assert v.suggestions == suggestions
+    assert set(evidence) <= set(v.evidence) and {k: v.evidence[k] for k in evidence} == evidence
+    assert v.straggler_rank == straggler
+    assert v.as_json() == {"bottleneck": bottleneck, "severity": severity, "headline": headline,
+                           "path": v.path, "evidence": v.evidence, "suggestions": suggestions,
+                           "straggler_rank": straggler}
+
+
+def _findings_view(**metrics):
+    model = job(Rank(0, steps=20, pid=11), device="cuda", peak=PEAK)
+    from tests.unit.verdict_synth import T0, records
+    for rec in records(Rank(0, steps=8, pid=22, restart=1, start=T0 + 100), device="cuda", peak=PEAK):
+        model.ingest("/tmp/new.sock", rec)
+    view = model.view()
+    return dataclasses.replace(
+        view, metrics=dataclasses.replace(view.metrics, **metrics), drops_total=12,
+        gpus={0: [{"index": 0, "throttle": ["idle", "sw_thermal", "hw_slowdown"]}, {"index": 1, "throttle": None},
+                  "not a dict"],
+              1: [{"index": 0, "throttle": ["sw_power_cap", "app_clocks"]}]},
+        events=[{"name": "checkpoint"}, {"name": "eval"}, {"name": "warning"}])
+
+
+def test_every_secondary_finding_with_its_numbers_and_message():
+    mem = MemoryMetrics(source="device", fragmentation_bytes=3 * GB, reserved_bytes=10 * GB)
+    v = V.evaluate(_findings_view(ettr=0.8, gap_frac=0.15, memory=mem))
+    assert v.findings == [
+        {"id": "step_gaps", "ettr": 0.8, "gap_frac": 0.15, "events": 2,
+         "message": "ETTR 80%: time between steps is lost to checkpoints/evaluation"},
+        {"id": "throttling", "gpus": [{"rank": 0, "index": 0, "reason": "hw_slowdown"},
+                                      {"rank": 0, "index": 0, "reason": "sw_thermal"},
+                                      {"rank": 1, "index": 0, "reason": "sw_power_cap"}],
+         "message": "3 GPU clock throttle reason(s) active (power/thermal)"},
+        {"id": "fragmentation", "fraction": 0.3, "bytes": 3 * GB,
+         "message": "30% of reserved memory is fragmented: try expandable_segments:True"},
+        {"id": "rank_restarted", "rank": 0, "generation": 1, "restart": 1, "pid": 22,
+         "message": "rank 0 restarted (generation 1, pid 22)"},
+        {"id": "drops", "count": 12, "message": "12 records dropped on the way; numbers may have holes"},
+    ]
+
+
+def test_step_gaps_from_recent_gaps_without_pauses_and_fragmentation_at_its_edge():
+    edge = MemoryMetrics(source="device", fragmentation_bytes=2 * GB, reserved_bytes=10 * GB)
+    view = dataclasses.replace(_findings_view(ettr=0.95, gap_frac=0.1, memory=edge), events=[], drops_total=0)
+    findings = {f["id"]: f for f in V.evaluate(view).findings}
+    assert findings["step_gaps"]["message"] == "10% of recent time: time between steps is lost to pauses or stalls"
+    assert findings["step_gaps"]["events"] == 0 and "fragmentation" not in findings and "drops" not in findings
+    no_reserved = MemoryMetrics(source="device", fragmentation_bytes=2 * GB, reserved_bytes=0)
+    view = dataclasses.replace(view, metrics=dataclasses.replace(view.metrics, memory=no_reserved, ettr=None,
+                                                                  gap_frac=None))
+    assert {f["id"] for f in V.evaluate(view).findings} == {"throttling", "rank_restarted"}
+
+
+def test_tracker_shows_warm_up_at_once_and_a_placeholder_while_the_first_verdict_is_confirmed():
+    tracker = V.VerdictTracker()
+    first = tracker.update(job(Rank(steps=3)).view())
+    assert (first.bottleneck, first.pending, first.headline) == (
+        "warming_up", None, "Warming up: 2 of 5 steps seen, no verdict yet")
+    tracker = V.VerdictTracker()
+    throttled = _findings_view(ettr=0.8, gap_frac=0.15)
+    pending = tracker.update(throttled)
+    assert pending == V.Verdict("warming_up", "info", "Warming up: confirming the first verdict", [], {}, [],
+                                findings=V.evaluate(throttled).findings, pending="healthy")
+    shown = tracker.update(throttled)
+    assert (shown.bottleneck, shown.pending) == ("healthy", None)
+
+
+@pytest.mark.parametrize("busbw,shown", [(999.0, "999 B/s"), (1000.0, "1.0 kB/s"), (1500.0, "1.5 kB/s"),
+                                         (1e6, "1.0 MB/s"), (2.5e8, "250.0 MB/s"), (1e9, "1.0 GB/s")])
+def test_busbw_in_the_headline_uses_the_largest_unit_it_reaches(busbw, shown):
+    v = V.evaluate(_idle(comm_exposed_frac=0.25, compute_ratio=0.95, comm_op="all_reduce", busbw=busbw))
+    assert v.headline == f"Communication: exposed all-reduce is 25% of the step at {shown} busbw"
+
+
+def test_memory_headline_with_unknown_sizes_says_so():
+    v = V.evaluate(_view(device="cpu", peak=None, memory=MemoryMetrics(source="host", peak_frac=0.95)))
+    assert v.headline == "Memory, host RSS: peak ? is 95% of the ? limit"
+
+
+def test_arrival_straggler_missing_from_the_rank_rows_is_still_named():
+    view = dataclasses.replace(_idle(comm_exposed_frac=0.3, compute_ratio=0.95, straggler_by="arrival",
+                                     arrival_ratio=0.5, comm_op=None), straggler_rank=5)
+    assert V.evaluate(view).headline == ("Load imbalance: rank 5 arrives last at collective; the others wait 30% "
+                                         "of the step for it (it waits ?)")
+
+
+def test_compute_straggler_without_per_rank_compute_times_shows_question_marks():
+    view = dataclasses.replace(_idle(comm_exposed_frac=0.3, compute_ratio=0.5, straggler_by="compute"),
+                               straggler_rank=1, ranks=[])
+    v = V.evaluate(view)
+    assert v.headline == "Load imbalance: rank 1 computes ?/step vs ? on rank ?; the others wait 30% in collective"
+
+
+def test_per_rank_batch_suggestion_divides_by_the_world_size():
+    view = dataclasses.replace(_idle(comm_exposed_frac=0.25, compute_ratio=0.95, samples_per_s=640.0,
+                                     step_time_median_s=0.1), world_size=2)
+    assert "larger per-rank batch (about 32 samples per rank per step now)" in V.evaluate(view).suggestions
+
+
+@pytest.mark.parametrize("gap,said", [(0.05, "; it loses 5% between steps"), (0.049, ""), (None, "")])
+def test_arrival_straggler_mentions_its_gaps_from_five_percent(gap, said):
+    view = dataclasses.replace(_idle(comm_exposed_frac=0.3, compute_ratio=0.95, straggler_by="arrival",
+                                     arrival_ratio=0.5, comm_op=None, gap_frac=gap), straggler_rank=0)
+    assert V.evaluate(view).headline == ("Load imbalance: rank 0 arrives last at collective; the others wait 30% "
+                                         f"of the step for it (it waits 0%){said}")
+
+
+def test_unknown_step_time_and_unmeasured_loader_are_said_plainly():
+    assert V.evaluate(_idle(step_time_median_s=None)).headline == (
+        "Host overhead: the device is busy only 45% of a ? step; the CPU cannot feed it")
+    v = V.evaluate(_idle(data_wait_frac=0.3, loader_workers=None, loader_cpu=None, data_cpu_frac=None))
+    assert v.headline == "Data loading: 30% of each step waits for the loader; loader CPU not measured"
+    assert v.suggestions[0] == "raise num_workers and prefetch_factor to hide read latency"
+
+
+def test_rate_formatter_says_unknown_for_no_bandwidth():
+    # the headline only quotes busbw when it is known; the formatter still says "unknown" for None
+    assert V._rate(None) == "? B/s" and V._rate(0.0) == "0 B/s"
+
+
+def test_healthy_with_unknown_device_busy_says_question_mark():
+    v = V.evaluate(_view(device_busy=None))
+    assert v.bottleneck == "healthy" and v.evidence["skipped"]["device_busy"] == "no step timing in the window"
+    assert v.headline == "Healthy: CUDA busy ? of a 100 ms step, MFU 50%"
+
+
+def test_warm_up_keeps_findings_and_only_load_imbalance_names_a_straggler():
+    warming = job(Rank(steps=3, extra_records=[{"k": "drops", "t": 1_700_000_001.0, "count": 4}])).view()
+    assert "drops" in [f["id"] for f in V.evaluate(warming).findings]
+    comm = dataclasses.replace(_idle(comm_exposed_frac=0.3, compute_ratio=0.9), straggler_rank=1)
+    v = V.evaluate(comm)
+    assert v.bottleneck == "communication" and v.straggler_rank is None
+    assert "rank_restarted" not in [f["id"] for f in v.findings]
+
+
+def test_evidence_numbers_are_rounded_to_four_places():
+    v = V.evaluate(_idle(device_busy=0.123456, data_wait_frac=0.0123456))
+    assert v.evidence["device_busy"] == 0.1235 and v.evidence["data_wait_frac"] == 0.0123
+    mem = MemoryMetrics(source="device", fragmentation_bytes=1, reserved_bytes=3)
+    frag = [f for f in V.evaluate(_view(memory=mem)).findings if f["id"] == "fragmentation"]
+    assert frag[0]["fraction"] == 0.3333
+
+
+@pytest.mark.parametrize("name", ["checkpoint", "eval", "evaluation", "save", "pause"])
+def test_each_blocking_event_name_counts_as_a_pause(name):
+    view = dataclasses.replace(_view(ettr=0.5), events=[{"name": name}, {"name": "warning"}])
+    (gaps,) = [f for f in V.evaluate(view).findings if f["id"] == "step_gaps"]
+    assert gaps["events"] == 1 and gaps["message"].endswith("lost to checkpoints/evaluation")
+
+
+def test_ettr_of_exactly_ninety_percent_is_reported_through_recent_gaps():
+    (gaps,) = [f for f in V.evaluate(_view(ettr=0.9, gap_frac=0.1)).findings if f["id"] == "step_gaps"]
+    assert gaps["message"] == "10% of recent time: time between steps is lost to pauses or stalls"
+
+
+def test_an_empty_model_is_warming_up_with_zero_steps():
+    from tui.model.runmodel import RunModel
+    assert V.evaluate(RunModel().view()).headline == "Warming up: 0 of 5 steps seen, no verdict yet"
