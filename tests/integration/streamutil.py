@@ -43,6 +43,18 @@ def read_until(sock: socket.socket, done: Callable[[list[dict]], bool], timeout:
     return records
 
 
+def step_seen(last: int) -> Callable[[list[dict]], bool]:
+    """A ``read_until`` condition that looks only at records it has not seen yet (a full rescan per recv is quadratic)."""
+    scanned = 0
+
+    def done(records: list[dict]) -> bool:
+        nonlocal scanned
+        new, scanned = records[scanned:], len(records)
+        return any(r["k"] == "step" and r["step"] == last for r in new)
+
+    return done
+
+
 def raw_read_all(sock: socket.socket, timeout: float = 30.0) -> list[dict]:
     """Follow the documented frame format by hand (u32 BE length + msgpack map) until EOF."""
     sock.settimeout(timeout)
