@@ -288,17 +288,19 @@ class Watcher:
             gpu.refine(self.probe, self.device_index, cuda)
 
     def _update_peak(self) -> None:
-        """Peak FLOP/s for the compute dtype: user's, else $PERFMON_PEAK_FLOPS, else the table."""
+        """Peak FLOP/s for the compute dtype: user's, else $PERFMON_PEAK_TFLOPS (or $PERFMON_PEAK_FLOPS),
+        else the device table. The override also gives a CPU job an MFU."""
         if self.options.get("peak_flops"):
             self.peak, self.peak_source = float(self.options["peak_flops"]), "user"
             return
-        env = os.environ.get("PERFMON_PEAK_FLOPS")
-        if env:
+        for var, scale in (("PERFMON_PEAK_TFLOPS", 1e12), ("PERFMON_PEAK_FLOPS", 1.0)):
             try:
-                self.peak, self.peak_source = float(env), "PERFMON_PEAK_FLOPS"
-                return
+                value = float(os.environ.get(var) or "nan") * scale
             except ValueError:
-                pass
+                continue
+            if value > 0:
+                self.peak, self.peak_source = value, var
+                return
         if self.device_type == "cuda":
             name = self.probe.device.get("name") if isinstance(self.probe.device, dict) else None
             if self.device_index is not None and gpu_cuda.backend.ready():

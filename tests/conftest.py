@@ -34,3 +34,20 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         skip = pytest.mark.skip(reason="needs a CUDA GPU (run with -m gpu on a GPU machine)")
         for item in gpu_items:
             item.add_marker(skip)
+
+
+@pytest.fixture
+def no_coverage_tracer():
+    """Stop coverage's tracer for a test that forks in-process: another thread may hold the
+    tracer's lock at the fork, and the child would wait on it forever. Works with or without --no-cov."""
+    import sys
+
+    coverage = sys.modules.get("coverage")
+    cov = coverage.Coverage.current() if coverage is not None else None
+    if cov is not None:
+        cov.stop()
+    try:
+        yield
+    finally:
+        if cov is not None:
+            cov.start()

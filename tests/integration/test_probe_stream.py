@@ -165,7 +165,7 @@ def test_killing_a_viewer_mid_stream_leaves_training_running_and_no_leaked_fds()
         mon.close()
 
 
-@pytest.mark.no_cover  # coverage's tracer lock, held by another thread at fork, would hang the child
+@pytest.mark.usefixtures("no_coverage_tracer")
 def test_hundred_forks_while_sending_leave_children_silent_and_the_viewer_unaffected():
     mon = probe.start(job="forks")
     sock = connect(mon.socket_path)

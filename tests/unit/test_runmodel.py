@@ -113,11 +113,13 @@ def test_mfu_from_flops_and_peak_never_on_cpu_without_peak():
     assert job(Rank(dur=0.1, flops=4e12)).view().metrics.mfu is None
 
 
-def test_gpu_device_busy_prefers_events_then_nvml():
-    m = job(Rank(dur=0.1, gpu_time=0.06, gpu_util=99), device="cuda").view().metrics
-    assert m.device_busy == pytest.approx(0.6) and m.device_busy_source == "events"
-    m = job(Rank(dur=0.1, gpu_util=55), device="cuda").view().metrics
+def test_gpu_device_busy_is_measured_activity_never_event_elapsed_time():
+    """CUDA events bracket the step on the GPU timeline, idle gaps included: 60 ms of 100 ms says
+    nothing about how busy the device was. NVML's utilization does; without it busy is unknown."""
+    m = job(Rank(dur=0.1, gpu_time=0.06, gpu_util=55), device="cuda").view().metrics
     assert m.device_busy == pytest.approx(0.55) and m.device_busy_source == "nvml"
+    m = job(Rank(dur=0.1, gpu_time=0.06), device="cuda").view().metrics
+    assert m.device_busy is None and m.device_busy_source is None
 
 
 def test_throughput_summed_step_time_from_slowest_rank():
@@ -301,23 +303,28 @@ def test_cpu_memory_records_use_the_window_rss_against_the_limit():
     assert m.limit_source == "cgroup" and m.activations_bytes == 5
 
 
-def test_events_busy_matches_late_device_times_to_their_steps():
-    recs = records(Rank(steps=30, dur=0.1, gpu_util=99), device="cuda")
-    steps = [r for r in recs if r["k"] == "step"]
-    for later, earlier in zip(steps[2:], steps):        # device results arrive two steps late
-        later["gpu_time"] = 0.04
-        later["gpu_step"] = earlier["step"]
+def test_mfu_peak_from_the_sampler_compute_section():
+    compute = {"k": "sample", "t": T0 + 2.9, "compute": {"dtype": "bf16", "peak_flops": 50e12, "params": 10}}
+    m = job(Rank(dur=0.1, flops=1e12, gpu_util=99, extra_records=[compute]), device="cuda").view().metrics
+    assert m.mfu == pytest.approx(0.2) and m.peak_flops == 50e12
+
+
+def test_no_peak_for_the_dtype_in_use_means_no_mfu_never_another_dtypes_peak():
+    recs = records(Rank(dur=0.1, flops=1e12, gpu_util=99), device="cuda", peak=100e12)   # table: bf16 only
+    for r in recs:
+        if "compute" in r:
+            r["compute"]["dtype"] = "fp32"
     model = RunModel()
     for r in recs:
         model.ingest("s", r)
     m = model.view().metrics
-    assert m.device_busy == pytest.approx(0.4) and m.device_busy_source == "events"
-
-
-def test_mfu_peak_from_the_sampler_compute_section():
-    compute = {"k": "sample", "t": T0 + 2.9, "compute": {"dtype": "bf16", "peak_flops": 50e12, "params": 10}}
-    m = job(Rank(dur=0.1, flops=1e12, gpu_util=99, extra_records=[compute]), device="cuda").view().metrics
-    assert m.mfu == pytest.approx(0.2)
+    assert m.mfu is None and m.peak_flops is None        # no fp32 peak: no MFU, bf16's is not borrowed
+    m = job(Rank(dur=0.1, flops=1e12, gpu_util=99), device="cuda", peak=100e12).view().metrics
+    assert m.mfu == pytest.approx(0.1) and m.peak_source == "device table, bf16"
+    cpu = {"k": "sample", "t": T0 + 2.9, "compute": {"dtype": "fp32", "peak_flops": 2e12,
+                                                    "peak_source": "PERFMON_PEAK_TFLOPS"}}
+    m = job(Rank(dur=0.1, flops=1e11, extra_records=[cpu])).view().metrics
+    assert m.mfu == pytest.approx(0.5) and m.peak_source == "PERFMON_PEAK_TFLOPS"   # a CPU job given a peak
 
 
 def test_gap_share_is_measured_over_the_window_not_the_whole_run():

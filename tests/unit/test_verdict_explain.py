@@ -34,6 +34,11 @@ def _idle(**metrics):
     return _view(**base)
 
 
+def _comm(**metrics):
+    """Waiting for peers: NCCL's kernels keep NVML's busy high while the step waits, so the device reads 90% busy."""
+    return _idle(**{"device_busy": 0.9, **metrics})
+
+
 VIEWS = {
     "memory_ooms_device": lambda: _view(memory=MemoryMetrics(source="device", rank=0, peak_frac=0.5, peak_bytes=40 * GB,
                                                              limit_bytes=80 * GB, ooms=2)),
@@ -48,14 +53,15 @@ VIEWS = {
     "data_loading_workers": lambda: _idle(data_wait_frac=0.3, loader_workers=4, loader_cpu=0.03),
     "data_loading_main_process": lambda: _idle(data_wait_frac=0.3, loader_workers=0, data_cpu_frac=0.01,
                                                loader_cpu=None),
-    "communication": lambda: _idle(comm_exposed_frac=0.25, compute_ratio=0.95, comm_op="all_reduce",
+    # NCCL's kernels keep NVML's busy high while the step waits for peers
+    "communication": lambda: _comm(comm_exposed_frac=0.25, compute_ratio=0.95, comm_op="all_reduce",
                                    busbw=2.5e9, comm_estimated=True, samples_per_s=640.0,
                                    step_time_median_s=0.1),
-    "communication_no_busbw": lambda: _idle(comm_exposed_frac=0.25, compute_ratio=0.95, comm_op=None, busbw=None,
+    "communication_no_busbw": lambda: _comm(comm_exposed_frac=0.25, compute_ratio=0.95, comm_op=None, busbw=None,
                                             samples_per_s=None),
     "load_imbalance_compute": lambda: job(Rank(0, comm=0.052, exposed=0.050), Rank(1, comm=0.002, exposed=0.0)).view(),
     "load_imbalance_arrival": lambda: dataclasses.replace(
-        _idle(comm_exposed_frac=0.3, compute_ratio=0.95, straggler_by="arrival", arrival_ratio=0.5,
+        _comm(comm_exposed_frac=0.3, compute_ratio=0.95, straggler_by="arrival", arrival_ratio=0.5,
               comm_op="all_gather", gap_frac=0.08), straggler_rank=0),
     "host_sync": lambda: job(Rank(gpu_util=40, syncs=3), device="cuda").view(),
     "host_sync_site": lambda: dataclasses.replace(
@@ -83,37 +89,37 @@ EXPECTED = {
         'memory', 'crit',
         'Memory, device memory: 2 out-of-memory error(s)',
         SUGGEST["memory_device"],
-        {'memory_peak_frac': 0.5,
-         'step_time_median_s': 0.1,
-         'device_busy': 0.97,
+        {'comm_exposed_frac': 0.0,
          'data_wait_frac': None,
-         'comm_exposed_frac': 0.0,
-         'memory_rank': 0},
+         'device_busy': 0.97,
+         'memory_peak_frac': 0.5,
+         'memory_rank': 0,
+         'step_time_median_s': 0.1},
         None),
     'memory_retries_device': (
         'memory', 'warn',
         'Memory, device memory: allocator retries rising',
         SUGGEST["memory_device"],
-        {'memory_peak_frac': 0.8,
-         'step_time_median_s': 0.1,
-         'device_busy': 0.97,
+        {'comm_exposed_frac': 0.0,
          'data_wait_frac': None,
-         'comm_exposed_frac': 0.0,
-         'memory_rank': 1},
+         'device_busy': 0.97,
+         'memory_peak_frac': 0.8,
+         'memory_rank': 1,
+         'step_time_median_s': 0.1},
         None),
     'memory_peak_host': (
         'memory', 'warn',
-        'Memory, host RSS: peak 16.1 GB is 94% of the 17.2 GB limit',
+        'Memory, host RSS: window peak 16.1 GB is 94% of the 17.2 GB limit',
         ['activation checkpointing (torch.utils.checkpoint) on the largest blocks',
          'mixed precision (bf16 autocast) to halve activations',
          'smaller micro-batch with gradient accumulation to keep the global batch',
          'shard optimizer state and gradients (FSDP / ZeRO)'],
-        {'memory_peak_frac': 0.9375,
-         'step_time_median_s': 0.1,
-         'device_busy': 1.0,
+        {'comm_exposed_frac': 0.0,
          'data_wait_frac': None,
-         'comm_exposed_frac': 0.0,
-         'memory_rank': 0},
+         'device_busy': 1.0,
+         'memory_peak_frac': 0.9375,
+         'memory_rank': 0,
+         'step_time_median_s': 0.1},
         None),
     'data_preprocessing_workers': (
         'data_preprocessing', 'crit',
@@ -122,11 +128,11 @@ EXPECTED = {
          'move per-sample transforms to the device or batch them',
          'preprocess offline (cache decoded/tokenized data)',
          'persistent_workers=True so workers are not re-forked every epoch'],
-        {'device_busy': 0.45,
+        {'comm_exposed_frac': 0.0,
          'data_wait_frac': 0.4,
+         'device_busy': 0.45,
          'loader_cpu': 0.95,
-         'step_time_median_s': 0.1,
-         'comm_exposed_frac': 0.0},
+         'step_time_median_s': 0.1},
         None),
     'data_preprocessing_one_worker': (
         'data_preprocessing', 'crit',
@@ -135,11 +141,11 @@ EXPECTED = {
          'move per-sample transforms to the device or batch them',
          'preprocess offline (cache decoded/tokenized data)',
          'persistent_workers=True so workers are not re-forked every epoch'],
-        {'device_busy': 0.45,
+        {'comm_exposed_frac': 0.0,
          'data_wait_frac': 0.4,
+         'device_busy': 0.45,
          'loader_cpu': 0.8,
-         'step_time_median_s': 0.1,
-         'comm_exposed_frac': 0.0},
+         'step_time_median_s': 0.1},
         None),
     'data_preprocessing_main_process': (
         'data_preprocessing', 'crit',
@@ -148,11 +154,11 @@ EXPECTED = {
          'move per-sample transforms to the device or batch them',
          'preprocess offline (cache decoded/tokenized data)',
          'persistent_workers=True so workers are not re-forked every epoch'],
-        {'device_busy': 0.45,
+        {'comm_exposed_frac': 0.0,
          'data_wait_frac': 0.4,
+         'device_busy': 0.45,
          'loader_cpu': 0.9,
-         'step_time_median_s': 0.1,
-         'comm_exposed_frac': 0.0},
+         'step_time_median_s': 0.1},
         None),
     'data_loading_workers': (
         'data_loading', 'crit',
@@ -161,11 +167,11 @@ EXPECTED = {
          'pin_memory=True and non_blocking copies',
          'persistent_workers=True',
          'faster or local storage; cache the dataset in RAM or on local SSD'],
-        {'device_busy': 0.45,
+        {'comm_exposed_frac': 0.0,
          'data_wait_frac': 0.3,
+         'device_busy': 0.45,
          'loader_cpu': 0.03,
-         'step_time_median_s': 0.1,
-         'comm_exposed_frac': 0.0},
+         'step_time_median_s': 0.1},
         None),
     'data_loading_main_process': (
         'data_loading', 'crit',
@@ -174,113 +180,117 @@ EXPECTED = {
          'pin_memory=True and non_blocking copies',
          'persistent_workers=True',
          'faster or local storage; cache the dataset in RAM or on local SSD'],
-        {'device_busy': 0.45,
+        {'comm_exposed_frac': 0.0,
          'data_wait_frac': 0.3,
+         'device_busy': 0.45,
          'loader_cpu': 0.01,
-         'step_time_median_s': 0.1,
-         'comm_exposed_frac': 0.0},
+         'step_time_median_s': 0.1},
         None),
     'communication': (
-        'communication', 'crit',
+        'communication', 'warn',
         'Communication: exposed all-reduce is 25% of the step at 2.5 GB/s busbw (estimated)',
         ['overlap all-reduce with backward (DDP bucket_cap_mb; no sync inside backward)',
          'gradient accumulation with no_sync() to communicate every N micro-batches',
          'gradient compression hooks (bf16/fp16 compress, PowerSGD)',
          'larger per-rank batch (about 64 samples per rank per step now)',
          "check the interconnect: busbw should approach the link's bandwidth"],
-        {'device_busy': 0.45,
-         'data_wait_frac': 0.0,
+        {'busbw': 2500000000.0,
          'comm_exposed_frac': 0.25,
+         'comm_op': 'all_reduce',
          'compute_ratio': 0.95,
-         'step_time_median_s': 0.1,
-         'busbw': 2500000000.0,
-         'comm_op': 'all_reduce'},
+         'data_wait_frac': 0.0,
+         'device_busy': 0.9,
+         'step_time_median_s': 0.1},
         None),
     'communication_no_busbw': (
-        'communication', 'crit',
+        'communication', 'warn',
         'Communication: exposed collective is 25% of the step',
         ['overlap collective with backward (DDP bucket_cap_mb; no sync inside backward)',
          'gradient accumulation with no_sync() to communicate every N micro-batches',
          'gradient compression hooks (bf16/fp16 compress, PowerSGD)',
          "check the interconnect: busbw should approach the link's bandwidth"],
-        {'device_busy': 0.45,
-         'data_wait_frac': 0.0,
+        {'busbw': None,
          'comm_exposed_frac': 0.25,
+         'comm_op': None,
          'compute_ratio': 0.95,
-         'step_time_median_s': 0.1,
-         'busbw': None,
-         'comm_op': None},
+         'data_wait_frac': 0.0,
+         'device_busy': 0.9,
+         'step_time_median_s': 0.1},
         None),
     'load_imbalance_compute': (
-        'load_imbalance', 'warn',
+        'load_imbalance', 'crit',
         'Load imbalance: rank 1 computes 100 ms/step vs 50 ms on rank 0; the others wait 50% in collective',
         ['find what makes rank 1 slower: its data shard, sequence lengths, host load',
          'balance work per rank (bucket samples by length, even shards)',
          "check rank 1's host for other processes or throttling"],
-        {'memory_peak_frac': 0.0625,
-         'device_busy': 0.5,
-         'comm_exposed_frac': 0.5,
+        {'comm_exposed_frac': 0.5,
          'compute_ratio': 0.5,
-         'step_time_median_s': 0.1,
          'data_wait_frac': None,
+         'device_busy': 0.5,
+         'memory_peak_frac': 0.0625,
+         'step_time_median_s': 0.1,
          'straggler_rank': 1},
         1),
     'load_imbalance_arrival': (
-        'load_imbalance', 'crit',
+        'load_imbalance', 'warn',
         'Load imbalance: rank 0 arrives last at all-gather; the others wait 30% of the step for it (it waits 0%); it loses 8% between steps',
         ['find what delays rank 0 outside its compute: work between steps, logging, checkpointing on that '
          'rank only, its data path',
          "check rank 0's host for other processes or throttling"],
-        {'device_busy': 0.45,
-         'data_wait_frac': 0.0,
+        {'arrival_ratio': 0.5,
          'comm_exposed_frac': 0.3,
          'compute_ratio': 0.95,
+         'data_wait_frac': 0.0,
+         'device_busy': 0.9,
          'step_time_median_s': 0.1,
-         'straggler_rank': 0,
-         'arrival_ratio': 0.5},
+         'straggler_rank': 0},
         0),
     'host_sync': (
         'host_sync', 'crit',
-        'Host-device sync: 3.0 syncs per step stall the device',
+        'Host-device sync: the device idles 60% of each step with no other measured cause; 3.0 syncs per step',
         ['remove .item() / .cpu() / print(tensor) from the step; log every N steps',
          'keep metrics on the device and read them asynchronously (non_blocking=True into pinned memory)'],
-        {'device_busy': 0.4,
-         'comm_exposed_frac': 0.0,
-         'syncs_per_step': 3.0,
+        {'comm_exposed_frac': 0.0,
+         'data_wait_frac': None,
+         'device_busy': 0.4,
          'step_time_median_s': 0.1,
-         'data_wait_frac': None},
+         'syncs_per_step': 3.0},
         None),
     'host_sync_site': (
         'host_sync', 'crit',
-        'Host-device sync: 1.5 syncs per step stall the device (most at train.py:42)',
+        'Host-device sync: the device idles 60% of each step with no other measured cause; 1.5 syncs per step (most at train.py:42)',
         ['remove .item() / .cpu() / print(tensor) from the step; log every N steps',
          'keep metrics on the device and read them asynchronously (non_blocking=True into pinned memory)'],
-        {'syncs_per_step': 1.5},
+        {'comm_exposed_frac': 0.0,
+         'data_wait_frac': None,
+         'device_busy': 0.4,
+         'step_time_median_s': 0.1,
+         'syncs_per_step': 1.5},
         None),
     'host_overhead': (
         'host_overhead', 'crit',
-        'Host overhead: the device is busy only 45% of a 250 ms step; the CPU cannot feed it',
+        'Host overhead: the device idles 55% of each step with no other measured cause (busy 45% of a 250 ms step); the CPU cannot feed it',
         ['larger batch per step',
          'torch.compile or CUDA graphs to cut launch overhead',
          'fuse small ops; avoid Python work per micro-op'],
-        {'device_busy': 0.45,
+        {'comm_exposed_frac': 0.0,
          'data_wait_frac': 0.0,
-         'comm_exposed_frac': 0.0,
-         'syncs_per_step': 0.0,
-         'step_time_median_s': 0.25},
+         'device_busy': 0.45,
+         'step_time_median_s': 0.25,
+         'syncs_per_step': 0.0},
         None),
     'compute_efficiency_mfu': (
         'compute_efficiency', 'info',
-        'Compute efficiency: device busy 97% but MFU 12%',
+        'Compute efficiency: device busy 97% but MFU 12% of a 100 TFLOP/s peak (device table, bf16)',
         ["bf16 autocast (torch.autocast('cuda', dtype=torch.bfloat16))",
          'torch.backends.cuda.matmul.allow_tf32 = True for fp32 matmuls',
          'fused kernels (fused AdamW, flash attention) and torch.compile',
          'larger batch per step'],
-        {'device_busy': 0.97,
-         'mfu': 0.12,
-         'step_time_median_s': 0.1,
+        {'comm_exposed_frac': 0.0,
          'data_wait_frac': None,
-         'comm_exposed_frac': 0.0},
+         'device_busy': 0.97,
+         'mfu': 0.12,
+         'step_time_median_s': 0.1},
         None),
     'compute_efficiency_tensor': (
         'compute_efficiency', 'info',
@@ -289,27 +299,32 @@ EXPECTED = {
          'torch.backends.cuda.matmul.allow_tf32 = True for fp32 matmuls',
          'fused kernels (fused AdamW, flash attention) and torch.compile',
          'larger batch per step'],
-        {'device_busy': 0.97, 'step_time_median_s': 0.1, 'data_wait_frac': None, 'comm_exposed_frac': 0.0},
+        {'comm_exposed_frac': 0.0,
+         'data_wait_frac': None,
+         'device_busy': 0.97,
+         'mfu': 0.004,
+         'step_time_median_s': 0.1},
         None),
     'healthy_mfu': (
         'healthy', 'ok',
-        'Healthy: CUDA busy 97% of a 123 ms step, MFU 45%',
+        'Healthy: CUDA busy 97% of a 123 ms step, no measured loss of 10% or more, MFU 45% of a 100 TFLOP/s '
+        'peak (device table, bf16)',
         [],
-        {'device_busy': 0.97,
-         'mfu': 0.45,
-         'step_time_median_s': 0.1234,
+        {'comm_exposed_frac': 0.0,
          'data_wait_frac': None,
-         'comm_exposed_frac': 0.0},
+         'device_busy': 0.97,
+         'mfu': 0.45,
+         'step_time_median_s': 0.1234},
         None),
     'healthy_cpu': (
         'healthy', 'ok',
-        'Healthy: CPU busy 100% of a 100 ms step',
+        'Healthy: CPU busy 100% of a 100 ms step, no measured loss of 10% or more',
         [],
-        {'memory_peak_frac': 0.0625,
-         'device_busy': 1.0,
-         'step_time_median_s': 0.1,
+        {'comm_exposed_frac': 0.0,
          'data_wait_frac': None,
-         'comm_exposed_frac': 0.0},
+         'device_busy': 1.0,
+         'memory_peak_frac': 0.0625,
+         'step_time_median_s': 0.1},
         None),
     'warming_up': (
         'warming_up', 'info',
@@ -334,9 +349,12 @@ def test_headline_severity_fixes_and_evidence(name):
     assert v.suggestions == suggestions
     assert set(evidence) <= set(v.evidence) and {k: v.evidence[k] for k in evidence} == evidence
     assert v.straggler_rank == straggler
-    assert v.as_json() == {"bottleneck": bottleneck, "severity": severity, "headline": headline,
-                           "path": v.path, "evidence": v.evidence, "suggestions": suggestions,
-                           "straggler_rank": straggler}
+    out = v.as_json()
+    assert {k: out[k] for k in ("bottleneck", "label", "severity", "headline", "path", "evidence", "suggestions",
+                                "straggler_rank")} == {
+        "bottleneck": bottleneck, "label": V.RULES[bottleneck].label, "severity": severity, "headline": headline,
+        "path": v.path, "evidence": v.evidence, "suggestions": suggestions, "straggler_rank": straggler}
+    assert out["losses"] == [x.as_json() for x in v.losses] and out["undecided"] == v.undecided
 
 
 def _findings_view(**metrics):
@@ -400,38 +418,38 @@ def test_tracker_shows_warm_up_at_once_and_a_placeholder_while_the_first_verdict
 @pytest.mark.parametrize("busbw,shown", [(999.0, "999 B/s"), (1000.0, "1.0 kB/s"), (1500.0, "1.5 kB/s"),
                                          (1e6, "1.0 MB/s"), (2.5e8, "250.0 MB/s"), (1e9, "1.0 GB/s")])
 def test_busbw_in_the_headline_uses_the_largest_unit_it_reaches(busbw, shown):
-    v = V.evaluate(_idle(comm_exposed_frac=0.25, compute_ratio=0.95, comm_op="all_reduce", busbw=busbw))
+    v = V.evaluate(_comm(comm_exposed_frac=0.25, compute_ratio=0.95, comm_op="all_reduce", busbw=busbw))
     assert v.headline == f"Communication: exposed all-reduce is 25% of the step at {shown} busbw"
 
 
 def test_memory_headline_with_unknown_sizes_says_so():
     v = V.evaluate(_view(device="cpu", peak=None, memory=MemoryMetrics(source="host", peak_frac=0.95)))
-    assert v.headline == "Memory, host RSS: peak ? is 95% of the ? limit"
+    assert v.headline == "Memory, host RSS: window peak ? is 95% of the ? limit"
 
 
 def test_arrival_straggler_missing_from_the_rank_rows_is_still_named():
-    view = dataclasses.replace(_idle(comm_exposed_frac=0.3, compute_ratio=0.95, straggler_by="arrival",
+    view = dataclasses.replace(_comm(comm_exposed_frac=0.3, compute_ratio=0.95, straggler_by="arrival",
                                      arrival_ratio=0.5, comm_op=None), straggler_rank=5)
     assert V.evaluate(view).headline == ("Load imbalance: rank 5 arrives last at collective; the others wait 30% "
                                          "of the step for it (it waits ?)")
 
 
 def test_compute_straggler_without_per_rank_compute_times_shows_question_marks():
-    view = dataclasses.replace(_idle(comm_exposed_frac=0.3, compute_ratio=0.5, straggler_by="compute"),
+    view = dataclasses.replace(_comm(comm_exposed_frac=0.3, compute_ratio=0.5, straggler_by="compute"),
                                straggler_rank=1, ranks=[])
     v = V.evaluate(view)
     assert v.headline == "Load imbalance: rank 1 computes ?/step vs ? on rank ?; the others wait 30% in collective"
 
 
 def test_per_rank_batch_suggestion_divides_by_the_world_size():
-    view = dataclasses.replace(_idle(comm_exposed_frac=0.25, compute_ratio=0.95, samples_per_s=640.0,
+    view = dataclasses.replace(_comm(comm_exposed_frac=0.25, compute_ratio=0.95, samples_per_s=640.0,
                                      step_time_median_s=0.1), world_size=2)
     assert "larger per-rank batch (about 32 samples per rank per step now)" in V.evaluate(view).suggestions
 
 
 @pytest.mark.parametrize("gap,said", [(0.05, "; it loses 5% between steps"), (0.049, ""), (None, "")])
 def test_arrival_straggler_mentions_its_gaps_from_five_percent(gap, said):
-    view = dataclasses.replace(_idle(comm_exposed_frac=0.3, compute_ratio=0.95, straggler_by="arrival",
+    view = dataclasses.replace(_comm(comm_exposed_frac=0.3, compute_ratio=0.95, straggler_by="arrival",
                                      arrival_ratio=0.5, comm_op=None, gap_frac=gap), straggler_rank=0)
     assert V.evaluate(view).headline == ("Load imbalance: rank 0 arrives last at collective; the others wait 30% "
                                          f"of the step for it (it waits 0%){said}")
@@ -439,9 +457,12 @@ def test_arrival_straggler_mentions_its_gaps_from_five_percent(gap, said):
 
 def test_unknown_step_time_and_unmeasured_loader_are_said_plainly():
     assert V.evaluate(_idle(step_time_median_s=None)).headline == (
-        "Host overhead: the device is busy only 45% of a ? step; the CPU cannot feed it")
+        "Host overhead: the device idles 55% of each step with no other measured cause (busy 45% of a ? step); "
+        "the CPU cannot feed it")
     v = V.evaluate(_idle(data_wait_frac=0.3, loader_workers=None, loader_cpu=None, data_cpu_frac=None))
-    assert v.headline == "Data loading: 30% of each step waits for the loader; loader CPU not measured"
+    assert v.bottleneck == "data_loading" and v.undecided == {"loader_cpu": v.evidence["skipped"]["loader_cpu"]}
+    assert v.headline == ("Data loading: 30% of each step waits for the loader; cannot tell CPU-bound "
+                          "preprocessing from slow I/O (loader CPU not measured)")
     assert v.suggestions[0] == "raise num_workers and prefetch_factor to hide read latency"
 
 
@@ -451,15 +472,20 @@ def test_rate_formatter_says_unknown_for_no_bandwidth():
 
 
 def test_healthy_with_unknown_device_busy_says_question_mark():
-    v = V.evaluate(_view(device_busy=None))
-    assert v.bottleneck == "healthy" and v.evidence["skipped"]["device_busy"] == "no step timing in the window"
-    assert v.headline == "Healthy: CUDA busy ? of a 100 ms step, MFU 50%"
+    """GPU activity not measured, every measured loss small: the gate is answered on the losses."""
+    v = V.evaluate(_view(device_busy=None, device_busy_source=None))
+    assert v.bottleneck == "healthy" and v.evidence["device_busy"] is None and "device_busy" not in v.evidence.get(
+        "skipped", {})
+    assert v.headline == ("Healthy: CUDA busy ? of a 100 ms step, no measured loss of 10% or more, MFU 50% of a "
+                          "100 TFLOP/s peak (device table, bf16)")
+    idle = [x for x in v.losses if x.id == "device_idle"][0]
+    assert idle.share is None and "not measured" in idle.source
 
 
 def test_warm_up_keeps_findings_and_only_load_imbalance_names_a_straggler():
     warming = job(Rank(steps=3, extra_records=[{"k": "drops", "t": 1_700_000_001.0, "count": 4}])).view()
     assert "drops" in [f["id"] for f in V.evaluate(warming).findings]
-    comm = dataclasses.replace(_idle(comm_exposed_frac=0.3, compute_ratio=0.9), straggler_rank=1)
+    comm = dataclasses.replace(_comm(comm_exposed_frac=0.3, compute_ratio=0.9), straggler_rank=1)
     v = V.evaluate(comm)
     assert v.bottleneck == "communication" and v.straggler_rank is None
     assert "rank_restarted" not in [f["id"] for f in v.findings]

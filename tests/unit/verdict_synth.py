@@ -84,6 +84,8 @@ def records(r: Rank, world: int = 1, device: str = "cpu", peak: float | None = N
         if r.loader_cpu is not None:
             host["loader_cpu"] = r.loader_cpu
         sample: dict[str, Any] = {"k": "sample", "t": t, "host": host}
+        if peak is not None:   # what watch() reports: the compute dtype (the peak comes from hello's table)
+            sample["compute"] = {"dtype": "bf16", "peak_flops": None, "peak_source": None}
         if r.gpu_util is not None or r.tensor_active is not None or r.throttle:
             gpu: dict[str, Any] = {"index": 0, "name": "Simulated GPU", "throttle": list(r.throttle)}
             if r.gpu_util is not None:

@@ -19,7 +19,7 @@ from probe.paths import RECORD_SUFFIX, SOCKET_SUFFIX
 from tui.errors import UserError
 from tui.model.runmodel import RunModel
 from tui.model.views import JobView
-from tui.model.verdict import Verdict, evaluate
+from tui.model.verdict import Verdict, evaluate, label as outcome_label
 
 SCHEMA = "perfmon.report/1"
 
@@ -90,14 +90,6 @@ def _jsonable(obj: Any) -> Any:
 
 
 # -- text ---------------------------------------------------------------------------------------
-_LABEL = {
-    "warming_up": "WARMING UP", "memory": "MEMORY", "data_loading": "DATA LOADING",
-    "data_preprocessing": "DATA PREPROCESSING", "communication": "COMMUNICATION",
-    "load_imbalance": "LOAD IMBALANCE", "host_sync": "HOST-DEVICE SYNC", "host_overhead": "HOST OVERHEAD",
-    "compute_efficiency": "COMPUTE EFFICIENCY", "healthy": "HEALTHY",
-}
-
-
 def _pct(x: Any) -> str:
     return "-" if x is None else f"{100 * x:.0f}%"
 
@@ -125,14 +117,20 @@ def render_text(report: dict, width: int = 80) -> str:
     job = report.get("job") or "?"
     head = f"perfmon report: {job}, {report.get('world_size', 1)} rank(s), {report['device']['type']}"
     wrap(head)
-    wrap(f"{_LABEL.get(v['bottleneck'], v['bottleneck'].upper())} [{v['severity']}]", first="VERDICT  ",
+    wrap(f"{outcome_label(v['bottleneck'])} [{v['severity']}]", first="VERDICT  ",
          indent="         ")
     wrap(v["headline"], indent="  ")
     if v.get("suggestions"):
         lines.append("Fixes:")
         for s in v["suggestions"]:
             wrap(s, first="  - ", indent="    ")
-    ev = {k: val for k, val in (v.get("evidence") or {}).items() if k not in ("skipped", "notes")}
+    if v.get("losses"):
+        lines.append("Where the step goes:")
+        for loss in v["losses"]:
+            share = _pct(loss["share"]) if loss["share"] is not None else "not measured"
+            wrap(loss.get("source") or loss.get("why_unknown") or "", first=f"  {loss['label']:<30} {share:>12}  ",
+                 indent=" " * 48)
+    ev = {k: val for k, val in (v.get("evidence") or {}).items() if k not in ("skipped", "notes", "undecided")}
     if ev:
         lines.append("Evidence:")
         wrap(", ".join(f"{k}={_fmt_ev(k, val)}" for k, val in ev.items()), indent="  ")

@@ -21,11 +21,12 @@ Formulas (sources in the comments next to each):
 * data wait share = Σ phases.data / Σ active;
 * comm share = Σ comm.seconds / Σ active; exposed share = Σ comm.exposed / Σ active;
 * compute time of a step = active − data − exposed comm;
-* device busy: CUDA = Σ gpu_time / Σ active (device events), else the mean NVML
-  utilization of the rank's GPU in the window, else the CPU formula;
-  CPU = Σ compute / Σ active, i.e. the share of step time spent computing;
+* device busy: CUDA = the mean NVML utilization of the rank's GPU in the window
+  (measured activity; never the elapsed time between two CUDA events, which
+  includes idle gaps), unknown without NVML; CPU = Σ compute / Σ active, the
+  share of step time not lost to a measured cause;
 * busbw = bytes / seconds × nccl-tests factor of the collective;
-* MFU = Σ flops / Σ dur / peak FLOP/s of the device (never invented on CPU);
+* MFU = Σ flops / Σ dur / peak FLOP/s of the device for the dtype in use (none without that peak);
 * ETTR = time inside steps / wall time since the first step.
 """
 

@@ -37,6 +37,8 @@ class RankStats:
     tokens_per_s: float | None
     flops_per_s: float | None
     mfu: float | None
+    peak_flops: float | None
+    peak_source: str | None
     syncs: float | None
     loader_cpu: float | None
     loader_workers: int | None
@@ -117,22 +119,20 @@ def rank_stats(state: RankState, max_steps: int, max_seconds: float) -> RankStat
 
     device = state.hello.get("device") if isinstance(state.hello.get("device"), dict) else {}
     busy, busy_src = None, None
-    if n:
-        events_busy = _events_busy(state, win)
+    if n and device.get("type") == "cuda":
+        # measured activity only: the elapsed time between two CUDA events includes every idle gap
         util = _gpu_util(samples, state.hello)
-        if device.get("type") == "cuda" and events_busy is not None:
-            busy, busy_src = events_busy, "events"
-        elif device.get("type") == "cuda" and util is not None:
+        if util is not None:
             busy, busy_src = util, "nvml"
-        else:
-            # host-side accounting: the share of step time not spent waiting for data or peers
-            busy, busy_src = sum(computes) / active_sum, "step_accounting"
+    elif n:
+        # CPU: the CPU is the device; busy is the step time not lost to a measured cause
+        busy, busy_src = sum(computes) / active_sum, "step_accounting"
 
     samples_sum = _sum([s.samples for s in win])
     tokens_sum = _sum([s.tokens for s in win])
     flops_sum = _sum([s.flops for s in win])
     flops_per_s = flops_sum / dur_sum if flops_sum is not None and dur_sum > 0 else None
-    peak = _peak_flops(device, state.samples)
+    peak, peak_source = _peak_flops(device, state.samples)
     syncs = _sum([s.syncs for s in win])
     loader_cpus = [v for v in (num(h.get("loader_cpu")) for h in hosts) if v is not None]
     workers = next((h.get("loader_workers") for h in reversed(hosts) if isinstance(h.get("loader_workers"), int)),
@@ -159,6 +159,8 @@ def rank_stats(state: RankState, max_steps: int, max_seconds: float) -> RankStat
         tokens_per_s=tokens_sum / dur_sum if tokens_sum is not None and dur_sum > 0 else None,
         flops_per_s=flops_per_s,
         mfu=flops_per_s / peak if flops_per_s is not None and peak else None,
+        peak_flops=peak,
+        peak_source=peak_source,
         syncs=syncs / n if syncs is not None and n else None,
         loader_cpu=statistics.fmean(loader_cpus) if loader_cpus else None,
         loader_workers=workers,
@@ -185,48 +187,25 @@ def _gpu_util(samples: list[dict[str, Any]], hello: dict[str, Any]) -> float | N
     return statistics.fmean(values) if values else None
 
 
-def _events_busy(state: RankState, win: list[StepNums]) -> float | None:
-    """Σ device time / Σ active time over window steps whose ``gpu_time`` has arrived.
-
-    Device results come a step or more late, tagged with ``gpu_step``; steps
-    still in flight are left out. Needs at least half the window (and MIN_STEPS).
-    """
-    active_by_step = {s.step: s.active for s in win}
-    gpu = active = 0.0
-    matched = 0
-    for s in itertools.islice(reversed(state.nums), len(win) + 16):
-        if s.gpu_time is None:
-            continue
-        a = active_by_step.get(s.gpu_step)
-        if a is not None:
-            gpu += s.gpu_time
-            active += a
-            matched += 1
-    if matched < max(MIN_STEPS, len(win) // 2) or active <= 0:
-        return None
-    return min(1.0, gpu / active)
-
-
-def _peak_flops(device: dict[str, Any], samples: Deque[dict[str, Any]]) -> float | None:
-    """Peak FLOP/s for the dtype in use: the sampler's ``compute.peak_flops`` (after watch()),
-    else hello ``device.peak_flops`` for the compute dtype, bf16, or the highest listed."""
+def _peak_flops(device: dict[str, Any], samples: Deque[dict[str, Any]]) -> tuple[float | None, str | None]:
+    """(peak FLOP/s, where it came from) for the dtype in use: the sampler's ``compute.peak_flops``
+    (after watch(): the user's, $PERFMON_PEAK_TFLOPS, or the table), else hello ``device.peak_flops``
+    for the compute dtype. No peak for the dtype in use means no MFU: another dtype's peak is never
+    substituted (DESIGN §6)."""
     compute = next((s["compute"] for s in reversed(samples) if isinstance(s.get("compute"), dict)), {})
     if num(compute.get("peak_flops")):
-        return num(compute.get("peak_flops"))
+        return num(compute.get("peak_flops")), str(compute.get("peak_source") or "table")
     peaks = device.get("peak_flops")
-    if not isinstance(peaks, dict) or not peaks:
-        return None
-    for key in (compute.get("dtype"), device.get("dtype"), "bf16", "fp16"):
-        if key in peaks and num(peaks[key]):
-            return num(peaks[key])
-    known = [num(v) for v in peaks.values() if num(v)]
-    return max(known) if known else None
+    dtype = compute.get("dtype") or device.get("dtype")
+    if not isinstance(peaks, dict) or not isinstance(dtype, str) or not num(peaks.get(dtype)):
+        return None, None
+    return num(peaks[dtype]), f"device table, {dtype}"
 
 
 def _rank_memory(state: RankState, win_start: float | None, hosts: list[dict[str, Any]],
                  max_steps: int) -> MemoryMetrics:
-    """Memory against its limit. ``peak_bytes`` is the number compared with the limit: CUDA the
-    peak reserved by the allocator (DESIGN §6), CPU the highest RSS seen in the window."""
+    """Memory against its limit. ``peak_bytes`` is the number compared with the limit, over the window
+    only (DESIGN §6: lifetime peaks never count): CUDA the allocator's reserved bytes, CPU the RSS."""
     ooms = sum(1 for e in state.events if e.get("name") == "oom"
                and (win_start is None or (num(e.get("t")) or 0.0) >= win_start))
     device = state.hello.get("device") if isinstance(state.hello.get("device"), dict) else {}
@@ -247,7 +226,7 @@ def _rank_memory(state: RankState, win_start: float | None, hosts: list[dict[str
             limit = _int(mem.get("limit")) or host_limit
             limit_source = mem.get("limit_source") or host_limit_source
         else:
-            used = _int(mem.get("peak_reserved")) or _int(mem.get("reserved")) or _int(mem.get("peak"))
+            used = _window_reserved(state.memory, in_win or [mem], win_start)
             limit = _int(mem.get("limit")) or _int(device.get("memory_total"))
             limit_source = "device"
         return MemoryMetrics(
@@ -272,6 +251,23 @@ def _rank_memory(state: RankState, win_start: float | None, hosts: list[dict[str
     return MemoryMetrics(source="host" if rss is not None else None, rank=state.rank, limit_bytes=host_limit,
                          limit_source=host_limit_source, peak_bytes=rss,
                          peak_frac=rss / host_limit if rss is not None and host_limit else None, ooms=ooms)
+
+
+def _window_reserved(records: Deque[dict[str, Any]], in_win: list[dict[str, Any]],
+                     win_start: float | None) -> int | None:
+    """The most the CUDA allocator held during the window: the highest sampled ``reserved``, and the
+    allocator's lifetime ``peak_reserved`` when it rose inside the window (a spike between two
+    samples). A spike from before the window has left it and no longer counts."""
+    sampled = [_int(m.get("reserved")) for m in in_win]
+    used = max((r for r in sampled if r is not None), default=None)
+    before = [m for m in records if win_start is not None and (num(m.get("t")) or 0.0) < win_start]
+    base = _int(before[-1].get("peak_reserved")) if before else None
+    peak_now = _int(in_win[-1].get("peak_reserved")) if in_win else None
+    if peak_now is not None and (base is None or peak_now > base):
+        used = max(used or 0, peak_now)
+    if used is None and in_win:
+        used = _int(in_win[-1].get("peak"))
+    return used
 
 
 def _int(value: Any) -> int | None:
@@ -406,6 +402,8 @@ def job_metrics(ready: list[tuple[RankState, RankStats]], ranks: list[RankView],
         busbw=top.busbw if top else None,
         syncs_per_step=_mean([x.syncs for x in st]),
         mfu=_mean([x.mfu for x in st]),
+        peak_flops=next((x.peak_flops for x in st if x.peak_flops), None),
+        peak_source=next((x.peak_source for x in st if x.peak_flops), None),
         flops_per_s=_mean([x.flops_per_s for x in st]),
         ettr=_min([r.ettr for r in ranks]),
         gap_frac=_max([x.gap_frac for x in st]),

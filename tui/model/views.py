@@ -62,7 +62,7 @@ class Metrics:
     pace); throughputs are summed; the rest are means over ranks.
     Extra keys beyond DESIGN §7: busbw, comm_op, comm_estimated, loader_workers,
     data_cpu_frac, gap_frac, compute_ratio, arrival_ratio, straggler_by, flops_per_s,
-    memory_headroom, device_busy_source.
+    memory_headroom, device_busy_source, peak_flops, peak_source.
     """
 
     steps: int = 0
@@ -70,7 +70,7 @@ class Metrics:
     samples_per_s: float | None = None
     tokens_per_s: float | None = None
     device_busy: float | None = None
-    device_busy_source: str | None = None   # "events" | "nvml" | "step_accounting"
+    device_busy_source: str | None = None   # "nvml" (GPU activity) | "step_accounting" (CPU: not lost)
     data_wait_frac: float | None = None
     data_cpu_frac: float | None = None      # main-thread CPU share of the data wait (num_workers=0)
     comm_frac: float | None = None
@@ -80,6 +80,8 @@ class Metrics:
     busbw: float | None = None              # bytes/s of comm_op (nccl-tests definition)
     syncs_per_step: float | None = None
     mfu: float | None = None
+    peak_flops: float | None = None         # the peak the MFU divides by (FLOP/s, device and dtype in use)
+    peak_source: str | None = None          # "user" | "PERFMON_PEAK_TFLOPS" | "table" | ...
     flops_per_s: float | None = None        # per rank (mean)
     ettr: float | None = None
     gap_frac: float | None = None           # share of window wall time lost between steps
@@ -101,7 +103,7 @@ _METRIC_KEYS = ("steps", "step_time_median_s", "samples_per_s", "tokens_per_s", 
                 "comm_frac", "comm_exposed_frac", "syncs_per_step", "mfu", "ettr", "loader_cpu",
                 "busbw", "comm_op", "comm_estimated", "loader_workers", "data_cpu_frac", "gap_frac",
                 "compute_ratio", "arrival_ratio", "straggler_by", "flops_per_s", "memory_headroom",
-                "device_busy_source")
+                "device_busy_source", "peak_flops", "peak_source")
 
 
 @dataclass(frozen=True)

@@ -12,9 +12,9 @@ from textual.containers import VerticalScroll
 from textual.screen import Screen
 from textual.widgets import Footer, Static
 
-from tui.model.verdict import BOTTLENECKS, NODES, ROOT, Verdict
+from tui.model.verdict import NODES, ROOT, RULES, Verdict, label as outcome_label
 from tui.app.widgets import glyphs
-from tui.app.widgets.verdictbar import LABEL, format_value, path_steps
+from tui.app.widgets.verdictbar import format_value, path_steps
 
 
 def chart(verdict: Verdict | None, mono: bool = False) -> Group:
@@ -42,13 +42,13 @@ def chart(verdict: Verdict | None, mono: bool = False) -> Group:
 
     def leaf(name: str, exit_label: str, live: bool) -> Text:
         text = Text.assemble((f"{exit_label} ⇒ ", glyphs.DIM))
-        text.append(LABEL.get(name, name), style=f"bold reverse {hot}" if live else "bold")
+        text.append(outcome_label(name), style=f"bold reverse {hot}" if live else "bold")
         return text
 
     def grow(tree: Tree, node_id: str) -> None:
         node = NODES[node_id]
         for exit_label, target in (("yes", node.yes), ("no ", node.no)):
-            if target in BOTTLENECKS:   # a leaf (the root question shares its name with the memory leaf)
+            if target in RULES:   # an outcome (the root question shares its name with the memory leaf)
                 live = node_id in on_path and verdict is not None and target == verdict.bottleneck
                 tree.add(leaf(target, exit_label, live))
             else:
@@ -61,7 +61,7 @@ def chart(verdict: Verdict | None, mono: bool = False) -> Group:
     if verdict is not None:
         parts.append(Text(""))
         head = Text.assemble(("now: ", "bold"))
-        head.append(f" {LABEL.get(verdict.bottleneck, verdict.bottleneck)} ", style=f"bold reverse {hot}")
+        head.append(f" {outcome_label(verdict.bottleneck)} ", style=f"bold reverse {hot}")
         head.append(f" {verdict.headline}")
         parts.append(head)
         for i, fix in enumerate(verdict.suggestions, 1):
@@ -85,8 +85,8 @@ class FlowchartScreen(Screen[None]):
         self._mono = mono
 
     def compose(self) -> ComposeResult:
-        yield Static(Text("diagnosis flowchart (DESIGN §6): first question that fires wins; "
-                          "▶ marks the live path", style="bold"), id="flow-title")
+        yield Static(Text("diagnosis flowchart (docs/verdict.md): the largest measured loss names the "
+                          "bottleneck; ▶ marks the live path", style="bold"), id="flow-title")
         with VerticalScroll(id="flow-body"):
             yield Static(chart(self._verdict, self._mono), id="flow-chart")
         yield Footer(compact=True)

@@ -13,7 +13,7 @@ from tui.model.verdict import Verdict
 from tui.app.widgets import glyphs, units
 from tui.app.widgets.pane import Pane, UiState
 
-BUSY_SOURCE = {"events": "device events", "nvml": "NVML util", "step_accounting": "step accounting"}
+BUSY_SOURCE = {"nvml": "NVML util", "step_accounting": "not lost to a measured cause"}
 
 
 class DevicePane(Pane):
@@ -26,7 +26,14 @@ class DevicePane(Pane):
         busy.append_text(glyphs.judged(m.device_busy, "device_busy", units.pct, verdict))
         if m.device_busy_source:
             busy.append(f"  {BUSY_SOURCE.get(m.device_busy_source, m.device_busy_source)}", style=glyphs.DIM)
+        elif view.device_type == "cuda":
+            busy.append("  GPU activity not measured", style=glyphs.DIM)
         lines.append(busy)
+        if m.mfu is not None:
+            mfu = Text.assemble("MFU ", (units.pct(m.mfu), "bold"))
+            if m.peak_flops:
+                mfu.append(f"  of {m.peak_flops / 1e12:.3g} TFLOP/s ({m.peak_source})", style=glyphs.DIM)
+            lines.append(mfu)
         gpu_rows = _gpu_rows(view)
         if view.device_type == "cuda" or gpu_rows:
             lines.extend(_draw_gpus(view, gpu_rows, width, height - len(lines)))

@@ -125,6 +125,11 @@ def threshold_text(node: Node, fmt: Callable[[float | None], str]) -> str:
     return sign + fmt(node.threshold)
 
 
+def over(value: float | None, node_id: str) -> bool:
+    """Does a known value take the flowchart node's problem exit (the verdict's own test)?"""
+    return value is not None and compare(value, NODES[node_id])
+
+
 def judged(value: float | None, node_id: str, fmt: Callable[[float | None], str], verdict: Verdict | None = None) -> Text:
     """``38% ! (≥5%)``: the value, ``!`` when it takes the flowchart's problem exit, and the threshold.
 

@@ -44,7 +44,7 @@ class MemoryPane(Pane):
             lines.append(glyphs.stacked_bar(parts, limit, bar_w, ui.mono))
             lines.append(glyphs.legend([n for n, v in parts if v > 0] + ["free"], ui.mono, SHORT))
         elif limit > 0 and mem.peak_bytes is not None:
-            style = glyphs.BAD if (mem.peak_frac or 0) > 0.9 else glyphs.ACCENT
+            style = glyphs.BAD if glyphs.over(mem.peak_frac, "memory") else glyphs.ACCENT
             lines.append(glyphs.hbar(mem.peak_bytes / limit, bar_w, style=style))
         amounts = Text(f"{units.nbytes(mem.peak_bytes)} of {units.nbytes(mem.limit_bytes)}")
         if mem.limit_source:

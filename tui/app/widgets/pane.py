@@ -38,6 +38,8 @@ class Pane(Widget, can_focus=True):
     Pane { border: round $panel-lighten-2; padding: 0 1; height: 1fr; overflow: hidden;
            text-wrap: nowrap; text-overflow: ellipsis; }
     Pane:focus { border: round $accent; }
+    Pane.-suspect { border: heavy $warning; }
+    Pane.-suspect:focus { border: heavy $accent; }
     """
 
     def __init__(self) -> None:
@@ -48,7 +50,11 @@ class Pane(Widget, can_focus=True):
         self._ui = UiState()
 
     def show(self, view: JobView, verdict: Verdict | None, ui: UiState) -> None:
+        """Draw the view; the pane holding the verdict's evidence (its rule's ``pane``) is marked."""
         self._view, self._verdict, self._ui = view, verdict, ui
+        suspect = verdict is not None and verdict.rule.pane == self.NAME
+        self.set_class(suspect, "-suspect")
+        self.border_subtitle = verdict.rule.label.lower() if suspect and verdict is not None else ""
         self.refresh()
 
     def render(self) -> RenderableType:

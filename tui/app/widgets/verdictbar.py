@@ -11,15 +11,9 @@ from typing import Any
 from rich.text import Text
 from textual.widget import Widget
 
-from tui.model.verdict import NODES, Verdict
+from tui.model.verdict import NODES, Verdict, label as outcome_label
 from tui.app.widgets import glyphs, units
 
-LABEL = {
-    "warming_up": "WARMING UP", "memory": "MEMORY", "data_loading": "DATA LOADING",
-    "data_preprocessing": "DATA PREPROCESSING", "communication": "COMMUNICATION",
-    "load_imbalance": "LOAD IMBALANCE", "host_sync": "HOST SYNC", "host_overhead": "HOST OVERHEAD",
-    "compute_efficiency": "COMPUTE EFFICIENCY", "healthy": "HEALTHY",
-}
 SHORT_NODE = {"memory": "mem", "device_busy": "busy", "data_wait": "data", "loader_cpu": "loader",
               "comm_exposed": "comm", "straggler": "balance", "syncs": "syncs", "mfu": "MFU"}
 
@@ -72,13 +66,13 @@ class VerdictBar(Widget):
         if v is None:
             return Text("verdict: waiting for the first steps…", style=glyphs.DIM)
         colour = glyphs.SEVERITY.get(v.severity, glyphs.ACCENT)
-        label = LABEL.get(v.bottleneck, v.bottleneck.upper())
+        label = outcome_label(v.bottleneck)
         line1 = Text()
         line1.append(f" {label} ", style=f"bold reverse {colour}")
         line1.append(" ")
         line1.append(_without_label(v.headline, label))
         if v.pending:
-            line1.append(f"  (checking: {LABEL.get(v.pending, v.pending)})", style=glyphs.DIM)
+            line1.append(f"  (checking: {outcome_label(v.pending)})", style=glyphs.DIM)
         line2 = Text.assemble(("fix: ", "bold"))
         if v.suggestions:
             line2.append(v.suggestions[0])

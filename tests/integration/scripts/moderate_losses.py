@@ -1,0 +1,87 @@
+"""A plain PyTorch job (no perfmon API) that loses a moderate share of each step to one cause.
+
+The losses issue 11 found called healthy: not enough to push "busy" under 70%, enough to
+matter. Run under ``perfmon run``; the verdict must name the cause.
+
+* ``comm``    2-rank gloo DDP (torchrun), a 1024-wide MLP on a batch of 128, plus a second
+              all-reduce of 1M floats after backward: the step waits ~25-35% on peers.
+* ``loader``  one DataLoader worker whose samples sleep on simulated storage reads: the
+              step waits ~20-25% for the next batch.
+* ``compute`` in-memory batches, compute-bound.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import time
+
+import torch
+from torch import nn
+from torch.utils.data import DataLoader, Dataset
+
+torch.set_num_threads(1)
+
+
+def mlp(width: int) -> nn.Module:
+    return nn.Sequential(nn.Linear(width, width), nn.ReLU(), nn.Linear(width, width), nn.ReLU(),
+                         nn.Linear(width, 1))
+
+
+class SlowStorage(Dataset):
+    """Whole batches, each costing ``read_s`` of simulated storage latency in the worker (it sleeps,
+    using no CPU), then a copy of one prepared batch."""
+
+    def __init__(self, batch: int, width: int, read_s: float) -> None:
+        self.x, self.y, self.read_s = torch.randn(batch, width), torch.randn(batch, 1), read_s
+
+    def __len__(self) -> int:
+        return 1_000_000
+
+    def __getitem__(self, i: int):
+        time.sleep(self.read_s)
+        return self.x.clone(), self.y.clone()
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("scenario", choices=["comm", "loader", "compute"])
+    ap.add_argument("--steps", type=int, default=60)
+    ap.add_argument("--read-s", type=float, default=0.01)
+    args = ap.parse_args()
+    width = 512
+    model: nn.Module = mlp(width)
+    extra = None
+    if args.scenario == "comm":
+        import torch.distributed as dist
+        from torch.nn.parallel import DistributedDataParallel as DDP
+
+        dist.init_process_group("gloo")
+        model = DDP(model)
+        extra = torch.zeros(1 << 15)          # a metrics/EMA all-reduce the job does after backward
+    opt = torch.optim.SGD(model.parameters(), lr=1e-3)
+    if args.scenario == "loader":
+        # the worker delivers a batch every `read_s`, a little slower than the step computes one:
+        # the step waits for the rest (read_s is set per machine by the test from a timed compute step)
+        batches = iter(DataLoader(SlowStorage(256, width, args.read_s), batch_size=None, num_workers=1,
+                                  persistent_workers=True, prefetch_factor=2))
+    else:
+        x, y = torch.randn(256, width), torch.randn(256, 1)
+        batches = iter(lambda: (x, y), None)
+    for _ in range(args.steps):
+        xb, yb = next(batches)
+        loss = nn.functional.mse_loss(model(xb), yb)
+        opt.zero_grad()
+        loss.backward()
+        if extra is not None:
+            import torch.distributed as dist
+            dist.all_reduce(extra)
+        opt.step()
+    if args.scenario == "comm":
+        import torch.distributed as dist
+        dist.destroy_process_group()
+    print("done", os.getpid())
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,121 @@
+"""Loss accounting: each share measured with a named source or unknown; the verdict never calls a job
+healthy while one measured cause takes 10% of its step, and an unknown never picks an exit."""
+
+from __future__ import annotations
+
+import dataclasses
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from tests.unit.verdict_synth import T0, Rank, job
+from tui.model import verdict as V
+from tui.model.losses import account, by_id
+from tui.model.views import Metrics
+
+GB = 1 << 30
+
+
+def _view(device: str = "cuda", **metrics):
+    base = job(Rank(gpu_util=97), device=device).view()
+    return dataclasses.replace(base, metrics=dataclasses.replace(base.metrics, **metrics))
+
+
+def test_gpu_idle_is_what_busy_and_data_wait_leave_and_comm_is_not_subtracted():
+    losses = by_id(account(Metrics(device_busy=0.6, device_busy_source="nvml", data_wait_frac=0.1,
+                                   comm_exposed_frac=0.2), "cuda"))
+    assert abs(losses["device_idle"].share - 0.3) < 1e-9         # 1 - 0.6 - 0.1; NCCL kernels count as busy
+    assert "NVML" in losses["device_idle"].source
+    assert losses["comm_exposed"].share == 0.2 and losses["data_wait"].share == 0.1
+
+
+def test_every_unmeasured_share_is_unknown_with_a_reason_never_zero():
+    losses = account(Metrics(), "cuda")
+    assert [x.id for x in losses] == ["data_wait", "comm_exposed", "device_idle", "step_gaps"]
+    assert all(x.share is None and x.source for x in losses)
+    assert all("why_unknown" in x.as_json() and x.as_json()["share"] is None for x in losses)
+    cpu = by_id(account(Metrics(device_busy=0.8, device_busy_source="step_accounting"), "cpu"))
+    assert cpu["device_idle"].share is None and cpu["device_idle"].source.startswith("CPU job")
+    # a busy figure that is not measured activity (an unnamed source) gives no idle share
+    assert by_id(account(Metrics(device_busy=0.5), "cuda"))["device_idle"].share is None
+
+
+def test_comm_time_without_its_exposed_part_is_unknown_and_says_so():
+    comm = by_id(account(Metrics(comm_frac=0.4), "cuda"))["comm_exposed"]
+    assert comm.share is None and "40%" in comm.source and "PERFMON_NCCL_TIMING" in comm.source
+
+
+def test_a_loss_under_the_busy_gate_still_names_the_bottleneck():
+    """Busy 80% (over 70%) yet 20% of each step waits for data: not healthy (issue 11's demo case)."""
+    v = V.evaluate(_view(device="cpu", device_busy=0.8, device_busy_source="step_accounting", data_wait_frac=0.2,
+                         comm_exposed_frac=0.0, loader_workers=2, loader_cpu=0.02))
+    assert v.bottleneck == "data_loading" and v.path[:3] == ["memory", "device_busy", "data_wait"]
+    assert v.evidence["notes"]["device_busy"] == "data wait is 20% of the step (>= 10%)"
+
+
+def test_the_largest_loss_names_the_verdict_and_the_others_become_findings():
+    v = V.evaluate(_view(device_busy=0.55, device_busy_source="nvml", data_wait_frac=0.15, comm_exposed_frac=0.25,
+                         compute_ratio=1.0, loader_workers=2, loader_cpu=0.02))
+    # idle 1 - 0.55 - 0.15 = 30% > comm 25% > data 15%
+    assert v.bottleneck == "host_overhead"
+    assert [(f["id"], f["share"]) for f in v.findings if f["id"] in V.LOSS_THRESHOLD] == [
+        ("comm_exposed", 0.25), ("data_wait", 0.15)]
+    v = V.evaluate(_view(device_busy=0.8, device_busy_source="nvml", data_wait_frac=0.15, comm_exposed_frac=0.25,
+                         compute_ratio=1.0, loader_workers=2, loader_cpu=0.02))
+    assert v.bottleneck == "communication"
+    assert [f["id"] for f in v.findings if f["id"] in V.LOSS_THRESHOLD] == ["data_wait"]   # idle 5%: not one
+
+
+def test_a_data_wait_between_5_and_10_percent_is_a_finding_of_a_healthy_job():
+    v = V.evaluate(_view(device="cpu", device_busy=0.93, device_busy_source="step_accounting", data_wait_frac=0.07,
+                         comm_exposed_frac=0.0))
+    assert v.bottleneck == "healthy"
+    assert [f["id"] for f in v.findings] == ["data_wait"]
+
+
+@settings(max_examples=300, deadline=None)
+@given(busy=st.one_of(st.none(), st.floats(0.0, 1.0)), data=st.one_of(st.none(), st.floats(0.0, 0.6)),
+       comm=st.one_of(st.none(), st.floats(0.0, 0.6)), syncs=st.one_of(st.none(), st.floats(0.0, 4.0)),
+       cpu=st.one_of(st.none(), st.floats(0.0, 1.0)), ratio=st.one_of(st.none(), st.floats(0.1, 1.0)),
+       device=st.sampled_from(["cpu", "cuda"]))
+def test_never_healthy_with_a_measured_loss_of_ten_percent(busy, data, comm, syncs, cpu, ratio, device):
+    view = _view(device=device, device_busy=busy, device_busy_source="nvml" if device == "cuda" else
+                 "step_accounting", data_wait_frac=data, comm_exposed_frac=comm, syncs_per_step=syncs,
+                 loader_cpu=cpu, loader_workers=2, compute_ratio=ratio, mfu=0.5)
+    view = dataclasses.replace(view, world_size=2)
+    v = V.evaluate(view)
+    worst = max((x.share for x in v.losses if x.id in V.LOSS_THRESHOLD and x.share is not None), default=0.0)
+    if worst >= V.LOSS_MIN:
+        assert v.bottleneck != "healthy", (v.headline, v.losses)
+    # an unknown never selects an exit: the outcome's loss, when it names one, was measured
+    named = v.rule.loss
+    if named is not None:
+        assert by_id(v.losses)[named].share is not None or v.undecided, (v.headline, v.losses)
+    # a skipped outcome question is said in the headline
+    for node_id in v.undecided:
+        assert "cannot tell" in v.headline and node_id in v.evidence["skipped"]
+
+
+def test_an_early_memory_spike_stops_counting_once_it_leaves_the_window():
+    """The allocator's lifetime peak_reserved jumped to 78 GB at the start; reserved is 20 GB since."""
+    def mem(t, reserved, peak_reserved):
+        return {"k": "memory", "t": t, "reserved": reserved, "allocated": reserved, "peak_reserved": peak_reserved,
+                "peak": peak_reserved, "limit": 80 * GB, "alloc_retries": 0, "ooms": 0}
+
+    spike = [mem(T0 + 0.5, 78 * GB, 78 * GB)]
+    later = [mem(T0 + 0.5 + i, 20 * GB, 78 * GB) for i in range(1, 20)]
+    early = job(Rank(steps=10, dur=0.1, gpu_util=97, extra_records=spike), device="cuda").view()
+    assert early.metrics.memory.peak_frac > V.MEMORY_PEAK_MAX and V.evaluate(early).bottleneck == "memory"
+    long_after = job(Rank(steps=300, dur=0.1, gpu_util=97, extra_records=spike + later), device="cuda").view()
+    assert long_after.metrics.memory.peak_bytes == 20 * GB
+    assert V.evaluate(long_after).bottleneck != "memory"
+
+
+def test_a_spike_between_two_samples_inside_the_window_counts():
+    """The lifetime peak rose during the window although no sample saw it: the window peak is it."""
+    def mem(t, reserved, peak_reserved):
+        return {"k": "memory", "t": t, "reserved": reserved, "peak_reserved": peak_reserved, "limit": 80 * GB}
+
+    recs = [mem(T0 + 20.0, 20 * GB, 30 * GB), mem(T0 + 29.5, 20 * GB, 75 * GB)]
+    view = job(Rank(steps=300, dur=0.1, gpu_util=97, extra_records=recs), device="cuda").view()
+    assert view.metrics.memory.peak_bytes == 75 * GB

@@ -1,0 +1,87 @@
+"""Loss accounting: where each step's wall time goes, one measured share per cause.
+
+A step's time splits into compute and losses: waiting for the next batch,
+waiting for peers (exposed communication), and, on a GPU, device idle that no
+other measured loss explains (host syncs, launch overhead). Between steps, time
+is lost to gaps (checkpoints, evaluation, stalls). Each share is measured from
+a named source or is unknown (``share is None`` with the reason), never 0
+(DESIGN §6). Pure: ``account(metrics, device_type)`` depends on its inputs only.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from tui.model.views import Metrics
+
+# The ids, in the order the verdict's flowchart asks about them.
+STEP_LOSSES = ("data_wait", "comm_exposed", "device_idle")
+
+
+@dataclass(frozen=True)
+class Loss:
+    """One cause of lost time. ``share`` is a fraction of step time (``step_gaps``: of wall time)."""
+
+    id: str
+    label: str
+    share: float | None
+    source: str          # how it was measured, or why it was not
+
+    @property
+    def known(self) -> bool:
+        return self.share is not None
+
+    def as_json(self) -> dict[str, Any]:
+        key = "source" if self.known else "why_unknown"
+        return {"id": self.id, "label": self.label, "share": None if self.share is None else round(self.share, 4),
+                key: self.source}
+
+
+def account(m: Metrics, device_type: str) -> tuple[Loss, ...]:
+    """The window's losses: data wait, exposed communication, device idle, gaps between steps."""
+    data = Loss("data_wait", "data wait", m.data_wait_frac,
+                "time blocked in the wrapped loader" if m.data_wait_frac is not None
+                else "loader not wrapped (mon.loader(...)) or no step timing yet")
+    if m.comm_exposed_frac is not None:
+        how = "estimated from collective times" if m.comm_estimated else "time blocked in collectives"
+        comm = Loss("comm_exposed", "exposed communication", m.comm_exposed_frac, how)
+    elif m.comm_frac is not None:
+        comm = Loss("comm_exposed", "exposed communication", None,
+                    f"collectives take {100 * m.comm_frac:.0f}% of the step, the exposed part is not measured "
+                    "(NCCL: PERFMON_NCCL_TIMING=1)")
+    else:
+        comm = Loss("comm_exposed", "exposed communication", None,
+                    "collectives not instrumented (mon.watch(model=ddp_model))")
+    return data, comm, _device_idle(m, device_type, data), \
+        Loss("step_gaps", "between steps", m.gap_frac,
+             "wall time between the end of one step and the start of the next" if m.gap_frac is not None
+             else "no step timing yet")
+
+
+def _device_idle(m: Metrics, device_type: str, data: Loss) -> Loss:
+    """GPU idle time the other measured losses do not explain: 1 − busy − data wait.
+
+    The GPU idles while the step waits for the next batch, so that share is
+    subtracted; what is left is the host failing to feed the device (syncs,
+    launch overhead). Exposed communication is not subtracted: NCCL's kernels
+    keep the device busy in NVML's sense while the step waits for peers. A CPU
+    job has no separate device: its busy share is what the measured losses leave.
+    """
+    if device_type != "cuda":
+        return Loss("device_idle", "device idle, no other cause", None,
+                    "CPU job: the CPU is the device, its busy share is the time not lost to a measured cause")
+    if m.device_busy is None or m.device_busy_source not in MEASURED_BUSY:
+        return Loss("device_idle", "device idle, no other cause", None,
+                    "GPU activity not measured (NVML utilization unavailable)")
+    rest = 1.0 - m.device_busy - (data.share or 0.0)
+    return Loss("device_idle", "device idle, no other cause", max(0.0, rest),
+                f"1 - GPU busy ({MEASURED_BUSY[m.device_busy_source]}) - data wait")
+
+
+# Sources of device busy that measure activity (never the elapsed time between two CUDA events).
+MEASURED_BUSY = {"nvml": "NVML utilization", "gpm": "GPM SM activity"}
+
+
+def by_id(losses: tuple[Loss, ...]) -> dict[str, Loss]:
+    return {x.id: x for x in losses}
