@@ -185,6 +185,7 @@ class CommTracker:
                                      "seconds": seconds if timed_bytes or seconds else None, "busbw": None}
             if seconds > 0 and busbytes > 0:
                 entry["busbw"] = busbytes / seconds
+                entry["busbytes"] = busbytes      # timed bytes x each call's group factor: windows of busbw
             ops.append(entry)
         return {"k": "comm", "t": time.time(), "backend": self.backend, "world_size": self.world_size, "ops": ops,
                 "nccl_timing": self.nccl_timing}

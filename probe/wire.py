@@ -43,8 +43,9 @@ from __future__ import annotations
 #         allocator's last reset (never reset by the probe), peak_reserved, fragmentation = inactive
 #         split bytes, other = NVML-used - reserved; CPU: rss, peak = peak RSS, limit_source,
 #         activations = bytes autograd saved in a sampled forward
-# comm    backend, world_size, nccl_timing, ops [{op, count, bytes, seconds, busbw (bytes/s)}]
-#         (cumulative since start; seconds/busbw None when not timed)
+# comm    backend, world_size, nccl_timing, ops [{op, count, bytes, seconds, busbw (bytes/s), busbytes}]
+#         (cumulative since start; seconds/busbw None when not timed; busbytes (1.x) = Σ timed bytes x
+#         busbw_factor(op, that call's group size), so a viewer's window busbw is Δbusbytes / Δseconds)
 # event   name (checkpoint|oom|exception|restart|warning|error|first_batch|<custom>), message,
 #         seconds, and free-form fields
 # drops   count (since the last drops record), total, reason

@@ -1,30 +1,42 @@
-"""SIMULATED CUDA backend: the interface of ``probe.gpu.cuda.TorchCuda`` with scripted values.
+"""SIMULATED CUDA backend: the interface of ``probe.gpu.cuda.TorchCuda`` with a modelled device.
 
-* ``memory_stats`` returns the dict a test set (the keys of ``torch.cuda.memory_stats``).
-* Events: ``record_on`` stamps the simulated device clock (``device_time``, advanced
-  by the test as if kernels ran) and makes the event complete ``lag`` seconds of host
-  time later, so code that polls ``query()`` sees the host running ahead of the
-  device. ``elapsed_time`` refuses incomplete events, like CUDA's.
-* The sync debug mode is a plain integer.
+The device is one stream on the host's clock (``time.perf_counter``), as real CUDA:
+
+* ``run(seconds)`` enqueues that much kernel work: it starts when the stream is free
+  (or now, if the device idles) and the host returns at once, so the host can run ahead;
+* an event recorded on the stream takes the time the stream reaches it, i.e. after all
+  work queued before it, and is complete (``query()``) once the host clock passes that
+  time. ``elapsed_time`` between two events is therefore GPU-timeline time, **idle gaps
+  included**, exactly as real CUDA events: a step whose kernels take 10 ms of 20 ms
+  reads 20 ms elapsed. It refuses incomplete events, like CUDA's;
+* ``busy_fraction(t0, t1)`` is the share of [t0, t1] with a kernel running (what NVML's
+  utilization reports; ``simulated_pynvml.SimulatedGpu(timeline=...)`` reads it);
+* ``synchronizing_op()`` is a host-device sync (``loss.item()``): it warns or raises
+  according to the sync debug mode, as c10 does, then blocks the host until the stream
+  has drained; ``synchronize()`` is the same wait for tests.
+
+``memory_stats`` returns the dict a test set (the keys of ``torch.cuda.memory_stats``).
 Every call is logged in ``calls`` so tests can assert what the probe never does.
 Nothing here talks to a GPU.
 """
 
 from __future__ import annotations
 
+import collections
 import time
 import warnings
 from typing import Any
+
+BUSY_HISTORY = 10_000     # kernel intervals kept for busy_fraction
 
 
 class SimulatedEvent:
     def __init__(self, cuda: "SimulatedCuda") -> None:
         self.cuda = cuda
-        self.device_t: float | None = None
-        self.complete_at: float | None = None
+        self.device_t: float | None = None     # when the stream reaches it (host clock)
 
     def query(self) -> bool:
-        return self.complete_at is not None and time.perf_counter() >= self.complete_at
+        return self.device_t is not None and time.perf_counter() >= self.device_t
 
     def elapsed_time(self, other: "SimulatedEvent") -> float:
         if self.device_t is None or other.device_t is None:
@@ -41,15 +53,14 @@ class SimulatedCuda:
 
     def __init__(self, *, stats: dict[str, Any] | None = None, total: int = 80 * (1 << 30),
                  device_name: str = "NVIDIA H100 80GB HBM3",
-                 uuid: str = "GPU-00000000-sim0-0000-0000-000000000000", sync_mode: int = 0,
-                 lag: float = 0.0) -> None:
+                 uuid: str = "GPU-00000000-sim0-0000-0000-000000000000", sync_mode: int = 0) -> None:
         self.stats = dict(stats or {})
         self.total = total
         self.name_of_device = device_name
         self.uuid = uuid
         self.sync_mode = sync_mode
-        self.lag = lag
-        self.device_time = 0.0
+        self.free_at = 0.0                  # host-clock time the stream drains
+        self.busy: collections.deque[tuple[float, float]] = collections.deque(maxlen=BUSY_HISTORY)
         self.calls: list[str] = []
         self.events_created = 0
 
@@ -82,12 +93,26 @@ class SimulatedCuda:
 
     def record_on(self, event: SimulatedEvent, index: int | None = None) -> None:
         self.calls.append("record")
-        event.device_t = self.device_time
-        event.complete_at = time.perf_counter() + self.lag
+        event.device_t = max(time.perf_counter(), self.free_at)
 
     def run(self, seconds: float) -> None:
-        """The simulated device executes ``seconds`` of work on the current stream."""
-        self.device_time += seconds
+        """Enqueue ``seconds`` of kernels on the stream; the host does not wait."""
+        start = max(time.perf_counter(), self.free_at)
+        self.free_at = start + seconds
+        self.busy.append((start, self.free_at))
+
+    def synchronize(self) -> None:
+        """Block the host until the stream has drained (``torch.cuda.synchronize()``)."""
+        delay = self.free_at - time.perf_counter()
+        if delay > 0:
+            time.sleep(delay)
+
+    def busy_fraction(self, t0: float, t1: float) -> float:
+        """Share of the host-clock interval [t0, t1] during which a kernel ran."""
+        if t1 <= t0:
+            return 0.0
+        covered = sum(max(0.0, min(b, t1) - max(a, t0)) for a, b in self.busy)
+        return min(1.0, covered / (t1 - t0))
 
     def get_sync_debug_mode(self) -> int:
         return self.sync_mode
@@ -107,6 +132,7 @@ class SimulatedCuda:
             warnings.warn(SYNC_MESSAGE + " (simulated)", UserWarning, stacklevel=2)
         elif self.sync_mode == 2:
             raise RuntimeError(SYNC_MESSAGE + " (simulated)")
+        self.synchronize()
 
 
 def memory_stats(*, allocated: int, reserved: int, peak: int, peak_reserved: int | None = None,

@@ -3,12 +3,14 @@
 It implements the subset of the nvidia-ml-py API the probe calls, with the same
 names, argument order, return shapes and error classes (``NVMLError`` carrying
 ``.value``, the NVML_ERROR_* code). Devices are ``SimulatedGpu`` objects whose
-fields tests change between samples; ``errors`` maps a function name to the NVML
+fields tests change between samples, or whose utilization is measured on a
+``SimulatedCuda`` timeline (``timeline=``); ``errors`` maps a function name to the NVML
 error code that call raises. Nothing here talks to a GPU or a driver.
 """
 
 from __future__ import annotations
 
+import time
 import types
 from dataclasses import dataclass, field
 from typing import Any
@@ -58,6 +60,11 @@ class SimulatedGpu:
         2: 71.0, 3: 42.0, 5: 55.0, 10: 63.0, 20: 100.0, 21: 200.0, 60: 3000.0, 61: 2500.0})
     processes: list[tuple[int, int]] = field(default_factory=list)   # (pid, used bytes)
     errors: dict[str, int] = field(default_factory=dict)             # function -> NVML error code
+    # A SimulatedCuda whose kernels this GPU runs: utilization is then measured on its timeline
+    # over the last ``util_period`` seconds (NVML: "percent of time over the past sample period
+    # during which one or more kernels was executing", a period of 1/6 s to 1 s by product).
+    timeline: Any = None
+    util_period: float = 1 / 6
     calls: dict[str, int] = field(default_factory=dict)              # function -> times called
     nvlink_counters: list[int] = field(default_factory=lambda: [0, 0])
 
@@ -165,6 +172,9 @@ def build(devices: list[SimulatedGpu] | None = None, *, init_error: int | None =
 
     @device_call("nvmlDeviceGetUtilizationRates")
     def _util(h: SimulatedGpu) -> _Struct:
+        if h.timeline is not None:
+            now = time.perf_counter()
+            return _Struct(gpu=round(100 * h.timeline.busy_fraction(now - h.util_period, now)), memory=40)
         return _Struct(gpu=h.util, memory=40)
 
     @device_call("nvmlDeviceGetPowerUsage")

@@ -95,8 +95,9 @@ def load_imbalance() -> dict[int, list[dict[str, Any]]]:
             if j % 10 == 9:
                 n = j + 1
                 comm.append({"k": "comm", "t": s["t"], "backend": "gloo", "world_size": 4, "ops": [
-                    {"op": "all_reduce", "count": 3 * n, "bytes": 44_000_000 * n, "seconds": (wait + 0.004) * n},
-                    {"op": "broadcast", "count": 1, "bytes": 4_000_000, "seconds": 0.01}]})
+                    {"op": "all_reduce", "count": 3 * n, "bytes": 44_000_000 * n, "seconds": (wait + 0.004) * n,
+                     "busbytes": 1.5 * 44_000_000 * n},                    # 2(n-1)/n for the 4-rank group
+                    {"op": "broadcast", "count": 1, "bytes": 4_000_000, "seconds": 0.01, "busbytes": 4e6}]})
         samples = _host_samples(steps[-1]["t"], 1.0 if slow else 0.9, {"loader_workers": 1, "loader_cpu": 0.2})
         out[rank] = _merge([_hello(job, rank, 4, CPU)], steps, samples, comm)
     return out
@@ -136,7 +137,8 @@ def healthy() -> dict[int, list[dict[str, Any]]]:
         steps = _steps(80, lambda i: 0.25 + 0.002 * ((i + rank) % 5),
                        lambda i: _phases(0.003, 0.09, 0.13, 0.02, 0.25 + 0.002 * ((i + rank) % 5)), extra)
         comm = [{"k": "comm", "t": s["t"], "backend": "gloo", "world_size": 2, "ops": [
-            {"op": "all_reduce", "count": 2 * (j + 1), "bytes": 8_000_000 * (j + 1), "seconds": 0.012 * (j + 1)}]}
+            {"op": "all_reduce", "count": 2 * (j + 1), "bytes": 8_000_000 * (j + 1), "seconds": 0.012 * (j + 1),
+             "busbytes": 8e6 * (j + 1)}]}
             for j, s in enumerate(steps) if j % 10 == 9]
         samples = _host_samples(steps[-1]["t"], 1.9, {"loader_workers": 2, "loader_cpu": 0.35})
         out[rank] = _merge([_hello(job, rank, 2, CPU)], steps, samples, comm)

@@ -165,19 +165,35 @@ def test_busbw_factors_follow_nccl_tests(op, n, factor):
 
 
 def test_comm_rows_are_window_deltas_of_cumulative_records():
+    """busbw from the probe's bus bytes, which carry each call's own group size: here the all-reduces
+    ran in 2-rank groups (factor 1) inside a 4-rank job, so the job's world size (factor 1.5) is wrong."""
     comm = [{"k": "comm", "t": T0 + 0.05, "world_size": 4,
-             "ops": [{"op": "all_reduce", "count": 100, "bytes": 100 << 20, "seconds": 9.0}]},
+             "ops": [{"op": "all_reduce", "count": 100, "bytes": 100 << 20, "seconds": 9.0,
+                      "busbytes": float(100 << 20)}]},
             {"k": "comm", "t": T0 + 3.0, "world_size": 4,
-             "ops": [{"op": "all_reduce", "count": 130, "bytes": 130 << 20, "seconds": 9.3},
+             "ops": [{"op": "all_reduce", "count": 130, "bytes": 130 << 20, "seconds": 9.3,
+                      "busbytes": float(130 << 20)},
                      {"op": "broadcast", "count": 1, "bytes": 1 << 20, "seconds": 0.01}]}]
     ranks = [Rank(i, comm=0.01, extra_records=comm if i == 0 else []) for i in range(4)]
     view = job(*ranks).view()
     rows = {r.op: r for r in view.comm_ops}
     ar = rows["all_reduce"]
     assert (ar.count, ar.bytes) == (30, 30 << 20) and ar.seconds == pytest.approx(0.3)
-    assert ar.algbw == pytest.approx((30 << 20) / 0.3) and ar.busbw == pytest.approx(ar.algbw * 1.5)
+    assert ar.algbw == pytest.approx((30 << 20) / 0.3) and ar.busbw == pytest.approx(ar.algbw * busbw_factor(
+        "all_reduce", 2))
+    assert rows["broadcast"].busbw is None          # neither busbytes nor busbw: unknown, not invented
     assert view.comm_ops[0].op == "all_reduce" and view.metrics.comm_op == "all_reduce"
     assert view.metrics.busbw == pytest.approx(ar.busbw)
+
+
+def test_busbw_of_a_record_without_busbytes_comes_from_its_cumulative_busbw():
+    comm = [{"k": "comm", "t": T0 + 0.05, "ops": [{"op": "all_gather", "count": 10, "bytes": 10 << 20,
+                                                  "seconds": 1.0, "busbw": 0.75 * (10 << 20)}]},
+            {"k": "comm", "t": T0 + 3.0, "ops": [{"op": "all_gather", "count": 20, "bytes": 20 << 20,
+                                                 "seconds": 2.0, "busbw": 0.75 * (20 << 20) / 2.0}]}]
+    view = job(Rank(0, comm=0.01, extra_records=comm), Rank(1, comm=0.01)).view()
+    (row,) = view.comm_ops
+    assert row.busbw == pytest.approx(0.75 * row.algbw)   # the group factor the probe used, (n-1)/n for n=4
 
 
 # -- memory -----------------------------------------------------------------------------------
@@ -455,3 +471,21 @@ def test_hello_without_a_usable_rank_is_rank_zero():
 def test_a_wrapped_loader_that_never_made_the_step_wait_is_a_measured_zero_not_unknown():
     assert job(Rank(loader_workers=2, loader_cpu=0.1)).view().metrics.data_wait_frac == 0.0   # loader seen
     assert job(Rank()).view().metrics.data_wait_frac is None                                   # no loader
+
+
+def test_stalls_and_ettr_are_judged_on_the_probes_clock_not_a_skewed_viewers():
+    """A viewer whose wall clock is 5 s ahead of the node: with its monotonic clock, a rank that
+    just stepped is not stalled and loses nothing between steps."""
+    model = RunModel()
+    arrived = 1000.0                                    # the viewer's monotonic clock
+    for rec in records(Rank(steps=30, dur=0.1)):
+        model.ingest("s", rec, received=arrived)
+    last_t = model.view().now                           # the probe's clock at its newest record
+    skewed = last_t + 5.0                               # the viewer's wall clock
+    naive = model.view(now=skewed).ranks[0]
+    assert naive.since_last_step_s == pytest.approx(5.0, abs=0.01)          # what a skewed clock claims
+    judged = model.view(now=skewed, clock=arrived + 0.05).ranks[0]
+    assert judged.since_last_step_s == pytest.approx(0.05, abs=0.01)
+    assert judged.ettr > 0.95 > naive.ettr
+    silent = model.view(now=skewed, clock=arrived + 3.0).ranks[0]            # nothing arrived for 3 s
+    assert silent.since_last_step_s == pytest.approx(3.0, abs=0.01)

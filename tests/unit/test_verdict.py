@@ -116,9 +116,11 @@ def test_preprocessing_suggestion_names_the_worker_count():
 
 def test_communication_headline_quotes_exposed_share_and_busbw():
     comm = [{"k": "comm", "t": T0 + 0.5, "backend": "gloo", "world_size": 2,
-             "ops": [{"op": "all_reduce", "count": 5, "bytes": 5 * (8 << 20), "seconds": 0.25}]},
+             "ops": [{"op": "all_reduce", "count": 5, "bytes": 5 * (8 << 20), "seconds": 0.25,
+                      "busbytes": 5.0 * (8 << 20)}]},
             {"k": "comm", "t": T0 + 2.95, "backend": "gloo", "world_size": 2,
-             "ops": [{"op": "all_reduce", "count": 30, "bytes": 30 * (8 << 20), "seconds": 1.5}]}]
+             "ops": [{"op": "all_reduce", "count": 30, "bytes": 30 * (8 << 20), "seconds": 1.5,
+                      "busbytes": 30.0 * (8 << 20)}]}]
     model = job(Rank(0, comm=0.045, extra_records=comm), Rank(1, comm=0.045))
     v = V.evaluate(model.view())
     assert v.bottleneck == "communication"

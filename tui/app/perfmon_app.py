@@ -177,7 +177,7 @@ class PerfmonApp(App[int]):
         feed = self.feed
         if feed is None or (self.display_paused and not feed.is_replay):
             return
-        self.view = feed.model.view(now=feed.now())
+        self.view = feed.model.view(now=feed.now(), clock=feed.clock())
         self.verdict = self.tracker.update(self.view)
         self._relayout()
         self._draw()

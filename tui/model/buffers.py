@@ -33,7 +33,7 @@ class RankState:
 
     __slots__ = ("rank", "stream", "hello", "generation", "steps", "nums", "samples", "memory", "comm", "events",
                  "drops", "ended", "version", "first_start", "last_end", "inside", "gap_total", "unseen",
-                 "pending_gap", "loader_seen", "last_t", "_cache")
+                 "pending_gap", "loader_seen", "last_t", "recv_clock", "_cache")
 
     def __init__(self, rank: int, stream: str, hello: dict[str, Any], generation: int) -> None:
         self.rank = rank
@@ -57,7 +57,8 @@ class RankState:
         self.unseen = 0.0        # wall time of steps we never received (drops)
         self.pending_gap = 0.0   # blocking-event seconds not yet charged to a step
         self.loader_seen = False
-        self.last_t: float | None = None
+        self.last_t: float | None = None        # probe clock of the newest record
+        self.recv_clock: float | None = None    # viewer's monotonic clock when that record arrived (live)
         self._cache: tuple[int, Any] | None = None
 
     def add_step(self, rec: dict[str, Any]) -> None:

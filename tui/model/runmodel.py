@@ -62,8 +62,11 @@ class RunModel:
         self.last_t: float | None = None
 
     # -- ingest -------------------------------------------------------------------------------
-    def ingest(self, stream_id: str, record: dict[str, Any]) -> None:
-        """Add one validated wire record from ``stream_id``. O(1); never raises on odd values."""
+    def ingest(self, stream_id: str, record: dict[str, Any], received: float | None = None) -> None:
+        """Add one validated wire record from ``stream_id``. O(1); never raises on odd values.
+
+        ``received``: the viewer's monotonic clock when a live record arrived; with it, time
+        judgements run on the probe's clock (see ``view``)."""
         kind = record.get("k")
         t = num(record.get("t"))
         if t is not None and (self.last_t is None or t > self.last_t):
@@ -78,6 +81,7 @@ class RunModel:
         state.version += 1
         if t is not None:
             state.last_t = t
+            state.recv_clock = received
         if kind == "step":
             if isinstance(record.get("step"), int) and num(record.get("dur")) is not None:
                 state.add_step(record)
@@ -155,9 +159,12 @@ class RunModel:
         self._streams[stream_id] = state
 
     # -- view ---------------------------------------------------------------------------------
-    def view(self, now: float | None = None) -> JobView:
+    def view(self, now: float | None = None, *, clock: float | None = None) -> JobView:
         """Derive the current ``JobView``. ``now`` defaults to the newest record time seen
-        (right for recordings); live viewers pass ``time.time()``."""
+        (right for recordings); live viewers pass ``time.time()`` and ``clock``, their monotonic
+        clock. With ``clock``, each rank's stall and ETTR are judged on that probe's clock: its
+        newest record time plus the time since it arrived, never the viewer's wall clock (a viewer
+        on another machine may be seconds off the node)."""
         if now is None:
             now = self.last_t if self.last_t is not None else time.time()
         states = [self._ranks[r] for r in sorted(self._ranks)]
@@ -166,12 +173,12 @@ class RunModel:
         device = hello0.get("device") if isinstance(hello0.get("device"), dict) else {}
         device_type = str(device.get("type") or "cpu")
         world = _world_size(states)
-        ranks = [rank_view(s, st, now) for s, st in zip(states, stats)]
+        ranks = [rank_view(s, st, _probe_now(s, now, clock)) for s, st in zip(states, stats)]
         ready = [(s, st) for s, st in zip(states, stats) if not st.warming_up]
-        metrics, straggler = job_metrics(ready, ranks, states, stats, world)
+        metrics, straggler = job_metrics(ready, ranks, states, stats)
         window = {"steps": max((st.n for st in stats), default=0),
                   "seconds": round(max((st.span for st in stats), default=0.0), 3)}
-        comm_ops = comm_rows([(s, st) for s, st in zip(states, stats)], world)
+        comm_ops = comm_rows([(s, st) for s, st in zip(states, stats)])
         events = sorted((dict(e, rank=s.rank) for s in states for e in s.events), key=lambda e: e.get("t") or 0.0)
         return JobView(
             job=hello0.get("job") if states else None,
@@ -215,6 +222,14 @@ class RunModel:
 
 def _same_process(a: dict[str, Any], b: dict[str, Any]) -> bool:
     return a.get("pid") == b.get("pid") and a.get("restart") == b.get("restart") and a.get("host") == b.get("host")
+
+
+def _probe_now(state: RankState, now: float, clock: float | None) -> float:
+    """The rank's probe clock at this instant: its newest record time plus the time since it
+    arrived (live), else the view's ``now`` (recordings, replay)."""
+    if clock is None or state.recv_clock is None or state.last_t is None:
+        return now
+    return state.last_t + max(0.0, clock - state.recv_clock)
 
 
 def _world_size(states: list[RankState]) -> int:

@@ -11,7 +11,6 @@ import statistics
 from dataclasses import dataclass
 from typing import Any, Callable, Deque, Iterable
 
-from probe import wire
 from tui.model.buffers import (MIN_STEPS, TIMELINE_STEPS, WINDOW_SAMPLES, RankState, StepNums, num)
 from tui.model.views import CommOpRow, MemoryMetrics, Metrics, RankView
 
@@ -45,7 +44,7 @@ class RankStats:
     timeline: list[dict[str, Any]]
     data_history: list[float]
     memory: MemoryMetrics
-    comm_delta: dict[str, tuple[int, int, float]]   # op -> (count, bytes, seconds) in the window
+    comm_delta: dict[str, tuple[int, int, float, float | None]]   # op -> (count, bytes, s, bus bytes) in the window
 
 
 def _window(nums: Deque[StepNums], max_steps: int, max_seconds: float) -> list[StepNums]:
@@ -275,8 +274,11 @@ def _int(value: Any) -> int | None:
     return int(v) if v is not None else None
 
 
-def _comm_delta(state: RankState, win_start: float | None) -> dict[str, tuple[int, int, float]]:
-    """Per-op (count, bytes, seconds) during the window from the cumulative ``comm`` records."""
+def _comm_delta(state: RankState, win_start: float | None) -> dict[str, tuple[int, int, float, float | None]]:
+    """Per-op (count, bytes, seconds, bus bytes) during the window from the cumulative ``comm`` records.
+
+    Bus bytes carry each call's own group size (the probe's ``busbytes``); a record without them
+    (older probes) gives them from its cumulative busbw x seconds. None: busbw unknown."""
     if not state.comm:
         return {}
     last = state.comm[-1]
@@ -295,9 +297,18 @@ def _comm_delta(state: RankState, win_start: float | None) -> dict[str, tuple[in
         count = (_int(op.get("count")) or 0) - (_int(prev.get("count")) or 0)
         nbytes = (_int(op.get("bytes")) or 0) - (_int(prev.get("bytes")) or 0)
         secs = (num(op.get("seconds")) or 0.0) - (num(prev.get("seconds")) or 0.0)
+        bus_now, bus_before = _busbytes(op), _busbytes(prev) if prev else 0.0
+        bus = bus_now - bus_before if bus_now is not None and bus_before is not None else None
         if count > 0 or secs > 0:
-            out[op["op"]] = (count, nbytes, secs)
+            out[op["op"]] = (count, nbytes, secs, bus)
     return out
+
+
+def _busbytes(op: dict[str, Any]) -> float | None:
+    if num(op.get("busbytes")) is not None:
+        return num(op.get("busbytes"))
+    busbw, secs = num(op.get("busbw")), num(op.get("seconds"))
+    return busbw * secs if busbw is not None and secs is not None else None
 
 
 def rank_view(state: RankState, st: RankStats, now: float) -> RankView:
@@ -374,14 +385,14 @@ def _relative(times: list[tuple[int, float]]) -> tuple[float, int]:
 
 
 def job_metrics(ready: list[tuple[RankState, RankStats]], ranks: list[RankView], states: list[RankState],
-                 stats: list[RankStats], world: int) -> tuple[Metrics, int | None]:
+                 stats: list[RankStats]) -> tuple[Metrics, int | None]:
     steps = max((r.steps for r in ranks), default=0)
     if not ready:
         return Metrics(steps=steps, ettr=_min([r.ettr for r in ranks]),
                        memory=_job_memory(states, stats)), None
     st = [x[1] for x in ready]
     ratio, arrival_ratio, straggler, straggler_by = _straggler(ready)
-    rows = comm_rows(ready, world)
+    rows = comm_rows(ready)
     top = max(rows, key=lambda r: r.seconds, default=None)
     memory = _job_memory(states, stats)
     samples = [x.samples_per_s for x in st]
@@ -434,20 +445,20 @@ def _job_memory(states: list[RankState], stats: list[RankStats]) -> MemoryMetric
     return best
 
 
-def comm_rows(pairs: list[tuple[RankState, RankStats]], world: int) -> list[CommOpRow]:
+def comm_rows(pairs: list[tuple[RankState, RankStats]]) -> list[CommOpRow]:
+    """The window's collectives summed over ranks; busbw from the bus bytes each call's own group
+    size gave (nccl-tests definition), never from the job's world size."""
     acc: dict[str, list[Any]] = {}
     for _, st in pairs:
-        for op, (count, nbytes, secs) in st.comm_delta.items():
+        for op, (count, nbytes, secs, bus) in st.comm_delta.items():
             row = acc.setdefault(op, [0, 0, 0.0, [], []])
             row[0] += count
             row[1] += nbytes
             row[2] += secs
             if secs > 0 and nbytes > 0:
-                algbw = nbytes / secs
-                row[3].append(algbw)
-                factor = wire.busbw_factor(op, max(1, world))
-                if factor is not None:
-                    row[4].append(algbw * factor)
+                row[3].append(nbytes / secs)
+                if bus is not None and bus > 0:
+                    row[4].append(bus / secs)
     rows = [CommOpRow(op=op, count=c, bytes=b, seconds=s, algbw=_mean(alg), busbw=_mean(bus), ranks=len(pairs))
             for op, (c, b, s, alg, bus) in acc.items()]
     return sorted(rows, key=lambda r: -r.seconds)

@@ -63,6 +63,10 @@ class Feed:
         """The time the view is computed at."""
         return time.time()
 
+    def clock(self) -> float | None:
+        """The viewer's monotonic clock for live feeds (``RunModel.view(clock=...)``); None for replay."""
+        return None if self.is_replay else time.monotonic()
+
     async def run(self) -> None:  # pragma: no cover - abstract
         raise NotImplementedError
 
@@ -76,8 +80,9 @@ class Feed:
     def ingest(self, stream_id: str, records: Iterable[dict[str, Any]]) -> None:
         status = self.streams[stream_id]
         n = 0
+        received = self.clock()
         for rec in records:
-            self.model.ingest(stream_id, rec)
+            self.model.ingest(stream_id, rec, received)
             n += 1
             if rec["k"] == "hello":
                 status.rank = rec.get("rank") if isinstance(rec.get("rank"), int) else None

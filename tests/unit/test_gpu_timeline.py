@@ -1,0 +1,104 @@
+"""GPU busy that means busy, against the SIMULATED device layer (tests/sim), which models real CUDA:
+events time the GPU timeline, idle gaps included; NVML utilization is the share of time a kernel ran.
+
+Semantics each test relies on are named in its docstring. Nothing here talks to a GPU.
+"""
+
+from __future__ import annotations
+
+import time
+import types
+
+import pytest
+import torch
+
+import probe
+from probe import gpu
+from probe import watch as watch_module
+from probe.recording import read_recording
+from tests.sim.fixtures import simulated_cuda, simulated_nvml  # noqa: F401  (fixtures)
+from tests.sim.simulated_pynvml import SimulatedGpu
+from tui.model import verdict as V
+from tui.model.runmodel import RunModel
+
+
+def test_event_elapsed_time_includes_the_idle_gap_as_real_cuda_events_do(simulated_cuda):
+    """Relies on: an event takes the time the stream reaches it; the device idles while the host works."""
+    cuda = simulated_cuda()
+    start, end = cuda.new_event(), cuda.new_event()
+    cuda.record_on(start)
+    time.sleep(0.02)                 # the host prepares the next kernels; the device has nothing to do
+    cuda.run(0.005)
+    cuda.record_on(end)
+    cuda.synchronize()
+    elapsed = start.elapsed_time(end) / 1e3
+    assert elapsed >= 0.025          # 20 ms idle + 5 ms kernels: elapsed is not busy
+    assert cuda.busy_fraction(start.device_t, end.device_t) == pytest.approx(0.005 / elapsed, rel=1e-6)
+
+
+def test_queued_kernels_run_back_to_back_and_the_host_runs_ahead(simulated_cuda):
+    """Relies on: run() returns at once; work starts when the stream is free."""
+    cuda = simulated_cuda()
+    t0 = time.perf_counter()
+    for _ in range(5):
+        cuda.run(0.01)
+    event = cuda.new_event()
+    cuda.record_on(event)
+    assert not event.query()                      # the host is ~50 ms ahead of the device
+    assert event.device_t - t0 == pytest.approx(0.05, abs=0.005)
+    cuda.synchronize()
+    assert event.query() and time.perf_counter() >= event.device_t
+
+
+def _train(cuda, tmp_path, monkeypatch, simulated_nvml, *, host_s: float, kernels_s: float, sync: bool,
+           steps: int = 90):
+    """A watched job on the simulated GPU; returns its view and verdict from the recording, and the
+    true busy share of the device over the last 50 steps (the verdict's window)."""
+    simulated_nvml([SimulatedGpu(timeline=cuda, gpm=None)])
+    monkeypatch.setattr(gpu, "_torch_uses_cuda", lambda: None)
+    mon = probe.start(job="sim-timeline", record=tmp_path, serve=False, sample_hz=20)
+    try:
+        watcher = watch_module.watch(mon, syncs=True)
+        watcher._learn_device([types.SimpleNamespace(device=torch.device("cuda", 0), dtype=torch.bfloat16)])
+        starts = []
+        for _ in range(steps):
+            starts.append(time.perf_counter())
+            with mon.step():
+                time.sleep(host_s)          # Python/host work the device does not see
+                cuda.run(kernels_s)
+                if sync:
+                    cuda.synchronizing_op()  # loss.item(): the host waits for the kernels
+        truth = cuda.busy_fraction(starts[-50], time.perf_counter())
+    finally:
+        mon.close()
+    model = RunModel()
+    for rec in read_recording(mon.record_path).records:
+        model.ingest("sim", rec)
+    view = model.view()
+    return view, V.evaluate(view), truth
+
+
+def test_a_gpu_idle_half_of_each_step_reads_half_busy_and_is_host_overhead(simulated_cuda, simulated_nvml,
+                                                                           monkeypatch, tmp_path):
+    """Relies on: NVML utilization = share of the sample period with a kernel running (from the timeline).
+    Each 20 ms step launches 10 ms of kernels: busy 50%, although CUDA events would bracket ~100%."""
+    cuda = simulated_cuda()
+    view, v, truth = _train(cuda, tmp_path, monkeypatch, simulated_nvml, host_s=0.020, kernels_s=0.010, sync=False)
+    assert truth == pytest.approx(0.5, abs=0.1)        # the scenario (a loaded host oversleeps a little)
+    assert view.metrics.device_busy_source == "nvml"
+    assert view.metrics.device_busy == pytest.approx(truth, abs=0.05)
+    assert v.bottleneck == "host_overhead", v.headline
+    idle = next(x for x in v.losses if x.id == "device_idle")
+    assert idle.share == pytest.approx(1 - truth, abs=0.05)
+
+
+def test_a_host_bound_job_with_a_sync_every_step_is_host_sync(simulated_cuda, simulated_nvml, monkeypatch,
+                                                              tmp_path):
+    """Relies on: a sync blocks the host until the stream drains, and warns through the sync debug mode
+    (counted by the probe). 10 ms of host work, then 10 ms of kernels the host waits for: busy 50%."""
+    cuda = simulated_cuda()
+    view, v, truth = _train(cuda, tmp_path, monkeypatch, simulated_nvml, host_s=0.010, kernels_s=0.010, sync=True)
+    assert truth == pytest.approx(0.5, abs=0.1)
+    assert view.metrics.device_busy == pytest.approx(truth, abs=0.05)
+    assert view.metrics.syncs_per_step == pytest.approx(1.0)
+    assert v.bottleneck == "host_sync", v.headline
