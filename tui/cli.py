@@ -21,6 +21,7 @@ COMMANDS = {
     "run": "tui.commands.run",
     "record": "tui.commands.record",
     "report": "tui.commands.report",
+    "doctor": "tui.commands.doctor",
 }
 
 
@@ -60,6 +61,9 @@ def build_parser() -> argparse.ArgumentParser:
     report.add_argument("target", help="recording file or directory, or a live job (name, pid, socket)")
     report.add_argument("--json", action="store_true", help="print the report JSON (schema perfmon.report/1)")
     report.add_argument("--seconds", type=float, default=5.0, help="for a live job: how long to gather")
+
+    doctor = sub.add_parser("doctor", help="check that perfmon measures and diagnoses correctly on this machine")
+    doctor.add_argument("--cpu-only", action="store_true", help="skip the GPU checks even when a GPU is present")
     return parser
 
 

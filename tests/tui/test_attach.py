@@ -100,7 +100,7 @@ def test_bad_speed_is_refused():
 # -- layout -----------------------------------------------------------------------------------
 
 def test_80x24_shows_four_panes_in_two_columns_led_by_the_verdict_pane():
-    p = plan(80, 24, bottleneck="memory", multi_rank=True)
+    p = plan(80, 24, lead="memory", multi_rank=True)
     assert p.columns == 2 and len(p.visible) == 4 and "memory" in p.visible
     assert len(p.dropped) == 2
 
@@ -111,14 +111,14 @@ def test_120x36_shows_all_six_and_200_columns_use_three():
 
 
 def test_narrow_terminal_stacks_panes_in_one_column():
-    p = plan(60, 40, bottleneck="communication")
+    p = plan(60, 40, lead="comm")
     assert p.columns == 1 and len(p.visible) == 4 and "comm" in p.visible
-    tiny = plan(60, 20, bottleneck="communication")
+    tiny = plan(60, 20, lead="comm")
     assert tiny.visible == ("comm",)
 
 
 def test_user_toggles_win_over_priority():
-    p = plan(80, 24, bottleneck="data_loading", hidden=frozenset({"data"}), shown=frozenset({"timeline"}))
+    p = plan(80, 24, lead="data", hidden=frozenset({"data"}), shown=frozenset({"timeline"}))
     assert "data" not in p.visible and "timeline" in p.visible
 
 
@@ -134,3 +134,13 @@ def test_a_hung_up_terminal_is_detected(monkeypatch):
         assert not app_module.terminal_alive()
     finally:
         stream.close()
+
+
+def test_every_verdict_leads_with_a_pane_the_layout_knows_and_it_is_kept():
+    from tui.app.widgets.layout import PANE_ORDER
+    from tui.model.verdict import RULES_TABLE
+
+    panes = {r.pane for r in RULES_TABLE if r.pane is not None}
+    assert panes <= set(PANE_ORDER)
+    for pane in panes:
+        assert pane in plan(60, 20, lead=pane).visible       # room for one pane: the verdict's

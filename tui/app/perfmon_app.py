@@ -95,16 +95,18 @@ class PerfmonApp(App[int]):
         self.shown: set[str] = set()
         self.plan: Plan | None = None
         self._panes: dict[str, Pane] = {}
+        self._header = HeaderBar()
+        self._verdict_bar = VerdictBar()
 
     # -- layout -----------------------------------------------------------------------------
     def compose(self) -> ComposeResult:
-        yield HeaderBar()
+        yield self._header
         with Grid(id="panes"):
             for cls in PANE_CLASSES:
                 pane = cls()
                 self._panes[cls.NAME] = pane
                 yield pane
-        yield VerdictBar()
+        yield self._verdict_bar
         yield KeyLine(extra=(("l", "log"),) if self.log_path else ())
 
     def on_mount(self) -> None:
@@ -123,7 +125,7 @@ class PerfmonApp(App[int]):
     def _relayout(self) -> None:
         view = self.view
         new = plan(self.size.width, self.size.height,
-                   bottleneck=self.verdict.bottleneck if self.verdict else None,
+                   lead=self.verdict.rule.pane if self.verdict else None,
                    hidden=frozenset(self.hidden), shown=frozenset(self.shown),
                    multi_rank=view is not None and len(view.ranks) > 1)
         if new == self.plan:
@@ -186,8 +188,8 @@ class PerfmonApp(App[int]):
 
     def _draw(self) -> None:
         feed, view = self.feed, self.view
-        if feed is None or view is None:
-            return
+        if feed is None or view is None or not self._header.is_attached:
+            return      # nothing yet, or the app is tearing its widgets down while a timer fires
         state = feed.state_line()
         if self.display_paused and not feed.is_replay:
             state = f"{state}, PAUSED (p resumes)"
@@ -195,13 +197,14 @@ class PerfmonApp(App[int]):
             state = f"{state} · {view.problems[-1]}"
         steps, seconds = WINDOWS[self.window_index]
         ui = UiState(selected_rank=self.selected_rank, mono=self.no_color,
-                     window_label=f"w: max {steps} steps/{seconds:g}s", feed_state=state)
+                     window_label=f"w: max {steps} steps/{seconds:g}s", feed_state=state,
+                     feed_flowing=feed.flowing and not (self.display_paused and not feed.is_replay))
         with self.batch_update():
-            self.query_one(HeaderBar).show(view, ui, feed.description)
+            self._header.show(view, ui, feed.description)
             for name in (self.plan.visible if self.plan else ()):
                 self._panes[name].show(view, self.verdict, ui)
             if self.verdict is not None:
-                self.query_one(VerdictBar).show(self.verdict, self.no_color)
+                self._verdict_bar.show(self.verdict, self.no_color)
 
     # -- actions ----------------------------------------------------------------------------
     def action_help(self) -> None:

@@ -605,8 +605,8 @@ RULES_TABLE: tuple[Rule, ...] = (
     Rule("communication", "COMMUNICATION", "straggler", "no", "comm", _explain_communication, loss="comm_exposed"),
     Rule("load_imbalance", "LOAD IMBALANCE", "straggler", "yes", "ranks", _explain_load_imbalance,
          loss="comm_exposed"),
-    Rule("host_sync", "HOST-DEVICE SYNC", "syncs", "yes", "device", _explain_host_sync, loss="device_idle"),
-    Rule("host_overhead", "HOST OVERHEAD", "syncs", "no", "device", _explain_host_overhead, loss="device_idle"),
+    Rule("host_sync", "HOST-DEVICE SYNC", "syncs", "yes", "timeline", _explain_host_sync, loss="device_idle"),
+    Rule("host_overhead", "HOST OVERHEAD", "syncs", "no", "timeline", _explain_host_overhead, loss="device_idle"),
     Rule("compute_efficiency", "COMPUTE EFFICIENCY", "mfu", "yes", "device", _explain_compute_efficiency),
     Rule("healthy", "HEALTHY", "mfu", "no", None, _explain_healthy),
 )

@@ -99,6 +99,11 @@ class Feed:
         """Every stream has finished (exited, lost, failed, or the replay reached its end)."""
         return bool(self.streams) and all(s.state in ("exited", "lost", "error", "done") for s in self.streams.values())
 
+    @property
+    def flowing(self) -> bool:
+        """Records are still coming (the header shows its state as good news)."""
+        return not self.ended
+
     def state_line(self) -> str:
         """Short status for the header: 'live', 'job exited', 'replay 2x 40%'..."""
         states = [s.state for s in self.streams.values()]
@@ -263,6 +268,10 @@ class ReplayFeed(Feed):
     def progress(self) -> float:
         span = self.end_t - self.start_t
         return 1.0 if span <= 0 else min(1.0, (self._position - self.start_t) / span)
+
+    @property
+    def flowing(self) -> bool:
+        return self._next < len(self._records) and not self.paused
 
     def state_line(self) -> str:
         if self._next >= len(self._records):

@@ -40,9 +40,8 @@ class HeaderBar(Widget):
         if hosts:
             line1.append(f"@{hosts[0]}" + (f"+{len(hosts) - 1}" if len(hosts) > 1 else ""), style=glyphs.DIM)
         line1.append(f" {view.device_type.upper()}")
-        gone = any(word in ui.feed_state for word in ("exited", "gone", "lost", "PAUSED", "finished"))
         line1.append(*sep)
-        line1.append(ui.feed_state, style=f"bold {glyphs.WARN if gone else glyphs.OK}")
+        line1.append(ui.feed_state, style=f"bold {glyphs.OK if ui.feed_flowing else glyphs.WARN}")
         started = [h.get("t") for h in view.hellos.values() if isinstance(h.get("t"), (int, float))]
         if started:
             line1.append(*sep)

@@ -18,17 +18,6 @@ def pane_key(name: str) -> str:
     """The number key that toggles pane ``name``: its place in ``PANE_ORDER``, from 1."""
     return str(PANE_ORDER.index(name) + 1)
 
-# The pane whose numbers back each verdict (it is never the one dropped).
-BOTTLENECK_PANE = {
-    "memory": "memory",
-    "data_loading": "data",
-    "data_preprocessing": "data",
-    "communication": "comm",
-    "load_imbalance": "ranks",
-    "host_sync": "timeline",
-    "host_overhead": "timeline",
-    "compute_efficiency": "device",
-}
 
 CHROME_ROWS = 2 + 3 + 1      # header, verdict bar, key line
 MIN_PANE_ROWS = 8            # border + 6 lines: below this a pane says too little to be worth it
@@ -49,11 +38,12 @@ def columns_for(width: int) -> int:
     return 1
 
 
-def plan(width: int, height: int, bottleneck: str | None = None, hidden: frozenset[str] = frozenset(),
+def plan(width: int, height: int, lead: str | None = None, hidden: frozenset[str] = frozenset(),
          shown: frozenset[str] = frozenset(), multi_rank: bool = True) -> Plan:
     """Panes to show for a terminal of ``width`` x ``height``.
 
-    ``hidden``/``shown`` are the user's toggles: hidden panes never show, shown
+    ``lead`` is the pane holding the verdict's evidence (``Rule.pane``): it is never the one
+    dropped. ``hidden``/``shown`` are the user's toggles: hidden panes never show, shown
     ones go first in the priority order. For a single-process job the comm and
     ranks panes rank last (no collectives, one row the header already says).
     """
@@ -66,8 +56,7 @@ def plan(width: int, height: int, bottleneck: str | None = None, hidden: frozens
     else:   # one process: no collectives, one rank row; the timeline says more
         priority.remove("comm")
         priority.insert(priority.index("timeline") + 1, "comm")
-    lead = BOTTLENECK_PANE.get(bottleneck or "")
-    if lead:
+    if lead in priority:
         priority.remove(lead)
         priority.insert(0, lead)
     wanted = [p for p in priority if p in shown] + [p for p in priority if p not in shown and p not in hidden]

@@ -28,6 +28,7 @@ class UiState:
     mono: bool = False                  # NO_COLOR: distinguish by characters, not colours
     window_label: str = ""
     feed_state: str = "live"
+    feed_flowing: bool = True       # records still arrive (not ended, lost, paused or finished)
 
 
 class Pane(Widget, can_focus=True):
