@@ -90,6 +90,10 @@ def test_a_gpu_idle_half_of_each_step_reads_half_busy_and_is_host_overhead(simul
     assert v.bottleneck == "host_overhead", v.headline
     idle = next(x for x in v.losses if x.id == "device_idle")
     assert idle.share == pytest.approx(1 - truth, abs=0.05)
+    # the starvation signal: each step's kernels finish before the host does, so the host is never a
+    # step ahead (the lead is the event poller's latency: 5 ms period, more on a loaded host)
+    assert view.metrics.host_lead_s is not None and view.metrics.host_lead_s < view.metrics.step_time_median_s
+    assert "ms ahead of it" in v.headline
 
 
 def test_a_host_bound_job_with_a_sync_every_step_is_host_sync(simulated_cuda, simulated_nvml, monkeypatch,

@@ -489,3 +489,22 @@ def test_stalls_and_ettr_are_judged_on_the_probes_clock_not_a_skewed_viewers():
     assert judged.ettr > 0.95 > naive.ettr
     silent = model.view(now=skewed, clock=arrived + 3.0).ranks[0]            # nothing arrived for 3 s
     assert silent.since_last_step_s == pytest.approx(3.0, abs=0.01)
+
+
+def test_host_lead_is_the_median_of_the_window_and_the_least_of_the_ranks():
+    def ranks(leads):
+        out = []
+        for rank, lead in enumerate(leads):
+            recs = records(Rank(rank, steps=20, dur=0.1, gpu_util=60), device="cuda")
+            for r in recs:
+                if r["k"] == "step":
+                    r["lead"] = lead + 0.001 * (r["step"] % 3)
+            out.append(recs)
+        model = RunModel()
+        for rank, recs in enumerate(out):
+            for r in recs:
+                model.ingest(f"s{rank}", r)
+        return model.view().metrics.host_lead_s
+    assert ranks([0.050]) == pytest.approx(0.051)
+    assert ranks([0.050, 0.002]) == pytest.approx(0.003)       # the most starved rank
+    assert job(Rank(gpu_util=60), device="cuda").view().metrics.host_lead_s is None   # no events: unknown

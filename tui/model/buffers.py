@@ -110,6 +110,7 @@ class StepNums(NamedTuple):
     flops: float | None
     syncs: float | None
     data_cpu: float | None
+    lead: float | None          # seconds the host finished ahead of the device (CUDA events)
     data_share: float
 
 
@@ -123,7 +124,8 @@ def step_nums(rec: dict[str, Any], dur: float, gap: float, end: float | None, st
         has_data="data" in phases, secs=_comm_value(comm, "seconds"), exposed=_comm_value(comm, "exposed"),
         estimated=bool(comm.get("estimated")) if comm else False, samples=num(rec.get("samples")),
         tokens=num(rec.get("tokens")), flops=num(rec.get("flops")), syncs=num(rec.get("syncs")),
-        data_cpu=num(rec.get("data_cpu")), data_share=max(0.0, min(1.0, data / active)))
+        data_cpu=num(rec.get("data_cpu")), lead=num(rec.get("lead")),
+        data_share=max(0.0, min(1.0, data / active)))
 
 
 def num(value: Any) -> float | None:

@@ -39,6 +39,7 @@ class RankStats:
     peak_flops: float | None
     peak_source: str | None
     syncs: float | None
+    host_lead: float | None          # median seconds the host ran ahead of the device (CUDA events)
     loader_cpu: float | None
     loader_workers: int | None
     timeline: list[dict[str, Any]]
@@ -161,6 +162,7 @@ def rank_stats(state: RankState, max_steps: int, max_seconds: float) -> RankStat
         peak_flops=peak,
         peak_source=peak_source,
         syncs=syncs / n if syncs is not None and n else None,
+        host_lead=_known(statistics.median, [s.lead for s in win]),
         loader_cpu=statistics.fmean(loader_cpus) if loader_cpus else None,
         loader_workers=workers,
         timeline=timeline,
@@ -412,6 +414,7 @@ def job_metrics(ready: list[tuple[RankState, RankStats]], ranks: list[RankView],
         comm_op=top.op if top else None,
         busbw=top.busbw if top else None,
         syncs_per_step=_mean([x.syncs for x in st]),
+        host_lead_s=_min([x.host_lead for x in st]),
         mfu=_mean([x.mfu for x in st]),
         peak_flops=next((x.peak_flops for x in st if x.peak_flops), None),
         peak_source=next((x.peak_source for x in st if x.peak_flops), None),

@@ -528,7 +528,10 @@ def _explain_load_imbalance(v: JobView, straggler: int | None) -> Explained:
 
 def _idle_text(v: JobView) -> str:
     idle = next((x.share for x in account(v.metrics, v.device_type) if x.id == "device_idle"), None)
-    return f"the device idles {_pct(idle)} of each step with no other measured cause"
+    lead = v.metrics.host_lead_s
+    # the starvation signal: a host that keeps only a few ms ahead of the GPU cannot keep it fed
+    ahead = f" (the host runs {lead * 1000:.1f} ms ahead of it)" if lead is not None else ""
+    return f"the device idles {_pct(idle)} of each step with no other measured cause{ahead}"
 
 
 def _explain_host_sync(v: JobView, straggler: int | None) -> Explained:

@@ -62,7 +62,7 @@ class Metrics:
     pace); throughputs are summed; the rest are means over ranks.
     Extra keys beyond DESIGN §7: busbw, comm_op, comm_estimated, loader_workers,
     data_cpu_frac, gap_frac, compute_ratio, arrival_ratio, straggler_by, flops_per_s,
-    memory_headroom, device_busy_source, peak_flops, peak_source.
+    memory_headroom, device_busy_source, peak_flops, peak_source, host_lead_s.
     """
 
     steps: int = 0
@@ -79,6 +79,7 @@ class Metrics:
     comm_op: str | None = None              # the collective with the most time in the window
     busbw: float | None = None              # bytes/s of comm_op (nccl-tests definition)
     syncs_per_step: float | None = None
+    host_lead_s: float | None = None        # how far the host runs ahead of the GPU (least of the ranks)
     mfu: float | None = None
     peak_flops: float | None = None         # the peak the MFU divides by (FLOP/s, device and dtype in use)
     peak_source: str | None = None          # "user" | "PERFMON_PEAK_TFLOPS" | "table" | ...
@@ -103,7 +104,7 @@ _METRIC_KEYS = ("steps", "step_time_median_s", "samples_per_s", "tokens_per_s", 
                 "comm_frac", "comm_exposed_frac", "syncs_per_step", "mfu", "ettr", "loader_cpu",
                 "busbw", "comm_op", "comm_estimated", "loader_workers", "data_cpu_frac", "gap_frac",
                 "compute_ratio", "arrival_ratio", "straggler_by", "flops_per_s", "memory_headroom",
-                "device_busy_source", "peak_flops", "peak_source")
+                "device_busy_source", "peak_flops", "peak_source", "host_lead_s")
 
 
 @dataclass(frozen=True)
