@@ -508,3 +508,20 @@ def test_host_lead_is_the_median_of_the_window_and_the_least_of_the_ranks():
     assert ranks([0.050]) == pytest.approx(0.051)
     assert ranks([0.050, 0.002]) == pytest.approx(0.003)       # the most starved rank
     assert job(Rank(gpu_util=60), device="cuda").view().metrics.host_lead_s is None   # no events: unknown
+
+
+def test_loader_cpu_and_host_memory_describe_the_last_ten_seconds_not_the_whole_window():
+    """A job whose workers were CPU-bound until 10 s ago and now wait on I/O: the 30 s window still
+    holds both, but the sampled state is the recent one (the verdict must follow within 15 s)."""
+    recs = records(Rank(steps=40, dur=1.0, loader_workers=2, loader_cpu=0.95, rss=12 * GB, mem_limit=16 * GB))
+    last_t = max(r["t"] for r in recs)
+    for r in recs:
+        if r["k"] == "sample" and r["t"] > last_t - 9.5:
+            r["host"]["loader_cpu"] = 0.02
+            r["host"]["rss"] = 2 * GB
+    model = RunModel()
+    for r in recs:
+        model.ingest("s", r)
+    m = model.view().metrics
+    assert m.loader_cpu == pytest.approx(0.02)
+    assert m.memory.peak_bytes == 2 * GB

@@ -62,6 +62,19 @@ def _window(nums: Deque[StepNums], max_steps: int, max_seconds: float) -> list[S
     return recent if len(recent) >= MIN_STEPS else tail[-MIN_STEPS:]
 
 
+# Sampled states (loader worker CPU, host RSS) are judged on the window's last 10 s of samples: they
+# describe the job now, and a state the job has left must stop deciding within the 15 s the verdict is
+# given to follow a change (issue 11; measured with bench/bench_tour.py). Step quantities use the window.
+RECENT_SECONDS = 10.0
+
+
+def _recent(samples: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    last = next((num(s.get("t")) for s in reversed(samples) if num(s.get("t")) is not None), None)
+    if last is None:
+        return samples
+    return [s for s in samples if (num(s.get("t")) or last) >= last - RECENT_SECONDS] or samples[-1:]
+
+
 # -- statistics over values that may be unknown (None) -----------------------------------------
 def _known(reduce: Callable[[list[Any]], Any], values: Iterable[Any]) -> Any:
     """``reduce`` over the known values; None when none is known (unknown is never 0)."""
@@ -107,7 +120,7 @@ def rank_stats(state: RankState, max_steps: int, max_seconds: float) -> RankStat
         win_start = win[0].start if win[0].start is not None else (win[0].t or 0.0) - win[0].dur
     samples = [s for s in state.samples if win_start is None or (num(s.get("t")) or 0.0) >= win_start]
     samples = samples[-WINDOW_SAMPLES:] or list(state.samples)[-1:]
-    hosts = [s.get("host") for s in samples if isinstance(s.get("host"), dict)]
+    hosts = [s.get("host") for s in _recent(samples) if isinstance(s.get("host"), dict)]
 
     data_frac = data_sum / active_sum if n and data_known else None
     data_cpu = _sum([s.data_cpu for s in win])
@@ -222,7 +235,7 @@ def _rank_memory(state: RankState, win_start: float | None, hosts: list[dict[str
         alloc_ooms = (_int(mem.get("ooms")) or 0) - (_int(first.get("ooms")) or 0) if len(in_win) > 1 else 0
         on_host = mem.get("device") == "cpu"
         if on_host:
-            used = max((r for r in [_int(m.get("rss")) for m in in_win] + host_rss if r is not None),
+            used = max((r for r in [_int(m.get("rss")) for m in _recent(in_win)] + host_rss if r is not None),
                        default=_int(mem.get("rss")) or _int(mem.get("peak")))
             limit = _int(mem.get("limit")) or host_limit
             limit_source = mem.get("limit_source") or host_limit_source
