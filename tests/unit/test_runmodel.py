@@ -516,7 +516,7 @@ def test_loader_cpu_and_host_memory_describe_the_last_ten_seconds_not_the_whole_
     recs = records(Rank(steps=40, dur=1.0, loader_workers=2, loader_cpu=0.95, rss=12 * GB, mem_limit=16 * GB))
     last_t = max(r["t"] for r in recs)
     for r in recs:
-        if r["k"] == "sample" and r["t"] > last_t - 9.5:
+        if r["k"] == "sample" and r["t"] >= last_t - 10.0:
             r["host"]["loader_cpu"] = 0.02
             r["host"]["rss"] = 2 * GB
     model = RunModel()
