@@ -33,6 +33,7 @@ def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--ranks", type=int, default=2)
     parser.add_argument("--phase-seconds", type=float, default=scenarios.TOUR_PHASE_S)
+    parser.add_argument("--trace", action="store_true", help="print the verdicts after a switch slower than 10 s")
     args = parser.parse_args()
     phases = len(scenarios.tour(args.ranks))
     seconds = phases * args.phase_seconds + 5
@@ -57,15 +58,20 @@ def main() -> None:
         while i < len(records) and (records[i][1].get("t") or 0.0) <= clock:
             model.ingest(*records[i])
             i += 1
-        shown.append((clock, tracker.update(model.view(now=clock)).bottleneck))
+        verdict = tracker.update(model.view(now=clock))
+        shown.append((clock, verdict.bottleneck, verdict.headline))
     print(f"{'scenario':<20} {'expected':<20} {'seconds to verdict':>18}")
     starts = sorted(firsts)
     for k, t in enumerate(starts):
         name = firsts[t]
         want = EXPECTED.get(name, name)
         end = starts[k + 1] if k + 1 < len(starts) else float("inf")
-        hit = next((c for c, b in shown if t <= c < end and b == want), None)
+        hit = next((c for c, b, _ in shown if t <= c < end and b == want), None)
         print(f"{name:<20} {want:<20} {'never' if hit is None else f'{hit - t:.0f}':>18}")
+        if args.trace and (hit is None or hit - t > 10):
+            for c, b, headline in shown:
+                if t <= c <= (hit if hit is not None else end):
+                    print(f"    +{c - t:4.0f}s {b}: {headline}")
 
 
 if __name__ == "__main__":

@@ -7,6 +7,7 @@ import pytest
 from tests.unit.verdict_synth import T0, Rank, job, records
 from probe.wire import busbw_factor
 from tui.model.runmodel import MIN_STEPS, RunModel
+from tui.model.stats import RECENT_SECONDS
 
 GB = 1 << 30
 
@@ -510,13 +511,13 @@ def test_host_lead_is_the_median_of_the_window_and_the_least_of_the_ranks():
     assert job(Rank(gpu_util=60), device="cuda").view().metrics.host_lead_s is None   # no events: unknown
 
 
-def test_loader_cpu_and_host_memory_describe_the_last_ten_seconds_not_the_whole_window():
-    """A job whose workers were CPU-bound until 10 s ago and now wait on I/O: the 30 s window still
-    holds both, but the sampled state is the recent one (the verdict must follow within 15 s)."""
+def test_loader_cpu_and_host_memory_describe_the_last_seconds_not_the_whole_window():
+    """A job whose workers were CPU-bound until a few seconds ago and now wait on I/O: the 30 s window
+    still holds both, but the sampled state is the recent one (the verdict must follow within 15 s)."""
     recs = records(Rank(steps=40, dur=1.0, loader_workers=2, loader_cpu=0.95, rss=12 * GB, mem_limit=16 * GB))
     last_t = max(r["t"] for r in recs)
     for r in recs:
-        if r["k"] == "sample" and r["t"] >= last_t - 10.0:
+        if r["k"] == "sample" and r["t"] >= last_t - RECENT_SECONDS:
             r["host"]["loader_cpu"] = 0.02
             r["host"]["rss"] = 2 * GB
     model = RunModel()

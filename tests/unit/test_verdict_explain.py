@@ -109,7 +109,7 @@ EXPECTED = {
         None),
     'memory_peak_host': (
         'memory', 'warn',
-        'Memory, host RSS: window peak 16.1 GB is 94% of the 17.2 GB limit',
+        'Memory, host RSS: recent peak 16.1 GB is 94% of the 17.2 GB limit',
         ['activation checkpointing (torch.utils.checkpoint) on the largest blocks',
          'mixed precision (bf16 autocast) to halve activations',
          'smaller micro-batch with gradient accumulation to keep the global batch',
@@ -424,7 +424,7 @@ def test_busbw_in_the_headline_uses_the_largest_unit_it_reaches(busbw, shown):
 
 def test_memory_headline_with_unknown_sizes_says_so():
     v = V.evaluate(_view(device="cpu", peak=None, memory=MemoryMetrics(source="host", peak_frac=0.95)))
-    assert v.headline == "Memory, host RSS: window peak ? is 95% of the ? limit"
+    assert v.headline == "Memory, host RSS: recent peak ? is 95% of the ? limit"
 
 
 def test_arrival_straggler_missing_from_the_rank_rows_is_still_named():

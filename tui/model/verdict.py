@@ -448,7 +448,8 @@ def _explain_memory(v: JobView, straggler: int | None) -> Explained:
     mem = v.metrics.memory
     what = (f"{mem.ooms} out-of-memory error(s)" if mem.ooms else
             "allocator retries rising" if mem.alloc_retries_rising else
-            f"window peak {_gb(mem.peak_bytes)} is {_pct(mem.peak_frac)} of the {_gb(mem.limit_bytes)} limit")
+            f"{'window' if mem.source == 'device' else 'recent'} peak {_gb(mem.peak_bytes)} is "
+            f"{_pct(mem.peak_frac)} of the {_gb(mem.limit_bytes)} limit")
     where = "device memory" if mem.source == "device" else "host RSS"
     fixes = ["activation checkpointing (torch.utils.checkpoint) on the largest blocks",
              "mixed precision (bf16 autocast) to halve activations",
