@@ -25,7 +25,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Iterator, Protocol
 
-STEPS = 40                # enough for a full window of ``MIN_STEPS`` and a few NVML samples
+STEPS = 40                # enough for a full window of ``MIN_STEPS``
+GPU_SECONDS = 1.5         # each GPU workload runs at least this long: NVML is sampled at 20 Hz
 
 
 @dataclass(frozen=True)
@@ -82,6 +83,15 @@ def run_job(name: str, body: Callable[[Any], None], *, device: Device | None = N
             for rec in read_recording(mon.record_path).records:
                 model.ingest(name, rec)
         return model.view()
+
+
+def _gpu_steps() -> Iterator[int]:
+    """Step numbers for a GPU workload: ``STEPS`` of them and at least ``GPU_SECONDS``."""
+    end = time.perf_counter() + GPU_SECONDS
+    i = 0
+    while i < STEPS or time.perf_counter() < end:
+        yield i
+        i += 1
 
 
 def _verdict_check(name: str, expected: str, view: Any, extra: str = "") -> Check:
@@ -168,7 +178,7 @@ def gpu_checks(device: Device | None) -> list[Check]:
                         0.015 <= elapsed <= 0.025))
 
     def half_idle(mon: Any) -> None:
-        for _ in range(STEPS):
+        for _ in _gpu_steps():
             with mon.step():
                 device.kernels(0.010)
                 time.sleep(0.020)             # host work the device does not see
@@ -186,7 +196,7 @@ def gpu_checks(device: Device | None) -> list[Check]:
                         f"busy {_pct(busy)}, {_leaf(view)}", half and _leaf(view) == "host_overhead"))
 
     def syncing(mon: Any) -> None:
-        for _ in range(STEPS):
+        for _ in _gpu_steps():
             with mon.step():
                 time.sleep(0.010)
                 device.kernels(0.010)
@@ -197,7 +207,7 @@ def gpu_checks(device: Device | None) -> list[Check]:
                                  f"syncs/step {_num(view.metrics.syncs_per_step)}"))
 
     def launch_bound(mon: Any) -> None:
-        for _ in range(STEPS):
+        for _ in _gpu_steps():
             with mon.step():
                 device.tiny_kernels(400)
 
