@@ -111,7 +111,8 @@ class SimulatedCuda:
         """Share of the host-clock interval [t0, t1] during which a kernel ran."""
         if t1 <= t0:
             return 0.0
-        covered = sum(max(0.0, min(b, t1) - max(a, t0)) for a, b in self.busy)
+        intervals = list(self.busy)     # one C call: the training thread appends while NVML's sampler reads
+        covered = sum(max(0.0, min(b, t1) - max(a, t0)) for a, b in intervals)
         return min(1.0, covered / (t1 - t0))
 
     def get_sync_debug_mode(self) -> int:

@@ -80,7 +80,7 @@ def _device_idle(m: Metrics, device_type: str, data: Loss) -> Loss:
 
 
 # Sources of device busy that measure activity (never the elapsed time between two CUDA events).
-MEASURED_BUSY = {"nvml": "NVML utilization", "gpm": "GPM SM activity"}
+MEASURED_BUSY = {"nvml": "NVML utilization"}
 
 
 def by_id(losses: tuple[Loss, ...]) -> dict[str, Loss]:
