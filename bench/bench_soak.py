@@ -5,7 +5,7 @@
 The job is a real ``probe.start()`` process (socket served, sender and sampler threads
 running) whose loop times a tiny CPU torch step (``mon.loader`` + ``mon.step`` + two
 phases) paced at ``--rate`` steps/s. The viewer is the TUI's data path without Textual:
-``tui.stream.sources.follow_live`` feeding a ``RunModel``, with ``view()`` + ``evaluate()`` at
+``tui.stream.feed.follow`` (the viewer's reader) feeding a ``RunModel``, with ``view()`` + ``evaluate()`` at
 4 Hz like the app's refresh timer. Every 10 s the parent reads both processes' RSS
 from /proc; at the end it prints the RSS slope (least squares over the samples after a
 60 s warm-up, in KiB per minute) and the step accounting: steps the job made = steps
@@ -62,25 +62,30 @@ def job(seconds: float, rate: float, out: str) -> None:
 
 def viewer(socket_path: str, out: str) -> None:
     from tui.model.runmodel import RunModel
-    from tui.stream.sources import follow_live
     from tui.model.verdict import evaluate
+    from tui.stream.discovery import resolve_live
+    from tui.stream.feed import LiveFeed, follow
 
     model = RunModel()
-    steps = dropped = drops_records = 0
-    last_view = 0.0
-    for stream, rec in follow_live([socket_path]):
-        model.ingest(stream, rec)
+    counts = {"steps": 0, "dropped": 0, "drops_records": 0}
+    last_view = [0.0]
+
+    def tap(stream: str, rec: dict) -> None:
         kind = rec["k"]
         if kind == "step":
-            steps += 1
+            counts["steps"] += 1
         elif kind == "drops":
-            drops_records += 1
-            dropped += int(rec.get("count") or 0)
+            counts["drops_records"] += 1
+            counts["dropped"] += int(rec.get("count") or 0)
         now = time.monotonic()
-        if now - last_view >= 0.25:
-            last_view = now
+        if now - last_view[0] >= 0.25:
+            last_view[0] = now
             evaluate(model.view())
-    Path(out).write_text(json.dumps({"steps": steps, "dropped": dropped, "drops_records": drops_records}))
+
+    feed = LiveFeed(model, None, resolve_live(socket_path), rescan=False)
+    feed.tap = tap
+    follow(feed)
+    Path(out).write_text(json.dumps(counts))
 
 
 def rss_kib(pid: int) -> int | None:

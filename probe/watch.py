@@ -8,7 +8,7 @@
 * Memory breakdown (probe.memory) on the sampler thread.
 * CUDA only: device time per step from pooled events and the host's lead
   (probe.gpu.cuda), host-device sync counts.
-* FLOPs per step (probe.flops) and the compute dtype and peak for MFU.
+* FLOPs per step (probe.step_flops) and the compute dtype and peak for MFU.
 
 ``watch()`` is idempotent per model and optimizer, can be called late (after some
 steps), with only an optimizer, and from inside an optimizer step hook (hook
@@ -18,23 +18,20 @@ optimizer iterates its hooks would raise in the training loop). It never raises.
 
 from __future__ import annotations
 
-import atexit
 import os
 import sys
-import threading
 import time
 import weakref
 from typing import Any
 
 from probe import comm, flops
 from probe.gpu import cuda as gpu_cuda
+from probe.step_flops import StepFlops
 from probe.memory import MemorySource, SavedTensorMeter, StateWalker
-from probe.tracing import HiddenPhases, compiling_check, contains_compiled, dynamo_has_compiled, run_eagerly
+from probe.tracing import HiddenPhases, compiling_check, dynamo_has_compiled, run_eagerly
 
 _perf_counter = time.perf_counter
 _is_compiling = compiling_check()   # every hook's first statement (probe.tracing says why)
-MAX_FLOP_SIGNATURES = 16     # distinct input shapes counted; beyond that, 6·N·tokens
-MAX_COUNT_SECONDS = 5.0      # a count slower than this stops further counting
 
 _OPTIONS = {"flops_per_step", "peak_flops", "phases", "comm", "memory", "syncs", "gpu_events", "count_flops"}
 
@@ -94,18 +91,6 @@ def _inside_optimizer_step() -> bool:
     return False
 
 
-def _unwrap(module: Any) -> Any:
-    """The plain module under DDP and torch.compile wrappers."""
-    for _ in range(4):
-        if type(module).__name__ == "DistributedDataParallel" and hasattr(module, "module"):
-            module = module.module
-        elif hasattr(module, "_orig_mod"):
-            module = module._orig_mod
-        else:
-            break
-    return module
-
-
 class ComputeSource:
     """``compute`` sample section: what MFU needs besides the step records."""
 
@@ -117,7 +102,7 @@ class ComputeSource:
     def read(self) -> dict[str, Any]:
         w = self.watcher
         return {"compute": {"dtype": w.dtype, "peak_flops": w.peak, "peak_source": w.peak_source,
-                            "flops_source": w.flops_source, "params": w.n_params, "device": w.device_label(),
+                            "flops_source": w.flops.source, "params": w.n_params, "device": w.device_label(),
                             "hidden_phases": w.hidden.hidden or None}}
 
 
@@ -141,7 +126,6 @@ class Watcher:
         self.dtype: str | None = None
         self.peak: float | None = None
         self.peak_source: str | None = None
-        self.flops_source: str | None = None
         self.param_dtype: Any = None
         self.comm_state: comm.CommState | None = None
         self.timer: gpu_cuda.StepTimer | None = None
@@ -150,18 +134,9 @@ class Watcher:
         self.memory_source: MemorySource | None = None
         self.sources_added = False
         self.comm_source_added = False
-        # flops
-        self.flops_cache: dict[tuple, int] = {}
-        self.flops_failed: set[tuple] = set()     # with flops_cache: at most MAX_FLOP_SIGNATURES keys
-        self.replay_blockers: dict[int, str | None] = {}
-        self.count_request: tuple | None = None
-        self.counting: tuple | None = None        # key being counted on the background thread
-        self.count_thread: threading.Thread | None = None
-        self.live: tuple[flops.LiveCount, tuple] | None = None
-        self.counting_off = False
+        self.flops = StepFlops(probe)
         torch = sys.modules.get("torch")
         self.grad_enabled = torch.is_grad_enabled if torch is not None else (lambda: True)
-        self.tensor_type = torch.Tensor if torch is not None else type(None)
         self.phases_on = self.flops_on = self.count_flops = True
         self.hidden = HiddenPhases(lambda message: probe.event("warning", message=message, source="watch"),
                                    hint="to time them, pass the module torch.compile returns to watch()")
@@ -180,8 +155,6 @@ class Watcher:
         self.last_fwd_end = 0.0
         self.bwd_open = False
         self.opt_t0 = 0.0
-        self.step_flops = 0
-        self.step_unknown: list[tuple] = []
 
     # -- configuration --------------------------------------------------------------------
     def configure(self, options: dict[str, Any]) -> None:
@@ -367,9 +340,9 @@ class Watcher:
                     self.dtype = flops.compute_dtype(self.param_dtype, self.device_type or "cpu")
                     self._update_peak()
                 if self.count_flops:
-                    self._flops_pre(module, args, kwargs)
+                    self.flops.before_forward(module, args, kwargs)
                 meter = self.meter
-                if (meter is not None and now >= meter.next_due and meter.ctx is None and self.live is None
+                if (meter is not None and now >= meter.next_due and meter.ctx is None and self.flops.live is None
                         and self.grad_enabled() and not dynamo_has_compiled()):   # no saved-tensor hooks under compile
                     meter.start()
             self.fwd_depth += 1
@@ -435,6 +408,7 @@ class Watcher:
         if self.deferred:
             self._run_deferred()
         self._reset_step()
+        self.flops.reset()
         if self.syncs is not None:
             self.syncs.ensure_first()
         if self.timer is not None:
@@ -472,97 +446,12 @@ class Watcher:
             if site is not None:
                 extras["sync_site"] = site
         if self.flops_on:
-            self._flops_end(extras)
+            self.flops.end_step(extras, self.n_fwd, self.n_params, self.options["flops_per_step"])
         if self.timer is not None:
             self.timer.end(p.steps)
             result = self.timer.take()
             if result is not None:
                 extras.update(result)
-
-    # -- FLOPs ----------------------------------------------------------------------------------
-    def _flops_pre(self, module: Any, args: tuple, kwargs: dict) -> None:
-        if self.probe.step_args.flops is not None:
-            return
-        if not kwargs and len(args) == 1 and isinstance(args[0], self.tensor_type):
-            sig: tuple = (args[0].shape, args[0].dtype)      # the common case, without building tuples
-        else:
-            sig = flops.signature(args, kwargs)
-        grad = self.grad_enabled()
-        key = (id(module), sig, grad)
-        value = self.flops_cache.get(key)
-        if value is not None:
-            self.step_flops += value
-            return
-        self.step_unknown.append(key)
-        if (self.counting_off or key in self.flops_failed
-                or len(self.flops_cache) + len(self.flops_failed) >= MAX_FLOP_SIGNATURES
-                or self.count_request is not None or self.counting is not None or self.live is not None):
-            return
-        target = _unwrap(module)
-        blocker = self.replay_blockers.get(id(target), "unchecked")
-        if blocker == "unchecked":
-            blocker = flops.meta_replay_blocker(target)
-            self.replay_blockers[id(target)] = blocker
-        if blocker is None:
-            self.count_request = (target, key, flops.to_meta(args), flops.to_meta(kwargs), grad)
-        elif not contains_compiled(module) and not dynamo_has_compiled():   # a dispatch mode alters what dynamo traces
-            live = flops.LiveCount()
-            live.start()
-            self.live = (live, key)
-            self.live_thread = threading.get_ident()
-
-    def _flops_end(self, extras: dict[str, Any]) -> None:
-        ctx = self.probe.step_args
-        if ctx.flops is not None:
-            self.flops_source = "user"
-            return
-        if self.options["flops_per_step"] is not None:
-            extras["flops"] = float(self.options["flops_per_step"])
-            extras["flops_source"] = self.flops_source = "user"
-            return
-        if self.live is not None:
-            live, key = self.live
-            self.live = None
-            try:
-                total = live.stop()
-                self.flops_cache[key] = total // max(1, self.step_unknown.count(key))
-            except Exception as exc:
-                self.flops_failed.add(key)
-                self.probe.report_error("FLOP count", exc)
-        if self.count_request is not None:
-            self._start_count()
-        unknown = self.step_unknown
-        if unknown and all(k in self.flops_cache for k in unknown):
-            self.step_flops += sum(self.flops_cache[k] for k in unknown)
-            unknown = []
-        if self.n_fwd and not unknown and self.step_flops:
-            extras["flops"] = float(self.step_flops)
-            extras["flops_source"] = self.flops_source = "counted"
-            return
-        estimate = flops.six_n(self.n_params, ctx.tokens)
-        if estimate is not None:
-            extras["flops"] = estimate
-            extras["flops_source"] = self.flops_source = "6N"
-
-    def _start_count(self) -> None:
-        """Count the requested signature on a meta copy, off the training thread.
-
-        At interpreter exit a count still running is waited for (bounded): a daemon
-        thread inside torch's C++ code while the interpreter finalizes aborts the process.
-        """
-        request, self.count_request = self.count_request, None
-        self.counting = request[1]   # type: ignore[index]
-        thread = threading.Thread(target=self._count, args=request, name="perfmon-flops", daemon=True)
-        if self.count_thread is None:
-            atexit.register(self._join_count)
-        self.count_thread = thread
-        thread.start()
-
-    def _join_count(self, timeout: float = 2 * MAX_COUNT_SECONDS) -> None:   # atexit: a thread inside torch
-        # while the interpreter finalizes aborts the process; close() passes its own, shorter bound
-        thread = self.count_thread
-        if thread is not None and thread.is_alive():
-            thread.join(max(0.0, timeout))
 
     def close(self, deadline: float) -> None:
         """Probe.close(): remove every hook; wait for a running FLOP count until ``deadline``
@@ -574,39 +463,12 @@ class Watcher:
             except Exception:
                 pass
         self.deferred = []
-        self.count_request = None
         if self.comm_state is not None:
             self.comm_state.close()
         if self.syncs is not None:       # sync debug mode back to off, our filter out
             gpu_cuda.disable_sync_counting(gpu_cuda.backend, self.syncs)
             self.syncs = None
-        live, self.live = self.live, None
-        if live is not None and getattr(self, "live_thread", None) == threading.get_ident():
-            try:   # a step's live count ends here: its step-end hook no longer runs
-                live[0].stop()
-            except Exception:
-                pass
-        self._join_count(deadline - time.monotonic())
-
-    def _count(self, target: Any, key: tuple, margs: tuple, mkwargs: dict, grad: bool) -> None:
-        t0 = time.perf_counter()
-        try:
-            try:
-                replica = flops.meta_replica(target)
-            except Exception as exc:     # cannot copy: a real step will be counted instead
-                self.replay_blockers[id(target)] = f"no meta copy: {exc!r}"
-                return
-            forward, total = flops.count_meta(replica, margs, mkwargs, backward=grad)
-            self.flops_cache[key] = total if grad else forward
-        except Exception as exc:
-            self.flops_failed.add(key)
-            self.probe.event("warning", source="watch",
-                             message=f"FLOPs not counted for an input shape (meta replay failed: {exc!r})"[:300])
-        finally:
-            self.counting = None
-            if time.perf_counter() - t0 > MAX_COUNT_SECONDS:
-                self.counting_off = True
-
+        self.flops.close(deadline)
 
 def _safe(fn: Any) -> Any:
     try:

@@ -13,7 +13,8 @@ import pytest
 from tui.app import perfmon_app as app_module
 from tui.commands.attach import build_app
 from tui.errors import UserError
-from tui.stream.feed import LiveFeed, ReplayFeed, TcpFeed, parse_host_port, read_token
+from tui.stream.discovery import parse_host_port, read_token
+from tui.stream.feed import LiveFeed, ReplayFeed, TcpFeed
 from tui.app.widgets.layout import plan
 
 

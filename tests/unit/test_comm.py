@@ -6,13 +6,13 @@ from __future__ import annotations
 import pytest
 
 from probe import comm
-from probe.comm import CommState, CommTracker, EventPairPoller, WorkPoller, _Done
+from probe.comm import CommState, CommTracker, EventPairPoller, WorkPoller, CollectiveCall
 from probe.wire import busbw_factor as bus_factor
 
 
-def _host(op: str, launch: float, done: float, nbytes: int = 100, n: int = 2, **kw) -> _Done:
+def _host(op: str, launch: float, done: float, nbytes: int = 100, n: int = 2, **kw) -> CollectiveCall:
     """A host-timed collective (gloo): launched and seen complete at these perf_counter times."""
-    return _Done(op, 1, nbytes, n, done - launch, 0.0, launch=launch, done=done, **kw)
+    return CollectiveCall(op, 1, nbytes, n, done - launch, 0.0, launch=launch, done=done, **kw)
 
 
 def test_queued_host_collectives_are_charged_once():
@@ -52,9 +52,9 @@ def test_bus_bandwidth_uses_nccl_tests_factors():
     assert bus_factor("all_gather", 4) == pytest.approx(0.75)
     assert bus_factor("broadcast", 4) == 1.0 and bus_factor("barrier", 4) is None
     tracker = CommTracker()
-    tracker.add(_Done("all_reduce", 1, 100_000_000, 4, 1.0, 1.0))
+    tracker.add(CollectiveCall("all_reduce", 1, 100_000_000, 4, 1.0, 1.0))
     tracker.drain()
-    tracker.add(_Done("all_reduce", 1, 100_000_000, 2, 1.0, 1.0))     # a 2-rank subgroup: factor 1
+    tracker.add(CollectiveCall("all_reduce", 1, 100_000_000, 2, 1.0, 1.0))     # a 2-rank subgroup: factor 1
     tracker.drain()
     (op,) = tracker.record()["ops"]
     # bus bytes keep each call's own group factor, so a viewer's window busbw stays right
@@ -64,7 +64,7 @@ def test_bus_bandwidth_uses_nccl_tests_factors():
 
 def test_untimed_collectives_flag_their_exposed_part_as_unknown():
     tracker = CommTracker()
-    tracker.add(_Done("all_gather", 1, 64, 8, None, None))
+    tracker.add(CollectiveCall("all_gather", 1, 64, 8, None, None))
     summary = tracker.drain()
     assert summary["seconds"] is None and summary["exposed"] is None and summary["estimated"] is True
     (op,) = tracker.record()["ops"]
@@ -91,7 +91,7 @@ class _Work:
 def test_nccl_async_durations_are_read_only_after_completion():
     tracker = CommTracker()
     poller = WorkPoller(tracker)
-    poller.add(_Work(2, 12.5), _Done("reduce_scatter", 1, 1000, 8, None, None))
+    poller.add(_Work(2, 12.5), CollectiveCall("reduce_scatter", 1, 1000, 8, None, None))
     assert poller() is True and poller() is True and not tracker.done     # not complete: not read
     assert poller() is False
     summary = tracker.drain()
@@ -102,10 +102,10 @@ def test_nccl_async_durations_are_read_only_after_completion():
 def test_nccl_without_timing_still_counts_and_stops_asking():
     tracker = CommTracker()
     poller = WorkPoller(tracker)
-    poller.add(_Work(0, None), _Done("all_reduce", 1, 10, 2, None, None))
+    poller.add(_Work(0, None), CollectiveCall("all_reduce", 1, 10, 2, None, None))
     poller()
     assert poller.broken
-    poller.add(_Work(5, 1.0), _Done("all_reduce", 1, 10, 2, None, None))   # recorded at once, untimed
+    poller.add(_Work(5, 1.0), CollectiveCall("all_reduce", 1, 10, 2, None, None))   # recorded at once, untimed
     summary = tracker.drain()
     assert summary["ops"] == 2 and summary["seconds"] is None
 
@@ -128,7 +128,7 @@ def test_sync_cuda_collective_is_bracketed_by_reused_events(simulated_cuda):
         return x
 
     for _ in range(3):
-        item = _Done("all_reduce", 1, 8, 2, None, None)
+        item = CollectiveCall("all_reduce", 1, 8, 2, None, None)
         assert state._sync_cuda(collective, ("result",), {}, item, 0) == "result"
         cuda.synchronize()           # the test waits for the stream; the poller itself never does
         state._event_poller()

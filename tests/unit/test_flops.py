@@ -30,7 +30,7 @@ def _steps_until_counted(mon, model, opt, x, tokens, limit_s=30.0) -> None:
             model(x).sum().backward()
             opt.step()
             opt.zero_grad()
-        if watcher.flops_cache and watcher.counting is None:
+        if watcher.flops.cache and watcher.flops.counting is None:
             with mon.step(samples=x.shape[0], tokens=tokens):     # one step that uses the cached count
                 model(x).sum().backward()
                 opt.step()

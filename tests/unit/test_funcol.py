@@ -9,6 +9,7 @@ torch = pytest.importorskip("torch")
 dist = pytest.importorskip("torch.distributed")
 
 from probe import comm  # noqa: E402
+from probe.comm import functional  # noqa: E402
 
 
 class _Probe:
@@ -30,7 +31,7 @@ def patched():
         dist.destroy_process_group()
 
 
-def _items(state: comm.CommState) -> list[comm._Done]:
+def _items(state: comm.CommState) -> list[comm.CollectiveCall]:
     return list(state.tracker.done)
 
 
@@ -67,7 +68,7 @@ def test_a_wait_for_a_collective_launched_elsewhere_counts_as_other(patched):
 def test_launched_but_never_waited_collectives_are_bounded(patched, monkeypatch):
     from torch.distributed import _functional_collectives as funcol
 
-    monkeypatch.setattr(comm, "MAX_FUNCOL_PENDING", 4)
+    monkeypatch.setattr(functional, "MAX_FUNCOL_PENDING", 4)
     kept = [funcol.all_reduce(torch.ones(2), "sum", dist.group.WORLD) for _ in range(10)]
     assert len(patched.funcol.pending) == 4
     for t in kept:

@@ -9,6 +9,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from tests.unit.verdict_synth import T0, Rank, job
+from tui.model import flowchart as chart
 from tui.model import verdict as V
 from tui.model.losses import account, by_id
 from tui.model.views import Metrics
@@ -58,12 +59,12 @@ def test_the_largest_loss_names_the_verdict_and_the_others_become_findings():
                          compute_ratio=1.0, loader_workers=2, loader_cpu=0.02))
     # idle 1 - 0.55 - 0.15 = 30% > comm 25% > data 15%
     assert v.bottleneck == "host_overhead"
-    assert [(f["id"], f["share"]) for f in v.findings if f["id"] in V.LOSS_THRESHOLD] == [
+    assert [(f["id"], f["share"]) for f in v.findings if f["id"] in chart.LOSS_THRESHOLD] == [
         ("comm_exposed", 0.25), ("data_wait", 0.15)]
     v = V.evaluate(_view(device_busy=0.8, device_busy_source="nvml", data_wait_frac=0.15, comm_exposed_frac=0.25,
                          compute_ratio=1.0, loader_workers=2, loader_cpu=0.02))
     assert v.bottleneck == "communication"
-    assert [f["id"] for f in v.findings if f["id"] in V.LOSS_THRESHOLD] == ["data_wait"]   # idle 5%: not one
+    assert [f["id"] for f in v.findings if f["id"] in chart.LOSS_THRESHOLD] == ["data_wait"]   # idle 5%: not one
 
 
 def test_a_data_wait_between_5_and_10_percent_is_a_finding_of_a_healthy_job():
@@ -84,8 +85,8 @@ def test_never_healthy_with_a_measured_loss_of_ten_percent(busy, data, comm, syn
                  loader_cpu=cpu, loader_workers=2, compute_ratio=ratio, mfu=0.5)
     view = dataclasses.replace(view, world_size=2)
     v = V.evaluate(view)
-    worst = max((x.share for x in v.losses if x.id in V.LOSS_THRESHOLD and x.share is not None), default=0.0)
-    if worst >= V.LOSS_MIN:
+    worst = max((x.share for x in v.losses if x.id in chart.LOSS_THRESHOLD and x.share is not None), default=0.0)
+    if worst >= chart.LOSS_MIN:
         assert v.bottleneck != "healthy", (v.headline, v.losses)
     # an unknown never selects an exit: the outcome's loss, when it names one, was measured
     named = v.rule.loss
@@ -105,7 +106,7 @@ def test_an_early_memory_spike_stops_counting_once_it_leaves_the_window():
     spike = [mem(T0 + 0.5, 78 * GB, 78 * GB)]
     later = [mem(T0 + 0.5 + i, 20 * GB, 78 * GB) for i in range(1, 20)]
     early = job(Rank(steps=10, dur=0.1, gpu_util=97, extra_records=spike), device="cuda").view()
-    assert early.metrics.memory.peak_frac > V.MEMORY_PEAK_MAX and V.evaluate(early).bottleneck == "memory"
+    assert early.metrics.memory.peak_frac > chart.MEMORY_PEAK_MAX and V.evaluate(early).bottleneck == "memory"
     long_after = job(Rank(steps=300, dur=0.1, gpu_util=97, extra_records=spike + later), device="cuda").view()
     assert long_after.metrics.memory.peak_bytes == 20 * GB
     assert V.evaluate(long_after).bottleneck != "memory"

@@ -95,7 +95,7 @@ def test_work_poller_takes_nothing_after_close():
     poller = comm.WorkPoller(tracker)
     state = comm.CommState(probe=None)
     state._work_poller = poller
-    item = comm._Done("all_reduce", 1, 8, 2, None, None)
+    item = comm.CollectiveCall("all_reduce", 1, 8, 2, None, None)
     poller.add(object(), item)
     assert len(poller.pending) == 1
     state.async_works[1] = (object(), item)

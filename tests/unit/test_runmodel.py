@@ -84,7 +84,7 @@ def test_ettr_falls_back_to_blocking_event_seconds_without_gap_key():
         model.ingest("s", r)
     view = model.view()
     assert view.metrics.ettr == pytest.approx(2.0 / 3.0, abs=1e-6)    # 2 s of steps in 3 s
-    assert view.steps_recent[0][10]["gap"] == pytest.approx(1.0)
+    assert view.traces[0].steps[10].gap == pytest.approx(1.0)
     assert view.metrics.step_time_median_s == pytest.approx(0.1)
 
 
@@ -272,11 +272,11 @@ def test_drops_orphans_and_events():
 
 def test_timeline_and_data_history_for_the_panes():
     view = job(Rank(steps=200, dur=0.1, data=0.025)).view()
-    steps = view.steps_recent[0]
-    assert len(steps) == 120 and steps[-1]["step"] == 199
-    assert set(steps[-1]) >= {"step", "start", "dur", "gap", "phases"}
-    assert view.data_wait_history[0][-1] == pytest.approx(0.25)
-    assert view.host[0]["rss"] == 1 << 30 and view.sample_history[0]
+    steps = view.traces[0].steps
+    assert len(steps) == 120 and steps[-1].step == 199
+    assert steps[-1].dur == pytest.approx(0.1) and steps[-1].phase("data") == pytest.approx(0.025)
+    assert view.traces[0].data_wait[-1] == pytest.approx(0.25)
+    assert view.hosts[0].rss == 1 << 30 and view.traces[0].cpu
 
 
 def test_view_recomputes_only_after_new_records():

@@ -8,8 +8,10 @@ import dataclasses
 import pytest
 
 from tests.unit.verdict_synth import T0, Rank, job
+from tui.model import flowchart as chart
 from tui.model import verdict as V
 from tui.model.runmodel import RunModel
+from tui.model.readings import GpuReading, GpuRow
 from tui.model.views import JobView, MemoryMetrics
 
 GB = 1 << 30
@@ -86,22 +88,22 @@ def test_every_leaf_is_reached(name, ranks, kw, leaf, path):
 
 
 def test_all_leaves_of_the_chart_are_covered_by_the_table():
-    leaves = {x for n in V.FLOWCHART for x in (n.yes, n.no) if x in V.BOTTLENECKS}
+    leaves = {x for n in chart.FLOWCHART for x in (n.yes, n.no) if x in V.BOTTLENECKS}
     assert leaves == {x[3] for x in LEAVES}
     assert leaves | {"warming_up"} == set(V.BOTTLENECKS)
 
 
 def test_flowchart_is_well_formed_data():
-    ids = [n.id for n in V.FLOWCHART]
-    assert len(ids) == len(set(ids)) and V.ROOT == ids[0]
-    for n in V.FLOWCHART:
+    ids = [n.id for n in chart.FLOWCHART]
+    assert len(ids) == len(set(ids)) and chart.ROOT == ids[0]
+    for n in chart.FLOWCHART:
         assert n.question.endswith("?") and n.threshold_source and n.op in ("<", ">=", ">")
         for exit_ in (n.yes, n.no):
-            assert exit_ in V.NODES or exit_ in V.BOTTLENECKS
+            assert exit_ in chart.NODES or exit_ in V.BOTTLENECKS
     # every node is reachable from the root
-    seen, todo = set(), [V.ROOT]
+    seen, todo = set(), [chart.ROOT]
     while todo:
-        n = V.NODES[todo.pop()]
+        n = chart.NODES[todo.pop()]
         seen.add(n.id)
         todo += [x for x in (n.yes, n.no) if x not in V.BOTTLENECKS and x not in seen]
     assert seen == set(ids)
@@ -171,23 +173,23 @@ EPS = 1e-9
 EDGES = [
     # (name, view factory at value, value that fires, value that does not, leaf when fired, leaf when not)
     ("memory", lambda x: _base_view(memory=MemoryMetrics(source="device", peak_frac=x, peak_bytes=1, limit_bytes=1)),
-     V.MEMORY_PEAK_MAX + EPS, V.MEMORY_PEAK_MAX, "memory", "healthy"),
-    ("device_busy", lambda x: _idle(device_busy=x), V.DEVICE_BUSY_MIN - EPS, V.DEVICE_BUSY_MIN,
+     chart.MEMORY_PEAK_MAX + EPS, chart.MEMORY_PEAK_MAX, "memory", "healthy"),
+    ("device_busy", lambda x: _idle(device_busy=x), chart.DEVICE_BUSY_MIN - EPS, chart.DEVICE_BUSY_MIN,
      "host_overhead", "healthy"),
-    ("data_wait", lambda x: _idle(data_wait_frac=x, loader_cpu=0.0, loader_workers=2), V.DATA_WAIT_MIN,
-     V.DATA_WAIT_MIN - EPS, "data_loading", "host_overhead"),
-    ("loader_cpu", lambda x: _idle(data_wait_frac=0.2, loader_cpu=x, loader_workers=2), V.LOADER_CPU_BOUND,
-     V.LOADER_CPU_BOUND - EPS, "data_preprocessing", "data_loading"),
+    ("data_wait", lambda x: _idle(data_wait_frac=x, loader_cpu=0.0, loader_workers=2), chart.DATA_WAIT_MIN,
+     chart.DATA_WAIT_MIN - EPS, "data_loading", "host_overhead"),
+    ("loader_cpu", lambda x: _idle(data_wait_frac=0.2, loader_cpu=x, loader_workers=2), chart.LOADER_CPU_BOUND,
+     chart.LOADER_CPU_BOUND - EPS, "data_preprocessing", "data_loading"),
     ("data_cpu (num_workers=0)", lambda x: _idle(data_wait_frac=0.2, data_cpu_frac=x, loader_workers=0),
-     V.LOADER_CPU_BOUND, V.LOADER_CPU_BOUND - EPS, "data_preprocessing", "data_loading"),
+     chart.LOADER_CPU_BOUND, chart.LOADER_CPU_BOUND - EPS, "data_preprocessing", "data_loading"),
     # the device is 90% busy: an exposed share under 10% does not open the gate at all
-    ("comm_exposed", lambda x: _comm(comm_exposed_frac=x, compute_ratio=1.0), V.COMM_EXPOSED_MIN,
-     V.COMM_EXPOSED_MIN - EPS, "communication", "healthy"),
-    ("straggler", lambda x: _comm(comm_exposed_frac=0.3, compute_ratio=x), V.STRAGGLER_RATIO_MAX - EPS,
-     V.STRAGGLER_RATIO_MAX, "load_imbalance", "communication"),
-    ("host_sync", lambda x: _idle(syncs_per_step=x, device_busy_source="nvml"), V.SYNCS_PER_STEP_MIN, V.SYNCS_PER_STEP_MIN - EPS,
+    ("comm_exposed", lambda x: _comm(comm_exposed_frac=x, compute_ratio=1.0), chart.COMM_EXPOSED_MIN,
+     chart.COMM_EXPOSED_MIN - EPS, "communication", "healthy"),
+    ("straggler", lambda x: _comm(comm_exposed_frac=0.3, compute_ratio=x), chart.STRAGGLER_RATIO_MAX - EPS,
+     chart.STRAGGLER_RATIO_MAX, "load_imbalance", "communication"),
+    ("host_sync", lambda x: _idle(syncs_per_step=x, device_busy_source="nvml"), chart.SYNCS_PER_STEP_MIN, chart.SYNCS_PER_STEP_MIN - EPS,
      "host_sync", "host_overhead"),
-    ("mfu", lambda x: _base_view(mfu=x), V.MFU_MIN - EPS, V.MFU_MIN, "compute_efficiency", "healthy"),
+    ("mfu", lambda x: _base_view(mfu=x), chart.MFU_MIN - EPS, chart.MFU_MIN, "compute_efficiency", "healthy"),
 ]
 
 
@@ -198,21 +200,21 @@ def test_threshold_edges(name, make, fires, holds, yes_leaf, no_leaf):
 
 
 def test_ettr_edge_for_step_gaps():
-    assert "step_gaps" in [f["id"] for f in V.evaluate(_base_view(ettr=V.ETTR_MIN - EPS)).findings]
-    assert "step_gaps" not in [f["id"] for f in V.evaluate(_base_view(ettr=V.ETTR_MIN)).findings]
+    assert "step_gaps" in [f["id"] for f in V.evaluate(_base_view(ettr=chart.ETTR_MIN - EPS)).findings]
+    assert "step_gaps" not in [f["id"] for f in V.evaluate(_base_view(ettr=chart.ETTR_MIN)).findings]
 
 
 def test_recent_gap_share_edge_for_step_gaps_while_whole_run_ettr_is_still_high():
     """Pauses that began recently show in the window before they pull whole-run ETTR under 90%."""
-    fired = V.evaluate(_base_view(ettr=0.97, gap_frac=1.0 - V.ETTR_MIN)).findings
+    fired = V.evaluate(_base_view(ettr=0.97, gap_frac=1.0 - chart.ETTR_MIN)).findings
     assert [f for f in fired if f["id"] == "step_gaps"][0]["message"].startswith("10% of recent time")
-    held = V.evaluate(_base_view(ettr=0.97, gap_frac=1.0 - V.ETTR_MIN - 0.001)).findings
+    held = V.evaluate(_base_view(ettr=0.97, gap_frac=1.0 - chart.ETTR_MIN - 0.001)).findings
     assert "step_gaps" not in [f["id"] for f in held]
 
 
 def test_device_busy_crit_edge():
-    assert V.evaluate(_idle(device_busy=V.DEVICE_BUSY_CRIT - EPS)).severity == "crit"
-    assert V.evaluate(_idle(device_busy=V.DEVICE_BUSY_CRIT)).severity == "warn"
+    assert V.evaluate(_idle(device_busy=chart.DEVICE_BUSY_CRIT - EPS)).severity == "crit"
+    assert V.evaluate(_idle(device_busy=chart.DEVICE_BUSY_CRIT)).severity == "warn"
 
 
 def test_every_threshold_is_a_named_constant_with_a_source():
@@ -221,9 +223,9 @@ def test_every_threshold_is_a_named_constant_with_a_source():
     documented = {"memory": (">", 0.90), "device_busy": ("<", 0.70), "data_wait": (">=", 0.05),
                   "loader_cpu": (">=", 0.30), "comm_exposed": (">=", 0.10), "straggler": ("<", 0.7),
                   "syncs": (">=", 1.0), "mfu": ("<", 0.30)}
-    assert {n.id: (n.op, n.threshold) for n in V.FLOWCHART} == documented
-    assert all(len(n.threshold_source) > 10 for n in V.FLOWCHART)
-    assert (V.ETTR_MIN, V.DEVICE_BUSY_CRIT, V.FRAGMENTATION_MAX) == (0.90, 0.50, 0.20)
+    assert {n.id: (n.op, n.threshold) for n in chart.FLOWCHART} == documented
+    assert all(len(n.threshold_source) > 10 for n in chart.FLOWCHART)
+    assert (chart.ETTR_MIN, chart.DEVICE_BUSY_CRIT, chart.FRAGMENTATION_MAX) == (0.90, 0.50, 0.20)
 
 
 # -- missing measurements never crash and never pick an unsupported branch ---------------------
@@ -373,7 +375,7 @@ def test_finding_ids_are_from_the_documented_list():
     for rec in records(restarted, world=1, device="cuda"):
         model.ingest("restarted", rec)
     ids = [f["id"] for f in V.evaluate(model.view()).findings]
-    assert sorted(ids) == sorted(set(V.FINDINGS) - set(V.LOSS_THRESHOLD))   # the loss findings: below
+    assert sorted(ids) == sorted(set(chart.FINDINGS) - set(chart.LOSS_THRESHOLD))   # the loss findings: below
 
 
 # -- straggler by late arrival (equal compute, time lost outside the step) -----------------------
@@ -417,7 +419,7 @@ def test_every_answered_node_puts_its_measured_value_in_the_evidence(name, ranks
     _, walked, evidence = V.walk(view)
     skipped = evidence.get("skipped", {})
     for node_id in walked:
-        node = V.NODES[node_id]
+        node = chart.NODES[node_id]
         if node_id in skipped:
             assert node.quantity not in evidence, node_id
             continue
@@ -454,7 +456,7 @@ def test_a_question_that_cannot_be_asked_says_why_and_takes_the_no_exit(view, no
     leaf, walked, evidence = V.walk(v)
     assert evidence["skipped"][node] == reason
     i = walked.index(node)
-    nxt = V.NODES[node].no
+    nxt = chart.NODES[node].no
     assert (walked[i + 1] if i + 1 < len(walked) else leaf) == nxt
 
 
@@ -505,7 +507,8 @@ def test_tensor_core_answer_when_mfu_is_unknown():
     leaf, _, ev = V.walk(view)
     assert leaf == "compute_efficiency" and ev["mfu"] == 0.005
     assert ev["notes"]["mfu"] == "tensor-core activity (MFU unknown)"
-    at_edge = job(Rank(gpu_util=97, tensor_active=V.TENSOR_ACTIVE_MIN), device="cuda").view()
+    at_edge = job(Rank(gpu_util=97, tensor_active=chart.TENSOR_ACTIVE_MIN), device="cuda").view()
     assert V.walk(at_edge)[0] == "healthy"
-    two = dataclasses.replace(view, gpus={0: [{"tensor_active": 0.2}, {"tensor_active": 0.4}]})
+    two = dataclasses.replace(view, gpus=(GpuRow(0, GpuReading(0, 0.97, tensor_active=0.2), ()),
+                                          GpuRow(1, GpuReading(1, 0.97, tensor_active=0.4), ())))
     assert V.walk(two)[2]["mfu"] == pytest.approx(0.3)

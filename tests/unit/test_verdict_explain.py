@@ -13,7 +13,9 @@ import dataclasses
 import pytest
 
 from tests.unit.verdict_synth import Rank, job
+from tui.model import explain
 from tui.model import verdict as V
+from tui.model.readings import GpuRow, RankTrace, StepBar, gpu_reading
 from tui.model.views import MemoryMetrics
 
 GB = 1 << 30
@@ -66,7 +68,8 @@ VIEWS = {
     "host_sync": lambda: job(Rank(gpu_util=40, syncs=3), device="cuda").view(),
     "host_sync_site": lambda: dataclasses.replace(
         job(Rank(gpu_util=40, syncs=1.5), device="cuda").view(),
-        steps_recent={0: [{"sync_site": "train.py:10"}, {"sync_site": "train.py:42"}, {}]}),
+        traces={0: RankTrace(steps=(StepBar(0, 0.1, 0.0, (), "train.py:10"), StepBar(1, 0.1, 0.0, (), "train.py:42"),
+                                    StepBar(2, 0.1, 0.0, ())), data_wait=(), cpu=())}),
     "host_overhead": lambda: _idle(step_time_median_s=0.25),
     "compute_efficiency_mfu": lambda: _view(mfu=0.12, device_busy=0.97),
     "compute_efficiency_tensor": lambda: job(Rank(gpu_util=97, tensor_active=0.004), device="cuda").view(),
@@ -365,9 +368,9 @@ def _findings_view(**metrics):
     view = model.view()
     return dataclasses.replace(
         view, metrics=dataclasses.replace(view.metrics, **metrics), drops_total=12,
-        gpus={0: [{"index": 0, "throttle": ["idle", "sw_thermal", "hw_slowdown"]}, {"index": 1, "throttle": None},
-                  "not a dict"],
-              1: [{"index": 0, "throttle": ["sw_power_cap", "app_clocks"]}]},
+        gpus=(GpuRow(0, gpu_reading({"index": 0, "throttle": ["idle", "sw_thermal", "hw_slowdown"]}), ()),
+              GpuRow(0, gpu_reading({"index": 1, "throttle": None}), ()),
+              GpuRow(1, gpu_reading({"index": 0, "throttle": ["sw_power_cap", "app_clocks"]}), ())),
         events=[{"name": "checkpoint"}, {"name": "eval"}, {"name": "warning"}])
 
 
@@ -424,21 +427,21 @@ def test_busbw_in_the_headline_uses_the_largest_unit_it_reaches(busbw, shown):
 
 def test_memory_headline_with_unknown_sizes_says_so():
     v = V.evaluate(_view(device="cpu", peak=None, memory=MemoryMetrics(source="host", peak_frac=0.95)))
-    assert v.headline == "Memory, host RSS: recent peak ? is 95% of the ? limit"
+    assert v.headline == "Memory, host RSS: recent peak n/a is 95% of the n/a limit"
 
 
 def test_arrival_straggler_missing_from_the_rank_rows_is_still_named():
     view = dataclasses.replace(_comm(comm_exposed_frac=0.3, compute_ratio=0.95, straggler_by="arrival",
                                      arrival_ratio=0.5, comm_op=None), straggler_rank=5)
     assert V.evaluate(view).headline == ("Load imbalance: rank 5 arrives last at collective; the others wait 30% "
-                                         "of the step for it (it waits ?)")
+                                         "of the step for it (it waits n/a)")
 
 
-def test_compute_straggler_without_per_rank_compute_times_shows_question_marks():
+def test_compute_straggler_without_per_rank_compute_times_says_not_available():
     view = dataclasses.replace(_comm(comm_exposed_frac=0.3, compute_ratio=0.5, straggler_by="compute"),
                                straggler_rank=1, ranks=[])
     v = V.evaluate(view)
-    assert v.headline == "Load imbalance: rank 1 computes ?/step vs ? on rank ?; the others wait 30% in collective"
+    assert v.headline == "Load imbalance: rank 1 computes n/a/step vs n/a on rank n/a; the others wait 30% in collective"
 
 
 def test_per_rank_batch_suggestion_divides_by_the_world_size():
@@ -457,7 +460,7 @@ def test_arrival_straggler_mentions_its_gaps_from_five_percent(gap, said):
 
 def test_unknown_step_time_and_unmeasured_loader_are_said_plainly():
     assert V.evaluate(_idle(step_time_median_s=None)).headline == (
-        "Host overhead: the device idles 55% of each step with no other measured cause (busy 45% of a ? step); "
+        "Host overhead: the device idles 55% of each step with no other measured cause (busy 45% of a n/a step); "
         "the CPU cannot feed it")
     v = V.evaluate(_idle(data_wait_frac=0.3, loader_workers=None, loader_cpu=None, data_cpu_frac=None))
     assert v.bottleneck == "data_loading" and v.undecided == {"loader_cpu": v.evidence["skipped"]["loader_cpu"]}
@@ -468,15 +471,15 @@ def test_unknown_step_time_and_unmeasured_loader_are_said_plainly():
 
 def test_rate_formatter_says_unknown_for_no_bandwidth():
     # the headline only quotes busbw when it is known; the formatter still says "unknown" for None
-    assert V._rate(None) == "? B/s" and V._rate(0.0) == "0 B/s"
+    assert explain._rate(None) == "n/a" and explain._rate(0.0) == "0 B/s"
 
 
-def test_healthy_with_unknown_device_busy_says_question_mark():
+def test_healthy_with_unknown_device_busy_says_not_available():
     """GPU activity not measured, every measured loss small: the gate is answered on the losses."""
     v = V.evaluate(_view(device_busy=None, device_busy_source=None))
     assert v.bottleneck == "healthy" and v.evidence["device_busy"] is None and "device_busy" not in v.evidence.get(
         "skipped", {})
-    assert v.headline == ("Healthy: CUDA busy ? of a 100 ms step, no measured loss of 10% or more, MFU 50% of a "
+    assert v.headline == ("Healthy: CUDA busy n/a of a 100 ms step, no measured loss of 10% or more, MFU 50% of a "
                           "100 TFLOP/s peak (device table, bf16)")
     idle = [x for x in v.losses if x.id == "device_idle"][0]
     assert idle.share is None and "not measured" in idle.source

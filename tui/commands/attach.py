@@ -28,7 +28,8 @@ def _needs_terminal() -> None:
 def build_app(target: str | None, *, token: str | None = None, speed: float | None = 1.0,
               log_path: Path | None = None):
     """The app for TARGET, or UserError. Imports Textual only once the target makes sense."""
-    from tui.stream.feed import LiveFeed, ReplayFeed, TcpFeed, parse_host_port, read_token
+    from tui.stream.discovery import parse_host_port, read_token
+    from tui.stream.feed import LiveFeed, ReplayFeed, TcpFeed
     from tui.model.runmodel import RunModel
     from tui.stream.sources import is_recording_target, load_recordings
 

@@ -25,6 +25,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Iterator, Protocol
 
+from tui.model import units
+
 STEPS = 40                # enough for a full window of ``MIN_STEPS``
 GPU_SECONDS = 1.5         # each GPU workload runs at least this long: NVML is sampled at 20 Hz
 
@@ -137,8 +139,7 @@ def cpu_checks() -> list[Check]:
     view = run_job("compute", compute)
     checks = [_verdict_check("compute-bound loop", "healthy", view)]
     own = statistics.median(walls[-20:])
-    recent = [s.get("dur") for r in view.steps_recent.values() for s in r[-20:]]
-    durs = [d for d in recent if isinstance(d, (int, float))]
+    durs = [s.dur for t in view.traces.values() for s in t.steps[-20:]]
     seen = statistics.median(durs) if durs else None       # the same 20 steps, as the probe timed them
     close = seen is not None and abs(seen - own) <= 0.1 * own + 0.002
     checks.append(Check("step time vs the loop's own clock", f"{own * 1000:.1f} ms ± 10%",
@@ -187,7 +188,7 @@ def gpu_checks(device: Device | None) -> list[Check]:
     busy = view.metrics.device_busy
     checks.append(Check("NVML utilization", "readable", "not measured (NVML unavailable)" if busy is None
                         else f"busy {_pct(busy)} ({view.metrics.device_busy_source})", busy is not None))
-    gpm = [g.get("sm_active") for gpus in view.gpus.values() for g in gpus if isinstance(g, dict)]
+    gpm = [row.gpu.sm_active for row in view.gpus]
     checks.append(Check("GPM SM activity", "available on Hopper and newer",
                         "available" if any(v is not None for v in gpm) else "not supported by this GPU/driver",
                         None if not any(v is not None for v in gpm) else True))
@@ -277,12 +278,11 @@ def _leaf(view: Any) -> str:
     return evaluate(view).bottleneck
 
 
-def _pct(x: float | None) -> str:
-    return "?" if x is None else f"{100 * x:.0f}%"
+_pct = units.pct
 
 
 def _num(x: float | None) -> str:
-    return "?" if x is None else f"{x:.1f}"
+    return units.NA if x is None else f"{x:.1f}"
 
 
 def render(checks: list[Check], width: int = 100) -> str:

@@ -10,15 +10,18 @@ from __future__ import annotations
 
 import sys
 from pathlib import Path
+from typing import Any
 
 from probe import paths, wire
 from probe.recording import RecordingWriter
-from tui.stream.discovery import resolve_live
+from tui.stream.discovery import Endpoint, resolve_live
 from tui.errors import UserError
-from tui.stream.sources import StreamError, follow_live
+from tui.model.runmodel import RunModel
+from tui.stream.feed import LiveFeed, follow
+from tui.stream.sources import StreamError
 
 
-def record(socket_paths: list[str], out_dir: Path, seconds: float | None = None) -> dict[str, int]:
+def record(endpoints: list[Endpoint], out_dir: Path, seconds: float | None = None) -> dict[str, int]:
     """Record every stream into ``out_dir``; returns records written per output file."""
     try:
         out_dir.mkdir(parents=True, exist_ok=True)
@@ -27,17 +30,22 @@ def record(socket_paths: list[str], out_dir: Path, seconds: float | None = None)
     writers: dict[str, RecordingWriter] = {}
     counts: dict[str, int] = {}
     encoder = wire.Encoder()
+
+    def write(source: str, rec: dict[str, Any]) -> None:
+        writer = writers.get(source)
+        if writer is None:
+            stem = Path(source).name.removesuffix(paths.SOCKET_SUFFIX)
+            try:
+                writer = writers[source] = RecordingWriter(out_dir / f"{stem}{paths.RECORD_SUFFIX}")
+            except OSError as exc:
+                raise UserError(f"cannot write to {out_dir}: {exc.strerror or exc}") from None
+        writer.write(RecordingWriter.wrap(encoder.frame(rec)))
+        counts[str(writer.path)] = counts.get(str(writer.path), 0) + 1
+
+    feed = LiveFeed(RunModel(), endpoints[0].job if endpoints else None, endpoints, rescan=False)
+    feed.tap = write
     try:
-        for source, rec in follow_live(socket_paths, seconds):
-            writer = writers.get(source)
-            if writer is None:
-                stem = Path(source).name.removesuffix(paths.SOCKET_SUFFIX)
-                try:
-                    writer = writers[source] = RecordingWriter(out_dir / f"{stem}{paths.RECORD_SUFFIX}")
-                except OSError as exc:
-                    raise UserError(f"cannot write to {out_dir}: {exc.strerror or exc}") from None
-            writer.write(RecordingWriter.wrap(encoder.frame(rec)))
-            counts[str(writer.path)] = counts.get(str(writer.path), 0) + 1
+        follow(feed, seconds)
     except StreamError as exc:
         raise UserError(str(exc)) from None
     except KeyboardInterrupt:
@@ -52,7 +60,7 @@ def main(args) -> int:
     endpoints = resolve_live(args.target)
     out = Path(args.output)
     print(f"recording {len(endpoints)} rank(s) of {endpoints[0].job} to {out} (Ctrl-C to stop)", file=sys.stderr)
-    counts = record([ep.socket for ep in endpoints], out, args.seconds)
+    counts = record(endpoints, out, args.seconds)
     for path, n in sorted(counts.items()):
         print(f"{path}: {n} records")
     return 0

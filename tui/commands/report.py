@@ -17,6 +17,7 @@ from typing import Any
 
 from probe.paths import RECORD_SUFFIX, SOCKET_SUFFIX
 from tui.errors import UserError
+from tui.model import units
 from tui.model.runmodel import RunModel
 from tui.model.views import JobView
 from tui.model.verdict import Verdict, evaluate, label as outcome_label
@@ -90,16 +91,15 @@ def _jsonable(obj: Any) -> Any:
 
 
 # -- text ---------------------------------------------------------------------------------------
-def _pct(x: Any) -> str:
-    return "-" if x is None else f"{100 * x:.0f}%"
+_pct = units.pct
 
 
 def _ms(x: Any) -> str:
-    return "-" if x is None else f"{1000 * x:.0f}ms" if x < 10 else f"{x:.1f}s"
+    return units.NA if x is None else f"{1000 * x:.0f}ms" if x < 10 else f"{x:.1f}s"
 
 
 def _num(x: Any, fmt: str = "{:.1f}") -> str:
-    return "-" if x is None else fmt.format(x)
+    return units.NA if x is None else fmt.format(x)
 
 
 def render_text(report: dict, width: int = 80) -> str:
@@ -114,7 +114,7 @@ def render_text(report: dict, width: int = 80) -> str:
 
     v = report["verdict"]
     m = report["metrics"]
-    job = report.get("job") or "?"
+    job = report.get("job") or units.NA
     head = f"perfmon report: {job}, {report.get('world_size', 1)} rank(s), {report['device']['type']}"
     wrap(head)
     wrap(f"{outcome_label(v['bottleneck'])} [{v['severity']}]", first="VERDICT  ",
@@ -163,7 +163,7 @@ def render_text(report: dict, width: int = 80) -> str:
                      f"{'DATA':>5} {'COMM':>5} {'ETTR':>5}  NOTE")
         for r in report["ranks"]:
             note = "straggler" if r.get("straggler") else ("ended" if r.get("ended") else "")
-            row = (f"{r['rank']:>4} {r.get('generation', 0):>3} {str(r.get('pid') or '-'):>8} {r['steps']:>6} "
+            row = (f"{r['rank']:>4} {r.get('generation', 0):>3} {str(r.get('pid') or units.NA):>8} {r['steps']:>6} "
                    f"{_ms(r['step_time_median_s']):>7} {_ms(r.get('compute_s')):>7} {_pct(r.get('device_busy')):>5} "
                    f"{_pct(r.get('data_wait_frac')):>5} {_pct(r.get('comm_exposed_frac')):>5} "
                    f"{_pct(r.get('ettr')):>5}  {note}")
@@ -173,7 +173,7 @@ def render_text(report: dict, width: int = 80) -> str:
 
 
 def _gb(x: Any) -> str:
-    return "-" if x is None else f"{x / 1e9:.2f} GB"
+    return units.NA if x is None else f"{x / 1e9:.2f} GB"
 
 
 def _fmt_ev(key: str, val: Any) -> str:
@@ -206,11 +206,12 @@ def load_model(target: str, seconds: float) -> tuple[RunModel, dict[str, Any]]:
         return model, {"kind": "recording", "paths": [str(r.path) for r in loaded]}
     from tui.stream import discovery
 
+    from tui.stream.feed import LiveFeed, follow
+
     endpoints = discovery.resolve_live(target)
     paths = [ep.socket for ep in endpoints]
     try:
-        for stream, record in sources.follow_live(paths, seconds=seconds):
-            model.ingest(stream, record)
+        follow(LiveFeed(model, endpoints[0].job, endpoints, rescan=False), seconds)
     except sources.StreamError as exc:
         raise UserError(str(exc)) from None
     return model, {"kind": "live", "paths": paths, "seconds": seconds}

@@ -37,6 +37,7 @@ from typing import Any
 
 from tui.model.buffers import (BLOCKING_EVENTS, EVENT_BUFFER, MIN_STEPS, WINDOW_SAMPLES, WINDOW_SECONDS,
                                WINDOW_STEPS, RankState, num)
+from tui.model.readings import gpu_rows, host_reading
 from tui.model.stats import RankStats, comm_rows, job_metrics, rank_stats, rank_view
 from tui.model.views import JobView
 
@@ -192,18 +193,17 @@ class RunModel:
             warming_up=not ready,
             ended=bool(states) and all(s.ended for s in states),
             drops_total=sum(s.drops for s in states),
-            steps_recent={s.rank: st.timeline for s, st in zip(states, stats)},
-            data_wait_history={s.rank: st.data_history for s, st in zip(states, stats)},
+            traces={s.rank: st.trace for s, st in zip(states, stats)},
             comm_ops=comm_ops,
-            gpus={s.rank: list(s.samples[-1].get("gpus") or []) for s in states if s.samples},
-            host={s.rank: dict(s.samples[-1].get("host") or {}) for s in states if s.samples},
-            memory_records={s.rank: s.memory[-1] for s in states if s.memory},
-            sample_history={s.rank: list(s.samples)[-WINDOW_SAMPLES:] for s in states},
+            gpus=gpu_rows((s.rank, s.hello.get("host"), _local_rank(s.hello), list(s.samples)[-WINDOW_SAMPLES:])
+                          for s in states),
+            hosts={s.rank: host_reading(s.samples[-1]) for s in states if s.samples},
+            device_status=_device_status(states),
+            started=min((t for t in (num(s.hello.get("t")) for s in states) if t is not None), default=None),
             events=events[-EVENT_BUFFER:],
             straggler_rank=straggler,
             restarted=sorted(s.rank for s in states if s.generation > 0),
             problems=list(self.problems),
-            hellos={s.rank: s.hello for s in states},
         )
 
     def _stats(self, state: RankState) -> "RankStats":
@@ -230,6 +230,25 @@ def _probe_now(state: RankState, now: float, clock: float | None) -> float:
     if clock is None or state.recv_clock is None or state.last_t is None:
         return now
     return state.last_t + max(0.0, clock - state.recv_clock)
+
+
+def _local_rank(hello: dict[str, Any]) -> int:
+    local = hello.get("local_rank")
+    return local if isinstance(local, int) and not isinstance(local, bool) else 0
+
+
+def _device_status(states: list[RankState]) -> str | None:
+    """Why there are no GPU readings: the first rank's hello ``device.status``, else the newest
+    sample's ``gpu_status`` (the probe's own words)."""
+    for s in states:
+        device = s.hello.get("device")
+        if isinstance(device, dict) and device.get("status"):
+            return str(device["status"])
+    for s in states:
+        status = next((x.get("gpu_status") for x in reversed(s.samples) if x.get("gpu_status")), None)
+        if status:
+            return str(status)
+    return None
 
 
 def _world_size(states: list[RankState]) -> int:

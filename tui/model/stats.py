@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from typing import Any, Callable, Deque, Iterable
 
 from tui.model.buffers import (MIN_STEPS, TIMELINE_STEPS, WINDOW_SAMPLES, RankState, StepNums, num)
+from tui.model.readings import RankTrace, gpu_readings, host_reading, own_gpus, step_bar
 from tui.model.views import CommOpRow, MemoryMetrics, Metrics, RankView
 
 
@@ -42,8 +43,7 @@ class RankStats:
     host_lead: float | None          # median seconds the host ran ahead of the device (CUDA events)
     loader_cpu: float | None
     loader_workers: int | None
-    timeline: list[dict[str, Any]]
-    data_history: list[float]
+    trace: RankTrace
     memory: MemoryMetrics
     comm_delta: dict[str, tuple[int, int, float, float | None]]   # op -> (count, bytes, s, bus bytes) in the window
 
@@ -151,8 +151,13 @@ def rank_stats(state: RankState, max_steps: int, max_seconds: float) -> RankStat
     loader_cpus = [v for v in (num(h.get("loader_cpu")) for h in hosts) if v is not None]
     workers = next((h.get("loader_workers") for h in reversed(hosts) if isinstance(h.get("loader_workers"), int)),
                    None)
-    timeline = list(itertools.islice(reversed(state.steps), TIMELINE_STEPS))[::-1]
-    history = [s.data_share for s in itertools.islice(state.nums, max(0, len(state.nums) - TIMELINE_STEPS), None)]
+    timeline = itertools.islice(reversed(state.steps), TIMELINE_STEPS)
+    trace = RankTrace(
+        steps=tuple(step_bar(rec) for rec in timeline)[::-1],
+        data_wait=tuple(s.data_share for s in itertools.islice(state.nums, max(0, len(state.nums) - TIMELINE_STEPS),
+                                                               None)),
+        cpu=tuple(host_reading(s).cpu for s in itertools.islice(state.samples, max(0, len(state.samples)
+                                                                                     - WINDOW_SAMPLES), None)))
 
     return RankStats(
         n=n,
@@ -179,8 +184,7 @@ def rank_stats(state: RankState, max_steps: int, max_seconds: float) -> RankStat
         host_lead=_known(statistics.median, [s.lead for s in win]),
         loader_cpu=statistics.fmean(loader_cpus) if loader_cpus else None,
         loader_workers=workers,
-        timeline=timeline,
-        data_history=history,
+        trace=trace,
         memory=_rank_memory(state, win_start, hosts, max_steps),
         comm_delta=_comm_delta(state, win_start),
     )
@@ -191,14 +195,7 @@ def rank_stats(state: RankState, max_steps: int, max_seconds: float) -> RankStat
 def _gpu_util(samples: list[dict[str, Any]], hello: dict[str, Any]) -> float | None:
     """Mean NVML utilization of this rank's GPU (index = local_rank when listed) over the samples."""
     local = hello.get("local_rank") if isinstance(hello.get("local_rank"), int) else 0
-    values = []
-    for s in samples:
-        gpus = [g for g in (s.get("gpus") or []) if isinstance(g, dict)]
-        mine = [g for g in gpus if g.get("index") == local] or gpus[:1]
-        for g in mine:
-            u = num(g.get("util"))
-            if u is not None:
-                values.append(u / 100.0 if u > 1.0 else u)
+    values = [g.util for s in samples for g in own_gpus(gpu_readings(s), local)[:1] if g.util is not None]
     return statistics.fmean(values) if values else None
 
 

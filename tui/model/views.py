@@ -9,6 +9,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from tui.model.readings import GpuRow, HostReading, RankTrace
+
 
 @dataclass(frozen=True)
 class MemoryMetrics:
@@ -162,13 +164,14 @@ class CommOpRow:
 class JobView:
     """Everything a pane or the verdict needs, derived from the buffers at one instant.
 
-    Per-rank containers are dicts keyed by rank number:
-    * ``steps_recent[r]``: the last ``TIMELINE_STEPS`` step records as received (wire keys: step,
-      start, dur, gap, phases incl. ``data`` and ``other`` with phases + gap = dur, comm, syncs,
-      sync_site, ...), oldest first; treat them as read-only;
-    * ``data_wait_history[r]``: data-wait share of each of those steps (0..1);
-    * ``gpus[r]``: latest ``sample.gpus`` list; ``host[r]``: latest ``sample.host`` dict;
-    * ``memory_records[r]``: latest ``memory`` record; ``sample_history[r]``: recent ``sample`` records.
+    No field holds a wire dict: per-rank history is typed (``tui.model.readings``), so a
+    pane formats values and never parses a record.
+    * ``traces[r]``: the last ``TIMELINE_STEPS`` steps of rank r as ``StepBar``s, the data-wait
+      share of each, and the process CPU of its recent samples;
+    * ``gpus``: one ``GpuRow`` per GPU in use (a rank's own GPU; once per host and index);
+    * ``hosts[r]``: the host side of rank r's latest sample;
+    * ``device_status``: why there are no GPU readings ("no NVIDIA GPU: ..."), from the probe;
+    * ``started``: when the earliest rank's probe started (its hello), for the uptime.
     ``events``: recent events of all ranks (each with ``rank`` added), oldest first.
     ``problems``: one line per stream problem the caller reported (torn recording, ...).
     ``restarted``: ranks that are on a second or later generation.
@@ -185,15 +188,13 @@ class JobView:
     warming_up: bool
     ended: bool
     drops_total: int
-    steps_recent: dict[int, list[dict[str, Any]]]
-    data_wait_history: dict[int, list[float]]
+    traces: dict[int, RankTrace]
     comm_ops: list[CommOpRow]
-    gpus: dict[int, list[dict[str, Any]]]
-    host: dict[int, dict[str, Any]]
-    memory_records: dict[int, dict[str, Any]]
-    sample_history: dict[int, list[dict[str, Any]]]
+    gpus: tuple[GpuRow, ...]
+    hosts: dict[int, HostReading]
+    device_status: str | None
+    started: float | None
     events: list[dict[str, Any]]
-    straggler_rank: int | None       # see _straggler: slowest compute, or last to arrive at the collective
+    straggler_rank: int | None       # see stats._straggler: slowest compute, or last to arrive at the collective
     restarted: list[int]
     problems: list[str]
-    hellos: dict[int, dict[str, Any]]

@@ -1,4 +1,5 @@
-"""Finding live jobs: the socket directory scan (listed by ``perfmon ls``) and TARGET resolution."""
+"""Finding live jobs: the socket directory scan (listed by ``perfmon ls``), TARGET resolution,
+and the TCP form of a target (host:port and its token)."""
 
 from __future__ import annotations
 
@@ -128,4 +129,38 @@ def resolve_live(target: str | None) -> list[Endpoint]:
         known = ", ".join(sorted(grouped)) or "none"
         raise UserError(f"no job named {target!r} is running (live jobs: {known})")
     return grouped[target]
+
+
+# -- tokens ----------------------------------------------------------------------------------
+
+def read_token(explicit: str | None, directory: Path | None = None) -> str:
+    """The TCP token: ``--token``, else ``PERFMON_TOKEN``, else the only ``*.token`` file here."""
+    if explicit:
+        return explicit
+    if os.environ.get("PERFMON_TOKEN"):
+        return os.environ["PERFMON_TOKEN"]
+    directory = directory or paths.socket_dir()
+    try:
+        files = sorted(directory.glob(f"*{paths.TOKEN_SUFFIX}"))
+    except OSError:
+        files = []
+    if len(files) == 1:
+        try:
+            return files[0].read_text().strip()
+        except OSError as exc:
+            raise UserError(f"cannot read {files[0]}: {exc.strerror or exc}") from None
+    where = "no token file" if not files else f"{len(files)} token files"
+    raise UserError(f"host:port needs the probe's token ({where} in {directory}); "
+                    "pass --token TOKEN or set PERFMON_TOKEN (the job writes it to <job>.token beside its socket)")
+
+
+def parse_host_port(target: str) -> tuple[str, int] | None:
+    """'host:port' or ':port' -> (host, port); None if TARGET is not of that form."""
+    host, sep, port = target.rpartition(":")
+    if not sep or not port.isdigit() or "/" in target:
+        return None
+    number = int(port)
+    if not 0 < number < 65536:
+        raise UserError(f"{target}: port must be 1..65535")
+    return (host.strip("[]") or "127.0.0.1"), number
 

@@ -15,7 +15,6 @@ live feed rescans the socket directory so a restarted rank is re-attached.
 from __future__ import annotations
 
 import asyncio
-import os
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -55,7 +54,9 @@ class Feed:
     description: str = ""
     streams: dict[str, StreamStatus] = field(default_factory=dict)
     paused: bool = False            # replay: the clock stops; live: only the display freezes (app side)
+    tap: Callable[[str, dict[str, Any]], None] | None = None   # sees every record after the model (perfmon record)
     _first_data: asyncio.Event | None = None
+    _all_ended: asyncio.Event | None = None
 
     is_replay = False
 
@@ -83,6 +84,8 @@ class Feed:
         received = self.clock()
         for rec in records:
             self.model.ingest(stream_id, rec, received)
+            if self.tap is not None:
+                self.tap(stream_id, rec)
             n += 1
             if rec["k"] == "hello":
                 status.rank = rec.get("rank") if isinstance(rec.get("rank"), int) else None
@@ -93,6 +96,18 @@ class Feed:
         if n:
             status.records += n
             self.first_data.set()
+
+    def stream_finished(self) -> None:
+        """A stream reached its end (bye, EOF, error); wakes ``wait_ended`` once all have."""
+        if self.ended and self._all_ended is not None:
+            self._all_ended.set()
+
+    async def wait_ended(self) -> None:
+        """Until every stream has finished (a replay: until its end)."""
+        if self._all_ended is None:
+            self._all_ended = asyncio.Event()
+        if not self.ended:
+            await self._all_ended.wait()
 
     @property
     def ended(self) -> bool:
@@ -166,8 +181,10 @@ class LiveFeed(Feed):
             reader, writer = await asyncio.wait_for(asyncio.open_unix_connection(path), CONNECT_TIMEOUT)
         except (OSError, asyncio.TimeoutError) as exc:
             status.state = "lost" if isinstance(exc, (ConnectionRefusedError, FileNotFoundError)) else "error"
-            status.message = f"cannot connect: {getattr(exc, 'strerror', None) or exc or 'timeout'}"
-            self.model.add_problem(f"{status.label}: {status.message}")
+            status.message = f"{path}: permission denied (a job of another user?)" if isinstance(
+                exc, PermissionError) else f"{path}: cannot connect: {getattr(exc, 'strerror', None) or exc or 'timeout'}"
+            self.model.add_problem(status.message)
+            self.stream_finished()
             return
         await _pump(self, status, stream, reader, writer, viewer_hello())
 
@@ -190,17 +207,23 @@ class TcpFeed(Feed):
             status.state = "error"
             status.message = f"cannot connect to {sid}: {getattr(exc, 'strerror', None) or exc or 'timeout'}"
             self.model.add_problem(status.message)
+            self.stream_finished()
             return
         await _pump(self, status, LiveStream(sid), reader, writer, viewer_hello(self.token))
         if status.records == 0 and status.state == "lost":
             status.state = "error"
             status.message = f"{sid} closed the connection: wrong token, or not a perfmon probe"
             self.model.add_problem(status.message)
+        self.stream_finished()
 
 
 async def _pump(feed: Feed, status: StreamStatus, stream: LiveStream, reader: asyncio.StreamReader,
                 writer: asyncio.StreamWriter, hello: bytes) -> None:
-    """Send our hello, then decode frames into the model until EOF, bye or a protocol error."""
+    """Send our hello, then decode frames into the model until EOF, bye or a protocol error.
+
+    Cancelled (the viewer stops following: ``follow``'s deadline, the app quitting), the stream
+    is left as it was: the job did not end because we stopped reading it."""
+    cancelled = False
     try:
         writer.write(hello)
         await writer.drain()
@@ -223,9 +246,38 @@ async def _pump(feed: Feed, status: StreamStatus, stream: LiveStream, reader: as
     except (OSError, asyncio.IncompleteReadError) as exc:
         status.state = "lost"
         status.message = f"connection lost: {getattr(exc, 'strerror', None) or exc}"
+    except asyncio.CancelledError:
+        cancelled = True
+        raise
     finally:
         writer.close()
-        feed.model.end_stream(status.stream_id)
+        if not cancelled:
+            feed.model.end_stream(status.stream_id)
+            if not isinstance(feed, TcpFeed):     # TcpFeed reads a silent close as a bad token first
+                feed.stream_finished()
+
+
+def follow(feed: Feed, seconds: float | None = None) -> None:
+    """Run ``feed`` without a UI until every stream ends or ``seconds`` pass (``perfmon record``,
+    ``report`` and the headless demo read through the same reader as the TUI).
+
+    Raises ``StreamError`` with the first stream's one-line error (wrong version, bad frame,
+    permission), after the other streams' records are in."""
+    asyncio.run(_follow(feed, seconds))
+    errors = [s.message for s in feed.streams.values() if s.state == "error" and s.message]
+    if errors:
+        raise StreamError(errors[0])
+
+
+async def _follow(feed: Feed, seconds: float | None) -> None:
+    task = asyncio.ensure_future(feed.run())
+    try:
+        await asyncio.wait_for(feed.wait_ended(), seconds)
+    except asyncio.TimeoutError:
+        pass
+    finally:
+        task.cancel()
+        await asyncio.gather(task, return_exceptions=True)
 
 
 # -- recordings ------------------------------------------------------------------------------
@@ -326,39 +378,3 @@ def _replay_name(recordings: list[LoadedRecording]) -> str:
         return "nothing"
     parents = {r.path.parent for r in recordings}
     return str(next(iter(parents))) if len(recordings) > 1 and len(parents) == 1 else str(recordings[0].path)
-
-
-# -- tokens ----------------------------------------------------------------------------------
-
-def read_token(explicit: str | None, directory: Path | None = None) -> str:
-    """The TCP token: ``--token``, else ``PERFMON_TOKEN``, else the only ``*.token`` file here."""
-    if explicit:
-        return explicit
-    if os.environ.get("PERFMON_TOKEN"):
-        return os.environ["PERFMON_TOKEN"]
-    directory = directory or paths.socket_dir()
-    try:
-        files = sorted(directory.glob(f"*{paths.TOKEN_SUFFIX}"))
-    except OSError:
-        files = []
-    if len(files) == 1:
-        try:
-            return files[0].read_text().strip()
-        except OSError as exc:
-            raise UserError(f"cannot read {files[0]}: {exc.strerror or exc}") from None
-    where = "no token file" if not files else f"{len(files)} token files"
-    raise UserError(f"host:port needs the probe's token ({where} in {directory}); "
-                    "pass --token TOKEN or set PERFMON_TOKEN (the job writes it to <job>.token beside its socket)")
-
-
-
-def parse_host_port(target: str) -> tuple[str, int] | None:
-    """'host:port' or ':port' -> (host, port); None if TARGET is not of that form."""
-    host, sep, port = target.rpartition(":")
-    if not sep or not port.isdigit() or "/" in target:
-        return None
-    number = int(port)
-    if not 0 < number < 65536:
-        raise UserError(f"{target}: port must be 1..65535")
-    return (host.strip("[]") or "127.0.0.1"), number
-

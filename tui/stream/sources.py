@@ -1,4 +1,4 @@
-"""Where viewers get records: live probe sockets and recording files.
+"""Frames to records: the decoding side of live streams, and recording files loaded whole.
 
 Both yield validated wire records tagged with the stream they came from, so
 the run model does not care whether it is watching a job or a replay. Errors
@@ -9,13 +9,11 @@ the user can act on (version mismatch, bad frame, unreadable file) become
 from __future__ import annotations
 
 import os
-import selectors
-import socket
 import stat
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
 from probe import wire
 from probe.recording import RecordingError, read_recording, recording_files
@@ -37,28 +35,14 @@ def viewer_hello(token: str | None = None) -> bytes:
 
 @dataclass
 class LiveStream:
-    """A blocking-socket connection to one probe, read through ``FrameDecoder``."""
+    """The decoding side of one live connection: frames in, checked records out.
+
+    The bytes come from the one asyncio reader in ``tui.stream.feed`` (Unix socket or TCP)."""
 
     path: str
-    sock: socket.socket | None = None
     decoder: wire.FrameDecoder = field(default_factory=wire.FrameDecoder)
     hello: dict[str, Any] | None = None
-    ended: bool = False       # bye seen or EOF
-
-    def connect(self, timeout: float = 2.0) -> None:
-        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-        sock.settimeout(timeout)
-        try:
-            sock.connect(self.path)
-            sock.sendall(viewer_hello())
-        except PermissionError:
-            sock.close()
-            raise UserError(f"{self.path}: permission denied (a job of another user?)") from None
-        except OSError as exc:
-            sock.close()
-            raise UserError(f"cannot connect to {self.path}: {exc.strerror or exc}") from None
-        sock.setblocking(False)
-        self.sock = sock
+    ended: bool = False       # bye seen
 
     def feed(self, data: bytes) -> list[dict[str, Any]]:
         """Decode bytes; check the hello; raise StreamError on a protocol problem."""
@@ -76,46 +60,6 @@ class LiveStream:
             elif rec["k"] == "bye":
                 self.ended = True
         return records
-
-    def close(self) -> None:
-        if self.sock is not None:
-            self.sock.close()
-            self.sock = None
-
-
-def follow_live(paths: list[str], seconds: float | None = None) -> Iterator[tuple[str, dict[str, Any]]]:
-    """Yield ``(socket path, record)`` from every probe until all end or ``seconds`` pass."""
-    streams = [LiveStream(p) for p in paths]
-    sel = selectors.DefaultSelector()
-    try:
-        for stream in streams:
-            stream.connect()
-            sel.register(stream.sock, selectors.EVENT_READ, stream)  # type: ignore[arg-type]
-        deadline = None if seconds is None else time.monotonic() + seconds
-        open_count = len(streams)
-        while open_count:
-            timeout = 0.5 if deadline is None else max(0.0, min(0.5, deadline - time.monotonic()))
-            if deadline is not None and time.monotonic() >= deadline:
-                return
-            for key, _ in sel.select(timeout):
-                stream: LiveStream = key.data
-                try:
-                    data = stream.sock.recv(1 << 16)  # type: ignore[union-attr]
-                except BlockingIOError:
-                    continue
-                except OSError:
-                    data = b""
-                if data:
-                    for rec in stream.feed(data):
-                        yield stream.path, rec
-                if not data or stream.ended:
-                    sel.unregister(key.fileobj)
-                    stream.close()
-                    open_count -= 1
-    finally:
-        for stream in streams:
-            stream.close()
-        sel.close()
 
 
 @dataclass

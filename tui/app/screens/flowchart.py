@@ -12,15 +12,17 @@ from textual.containers import VerticalScroll
 from textual.screen import Screen
 from textual.widgets import Footer, Static
 
-from tui.model.verdict import NODES, ROOT, RULES, Verdict, label as outcome_label
+from tui.model.flowchart import NODES, ROOT
+from tui.model.verdict import RULES, Verdict, label as outcome_label
 from tui.app.widgets import glyphs
-from tui.app.widgets.verdictbar import format_value, path_steps
+from tui.app.widgets.verdictbar import format_value
 
 
 def chart(verdict: Verdict | None, mono: bool = False) -> Group:
     """The chart as a tree; nodes and exits on the live path are bold and marked ▶."""
     on_path = set(verdict.path) if verdict else set()
-    answers = {node_id: (value, answer) for node_id, value, answer in path_steps(verdict)} if verdict else {}
+    answers = {step.node.id: (format_value(step.node, step.value), step.answer)
+               for step in verdict.steps()} if verdict else {}
     skipped = verdict.evidence.get("skipped", {}) if verdict else {}
     hot = glyphs.SEVERITY.get(verdict.severity, glyphs.ACCENT) if verdict else glyphs.ACCENT
 
@@ -29,7 +31,7 @@ def chart(verdict: Verdict | None, mono: bool = False) -> Group:
         live = node_id in on_path
         text = Text.assemble(("▶ " if live else "  ", f"bold {hot}"))
         text.append(node.question, style="bold" if live else "")
-        text.append(f"  [{node.quantity} {glyphs.threshold_text(node, lambda v, n=node_id: format_value(n, v))}]",
+        text.append(f"  [{node.quantity} {glyphs.threshold_text(node, lambda v, n=node: format_value(n, v))}]",
                     style=glyphs.DIM)
         if node_id in answers:
             value, answer = answers[node_id]

@@ -12,6 +12,8 @@ from textual.binding import Binding
 from textual.screen import Screen
 from textual.widgets import Footer, Log, Static
 
+from tui.model import units
+
 TAIL_BYTES = 64 * 1024     # how much of an existing log is shown on open
 READ_BYTES = 256 * 1024    # at most this much new output per poll
 POLL_SECONDS = 0.5
@@ -71,7 +73,7 @@ class LogScreen(Screen[None]):
                 self._shown.clear()
             self._shown.add(key)
             stamp = time.strftime("%H:%M:%S", time.localtime(e.get("t") or 0))
-            lines.append(f"{stamp} rank {e.get('rank', '?')} warning: {e.get('message') or ''}")
+            lines.append(f"{stamp} rank {e.get('rank', units.NA)} warning: {e.get('message') or ''}")
         if lines:
             log.write_lines(lines)
         elif not log.line_count:

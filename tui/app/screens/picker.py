@@ -11,7 +11,7 @@ from textual.screen import Screen
 from textual.widgets import DataTable, Static
 
 from tui.stream.discovery import Endpoint
-from tui.app.widgets import units
+from tui.model import units
 
 
 @dataclass(frozen=True)

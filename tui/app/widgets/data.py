@@ -8,7 +8,8 @@ from rich.text import Text
 
 from tui.model.views import JobView
 from tui.model.verdict import Verdict
-from tui.app.widgets import glyphs, units
+from tui.model import units
+from tui.app.widgets import glyphs
 from tui.app.widgets.pane import Pane, UiState, focus_rank
 
 
@@ -26,7 +27,8 @@ class DataPane(Pane):
             wait.append(" (worst rank)", style=glyphs.DIM)
             wait.append(f"  history: rank {rank}", style=glyphs.DIM)
         lines.append(wait)
-        history = view.data_wait_history.get(rank, []) if rank is not None else []
+        trace = view.traces.get(rank) if rank is not None else None
+        history = list(trace.data_wait) if trace is not None else []
         if history:
             label = f"r{rank} "
             chart_rows = max(1, min(6, height - 5))
@@ -38,11 +40,9 @@ class DataPane(Pane):
                 for i, row in enumerate(rows):
                     axis = "100%" if i == 0 else "0%" if i == chart_rows - 1 else ""
                     lines.append(Text.assemble((f"{axis:>4} ", glyphs.DIM), (row, glyphs.CATEGORY["data"])))
-            recent = view.steps_recent.get(rank, [])[-1:] if rank is not None else []
-            if recent:
-                last = recent[-1]
-                waited = (last.get("phases") or {}).get("data")
-                lines.append(Text(f"last step waited {units.seconds(waited)} of {units.seconds(last.get('dur'))}",
+            if trace is not None and trace.steps:
+                last = trace.steps[-1]
+                lines.append(Text(f"last step waited {units.seconds(last.phase('data'))} of {units.seconds(last.dur)}",
                                   style=glyphs.DIM))
         elif m.data_wait_frac is None:
             lines.append(Text("loader wait not measured: wrap the loader in mon.loader(...)", style=glyphs.DIM))

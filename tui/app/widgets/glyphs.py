@@ -12,7 +12,8 @@ from typing import Callable, Iterable, Sequence
 
 from rich.text import Text
 
-from tui.model.verdict import NODES, Node, Verdict, compare
+from tui.model.flowchart import NODES, Node, compare
+from tui.model.verdict import Verdict
 
 # Severity colours (the verdict bar, judged numbers, straggler rows).
 OK = "green"

@@ -7,7 +7,8 @@ from rich.text import Text
 from textual.widget import Widget
 
 from tui.model.views import JobView
-from tui.app.widgets import glyphs, units
+from tui.model import units
+from tui.app.widgets import glyphs
 from tui.app.widgets.pane import UiState
 
 
@@ -32,7 +33,7 @@ class HeaderBar(Widget):
             line1.append(self._description or "connecting…")
             line1.append(f"  ·  {ui.feed_state}", style=glyphs.DIM)
             return line1
-        line1.append(view.job or "?", style="bold")
+        line1.append(view.job or units.NA, style="bold")
         hosts = sorted({r.host for r in view.ranks if r.host})
         sep = (" · ", glyphs.DIM)
         line1.append(*sep)
@@ -42,10 +43,9 @@ class HeaderBar(Widget):
         line1.append(f" {view.device_type.upper()}")
         line1.append(*sep)
         line1.append(ui.feed_state, style=f"bold {glyphs.OK if ui.feed_flowing else glyphs.WARN}")
-        started = [h.get("t") for h in view.hellos.values() if isinstance(h.get("t"), (int, float))]
-        if started:
+        if view.started is not None:
             line1.append(*sep)
-            line1.append(f"up {units.age(view.now - min(started))}")
+            line1.append(f"up {units.age(view.now - view.started)}")
         line1.append(*sep)
         line1.append("drops ")
         line1.append(str(view.drops_total), style=f"bold {glyphs.BAD}" if view.drops_total else "")

@@ -7,7 +7,8 @@ from rich.text import Text
 
 from tui.model.views import JobView, RankView
 from tui.model.verdict import Verdict
-from tui.app.widgets import glyphs, units
+from tui.model import units
+from tui.app.widgets import glyphs
 from tui.app.widgets.pane import Pane, UiState
 
 

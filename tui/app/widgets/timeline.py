@@ -7,14 +7,14 @@ and the colour mix shows where its time went; time lost between steps
 
 from __future__ import annotations
 
-from typing import Any
-
 from rich.console import RenderableType
 from rich.text import Text
 
+from tui.model.readings import StepBar
 from tui.model.views import JobView
 from tui.model.verdict import Verdict
-from tui.app.widgets import glyphs, units
+from tui.model import units
+from tui.app.widgets import glyphs
 from tui.app.widgets.pane import Pane, UiState, focus_rank
 
 ORDER = ("data", "forward", "backward", "optimizer")
@@ -25,7 +25,8 @@ class TimelinePane(Pane):
 
     def draw(self, view: JobView, verdict: Verdict | None, ui: UiState, width: int, height: int) -> RenderableType:
         rank = focus_rank(view, ui, verdict)
-        steps = view.steps_recent.get(rank, []) if rank is not None else []
+        trace = view.traces.get(rank) if rank is not None else None
+        steps = trace.steps if trace is not None else ()
         if not steps:
             return Text("no steps yet", style=glyphs.DIM)
         names = _phase_names(steps)
@@ -33,27 +34,24 @@ class TimelinePane(Pane):
         head.append_text(glyphs.legend(names + ["gap"], ui.mono))
         lines = [head]
         shown = steps[-max(1, height - 1):]
-        longest = max((s.get("dur") or 0.0) for s in shown) or 1.0
-        label_w = max(len(str(s.get("step"))) for s in shown) + 1
+        longest = max(s.dur for s in shown) or 1.0
+        label_w = max(len(str(s.step)) for s in shown) + 1
         bar_w = max(4, width - label_w - 8)
         for s in shown:
-            phases = s.get("phases") or {}
-            dur = s.get("dur") or 0.0
-            gap = s.get("gap") or 0.0
             # phases + gap = dur (wire contract): the gap is drawn as its own segment
-            parts = [(n, float(phases.get(n) or 0.0)) for n in names]
-            parts.append(("gap", gap))
-            row = Text.assemble((f"{s.get('step')!s:>{label_w - 1}} ", glyphs.DIM))
-            row.append(f"{units.seconds(dur):>7} ")
+            parts = [(n, s.phase(n) or 0.0) for n in names]
+            parts.append(("gap", s.gap))
+            row = Text.assemble((f"{s.step!s:>{label_w - 1}} ", glyphs.DIM))
+            row.append(f"{units.seconds(s.dur):>7} ")
             row.append_text(glyphs.stacked_bar(parts, longest, bar_w, ui.mono))
             lines.append(row)
         return lines[:height]
 
 
-def _phase_names(steps: list[dict[str, Any]]) -> list[str]:
-    seen: list[str] = [n for n in ORDER if any(n in (s.get("phases") or {}) for s in steps)]
+def _phase_names(steps: tuple[StepBar, ...]) -> list[str]:
+    seen: list[str] = [n for n in ORDER if any(s.phase(n) is not None for s in steps)]
     for s in steps:
-        for name in s.get("phases") or {}:
+        for name, _ in s.phases:
             if name not in seen and name != "other":
                 seen.append(name)
     return seen + ["other"]

@@ -6,42 +6,22 @@ value and answer so the verdict can be checked against the panes at a glance.
 
 from __future__ import annotations
 
-from typing import Any
-
 from rich.text import Text
 from textual.widget import Widget
 
-from tui.model.verdict import NODES, Verdict, label as outcome_label
-from tui.app.widgets import glyphs, units
+from tui.model.flowchart import Node
+from tui.model.verdict import Verdict, label as outcome_label
+from tui.model import units
+from tui.app.widgets import glyphs
 
 SHORT_NODE = {"memory": "mem", "device_busy": "busy", "data_wait": "data", "loader_cpu": "loader",
               "comm_exposed": "comm", "straggler": "balance", "syncs": "syncs", "mfu": "MFU"}
 
 
-def format_value(node_id: str, value: Any) -> str:
-    node = NODES[node_id]
-    if not isinstance(value, (int, float)):
-        return "?"
-    if node.unit == "frac":
-        return units.pct(value)
-    return units.number(value, 2)
-
-
-def path_steps(verdict: Verdict) -> list[tuple[str, str, str | None]]:
-    """(node id, value text, "yes"/"no"/None for skipped) for each question on the path."""
-    skipped = verdict.evidence.get("skipped", {}) if isinstance(verdict.evidence, dict) else {}
-    out = []
-    for i, node_id in enumerate(verdict.path):
-        node = NODES.get(node_id)
-        if node is None:
-            continue
-        nxt = verdict.path[i + 1] if i + 1 < len(verdict.path) else verdict.bottleneck
-        if node_id in skipped:
-            out.append((node_id, "n/a", None))
-            continue
-        answer = "yes" if nxt == node.yes else "no"
-        out.append((node_id, format_value(node_id, verdict.evidence.get(node.quantity)), answer))
-    return out
+def format_value(node: Node, value: float | None) -> str:
+    if value is None:
+        return units.NA
+    return units.pct(value) if node.unit == "frac" else units.number(value, 2)
 
 
 class VerdictBar(Widget):
@@ -81,17 +61,17 @@ class VerdictBar(Widget):
         else:
             line2.append("nothing to fix" if v.bottleneck == "healthy" else "—", style=glyphs.DIM)
         line3 = Text.assemble(("path: ", glyphs.DIM))
-        for i, (node_id, value, answer) in enumerate(path_steps(v)):
+        for i, step in enumerate(v.steps()):
             if i:
                 line3.append(" › ", style=glyphs.DIM)
-            line3.append(f"{SHORT_NODE.get(node_id, node_id)} {value} ")
-            if answer is None:
+            line3.append(f"{SHORT_NODE.get(step.node.id, step.node.id)} {format_value(step.node, step.value)} ")
+            if step.answer is None:
                 line3.append("skip", style=glyphs.DIM)
             else:
-                line3.append(answer, style=f"bold {glyphs.BAD if answer == 'yes' else glyphs.OK}")
+                line3.append(step.answer, style=f"bold {glyphs.BAD if step.answer == 'yes' else glyphs.OK}")
         if v.path:
             line3.append(f" ⇒ {v.bottleneck}", style=f"bold {colour}")
-        findings = [f.get("id") for f in v.findings if f.get("id")]
+        findings = v.finding_ids
         if findings:
             line3.append("   also: " + ", ".join(findings), style=glyphs.WARN)
         text = Text("\n").join([line1, line2, line3])

@@ -181,13 +181,13 @@ def headless(ranks: Ranks, count: int, seconds: float, source: dict[str, Any]) -
     """Follow the live ranks for ``seconds`` and build the report from that run model."""
     from tui.commands.report import build_report
     from tui.model.runmodel import RunModel
-    from tui.stream.sources import StreamError, follow_live
+    from tui.stream.feed import LiveFeed, follow
+    from tui.stream.sources import StreamError
 
     endpoints = wait_for_ranks(ranks, count)
     model = RunModel()
     try:
-        for stream, record in follow_live([ep.socket for ep in endpoints], seconds=seconds):
-            model.ingest(stream, record)
+        follow(LiveFeed(model, endpoints[0].job, endpoints, rescan=False), seconds)
     except StreamError as exc:
         raise DemoFailed(ranks, str(exc)) from None
     for p in ranks.procs:

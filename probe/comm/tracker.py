@@ -1,0 +1,163 @@
+"""Communication bookkeeping: finished collectives in, per-step seconds/exposed and the
+cumulative ``comm`` record out. Pure Python: no torch, no hooks (those live beside it)."""
+
+from __future__ import annotations
+
+import collections
+import os
+import time
+from typing import Any
+
+from probe.wire import busbw_factor
+
+COMM_PERIOD = 2.0      # seconds between ``comm`` records (when something changed); one more at close
+
+
+class CollectiveCall:
+    """One finished (or partly known) collective."""
+
+    __slots__ = ("op", "count", "nbytes", "n", "seconds", "exposed", "estimated", "pass_id", "launch", "done",
+                 "last")
+
+    def __init__(self, op: str, count: int, nbytes: int, n: int, seconds: float | None, exposed: float | None,
+                 estimated: bool = False, pass_id: int | None = None, launch: float = 0.0, done: float = 0.0,
+                 last: bool = False) -> None:
+        self.op = op
+        self.count = count
+        self.nbytes = nbytes
+        self.n = n
+        self.seconds = seconds
+        self.exposed = exposed
+        self.estimated = estimated
+        self.pass_id = pass_id
+        self.launch = launch
+        self.done = done
+        self.last = last
+
+
+class CommTracker:
+    """Collects finished collectives from any thread; the step end drains them."""
+
+    def __init__(self) -> None:
+        self.done: collections.deque = collections.deque(maxlen=100_000)
+        self.totals: dict[str, tuple[int, int, float, float, int]] = {}   # op -> count, bytes, s, busbytes, timed
+        self.backend: str | None = None
+        self.world_size: int | None = None
+        self.errors = 0
+        self.nccl_timing = _env_on("PERFMON_NCCL_TIMING") or _env_on("TORCH_NCCL_ENABLE_TIMING")
+        self._ddp_pending: dict[int, list[CollectiveCall]] = {}
+        self._covered = float("-inf")   # host time up to which collectives were already charged
+
+    def add(self, item: CollectiveCall) -> None:
+        self.done.append(item)
+
+    def error(self) -> None:
+        self.errors += 1
+
+    def drain(self) -> dict[str, Any] | None:
+        """The step record's ``comm`` map for everything finished since the last drain.
+
+        ``seconds`` is the time at least one collective was in flight: host-timed
+        collectives queue behind each other (DDP launches many buckets at once), so
+        each one is charged only the part of its launch-to-done interval not already
+        covered by earlier ones (also its duration for bus bandwidth). Device-timed
+        durations (NCCL events) are kernel times and are summed.
+        """
+        if not self.done:
+            return None
+        items: list[CollectiveCall] = []
+        q = self.done
+        while q:
+            try:
+                items.append(q.popleft())
+            except IndexError:
+                break
+        self._charge_host_intervals([i for i in items if i.done and i.seconds is not None])
+        ops = nbytes = 0
+        seconds = exposed = 0.0
+        timed = exposed_known = estimated = False
+        passes: dict[int, list[CollectiveCall]] = {}
+        totals = self.totals
+        for item in items:
+            ops += item.count
+            nbytes += item.nbytes
+            if item.seconds is not None:
+                seconds += item.seconds
+                timed = True
+            if item.pass_id is not None:
+                passes.setdefault(item.pass_id, []).append(item)
+            elif item.exposed is not None:
+                exposed += item.exposed
+                exposed_known = True
+            elif item.count:
+                estimated = True
+            if item.count:
+                c, b, s, bb, tb = totals.get(item.op, (0, 0, 0.0, 0.0, 0))
+                if item.seconds is not None:
+                    factor = busbw_factor(item.op, item.n) or 0.0
+                    totals[item.op] = (c + item.count, b + item.nbytes, s + item.seconds,
+                                       bb + item.nbytes * factor, tb + item.nbytes)
+                else:
+                    totals[item.op] = (c + item.count, b + item.nbytes, s, bb, tb)
+        for pass_id, group in passes.items():
+            value, is_estimate = self._pass_exposed(pass_id, group)
+            if value is not None:
+                exposed += value
+                exposed_known = True
+            estimated = estimated or is_estimate
+        if timed and exposed_known:
+            exposed = min(exposed, seconds)
+        return {"seconds": seconds if timed else None, "exposed": exposed if exposed_known else None,
+                "bytes": nbytes, "ops": ops, "estimated": estimated}
+
+    def _charge_host_intervals(self, items: list[CollectiveCall]) -> None:
+        items.sort(key=lambda i: i.launch)
+        covered = self._covered
+        for item in items:
+            start = max(item.launch, covered)
+            item.seconds = max(0.0, item.done - start)
+            covered = max(covered, item.done)
+        self._covered = covered
+
+    def _pass_exposed(self, pass_id: int, items: list[CollectiveCall]) -> tuple[float | None, bool]:
+        """Exposed time of one DDP backward pass (its buckets may arrive over several drains).
+
+        Host-timed buckets: the backward returns only when every bucket is done, and the
+        last bucket is launched when the last gradient is ready, so the step is blocked
+        from that launch to the last completion. Device-timed buckets (NCCL): the last
+        bucket's duration, an estimate (no common clock with compute).
+        """
+        items = self._ddp_pending.pop(pass_id, []) + items
+        last = [i for i in items if i.last]
+        if not last:
+            self._ddp_pending[pass_id] = items
+            if len(self._ddp_pending) > 64:
+                self._ddp_pending.pop(next(iter(self._ddp_pending)))
+            return None, False
+        last_item = last[0]
+        if last_item.exposed is not None:     # host-timed (gloo)
+            end = max(i.done for i in items)
+            return max(0.0, end - last_item.launch), False
+        if last_item.seconds is not None:
+            return last_item.seconds, True
+        return None, True
+
+    def record(self) -> dict[str, Any] | None:
+        """A ``comm`` record: cumulative per-op totals with bus bandwidth."""
+        totals = dict(self.totals)
+        if not totals:
+            return None
+        ops = []
+        for op, (count, nbytes, seconds, busbytes, timed_bytes) in sorted(totals.items()):
+            entry: dict[str, Any] = {"op": op, "count": count, "bytes": nbytes,
+                                     "seconds": seconds if timed_bytes or seconds else None, "busbw": None}
+            if seconds > 0 and busbytes > 0:
+                entry["busbw"] = busbytes / seconds
+                entry["busbytes"] = busbytes      # timed bytes x each call's group factor: windows of busbw
+            ops.append(entry)
+        return {"k": "comm", "t": time.time(), "backend": self.backend, "world_size": self.world_size, "ops": ops,
+                "nccl_timing": self.nccl_timing}
+
+
+def _env_on(name: str) -> bool:
+    return os.environ.get(name, "").strip().lower() in ("1", "true", "yes", "on")

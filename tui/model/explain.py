@@ -1,0 +1,244 @@
+"""What the verdict says about each outcome: a headline and fixes that quote the job's own
+numbers, and the secondary findings (gaps, throttling, fragmentation, restarts, drops, the
+probe's own failures). Pure: everything comes from the ``JobView``."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from tui.model import units
+from tui.model.flowchart import ETTR_MIN, FRAGMENTATION_MAX, THROTTLE_REASONS
+from tui.model.losses import account
+from tui.model.views import JobView, RankView
+
+_pct = units.pct
+
+
+def round4(x: Any) -> Any:
+    return round(x, 4) if isinstance(x, float) else x
+
+
+def peak_note(v: JobView) -> str:
+    """'of a 989 TFLOP/s peak (device table, bf16)': the number the MFU divides by, and whence."""
+    m = v.metrics
+    if m.peak_flops is None:
+        return ""
+    return f"of a {m.peak_flops / 1e12:.3g} TFLOP/s peak ({m.peak_source or 'source unknown'})"
+
+
+def tensor_active(v: JobView) -> float | None:
+    vals = [row.gpu.tensor_active for row in v.gpus if row.gpu.tensor_active is not None]
+    return sum(vals) / len(vals) if vals else None
+
+
+def _gb(nbytes: float | None) -> str:
+    return units.NA if nbytes is None else f"{nbytes / 1e9:.1f} GB"
+
+
+def _rate(bps: float | None) -> str:
+    if bps is None:
+        return units.NA
+    for unit, scale in (("GB/s", 1e9), ("MB/s", 1e6), ("kB/s", 1e3)):
+        if bps >= scale:
+            return f"{bps / scale:.1f} {unit}"
+    return f"{bps:.0f} B/s"
+
+
+def _step(m: Any) -> str:
+    return f"{m.step_time_median_s * 1000:.0f} ms" if m.step_time_median_s else units.NA
+
+
+# -- the outcomes: headline and fixes that quote the job's own numbers --------------------------
+Explained = tuple[str, list[str], dict[str, Any]]
+
+
+def explain_warming_up(v: JobView, straggler: int | None) -> Explained:
+    return "Warming up", [], {}
+
+
+def explain_memory(v: JobView, straggler: int | None) -> Explained:
+    mem = v.metrics.memory
+    what = (f"{mem.ooms} out-of-memory error(s)" if mem.ooms else
+            "allocator retries rising" if mem.alloc_retries_rising else
+            f"{'window' if mem.source == 'device' else 'recent'} peak {_gb(mem.peak_bytes)} is "
+            f"{_pct(mem.peak_frac)} of the {_gb(mem.limit_bytes)} limit")
+    where = "device memory" if mem.source == "device" else "host RSS"
+    fixes = ["activation checkpointing (torch.utils.checkpoint) on the largest blocks",
+             "mixed precision (bf16 autocast) to halve activations",
+             "smaller micro-batch with gradient accumulation to keep the global batch",
+             "shard optimizer state and gradients (FSDP / ZeRO)"]
+    if mem.source == "device":
+        fixes.append("PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True against fragmentation")
+    return f"Memory, {where}: {what}", fixes, {"memory_rank": mem.rank}
+
+
+def explain_data_preprocessing(v: JobView, straggler: int | None) -> Explained:
+    m = v.metrics
+    w = m.loader_workers
+    who = (f"the main process spends {_pct(m.data_cpu_frac)} of the wait on CPU (num_workers=0)"
+           if not w else f"its {w} workers are CPU-bound ({_pct(m.loader_cpu)} of a core each)" if w > 1
+           else f"its worker is CPU-bound ({_pct(m.loader_cpu)} of a core)")
+    fixes = ([f"raise num_workers from {w} (up to the free cores)"] if w else
+             ["use DataLoader(num_workers=N): loading runs in the training process now"])
+    fixes += ["move per-sample transforms to the device or batch them",
+              "preprocess offline (cache decoded/tokenized data)",
+              "persistent_workers=True so workers are not re-forked every epoch"]
+    return f"Data preprocessing: {_pct(m.data_wait_frac)} of each step waits for the loader; {who}", fixes, {}
+
+
+def explain_data_loading(v: JobView, straggler: int | None) -> Explained:
+    m = v.metrics
+    w = m.loader_workers
+    fixes = [f"raise num_workers from {w} and prefetch_factor to hide read latency" if w is not None
+             else "raise num_workers and prefetch_factor to hide read latency",
+             "pin_memory=True and non_blocking copies",
+             "persistent_workers=True", "faster or local storage; cache the dataset in RAM or on local SSD"]
+    measured = m.loader_cpu is not None or m.data_cpu_frac is not None
+    cpu = f"; not CPU-bound (workers at {_pct(m.loader_cpu)} CPU)" if m.loader_cpu is not None else \
+        "; not CPU-bound" if measured else ""
+    return f"Data loading: {_pct(m.data_wait_frac)} of each step waits for the loader{cpu}", fixes, {}
+
+
+def explain_communication(v: JobView, straggler: int | None) -> Explained:
+    m = v.metrics
+    op = (m.comm_op or "collective").replace("_", "-")
+    bw = f" at {_rate(m.busbw)} busbw" if m.busbw else ""
+    est = " (estimated)" if m.comm_estimated else ""
+    fixes = [f"overlap {op} with backward (DDP bucket_cap_mb; no sync inside backward)",
+             "gradient accumulation with no_sync() to communicate every N micro-batches",
+             "gradient compression hooks (bf16/fp16 compress, PowerSGD)"]
+    if m.samples_per_s is not None and m.step_time_median_s:
+        per_step = m.samples_per_s * m.step_time_median_s / max(1, v.world_size)
+        fixes.append(f"larger per-rank batch (about {per_step:.0f} samples per rank per step now)")
+    fixes.append("check the interconnect: busbw should approach the link's bandwidth")
+    return (f"Communication: exposed {op} is {_pct(m.comm_exposed_frac)} of the step{bw}{est}", fixes,
+            {"busbw": round4(m.busbw), "comm_op": m.comm_op})
+
+
+def explain_load_imbalance(v: JobView, straggler: int | None) -> Explained:
+    m = v.metrics
+    op = (m.comm_op or "collective").replace("_", "-")
+    row = _rank_row(v.ranks, straggler) if straggler is not None else None
+    if m.straggler_by == "arrival":
+        own = _pct(row.comm_exposed_frac if row else None)
+        gap = f"; it loses {_pct(m.gap_frac)} between steps" if m.gap_frac and m.gap_frac >= 0.05 else ""
+        headline = (f"Load imbalance: rank {straggler} arrives last at {op}; the others wait "
+                    f"{_pct(m.comm_exposed_frac)} of the step for it (it waits {own}){gap}")
+        fixes = [f"find what delays rank {straggler} outside its compute: work between steps, logging, "
+                 "checkpointing on that rank only, its data path",
+                 f"check rank {straggler}'s host for other processes or throttling"]
+        return headline, fixes, {"straggler_rank": straggler, "arrival_ratio": round4(m.arrival_ratio)}
+    fast = min((r for r in v.ranks if r.compute_s is not None), key=lambda r: r.compute_s, default=None)
+    slow_ms = f"{row.compute_s * 1000:.0f} ms" if row and row.compute_s else units.NA
+    fast_ms = f"{fast.compute_s * 1000:.0f} ms" if fast and fast.compute_s else units.NA
+    headline = (f"Load imbalance: rank {straggler} computes {slow_ms}/step vs {fast_ms} on rank "
+                f"{fast.rank if fast else units.NA}; the others wait {_pct(m.comm_exposed_frac)} in {op}")
+    fixes = [f"find what makes rank {straggler} slower: its data shard, sequence lengths, host load",
+             "balance work per rank (bucket samples by length, even shards)",
+             f"check rank {straggler}'s host for other processes or throttling"]
+    return headline, fixes, {"straggler_rank": straggler, "compute_ratio": round4(m.compute_ratio)}
+
+
+def _idle_text(v: JobView) -> str:
+    idle = next((x.share for x in account(v.metrics, v.device_type) if x.id == "device_idle"), None)
+    lead = v.metrics.host_lead_s
+    # the starvation signal: a host that keeps only a few ms ahead of the GPU cannot keep it fed
+    ahead = f" (the host runs {lead * 1000:.1f} ms ahead of it)" if lead is not None else ""
+    return f"the device idles {_pct(idle)} of each step with no other measured cause{ahead}"
+
+
+def explain_host_sync(v: JobView, straggler: int | None) -> Explained:
+    m = v.metrics
+    site = next((s.sync_site for t in v.traces.values() for s in reversed(t.steps) if s.sync_site), None)
+    where = f" (most at {site})" if site else ""
+    return (f"Host-device sync: {_idle_text(v)}; {m.syncs_per_step:.1f} syncs per step{where}",
+            ["remove .item() / .cpu() / print(tensor) from the step; log every N steps",
+             "keep metrics on the device and read them asynchronously (non_blocking=True into pinned memory)"],
+            {"syncs_per_step": round4(m.syncs_per_step)})
+
+
+def explain_host_overhead(v: JobView, straggler: int | None) -> Explained:
+    m = v.metrics
+    return (f"Host overhead: {_idle_text(v)} (busy {_pct(m.device_busy)} of a {_step(m)} step); "
+            "the CPU cannot feed it",
+            ["larger batch per step", "torch.compile or CUDA graphs to cut launch overhead",
+             "fuse small ops; avoid Python work per micro-op"], {})
+
+
+def explain_compute_efficiency(v: JobView, straggler: int | None) -> Explained:
+    m = v.metrics
+    if m.mfu is not None:
+        what = f"MFU {_pct(m.mfu)}" + (f" {peak_note(v)}" if m.peak_flops else "")
+        extra: dict[str, Any] = {"mfu": round4(m.mfu)}
+    else:
+        what = f"tensor cores {_pct(tensor_active(v))} active"
+        extra = {}
+    return (f"Compute efficiency: device busy {_pct(m.device_busy)} but {what}",
+            ["bf16 autocast (torch.autocast('cuda', dtype=torch.bfloat16))",
+             "torch.backends.cuda.matmul.allow_tf32 = True for fp32 matmuls",
+             "fused kernels (fused AdamW, flash attention) and torch.compile", "larger batch per step"], extra)
+
+
+def explain_healthy(v: JobView, straggler: int | None) -> Explained:
+    m = v.metrics
+    busy = f"{v.device_type.upper()} busy {_pct(m.device_busy)}"
+    note = f" {peak_note(v)}" if m.peak_flops else ""
+    extra = f", MFU {_pct(m.mfu)}{note}" if m.mfu is not None else ""
+    return f"Healthy: {busy} of a {_step(m)} step, no measured loss of 10% or more{extra}", [], {}
+
+
+def _rank_row(ranks: list[RankView], rank: int) -> RankView | None:
+    return next((r for r in ranks if r.rank == rank), None)
+
+
+def findings(v: JobView) -> list[dict[str, Any]]:
+    """Secondary findings; each dict has ``id`` and its numbers."""
+    out: list[dict[str, Any]] = []
+    m = v.metrics
+    gaps_now = m.gap_frac is not None and m.gap_frac >= 1.0 - ETTR_MIN
+    if (m.ettr is not None and m.ettr < ETTR_MIN) or gaps_now:
+        pauses = [e for e in v.events if e.get("name") in ("checkpoint", "eval", "evaluation", "save", "pause")]
+        lost = f"ETTR {_pct(m.ettr)}" if m.ettr is not None and m.ettr < ETTR_MIN else \
+            f"{_pct(m.gap_frac)} of recent time"
+        out.append({"id": "step_gaps", "ettr": round4(m.ettr), "gap_frac": round4(m.gap_frac),
+                    "events": len(pauses),
+                    "message": f"{lost}: time between steps is lost to "
+                               f"{'checkpoints/evaluation' if pauses else 'pauses or stalls'}"})
+    throttled = sorted({(row.rank, row.gpu.index, reason) for row in v.gpus for reason in row.gpu.throttle
+                        if reason in THROTTLE_REASONS}, key=lambda x: (x[0], x[1] if x[1] is not None else -1, x[2]))
+    if throttled:
+        out.append({"id": "throttling", "gpus": [{"rank": r, "index": i, "reason": why} for r, i, why in throttled],
+                    "message": f"{len(throttled)} GPU clock throttle reason(s) active (power/thermal)"})
+    mem = m.memory
+    if mem.fragmentation_bytes is not None and mem.reserved_bytes:
+        frac = mem.fragmentation_bytes / mem.reserved_bytes
+        if frac > FRAGMENTATION_MAX:
+            out.append({"id": "fragmentation", "fraction": round(frac, 4), "bytes": mem.fragmentation_bytes,
+                        "message": f"{_pct(frac)} of reserved memory is fragmented: try expandable_segments:True"})
+    for r in v.ranks:
+        if r.generation > 0:
+            out.append({"id": "rank_restarted", "rank": r.rank, "generation": r.generation, "restart": r.restart,
+                        "pid": r.pid, "message": f"rank {r.rank} restarted (generation {r.generation}, pid {r.pid})"})
+    if v.drops_total:
+        out.append({"id": "drops", "count": v.drops_total,
+                    "message": f"{v.drops_total} records dropped on the way; numbers may have holes"})
+    probe_warning = _probe_warnings(v.events)
+    if probe_warning is not None:
+        out.append(probe_warning)
+    return out
+
+
+def _probe_warnings(events: list[dict[str, Any]]) -> dict[str, Any] | None:
+    """The probe's own counted failures (``warning`` events with ``source: perfmon``, each carrying
+    the running ``count`` for its ``where``): the newest count per rank and place, summed."""
+    latest: dict[tuple[Any, str], dict[str, Any]] = {}
+    for e in events:
+        if e.get("name") == "warning" and e.get("source") == "perfmon":
+            latest[(e.get("rank"), str(e.get("where") or "?"))] = e
+    if not latest:
+        return None
+    total = sum(int(e.get("count") or 1) for e in latest.values())
+    where = sorted({w for _, w in latest})
+    return {"id": "probe_warnings", "count": total, "where": where,
+            "message": f"the probe counted {total} failure(s) of its own ({', '.join(where)}): "
+                       "numbers from those parts may be missing"}

@@ -1,0 +1,132 @@
+"""The diagnosis flowchart: its questions, thresholds (each with its source) and exits.
+
+Data only, plus ``compare``: ``tui.model.verdict`` walks it, ``tui.model.explain`` words its
+outcomes, the flowchart screen draws it. The chart follows seed 000_774f81674ee2bc74 in the
+order DESIGN §6 fixes (see ``tui.model.verdict``).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from tui.model.stats import STRAGGLER_RATIO
+
+# -- thresholds (each with its source) ---------------------------------------------------------
+# Seed 000 (常见瓶颈识别流程 step 1): "低利用率(<70%) → 可能是通信或数据加载瓶颈"; DESIGN §6.
+DEVICE_BUSY_MIN = 0.70
+# PyTorch Profiler TB plugin DataLoader rule: DataLoader_avg / Total_avg > 0.05 (kineto tb_plugin
+# profiler/data.py, see research/analysis_anchors.md §2.2); DESIGN §6 uses >= 5%.
+DATA_WAIT_MIN = 0.05
+# DESIGN §6 (issue 11): one measured loss of 10% of the step opens the "starved" gate whatever busy says:
+# a job losing a tenth of its time to one cause is never healthy. Same figure as the TB plugin
+# communication rule below; device idle with no other cause qualifies from it too.
+LOSS_MIN = 0.10
+# TB plugin communication rule (analysis_anchors §11 step 3: C/T > 0.10); DESIGN §6: exposed comm >= 10%.
+COMM_EXPOSED_MIN = 0.10
+# NVIDIA Resiliency Extension straggler detection, gpu_relative_perf_threshold = 0.7 (relative score =
+# fastest rank / this rank), analysis_anchors §7; defined in tui.model.stats so the view marks the rank.
+STRAGGLER_RATIO_MAX = STRAGGLER_RATIO
+# TB plugin memory rule: peak_mem > totalGlobalMem * 0.9 (analysis_anchors §2.2); DESIGN §6 applies it to
+# the window's peak, never the lifetime one.
+MEMORY_PEAK_MAX = 0.90
+# DESIGN §6 [proposal in analysis_anchors §11.6]: MFU below 30% with the device busy is inefficient
+# compute; reference bands Llama 3 38–43%, PaLM 46%.
+MFU_MIN = 0.30
+# TB plugin AMP rule fires when the tensor-core time share is 0 (analysis_anchors §2.2); a small
+# tolerance for sampling noise of the GPM counter.
+TENSOR_ACTIVE_MIN = 0.01
+# Loader workers (or the main thread inside the data wait when num_workers=0) on CPU for at least 30%
+# of the wall time are computing, not waiting. An I/O-bound worker sits blocked in read() near 0
+# (measured: 1% for the slow-read workload of tests/integration), while a CPU-bound one on a contended
+# host gets well under a full core (measured: 42-96% for the heavy-transform workload on 2 cores shared
+# with other jobs), so "≈100%" (analysis_anchors §11.2) would miss it. Chosen here; tests pin both sides.
+LOADER_CPU_BOUND = 0.30
+# Host-device syncs: at least one per step in a job whose device idles points at .item()/.cpu() in
+# the loop (seed 001 模型写法问题: "存在D2H的同步拷贝"; analysis_anchors §8).
+SYNCS_PER_STEP_MIN = 1.0
+# Llama 3 reports ">90% effective training time" (arXiv 2407.21783 §3.3.4), seed 001's ETTR status quo.
+ETTR_MIN = 0.90
+# Severe idleness: TB plugin "low GPU utilization" rule, gpu_utilization < 0.5 (analysis_anchors §2.2).
+DEVICE_BUSY_CRIT = 0.50
+# Fragmentation finding: inactive-split bytes over 20% of reserved [proposal: analysis_anchors §11.1
+# suggests 10–20%; the upper end keeps it quiet on healthy allocators].
+FRAGMENTATION_MAX = 0.20
+# NVML clock-event reasons that slow the clocks for power or heat, by their wire names
+# (probe/gpu/nvml.py THROTTLE_BITS); idle, app_clocks, sync_boost, display_clocks are not throttling.
+THROTTLE_REASONS = frozenset({"sw_power_cap", "hw_slowdown", "sw_thermal", "hw_thermal", "hw_power_brake"})
+
+FINDINGS = ("step_gaps", "throttling", "fragmentation", "rank_restarted", "drops", "probe_warnings",
+            "data_wait", "comm_exposed", "device_idle")
+# The share at which each step loss counts as a cause (and, when not the largest, a secondary finding).
+LOSS_THRESHOLD = {"data_wait": DATA_WAIT_MIN, "comm_exposed": COMM_EXPOSED_MIN, "device_idle": LOSS_MIN}
+
+
+@dataclass(frozen=True)
+class Node:
+    """One question of the flowchart. ``yes``/``no`` name an outcome (a ``Rule`` id; the root
+    node shares the name "memory" with its outcome) or else the next node.
+
+    ``op`` is how ``quantity`` is compared with ``threshold`` for a "yes"
+    ("<", ">=", ">"); ``unit`` is "frac" (shown as %) or "ratio"/"count".
+    """
+
+    id: str
+    question: str
+    quantity: str
+    threshold: float
+    threshold_source: str
+    yes: str
+    no: str
+    op: str = ">="
+    unit: str = "frac"
+
+
+FLOWCHART: tuple[Node, ...] = (
+    Node("memory", "OOM or allocator retries in the window, or the window's peak over 90% of the limit?",
+         "memory_peak_frac", MEMORY_PEAK_MAX,
+         "PyTorch Profiler TB plugin memory rule (peak > 0.9 x device memory), over the window",
+         yes="memory", no="device_busy", op=">"),
+    Node("device_busy", "Is the device starved: busy under 70%, or one measured loss 10% or more of the step?",
+         "device_busy", DEVICE_BUSY_MIN,
+         "seed 000 flowchart step 1 (GPU utilization < 70%); one loss >= 10%: perfmon loss accounting "
+         "(docs/verdict.md)",
+         yes="data_wait", no="mfu", op="<"),
+    Node("data_wait", "Is waiting for the next batch the largest loss, at 5% or more of the step?",
+         "data_wait_frac", DATA_WAIT_MIN, "PyTorch Profiler TB plugin DataLoader rule (> 5% of step time)",
+         yes="loader_cpu", no="comm_exposed"),
+    Node("loader_cpu", "Are the loader workers (or the main process) CPU-bound?", "loader_cpu", LOADER_CPU_BOUND,
+         "perfmon: I/O-bound workers sit near 0% CPU, CPU-bound ones >= 30% even on a contended host",
+         yes="data_preprocessing", no="data_loading"),
+    Node("comm_exposed", "Is blocking on communication the largest loss, at 10% or more of the step?",
+         "comm_exposed_frac", COMM_EXPOSED_MIN, "PyTorch Profiler TB plugin communication rule (> 10%)",
+         yes="straggler", no="syncs"),
+    Node("straggler", "Is one rank slower than the rest (fastest/slowest < 0.7)?",
+         "compute_ratio", STRAGGLER_RATIO_MAX,
+         "NVIDIA Resiliency Extension relative straggler score 0.7; HTA late-arrival straggler",
+         yes="load_imbalance", no="communication", op="<", unit="ratio"),
+    Node("syncs", "The device idles with no other measured cause: does every step force a host-device sync?",
+         "syncs_per_step", SYNCS_PER_STEP_MIN,
+         "seed 001 (D2H sync copies in the model code idle the GPU)", yes="host_sync", no="host_overhead",
+         unit="count"),
+    Node("mfu", "Not starved: is MFU under 30% (or are the tensor cores idle)?", "mfu", MFU_MIN,
+         "Llama 3 (arXiv 2407.21783) 38-43% MFU, PaLM (arXiv 2204.02311) 46%", yes="compute_efficiency",
+         no="healthy",
+         op="<"),
+)
+NODES: dict[str, Node] = {n.id: n for n in FLOWCHART}
+ROOT = "memory"
+# The last questions before an outcome: when one cannot be asked, the verdict says what it cannot tell apart.
+DECIDES_BETWEEN = {"loader_cpu": "CPU-bound preprocessing from slow I/O",
+                   "straggler": "a slow rank from slow communication",
+                   "syncs": "host-device syncs from launch overhead or an unmeasured loss"}
+
+
+def compare(value: float, node: Node) -> bool:
+    """Does ``value`` take the node's "yes" exit (the direction that names a problem)?
+
+    The one definition: the verdict and the panes' judged numbers both use it."""
+    if node.op == "<":
+        return value < node.threshold
+    if node.op == ">":
+        return value > node.threshold
+    return value >= node.threshold

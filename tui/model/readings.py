@@ -1,0 +1,133 @@
+"""Typed readings: what one step record or one sample says, parsed once in the model.
+
+Panes, the verdict and ``perfmon doctor`` read these instead of wire dicts, so a wire key
+is spelled in exactly two places: ``probe/wire.py``'s schema and this module. Every field
+is None when the probe did not report it (unknown is never 0); utilisations are 0..1.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Iterable
+
+from tui.model.buffers import num
+
+
+@dataclass(frozen=True)
+class StepBar:
+    """One step as the timeline draws it: phases + gap = dur (wire contract), in wire order."""
+
+    step: int
+    dur: float
+    gap: float
+    phases: tuple[tuple[str, float], ...]
+    sync_site: str | None = None     # "file:line" of the step's most frequent host-device sync
+
+    def phase(self, name: str) -> float | None:
+        return next((secs for n, secs in self.phases if n == name), None)
+
+
+@dataclass(frozen=True)
+class GpuReading:
+    """One GPU in one ``sample`` record (NVML; ``sm_active``/``tensor_active`` on GPM devices only)."""
+
+    index: int | None
+    util: float | None
+    sm_active: float | None = None
+    tensor_active: float | None = None
+    mem_used: int | None = None
+    mem_total: int | None = None
+    power_w: float | None = None
+    power_limit_w: float | None = None
+    sm_clock_mhz: float | None = None
+    temp_c: float | None = None
+    throttle: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class GpuRow:
+    """A GPU the job uses, once per (host, index): the rank that reports it and its recent util."""
+
+    rank: int
+    gpu: GpuReading
+    util_history: tuple[float | None, ...]
+
+
+@dataclass(frozen=True)
+class HostReading:
+    """The host side of a rank's latest sample: its process CPU (cores) and the node's."""
+
+    cpu: float | None
+    cpu_count: int | None
+    sys_cpu: float | None
+    rss: int | None
+
+
+@dataclass(frozen=True)
+class RankTrace:
+    """A rank's recent history for the timeline, data and device panes, oldest first."""
+
+    steps: tuple[StepBar, ...]
+    data_wait: tuple[float, ...]            # data-wait share of each step (0..1)
+    cpu: tuple[float | None, ...]           # process CPU (cores) of each recent sample
+
+
+def step_bar(rec: dict[str, Any]) -> StepBar:
+    phases = rec.get("phases") if isinstance(rec.get("phases"), dict) else {}
+    site = rec.get("sync_site")
+    return StepBar(step=int(rec.get("step") or 0), dur=num(rec.get("dur")) or 0.0, gap=num(rec.get("gap")) or 0.0,
+                   phases=tuple((str(n), num(v) or 0.0) for n, v in phases.items()),
+                   sync_site=site if isinstance(site, str) and site else None)
+
+
+def _frac(value: Any) -> float | None:
+    """0..1 utilisation; old probes sent percent."""
+    v = num(value)
+    return None if v is None else v / 100.0 if v > 1.0 else v
+
+
+def _int(value: Any) -> int | None:
+    v = num(value)
+    return None if v is None else int(v)
+
+
+def gpu_reading(g: dict[str, Any]) -> GpuReading:
+    throttle = g.get("throttle") if isinstance(g.get("throttle"), list) else []
+    return GpuReading(
+        index=_int(g.get("index")), util=_frac(g.get("util")), sm_active=_frac(g.get("sm_active")),
+        tensor_active=_frac(g.get("tensor_active")), mem_used=_int(g.get("mem_used")),
+        mem_total=_int(g.get("mem_total")), power_w=num(g.get("power_w")), power_limit_w=num(g.get("power_limit_w")),
+        sm_clock_mhz=num(g.get("sm_clock")), temp_c=num(g.get("temp_c")),
+        throttle=tuple(t for t in throttle if isinstance(t, str)))
+
+
+def gpu_readings(sample: dict[str, Any]) -> tuple[GpuReading, ...]:
+    return tuple(gpu_reading(g) for g in (sample.get("gpus") or []) if isinstance(g, dict))
+
+
+def host_reading(sample: dict[str, Any]) -> HostReading:
+    host = sample.get("host") if isinstance(sample.get("host"), dict) else {}
+    return HostReading(cpu=num(host.get("cpu")), cpu_count=_int(host.get("cpu_count")) or None,
+                       sys_cpu=num(host.get("sys_cpu")), rss=_int(host.get("rss")))
+
+
+def own_gpus(readings: tuple[GpuReading, ...], local_rank: int) -> tuple[GpuReading, ...]:
+    """The GPUs a rank uses: index = its local rank when the sample lists it, else all it lists."""
+    return tuple(g for g in readings if g.index == local_rank) or readings
+
+
+def gpu_rows(ranks: Iterable[tuple[int, str | None, int, list[dict[str, Any]]]]) -> tuple[GpuRow, ...]:
+    """One row per distinct GPU over (rank, host, local_rank, recent samples), a rank's own GPU first."""
+    seen: set[tuple[str | None, int | None]] = set()
+    rows = []
+    for rank, host, local, samples in ranks:
+        if not samples:
+            continue
+        history = [gpu_readings(s) for s in samples]
+        for gpu in own_gpus(history[-1], local):
+            if (host, gpu.index) in seen:
+                continue
+            seen.add((host, gpu.index))
+            util = tuple(next((g.util for g in h if g.index == gpu.index), None) for h in history)
+            rows.append(GpuRow(rank=rank, gpu=gpu, util_history=util))
+    return tuple(rows)
