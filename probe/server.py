@@ -4,6 +4,13 @@ Everything that can block or cost more than a deque append happens here, never
 on the training thread. Each viewer has its own bounded outbound queue; a slow
 viewer loses its oldest frames (counted, then announced with a ``drops``
 record) and a viewer that stays unwritable for ``STALL_SECONDS`` is dropped.
+
+Frames travel in batches: the frames of one tick are joined once and that one ``bytes`` is
+shared by every viewer's queue, and the backfill keeps step frames as per-tick batches. A
+viewer's queue or a connect's backfill is then a few large allocations instead of thousands of
+small ones, so the sender holds the GIL for less and the memory of a queue goes back to the
+allocator whole when the viewer leaves (issue 12: a storm of stalled viewers left the job's RSS
+tens of MB higher when each viewer held its own thousands of small frames).
 """
 
 from __future__ import annotations
@@ -26,7 +33,7 @@ MAX_VIEWERS = 8
 VIEWER_QUEUE_BYTES = 4 << 20
 STALL_SECONDS = 10.0
 HELLO_DEADLINE = 2.0          # TCP viewers must authenticate within this
-BACKFILL_STEPS = 2000
+BACKFILL_STEPS = 2000          # at least this many recent steps, at most one tick's more (MAX_ITEMS_PER_TICK)
 BACKFILL_EVENTS = 100
 TICK = 0.05                   # sender wake-up period: latency of the live stream
 MAX_ITEMS_PER_TICK = 20_000   # keeps one tick bounded even after a burst
@@ -37,12 +44,13 @@ _PEERCRED = struct.Struct("3i")
 class Viewer:
     """One attached viewer connection and its outbound queue."""
 
-    __slots__ = ("sock", "out", "out_bytes", "head_sent", "dropped", "dropped_total", "last_progress",
-                 "decoder", "authed", "accepted", "tcp")
+    __slots__ = ("sock", "out", "out_frames", "out_bytes", "head_sent", "dropped", "dropped_total",
+                 "last_progress", "decoder", "authed", "accepted", "tcp")
 
     def __init__(self, sock: socket.socket, *, tcp: bool) -> None:
         self.sock = sock
-        self.out: Deque[bytes] = collections.deque()
+        self.out: Deque[bytes] = collections.deque()          # batches of whole frames
+        self.out_frames: Deque[tuple[int, int]] = collections.deque()   # (frames, drops it announces), parallel
         self.out_bytes = 0
         self.head_sent = 0            # bytes of out[0] already sent
         self.dropped = 0              # frames dropped since the last drops record
@@ -53,19 +61,31 @@ class Viewer:
         self.authed = not tcp
         self.accepted = time.monotonic()
 
-    def enqueue(self, frame: bytes) -> None:
-        """Queue a frame, dropping the oldest whole frames (never the one in flight) to fit."""
+    def enqueue(self, batch: bytes, frames: int = 1, announces: int = 0) -> None:
+        """Queue a batch of ``frames`` whole frames, dropping the oldest batches (never the one in
+        flight) to fit. Every frame of a dropped batch is counted, and a dropped ``drops`` record
+        (``announces`` > 0) hands its count on to the next one, so no loss goes unannounced."""
         if not self.out:
             self.last_progress = time.monotonic()
-        self.out.append(frame)
-        self.out_bytes += len(frame)
+        self.out.append(batch)
+        self.out_frames.append((frames, announces))
+        self.out_bytes += len(batch)
         while self.out_bytes > VIEWER_QUEUE_BYTES and len(self.out) > 1:
             victim_index = 1 if self.head_sent else 0
             victim = self.out[victim_index]
+            lost, announced = self.out_frames[victim_index]
             del self.out[victim_index]
+            del self.out_frames[victim_index]
             self.out_bytes -= len(victim)
-            self.dropped += 1
-            self.dropped_total += 1
+            self.dropped += lost + announced
+            self.dropped_total += lost
+
+    def sent_head(self) -> None:
+        """The batch at the head went out whole."""
+        head = self.out.popleft()
+        self.out_frames.popleft()
+        self.out_bytes -= len(head)
+        self.head_sent = 0
 
 
 class Sender(threading.Thread):
@@ -86,7 +106,8 @@ class Sender(threading.Thread):
         self.recorder = recorder
         self.on_error = on_error or (lambda where, exc: None)
         self.viewers: dict[int, Viewer] = {}
-        self.backfill_steps: Deque[bytes] = collections.deque(maxlen=BACKFILL_STEPS)
+        self.backfill_steps: Deque[tuple[bytes, int]] = collections.deque()   # (batch, steps): >= BACKFILL_STEPS
+        self.backfill_count = 0
         self.backfill_events: Deque[bytes] = collections.deque(maxlen=BACKFILL_EVENTS)
         self.latest: dict[str, bytes] = {}
         self.stop_event = threading.Event()
@@ -157,6 +178,7 @@ class Sender(threading.Thread):
     # -- records ----------------------------------------------------------------------------
     def _drain(self) -> None:
         frames: list[bytes] = []
+        steps: list[bytes] = []
         q = self.queue
         for _ in range(MAX_ITEMS_PER_TICK):
             try:
@@ -174,16 +196,25 @@ class Sender(threading.Thread):
             kind = rec["k"]
             if kind == "step":
                 self._check_gap(rec["step"], frames)
-                self.backfill_steps.append(frame)
+                steps.append(frame)
             elif kind in ("event", "drops"):
                 self.backfill_events.append(frame)
             elif kind in ("comm", "memory", "sample"):
                 self.latest[kind] = frame
             frames.append(frame)
+        if steps:
+            self._keep_steps(steps)
         if frames:
             self.frames_out += len(frames)
             self._fan_out(frames)
             self._record(frames)
+
+    def _keep_steps(self, steps: list[bytes]) -> None:
+        """Backfill: the newest BACKFILL_STEPS steps at least, kept as this tick's one batch."""
+        self.backfill_steps.append((b"".join(steps), len(steps)))
+        self.backfill_count += len(steps)
+        while self.backfill_count - self.backfill_steps[0][1] >= BACKFILL_STEPS:
+            self.backfill_count -= self.backfill_steps.popleft()[1]
 
     def _check_gap(self, step: int, frames: list[bytes]) -> None:
         """Steps are numbered; a gap means the hot-path buffer overflowed before we drained it."""
@@ -196,16 +227,16 @@ class Sender(threading.Thread):
                 "reason": "probe buffer full: the sender fell behind the training loop"}))
 
     def _fan_out(self, frames: list[bytes]) -> None:
+        batch = frames[0] if len(frames) == 1 else b"".join(frames)
         for viewer in self.viewers.values():
             if not viewer.authed:
                 continue
-            for frame in frames:
-                viewer.enqueue(frame)
+            viewer.enqueue(batch, len(frames))
             if viewer.dropped:
+                count, viewer.dropped = viewer.dropped, 0
                 viewer.enqueue(self.encoder.frame({
-                    "k": "drops", "t": time.time(), "count": viewer.dropped, "total": viewer.dropped_total,
-                    "reason": "viewer too slow: oldest records dropped from its 4 MiB queue"}))
-                viewer.dropped = 0
+                    "k": "drops", "t": time.time(), "count": count, "total": viewer.dropped_total,
+                    "reason": "viewer too slow: oldest records dropped from its 4 MiB queue"}), 1, announces=count)
 
     def _record(self, frames: Iterable[bytes]) -> None:
         if self.recorder is None or self.recorder_failed:
@@ -246,13 +277,11 @@ class Sender(threading.Thread):
             self._backfill(viewer)
 
     def _backfill(self, viewer: Viewer) -> None:
-        viewer.enqueue(self.hello_frame)
-        for frame in self.backfill_events:
-            viewer.enqueue(frame)
-        for frame in self.backfill_steps:
-            viewer.enqueue(frame)
-        for frame in self.latest.values():
-            viewer.enqueue(frame)
+        """hello, recent events, recent steps, the latest sample/memory/comm: one batch."""
+        parts = [self.hello_frame, *self.backfill_events, *(b for b, _ in self.backfill_steps),
+                 *self.latest.values()]
+        frames = 1 + len(self.backfill_events) + self.backfill_count + len(self.latest)
+        viewer.enqueue(b"".join(parts), frames)
         self._flush(viewer)
 
     def _read(self, viewer: Viewer) -> None:
@@ -300,9 +329,7 @@ class Sender(threading.Thread):
             viewer.last_progress = time.monotonic()
             viewer.head_sent += n
             if viewer.head_sent >= len(head):
-                viewer.out.popleft()
-                viewer.out_bytes -= len(head)
-                viewer.head_sent = 0
+                viewer.sent_head()
         self._watch_writable(viewer)
 
     def _watch_writable(self, viewer: Viewer) -> None:

@@ -200,3 +200,28 @@ def test_nvml_errors_become_a_warning(simulated_nvml, monkeypatch):
     finally:
         mon.close()
     assert [e["where"] for e in out] == ["NVML"] and out[0]["count"] == nvml.errors
+
+
+def test_a_viewer_queue_drops_whole_batches_and_a_dropped_drops_record_hands_its_count_on(monkeypatch):
+    """Frames travel in batches; a batch dropped to fit the queue counts all its frames, and a
+    ``drops`` record dropped in turn passes its count to the next one (no loss goes unannounced)."""
+    from probe import server
+    monkeypatch.setattr(server, "VIEWER_QUEUE_BYTES", 100)
+    a, b = socket.socketpair()
+    try:
+        v = server.Viewer(a, tcp=False)
+        v.enqueue(b"x" * 60, 6)
+        v.enqueue(b"y" * 60, 6)                  # over the bound: x (6 frames) goes
+        assert (v.dropped, list(v.out)) == (6, [b"y" * 60])
+        v.enqueue(b"d", 1, announces=6)          # the sender's drops record for them
+        v.dropped = 0
+        v.enqueue(b"z" * 60, 6)                  # y goes; the drops record survives
+        assert v.dropped == 6 and list(v.out) == [b"d", b"z" * 60]
+        v.enqueue(b"e", 1, announces=6)
+        v.dropped = 0
+        v.enqueue(b"w" * 39, 3)                  # the first drops record goes: its 6 are owed again, plus itself
+        assert v.dropped == 7 and list(v.out) == [b"z" * 60, b"e", b"w" * 39]
+        assert v.dropped_total == 13 and v.out_bytes == 100
+    finally:
+        a.close()
+        b.close()
