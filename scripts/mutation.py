@@ -26,19 +26,23 @@ import sys
 import tempfile
 from pathlib import Path
 
-# The modules mutated when none are given. The tui restructure moves the run model and the
-# verdict: update these paths with it.
+# The modules mutated when none are given: the pure core (run model, verdict) and the wire.
 DEFAULT_MODULES = [
     "tui/model/runmodel.py",
     "tui/model/stats.py",
     "tui/model/buffers.py",
+    "tui/model/readings.py",
+    "tui/model/losses.py",
+    "tui/model/flowchart.py",
     "tui/model/verdict.py",
+    "tui/model/explain.py",
     "probe/wire.py",
     "probe/recording.py",
 ]
 # The unit tests of those modules (a whole-suite run per mutant would take hours on two cores).
 DEFAULT_TESTS = [
     "tests/unit/test_runmodel.py",
+    "tests/unit/test_losses.py",
     "tests/unit/test_verdict.py",
     "tests/unit/test_verdict_explain.py",
     "tests/unit/test_report.py",
