@@ -42,6 +42,8 @@ DEFAULT_MODULES = [
 # The unit tests of those modules (a whole-suite run per mutant would take hours on two cores).
 DEFAULT_TESTS = [
     "tests/unit/test_runmodel.py",
+    "tests/unit/test_readings.py",
+    "tests/unit/test_window_memory.py",
     "tests/unit/test_losses.py",
     "tests/unit/test_verdict.py",
     "tests/unit/test_verdict_explain.py",

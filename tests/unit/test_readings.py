@@ -1,0 +1,87 @@
+"""Typed readings (tui.model.readings): each wire key parsed once, unknown kept unknown, a
+rank's own GPU chosen by its local rank, and each GPU listed once per host."""
+
+from __future__ import annotations
+
+import pytest
+
+from tui.model.readings import GpuReading, gpu_reading, gpu_rows, host_reading, own_gpus, step_bar
+from tui.model.runmodel import RunModel
+
+FULL_GPU = {"index": 1, "name": "H100", "util": 0.87, "sm_active": 0.5, "tensor_active": 0.25,
+            "mem_used": 40e9, "mem_total": 80e9, "power_w": 512.5, "power_limit_w": 700.0, "sm_clock": 1980,
+            "temp_c": 61, "throttle": ["sw_power_cap", 7, None, "hw_slowdown"]}
+
+
+def test_every_gpu_field_is_read_under_its_own_name():
+    g = gpu_reading(FULL_GPU)
+    assert g == GpuReading(index=1, util=0.87, sm_active=0.5, tensor_active=0.25, mem_used=40_000_000_000,
+                           mem_total=80_000_000_000, power_w=512.5, power_limit_w=700.0, sm_clock_mhz=1980.0,
+                           temp_c=61.0, throttle=("sw_power_cap", "hw_slowdown"))
+
+
+def test_gpu_values_unknown_stay_unknown_and_percent_becomes_a_fraction():
+    g = gpu_reading({"index": 0, "util": 97, "sm_active": True, "tensor_active": "x", "throttle": "hot"})
+    assert g.util == pytest.approx(0.97) and g.sm_active is None and g.tensor_active is None
+    assert (g.mem_used, g.mem_total, g.power_w, g.power_limit_w, g.sm_clock_mhz, g.temp_c) == (None,) * 6
+    assert g.throttle == ()
+    assert gpu_reading({"util": 1.0}).util == 1.0 and gpu_reading({"util": 0}).util == 0.0
+    assert gpu_reading({}).index is None
+
+
+def test_host_reading_and_its_unknowns():
+    h = host_reading({"host": {"cpu": 1.5, "cpu_count": 8, "sys_cpu": 0.25, "rss": 123.0}})
+    assert (h.cpu, h.cpu_count, h.sys_cpu, h.rss) == (1.5, 8, 0.25, 123)
+    none = host_reading({"host": {"cpu_count": 0}})
+    assert (none.cpu, none.cpu_count, none.sys_cpu, none.rss) == (None, None, None, None)
+    assert host_reading({"host": "broken"}).cpu is None
+
+
+def test_step_bar_keeps_the_wire_order_and_reads_unknown_phases_as_zero():
+    bar = step_bar({"step": 7, "dur": 0.5, "gap": 0.1, "phases": {"data": 0.1, "forward": None, "other": 0.3},
+                    "sync_site": "train.py:9"})
+    assert (bar.step, bar.dur, bar.gap, bar.sync_site) == (7, 0.5, 0.1, "train.py:9")
+    assert bar.phases == (("data", 0.1), ("forward", 0.0), ("other", 0.3))
+    assert bar.phase("other") == 0.3 and bar.phase("backward") is None
+    empty = step_bar({"phases": "bad", "sync_site": ""})
+    assert (empty.step, empty.dur, empty.gap, empty.phases, empty.sync_site) == (0, 0.0, 0.0, (), None)
+
+
+def test_a_rank_uses_the_gpu_of_its_local_rank_else_every_gpu_it_lists():
+    two = (GpuReading(0, 0.1), GpuReading(1, 0.9))
+    assert own_gpus(two, 1) == (GpuReading(1, 0.9),)
+    assert own_gpus(two, 5) == two
+
+
+def _sample(*gpus: dict) -> dict:
+    return {"k": "sample", "gpus": list(gpus)}
+
+
+def test_gpu_rows_list_each_gpu_once_per_host_with_its_history():
+    samples0 = [_sample({"index": 0, "util": 0.2}), _sample({"index": 1, "util": 0.4}, {"index": 0, "util": 0.3})]
+    samples1 = [_sample({"index": 0, "util": 0.5}, {"index": 1, "util": 0.6})]
+    rows = gpu_rows([(0, "n1", 0, samples0), (1, "n1", 1, samples1), (2, "n1", 0, samples1),
+                     (3, "n2", 0, samples1), (4, "n2", 0, [])])
+    assert [(r.rank, r.gpu.index, r.gpu.util) for r in rows] == [(0, 0, 0.3), (1, 1, 0.6), (3, 0, 0.5)]
+    assert rows[0].util_history == (0.2, 0.3)     # by index, whatever the order in each sample
+    assert rows[1].util_history == (0.6,)
+
+
+def _cuda_job(local_rank: int, gpus: list[dict]) -> RunModel:
+    model = RunModel()
+    model.ingest("s", {"k": "hello", "t": 100.0, "proto": [1, 0], "rank": 0, "local_rank": local_rank,
+                       "world_size": 1, "device": {"type": "cuda", "name": "GPU"}})
+    for i in range(10):
+        model.ingest("s", {"k": "step", "t": 101.0 + i, "step": i, "dur": 1.0, "phases": {"data": 0.0}})
+        model.ingest("s", {"k": "sample", "t": 101.0 + i, "gpus": gpus})
+    return model
+
+
+def test_device_busy_is_the_utilization_of_the_ranks_own_gpu():
+    gpus = [{"index": 0, "util": 0.2}, {"index": 1, "util": 90}]
+    assert _cuda_job(1, gpus).view().metrics.device_busy == pytest.approx(0.9)
+    assert _cuda_job(0, gpus).view().metrics.device_busy == pytest.approx(0.2)
+    # its index not listed: the first GPU it lists, never a mean over the node
+    assert _cuda_job(3, gpus).view().metrics.device_busy == pytest.approx(0.2)
+    view = _cuda_job(1, gpus).view()
+    assert [(r.rank, r.gpu.index) for r in view.gpus] == [(0, 1)]
