@@ -28,6 +28,7 @@ from tui.app.screens.help import HelpScreen
 from tui.app.screens.log import LogScreen
 from tui.app.screens.picker import JobChoice, PickerScreen
 from tui.model.verdict import Verdict, VerdictTracker
+from tui.model.views import JobView
 from tui.app.widgets.comm import CommPane
 from tui.app.widgets.data import DataPane
 from tui.app.widgets.device import DevicePane
@@ -86,7 +87,7 @@ class PerfmonApp(App[int]):
         self.refresh_hz = refresh_hz
         self.watch_terminal = watch_terminal
         self.tracker = VerdictTracker()
-        self.view: Any = None
+        self.view: JobView | None = None
         self.verdict: Verdict | None = None
         self.selected_rank: int | None = None
         self.window_index = 0
@@ -278,8 +279,7 @@ class PerfmonApp(App[int]):
             self.push_screen(LogScreen(self.log_path, warnings=self._recent_events))
 
     def _recent_events(self) -> list[dict[str, Any]]:
-        view = self.view
-        return list(getattr(view, "events", None) or [])
+        return list(self.view.events) if self.view is not None else []
 
     def action_screenshot_svg(self) -> None:
         try:
