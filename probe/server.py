@@ -110,6 +110,7 @@ class Sender(threading.Thread):
         self.backfill_count = 0
         self.backfill_events: Deque[bytes] = collections.deque(maxlen=BACKFILL_EVENTS)
         self.latest: dict[str, bytes] = {}
+        self._backfill_batch: tuple[bytes, int] | None = None   # joined once per tick, shared by its connects
         self.stop_event = threading.Event()
         self.stopped = threading.Event()
         self.frames_out = 0
@@ -205,6 +206,7 @@ class Sender(threading.Thread):
         if steps:
             self._keep_steps(steps)
         if frames:
+            self._backfill_batch = None
             self.frames_out += len(frames)
             self._fan_out(frames)
             self._record(frames)
@@ -277,11 +279,14 @@ class Sender(threading.Thread):
             self._backfill(viewer)
 
     def _backfill(self, viewer: Viewer) -> None:
-        """hello, recent events, recent steps, the latest sample/memory/comm: one batch."""
-        parts = [self.hello_frame, *self.backfill_events, *(b for b, _ in self.backfill_steps),
-                 *self.latest.values()]
-        frames = 1 + len(self.backfill_events) + self.backfill_count + len(self.latest)
-        viewer.enqueue(b"".join(parts), frames)
+        """hello, recent events, recent steps, the latest sample/memory/comm: one batch, joined
+        once per tick however many viewers connect in it (a connect storm costs a send each)."""
+        if self._backfill_batch is None:
+            parts = [self.hello_frame, *self.backfill_events, *(b for b, _ in self.backfill_steps),
+                     *self.latest.values()]
+            frames = 1 + len(self.backfill_events) + self.backfill_count + len(self.latest)
+            self._backfill_batch = (b"".join(parts), frames)
+        viewer.enqueue(*self._backfill_batch)
         self._flush(viewer)
 
     def _read(self, viewer: Viewer) -> None:

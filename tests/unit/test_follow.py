@@ -81,3 +81,19 @@ def test_a_probe_of_another_major_version_is_one_stream_error(tmp_path):
     finally:
         listener.close()
         server.join(5)
+
+
+def test_each_attach_gets_the_backfill_as_it_is_then():
+    """The backfill batch is joined once per sender tick and shared by that tick's connects; a
+    viewer attaching after more steps must still get them."""
+    mon = probe.start(job="follow-again")
+    try:
+        for more, total in ((5, 5), (7, 12)):
+            for _ in range(more):
+                with mon.step():
+                    pass
+            model = RunModel()
+            follow(_feed(model, "follow-again"), seconds=0.3)
+            assert model.view().metrics.steps == total
+    finally:
+        mon.close()
