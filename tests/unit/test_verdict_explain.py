@@ -517,3 +517,28 @@ def test_ettr_of_exactly_ninety_percent_is_reported_through_recent_gaps():
 def test_an_empty_model_is_warming_up_with_zero_steps():
     from tui.model.runmodel import RunModel
     assert V.evaluate(RunModel().view()).headline == "Warming up: 0 of 5 steps seen, no verdict yet"
+
+
+def test_the_probes_own_failures_are_one_finding_with_the_newest_count_per_rank_and_place():
+    events = [
+        {"name": "warning", "source": "perfmon", "where": "step hook", "count": 2, "rank": 0},
+        {"name": "warning", "source": "perfmon", "where": "step hook", "count": 5, "rank": 0},   # running count
+        {"name": "warning", "source": "perfmon", "where": "step hook", "count": 1, "rank": 1},
+        {"name": "warning", "source": "perfmon", "where": "NVML", "rank": 1},                   # no count: one
+        {"name": "warning", "source": "perfmon", "rank": 2, "count": 3},                        # no place
+        {"name": "warning", "source": "comm", "where": "DDP", "count": 9, "rank": 0},           # not the probe's own
+        {"name": "error", "source": "perfmon", "where": "x", "count": 9, "rank": 0},
+    ]
+    v = V.evaluate(dataclasses.replace(_view(), events=events))
+    (found,) = [f for f in v.findings if f["id"] == "probe_warnings"]
+    assert found == {"id": "probe_warnings", "count": 10, "where": ["NVML", "n/a", "step hook"],
+                     "message": "the probe counted 10 failure(s) of its own (NVML, n/a, step hook): "
+                                "numbers from those parts may be missing"}
+    quiet = V.evaluate(dataclasses.replace(_view(), events=events[5:]))
+    assert not [f for f in quiet.findings if f["id"] == "probe_warnings"]
+
+
+def test_outcome_labels_come_from_the_rule_table_and_unknown_ids_are_spelled_out():
+    assert [V.label(r.id) for r in V.RULES_TABLE] == [r.label for r in V.RULES_TABLE]
+    assert V.label("host_sync") == "HOST-DEVICE SYNC" and V.label("data_loading") == "DATA LOADING"
+    assert V.label("stuck_in_io") == "STUCK IN IO"

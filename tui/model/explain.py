@@ -234,7 +234,7 @@ def _probe_warnings(events: list[dict[str, Any]]) -> dict[str, Any] | None:
     latest: dict[tuple[Any, str], dict[str, Any]] = {}
     for e in events:
         if e.get("name") == "warning" and e.get("source") == "perfmon":
-            latest[(e.get("rank"), str(e.get("where") or "?"))] = e
+            latest[(e.get("rank"), str(e.get("where") or units.NA))] = e
     if not latest:
         return None
     total = sum(int(e.get("count") or 1) for e in latest.values())
