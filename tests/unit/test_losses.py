@@ -120,3 +120,33 @@ def test_a_spike_between_two_samples_inside_the_window_counts():
     recs = [mem(T0 + 20.0, 20 * GB, 30 * GB), mem(T0 + 29.5, 20 * GB, 75 * GB)]
     view = job(Rank(steps=300, dur=0.1, gpu_util=97, extra_records=recs), device="cuda").view()
     assert view.metrics.memory.peak_bytes == 75 * GB
+
+
+def test_each_loss_names_its_source_or_why_it_is_unknown_in_the_reports_words():
+    def rows(device: str, **metrics) -> list[dict]:
+        v = _view(device, **metrics)
+        return [x.as_json() for x in account(v.metrics, v.device_type)]
+
+    measured = rows("cuda", device_busy=0.6, data_wait_frac=0.1, comm_exposed_frac=0.05, gap_frac=0.02)
+    assert measured == [
+        {"id": "data_wait", "label": "data wait", "share": 0.1, "source": "time blocked in the wrapped loader"},
+        {"id": "comm_exposed", "label": "exposed communication", "share": 0.05,
+         "source": "time blocked in collectives"},
+        {"id": "device_idle", "label": "device idle, no other cause", "share": measured[2]["share"],
+         "source": "1 - GPU busy (NVML utilization) - data wait"},
+        {"id": "step_gaps", "label": "between steps", "share": 0.02,
+         "source": "wall time between the end of one step and the start of the next"}]
+    assert abs(measured[2]["share"] - 0.3) < 1e-9
+    assert rows("cpu", device_busy=None, data_wait_frac=None, comm_exposed_frac=None, gap_frac=None) == [
+        {"id": "data_wait", "label": "data wait", "share": None,
+         "why_unknown": "loader not wrapped (mon.loader(...)) or no step timing yet"},
+        {"id": "comm_exposed", "label": "exposed communication", "share": None,
+         "why_unknown": "collectives take 0% of the step, the exposed part is not measured "
+                        "(NCCL: PERFMON_NCCL_TIMING=1)"},
+        {"id": "device_idle", "label": "device idle, no other cause", "share": None,
+         "why_unknown": "CPU job: the CPU is the device, its busy share is the time not lost to a measured cause"},
+        {"id": "step_gaps", "label": "between steps", "share": None, "why_unknown": "no step timing yet"}]
+    gpu_unknown = rows("cuda", device_busy=None, data_wait_frac=0.1, comm_exposed_frac=None, gap_frac=0.0)
+    assert gpu_unknown[2] == {"id": "device_idle", "label": "device idle, no other cause", "share": None,
+                              "why_unknown": "GPU activity not measured (NVML utilization unavailable)"}
+    assert gpu_unknown[3]["share"] == 0.0

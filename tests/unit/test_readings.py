@@ -85,3 +85,21 @@ def test_device_busy_is_the_utilization_of_the_ranks_own_gpu():
     assert _cuda_job(3, gpus).view().metrics.device_busy == pytest.approx(0.2)
     view = _cuda_job(1, gpus).view()
     assert [(r.rank, r.gpu.index) for r in view.gpus] == [(0, 1)]
+
+
+def test_the_gpu_status_line_is_the_probes_own_words_from_the_hello_else_the_newest_sample():
+    def model(device_status: str | None, samples: list[dict]) -> RunModel:
+        m = RunModel()
+        device = {"type": "cpu", "name": "CPU"}
+        if device_status is not None:
+            device["status"] = device_status
+        m.ingest("s", {"k": "hello", "t": 1.0, "proto": [1, 0], "rank": 0, "device": device})
+        for i, s in enumerate(samples):
+            m.ingest("s", {"k": "sample", "t": 2.0 + i, **s})
+        return m
+
+    assert model("no NVIDIA GPU: none assigned", [{"gpu_status": "later"}]).view().device_status == \
+        "no NVIDIA GPU: none assigned"
+    assert model(None, [{"gpu_status": "NVML gone"}, {"host": {}}, {"gpu_status": "NVML back off"}, {}]).view() \
+        .device_status == "NVML back off"
+    assert model(None, [{"host": {}}]).view().device_status is None
