@@ -78,6 +78,7 @@ class ReadResult:
     stopped_at: int | None = None   # byte offset of the first unusable record, None if clean
     problem: str | None = None      # "truncated" | "corrupt" | None
     message: str | None = None      # one line for the user
+    skipped: int = 0                # records of kinds newer than this reader (wire.UnknownKind)
 
     @property
     def clean(self) -> bool:
@@ -119,6 +120,8 @@ def read_recording(path: Path | str) -> ReadResult:
             return _stop(result, pos, "corrupt", "checksum mismatch")
         try:
             result.records.append(wire.decode_body(body))
+        except wire.UnknownKind:
+            result.skipped += 1      # a newer minor version's record: intact, just not ours to read
         except wire.ProtocolError as exc:
             return _stop(result, pos, "corrupt", str(exc))
         pos = body_start + length

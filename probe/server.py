@@ -45,7 +45,7 @@ class Viewer:
     """One attached viewer connection and its outbound queue."""
 
     __slots__ = ("sock", "out", "out_frames", "out_bytes", "head_sent", "dropped", "dropped_total",
-                 "last_progress", "decoder", "authed", "accepted", "tcp")
+                 "last_progress", "decoder", "authed", "accepted", "tcp", "minor")
 
     def __init__(self, sock: socket.socket, *, tcp: bool) -> None:
         self.sock = sock
@@ -60,6 +60,7 @@ class Viewer:
         self.tcp = tcp
         self.authed = not tcp
         self.accepted = time.monotonic()
+        self.minor = 0                # protocol minor from the viewer's hello: which kinds it reads
 
     def enqueue(self, batch: bytes, frames: int = 1, announces: int = 0) -> None:
         """Queue a batch of ``frames`` whole frames, dropping the oldest batches (never the one in
@@ -110,6 +111,7 @@ class Sender(threading.Thread):
         self.backfill_count = 0
         self.backfill_events: Deque[bytes] = collections.deque(maxlen=BACKFILL_EVENTS)
         self.latest: dict[str, bytes] = {}
+        self.stalled: tuple[bytes, int] | None = None   # the newest stall frame while stuck, and its minor
         self._backfill_batch: tuple[bytes, int] | None = None   # joined once per tick, shared by its connects
         self.stop_event = threading.Event()
         self.stopped = threading.Event()
@@ -180,6 +182,7 @@ class Sender(threading.Thread):
     def _drain(self) -> None:
         frames: list[bytes] = []
         steps: list[bytes] = []
+        versioned: list[tuple[bytes, int]] = []   # 1.x kinds, only for viewers that read them
         q = self.queue
         for _ in range(MAX_ITEMS_PER_TICK):
             try:
@@ -195,6 +198,11 @@ class Sender(threading.Thread):
                 self.on_error("encode", exc)
                 continue
             kind = rec["k"]
+            minor = wire.KIND_MINOR.get(kind, 0)
+            if minor:
+                versioned.append((frame, minor))
+                self.stalled = (frame, minor) if kind == "stall" else None if kind == "resumed" else self.stalled
+                continue
             if kind == "step":
                 self._check_gap(rec["step"], frames)
                 steps.append(frame)
@@ -210,6 +218,11 @@ class Sender(threading.Thread):
             self.frames_out += len(frames)
             self._fan_out(frames)
             self._record(frames)
+        for frame, minor in versioned:
+            for viewer in self.viewers.values():
+                if viewer.authed and viewer.minor >= minor:
+                    viewer.enqueue(frame)
+            self._record([frame])
 
     def _keep_steps(self, steps: list[bytes]) -> None:
         """Backfill: the newest BACKFILL_STEPS steps at least, kept as this tick's one batch."""
@@ -305,6 +318,7 @@ class Sender(threading.Thread):
                 if rec["k"] != "hello":
                     continue
                 wire.check_compatible(rec.get("proto"), we_are="probe")
+                viewer.minor = _minor(rec.get("proto"))
                 if not viewer.authed:
                     token = rec.get("token")
                     if self.tcp_token and isinstance(token, str) and \
@@ -314,6 +328,8 @@ class Sender(threading.Thread):
                     else:
                         self._close(viewer)
                         return
+                if self.stalled is not None and viewer.minor >= self.stalled[1]:
+                    viewer.enqueue(self.stalled[0])   # a viewer arriving during a stall sees it at once
         except wire.ProtocolMismatch as exc:
             _say(str(exc))
             self._close(viewer)
@@ -390,6 +406,13 @@ class Sender(threading.Thread):
 
 
 _MSG_FLAGS = getattr(socket, "MSG_NOSIGNAL", 0)
+
+
+def _minor(proto: Any) -> int:
+    try:
+        return max(0, int(proto[1]))
+    except (TypeError, ValueError, IndexError, KeyError):
+        return 0
 
 
 def _peer_is_us(sock: socket.socket) -> bool:

@@ -14,7 +14,7 @@ from __future__ import annotations
 # Record keys (v1.0). Absent or None means unknown. Times are unix seconds, durations
 # seconds, sizes bytes, shares fractions 0..1 unless named otherwise.
 #
-# hello   proto [1,0], job, rank, local_rank, world_size, host, pid, restart, argv, torch,
+# hello   proto [1,1], job, rank, local_rank, world_size, host, pid, restart, argv, torch,
 #         name (socket base name), device {type "cpu"|"cuda", name, count, memory_total,
 #         peak_flops {dtype: FLOP/s}, driver, status (why no GPU, e.g. "no NVIDIA GPU: NVML library not found")}
 # step    step (int, increasing), start, dur (from the end of the previous step, includes the
@@ -50,13 +50,27 @@ from __future__ import annotations
 #         seconds, and free-form fields
 # drops   count (since the last drops record), total, reason
 # bye     (clean shutdown)
+#
+# 1.1 kinds (sent only to viewers whose hello says minor >= 1; see KIND_MINOR):
+# stall   the training thread has made no step progress for longer than the stall threshold;
+#         repeated every few seconds while it lasts. since (unix s of the last progress), seconds,
+#         threshold (s), step (last completed step, -1 before the first), where ("step": inside a
+#         step, "between": after a step's end, e.g. checkpoint/eval, "loader": inside the
+#         DataLoader's next()), stack [innermost last: "file:line in function"] (training thread),
+#         inflight [{op, group (name), group_rank, group_size, seq (per-group sequence number of
+#         this rank's call), bytes, since (unix s)}], seq {group: calls issued} (every group this rank
+#         has used), loader {waiting, workers [{pid, alive, cpu (share of one core)}]} (when a
+#         DataLoader is watched), device {pending (bool: queued GPU work not finished) } (CUDA),
+#         flight {source ("nccl"|"simulated"), entries [{op, group, seq, state}]} (torch's flight
+#         recorder where it can be read in process), n (1 for the first record of this stall)
+# resumed progress again after a stall: seconds (how long it lasted), step
 
 import struct
 from typing import Any, Iterator
 
 import msgpack
 
-PROTO: tuple[int, int] = (1, 0)
+PROTO: tuple[int, int] = (1, 1)
 MAX_FRAME = 1 << 20          # 1 MiB, checked before the body is read
 MAX_DEPTH = 8                # records are shallow; anything deeper is hostile
 MAX_CONTAINER = 10_000       # entries in any one map or list
@@ -64,7 +78,14 @@ VIEWER_MAX_FRAME = 4096      # viewers only ever send a small hello
 
 HEADER = struct.Struct(">I")
 
-KINDS = frozenset({"hello", "step", "sample", "memory", "comm", "event", "drops", "bye"})
+# Each kind with the minor version that introduced it. A probe sends a 1.x kind only to a
+# viewer whose hello announced that minor (a 1.0 viewer rejects kinds it does not know); a 1.1+
+# reader skips kinds newer than itself (``UnknownKind``, counted by the decoder).
+KIND_MINOR: dict[str, int] = {
+    "hello": 0, "step": 0, "sample": 0, "memory": 0, "comm": 0, "event": 0, "drops": 0, "bye": 0,
+    "stall": 1, "resumed": 1,
+}
+KINDS = frozenset(KIND_MINOR)
 
 # Keys a reader relies on, with the types they must have when present.
 # Minor versions may add keys; readers ignore keys they do not know.
@@ -85,6 +106,10 @@ OPTIONAL: dict[str, dict[str, tuple[type, ...]]] = {
     "step": {"start": _NUM, "phases": (dict,), "comm": (dict,), "mem": (dict,), "syncs": _NUM,
              "samples": _NUM, "tokens": _NUM, "flops": _NUM},
     "sample": {"gpus": (list,), "host": (dict,)},
+    "stall": {"since": _NUM, "seconds": _NUM, "threshold": _NUM, "step": (int,), "where": (str,),
+              "stack": (list,), "inflight": (list,), "seq": (dict,), "loader": (dict,), "device": (dict,),
+              "flight": (dict,)},
+    "resumed": {"seconds": _NUM, "step": (int,)},
 }
 
 
@@ -94,6 +119,10 @@ class ProtocolError(Exception):
 
 class ProtocolMismatch(ProtocolError):
     """Peers speak different major versions."""
+
+
+class UnknownKind(ProtocolError):
+    """A record kind this reader does not know: from a newer minor version, skipped and counted."""
 
 
 def format_proto(proto: Any) -> str:
@@ -172,14 +201,17 @@ def _check_shape(obj: Any, depth: int) -> None:
 def validate(obj: Any) -> dict[str, Any]:
     """Schema check: a map with a known kind, a time, and correctly typed known keys.
 
-    Unknown kinds are rejected (a new kind needs a new minor version *and* a
-    reader that knows it); unknown keys are allowed (minor versions add keys).
+    A well-formed record of an unknown kind raises ``UnknownKind`` (a newer minor version's:
+    readers skip it); anything else unknown is a ``ProtocolError``. Unknown keys are allowed
+    (minor versions add keys).
     """
     if not isinstance(obj, dict):
         raise ProtocolError("frame is not a map")
     _check_shape(obj, 1)
     kind = obj.get("k")
     if kind not in KINDS:
+        if isinstance(kind, str) and isinstance(obj.get("t"), _NUM):
+            raise UnknownKind(f"unknown record kind {kind[:20]!r}")
         raise ProtocolError(f"unknown record kind {str(kind)[:20]!r}")
     t = obj.get("t")
     if not isinstance(t, _NUM) or isinstance(t, bool):
@@ -205,6 +237,7 @@ class FrameDecoder:
         self._buf = bytearray()
         self._max = max_frame
         self.offset = 0  # stream offset of the next undecoded frame, for messages
+        self.skipped = 0  # records of kinds newer than this reader, skipped
 
     def feed(self, data: bytes) -> Iterator[dict[str, Any]]:
         self._buf += data
@@ -219,7 +252,12 @@ class FrameDecoder:
             body = bytes(self._buf[HEADER.size:HEADER.size + length])
             del self._buf[:HEADER.size + length]
             self.offset += HEADER.size + length
-            yield decode_body(body)
+            try:
+                record = decode_body(body)
+            except UnknownKind:
+                self.skipped += 1
+                continue
+            yield record
 
     @property
     def pending(self) -> int:

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import msgpack
 
-from probe import paths
+from probe import paths, wire
 from probe.recording import read_recording
 from tests.integration.streamutil import perfmon, start_job
 
@@ -107,7 +107,7 @@ def test_protocol_major_mismatch_is_one_line_and_non_zero(perfmon_dir, tmp_path)
     out = perfmon("record", str(sock_path), "-o", str(tmp_path / "out"))
     assert out.returncode != 0
     assert out.stderr.strip().splitlines()[-1] == \
-        "perfmon record: protocol version mismatch (viewer 1.0, probe 2.0)"
+        f"perfmon record: protocol version mismatch (viewer {wire.format_proto(wire.PROTO)}, probe 2.0)"
     assert "Traceback" not in out.stderr
 
 

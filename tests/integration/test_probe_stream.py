@@ -30,7 +30,7 @@ def test_script_streams_hello_then_steps_matching_what_it_did():
     proc.stdin.flush()
     records = raw_read_all(sock)  # a client that knows only the documented frame format
     assert proc.wait(timeout=30) == 0
-    assert records[0]["k"] == "hello" and records[0]["proto"] == [1, 0]
+    assert records[0]["k"] == "hello" and records[0]["proto"] == list(wire.PROTO)
     assert records[0]["job"] == "timed" and records[0]["pid"] == proc.pid
     assert records[-1]["k"] == "bye"
     steps = steps_of(records)
@@ -244,7 +244,7 @@ def test_viewer_with_another_major_version_is_refused_by_the_probe(capfd):
         sock.settimeout(5)
         while sock.recv(1 << 16):
             pass
-        assert "protocol version mismatch (viewer 2.0, probe 1.0)" in capfd.readouterr().err
+        assert f"protocol version mismatch (viewer 2.0, probe {wire.format_proto(wire.PROTO)})" in capfd.readouterr().err
     finally:
         mon.close()
 

@@ -218,3 +218,12 @@ def test_short_file_that_is_not_a_magic_prefix_is_not_a_recording(tmp_path):
     path.write_bytes(b"PMx")
     with pytest.raises(RecordingError, match="not a perfmon recording"):
         read_recording(path)
+
+
+def test_a_record_of_a_newer_kind_is_skipped_and_the_rest_read_on(tmp_path):
+    """A recording made by a newer minor version reads to its end; its new kinds are counted."""
+    path = tmp_path / "newer.pmrec"
+    newer = {"k": "from_1_9", "t": 1.5}
+    write(path, RECORDS[:1] + [newer] + RECORDS[1:])
+    result = read_recording(path)
+    assert result.clean and result.records == RECORDS and result.skipped == 1

@@ -11,6 +11,8 @@ import pytest
 
 from probe import wire
 
+OURS = wire.format_proto(wire.PROTO)
+
 
 def frame_of(obj) -> bytes:
     body = msgpack.packb(obj, use_bin_type=True)
@@ -63,7 +65,8 @@ def test_encoder_refuses_records_over_the_frame_limit():
     (msgpack.packb({1: 2}), "non-string key"),
     (msgpack.packb([1, 2, 3]), "not a map"),
     (msgpack.packb({"k": "step", "t": 1.0}), "step without its keys"),
-    (msgpack.packb({"k": "nope", "t": 1.0}), "unknown kind"),
+    (msgpack.packb({"k": 7, "t": 1.0}), "kind not a string"),
+    (msgpack.packb({"k": "nope"}), "unknown kind without a time"),
     (msgpack.packb({"k": "bye"}), "no time"),
     (msgpack.packb({"k": "bye", "t": 1.0, "x": {"a": {"b": {"c": {"d": {"e": {"f": {"g": {"h": 1}}}}}}}}}), "deep map"),
     (msgpack.packb({"k": "bye", "t": 1.0}) + b"\x00", "trailing bytes"),
@@ -74,6 +77,25 @@ def test_hostile_bodies_raise_protocol_error_only(body, why):
         decode_all(struct.pack(">I", len(body)) + body)
     grown_kib = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - before
     assert grown_kib < 64 * 1024, f"{why}: decoder grew RSS by {grown_kib} KiB"
+
+
+def test_a_newer_minor_versions_kind_is_skipped_and_counted_not_fatal():
+    """1.1 readers skip well-formed records of kinds they do not know (DESIGN §4: minor versions
+    add kinds); the records around them still arrive."""
+    stream = frame_of({"k": "bye", "t": 1.0}) + frame_of({"k": "from_1_9", "t": 2.0, "x": 1}) + \
+        frame_of({"k": "bye", "t": 3.0})
+    dec = wire.FrameDecoder()
+    assert [r["t"] for r in dec.feed(stream)] == [1.0, 3.0]
+    assert dec.skipped == 1
+    with pytest.raises(wire.UnknownKind, match="^unknown record kind 'from_1_9'$"):
+        wire.decode_body(msgpack.packb({"k": "from_1_9", "t": 2.0}))
+
+
+def test_every_kind_names_the_minor_version_that_introduced_it():
+    assert wire.KINDS == set(wire.KIND_MINOR)
+    assert max(wire.KIND_MINOR.values()) == wire.PROTO[1]
+    assert {k for k, m in wire.KIND_MINOR.items() if m == 0} == {
+        "hello", "step", "sample", "memory", "comm", "event", "drops", "bye"}
 
 
 def test_random_bytes_never_raise_anything_but_protocol_error():
@@ -102,9 +124,9 @@ def test_wrong_type_for_a_known_key_is_rejected():
 
 
 def test_major_mismatch_names_both_sides_from_each_point_of_view():
-    with pytest.raises(wire.ProtocolMismatch, match=r"^protocol version mismatch \(viewer 1.0, probe 2.0\)$"):
+    with pytest.raises(wire.ProtocolMismatch, match=rf"^protocol version mismatch \(viewer {OURS}, probe 2.0\)$"):
         wire.check_compatible([2, 0], we_are="viewer")
-    with pytest.raises(wire.ProtocolMismatch, match=r"^protocol version mismatch \(viewer 3.1, probe 1.0\)$"):
+    with pytest.raises(wire.ProtocolMismatch, match=rf"^protocol version mismatch \(viewer 3.1, probe {OURS}\)$"):
         wire.check_compatible([3, 1], we_are="probe")
 
 
@@ -115,7 +137,7 @@ def test_newer_minor_version_is_compatible():
 
 def test_unreadable_version_is_a_mismatch_shown_as_question_mark():
     for garbage in (None, [], ["x", 0], {"a": 1}, [None, 0]):
-        with pytest.raises(wire.ProtocolMismatch, match=r"^protocol version mismatch \(viewer 1\.0, probe \?\)$"):
+        with pytest.raises(wire.ProtocolMismatch, match=rf"^protocol version mismatch \(viewer {OURS}, probe \?\)$"):
             wire.check_compatible(garbage, we_are="viewer")
     assert wire.format_proto([1]) == "?" and wire.format_proto(None) == "?"
 
