@@ -33,6 +33,7 @@ from probe.loader_policy import CpuTimingPolicy
 from probe.recording import RecordingWriter
 from probe.sampler import Sampler
 from probe.server import Sender
+from probe.stall import StallWatch
 
 __all__ = ["Probe", "StepArgs", "current", "start"]
 
@@ -101,6 +102,8 @@ class _Step:
         t = time.perf_counter()
         if p._prev_end is None:
             p._prev_end = t
+            p._train_thread = threading.get_ident()
+        p._in_step = True
         p._gap = t - p._prev_end - p._data   # between steps, outside the loader wait
         if p._begin_hooks:
             p._run_hooks(p._begin_hooks)
@@ -125,6 +128,7 @@ class _Step:
                      p._gap, data_cpu))
         p._step_no += 1
         p._prev_end = t
+        p._in_step = False
         return False
 
 
@@ -158,6 +162,9 @@ class Probe:
         self._gap = 0.0
         self._step_no = 0
         self._prev_end: float | None = None
+        self._in_step = False                  # between a step's begin and end (the stall watch reads it)
+        self._train_thread: int | None = None  # the thread that runs the steps, set at the first one
+        self._began: float | None = None       # first step begin seen by zero-code hooks
         self._phase_ctx: dict[str, _Phase] = {}
         self._step_ctx = _Step(self)
         # step hooks: one pair per instrumentation module (watch), bounded by the number of modules
@@ -172,6 +179,7 @@ class Probe:
         self.device: dict[str, Any] = {"type": "cpu", "name": cpu_name(), "count": os.cpu_count() or 1}
         self.sender: Sender | None = None
         self.sampler: Sampler | None = None
+        self.stall_watch: "StallWatch | None" = None
         self._setup(record, serve, sample_hz)
 
     # -- public API ---------------------------------------------------------------------------
@@ -270,6 +278,8 @@ class Probe:
             watcher = self.attached.watcher
             if watcher is not None:
                 watcher.close(deadline - 1.6)     # hooks removed; a FLOP count is waited for <= 0.4 s
+            if self.stall_watch is not None:
+                self.stall_watch.stop_event.set()
             if self.sampler is not None:
                 self.sampler.stop_event.set()
                 # sources call into torch (memory walker); a daemon thread inside torch's C++ code
@@ -314,6 +324,12 @@ class Probe:
         """Steps recorded so far (the next step's number)."""
         return self._step_no
 
+    def progress(self) -> tuple[int, float | None, bool, int | None]:
+        """(steps so far, ``perf_counter`` of the last progress: the end of the latest step, else the
+        first step's begin; inside a step now; the training thread's id): the stall watch's inputs."""
+        last = self._prev_end if self._prev_end is not None else self._began
+        return self._step_no, last, self._in_step, self._train_thread
+
     @property
     def step_args(self) -> StepArgs:
         """What the script passed to the current ``step()`` (``samples``, ``tokens``, ``flops``)."""
@@ -335,6 +351,10 @@ class Probe:
 
     def begin_step(self) -> None:
         """Zero-code mode (``probe.auto``): hooks found a step beginning; run the step-begin hooks."""
+        self._in_step = True
+        if self._began is None:
+            self._began = time.perf_counter()
+            self._train_thread = threading.get_ident()
         if self._begin_hooks:
             self._run_hooks(self._begin_hooks)
 
@@ -365,6 +385,9 @@ class Probe:
                         data_cpu))
         self._step_no += 1
         self._prev_end = end
+        self._in_step = False
+        if self._train_thread is None:
+            self._train_thread = threading.get_ident()
 
     def _run_hooks(self, hooks: list[Callable[..., Any]], *args: Any) -> None:
         for hook in hooks:
@@ -434,6 +457,11 @@ class Probe:
         sources.append(HealthSource(self))
         self.sampler = Sampler(sources, self.emit, hz=sample_hz)
         self.sampler.start()
+        try:
+            self.stall_watch = StallWatch(self, self.emit)
+            self.stall_watch.start()
+        except Exception as exc:
+            self._problem(f"stall watch off: {exc!r}")
         _register_fork_handler(self)
         atexit.register(self._join_at_exit)   # runs after close() (atexit is last-in, first-out)
         atexit.register(self.close)

@@ -60,6 +60,7 @@ class _Disabled:
         self.device: dict[str, Any] = {"type": "cpu", "name": "", "count": 0}
         self.sender = None
         self.sampler = None
+        self.stall_watch = None
 
     def loader(self, iterable: Iterable[Any]) -> Iterator[Any]:
         yield from iterable          # a generator, like Probe.loader (it has close(), send(), throw())
@@ -90,6 +91,9 @@ class _Disabled:
     @property
     def step_args(self) -> Any:
         return _NULL
+
+    def progress(self) -> tuple[int, float | None, bool, int | None]:
+        return 0, None, False, None
 
     def report_error(self, where: str, exc: BaseException) -> None:
         pass

@@ -99,6 +99,8 @@ REQUIRED: dict[str, dict[str, tuple[type, ...]]] = {
     "event": {"name": (str,)},
     "drops": {"count": (int,)},
     "bye": {},
+    "stall": {"seconds": _NUM},
+    "resumed": {},
 }
 OPTIONAL: dict[str, dict[str, tuple[type, ...]]] = {
     "hello": {"job": (str,), "rank": (int,), "world_size": (int,), "pid": (int,), "host": (str,),

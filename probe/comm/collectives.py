@@ -11,7 +11,7 @@ from probe.comm.functional import FUNCOL_SPECS, FuncolTiming
 from probe.comm.guards import first_tensor as _first_tensor, in_hook as _in_hook, is_compiling as _is_compiling
 from probe.comm.guards import as_wrapper, list_bytes as _list_bytes, nbytes as _nbytes, tls as _tls
 from probe.comm.pollers import MAX_ASYNC, EventPairPoller, WorkPoller, gpu_poller
-from probe.comm.tracker import COMM_PERIOD, CommTracker, CollectiveCall
+from probe.comm.tracker import COMM_PERIOD, CommTracker, CollectiveCall, Ledger
 
 
 # name -> (op, position of async_op or None, position of group, bytes(args, n), index of a tensor arg)
@@ -64,6 +64,8 @@ class CommState:
         self.orig_wait: Callable[..., Any] | None = None
         self.async_works: dict[int, tuple[Any, CollectiveCall]] = {}
         self.group_sizes: dict[int, int] = {}     # one per process group: bounded by the script's groups
+        self.group_names: dict[int, tuple[str, int | None]] = {}   # same key: (name, this rank in it)
+        self.ledger = Ledger()                    # sequence numbers and calls in flight, for stall records
         self._work_poller: WorkPoller | None = None
         self._event_poller: EventPairPoller | None = None
         self.event_backend: Any = None   # probe.gpu.cuda backend when CUDA is in use
@@ -112,6 +114,27 @@ class CommState:
             self.group_sizes[key] = n
         return n
 
+    def group_identity(self, group: Any) -> tuple[str, int | None]:
+        """The group's name as every rank of it knows it ("world" for the default group; torch
+        numbers the others in creation order) and this rank's place in it."""
+        key = id(group)
+        ident = self.group_names.get(key)
+        if ident is None:
+            import torch.distributed as dist
+            name = "world"
+            try:
+                c10d = dist.distributed_c10d
+                if group is not None and group is not c10d._get_default_group():
+                    name = str(getattr(group, "group_name", None) or c10d._get_process_group_name(group))
+            except Exception:
+                name = f"group@{key:x}"
+            try:
+                rank: int | None = int(dist.get_rank(group))
+            except Exception:
+                rank = None
+            ident = self.group_names[key] = (name, rank)
+        return ident
+
     # wrappers --------------------------------------------------------------------------------
     def wrap(self, name: str, orig: Callable[..., Any]) -> Callable[..., Any]:
         op, async_pos, group_pos, nbytes_of = _SPECS[name]
@@ -128,12 +151,13 @@ class CommState:
                 prepared = None
             if prepared is None:
                 return orig(*args, **kwargs)
-            is_async, is_cuda, item, device = prepared
+            is_async, is_cuda, item, device, token = prepared
             _tls.depth = getattr(_tls, "depth", 0) + 1
             try:
                 if is_async:
                     result = orig(*args, **kwargs)
-                    state._track_async(result, item, is_cuda)
+                    if state._track_async(result, item, is_cuda, token):
+                        token = 0      # stays open until its work completes
                     return result
                 if is_cuda:
                     return state._sync_cuda(orig, args, kwargs, item, device)
@@ -148,11 +172,14 @@ class CommState:
                 return result
             finally:
                 _tls.depth -= 1
+                if token:
+                    state.ledger.end(token)
 
         return as_wrapper(collective, orig, name)
 
     def _prepare(self, args: tuple, kwargs: dict, names: tuple, async_pos: int | None, group_pos: int,
-                 nbytes_of: Callable[[tuple, int], int], op: str) -> tuple[bool, bool, CollectiveCall, Any] | None:
+                 nbytes_of: Callable[[tuple, int], int], op: str
+                 ) -> tuple[bool, bool, CollectiveCall, Any, int] | None:
         if kwargs:   # normalise the leading tensor arguments given by keyword
             lead = list(args)
             for i, arg_name in enumerate(names):
@@ -177,7 +204,10 @@ class CommState:
         tensor = _first_tensor(args_n)
         is_cuda = bool(tensor is not None and tensor.is_cuda)
         device = tensor.device.index if is_cuda else None
-        return is_async, is_cuda, CollectiveCall(op, 1, nbytes, n, None, None, launch=time.perf_counter()), device
+        group_name, group_rank = self.group_identity(group)
+        token = self.ledger.begin(op, group_name, group_rank, n, nbytes)
+        return (is_async, is_cuda, CollectiveCall(op, 1, nbytes, n, None, None, launch=time.perf_counter()), device,
+                token)
 
     def _sync_cuda(self, orig: Callable[..., Any], args: tuple, kwargs: dict, item: CollectiveCall, device: Any) -> Any:
         cuda = self.event_backend
@@ -202,31 +232,38 @@ class CommState:
             self.tracker.error()
         return result
 
-    def _track_async(self, work: Any, item: CollectiveCall, is_cuda: bool) -> None:
+    def _track_async(self, work: Any, item: CollectiveCall, is_cuda: bool, token: int) -> bool:
+        """Time an async work; True when the ledger entry ``token`` is now closed by its completion
+        (a host-side CPU work), False when the caller closes it at return (CUDA: the device part
+        is the flight recorder's to see)."""
         if work is None:    # inside a coalescing manager
             self.tracker.add(item)
-            return
+            return False
         try:
             if is_cuda:
                 if self.tracker.nccl_timing:
                     self.work_poller().add(work, item)
                 else:
                     self.tracker.add(item)
-                return
+                return False
             works = self.async_works
             if len(works) >= MAX_ASYNC:
                 works.pop(next(iter(works)))
             works[id(work)] = (work, item)
-            work.get_future().then(self._async_done(item, id(work)))
+            work.get_future().then(self._async_done(item, id(work), token))
+            return True
         except Exception:
             self.tracker.error()
+            return False
 
-    def _async_done(self, item: CollectiveCall, key: int) -> Callable[[Any], None]:
+    def _async_done(self, item: CollectiveCall, key: int, token: int) -> Callable[[Any], None]:
         tracker = self.tracker
         works = self.async_works
+        ledger = self.ledger
 
         def done(_fut: Any) -> None:
             works.pop(key, None)   # finished: a later wait() returns at once (nothing exposed to time)
+            ledger.end(token)
             try:
                 t = time.perf_counter()
                 item.done = t

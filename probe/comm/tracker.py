@@ -159,5 +159,41 @@ class CommTracker:
                 "nccl_timing": self.nccl_timing}
 
 
+class Ledger:
+    """Collectives this rank issued per process group, and the ones not yet returned.
+
+    The per-group count is each call's sequence number (the n-th call on a group is the same
+    collective on every rank of it), so a stall record can say "rank 0 waits in all_reduce #20
+    of group world" and a viewer can name the rank that issued only 19. The training thread
+    writes; the stall watch reads ``snapshot()`` from its own thread (``dict(...)`` and
+    ``list(d.values())`` copy under the GIL without running Python code in between).
+    """
+
+    MAX_OPEN = 256      # async works never waited for must not grow this without bound
+
+    def __init__(self) -> None:
+        self.issued: dict[str, int] = {}
+        self.open: dict[int, tuple[str, str, int | None, int, int, int, float]] = {}
+        self._token = 0
+
+    def begin(self, op: str, group: str, group_rank: int | None, group_size: int, nbytes: int) -> int:
+        seq = self.issued[group] = self.issued.get(group, 0) + 1
+        self._token += 1
+        if len(self.open) >= self.MAX_OPEN:
+            self.open.pop(next(iter(self.open)), None)
+        self.open[self._token] = (op, group, group_rank, group_size, seq, nbytes, time.time())
+        return self._token
+
+    def end(self, token: int) -> None:
+        self.open.pop(token, None)
+
+    def snapshot(self) -> tuple[list[dict[str, Any]], dict[str, int]]:
+        """(calls in flight, oldest first, as the stall record's ``inflight``; calls issued per group)."""
+        open_calls = sorted(list(self.open.values()), key=lambda c: c[6])
+        issued = dict(self.issued)
+        return [{"op": op, "group": group, "group_rank": rank, "group_size": n, "seq": seq, "bytes": nbytes,
+                 "since": since} for op, group, rank, n, seq, nbytes, since in open_calls], issued
+
+
 def _env_on(name: str) -> bool:
     return os.environ.get(name, "").strip().lower() in ("1", "true", "yes", "on")

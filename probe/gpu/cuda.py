@@ -82,6 +82,11 @@ class TorchCuda:
         else:
             event.record(self._torch().cuda.current_stream(index))
 
+    def pending(self, index: int) -> bool:
+        """Work queued on the device's default stream is not finished (``query()`` never blocks).
+        A watcher thread's current stream is the default one, so side streams are not seen."""
+        return not self._torch().cuda.default_stream(index).query()
+
     def get_sync_debug_mode(self) -> int:
         return int(self._torch().cuda.get_sync_debug_mode())
 

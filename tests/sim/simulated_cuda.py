@@ -101,6 +101,11 @@ class SimulatedCuda:
         self.free_at = start + seconds
         self.busy.append((start, self.free_at))
 
+    def pending(self, index: int) -> bool:
+        """Kernels queued on the stream have not all run yet (``stream.query()`` is False)."""
+        self.calls.append("pending")
+        return time.perf_counter() < self.free_at
+
     def synchronize(self) -> None:
         """Block the host until the stream has drained (``torch.cuda.synchronize()``)."""
         delay = self.free_at - time.perf_counter()

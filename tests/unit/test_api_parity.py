@@ -24,6 +24,7 @@ CALLS = {
     "report_error": [(("test", ValueError("x")), {}), ((), {"where": "test", "exc": ValueError("y")})],
     "add_step_hooks": [((), {}), ((None, None), {}), ((), {"begin": None, "end": None})],
     "begin_step": [((), {})],
+    "progress": [((), {})],
     "add_step": [((1.0, 2.0), {}), ((1.0, 2.0, {"forward": 0.5}, 4, 0.1), {}),
                  ((), {"start": 1.0, "end": 2.0, "phases": None, "samples": None, "data_cpu": None})],
     "close": [((), {})],

@@ -12,6 +12,7 @@ import dataclasses
 
 import pytest
 
+from tests.unit.test_stuck import SLEEPER, WAITER
 from tests.unit.verdict_synth import Rank, job
 from tui.model import explain
 from tui.model import verdict as V
@@ -76,6 +77,7 @@ VIEWS = {
     "healthy_mfu": lambda: _view(mfu=0.45, device_busy=0.97, step_time_median_s=0.1234),
     "healthy_cpu": lambda: job(Rank()).view(),
     "warming_up": lambda: job(Rank(steps=3)).view(),
+    "stuck": lambda: job(Rank(0, extra_records=[WAITER]), Rank(1, extra_records=[SLEEPER])).view(),
 }
 
 SUGGEST = {
@@ -335,6 +337,21 @@ EXPECTED = {
         [],
         {'steps': 3},
         None),
+    'stuck': (
+        'stuck', 'crit',
+        'Stuck: rank 1 never reached all_reduce #20 (train.py:10 in load_batch); 1 rank waits in it for 45s',
+        ["the culprit's stack (key s in the TUI, verdict.stuck.where in the JSON) is where it left the collective "
+         "order the other ranks follow",
+         'a rank that skips or adds a collective (a data-dependent branch, an uneven last batch) hangs the others: '
+         'make every rank call the same collectives in the same order',
+         "TORCH_NCCL_TRACE_BUFFER_SIZE=2000 lets the probe read NCCL's flight recorder too"],
+        {'stuck': {'kind': 'collective', 'culprit_ranks': [1], 'waiting_ranks': [0], 'op': 'all_reduce',
+                   'group': 'world', 'seq': 20, 'since_s': 45.0, 'loader_pid': None, 'unresponsive_ranks': [],
+                   'where': {'0': ['/home/u/train.py:11 in <module>',
+                                   '/venv/lib/python3.11/site-packages/torch/distributed/distributed_c10d.py:3252 '
+                                   'in all_reduce'],
+                             '1': ['/home/u/train.py:30 in <module>', '/home/u/train.py:10 in load_batch']}}},
+        1),
 }
 
 

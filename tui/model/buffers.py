@@ -10,6 +10,8 @@ from __future__ import annotations
 import collections
 from typing import Any, Deque, NamedTuple
 
+from tui.model.stuck import StallReading
+
 
 # -- window and buffer sizes -----------------------------------------------------------------
 WINDOW_STEPS = 50          # DESIGN §6: last 50 steps ...
@@ -33,7 +35,7 @@ class RankState:
 
     __slots__ = ("rank", "stream", "hello", "generation", "steps", "nums", "samples", "memory", "comm", "events",
                  "drops", "ended", "version", "first_start", "last_end", "inside", "gap_total", "unseen",
-                 "pending_gap", "loader_seen", "last_t", "recv_clock", "_cache")
+                 "pending_gap", "loader_seen", "last_t", "recv_clock", "stall", "_cache")
 
     def __init__(self, rank: int, stream: str, hello: dict[str, Any], generation: int) -> None:
         self.rank = rank
@@ -59,6 +61,7 @@ class RankState:
         self.loader_seen = False
         self.last_t: float | None = None        # probe clock of the newest record
         self.recv_clock: float | None = None    # viewer's monotonic clock when that record arrived (live)
+        self.stall: StallReading | None = None  # the stall in course (latest ``stall`` record), else None
         self._cache: tuple[int, Any] | None = None
 
     def add_step(self, rec: dict[str, Any]) -> None:

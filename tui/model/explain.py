@@ -56,6 +56,31 @@ def explain_warming_up(v: JobView, straggler: int | None) -> Explained:
     return "Warming up", [], {}
 
 
+_STUCK_FIXES = {
+    "collective": ["the culprit's stack (key s in the TUI, verdict.stuck.where in the JSON) is where it left "
+                   "the collective order the other ranks follow",
+                   "a rank that skips or adds a collective (a data-dependent branch, an uneven last batch) "
+                   "hangs the others: make every rank call the same collectives in the same order",
+                   "TORCH_NCCL_TRACE_BUFFER_SIZE=2000 lets the probe read NCCL's flight recorder too"],
+    "data": ["a worker idle at 0% CPU waits on I/O or a lock (network filesystem, a dead connection): "
+             "check what it reads; DataLoader(timeout=...) turns a hang into an error",
+             "a worker that is gone died (OOM killer, a crash in native code): see dmesg and its stderr"],
+    "between_steps": ["its stack shows the call it is in: checkpoint writes to network storage and evaluation "
+                      "loops are the usual ones; time them with mon.event('checkpoint', seconds=...)"],
+    "in_step": ["its stack shows the call it is in: a custom op, a lock, or a host loop that never ends"],
+    "unresponsive": ["a process that sends nothing holds the GIL in native code or is stopped (SIGSTOP, "
+                     "swapped out): `py-spy dump --native --pid PID` shows its native stack",
+                     "the other ranks' stacks show what they wait for"],
+}
+
+
+def explain_stuck(v: JobView, straggler: int | None) -> Explained:
+    stuck = v.stuck
+    if stuck is None:
+        return "Stuck", [], {}
+    return f"Stuck: {stuck.headline}", list(_STUCK_FIXES.get(stuck.kind, [])), {"stuck": stuck.as_json()}
+
+
 def explain_memory(v: JobView, straggler: int | None) -> Explained:
     mem = v.metrics.memory
     what = (f"{mem.ooms} out-of-memory error(s)" if mem.ooms else

@@ -39,6 +39,7 @@ from tui.model.buffers import (BLOCKING_EVENTS, EVENT_BUFFER, MIN_STEPS, WINDOW_
                                WINDOW_STEPS, RankState, num)
 from tui.model.readings import gpu_rows, host_reading
 from tui.model.stats import RankStats, comm_rows, job_metrics, rank_stats, rank_view
+from tui.model.stuck import diagnose, stall_reading
 from tui.model.views import JobView
 
 
@@ -74,6 +75,9 @@ class RunModel:
             self.last_t = t
         if kind == "hello":
             self._hello(stream_id, record)
+            state = self._streams.get(stream_id)
+            if state is not None and received is not None:
+                state.recv_clock = received     # a sign of life (``view``'s silence), not a probe time
             return
         state = self._streams.get(stream_id)
         if state is None:
@@ -86,6 +90,13 @@ class RunModel:
         if kind == "step":
             if isinstance(record.get("step"), int) and num(record.get("dur")) is not None:
                 state.add_step(record)
+                if state.stall is not None and record["step"] > (state.stall.step if state.stall.step is not None
+                                                                   else -1):
+                    state.stall = None     # progress again (its ``resumed`` record may have been dropped)
+        elif kind == "stall":
+            state.stall = stall_reading(record)
+        elif kind == "resumed":
+            state.stall = None
         elif kind == "sample":
             state.samples.append(record)
             host = record.get("host")
@@ -110,6 +121,17 @@ class RunModel:
         elif kind == "bye":
             state.ended = True
 
+    def expect(self, stream_id: str, rank: int, job: str, pid: int, restart: int, clock: float | None) -> None:
+        """A live stream is connected but its hello has not come (it is the probe's first frame):
+        hold the rank's place from the socket name, so a process that never answers (holding the
+        GIL in C code, stopped) is seen, silent since ``clock``. Its hello fills the place in."""
+        if rank in self._ranks or stream_id in self._streams:
+            return
+        state = RankState(rank, stream_id, {"job": job, "rank": rank, "pid": pid, "restart": restart}, 0)
+        state.recv_clock = clock
+        self._ranks[rank] = state
+        self._streams[stream_id] = state
+
     def end_stream(self, stream_id: str) -> None:
         """The stream closed (EOF, or the end of a recording file) without necessarily a ``bye``."""
         state = self._streams.get(stream_id)
@@ -133,6 +155,10 @@ class RunModel:
         rank = hello.get("rank")
         rank = rank if isinstance(rank, int) and not isinstance(rank, bool) else 0
         cur = self._ranks.get(rank)
+        if cur is not None and cur.stream == stream_id and "k" not in cur.hello:   # the place ``expect`` held
+            cur.hello = hello
+            cur.version += 1
+            return
         if cur is not None and cur.stream == stream_id and _same_process(cur.hello, hello):
             cur.hello = hello           # a repeated hello (re-attach): update only
             cur.version += 1
@@ -174,7 +200,7 @@ class RunModel:
         device = hello0.get("device") if isinstance(hello0.get("device"), dict) else {}
         device_type = str(device.get("type") or "cpu")
         world = _world_size(states)
-        ranks = [rank_view(s, st, _probe_now(s, now, clock)) for s, st in zip(states, stats)]
+        ranks = [rank_view(s, st, _probe_now(s, now, clock), _silence(s, clock)) for s, st in zip(states, stats)]
         ready = [(s, st) for s, st in zip(states, stats) if not st.warming_up]
         metrics, straggler = job_metrics(ready, ranks, states, stats)
         window = {"steps": max((st.n for st in stats), default=0),
@@ -204,6 +230,7 @@ class RunModel:
             straggler_rank=straggler,
             restarted=sorted(s.rank for s in states if s.generation > 0),
             problems=list(self.problems),
+            stuck=diagnose(ranks),
         )
 
     def _stats(self, state: RankState) -> "RankStats":
@@ -230,6 +257,13 @@ def _probe_now(state: RankState, now: float, clock: float | None) -> float:
     if clock is None or state.recv_clock is None or state.last_t is None:
         return now
     return state.last_t + max(0.0, clock - state.recv_clock)
+
+
+def _silence(state: RankState, clock: float | None) -> float | None:
+    """Seconds since a live rank's newest record arrived (None for recordings and ended ranks)."""
+    if clock is None or state.recv_clock is None or state.ended:
+        return None
+    return max(0.0, clock - state.recv_clock)
 
 
 def _local_rank(hello: dict[str, Any]) -> int:

@@ -324,7 +324,7 @@ def _busbytes(op: dict[str, Any]) -> float | None:
     return busbw * secs if busbw is not None and secs is not None else None
 
 
-def rank_view(state: RankState, st: RankStats, now: float) -> RankView:
+def rank_view(state: RankState, st: RankStats, now: float, silent_s: float | None = None) -> RankView:
     h = state.hello
     host = state.samples[-1].get("host") if state.samples and isinstance(state.samples[-1].get("host"), dict) else {}
     last = state.steps[-1] if state.steps else None
@@ -338,7 +338,8 @@ def rank_view(state: RankState, st: RankStats, now: float) -> RankView:
         ettr=_ettr(state, now, st.step_median), loader_cpu=st.loader_cpu, loader_workers=st.loader_workers,
         cpu=num(host.get("cpu")), rss=_int(host.get("rss")), ended=state.ended,
         since_last_step_s=max(0.0, now - state.last_end) if state.last_end is not None and not state.ended else None,
-        drops=state.drops)
+        drops=state.drops, stall=state.stall, stalled_s=state.stall.lasted(now) if state.stall else None,
+        silent_s=silent_s)
 
 
 def _ettr(state: RankState, now: float, step_median: float | None) -> float | None:

@@ -33,11 +33,12 @@ from tui.model.buffers import MIN_STEPS
 from tui.model.losses import STEP_LOSSES, Loss, account, by_id
 from tui.model.explain import (Explained, explain_communication, explain_compute_efficiency, explain_data_loading,
                                explain_data_preprocessing, explain_healthy, explain_host_overhead, explain_host_sync,
-                               explain_load_imbalance, explain_memory, explain_warming_up, peak_note,
+                               explain_load_imbalance, explain_memory, explain_stuck, explain_warming_up, peak_note,
                                round4 as _round, tensor_active)
 from tui.model.explain import findings as secondary_findings  # beside the named outcome
 from tui.model.flowchart import (DECIDES_BETWEEN, DEVICE_BUSY_CRIT, LOSS_MIN, LOSS_THRESHOLD, NODES, ROOT,
                                  TENSOR_ACTIVE_MIN, Node, compare)
+from tui.model.stuck import StuckDiagnosis
 from tui.model.views import JobView
 
 @dataclass(frozen=True)
@@ -73,6 +74,7 @@ class Verdict:
     pending: str | None = None
     losses: tuple[Loss, ...] = ()
     undecided: dict[str, str] = field(default_factory=dict)
+    stuck: StuckDiagnosis | None = None
 
     @property
     def rule(self) -> "Rule":
@@ -107,7 +109,8 @@ class Verdict:
                 "headline": self.headline, "path": list(self.path), "evidence": dict(self.evidence),
                 "suggestions": list(self.suggestions), "straggler_rank": self.straggler_rank,
                 "losses": [x.as_json() for x in self.losses], "undecided": dict(self.undecided),
-                "unknown": {NODES[n].quantity: why for n, why in skipped.items() if n in NODES}}
+                "unknown": {NODES[n].quantity: why for n, why in skipped.items() if n in NODES},
+                "stuck": self.stuck.as_json() if self.stuck is not None else None}
 
 
 # -- measuring each node -----------------------------------------------------------------------
@@ -270,6 +273,11 @@ def walk(view: JobView, losses: tuple[Loss, ...] | None = None) -> tuple[str, li
 def evaluate(view: JobView) -> Verdict:
     """The verdict for one view (pure)."""
     losses = account(view.metrics, view.device_type)
+    if view.stuck is not None:     # DESIGN §6 step 0: before everything, warming up included
+        headline, suggestions, extra = explain_stuck(view, None)
+        culprits = view.stuck.culprit_ranks
+        return Verdict("stuck", "crit", headline, [], extra, suggestions, culprits[0] if len(culprits) == 1 else None,
+                       secondary_findings(view), losses=losses, stuck=view.stuck)
     if view.warming_up:
         steps = max((r.window_steps for r in view.ranks), default=0)
         return Verdict("warming_up", "info", f"Warming up: {steps} of {MIN_STEPS} steps seen, no verdict yet",
@@ -342,6 +350,7 @@ class Rule:
 
 
 RULES_TABLE: tuple[Rule, ...] = (
+    Rule("stuck", "STUCK", None, None, "ranks", explain_stuck),
     Rule("warming_up", "WARMING UP", None, None, None, explain_warming_up),
     Rule("memory", "MEMORY", "memory", "yes", "memory", explain_memory),
     Rule("data_loading", "DATA LOADING", "loader_cpu", "no", "data", explain_data_loading, loss="data_wait"),

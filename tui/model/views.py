@@ -10,6 +10,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from tui.model.readings import GpuRow, HostReading, RankTrace
+from tui.model.stuck import StallReading, StuckDiagnosis
 
 
 @dataclass(frozen=True)
@@ -145,6 +146,9 @@ class RankView:
     ended: bool
     since_last_step_s: float | None  # now − end of the latest step (a stall shows here)
     drops: int
+    stall: StallReading | None = None   # the probe says no step ended for longer than its stall threshold
+    stalled_s: float | None = None      # how long that stall has lasted now
+    silent_s: float | None = None       # live: seconds since the rank's newest record arrived
 
 
 @dataclass(frozen=True)
@@ -198,3 +202,4 @@ class JobView:
     straggler_rank: int | None       # see stats._straggler: slowest compute, or last to arrive at the collective
     restarted: list[int]
     problems: list[str]
+    stuck: StuckDiagnosis | None = None   # some rank stalled or went silent (tui.model.stuck)

@@ -186,6 +186,9 @@ class LiveFeed(Feed):
             self.model.add_problem(status.message)
             self.stream_finished()
             return
+        name = paths.parse_name(Path(path).name)
+        if name is not None:
+            self.model.expect(path, name.rank, name.job, name.pid, name.restart, self.clock())
         await _pump(self, status, stream, reader, writer, viewer_hello())
 
 

@@ -1,0 +1,316 @@
+"""Stall watch: notices, off the training thread, that this rank stopped making progress, and
+says where it is.
+
+A daemon thread wakes every ``TICK_S`` and reads what the hot path already keeps: the step
+count and the end of the last step (``Probe.progress()``). Nothing else happens until no step
+has ended for longer than the threshold; then, every ``REPEAT_S`` while it lasts, it sends a
+``stall`` record (wire 1.1) with:
+
+* the training thread's Python stack (``sys._current_frames``; source lines are not read);
+* the collectives this rank issued per process group and the ones not yet returned, each with
+  its per-group sequence number (``probe.comm.tracker.Ledger``), so a viewer comparing ranks
+  names the one that never reached the collective the others wait in;
+* the DataLoader's state: whether the training thread waits in ``next()``, the worker whose
+  batch it waits for, and each worker's pid, liveness and CPU share since the last look;
+* on CUDA, whether the device still has queued work (a stream ``query()``, never a sync);
+* where torch keeps a flight recorder readable in process (``_dump_fr_trace_json``, formerly
+  ``_dump_nccl_trace_json``), its active entries: started vs completed collectives.
+
+When steps end again, one ``resumed`` record says how long the stall lasted.
+
+Threshold: ``PERFMON_STALL_S`` when set; else ``MULTIPLE`` times the median recent step with a
+floor of ``FLOOR_S`` once ``STEPS_KNOWN`` step intervals are known, and ``WARMUP_S`` before
+that (first steps compile, load and warm up). A job that merely slows down (3x longer steps)
+stays far below it. A rank whose process holds the GIL in C cannot run this thread either: the
+viewer sees its records stop (heartbeat) instead.
+"""
+
+from __future__ import annotations
+
+import collections
+import json
+import os
+import statistics
+import sys
+import threading
+import time
+from typing import Any, Callable
+
+TICK_S = 0.5
+REPEAT_S = 2.0
+MULTIPLE = 10.0
+FLOOR_S = 15.0
+WARMUP_S = 60.0
+STEPS_KNOWN = 3
+MAX_FRAMES = 40
+MAX_WORKERS = 64
+MAX_FLIGHT = 64
+
+_LOADER_FRAMES = frozenset({("dataloader.py", "__next__"), ("core.py", "loader"), ("auto.py", "__next__")})
+
+
+class StallPolicy:
+    """When no progress for this long is a stall: pure, fed with (steps, end of last step)."""
+
+    def __init__(self, fixed: float | None = None) -> None:
+        self.fixed = fixed
+        self.per_step: collections.deque[float] = collections.deque(maxlen=32)
+        self._last: tuple[int, float] | None = None
+
+    def observe(self, steps: int, last_end: float | None) -> None:
+        """One look at the counters; each advance adds its mean time per step."""
+        if last_end is None:
+            return
+        last = self._last
+        if last is not None and steps > last[0] and last_end > last[1]:
+            self.per_step.append((last_end - last[1]) / (steps - last[0]))
+        if last is None or steps != last[0]:
+            self._last = (steps, last_end)
+
+    def threshold(self) -> float:
+        if self.fixed is not None:
+            return self.fixed
+        if len(self.per_step) < STEPS_KNOWN:
+            return WARMUP_S
+        return max(FLOOR_S, MULTIPLE * statistics.median(self.per_step))
+
+
+def fixed_threshold() -> float | None:
+    """``PERFMON_STALL_S`` as seconds (> 0), else None."""
+    try:
+        value = float(os.environ.get("PERFMON_STALL_S", ""))
+    except ValueError:
+        return None
+    return value if value > 0 else None
+
+
+class StallWatch(threading.Thread):
+    """The watch thread of one probe; ``tick`` is the whole logic (tests call it directly)."""
+
+    def __init__(self, probe: Any, emit: Callable[[dict[str, Any]], None],
+                 policy: StallPolicy | None = None) -> None:
+        super().__init__(name="perfmon-stall", daemon=True)
+        self.probe = probe
+        self.emit = emit
+        self.policy = policy or StallPolicy(fixed_threshold())
+        self.stop_event = threading.Event()
+        self.stalled_since: float | None = None   # last progress (perf_counter) of the stall in course
+        self.reports = 0
+        self.last_report = float("-inf")
+        self._seen: tuple[int, float | None] = (-1, None)
+        self._worker_cpu: dict[int, tuple[float, float]] = {}   # pid -> (wall, cpu s): bounded by MAX_WORKERS
+
+    def run(self) -> None:
+        while not self.stop_event.wait(TICK_S):
+            try:
+                self.tick(time.perf_counter())
+            except Exception as exc:   # never let the thread die; the next tick tries again
+                self.probe.report_error("stall watch", exc)
+
+    def tick(self, now: float) -> dict[str, Any] | None:
+        """Look once; return the record emitted, if any."""
+        steps, last, in_step, thread_id = self.probe.progress()
+        self.policy.observe(steps, last)
+        if (steps, last) != self._seen:
+            self._seen = (steps, last)
+            if self.stalled_since is not None and last is not None:
+                record = {"k": "resumed", "t": time.time(), "seconds": last - self.stalled_since, "step": steps - 1}
+                self.stalled_since = None
+                self.emit(record)
+                return record
+        if last is None or thread_id is None:
+            return None
+        threshold = self.policy.threshold()
+        if now - last < threshold:
+            return None
+        if self.stalled_since is None:
+            self.stalled_since = last
+            self.reports = 0
+        elif now - self.last_report < REPEAT_S:
+            return None
+        self.reports += 1
+        self.last_report = now
+        record = self.describe(now, last, threshold, steps, in_step, thread_id)
+        self.emit(record)
+        return record
+
+    def describe(self, now: float, last: float, threshold: float, steps: int, in_step: bool,
+                 thread_id: int) -> dict[str, Any]:
+        stack = thread_stack(thread_id)
+        in_loader = any((os.path.basename(f), fn) in _LOADER_FRAMES for f, fn in _frame_places(stack))
+        record: dict[str, Any] = {
+            "k": "stall", "t": time.time(), "since": time.time() - (now - last), "seconds": now - last,
+            "threshold": threshold, "step": steps - 1, "n": self.reports,
+            "where": "loader" if in_loader else "step" if in_step else "between", "stack": stack,
+        }
+        _add(record, "inflight", self._communication)
+        _add(record, "loader", lambda: self._loader(in_loader))
+        _add(record, "device", self._device)
+        _add(record, "flight", flight_recorder)
+        if "seq" not in record and "flight" in record:
+            record.update(from_flight(record["flight"]))
+        return record
+
+    # -- what is attached -----------------------------------------------------------------------
+    def _communication(self) -> dict[str, Any] | None:
+        if "torch.distributed" not in sys.modules:
+            return None
+        from probe.comm import collectives
+        state = collectives.current()
+        if state is None or state.probe is not self.probe:
+            return None
+        inflight, issued = state.ledger.snapshot()
+        return {"inflight": inflight, "seq": issued}
+
+    def _loader(self, waiting: bool) -> dict[str, Any] | None:
+        iterators = [ref() for ref in list(self.probe.loader_iterators)]
+        iterators = [it for it in iterators if it is not None and not getattr(it, "_shutdown", False)]
+        if not iterators:
+            return None
+        it = iterators[-1]
+        info: dict[str, Any] = {"waiting": waiting}
+        workers = list(getattr(it, "_workers", None) or [])[:MAX_WORKERS]
+        if workers:
+            now = time.monotonic()
+            info["workers"] = [self._worker(w, now) for w in workers]
+            awaited = _awaited_worker(it)
+            if awaited is not None and awaited < len(workers):
+                info["awaited_pid"] = getattr(workers[awaited], "pid", None)
+        return {"loader": info}
+
+    def _worker(self, worker: Any, now: float) -> dict[str, Any]:
+        import psutil
+        pid = getattr(worker, "pid", None)
+        entry: dict[str, Any] = {"pid": pid, "alive": False, "cpu": None}
+        try:
+            proc = psutil.Process(pid)
+            entry["alive"] = proc.status() != psutil.STATUS_ZOMBIE
+            times = proc.cpu_times()
+        except (psutil.Error, TypeError, ValueError):
+            self._worker_cpu.pop(pid, None)
+            return entry
+        cpu = times.user + times.system
+        prev = self._worker_cpu.get(pid)
+        if len(self._worker_cpu) >= MAX_WORKERS and pid not in self._worker_cpu:
+            self._worker_cpu.pop(next(iter(self._worker_cpu)))
+        self._worker_cpu[pid] = (now, cpu)
+        if prev is not None and now > prev[0]:
+            entry["cpu"] = max(0.0, (cpu - prev[1]) / (now - prev[0]))
+        return entry
+
+    def _device(self) -> dict[str, Any] | None:
+        if "torch" not in sys.modules or self.probe.device.get("type") != "cuda":
+            return None
+        from probe.gpu import cuda
+        backend = cuda.backend
+        if not backend.ready():
+            return None
+        index = self.probe.local_rank if self.probe.local_rank < backend.device_count() else 0
+        return {"device": {"pending": bool(backend.pending(index))}}
+
+
+def _add(record: dict[str, Any], what: str, part: Callable[[], dict[str, Any] | None]) -> None:
+    """Merge one optional part; a part that fails is left out (the record still goes)."""
+    try:
+        sections = part()
+    except Exception:
+        record.setdefault("missing", []).append(what)
+        return
+    if sections:
+        record.update(sections)
+
+
+def thread_stack(thread_id: int) -> list[str]:
+    """The thread's innermost ``MAX_FRAMES`` frames, innermost last, as ``file:line in function``."""
+    frame = sys._current_frames().get(thread_id)
+    frames: list[str] = []
+    while frame is not None and len(frames) < MAX_FRAMES:
+        code = frame.f_code
+        frames.append(f"{code.co_filename}:{frame.f_lineno} in {code.co_name}")
+        frame = frame.f_back
+    frames.reverse()
+    return frames
+
+
+def _frame_places(stack: list[str]) -> list[tuple[str, str]]:
+    places = []
+    for entry in stack:
+        where, _, function = entry.rpartition(" in ")
+        places.append((where.rsplit(":", 1)[0], function))
+    return places
+
+
+def _awaited_worker(it: Any) -> int | None:
+    """The worker whose batch a multi-process DataLoader iterator waits for: the task of the
+    next index to return (``_rcvd_idx``) is ``(worker_id,)`` until its data arrives."""
+    try:
+        task = it._task_info.get(it._rcvd_idx)
+    except Exception:
+        return None
+    if isinstance(task, tuple) and len(task) == 1 and isinstance(task[0], int):
+        return task[0]
+    return None
+
+
+def flight_recorder() -> dict[str, Any] | None:
+    """torch's in-process flight recorder, where this torch has one and it recorded anything
+    (NCCL with ``TORCH_NCCL_TRACE_BUFFER_SIZE`` > 0; gloo too in recent versions)."""
+    if "torch.distributed" not in sys.modules:
+        return None
+    try:
+        from torch._C import _distributed_c10d as c10d
+    except Exception:
+        return None
+    dump = getattr(c10d, "_dump_fr_trace_json", None) or getattr(c10d, "_dump_nccl_trace_json", None)
+    if dump is None:
+        return None
+    flight = parse_flight(json.loads(dump(True, True)), source="torch")
+    return {"flight": flight} if flight["groups"] or flight["entries"] else None
+
+
+def parse_flight(dump: dict[str, Any], source: str) -> dict[str, Any]:
+    """The recorder's JSON dump as ``{source, groups: {group: {enqueued, started, completed}},
+    entries: [{op, group, seq, state}]}``: per-group sequence numbers of the last collective
+    enqueued, started and completed (-1/None: none), and the newest entries not yet retired."""
+    groups: dict[str, dict[str, int | None]] = {}
+    for pg_id, status in list((dump.get("pg_status") or {}).items())[:MAX_FLIGHT]:
+        if isinstance(status, dict):
+            groups[_group(pg_id)] = {key: _int(status.get(f"last_{key}_collective"))
+                                     for key in ("enqueued", "started", "completed")}
+    entries = []
+    for entry in list(dump.get("entries") or [])[-MAX_FLIGHT:]:
+        if not isinstance(entry, dict) or entry.get("retired"):
+            continue
+        group = entry.get("process_group")
+        name = group[0] if isinstance(group, (list, tuple)) and group else entry.get("pg_id")
+        entries.append({"op": str(entry.get("profiling_name") or "?").rsplit(":", 1)[-1], "group": _group(name),
+                        "seq": _int(entry.get("collective_seq_id")), "state": entry.get("state")})
+    return {"source": source, "groups": groups, "entries": entries[-8:]}
+
+
+def from_flight(flight: dict[str, Any]) -> dict[str, Any]:
+    """``seq`` and ``inflight`` from the recorder when the probe's own ledger is not installed
+    (no ``watch()``/zero-code): a group whose last enqueued collective is not completed has it
+    in flight (its op from the entry of that number, when the recorder kept it)."""
+    seq: dict[str, int] = {}
+    inflight = []
+    ops = {(e["group"], e["seq"]): e["op"] for e in flight.get("entries", [])}
+    for group, status in flight.get("groups", {}).items():
+        enqueued, completed = status.get("enqueued"), status.get("completed")
+        if enqueued is None or enqueued < 0:
+            continue
+        seq[group] = enqueued
+        if completed is None or completed < enqueued:
+            inflight.append({"op": ops.get((group, enqueued), "collective"), "group": group, "seq": enqueued})
+    return {"seq": seq, "inflight": inflight}
+
+
+def _group(name: Any) -> str:
+    return "world" if str(name) in ("0", "default_pg") else str(name)
+
+
+def _int(value: Any) -> int | None:
+    try:
+        return int(value)
+    except (TypeError, ValueError):
+        return None

@@ -1,0 +1,195 @@
+"""The probe's stall watch (issue 14): when no progress is a stall, what a stall record holds, and
+the collective ledger and flight-recorder reading it draws on. Driven with an explicit clock."""
+
+from __future__ import annotations
+
+import threading
+
+import pytest
+
+from probe import stall as S
+from probe.comm.tracker import Ledger
+
+
+class FakeProbe:
+    """The part of ``Probe`` the watch reads, with progress set by the test."""
+
+    def __init__(self) -> None:
+        self.steps, self.last, self.in_step = 0, None, False
+        self.thread = threading.get_ident()
+        self.loader_iterators: list = []
+        self.device = {"type": "cpu"}
+        self.local_rank = 0
+        self.errors: list = []
+
+    def progress(self):
+        return self.steps, self.last, self.in_step, self.thread
+
+    def report_error(self, where, exc):
+        self.errors.append((where, exc))
+
+
+def run_steps(probe: FakeProbe, watch: S.StallWatch, n: int, dur: float, t: float) -> float:
+    """``n`` steps of ``dur`` seconds, the watch looking after each; returns the time after them."""
+    for _ in range(n):
+        t += dur
+        probe.steps += 1
+        probe.last = t
+        assert watch.tick(t) is None
+    return t
+
+
+def test_threshold_is_the_warm_up_until_three_steps_are_timed_then_ten_medians_with_a_floor():
+    policy = S.StallPolicy()
+    assert policy.threshold() == S.WARMUP_S
+    for i, end in enumerate((1.0, 3.0, 5.0, 7.0)):
+        policy.observe(i + 1, end)
+    assert policy.threshold() == pytest.approx(20.0)  # 10 x the 2 s median, over the 15 s floor
+    policy = S.StallPolicy()
+    for i in range(5):
+        policy.observe(i + 1, 0.5 * (i + 1))
+    assert policy.threshold() == S.FLOOR_S            # 10 x 0.5 s = 5 s, under the floor
+    slow = S.StallPolicy()
+    for i in range(5):
+        slow.observe(i + 1, 4.0 * (i + 1))
+    assert slow.threshold() == pytest.approx(40.0)    # 10 x 4 s
+    assert S.StallPolicy(fixed=2.5).threshold() == 2.5
+
+
+def test_several_steps_between_looks_count_as_their_mean_and_no_advance_adds_nothing():
+    policy = S.StallPolicy()
+    policy.observe(10, 1.0)
+    policy.observe(20, 2.0)       # ten steps in one second
+    policy.observe(20, 2.0)
+    policy.observe(20, 2.5)       # same count, later time: not a step
+    assert list(policy.per_step) == [pytest.approx(0.1)]
+
+
+def test_stall_threshold_env_is_read_in_seconds_and_ignored_when_not_positive(monkeypatch):
+    monkeypatch.setenv("PERFMON_STALL_S", "7.5")
+    assert S.fixed_threshold() == 7.5
+    for bad in ("0", "-3", "soon", ""):
+        monkeypatch.setenv("PERFMON_STALL_S", bad)
+        assert S.fixed_threshold() is None
+
+
+def test_a_job_three_times_slower_is_not_stalled_but_a_stop_is_reported_repeated_and_resumed():
+    probe, out = FakeProbe(), []
+    watch = S.StallWatch(probe, out.append, S.StallPolicy())
+    t = run_steps(probe, watch, 20, 0.5, 0.0)
+    t = run_steps(probe, watch, 20, 1.5, t)          # 3x slower: never over 10 x median nor the floor
+    assert out == []
+    threshold = watch.policy.threshold()
+    assert watch.tick(t + threshold - 0.01) is None
+    first = watch.tick(t + threshold + 0.01)
+    assert first["k"] == "stall" and first["n"] == 1 and first["step"] == 39 and first["where"] == "between"
+    assert first["seconds"] == pytest.approx(threshold + 0.01) and first["threshold"] == threshold
+    assert any("test_stall_watch.py" in f and "in test_a_job_three_times" in f for f in first["stack"])
+    assert watch.tick(t + threshold + 1.0) is None                     # repeats only every REPEAT_S
+    again = watch.tick(t + threshold + 0.01 + S.REPEAT_S)
+    assert again["n"] == 2
+    probe.steps += 1
+    probe.last = t + threshold + 5.0
+    resumed = watch.tick(t + threshold + 5.1)
+    assert resumed["k"] == "resumed" and resumed["step"] == 40
+    assert resumed["seconds"] == pytest.approx(threshold + 5.0)
+    assert watch.tick(t + threshold + 5.2) is None and len(out) == 3
+
+
+def test_nothing_is_watched_before_the_first_step_and_inside_a_step_says_so():
+    probe, out = FakeProbe(), []
+    watch = S.StallWatch(probe, out.append, S.StallPolicy(fixed=1.0))
+    assert watch.tick(1e6) is None                     # no step begun: startup is not a stall
+    probe.last, probe.in_step = 10.0, True
+    rec = watch.tick(12.0)
+    assert rec["where"] == "step" and rec["step"] == -1 and rec["seconds"] == pytest.approx(2.0)
+
+
+def test_a_part_that_fails_is_named_missing_and_the_record_still_goes(monkeypatch):
+    probe, out = FakeProbe(), []
+    watch = S.StallWatch(probe, out.append, S.StallPolicy(fixed=1.0))
+    monkeypatch.setattr(S, "flight_recorder", lambda: 1 / 0)
+    probe.steps, probe.last = 3, 0.0
+    rec = watch.tick(5.0)
+    assert rec["k"] == "stall" and rec["missing"] == ["flight"]
+
+
+class FakeIterator:
+    """The private state of torch's ``_MultiProcessingDataLoaderIter`` the watch reads."""
+
+    def __init__(self, workers, task_info, rcvd_idx):
+        self._workers, self._task_info, self._rcvd_idx = workers, task_info, rcvd_idx
+        self._shutdown = False
+
+
+class Proc:
+    def __init__(self, pid):
+        self.pid = pid
+
+
+def test_the_loader_part_names_the_worker_whose_batch_is_awaited_and_reads_its_cpu(monkeypatch):
+    import os
+    probe, out = FakeProbe(), []
+    me = os.getpid()
+    it = FakeIterator([Proc(2 ** 22 + 7), Proc(me)], {5: (1,), 6: (0, "data")}, 5)
+    probe.loader_iterators = [lambda: it]
+    watch = S.StallWatch(probe, out.append, S.StallPolicy(fixed=1.0))
+    loader = watch._loader(True)["loader"]
+    assert loader["waiting"] is True and loader["awaited_pid"] == me
+    assert loader["workers"][0] == {"pid": 2 ** 22 + 7, "alive": False, "cpu": None}
+    assert loader["workers"][1]["alive"] is True and loader["workers"][1]["cpu"] is None   # first look
+    assert watch._loader(True)["loader"]["workers"][1]["cpu"] >= 0.0                     # second: a share
+    it._rcvd_idx = 6                                                                    # its data arrived
+    assert "awaited_pid" not in watch._loader(False)["loader"]
+    it._shutdown = True
+    assert watch._loader(False) is None
+
+
+def test_ledger_numbers_calls_per_group_and_keeps_only_the_unreturned_bounded():
+    ledger = Ledger()
+    a = ledger.begin("all_reduce", "world", 0, 2, 100)
+    b = ledger.begin("all_gather", "3", 1, 4, 50)
+    c = ledger.begin("all_reduce", "world", 0, 2, 100)
+    ledger.end(a)
+    inflight, issued = ledger.snapshot()
+    assert issued == {"world": 2, "3": 1}
+    assert [(x["op"], x["group"], x["seq"]) for x in inflight] == [("all_gather", "3", 1), ("all_reduce", "world", 2)]
+    ledger.end(b), ledger.end(c), ledger.end(c)
+    assert ledger.snapshot()[0] == []
+    for _ in range(Ledger.MAX_OPEN + 10):
+        ledger.begin("barrier", "world", 0, 2, 0)
+    assert len(ledger.open) == Ledger.MAX_OPEN and ledger.issued["world"] == 2 + Ledger.MAX_OPEN + 10
+
+
+# SIMULATED flight-recorder dump: the keys of torch's ``_dump_fr_trace_json`` (torch 2.13 wrote
+# the same for a gloo job here), with one all_reduce enqueued and not completed on the world group.
+SIMULATED_DUMP = {
+    "pg_status": {"0": {"last_enqueued_collective": "20", "last_started_collective": "-1",
+                        "last_completed_collective": "19"},
+                  "1": {"last_enqueued_collective": "4", "last_started_collective": "4",
+                        "last_completed_collective": "4"}},
+    "entries": [{"collective_seq_id": 19, "process_group": ["0", "default_pg"], "profiling_name": "gloo:all_reduce",
+                 "retired": True, "state": "completed"},
+                {"collective_seq_id": 20, "process_group": ["0", "default_pg"], "profiling_name": "nccl:all_reduce",
+                 "retired": False, "state": "scheduled"}],
+}
+
+
+def test_flight_dump_gives_per_group_progress_and_what_is_in_flight():
+    flight = S.parse_flight(SIMULATED_DUMP, source="simulated")
+    assert flight["groups"] == {"world": {"enqueued": 20, "started": -1, "completed": 19},
+                                "1": {"enqueued": 4, "started": 4, "completed": 4}}
+    assert flight["entries"] == [{"op": "all_reduce", "group": "world", "seq": 20, "state": "scheduled"}]
+    assert S.from_flight(flight) == {"seq": {"world": 20, "1": 4},
+                                     "inflight": [{"op": "all_reduce", "group": "world", "seq": 20}]}
+    assert S.parse_flight({}, source="simulated") == {"source": "simulated", "groups": {}, "entries": []}
+
+
+def test_thread_stack_is_innermost_last_and_bounded():
+    def deep(n):
+        return S.thread_stack(threading.get_ident()) if n == 0 else deep(n - 1)
+    stack = deep(S.MAX_FRAMES + 10)
+    assert len(stack) == S.MAX_FRAMES
+    assert stack[-1].endswith("in thread_stack")          # asked from the thread itself: its own frame
+    assert stack[-2].endswith("in deep") and "test_stall_watch.py:" in stack[-2]
+    assert S.thread_stack(-1) == []

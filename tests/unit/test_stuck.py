@@ -1,0 +1,193 @@
+"""The stuck diagnosis: stall records and silence in, the culprit rank, the waiters, the call and
+where each rank is out, through the run model, the verdict and the report JSON (issue 14)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import jsonschema
+import pytest
+
+from tests.unit.verdict_synth import T0, Rank, job
+from tui.commands.report import build_report
+from tui.model import verdict as V
+from tui.model.runmodel import RunModel
+from tui.model.stuck import HEARTBEAT_S, diagnose, stall_reading, user_frame
+
+SCHEMA = json.loads((Path(__file__).parents[2] / "tui" / "schemas" / "report.schema.json").read_text())
+END = T0 + 30 * 0.1          # the synthetic ranks' last step ends here
+SITE = "/home/u/train.py"
+TORCH = "/venv/lib/python3.11/site-packages/torch/distributed/distributed_c10d.py"
+
+
+def stall(t: float, seconds: float, *, where: str = "step", stack=(), inflight=(), seq=None, loader=None,
+          step: int = 29, **extra) -> dict:
+    rec = {"k": "stall", "t": t, "since": t - seconds, "seconds": seconds, "threshold": 15.0, "step": step,
+           "where": where, "n": 1, "stack": list(stack), "inflight": list(inflight), "seq": dict(seq or {})}
+    if loader is not None:
+        rec["loader"] = loader
+    rec.update(extra)
+    return rec
+
+
+def in_all_reduce(seq: int) -> dict:
+    return {"op": "all_reduce", "group": "world", "group_rank": 0, "group_size": 2, "seq": seq, "bytes": 4000,
+            "since": END}
+
+
+WAITER = stall(END + 45, 45, stack=[f"{SITE}:11 in <module>", f"{TORCH}:3252 in all_reduce"],
+               inflight=[in_all_reduce(20)], seq={"world": 20})
+SLEEPER = stall(END + 45, 45, stack=[f"{SITE}:30 in <module>", f"{SITE}:10 in load_batch"], seq={"world": 19})
+
+
+def two_ranks(rank0_extra=(), rank1_extra=()) -> RunModel:
+    return job(Rank(0, extra_records=list(rank0_extra)), Rank(1, extra_records=list(rank1_extra)))
+
+
+def test_the_rank_that_never_reached_the_collective_is_named_with_its_line_and_the_waiters_with_the_call():
+    v = V.evaluate(two_ranks([WAITER], [SLEEPER]).view())
+    assert (v.bottleneck, v.severity, v.straggler_rank) == ("stuck", "crit", 1)
+    assert v.headline == ("Stuck: rank 1 never reached all_reduce #20 (train.py:10 in load_batch); "
+                          "1 rank waits in it for 45s")
+    stuck = v.as_json()["stuck"]
+    assert {k: stuck[k] for k in ("kind", "culprit_ranks", "waiting_ranks", "op", "group", "seq")} == {
+        "kind": "collective", "culprit_ranks": [1], "waiting_ranks": [0], "op": "all_reduce", "group": "world",
+        "seq": 20}
+    assert stuck["since_s"] == 45.0
+    assert stuck["where"]["1"][-1] == f"{SITE}:10 in load_batch"
+    assert stuck["where"]["0"][-1] == f"{TORCH}:3252 in all_reduce"
+
+
+def test_a_member_that_has_not_reported_yet_is_the_culprit_by_elimination():
+    v = V.evaluate(two_ranks([WAITER]).view())
+    assert v.stuck.culprit_ranks == (1,) and v.stuck.waiting_ranks == (0,)
+    assert v.headline.startswith("Stuck: rank 1 never reached all_reduce #20 (no stall reported)")
+
+
+def test_ranks_in_the_same_call_are_not_culprits_and_a_subgroup_names_its_group():
+    in_tp = dict(in_all_reduce(7), group="3")
+    waiting = [stall(END + 20, 20, inflight=[in_tp], seq={"3": 7}) for _ in range(2)]
+    behind = stall(END + 20, 20, stack=[f"{SITE}:5 in f"], seq={"3": 6, "world": 40})
+    model = job(Rank(0, extra_records=[waiting[0]]), Rank(1, extra_records=[waiting[1]]),
+                Rank(2, extra_records=[behind]), Rank(3))
+    d = model.view().stuck
+    assert (d.culprit_ranks, d.waiting_ranks, d.group, d.seq) == ((2,), (0, 1), "3", 7)
+    assert d.headline.startswith("rank 2 never reached all_reduce #7 of group 3 (train.py:5 in f); 2 ranks wait")
+
+
+def test_a_silent_live_rank_is_unresponsive_and_the_culprit(monkeypatch):
+    model = two_ranks([WAITER])
+    clock = 1000.0
+    for stream, state in model._streams.items():   # rank 1's newest record arrived 25 s ago
+        state.recv_clock = clock - (25.0 if state.rank == 1 else 0.5)
+    view = model.view(END + 45, clock=clock)
+    v = V.evaluate(view)
+    assert v.stuck.culprit_ranks == (1,)
+    assert "rank 1 never reached all_reduce #20 (no record for 25s (a process holding the GIL" in v.headline
+    assert [r.role for r in v.stuck.ranks] == ["waiting", "unresponsive"]
+    assert v.as_json()["stuck"]["unresponsive_ranks"] == [1]
+
+
+def test_silence_alone_is_unresponsive_and_short_silence_or_a_recording_is_not():
+    model = two_ranks()
+    for state in model._streams.values():
+        state.recv_clock = 1000.0 - (HEARTBEAT_S + 2 if state.rank == 0 else 1.0)
+    d = model.view(END, clock=1000.0).stuck
+    assert d.kind == "unresponsive" and d.culprit_ranks == (0,)
+    assert d.headline == "rank 0 unresponsive: no record for 12s (a process holding the GIL in C code, or stopped)"
+    for state in model._streams.values():
+        state.recv_clock = 1000.0 - (HEARTBEAT_S - 1)
+    assert model.view(END, clock=1000.0).stuck is None
+    assert model.view(END + 3600).stuck is None        # a recording has no silence, however old
+
+
+def test_every_rank_waiting_in_the_loader_names_the_awaited_worker_and_its_cpu():
+    loader = {"waiting": True, "awaited_pid": 4711,
+              "workers": [{"pid": 4711, "alive": True, "cpu": 0.0}, {"pid": 4712, "alive": True, "cpu": 0.0}]}
+    other = {"waiting": True, "workers": [{"pid": 5000, "alive": True, "cpu": None}]}
+    stack = [f"{SITE}:20 in <module>", "/venv/lib/python3.11/site-packages/torch/utils/data/dataloader.py:700 in "
+             "__next__"]
+    model = two_ranks([stall(END + 30, 30, where="loader", stack=stack, loader=loader)],
+                      [stall(END + 30, 30, where="loader", stack=stack, loader=other)])
+    v = V.evaluate(model.view())
+    assert v.stuck.kind == "data" and v.stuck.loader_pid == 4711 and v.stuck.culprit_ranks == (0, 1)
+    assert v.headline == "Stuck: all ranks wait in data loading for 30s: worker 4711 of rank 0 is idle at 0% CPU"
+
+
+@pytest.mark.parametrize("worker, said", [
+    ({"pid": 9, "alive": False, "cpu": None}, "worker 9 of rank 0 is gone (its batch never comes)"),
+    ({"pid": 9, "alive": True, "cpu": 0.97}, "worker 9 of rank 0 is busy at 97% CPU"),
+    ({"pid": 9, "alive": True, "cpu": None}, "rank 0 waits for worker 9"),
+])
+def test_the_awaited_worker_is_described_as_gone_busy_or_not_yet_measured(worker, said):
+    model = job(Rank(0, extra_records=[stall(END + 30, 30, where="loader",
+                                             loader={"waiting": True, "awaited_pid": 9, "workers": [worker]})]))
+    assert model.view().stuck.headline == f"rank 0 waits in data loading for 30s: {said}"
+
+
+def test_stuck_between_steps_names_the_library_call_and_the_users_line():
+    stack = [f"{SITE}:90 in <module>", f"{SITE}:88 in save_ckpt",
+             "/venv/lib/python3.11/site-packages/torch/serialization.py:900 in save",
+             "/venv/lib/python3.11/site-packages/torch/serialization.py:700 in _save"]
+    model = job(Rank(0, extra_records=[stall(END + 180, 180, where="between", stack=stack)]))
+    v = V.evaluate(model.view())
+    assert v.stuck.kind == "between_steps"
+    assert v.headline == "Stuck: rank 0 stuck between steps in save called at train.py:88 in save_ckpt for 3m00s"
+
+
+def test_stuck_inside_a_step_names_the_step_and_outranks_warming_up():
+    model = job(Rank(0, steps=2, extra_records=[stall(T0 + 100, 99.8, step=1, stack=[f"{SITE}:3 in spin"])]))
+    v = V.evaluate(model.view())
+    assert v.bottleneck == "stuck"
+    assert v.headline == "Stuck: rank 0 stuck inside step 2 at train.py:3 in spin for 1m39s"
+
+
+def test_resumed_or_a_later_step_ends_the_stall_and_a_stall_lasts_on_the_probes_clock():
+    resumed = {"k": "resumed", "t": END + 50, "seconds": 50.0, "step": 30}
+    assert two_ranks([WAITER, resumed], [SLEEPER, resumed]).view().stuck is None
+    later = {"k": "step", "t": END + 51, "step": 30, "start": END + 50.9, "dur": 0.1}
+    model = two_ranks([WAITER, later], [SLEEPER])
+    d = model.view().stuck
+    assert d.culprit_ranks == (1,) and d.waiting_ranks == ()        # rank 0 moved on; rank 1 still stalled
+    assert model.view(END + 45 + 10).ranks[1].stalled_s == pytest.approx(55.0)
+
+
+def test_the_report_json_carries_the_diagnosis_and_validates():
+    report = build_report(two_ranks([WAITER], [SLEEPER]))
+    jsonschema.validate(report, SCHEMA)
+    assert report["verdict"]["bottleneck"] == "stuck"
+    assert report["verdict"]["stuck"]["culprit_ranks"] == [1]
+    healthy = build_report(two_ranks())
+    jsonschema.validate(healthy, SCHEMA)
+    assert healthy["verdict"]["stuck"] is None
+
+
+def test_a_stream_without_its_hello_holds_the_ranks_place_until_the_hello_fills_it():
+    model = RunModel()
+    model.expect("/s/j.r1.x0.p7.sock", 1, "j", 7, 0, clock=100.0)
+    view = model.view(T0, clock=100.0 + HEARTBEAT_S + 5)
+    assert [r.rank for r in view.ranks] == [1] and view.stuck.culprit_ranks == (1,)
+    model.ingest("/s/j.r1.x0.p7.sock", {"k": "hello", "t": T0, "proto": [1, 1], "job": "j", "rank": 1, "pid": 7,
+                                        "restart": 0, "host": "n1"}, received=200.0)
+    view = model.view(T0, clock=201.0)
+    assert view.ranks[0].host == "n1" and view.ranks[0].generation == 0 and view.stuck is None
+    model.expect("/s/j.r1.x0.p7.sock", 1, "j", 7, 0, clock=300.0)     # a re-attach does not reset it
+    assert model.view(T0, clock=301.0).ranks[0].host == "n1"
+
+
+def test_user_frame_skips_python_installed_packages_and_the_probe():
+    probe_core = str(Path(__file__).parents[2] / "probe" / "core.py")
+    stack = (f"{SITE}:5 in main", f"{probe_core}:210 in loader", "/usr/lib/python3.11/queue.py:180 in get")
+    assert user_frame(stack) == ("train.py:5 in main", "loader")
+    assert user_frame(("<frozen runpy>:88 in _run_code",)) == ("<frozen runpy>:88 in _run_code", None)
+    assert user_frame(()) == (None, None)
+
+
+def test_odd_stall_records_parse_to_what_is_known():
+    r = stall_reading({"k": "stall", "t": 5.0, "seconds": 2.0, "inflight": [{"op": 3}, "x"], "seq": {"w": True},
+                       "loader": {"workers": ["x", {"pid": "p"}]}, "device": {"pending": 1}, "stack": [1, "a:1 in f"]})
+    assert r.inflight[0].op == "3" and r.inflight[0].group == "world" and r.seq == {}
+    assert r.workers[0].pid is None and r.device_pending is None and r.stack == ("a:1 in f",)
+    assert stall_reading({"k": "stall", "t": 5.0}) is None
+    assert diagnose([]) is None

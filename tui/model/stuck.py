@@ -1,0 +1,328 @@
+"""A job that stopped making progress: each rank's stall readings and the diagnosis naming the
+rank the others wait for.
+
+Inputs are the probes' ``stall`` records (wire 1.1, ``probe.stall``: the training thread's
+stack, the collectives in flight with per-group sequence numbers, the DataLoader's state) and,
+for live ranks, silence: a rank that sent nothing for ``HEARTBEAT_S`` (its sampler alone sends a
+record a second) cannot run Python threads at all, the mark of a process holding the GIL in C
+code or stopped. Collectives are matched across ranks by (group, sequence number): the ranks in
+the same call wait; a member that issued fewer calls on that group, or went silent, never
+reached it and is the culprit. Pure: no I/O, no Textual.
+"""
+
+from __future__ import annotations
+
+import os
+from collections import Counter
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Protocol
+
+from tui.model import units
+
+HEARTBEAT_S = 10.0        # live rank silent this long: unresponsive (samples arrive at 1-2 Hz)
+IDLE_CPU = 0.05           # a loader worker under 5% of a core is not working on the batch
+WHERE_FRAMES = 5          # innermost frames per rank in the report's ``where``
+
+_LIBRARY_MARKS = ("/site-packages/", "/dist-packages/", "/lib/python", "<frozen ", "<string>")
+_PROBE_DIR = str(Path(__file__).resolve().parents[2] / "probe") + os.sep
+
+
+@dataclass(frozen=True)
+class InFlight:
+    """A collective this rank called and that has not returned."""
+
+    op: str
+    group: str
+    seq: int | None
+    since: float | None
+
+
+@dataclass(frozen=True)
+class LoaderWorker:
+    pid: int | None
+    alive: bool
+    cpu: float | None           # share of one core since the probe's previous look; None the first time
+
+
+@dataclass(frozen=True)
+class StallReading:
+    """One ``stall`` record, typed. ``seconds`` is how long the stall had lasted at ``t``."""
+
+    t: float
+    seconds: float
+    threshold: float | None
+    step: int | None
+    where: str                   # "step" | "between" | "loader"
+    stack: tuple[str, ...]       # innermost last, "file:line in function"
+    inflight: tuple[InFlight, ...]
+    seq: dict[str, int]
+    loader_waiting: bool
+    awaited_pid: int | None
+    workers: tuple[LoaderWorker, ...]
+    device_pending: bool | None
+    flight_source: str | None
+
+    def lasted(self, now: float) -> float:
+        """How long the stall has lasted at ``now`` (the rank's probe clock)."""
+        return self.seconds + max(0.0, now - self.t)
+
+    @property
+    def awaited_worker(self) -> LoaderWorker | None:
+        return next((w for w in self.workers if w.pid is not None and w.pid == self.awaited_pid), None)
+
+
+def stall_reading(rec: dict[str, Any]) -> StallReading | None:
+    """Parse a validated ``stall`` record; None if it lacks its time or duration."""
+    t, seconds = _num(rec.get("t")), _num(rec.get("seconds"))
+    if t is None or seconds is None:
+        return None
+    inflight = tuple(InFlight(str(c.get("op") or "collective"), str(c.get("group") or "world"), _int(c.get("seq")),
+                              _num(c.get("since")))
+                     for c in _dicts(rec.get("inflight")))
+    seq = {str(k): v for k, v in (rec.get("seq") or {}).items() if isinstance(v, int) and not isinstance(v, bool)} \
+        if isinstance(rec.get("seq"), dict) else {}
+    loader = rec.get("loader") if isinstance(rec.get("loader"), dict) else {}
+    device = rec.get("device") if isinstance(rec.get("device"), dict) else {}
+    flight = rec.get("flight") if isinstance(rec.get("flight"), dict) else {}
+    return StallReading(
+        t=t, seconds=seconds, threshold=_num(rec.get("threshold")), step=_int(rec.get("step")),
+        where=str(rec.get("where") or "step"),
+        stack=tuple(str(f) for f in rec.get("stack") or () if isinstance(f, str)),
+        inflight=inflight, seq=seq, loader_waiting=bool(loader.get("waiting")),
+        awaited_pid=_int(loader.get("awaited_pid")),
+        workers=tuple(LoaderWorker(_int(w.get("pid")), bool(w.get("alive")), _num(w.get("cpu")))
+                      for w in _dicts(loader.get("workers"))),
+        device_pending=device.get("pending") if isinstance(device.get("pending"), bool) else None,
+        flight_source=str(flight["source"]) if flight.get("source") else None,
+    )
+
+
+class RankLike(Protocol):
+    """What the diagnosis reads of a rank (``tui.model.views.RankView``)."""
+
+    rank: int
+    host: str | None
+    pid: int | None
+    stall: StallReading | None
+    stalled_s: float | None
+    silent_s: float | None
+
+
+@dataclass(frozen=True)
+class RankStuck:
+    """One rank's part in the diagnosis, for the stuck screen."""
+
+    rank: int
+    host: str | None
+    pid: int | None
+    role: str                   # "culprit" | "waiting" | "unresponsive" | "other"
+    seconds: float | None       # stalled (or silent) for
+    doing: str                  # one line: what it is doing
+    stack: tuple[str, ...]
+
+
+@dataclass(frozen=True)
+class StuckDiagnosis:
+    """Which ranks hold the job, which wait, in what, since when, and where each one is."""
+
+    kind: str                   # "collective" | "data" | "between_steps" | "in_step" | "unresponsive"
+    culprit_ranks: tuple[int, ...]
+    waiting_ranks: tuple[int, ...]
+    op: str | None
+    group: str | None
+    seq: int | None
+    since_s: float
+    where: dict[int, tuple[str, ...]]
+    headline: str
+    ranks: tuple[RankStuck, ...]
+    loader_pid: int | None = None
+
+    def as_json(self) -> dict[str, Any]:
+        """The report's ``verdict.stuck`` object."""
+        return {"kind": self.kind, "culprit_ranks": list(self.culprit_ranks),
+                "waiting_ranks": list(self.waiting_ranks), "op": self.op, "group": self.group, "seq": self.seq,
+                "since_s": round(self.since_s, 3), "loader_pid": self.loader_pid,
+                "unresponsive_ranks": [r.rank for r in self.ranks if r.role == "unresponsive"],
+                "where": {str(rank): list(frames[-WHERE_FRAMES:]) for rank, frames in sorted(self.where.items())}}
+
+
+def diagnose(ranks: list[RankLike]) -> StuckDiagnosis | None:
+    """The diagnosis when some rank is stalled or unresponsive, else None."""
+    stalled = {r.rank: r.stall for r in ranks if r.stall is not None}
+    silent = {r.rank: r.silent_s for r in ranks if r.silent_s is not None and r.silent_s >= HEARTBEAT_S}
+    if not stalled and not silent:
+        return None
+    by_rank = {r.rank: r for r in ranks}
+    lasted = {r.rank: r.stalled_s for r in ranks if r.stalled_s is not None}
+    where = {rank: s.stack for rank, s in stalled.items() if s is not None}
+    calls = {rank: s.inflight[0] for rank, s in stalled.items() if s is not None and s.inflight}
+    if calls:
+        return _collective(by_rank, stalled, silent, lasted, calls, where)
+    if silent:
+        unresponsive = tuple(sorted(silent))
+        waiting = tuple(sorted(r for r in stalled if r not in silent))
+        since = max(silent.values())
+        head = f"{_ranks(unresponsive)} unresponsive: {_silence(since)}"
+        if waiting:
+            head += f"; {_count(waiting)} stalled for {units.age(max(lasted.get(r, 0.0) for r in waiting))}"
+        return _finish("unresponsive", unresponsive, waiting, None, since, where, head, by_rank, stalled, silent,
+                       lasted, {r: "culprit" for r in unresponsive})
+    readings = {rank: s for rank, s in stalled.items() if s is not None}
+    since = max(lasted.values(), default=0.0)
+    in_loader = [rank for rank, s in readings.items() if s.where == "loader"]
+    if in_loader and len(in_loader) == len(readings):
+        culprit = min(in_loader, key=lambda r: (readings[r].awaited_pid is None, r))
+        reading = readings[culprit]
+        who = "all ranks wait" if len(in_loader) == len(ranks) and len(ranks) > 1 else f"{_ranks(in_loader)} waits"
+        head = f"{who} in data loading for {units.age(since)}: {_loader_state(reading, culprit)}"
+        return _finish("data", tuple(sorted(in_loader)), (), None, since, where, head, by_rank, stalled, silent,
+                       lasted, {r: "culprit" for r in in_loader}, loader_pid=reading.awaited_pid)
+    culprits = tuple(sorted(readings))
+    first = readings[culprits[0]]
+    if first.where == "between":
+        head = f"{_ranks(culprits)} stuck between steps {_site(first.stack)} for {units.age(since)}"
+        kind = "between_steps"
+    else:
+        step = f" {first.step + 1}" if first.step is not None else ""
+        head = f"{_ranks(culprits)} stuck inside step{step} {_site(first.stack)} for {units.age(since)}"
+        kind = "in_step"
+    return _finish(kind, culprits, (), None, since, where, head, by_rank, stalled, silent, lasted,
+                   {r: "culprit" for r in culprits})
+
+
+def _collective(by_rank: dict[int, RankLike], stalled: dict[int, StallReading | None], silent: dict[int, float],
+                lasted: dict[int, float], calls: dict[int, InFlight],
+                where: dict[int, tuple[str, ...]]) -> StuckDiagnosis:
+    """Ranks wait in a collective: the call most of them are in, and the members that never reached it."""
+    (group, seq), _ = Counter((c.group, c.seq) for c in calls.values()).most_common(1)[0]
+    waiting = tuple(sorted(r for r, c in calls.items() if (c.group, c.seq) == (group, seq) and r not in silent))
+    op = next(c.op for r, c in calls.items() if (c.group, c.seq) == (group, seq))
+    members = sorted(by_rank) if group == "world" else \
+        sorted({r for r, s in stalled.items() if s is not None and group in s.seq} | set(waiting))
+    others = [r for r in members if r not in waiting]
+    definite = [r for r in others if r in silent or _issued(stalled.get(r), group, seq)]
+    culprits = tuple(definite or others)
+    since = max((lasted.get(r, 0.0) for r in waiting), default=0.0)
+    call = f"{op} #{seq}" if seq is not None else op
+    if group != "world":
+        call += f" of group {group}"
+    if culprits:
+        parts = [f"{_ranks(culprits)} never reached {call} ({_doing(culprits[0], stalled.get(culprits[0]), silent)})"
+                 if len(culprits) == 1 else f"{_ranks(culprits)} never reached {call}"]
+    else:
+        parts = [f"every rank is in {call}"]
+    parts.append(f"{_count(waiting)} {'waits' if len(waiting) == 1 else 'wait'} in it for {units.age(since)}")
+    roles = {r: "waiting" for r in waiting}
+    roles.update({r: "unresponsive" if r in silent else "culprit" for r in culprits})
+    return _finish("collective", culprits, waiting, (op, group, seq), since, where, "; ".join(parts), by_rank,
+                   stalled, silent, lasted, roles)
+
+
+def _finish(kind: str, culprits: tuple[int, ...], waiting: tuple[int, ...], call: tuple[str, str, int | None] | None,
+            since: float, where: dict[int, tuple[str, ...]], headline: str, by_rank: dict[int, RankLike],
+            stalled: dict[int, StallReading | None], silent: dict[int, float], lasted: dict[int, float],
+            roles: dict[int, str], loader_pid: int | None = None) -> StuckDiagnosis:
+    rows = []
+    for rank in sorted(by_rank):
+        r = by_rank[rank]
+        reading = stalled.get(rank)
+        role = roles.get(rank, "unresponsive" if rank in silent else "other")
+        rows.append(RankStuck(rank, r.host, r.pid, role, silent.get(rank, lasted.get(rank)),
+                              _doing(rank, reading, silent), reading.stack if reading is not None else ()))
+    op, group, seq = call if call is not None else (None, None, None)
+    return StuckDiagnosis(kind, culprits, waiting, op, group, seq, since, where, headline, tuple(rows), loader_pid)
+
+
+# -- wording -----------------------------------------------------------------------------------
+def is_library(frame: str) -> bool:
+    """A frame of Python itself, an installed package or perfmon's probe, not the user's code."""
+    path = frame.rpartition(" in ")[0]
+    return any(mark in path for mark in _LIBRARY_MARKS) or path.startswith(_PROBE_DIR)
+
+
+def user_frame(stack: tuple[str, ...]) -> tuple[str | None, str | None]:
+    """(innermost frame of the user's code shortened to ``file:line in function``, the function
+    it is inside of below that, e.g. ``save``), from a stack innermost last."""
+    for i in range(len(stack) - 1, -1, -1):
+        if not is_library(stack[i]):
+            callee = stack[i + 1].rpartition(" in ")[2] if i + 1 < len(stack) else None
+            return _short(stack[i]), callee
+    return (_short(stack[-1]) if stack else None), None
+
+
+def _site(stack: tuple[str, ...]) -> str:
+    frame, callee = user_frame(stack)
+    if frame is None:
+        return "(no stack)"
+    return f"in {callee} called at {frame}" if callee else f"at {frame}"
+
+
+def _short(frame: str) -> str:
+    path, _, function = frame.rpartition(" in ")
+    file, _, line = path.rpartition(":")
+    return f"{os.path.basename(file)}:{line} in {function}"
+
+
+def _doing(rank: int, reading: StallReading | None, silent: dict[int, float]) -> str:
+    if rank in silent:
+        return _silence(silent[rank])
+    if reading is None:
+        return "no stall reported"
+    if reading.inflight:
+        call = reading.inflight[0]
+        return f"in {call.op} #{call.seq}" if call.seq is not None else f"in {call.op}"
+    if reading.where == "loader":
+        return _loader_state(reading, rank)
+    frame, callee = user_frame(reading.stack)
+    if frame is None:
+        return "stalled (no stack)"
+    inside = f"in {callee} from " if callee else ""
+    return f"{inside}{frame}" + (" between steps" if reading.where == "between" else "")
+
+
+def _loader_state(reading: StallReading, rank: int) -> str:
+    worker = reading.awaited_worker
+    if worker is None:
+        pids = ", ".join(str(w.pid) for w in reading.workers if w.pid is not None)
+        return f"rank {rank} waits in DataLoader next()" + (f" (workers {pids})" if pids else "")
+    if not worker.alive:
+        return f"worker {worker.pid} of rank {rank} is gone (its batch never comes)"
+    if worker.cpu is None:
+        return f"rank {rank} waits for worker {worker.pid}"
+    state = "idle" if worker.cpu < IDLE_CPU else "busy"
+    return f"worker {worker.pid} of rank {rank} is {state} at {units.pct(worker.cpu)} CPU"
+
+
+def _silence(seconds: float) -> str:
+    return (f"no record for {units.age(seconds)} (a process holding the GIL in C code, "
+            "or stopped)")
+
+
+def _issued(reading: StallReading | None, group: str, seq: int | None) -> bool:
+    """Did this rank issue fewer calls on ``group`` than the awaited sequence number?"""
+    if reading is None or seq is None:
+        return False
+    issued = reading.seq.get(group)
+    return issued is not None and issued < seq
+
+
+def _ranks(ranks: Any) -> str:
+    ranks = sorted(ranks)
+    return f"rank {ranks[0]}" if len(ranks) == 1 else "ranks " + ", ".join(str(r) for r in ranks)
+
+
+def _count(ranks: tuple[int, ...]) -> str:
+    return f"{len(ranks)} rank" + ("" if len(ranks) == 1 else "s")
+
+
+def _dicts(value: Any) -> list[dict[str, Any]]:
+    return [v for v in value if isinstance(v, dict)] if isinstance(value, list) else []
+
+
+def _num(value: Any) -> float | None:
+    return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else None
+
+
+def _int(value: Any) -> int | None:
+    return value if isinstance(value, int) and not isinstance(value, bool) else None
