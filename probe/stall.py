@@ -42,6 +42,7 @@ MULTIPLE = 10.0
 FLOOR_S = 15.0
 WARMUP_S = 60.0
 STEPS_KNOWN = 3
+PRIME_S = 1.0        # look at the loader workers' CPU this long before a stall would be reported
 MAX_FRAMES = 40
 MAX_WORKERS = 64
 MAX_FLIGHT = 64
@@ -98,6 +99,7 @@ class StallWatch(threading.Thread):
         self.reports = 0
         self.last_report = float("-inf")
         self._seen: tuple[int, float | None] = (-1, None)
+        self._primed = False
         self._worker_cpu: dict[int, tuple[float, float]] = {}   # pid -> (wall, cpu s): bounded by MAX_WORKERS
 
     def run(self) -> None:
@@ -122,7 +124,11 @@ class StallWatch(threading.Thread):
             return None
         threshold = self.policy.threshold()
         if now - last < threshold:
+            if now - last >= threshold - PRIME_S and self.stalled_since is None and not self._primed:
+                self._primed = True       # a first look at the loader workers' CPU, so the stall record
+                _add({}, "loader", lambda: self._loader(False))   # says how busy they are since
             return None
+        self._primed = False
         if self.stalled_since is None:
             self.stalled_since = last
             self.reports = 0

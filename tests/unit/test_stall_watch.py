@@ -193,3 +193,16 @@ def test_thread_stack_is_innermost_last_and_bounded():
     assert stack[-1].endswith("in thread_stack")          # asked from the thread itself: its own frame
     assert stack[-2].endswith("in deep") and "test_stall_watch.py:" in stack[-2]
     assert S.thread_stack(-1) == []
+
+
+def test_the_first_stall_record_already_has_the_workers_cpu_looked_at_just_before():
+    import os
+    probe, out = FakeProbe(), []
+    it = FakeIterator([Proc(os.getpid())], {3: (0,)}, 3)
+    probe.loader_iterators = [lambda: it]
+    probe.steps, probe.last = 2, 100.0
+    watch = S.StallWatch(probe, out.append, S.StallPolicy(fixed=2.0))
+    assert watch.tick(100.0 + 2.0 - S.PRIME_S - 0.1) is None and watch._worker_cpu == {}
+    assert watch.tick(100.0 + 2.0 - S.PRIME_S + 0.1) is None and os.getpid() in watch._worker_cpu
+    first = watch.tick(102.1)
+    assert first["n"] == 1 and first["loader"]["workers"][0]["cpu"] is not None

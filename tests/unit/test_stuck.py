@@ -13,7 +13,7 @@ from tests.unit.verdict_synth import T0, Rank, job
 from tui.commands.report import build_report
 from tui.model import verdict as V
 from tui.model.runmodel import RunModel
-from tui.model.stuck import HEARTBEAT_S, diagnose, stall_reading, user_frame
+from tui.model.stuck import HEARTBEAT_S, NO_HELLO_S, diagnose, stall_reading, user_frame
 
 SCHEMA = json.loads((Path(__file__).parents[2] / "tui" / "schemas" / "report.schema.json").read_text())
 END = T0 + 30 * 0.1          # the synthetic ranks' last step ends here
@@ -166,8 +166,10 @@ def test_the_report_json_carries_the_diagnosis_and_validates():
 def test_a_stream_without_its_hello_holds_the_ranks_place_until_the_hello_fills_it():
     model = RunModel()
     model.expect("/s/j.r1.x0.p7.sock", 1, "j", 7, 0, clock=100.0)
-    view = model.view(T0, clock=100.0 + HEARTBEAT_S + 5)
+    assert model.view(T0, clock=100.0 + NO_HELLO_S - 0.5).stuck is None
+    view = model.view(T0, clock=100.0 + NO_HELLO_S + 0.5)     # a probe answers a connect at once
     assert [r.rank for r in view.ranks] == [1] and view.stuck.culprit_ranks == (1,)
+    assert view.stuck.headline.startswith("rank 1 unresponsive: no record for 3s")
     model.ingest("/s/j.r1.x0.p7.sock", {"k": "hello", "t": T0, "proto": [1, 1], "job": "j", "rank": 1, "pid": 7,
                                         "restart": 0, "host": "n1"}, received=200.0)
     view = model.view(T0, clock=201.0)

@@ -25,9 +25,11 @@ from tui.model.verdict import Verdict, evaluate, label as outcome_label
 SCHEMA = "perfmon.report/1"
 
 
-def build_report(model: RunModel, now: float | None = None, *, source: dict[str, Any] | None = None) -> dict:
-    """The report JSON for the model's current window (pure). ``source`` describes where the records came from."""
-    view = model.view(now)
+def build_report(model: RunModel, now: float | None = None, *, source: dict[str, Any] | None = None,
+                 clock: float | None = None) -> dict:
+    """The report JSON for the model's current window (pure). ``source`` describes where the records came from;
+    ``clock`` (live: the monotonic clock) lets a rank's silence count (``RunModel.view``)."""
+    view = model.view(now, clock=clock)
     verdict = evaluate(view)
     return report_from(view, verdict, model, source=source)
 
@@ -124,13 +126,23 @@ def render_text(report: dict, width: int = 80) -> str:
         lines.append("Fixes:")
         for s in v["suggestions"]:
             wrap(s, first="  - ", indent="    ")
+    stuck = v.get("stuck")
+    if stuck:
+        lines.append("Where each rank is (innermost frame last):")
+        roles = {**{r: "waiting" for r in stuck["waiting_ranks"]}, **{r: "culprit" for r in stuck["culprit_ranks"]},
+                 **{r: "unresponsive" for r in stuck.get("unresponsive_ranks", [])}}
+        for rank, role in sorted(roles.items()):
+            frames = stuck["where"].get(str(rank)) or ["(no stack: it sent nothing)"]
+            lines.append(f"  rank {rank} ({role})")
+            for frame in frames:
+                wrap(frame, first="    ", indent="      ")
     if v.get("losses"):
         lines.append("Where the step goes:")
         for loss in v["losses"]:
             share = _pct(loss["share"]) if loss["share"] is not None else "not measured"
             wrap(loss.get("source") or loss.get("why_unknown") or "", first=f"  {loss['label']:<30} {share:>12}  ",
                  indent=" " * 48)
-    ev = {k: val for k, val in (v.get("evidence") or {}).items() if k not in ("skipped", "notes", "undecided")}
+    ev = {k: val for k, val in (v.get("evidence") or {}).items() if k not in ("skipped", "notes", "undecided", "stuck")}
     if ev:
         lines.append("Evidence:")
         wrap(", ".join(f"{k}={_fmt_ev(k, val)}" for k, val in ev.items()), indent="  ")
@@ -220,8 +232,9 @@ def load_model(target: str, seconds: float) -> tuple[RunModel, dict[str, Any]]:
 def main(args: Any) -> int:
     """``perfmon report FILE|DIR|TARGET [--json] [--seconds S]``."""
     model, source = load_model(args.target, float(getattr(args, "seconds", 5.0) or 5.0))
-    now = None if source["kind"] == "recording" else time.time()
-    report = build_report(model, now, source=source)
+    live = source["kind"] != "recording"
+    report = build_report(model, time.time() if live else None, source=source,
+                          clock=time.monotonic() if live else None)
     if not report["ranks"]:
         raise UserError(f"{args.target}: no records from any rank to report on")
     if args.json:

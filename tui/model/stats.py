@@ -339,7 +339,7 @@ def rank_view(state: RankState, st: RankStats, now: float, silent_s: float | Non
         cpu=num(host.get("cpu")), rss=_int(host.get("rss")), ended=state.ended,
         since_last_step_s=max(0.0, now - state.last_end) if state.last_end is not None and not state.ended else None,
         drops=state.drops, stall=state.stall, stalled_s=state.stall.lasted(now) if state.stall else None,
-        silent_s=silent_s)
+        silent_s=silent_s, answered="k" in h)
 
 
 def _ettr(state: RankState, now: float, step_median: float | None) -> float | None:

@@ -21,6 +21,7 @@ from typing import Any, Protocol
 from tui.model import units
 
 HEARTBEAT_S = 10.0        # live rank silent this long: unresponsive (samples arrive at 1-2 Hz)
+NO_HELLO_S = 3.0          # a probe's sender answers a connect within one 50 ms tick: no hello this long is silence
 IDLE_CPU = 0.05           # a loader worker under 5% of a core is not working on the batch
 WHERE_FRAMES = 5          # innermost frames per rank in the report's ``where``
 
@@ -107,6 +108,7 @@ class RankLike(Protocol):
     stall: StallReading | None
     stalled_s: float | None
     silent_s: float | None
+    answered: bool
 
 
 @dataclass(frozen=True)
@@ -150,7 +152,8 @@ class StuckDiagnosis:
 def diagnose(ranks: list[RankLike]) -> StuckDiagnosis | None:
     """The diagnosis when some rank is stalled or unresponsive, else None."""
     stalled = {r.rank: r.stall for r in ranks if r.stall is not None}
-    silent = {r.rank: r.silent_s for r in ranks if r.silent_s is not None and r.silent_s >= HEARTBEAT_S}
+    silent = {r.rank: r.silent_s for r in ranks
+              if r.silent_s is not None and r.silent_s >= (HEARTBEAT_S if r.answered else NO_HELLO_S)}
     if not stalled and not silent:
         return None
     by_rank = {r.rank: r for r in ranks}

@@ -149,6 +149,7 @@ class RankView:
     stall: StallReading | None = None   # the probe says no step ended for longer than its stall threshold
     stalled_s: float | None = None      # how long that stall has lasted now
     silent_s: float | None = None       # live: seconds since the rank's newest record arrived
+    answered: bool = True               # its hello arrived (False: a connected socket that never spoke)
 
 
 @dataclass(frozen=True)
