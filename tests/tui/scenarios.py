@@ -145,6 +145,30 @@ def healthy() -> dict[int, list[dict[str, Any]]]:
     return out
 
 
+def stuck() -> dict[int, list[dict[str, Any]]]:
+    """Two CPU ranks; after 40 steps rank 1 sleeps before its next all-reduce and rank 0 waits in it."""
+    job = "stuck-demo"
+    out = {}
+    script = "/home/user/train.py"
+    c10d = "/venv/lib/python3.11/site-packages/torch/distributed/distributed_c10d.py"
+    for rank in range(2):
+        steps = _steps(40, lambda i: 0.2, lambda i: _phases(0.005, 0.08, 0.1, 0.015, 0.2))
+        end = steps[-1]["t"]
+        samples = _host_samples(end + 45, 1.0)
+        base = {"k": "stall", "t": end + 45, "since": end, "seconds": 45.0, "threshold": 15.0, "step": 39,
+                "n": 16, "where": "step"}
+        if rank == 0:
+            base.update(stack=[f"{script}:80 in <module>", f"{script}:61 in train", f"{script}:44 in sync_grads",
+                               f"{c10d}:3252 in all_reduce"],
+                        inflight=[{"op": "all_reduce", "group": "world", "group_rank": 0, "group_size": 2,
+                                   "seq": 41, "bytes": 4_000_000, "since": end}], seq={"world": 41})
+        else:
+            base.update(stack=[f"{script}:80 in <module>", f"{script}:58 in train",
+                               f"{script}:30 in load_shard"], seq={"world": 40})
+        out[rank] = _merge([_hello(job, rank, 2, CPU)], steps, samples, [base])
+    return out
+
+
 def _merge(*groups: list[dict[str, Any]]) -> list[dict[str, Any]]:
     records = [r for g in groups for r in g]
     return sorted(records, key=lambda r: (r["k"] != "hello", r["t"]))
@@ -155,6 +179,7 @@ SCENARIOS: dict[str, Callable[[], dict[int, list[dict[str, Any]]]]] = {
     "load_imbalance": load_imbalance,
     "memory": memory_gpu,
     "healthy": healthy,
+    "stuck": stuck,
 }
 
 

@@ -295,3 +295,32 @@ async def test_tcp_with_token_streams_and_a_wrong_token_is_refused(perfmon_dir):
     finally:
         proc.kill()
         proc.wait()
+
+
+async def test_a_stuck_job_names_the_culprit_in_the_bar_and_s_shows_each_ranks_part_and_stack(recordings):
+    from tui.app.screens.stuck import StuckScreen
+    app = scenarios.replay_app(recordings["stuck"])
+    async with app.run_test(size=(120, 36)) as pilot:
+        await settle(pilot)
+        text = screen_text(app)
+        assert " STUCK " in text and "Rank 1 never reached all_reduce #41 (train.py:30 in load_shard)" in text
+        assert "✖ holds the job 45s" in text and "waits 45s" in text
+        assert "press s: each rank's part and stack" in text
+        await pilot.press("s")
+        assert isinstance(app.screen, StuckScreen)
+        text = screen_text(app)
+        assert "rank 1  culprit  45s  train.py:30 in load_shard" in text
+        assert "rank 0  waiting  45s  in all_reduce #41" in text
+        assert "/home/user/train.py:30 in load_shard" in text and "distributed_c10d.py:3252 in all_reduce" in text
+        await pilot.press("s")
+        assert not isinstance(app.screen, StuckScreen)
+
+
+async def test_the_stuck_screen_says_so_when_nothing_is_stuck(recordings):
+    from tui.app.screens.stuck import StuckScreen
+    app = scenarios.replay_app(recordings["healthy"])
+    async with app.run_test(size=(120, 36)) as pilot:
+        await settle(pilot)
+        await pilot.press("s")
+        assert isinstance(app.screen, StuckScreen)
+        assert "Nothing is stuck: every rank made progress" in screen_text(app)

@@ -30,3 +30,12 @@ def test_flowchart_screen(snap_compare, recordings):
 
     assert snap_compare(scenarios.replay_app(recordings["load_imbalance"]), terminal_size=(120, 36),
                         run_before=open_chart)
+
+
+def test_stuck_screen(snap_compare, recordings):
+    async def open_stacks(pilot):
+        await scenarios.settle(pilot)
+        await pilot.press("s")
+        await pilot.pause()
+
+    assert snap_compare(scenarios.replay_app(recordings["stuck"]), terminal_size=(120, 36), run_before=open_stacks)

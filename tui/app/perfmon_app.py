@@ -27,6 +27,7 @@ from tui.app.screens.flowchart import FlowchartScreen
 from tui.app.screens.help import HelpScreen
 from tui.app.screens.log import LogScreen
 from tui.app.screens.picker import JobChoice, PickerScreen
+from tui.app.screens.stuck import StuckScreen
 from tui.model.verdict import Verdict, VerdictTracker
 from tui.model.views import JobView
 from tui.app.widgets.comm import CommPane
@@ -71,6 +72,7 @@ class PerfmonApp(App[int]):
         Binding("minus", "speed(-1)", "slower", show=False),
         Binding("end", "to_end", "end", show=False),
         Binding("l", "log", "log", show=False),
+        Binding("s", "stuck", "stacks", show=False),
         Binding("f8", "screenshot_svg", "screenshot", show=False),
         Binding("right", "app.focus_next", "next pane", show=False),
         Binding("left", "app.focus_previous", "previous pane", show=False),
@@ -186,6 +188,8 @@ class PerfmonApp(App[int]):
         self._draw()
         if isinstance(self.screen, FlowchartScreen):
             self.screen.show(self.verdict)
+        elif isinstance(self.screen, StuckScreen):
+            self.screen.show(self.view.stuck)
 
     def _draw(self) -> None:
         feed, view = self.feed, self.view
@@ -215,6 +219,10 @@ class PerfmonApp(App[int]):
     def action_flowchart(self) -> None:
         if not isinstance(self.screen, FlowchartScreen):
             self.push_screen(FlowchartScreen(self.verdict, self.no_color))
+
+    def action_stuck(self) -> None:
+        if not isinstance(self.screen, StuckScreen):
+            self.push_screen(StuckScreen(self.view.stuck if self.view is not None else None))
 
     def action_pause(self) -> None:
         if self.feed is None:

@@ -1,5 +1,6 @@
 """Ranks pane: one row per rank (step time, compute, data wait, comm wait, CPU, state),
-the straggler marked ◀ and the selected rank highlighted."""
+the straggler marked ◀, a stuck job's culprit ✖ and waiting or silent ranks, and the selected
+rank highlighted."""
 
 from __future__ import annotations
 
@@ -18,8 +19,10 @@ class RanksPane(Pane):
     def draw(self, view: JobView, verdict: Verdict | None, ui: UiState, width: int, height: int) -> list[Text]:
         if not view.ranks:
             return [Text("no ranks yet", style=glyphs.DIM)]
-        straggler = getattr(verdict, "straggler_rank", None)
-        if straggler is None:
+        stuck = view.stuck
+        roles = {r.rank: (r.role, r.seconds) for r in stuck.ranks} if stuck is not None else {}
+        straggler = None if stuck is not None else getattr(verdict, "straggler_rank", None)
+        if straggler is None and stuck is None:
             straggler = view.straggler_rank
         columns = NARROW if width < 46 else WIDE if width >= 60 else NORMAL
         rank_w = max(4, max(len(str(r.rank)) for r in view.ranks))
@@ -28,14 +31,15 @@ class RanksPane(Pane):
             head.append(f" {name:>{w}}", style=glyphs.DIM)
         head.append(" state", style=glyphs.DIM)
         lines = [head]
-        shown = _rows_that_fit(view.ranks, max(1, height - 1), {straggler, ui.selected_rank})
+        keep = {straggler, ui.selected_rank, *(stuck.culprit_ranks if stuck is not None else ())}
+        shown = _rows_that_fit(view.ranks, max(1, height - 1), keep)
         for r in shown:
             row = Text(f"{r.rank:<{rank_w}}")
             for name, w in columns:
                 row.append(f" {_cell(r, name):>{w}}")
             row.append(" ")
-            row.append_text(_state(r, straggler, short=columns is NARROW))
-            if r.rank == straggler:
+            row.append_text(_state(r, straggler, short=columns is NARROW, role=roles.get(r.rank)))
+            if r.rank == straggler or roles.get(r.rank, ("",))[0] in ("culprit", "unresponsive"):
                 row.stylize(f"bold {glyphs.BAD}")
             if r.rank == ui.selected_rank:
                 row.stylize("reverse")
@@ -67,7 +71,15 @@ def _cell(r: RankView, name: str) -> str:
     return str(r.pid or "?")
 
 
-def _state(r: RankView, straggler: int | None, short: bool = False) -> Text:
+_ROLES = {"culprit": ("✖ holds the job", "✖", glyphs.BAD), "unresponsive": ("✖ silent", "✖", glyphs.BAD),
+          "waiting": ("waits", "…", glyphs.WARN)}
+
+
+def _state(r: RankView, straggler: int | None, short: bool = False,
+           role: tuple[str, float | None] | None = None) -> Text:
+    if role is not None and role[0] in _ROLES:
+        long, brief, style = _ROLES[role[0]]
+        return Text(brief if short else f"{long} {units.age(role[1])}", style=style)
     if r.rank == straggler:
         return Text("◀" if short else "◀ straggler", style=glyphs.BAD)
     if r.ended:

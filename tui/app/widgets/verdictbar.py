@@ -71,6 +71,8 @@ class VerdictBar(Widget):
                 line3.append(step.answer, style=f"bold {glyphs.BAD if step.answer == 'yes' else glyphs.OK}")
         if v.path:
             line3.append(f" ⇒ {v.bottleneck}", style=f"bold {colour}")
+        elif v.bottleneck == "stuck":
+            line3.append("press s: each rank's part and stack", style=f"bold {colour}")
         findings = v.finding_ids
         if findings:
             line3.append("   also: " + ", ".join(findings), style=glyphs.WARN)

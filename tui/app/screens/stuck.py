@@ -1,0 +1,94 @@
+"""Stuck screen (``s``): when the job stopped making progress, each rank's part (culprit,
+waiting, silent), how long, what it is doing and its training thread's stack, innermost frame
+last; ``d`` asks py-spy for the native stacks of silent or culprit ranks on this host."""
+
+from __future__ import annotations
+
+import socket
+
+from rich.console import Group
+from rich.text import Text
+from textual.app import ComposeResult
+from textual.binding import Binding
+from textual.containers import VerticalScroll
+from textual.screen import Screen
+from textual.widgets import Footer, Static
+
+from tui.app.widgets import glyphs
+from tui.model import units
+from tui.model.stuck import StuckDiagnosis, is_library
+from tui.stream import native
+
+FRAMES = 12        # innermost frames shown per rank
+_ROLE_STYLE = {"culprit": glyphs.BAD, "unresponsive": glyphs.BAD, "waiting": glyphs.WARN, "other": glyphs.DIM}
+
+
+def stuck_text(stuck: StuckDiagnosis | None, native_stacks: dict[int, str] | None = None) -> Group:
+    """The screen's body (pure: the snapshot test and the report-like rendering share it)."""
+    if stuck is None:
+        return Group(Text("Nothing is stuck: every rank made progress within its stall threshold "
+                          "(PERFMON_STALL_S, else 10x its median step, at least 15 s).", style=glyphs.OK))
+    parts: list[Text] = [Text(f"STUCK: {stuck.headline}", style=f"bold {glyphs.BAD}"), Text("")]
+    for r in stuck.ranks:
+        head = Text(f"rank {r.rank}", style="bold")
+        head.append(f"  {r.role}", style=f"bold {_ROLE_STYLE.get(r.role, glyphs.DIM)}")
+        head.append(f"  {units.age(r.seconds)}  {r.doing}")
+        if r.host or r.pid:
+            head.append(f"  ({r.host or '?'} pid {r.pid or '?'})", style=glyphs.DIM)
+        parts.append(head)
+        for frame in r.stack[-FRAMES:]:
+            parts.append(Text(f"    {frame}", style=glyphs.DIM if is_library(frame) else ""))
+        if len(r.stack) > FRAMES:
+            parts.append(Text(f"    ({len(r.stack) - FRAMES} outer frames not shown)", style=glyphs.DIM))
+        if native_stacks and r.rank in native_stacks:
+            parts.append(Text("    native (py-spy):", style=glyphs.ACCENT))
+            parts.extend(Text(f"      {line}") for line in native_stacks[r.rank].splitlines()[:40])
+        parts.append(Text(""))
+    return Group(*parts)
+
+
+class StuckScreen(Screen[None]):
+    """Redrawn by the app on every refresh (``show``) while open."""
+
+    BINDINGS = [
+        Binding("escape,s", "app.pop_screen", "back"),
+        Binding("d", "native", "native stacks (py-spy)"),
+        Binding("q", "app.quit", "quit"),
+    ]
+
+    def __init__(self, stuck: StuckDiagnosis | None) -> None:
+        super().__init__()
+        self.stuck = stuck
+        self.native_stacks: dict[int, str] = {}
+
+    def compose(self) -> ComposeResult:
+        hint = "d: native stacks with py-spy" if native.available() else "py-spy not installed: no native stacks"
+        yield Static(f"Where each rank is, innermost frame last   (s or Esc: back · {hint})", id="stuck-title")
+        with VerticalScroll():
+            yield Static(stuck_text(self.stuck), id="stuck-body")
+        yield Footer(compact=True)
+
+    def show(self, stuck: StuckDiagnosis | None) -> None:
+        self.stuck = stuck
+        self.query_one("#stuck-body", Static).update(stuck_text(stuck, self.native_stacks))
+
+    def action_native(self) -> None:
+        """py-spy for the ranks that hold the job, if they run on this host (a worker thread: it takes seconds)."""
+        if self.stuck is None:
+            return
+        here = socket.gethostname()
+        targets = [(r.rank, r.pid) for r in self.stuck.ranks
+                   if r.role in ("culprit", "unresponsive") and r.pid and r.host in (None, here)]
+        if not targets:
+            self.notify("no culprit rank runs on this host", severity="warning")
+            return
+        self.notify(f"py-spy dump of {len(targets)} process(es)...")
+        self.run_worker(lambda: self._dump(targets), thread=True, exclusive=True, group="pyspy")
+
+    def _dump(self, targets: list[tuple[int, int]]) -> None:
+        stacks = {rank: native.dump(pid) for rank, pid in targets}
+        self.app.call_from_thread(self._got, stacks)
+
+    def _got(self, stacks: dict[int, str]) -> None:
+        self.native_stacks.update(stacks)
+        self.show(self.stuck)
