@@ -6,7 +6,8 @@ count and the end of the last step (``Probe.progress()``). Nothing else happens 
 has ended for longer than the threshold; then, every ``REPEAT_S`` while it lasts, it sends a
 ``stall`` record (wire 1.1) with:
 
-* the training thread's Python stack (``sys._current_frames``; source lines are not read);
+* the training thread's Python stack (``sys._current_frames``; source lines are not read; the
+  probe's own frames, its wrappers around collectives and the loader, left out);
 * the collectives this rank issued per process group and the ones not yet returned, each with
   its per-group sequence number (``probe.comm.tracker.Ledger``), so a viewer comparing ranks
   names the one that never reached the collective the others wait in;
@@ -47,6 +48,7 @@ MAX_FRAMES = 40
 MAX_WORKERS = 64
 MAX_FLIGHT = 64
 
+_PROBE_DIR = os.path.dirname(os.path.abspath(__file__)) + os.sep
 _LOADER_FRAMES = frozenset({("dataloader.py", "__next__"), ("core.py", "loader"), ("auto.py", "__next__")})
 
 
@@ -142,8 +144,9 @@ class StallWatch(threading.Thread):
 
     def describe(self, now: float, last: float, threshold: float, steps: int, in_step: bool,
                  thread_id: int) -> dict[str, Any]:
-        stack = thread_stack(thread_id)
-        in_loader = any((os.path.basename(f), fn) in _LOADER_FRAMES for f, fn in _frame_places(stack))
+        full = thread_stack(thread_id)
+        in_loader = any((os.path.basename(f), fn) in _LOADER_FRAMES for f, fn in _frame_places(full))
+        stack = [f for f in full if not f.startswith(_PROBE_DIR)]   # the probe's wrappers are not the job's
         record: dict[str, Any] = {
             "k": "stall", "t": time.time(), "since": time.time() - (now - last), "seconds": now - last,
             "threshold": threshold, "step": steps - 1, "n": self.reports,
@@ -153,8 +156,8 @@ class StallWatch(threading.Thread):
         _add(record, "loader", lambda: self._loader(in_loader))
         _add(record, "device", self._device)
         _add(record, "flight", flight_recorder)
-        if "seq" not in record and "flight" in record:
-            record.update(from_flight(record["flight"]))
+        if "flight" in record:
+            _fill_from_flight(record)
         return record
 
     # -- what is attached -----------------------------------------------------------------------
@@ -309,6 +312,20 @@ def from_flight(flight: dict[str, Any]) -> dict[str, Any]:
         if completed is None or completed < enqueued:
             inflight.append({"op": ops.get((group, enqueued), "collective"), "group": group, "seq": enqueued})
     return {"seq": seq, "inflight": inflight}
+
+
+def _fill_from_flight(record: dict[str, Any]) -> None:
+    """Where the probe's own ledger saw nothing of a group (calls made from C++, no ``watch()``),
+    take that group's sequence numbers and calls in flight from the flight recorder."""
+    flight = from_flight(record["flight"])
+    seq = record.setdefault("seq", {})
+    known = set(seq)
+    for group, n in flight["seq"].items():
+        if group not in known:
+            seq[group] = n
+    inflight = record.setdefault("inflight", [])
+    if not inflight:
+        inflight.extend(c for c in flight["inflight"] if c["group"] not in known)
 
 
 def _group(name: Any) -> str:

@@ -53,6 +53,8 @@ def watch(probe: Any, model: Any = None, optimizer: Any = None, **options: Any) 
             watcher.add_model(mod)
         except Exception as exc:
             probe.report_error("watch model", exc)
+    if model is None and optimizer is None and watcher.options["comm"]:
+        watcher._attach_comm(None)     # ``watch()`` alone: the script's own collectives are timed too
     return watcher
 
 

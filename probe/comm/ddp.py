@@ -7,7 +7,7 @@ import time
 from typing import Any, Callable
 
 from probe.comm.guards import tls as _tls
-from probe.comm.tracker import CommTracker, CollectiveCall
+from probe.comm.tracker import CommTracker, CollectiveCall, Ledger
 
 from probe.comm.host import CommHost
 
@@ -44,7 +44,9 @@ class DdpTiming:
         try:
             nbytes = buf.numel() * buf.element_size()
             item = CollectiveCall("all_reduce", 1, nbytes, self.n, None, None, pass_id=pass_id, launch=t0, last=last)
+            token = self._enter(nbytes)
             if buf.is_cuda:
+                self.state.ledger.end(token)     # the device part is the flight recorder's to see
                 if tracker.nccl_timing:
                     self.state.work_poller().add(work, item)
                 else:
@@ -53,7 +55,12 @@ class DdpTiming:
         except Exception:
             tracker.error()
             return fut.then(_first_value)
-        return fut.then(_timed(tracker, item, first=True))
+        return fut.then(_timed(tracker, item, first=True, ledger=self.state.ledger, token=token))
+
+    def _enter(self, nbytes: int) -> int:
+        """The bucket's all-reduce in the ledger (open until its future completes)."""
+        name, rank = self.state.group_identity(self.pg)
+        return self.state.ledger.begin("all_reduce", name, rank, self.n, nbytes)
 
     def _run_inner(self, state: Any, bucket: Any, buf: Any, t0: float, pass_id: int, last: bool) -> Any:
         hook, user_state = self.inner  # type: ignore[misc]
@@ -67,7 +74,8 @@ class DdpTiming:
         if buf.is_cuda:
             self.state.tracker.add(item)
             return fut
-        return fut.then(_timed(self.state.tracker, item, first=False))
+        return fut.then(_timed(self.state.tracker, item, first=False, ledger=self.state.ledger,
+                               token=self._enter(nbytes)))
 
     # replacements for the DDP instance's registration methods ------------------------------
     def register_comm_hook(self, state: Any, hook: Callable[..., Any]) -> None:
@@ -94,10 +102,13 @@ def _first_value(fut: Any) -> Any:
     return fut.value()[0]
 
 
-def _timed(tracker: CommTracker, item: CollectiveCall, first: bool) -> Callable[[Any], Any]:
-    """The future's callback: charge the bucket's all-reduce (exposed 0 per bucket: the pass's
-    tail is computed at drain), then hand DDP the value it expects (``first``: the first tensor)."""
+def _timed(tracker: CommTracker, item: CollectiveCall, first: bool, ledger: Ledger, token: int
+           ) -> Callable[[Any], Any]:
+    """The future's callback: close the ledger entry, charge the bucket's all-reduce (exposed 0 per
+    bucket: the pass's tail is computed at drain), then hand DDP the value it expects (``first``:
+    the first tensor)."""
     def done(fut: Any) -> Any:
+        ledger.end(token)
         try:
             t = time.perf_counter()
             item.done = t

@@ -6,12 +6,16 @@ from __future__ import annotations
 from typing import Any, Protocol
 
 from probe.comm.pollers import WorkPoller
-from probe.comm.tracker import CommTracker
+from probe.comm.tracker import CommTracker, Ledger
 
 
 class CommHost(Protocol):
     probe: Any              # the receiving Probe (``closed`` says whether to stand aside)
     tracker: CommTracker
+    ledger: Ledger          # sequence numbers and calls in flight, for stall records
+
+    def group_identity(self, group: Any) -> tuple[str, int | None]:
+        """(the group's name as every member knows it, this rank in it)."""
 
     def say(self, message: str) -> None:
         """A warning event, once per distinct message."""

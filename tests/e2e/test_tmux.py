@@ -121,3 +121,42 @@ def test_closing_the_terminal_ends_the_viewer(training_job, tmux):
     while viewer.is_running() and viewer.status() != psutil.STATUS_ZOMBIE:
         assert time.monotonic() < deadline, "the viewer is still running after its terminal went away"
         time.sleep(0.05)
+
+
+def test_attach_to_a_stuck_job_names_the_culprit_and_s_shows_where_each_rank_is(tmp_path, tmux):
+    """Issue 14: 2 gloo ranks, rank 1 asleep before its 20th all-reduce; the same diagnosis as
+    ``perfmon report`` on the screen, and each rank's stack behind ``s``."""
+    script = Path(__file__).parents[1] / "integration" / "scripts" / "stuck_jobs.py"
+    sock_dir = tmp_path / "sock"
+    sock_dir.mkdir(mode=0o700)
+    mark = tmp_path / "mark"
+    env = {**os.environ, "PERFMON_DIR": str(sock_dir), "PERFMON_JOB": "e2e-stuck", "PERFMON_STALL_S": "2"}
+    job = subprocess.Popen([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
+                            str(script), "collective", str(mark)], env=env, stdout=subprocess.DEVNULL,
+                           stderr=subprocess.DEVNULL, start_new_session=True)
+    try:
+        deadline = time.monotonic() + 90
+        while not mark.exists():
+            assert job.poll() is None and time.monotonic() < deadline, "the job did not reach its stall"
+            time.sleep(0.2)
+        tmux.start(f"exec env PERFMON_DIR={sock_dir} TERM=xterm-256color {sys.executable} -m tui.cli attach e2e-stuck",
+                   120, 36)
+        screen = wait_screen(tmux, lambda s: "never reached all_reduce #20" in s, 40)
+        assert "STUCK" in screen and "stuck_jobs.py:" in screen and "✖" in screen   # ranks pane: the culprit
+        tmux.run("send-keys", "-t", "t", "s")
+        screen = wait_screen(tmux, lambda s: "culprit" in s and "waiting" in s, 10)
+        assert "in collective" in screen and "in all_reduce" in screen
+        assert "Traceback" not in screen
+    finally:
+        os.killpg(job.pid, 9)
+        job.wait(30)
+
+
+def wait_screen(tmux: Tmux, cond, timeout: float) -> str:
+    deadline = time.monotonic() + timeout
+    while True:
+        screen = tmux.screen()
+        if cond(screen):
+            return screen
+        assert time.monotonic() < deadline, screen
+        time.sleep(0.2)

@@ -26,7 +26,8 @@ from tui.commands.demo import scenarios
 ROOT = Path(__file__).parents[2]
 SCHEMA = json.loads((ROOT / "tui" / "schemas" / "report.schema.json").read_text())
 PERFMON = [sys.executable, "-m", "tui.cli"]
-SECONDS = {"data_preprocessing": 10, "data_loading": 10}   # slow steps: more time for a full window
+# slow steps: more time for a full window; stuck: 30 steps, then the 5 s stall threshold and a repeat
+SECONDS = {"data_preprocessing": 10, "data_loading": 10, "stuck": 16}
 DEFAULT_SECONDS = 8
 CPU_SCENARIOS = [name for name, sc in scenarios.SCENARIOS.items() if not sc.needs_gpu]
 
@@ -75,6 +76,10 @@ def test_headless_demo_names_the_scenario_as_the_bottleneck(name, perfmon_dir):
         assert sc.finding in findings, (report["findings"], report["metrics"])
     if name == "load_imbalance":
         assert verdict["straggler_rank"] == sc.ranks - 1
+    if name == "stuck":
+        stuck = verdict["stuck"]
+        assert (stuck["culprit_ranks"], stuck["waiting_ranks"], stuck["op"]) == ([sc.ranks - 1], [0], "all_reduce")
+        assert any(frame.endswith("in hang") for frame in stuck["where"][str(sc.ranks - 1)])
     # clean exit: no socket left, no rank or worker process left
     assert list(perfmon_dir.iterdir()) == []
     assert demo_processes(perfmon_dir) == []

@@ -281,7 +281,7 @@ def _doing(rank: int, reading: StallReading | None, silent: dict[int, float]) ->
     if frame is None:
         return "stalled (no stack)"
     inside = f"in {callee} from " if callee else ""
-    return f"{inside}{frame}" + (" between steps" if reading.where == "between" else "")
+    return ("between steps, " if reading.where == "between" else "") + f"{inside}{frame}"
 
 
 def _loader_state(reading: StallReading, rank: int) -> str:

@@ -135,6 +135,9 @@ def launch(scenario: str, ranks: int, *, job: str, seconds: float | None, memory
                        LOCAL_WORLD_SIZE=str(ranks), MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port),
                        PYTHONUNBUFFERED="1")
             env.pop("PERFMON_JOB", None)
+            stall_s = scenarios.SCENARIOS[scenario].stall_s if scenario in scenarios.SCENARIOS else None
+            if stall_s is not None:
+                env.setdefault("PERFMON_STALL_S", str(stall_s))
             if record:
                 env["PERFMON_RECORD"] = record
             cmd = [sys.executable, "-m", "tui.commands.demo.workload", "--scenario", scenario, "--job", job,
@@ -248,7 +251,7 @@ def main(args: Any) -> int:
         keep_log = failure is not None or bool(ranks.failed())
         if not keep_log:
             shutil.rmtree(ranks.scratch, ignore_errors=True)
-    for rank in killed:
+    for rank in killed if chosen[0].expect != "stuck" else ():   # a hung job is ended by SIGKILL
         print(f"perfmon demo: rank {rank} did not stop within {STOP_GRACE:.0f} s and was killed", file=sys.stderr)
     if failure is not None or ranks.failed():
         why = str(failure) if failure is not None else str(DemoFailed(ranks))

@@ -47,6 +47,8 @@ class Scenario:
     checkpoint_every: int = 0         # blocking checkpoint every N steps (all ranks at the same step)
     checkpoint_mb_per_s: float = 0.0  # bandwidth of the (slow) checkpoint storage
     item_logging: bool = False        # per-parameter grad-norm .item() every step (host-device syncs)
+    hang_after: int = 0               # the last rank stops before this step's all-reduce, for good
+    stall_s: float | None = None      # PERFMON_STALL_S for the ranks (unless the user set it)
 
 
 SMALL = ModelSize()
@@ -76,6 +78,9 @@ SCENARIOS: dict[str, Scenario] = {s.name: s for s in (
     Scenario("step_gaps", "every 15 steps the job blocks on a checkpoint of model and optimizer "
              "written to slow storage (16 MB/s)", expect="healthy", finding="step_gaps",
              checkpoint_every=15, checkpoint_mb_per_s=16.0),
+    Scenario("stuck", "2 ranks (gloo): after 30 steps the last rank blocks before its all-reduce "
+             "(a lock that is never released) and the other waits in it for ever",
+             expect="stuck", ranks=2, batch=4, seq=32, workers=0, hang_after=30, stall_s=5.0),
     Scenario("host_sync", "every step logs each parameter's gradient norm with .item(): the host "
              "waits for the device dozens of times per step", expect="host_sync", needs_gpu=True,
              item_logging=True),

@@ -21,6 +21,7 @@ import signal
 import string
 import sys
 import tempfile
+import threading
 import time
 from array import array
 from dataclasses import dataclass, field
@@ -373,12 +374,24 @@ def run(job: Job, phases: tuple[Scenario, ...], t0: float, seconds: float | None
             job.mon.event("demo", message=f"demo scenario: {sc.name}: {sc.summary}", scenario=sc.name)
             note(job, f"scenario {sc.name}: {sc.summary}")
         batch = next(loader_iter)  # type: ignore[arg-type]
+        if sc.hang_after and job.step == sc.hang_after and job.rank == job.world - 1:
+            hang(job)
         train_step(job, sc, batch)
         if sc.checkpoint_every and job.step % sc.checkpoint_every == 0:
             checkpoint(job, sc.checkpoint_mb_per_s)
         if time.monotonic() - last_note > 5.0 and job.last_loss is not None:
             last_note = time.monotonic()
             note(job, f"step {job.step} loss {float(job.last_loss):.3f}")
+
+
+def hang(job: Job) -> None:
+    """The stuck scenario: wait on a lock nobody releases; the launcher's SIGKILL ends it (and the
+    ranks waiting in the all-reduce), as an operator ends a hung job."""
+    note(job, f"rank {job.rank} blocks before step {job.step}'s all-reduce, for good")
+    never = threading.Lock()
+    never.acquire()
+    while True:
+        never.acquire(timeout=1.0)   # the stall line: perfmon names it as where this rank is
 
 
 def note(job: Job, message: str) -> None:
