@@ -4,7 +4,7 @@
     python scripts/screenshots.py --recording NAME=DIR  # also a real recording (perfmon demo --record DIR)
 
 Writes ``screenshots/<name>-<W>x<H>.svg`` (+ ``.png``) at 120x36 and 80x24, plus
-the flowchart screen. A recording is replayed to its end at once and the clock
+the flowchart screen and, for a stuck job, the stacks screen. A recording is replayed to its end at once and the clock
 is the recording's own, so the pictures are the same on every run.
 PNG needs ``rsvg-convert`` (Debian: librsvg2-bin) and a monospace font with box
 characters (fonts-firacode): the SVG itself is what Textual exports.
@@ -83,6 +83,11 @@ def main() -> int:
         svg = args.out / f"flowchart-{first_name}-120x36.svg"
         svg.write_text(asyncio.run(render(first, (120, 36), press=("f",))), encoding="utf-8")
         written.append(svg)
+        for name, recording in jobs:
+            if "stuck" in name:        # the stuck screen: each rank's part and stack (key s)
+                svg = args.out / f"stacks-{name}-120x36.svg"
+                svg.write_text(asyncio.run(render(recording, (120, 36), press=("s",))), encoding="utf-8")
+                written.append(svg)
     for svg in written:
         png = to_png(svg)
         print(svg.relative_to(ROOT) if svg.is_relative_to(ROOT) else svg,

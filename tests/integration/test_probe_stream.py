@@ -265,3 +265,36 @@ def test_hot_path_buffer_overflow_is_counted_as_a_drops_record(monkeypatch):
     finally:
         sock.close()
         mon.close()
+
+
+def test_a_1_1_kind_reaches_only_viewers_that_announced_1_1_and_a_viewer_arriving_during_a_stall_at_once():
+    """Minor versions add kinds a 1.0 viewer would reject (wire 1.1): the probe sends ``stall`` only
+    to viewers whose hello said minor >= 1, and gives the stall in course to one that arrives late."""
+    mon = probe.start(job="minor")
+    old, new = connect(mon.socket_path), connect(mon.socket_path)
+    hello = {"k": "hello", "t": 0.0}
+    try:
+        old.sendall(wire.encode({**hello, "proto": [1, 0]}))
+        new.sendall(wire.encode({**hello, "proto": [1, 1]}))
+        wait_for(lambda: sorted(v.minor for v in mon.sender.viewers.values()) == [0, 1], what="both hellos read")
+        mon.emit({"k": "stall", "t": time.time(), "seconds": 20.0, "step": 3, "where": "step", "stack": []})
+        _emit(mon, 5)
+        got_new = read_until(new, lambda rs: len(steps_of(rs)) >= 5)
+        got_old = read_until(old, lambda rs: len(steps_of(rs)) >= 5)
+        assert [r["k"] for r in got_new].count("stall") == 1
+        assert "stall" not in [r["k"] for r in got_old]
+        late = connect(mon.socket_path)
+        late.sendall(wire.encode({**hello, "proto": [1, 1]}))
+        assert read_until(late, lambda rs: any(r["k"] == "stall" for r in rs))[-1]["seconds"] == 20.0
+        mon.emit({"k": "resumed", "t": time.time(), "seconds": 21.0, "step": 4})
+        read_until(new, lambda rs: any(r["k"] == "resumed" for r in rs))
+        after = connect(mon.socket_path)
+        after.sendall(wire.encode({**hello, "proto": [1, 1]}))
+        _emit(mon, 1)
+        assert "stall" not in [r["k"] for r in read_until(after, step_seen(5))]
+        for sock in (late, after):
+            sock.close()
+    finally:
+        old.close()
+        new.close()
+        mon.close()

@@ -324,3 +324,11 @@ async def test_the_stuck_screen_says_so_when_nothing_is_stuck(recordings):
         await pilot.press("s")
         assert isinstance(app.screen, StuckScreen)
         assert "Nothing is stuck: every rank made progress" in screen_text(app)
+
+
+def test_screens_redrawn_by_the_refresh_timer_before_they_are_composed_keep_the_data_for_later():
+    """The app's timer may call ``show`` between ``push_screen`` and the screen's compose."""
+    from tui.app.screens.stuck import StuckScreen
+    screen = StuckScreen(None)
+    screen.show(None)
+    assert screen.stuck is None

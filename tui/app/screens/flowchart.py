@@ -96,5 +96,6 @@ class FlowchartScreen(Screen[None]):
     def show(self, verdict: Verdict) -> None:
         if verdict != self._verdict:
             self._verdict = verdict
-            self.query_one("#flow-chart", Static).update(chart(verdict, self._mono))
+            for body in self.query("#flow-chart").results(Static):   # none until the screen is composed
+                body.update(chart(verdict, self._mono))
 

@@ -70,7 +70,8 @@ class StuckScreen(Screen[None]):
 
     def show(self, stuck: StuckDiagnosis | None) -> None:
         self.stuck = stuck
-        self.query_one("#stuck-body", Static).update(stuck_text(stuck, self.native_stacks))
+        for body in self.query("#stuck-body").results(Static):    # none until the screen is composed
+            body.update(stuck_text(stuck, self.native_stacks))
 
     def action_native(self) -> None:
         """py-spy for the ranks that hold the job, if they run on this host (a worker thread: it takes seconds)."""
