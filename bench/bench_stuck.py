@@ -13,7 +13,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import signal
 import subprocess
 import sys
 import tempfile
@@ -47,8 +46,23 @@ def one_run(tmp: Path) -> float:
                 return time.time() - stalled
         raise SystemExit("not named within 120 s")
     finally:
-        os.killpg(job.pid, signal.SIGKILL)
-        job.wait()
+        kill_tree(job)
+
+
+def kill_tree(proc: subprocess.Popen) -> None:
+    """torchrun's workers have process groups of their own: kill them one by one, then the launcher."""
+    import psutil
+    try:
+        procs = [psutil.Process(proc.pid), *psutil.Process(proc.pid).children(recursive=True)]
+    except psutil.NoSuchProcess:
+        procs = []
+    for p in procs:
+        try:
+            p.kill()
+        except psutil.NoSuchProcess:
+            pass
+    psutil.wait_procs(procs, timeout=30)
+    proc.wait()
 
 
 def main() -> None:

@@ -18,6 +18,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.integration.streamutil import kill_tree  # noqa: E402
+
 pytestmark = [pytest.mark.slow, pytest.mark.skipif(shutil.which("tmux") is None, reason="tmux not installed")]
 
 JOB = Path(__file__).parent / "jobs" / "io_bound_job.py"
@@ -148,8 +150,7 @@ def test_attach_to_a_stuck_job_names_the_culprit_and_s_shows_where_each_rank_is(
         assert "in collective" in screen and "in all_reduce" in screen
         assert "Traceback" not in screen
     finally:
-        os.killpg(job.pid, 9)
-        job.wait(30)
+        kill_tree(job)
 
 
 def wait_screen(tmux: Tmux, cond, timeout: float) -> str:

@@ -96,5 +96,23 @@ def perfmon(*args: str, env: dict | None = None, timeout: float = 60) -> subproc
                           timeout=timeout, env={**os.environ, **(env or {})})
 
 
+def kill_tree(proc: subprocess.Popen) -> None:
+    """SIGKILL a launcher and every process under it: torchrun's workers are in process groups of
+    their own, so killing the launcher's group would orphan them."""
+    import psutil
+    try:
+        root = psutil.Process(proc.pid)
+        procs = [root, *root.children(recursive=True)]
+    except psutil.NoSuchProcess:
+        procs = []
+    for p in procs:
+        try:
+            p.kill()
+        except psutil.NoSuchProcess:
+            pass
+    psutil.wait_procs(procs, timeout=30)
+    proc.wait(30)
+
+
 def fd_count() -> int:
     return len(os.listdir("/proc/self/fd"))

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import json
 import os
-import signal
 import subprocess
 import sys
 import time
@@ -16,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.integration.streamutil import wait_for
+from tests.integration.streamutil import kill_tree, wait_for
 
 SCRIPT = Path(__file__).parent / "scripts" / "stuck_jobs.py"
 STALL_LINE = next(i for i, line in enumerate(SCRIPT.read_text().splitlines(), 1) if "# STALL LINE" in line)
@@ -36,11 +35,7 @@ def _start(tmp_path: Path, mode: str, ranks: int, **env: str) -> tuple[subproces
 
 
 def _stop(proc: subprocess.Popen) -> None:
-    try:
-        os.killpg(proc.pid, signal.SIGKILL)
-    except ProcessLookupError:
-        pass
-    proc.wait(30)
+    kill_tree(proc)
 
 
 def _report(env: dict, job: str, seconds: float = 3.0) -> dict:

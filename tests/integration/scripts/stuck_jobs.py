@@ -16,6 +16,7 @@ import os
 import sys
 import threading
 import time
+from datetime import timedelta
 from pathlib import Path
 
 import torch
@@ -25,12 +26,12 @@ import probe
 
 
 def collective(mark: Path, hold_gil: bool) -> None:
-    dist.init_process_group("gloo")
+    dist.init_process_group("gloo", timeout=timedelta(seconds=150))   # ends by itself if not killed
     rank = dist.get_rank()
     mon = probe.start()
     mon.watch()                      # the collective ledger: sequence numbers per group
     x = torch.ones(1000)
-    for i in range(100_000):
+    for i in range(60):
         with mon.step():
             if rank == 1 and i == 19:
                 mark.write_text(f"{time.time()}\n")
@@ -62,7 +63,7 @@ def loader(mark: Path) -> None:
     mon = probe.start()
     data = torch.utils.data.DataLoader(HangingDataset(mark), batch_size=1, num_workers=2)
     model = torch.nn.Linear(8, 1)
-    for batch in mon.loader(data):
+    for batch in mon.loader(data):   # ends when the test kills it: the hung worker never returns
         with mon.step():
             model(batch).sum().backward()
             time.sleep(0.02)
