@@ -384,7 +384,7 @@ def _wrap_optimizer_init(orig: Any) -> Any:
 # -- helpers ----------------------------------------------------------------------------------
 def _register_iterator(a: _Auto, it: Any) -> None:
     """Let the sampler find the loader's worker processes (as ``Probe.loader`` does)."""
-    if any(r() is it for r in a.iterators[-8:]):
+    if any(r() is it for r in list(a.iterators)[-8:]):   # a list before the probe starts, its deque after
         return
     a.iterators.append(weakref.ref(it))
 

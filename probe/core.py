@@ -129,6 +129,8 @@ class _Step:
         p._step_no += 1
         p._prev_end = t
         p._in_step = False
+        if p._first_end is None:
+            p._first_end = t
         return False
 
 
@@ -165,6 +167,7 @@ class Probe:
         self._in_step = False                  # between a step's begin and end (the stall watch reads it)
         self._train_thread: int | None = None  # the thread that runs the steps, set at the first one
         self._began: float | None = None       # first step begin seen by zero-code hooks
+        self._first_end: float | None = None   # end of the first step: with the latest, the mean step
         self._phase_ctx: dict[str, _Phase] = {}
         self._step_ctx = _Step(self)
         # step hooks: one pair per instrumentation module (watch), bounded by the number of modules
@@ -324,11 +327,12 @@ class Probe:
         """Steps recorded so far (the next step's number)."""
         return self._step_no
 
-    def progress(self) -> tuple[int, float | None, bool, int | None]:
+    def progress(self) -> tuple[int, float | None, bool, int | None, float | None]:
         """(steps so far, ``perf_counter`` of the last progress: the end of the latest step, else the
-        first step's begin; inside a step now; the training thread's id): the stall watch's inputs."""
+        first step's begin; inside a step now; the training thread's id; the end of the first step):
+        the stall watch's inputs."""
         last = self._prev_end if self._prev_end is not None else self._began
-        return self._step_no, last, self._in_step, self._train_thread
+        return self._step_no, last, self._in_step, self._train_thread, self._first_end
 
     @property
     def step_args(self) -> StepArgs:
@@ -388,6 +392,8 @@ class Probe:
         self._in_step = False
         if self._train_thread is None:
             self._train_thread = threading.get_ident()
+        if self._first_end is None:
+            self._first_end = end
 
     def _run_hooks(self, hooks: list[Callable[..., Any]], *args: Any) -> None:
         for hook in hooks:

@@ -92,8 +92,8 @@ class _Disabled:
     def step_args(self) -> Any:
         return _NULL
 
-    def progress(self) -> tuple[int, float | None, bool, int | None]:
-        return 0, None, False, None
+    def progress(self) -> tuple[int, float | None, bool, int | None, float | None]:
+        return 0, None, False, None, None
 
     def report_error(self, where: str, exc: BaseException) -> None:
         pass

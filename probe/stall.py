@@ -20,7 +20,7 @@ has ended for longer than the threshold; then, every ``REPEAT_S`` while it lasts
 When steps end again, one ``resumed`` record says how long the stall lasted.
 
 Threshold: ``PERFMON_STALL_S`` when set; else ``MULTIPLE`` times the median recent step with a
-floor of ``FLOOR_S`` once ``STEPS_KNOWN`` step intervals are known, and ``WARMUP_S`` before
+floor of ``FLOOR_S`` once ``STEPS_KNOWN`` steps were timed, and ``WARMUP_S`` before
 that (first steps compile, load and warm up). A job that merely slows down (3x longer steps)
 stays far below it. A rank whose process holds the GIL in C cannot run this thread either: the
 viewer sees its records stop (heartbeat) instead.
@@ -58,23 +58,31 @@ class StallPolicy:
     def __init__(self, fixed: float | None = None) -> None:
         self.fixed = fixed
         self.per_step: collections.deque[float] = collections.deque(maxlen=32)
+        self.timed_steps = 0          # steps the samples cover (one look may span thousands of fast steps)
+        self.mean_since_first: float | None = None   # (latest end - first end) / steps between them
         self._last: tuple[int, float] | None = None
 
-    def observe(self, steps: int, last_end: float | None) -> None:
-        """One look at the counters; each advance adds its mean time per step."""
+    def observe(self, steps: int, last_end: float | None, first_end: float | None = None) -> None:
+        """One look at the counters; each advance adds its mean time per step. ``first_end`` (the
+        end of step 0) gives a mean even when all the steps so far fell between two looks."""
         if last_end is None:
             return
+        if first_end is not None and steps > 1 and last_end > first_end:
+            self.mean_since_first = (last_end - first_end) / (steps - 1)
         last = self._last
         if last is not None and steps > last[0] and last_end > last[1]:
             self.per_step.append((last_end - last[1]) / (steps - last[0]))
+            self.timed_steps += steps - last[0]
         if last is None or steps != last[0]:
             self._last = (steps, last_end)
 
     def threshold(self) -> float:
         if self.fixed is not None:
             return self.fixed
-        if len(self.per_step) < STEPS_KNOWN:
-            return WARMUP_S
+        if self.timed_steps < STEPS_KNOWN:
+            if self.mean_since_first is None or self._last is None or self._last[0] <= STEPS_KNOWN:
+                return WARMUP_S
+            return max(FLOOR_S, MULTIPLE * self.mean_since_first)
         return max(FLOOR_S, MULTIPLE * statistics.median(self.per_step))
 
 
@@ -113,8 +121,8 @@ class StallWatch(threading.Thread):
 
     def tick(self, now: float) -> dict[str, Any] | None:
         """Look once; return the record emitted, if any."""
-        steps, last, in_step, thread_id = self.probe.progress()
-        self.policy.observe(steps, last)
+        steps, last, in_step, thread_id, first_end = self.probe.progress()
+        self.policy.observe(steps, last, first_end)
         if (steps, last) != self._seen:
             self._seen = (steps, last)
             if self.stalled_since is not None and last is not None:

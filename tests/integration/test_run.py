@@ -389,3 +389,18 @@ def test_sigterm_with_the_tui_open_stops_the_job_closes_the_tui_and_keeps_the_re
     result = read_recording(file)
     assert result.records and result.problem in (None, "truncated")
     assert 5 <= len(steps_of(file)) < 100000
+
+
+def test_every_epochs_loader_is_found_and_no_hook_fails(tmp_path):
+    """A new DataLoader iterator per epoch: each one is registered (its workers' CPU is sampled), and
+    registering it once the probe has started (a deque then, a list before) raises nothing."""
+    rec = tmp_path / "rec"
+    out = run_job(rec, PY, script("mlp_train.py"), "--steps", "24", "--batches", "6", "--workers", "1",
+                  "--step-sleep", "0.08")
+    assert out.returncode == 0, out.stderr
+    (path,) = recording_files(rec)
+    records = read_recording(path).records
+    assert [r for r in records if r["k"] == "event" and r.get("where") == "zero-code hook"] == []
+    assert len([r for r in records if r["k"] == "step"]) == 24
+    later = [r for r in records if r["k"] == "sample" and r["t"] > records[-1]["t"] - 0.8 * 24 * 0.08]
+    assert any((r.get("host") or {}).get("loader_workers") == 1 for r in later)

@@ -23,7 +23,7 @@ class FakeProbe:
         self.errors: list = []
 
     def progress(self):
-        return self.steps, self.last, self.in_step, self.thread
+        return self.steps, self.last, self.in_step, self.thread, None
 
     def report_error(self, where, exc):
         self.errors.append((where, exc))
@@ -54,6 +54,20 @@ def test_threshold_is_the_warm_up_until_three_steps_are_timed_then_ten_medians_w
         slow.observe(i + 1, 4.0 * (i + 1))
     assert slow.threshold() == pytest.approx(40.0)    # 10 x 4 s
     assert S.StallPolicy(fixed=2.5).threshold() == 2.5
+    fast = S.StallPolicy()            # 50 quick steps between two looks: one sample, but 50 steps timed
+    fast.observe(10, 1.0)
+    fast.observe(60, 1.5)
+    assert fast.threshold() == S.FLOOR_S
+    burst = S.StallPolicy()           # every step so far between two looks: the mean since step 0's end
+    burst.observe(49, 10.0, first_end=9.0)
+    assert burst.threshold() == S.FLOOR_S
+    slow_burst = S.StallPolicy()
+    slow_burst.observe(5, 10.0, first_end=2.0)     # 2 s per step over four steps
+    assert slow_burst.threshold() == pytest.approx(20.0)
+    assert S.StallPolicy().threshold() == S.WARMUP_S
+    few = S.StallPolicy()             # only two steps ended: still warming up (compile, first loads)
+    few.observe(2, 10.0, first_end=9.0)
+    assert few.threshold() == S.WARMUP_S
 
 
 def test_several_steps_between_looks_count_as_their_mean_and_no_advance_adds_nothing():
