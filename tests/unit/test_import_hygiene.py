@@ -20,8 +20,8 @@ VIEWER_MODULES = ["tui.cli", "tui.stream.discovery", "tui.stream.sources", "tui.
                   "tui.commands.attach", "tui.app.perfmon_app"]
 ROOT = Path(__file__).resolve().parents[2]
 MODEL_MODULES = ["tui.model.runmodel", "tui.model.verdict", "tui.model.readings", "tui.model.flowchart",
-                 "tui.model.explain", "tui.model.units", "tui.model.losses"]
-STREAM_MODULES = ["tui.stream.discovery", "tui.stream.sources", "tui.stream.feed"]
+                 "tui.model.explain", "tui.model.units", "tui.model.losses", "tui.model.stuck"]
+STREAM_MODULES = ["tui.stream.discovery", "tui.stream.sources", "tui.stream.feed", "tui.stream.native"]
 UI = ("textual", "rich")
 # Checked in the model's own source: importing ``probe.wire`` runs ``probe/__init__``, which
 # loads the probe's socket code, so sys.modules cannot tell whether the model itself does I/O.
