@@ -220,3 +220,22 @@ def test_the_first_stall_record_already_has_the_workers_cpu_looked_at_just_befor
     assert watch.tick(100.0 + 2.0 - S.PRIME_S + 0.1) is None and os.getpid() in watch._worker_cpu
     first = watch.tick(102.1)
     assert first["n"] == 1 and first["loader"]["workers"][0]["cpu"] is not None
+
+
+def test_on_cuda_the_record_says_whether_the_device_still_has_queued_work(monkeypatch):
+    """SIMULATED CUDA (tests/sim): a stream with kernels queued past now is pending, a drained one not."""
+    import sys
+    from probe.gpu import cuda
+    from tests.sim.simulated_cuda import SimulatedCuda
+    sim = SimulatedCuda()
+    monkeypatch.setattr(cuda, "backend", sim)
+    monkeypatch.setitem(sys.modules, "torch", sys.modules.get("torch") or object())
+    probe = FakeProbe()
+    probe.device = {"type": "cuda"}
+    watch = S.StallWatch(probe, lambda r: None, S.StallPolicy(fixed=1.0))
+    sim.run(30.0)                                   # a kernel that has not finished
+    assert watch._device() == {"device": {"pending": True}} and "pending" in sim.calls
+    sim.free_at = 0.0                               # the stream drained
+    assert watch._device() == {"device": {"pending": False}}
+    probe.device = {"type": "cpu"}
+    assert watch._device() is None
