@@ -22,7 +22,19 @@ COMMANDS = {
     "record": "tui.commands.record",
     "report": "tui.commands.report",
     "doctor": "tui.commands.doctor",
+    "relay": "tui.commands.relay",
 }
+
+
+def _hosts_options(p: argparse.ArgumentParser) -> None:
+    """A job across nodes: which hosts, and how to reach them (tui.stream.hosts)."""
+    where = p.add_argument_group("a job across nodes (one relay per host, started through ssh)")
+    where.add_argument("--hosts", default=None, metavar="LIST", help="hosts, SLURM syntax allowed: n[01-04],gpu7")
+    where.add_argument("--hostfile", default=None, metavar="FILE", help="one host per line (MPI/DeepSpeed style)")
+    where.add_argument("--slurm", nargs="?", const=True, default=None, metavar="JOBID",
+                       help="the nodes of a SLURM job (default: this allocation's SLURM_JOB_NODELIST)")
+    where.add_argument("--via", default=None, metavar="TEMPLATE",
+                       help="transport, {host} replaced (default: $PERFMON_VIA, else 'ssh -T -o BatchMode=yes {host}')")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -42,6 +54,7 @@ def build_parser() -> argparse.ArgumentParser:
     attach.add_argument("target", nargs="?", help="job name, pid, socket path, recording file/dir, or host:port")
     attach.add_argument("--token", default=None, help="token for host:port (default: read from the token file)")
     attach.add_argument("--speed", type=float, default=1.0, help="replay speed for recordings")
+    _hosts_options(attach)
 
     ls = sub.add_parser("ls", help="list live jobs of this user on this node")
     ls.add_argument("--json", action="store_true", help="print a JSON list")
@@ -61,6 +74,11 @@ def build_parser() -> argparse.ArgumentParser:
     report.add_argument("target", help="recording file or directory, or a live job (name, pid, socket)")
     report.add_argument("--json", action="store_true", help="print the report JSON (schema perfmon.report/1)")
     report.add_argument("--seconds", type=float, default=5.0, help="for a live job: how long to gather")
+    _hosts_options(report)
+
+    relay = sub.add_parser("relay", help="(started by a viewer through ssh) this node's ranks of JOB as one stream")
+    relay.add_argument("job", help="job name")
+    relay.add_argument("--stdio", action="store_true", help="speak the wire protocol on stdin/stdout")
 
     doctor = sub.add_parser("doctor", help="check that perfmon measures and diagnoses correctly on this machine")
     doctor.add_argument("--cpu-only", action="store_true", help="skip the GPU checks even when a GPU is present")

@@ -17,11 +17,12 @@ import pytest
 
 VIEWER_MODULES = ["tui.cli", "tui.stream.discovery", "tui.stream.sources", "tui.stream.feed", "tui.commands.ls",
                   "tui.commands.record", "tui.commands.report", "tui.model.runmodel", "tui.model.verdict",
-                  "tui.commands.attach", "tui.app.perfmon_app"]
+                  "tui.commands.attach", "tui.app.perfmon_app", "tui.commands.relay", "tui.stream.remote"]
 ROOT = Path(__file__).resolve().parents[2]
 MODEL_MODULES = ["tui.model.runmodel", "tui.model.verdict", "tui.model.readings", "tui.model.flowchart",
                  "tui.model.explain", "tui.model.units", "tui.model.losses", "tui.model.stuck"]
-STREAM_MODULES = ["tui.stream.discovery", "tui.stream.sources", "tui.stream.feed", "tui.stream.native"]
+STREAM_MODULES = ["tui.stream.discovery", "tui.stream.sources", "tui.stream.feed", "tui.stream.native",
+                  "tui.stream.hosts", "tui.stream.remote", "tui.commands.relay"]
 UI = ("textual", "rich")
 # Checked in the model's own source: importing ``probe.wire`` runs ``probe/__init__``, which
 # loads the probe's socket code, so sys.modules cannot tell whether the model itself does I/O.

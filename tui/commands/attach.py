@@ -58,6 +58,21 @@ def build_app(target: str | None, *, token: str | None = None, speed: float | No
     return _app(LiveFeed(RunModel(), job, endpoints), log_path=log_path)
 
 
+def remote_feed(args):
+    """A ``RelayFeed`` when ``--hosts``/``--hostfile``/``--slurm`` name the job's nodes, else None."""
+    from tui.stream import hosts
+    found = hosts.choose_hosts(getattr(args, "hosts", None), getattr(args, "hostfile", None),
+                               getattr(args, "slurm", None))
+    if found is None:
+        return None
+    if not args.target:
+        raise UserError("name the job to follow on those hosts (perfmon ls on a node lists them)")
+    from tui.model.runmodel import RunModel
+    from tui.stream.remote import RelayFeed
+    via = args.via or os.environ.get("PERFMON_VIA") or hosts.DEFAULT_VIA
+    return RelayFeed(RunModel(), args.target, found, via)
+
+
 def _app(feed, *, jobs=None, log_path=None, on_signal=None):
     from tui.app.perfmon_app import PerfmonApp
     return PerfmonApp(feed, jobs=jobs, log_path=log_path, on_signal=on_signal)
@@ -83,7 +98,8 @@ def main(args) -> int:
     speed = args.speed
     if speed is not None and speed <= 0:
         raise UserError("--speed must be positive")
-    app = build_app(args.target, token=args.token, speed=speed)
+    remote = remote_feed(args)
+    app = _app(remote) if remote is not None else build_app(args.target, token=args.token, speed=speed)
     _needs_terminal()
     result = app.run()
     return 0 if result in (None, 0, 129) else int(result)

@@ -199,11 +199,23 @@ def _fmt_ev(key: str, val: Any) -> str:
 
 
 # -- command ------------------------------------------------------------------------------------
-def load_model(target: str, seconds: float) -> tuple[RunModel, dict[str, Any]]:
-    """Fill a RunModel from recording files or by following a live job for ``seconds``."""
+def load_model(target: str, seconds: float, remote: Any = None) -> tuple[RunModel, dict[str, Any]]:
+    """Fill a RunModel from recording files, by following a live job for ``seconds``, or (``remote``, a
+    ``RelayFeed``) the job's ranks on several hosts."""
     from tui.stream import sources
 
     model = RunModel()
+    if remote is not None:
+        from tui.stream.feed import follow
+        remote.model = model
+        try:
+            follow(remote, seconds)
+        except sources.StreamError as exc:    # a host that failed: the others' ranks still make a report
+            if not model.view().ranks:
+                raise UserError(str(exc)) from None
+        for problem in model.problems:
+            print(f"perfmon report: {problem}", file=sys.stderr)
+        return model, {"kind": "live", "hosts": remote.hosts, "seconds": seconds}
     looks_like_file = target.endswith(RECORD_SUFFIX) or ("/" in target and not target.endswith(SOCKET_SUFFIX))
     if sources.is_recording_target(target) or looks_like_file:
         loaded = sources.load_recordings(target)
@@ -231,7 +243,8 @@ def load_model(target: str, seconds: float) -> tuple[RunModel, dict[str, Any]]:
 
 def main(args: Any) -> int:
     """``perfmon report FILE|DIR|TARGET [--json] [--seconds S]``."""
-    model, source = load_model(args.target, float(getattr(args, "seconds", 5.0) or 5.0))
+    from tui.commands.attach import remote_feed
+    model, source = load_model(args.target, float(getattr(args, "seconds", 5.0) or 5.0), remote_feed(args))
     live = source["kind"] != "recording"
     report = build_report(model, time.time() if live else None, source=source,
                           clock=time.monotonic() if live else None)

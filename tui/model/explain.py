@@ -140,6 +140,15 @@ def explain_communication(v: JobView, straggler: int | None) -> Explained:
             {"busbw": round4(m.busbw), "comm_op": m.comm_op})
 
 
+def who(v: JobView, rank: int | None) -> str:
+    """'rank 3', or 'rank 3 on n02' when the job spans more than one node."""
+    if rank is None:
+        return f"rank {units.NA}"
+    hosts = {r.host for r in v.ranks if r.host}
+    host = next((r.host for r in v.ranks if r.rank == rank), None)
+    return f"rank {rank} on {host}" if host and len(hosts) > 1 else f"rank {rank}"
+
+
 def explain_load_imbalance(v: JobView, straggler: int | None) -> Explained:
     m = v.metrics
     op = (m.comm_op or "collective").replace("_", "-")
@@ -147,7 +156,7 @@ def explain_load_imbalance(v: JobView, straggler: int | None) -> Explained:
     if m.straggler_by == "arrival":
         own = _pct(row.comm_exposed_frac if row else None)
         gap = f"; it loses {_pct(m.gap_frac)} between steps" if m.gap_frac and m.gap_frac >= 0.05 else ""
-        headline = (f"Load imbalance: rank {straggler} arrives last at {op}; the others wait "
+        headline = (f"Load imbalance: {who(v, straggler)} arrives last at {op}; the others wait "
                     f"{_pct(m.comm_exposed_frac)} of the step for it (it waits {own}){gap}")
         fixes = [f"find what delays rank {straggler} outside its compute: work between steps, logging, "
                  "checkpointing on that rank only, its data path",
@@ -156,7 +165,7 @@ def explain_load_imbalance(v: JobView, straggler: int | None) -> Explained:
     fast = min((r for r in v.ranks if r.compute_s is not None), key=lambda r: r.compute_s, default=None)
     slow_ms = f"{row.compute_s * 1000:.0f} ms" if row and row.compute_s else units.NA
     fast_ms = f"{fast.compute_s * 1000:.0f} ms" if fast and fast.compute_s else units.NA
-    headline = (f"Load imbalance: rank {straggler} computes {slow_ms}/step vs {fast_ms} on rank "
+    headline = (f"Load imbalance: {who(v, straggler)} computes {slow_ms}/step vs {fast_ms} on rank "
                 f"{fast.rank if fast else units.NA}; the others wait {_pct(m.comm_exposed_frac)} in {op}")
     fixes = [f"find what makes rank {straggler} slower: its data shard, sequence lengths, host load",
              "balance work per rank (bucket samples by length, even shards)",

@@ -211,7 +211,8 @@ def _collective(by_rank: dict[int, RankLike], stalled: dict[int, StallReading | 
     if group != "world":
         call += f" of group {group}"
     if culprits:
-        parts = [f"{_ranks(culprits)} never reached {call} ({_doing(culprits[0], stalled.get(culprits[0]), silent)})"
+        parts = [f"{_rank_on(culprits[0], by_rank)} never reached {call} "
+                 f"({_doing(culprits[0], stalled.get(culprits[0]), silent)})"
                  if len(culprits) == 1 else f"{_ranks(culprits)} never reached {call}"]
     else:
         parts = [f"every rank is in {call}"]
@@ -313,6 +314,13 @@ def _issued(reading: StallReading | None, group: str, seq: int | None) -> bool:
 def _ranks(ranks: Any) -> str:
     ranks = sorted(ranks)
     return f"rank {ranks[0]}" if len(ranks) == 1 else "ranks " + ", ".join(str(r) for r in ranks)
+
+
+def _rank_on(rank: int, by_rank: dict[int, RankLike]) -> str:
+    """'rank 3', or 'rank 3 on n02' when the ranks run on more than one node."""
+    hosts = {r.host for r in by_rank.values() if r.host}
+    host = by_rank[rank].host if rank in by_rank else None
+    return f"rank {rank} on {host}" if host and len(hosts) > 1 else f"rank {rank}"
 
 
 def _count(ranks: tuple[int, ...]) -> str:

@@ -25,6 +25,9 @@ class RanksPane(Pane):
         if straggler is None and stuck is None:
             straggler = view.straggler_rank
         columns = NARROW if width < 46 else WIDE if width >= 60 else NORMAL
+        if len({r.host for r in view.ranks if r.host}) > 1:       # a job across nodes: say which
+            node_w = min(NODE_W, max(len(r.host or "") for r in view.ranks))
+            columns = ((("node", node_w),) + columns[1:]) if columns is NARROW else (("node", node_w),) + columns
         rank_w = max(4, max(len(str(r.rank)) for r in view.ranks))
         head = Text(f"{'rank':<{rank_w}}", style=glyphs.DIM)
         for name, w in columns:
@@ -53,9 +56,12 @@ class RanksPane(Pane):
 NARROW = (("step", 6), ("comp", 6), ("data", 4), ("comm", 4))
 NORMAL = (("steps", 6), ("step", 6), ("compute", 7), ("data", 4), ("comm", 4))
 WIDE = NORMAL + (("cpu", 4), ("pid", 7))
+NODE_W = 10
 
 
 def _cell(r: RankView, name: str) -> str:
+    if name == "node":
+        return (r.host or "?")[:NODE_W]
     if name == "steps":
         return str(r.steps)
     if name == "step":

@@ -1,0 +1,44 @@
+"""One rank of a DDP job launched as several "nodes" on this machine (issue 13).
+
+    torchrun --nnodes 2 --nproc-per-node 2 --rdzv-backend c10d --rdzv-endpoint 127.0.0.1:PORT \
+        multinode_job.py --steps N --slow-rank R
+
+Every rank trains a tiny model with DDP over gloo; rank R's step holds 3x the "compute" (a sleep
+standing in for device work, so timings hold on a busy CPU) and the others wait for it in the
+all-reduce. Uses the probe's API (each launcher's PERFMON_DIR is that node's socket directory).
+"""
+
+import argparse
+import time
+from datetime import timedelta
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+import probe
+
+parser = argparse.ArgumentParser()
+parser.add_argument("--steps", type=int, default=400)
+parser.add_argument("--slow-rank", type=int, default=-1)
+parser.add_argument("--work", type=float, default=0.03, help="seconds of 'compute' per step")
+args = parser.parse_args()
+
+dist.init_process_group("gloo", timeout=timedelta(seconds=120))
+rank = dist.get_rank()
+model = nn.parallel.DistributedDataParallel(nn.Linear(64, 64))
+opt = torch.optim.SGD(model.parameters(), lr=0.01)
+mon = probe.start()
+mon.watch(model=model, optimizer=opt)
+x = torch.randn(16, 64)
+for _ in range(args.steps):
+    with mon.step(samples=16):
+        with mon.phase("forward"):
+            loss = model(x).square().mean()
+            time.sleep(args.work * (3 if rank == args.slow_rank else 1))
+        with mon.phase("backward"):
+            loss.backward()
+        opt.step()
+        opt.zero_grad()
+mon.close()
+dist.destroy_process_group()

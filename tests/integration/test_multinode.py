@@ -1,0 +1,125 @@
+"""A job across nodes (issue 13): two torchrun "nodes" on this machine (c10d rendezvous on
+localhost, one socket directory each), reached through an ssh stand-in that runs
+``perfmon relay --stdio`` with that node's directory; one view of the 4 ranks."""
+
+from __future__ import annotations
+
+import json
+import re
+import shlex
+import shutil
+import os
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from probe.wire import PROTO, format_proto
+from tests.integration.streamutil import kill_tree
+
+pytestmark = pytest.mark.slow
+
+SCRIPTS = Path(__file__).parent / "scripts"
+BIN = str(Path(sys.executable).parent)          # `perfmon` as a remote shell would find it
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture(scope="module")
+def two_nodes(tmp_path_factory):
+    """4 ranks on 2 "nodes" (n01: ranks 0-1, n02: ranks 2-3); rank 3 computes 3x longer."""
+    base = tmp_path_factory.mktemp("nodes")
+    port, master = _free_port(), _free_port()
+    launchers = []
+    for node in (0, 1):
+        sock_dir = base / f"n0{node + 1}"
+        sock_dir.mkdir(mode=0o700)
+        env = {**os.environ, "PERFMON_DIR": str(sock_dir), "PERFMON_JOB": "mn"}
+        launchers.append(subprocess.Popen(
+            [sys.executable, "-m", "torch.distributed.run", "--nnodes", "2", "--nproc-per-node", "2",
+             "--node-rank", str(node), "--rdzv-backend", "c10d", "--rdzv-endpoint", f"127.0.0.1:{port}",
+             "--rdzv-id", "mn", "--master-port", str(master), str(SCRIPTS / "multinode_job.py"),
+             "--steps", "3000", "--slow-rank", "3"], env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+            text=True))
+    deadline = time.monotonic() + 120
+    while sum(len(list((base / n).glob("*.sock"))) for n in ("n01", "n02")) < 4:
+        assert all(p.poll() is None for p in launchers), [p.stderr.read()[-2000:] for p in launchers]
+        assert time.monotonic() < deadline, "the ranks did not start"
+        time.sleep(0.2)
+    env = {**os.environ, "PATH": f"{BIN}{os.pathsep}{os.environ['PATH']}",
+           "PERFMON_VIA": f"{sys.executable} {SCRIPTS / 'via_standin.py'} {base} {{host}}"}
+    env.pop("PERFMON_DIR", None)
+    yield env
+    for p in launchers:
+        kill_tree(p)
+
+
+def _report(env: dict, hosts: str, seconds: float = 4.0) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "tui.cli", "report", "mn", "--hosts", hosts, "--json",
+                           "--seconds", str(seconds)], capture_output=True, text=True, timeout=90, env=env)
+
+
+def test_one_report_of_four_ranks_on_two_nodes_names_the_straggler_and_its_node(two_nodes):
+    deadline = time.monotonic() + 60
+    while True:     # the window fills in a few seconds
+        out = _report(two_nodes, "n[01-02]")
+        assert out.returncode == 0, out.stderr
+        rep = json.loads(out.stdout)
+        if rep["verdict"]["bottleneck"] not in ("warming_up",) or time.monotonic() > deadline:
+            break
+    assert {r["rank"]: r["host"] for r in rep["ranks"]} == {0: "n01", 1: "n01", 2: "n02", 3: "n02"}
+    v = rep["verdict"]
+    assert (v["bottleneck"], v["straggler_rank"]) == ("load_imbalance", 3), v["headline"]
+    assert v["headline"].startswith("Load imbalance: rank 3 on n02 computes")
+    assert rep["source"]["hosts"] == ["n01", "n02"]
+
+
+def test_unreachable_jobless_and_other_version_hosts_are_one_line_each_and_the_rest_report(two_nodes):
+    out = _report(two_nodes, "n01,down,n03,old", seconds=3)
+    assert out.returncode == 0, out.stderr
+    lines = out.stderr.strip().splitlines()
+    assert "perfmon report: down: ssh: connect to host down port 22: Connection refused" in lines
+    assert any(line.startswith("perfmon report: n03: perfmon relay: no job named 'mn'") for line in lines), lines
+    assert f"perfmon report: old: protocol version mismatch (viewer {format_proto(PROTO)}, relay 2.0)" in lines
+    assert "Traceback" not in out.stderr
+    rep = json.loads(out.stdout)
+    assert sorted(r["rank"] for r in rep["ranks"]) == [0, 1] and len(rep["problems"]) == 3
+
+
+def test_no_host_answering_is_one_line_and_an_error(two_nodes):
+    out = _report(two_nodes, "down", seconds=2)
+    assert out.returncode == 2
+    assert out.stderr.strip().splitlines()[-1].startswith("perfmon report: ")
+    assert "Connection refused" in out.stderr and "Traceback" not in out.stderr
+
+
+@pytest.mark.skipif(shutil.which("tmux") is None, reason="tmux not installed")
+def test_attach_across_hosts_in_a_terminal_shows_the_four_ranks_by_node(two_nodes, tmp_path):
+    from tests.e2e.test_tmux import Tmux
+    tmux = Tmux(tmp_path / "tmux.sock")
+    env = " ".join(f"{k}={shlex.quote(two_nodes[k])}" for k in ("PATH", "PERFMON_VIA"))
+    try:
+        tmux.start(f"exec env {env} TERM=xterm-256color {sys.executable} -m tui.cli attach mn --hosts n01,n02,down",
+                   120, 36)
+        deadline = time.monotonic() + 60
+        while "rank 3 on n02" not in (screen := tmux.screen()).lower():   # the verdict bar capitalises
+            assert time.monotonic() < deadline, screen
+            time.sleep(0.3)
+        assert "4/4 ranks" in screen and "1 host(s) failed: down" in screen
+        rows = re.findall(r"┃ (\d) +(n0\d) ", screen)    # the ranks pane: one row per rank with its node
+        assert rows == [("0", "n01"), ("1", "n01"), ("2", "n02"), ("3", "n02")], screen
+        tmux.run("send-keys", "-t", "t", "q")
+        deadline = time.monotonic() + 10
+        while tmux.pane("#{pane_dead}") != "1":
+            assert time.monotonic() < deadline, "q did not end the viewer"
+            time.sleep(0.1)
+        assert tmux.pane("#{pane_dead_status}") == "0"
+    finally:
+        tmux.kill()

@@ -1,0 +1,154 @@
+"""Which nodes a job runs on, and how to reach each: host lists, SLURM, and the transport template.
+
+The transport is whatever the user already has: by default ``ssh -T -o BatchMode=yes {host}``
+(no password prompt can hang the viewer), or a ``--via`` / ``PERFMON_VIA`` template such as
+``srun --overlap -w {host}`` or ``ssh -J jump {host}``. The template is split like a shell command,
+``{host}`` is replaced, and the relay's own argv is appended.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shlex
+import shutil
+import subprocess
+from pathlib import Path
+
+from tui.errors import UserError
+
+DEFAULT_VIA = "ssh -T -o BatchMode=yes {host}"
+RELAY_ARGV = ("perfmon", "relay", "--stdio")
+MAX_HOSTS = 4096
+
+_RANGE = re.compile(r"^(\d+)(?:-(\d+))?$")
+
+
+def expand_hostlist(spec: str) -> list[str]:
+    """SLURM's host-list syntax: ``n[01-03,07],gpu-a,x[1-2]y`` -> n01 n02 n03 n07 gpu-a x1y x2y.
+
+    Zero padding follows the range's first number, as SLURM does. A malformed list is one
+    ``UserError`` line."""
+    hosts: list[str] = []
+    for item in _split_top(spec):
+        hosts.extend(_expand_one(item, spec))
+        if len(hosts) > MAX_HOSTS:
+            raise UserError(f"host list {spec!r}: more than {MAX_HOSTS} hosts")
+    seen: set[str] = set()
+    return [h for h in hosts if not (h in seen or seen.add(h))]
+
+
+def _split_top(spec: str) -> list[str]:
+    """Split on commas outside brackets."""
+    items, depth, cur = [], 0, ""
+    for ch in spec.strip():
+        if ch == "[":
+            depth += 1
+        elif ch == "]":
+            depth -= 1
+            if depth < 0:
+                raise UserError(f"host list {spec!r}: unbalanced ']'")
+        if ch == "," and depth == 0:
+            items.append(cur)
+            cur = ""
+        else:
+            cur += ch
+    if depth:
+        raise UserError(f"host list {spec!r}: unbalanced '['")
+    items.append(cur)
+    return [i.strip() for i in items if i.strip()]
+
+
+def _expand_one(item: str, spec: str) -> list[str]:
+    start = item.find("[")
+    if start < 0:
+        return [item]
+    end = item.index("]", start)
+    prefix, body, rest = item[:start], item[start + 1:end], item[end + 1:]
+    tails = _expand_one(rest, spec) if rest else [""]
+    out = []
+    for part in body.split(","):
+        m = _RANGE.match(part.strip())
+        if not m:
+            raise UserError(f"host list {spec!r}: cannot read range {part!r}")
+        lo, hi = m.group(1), m.group(2) or m.group(1)
+        if int(hi) < int(lo):
+            raise UserError(f"host list {spec!r}: range {part!r} runs backwards")
+        if int(hi) - int(lo) > MAX_HOSTS:
+            raise UserError(f"host list {spec!r}: range {part!r} is over {MAX_HOSTS} hosts")
+        width = len(lo)
+        out.extend(f"{prefix}{n:0{width}d}{tail}" for n in range(int(lo), int(hi) + 1) for tail in tails)
+    return out
+
+
+def read_hostfile(path: str | Path) -> list[str]:
+    """One host per line (MPI/DeepSpeed hostfiles: the first word; ``slots=`` and comments ignored)."""
+    try:
+        text = Path(path).read_text()
+    except OSError as exc:
+        raise UserError(f"{path}: cannot read the hostfile: {exc.strerror or exc}") from None
+    hosts = [line.split("#", 1)[0].split()[0] for line in text.splitlines() if line.split("#", 1)[0].strip()]
+    if not hosts:
+        raise UserError(f"{path}: no hosts in the hostfile")
+    return expand_hostlist(",".join(hosts))
+
+
+def slurm_hosts(job_id: str | None = None) -> list[str]:
+    """The nodes of a SLURM job: ``scontrol show hostnames`` of its node list, or, inside the job
+    (no id given), ``SLURM_JOB_NODELIST`` expanded here when scontrol is missing."""
+    nodelist = None
+    if job_id is None:
+        nodelist = os.environ.get("SLURM_JOB_NODELIST") or os.environ.get("SLURM_NODELIST")
+        if nodelist is None:
+            raise UserError("--slurm without a job id needs SLURM_JOB_NODELIST (run it inside the allocation)")
+    scontrol = shutil.which("scontrol")
+    if scontrol is None:
+        if nodelist is None:
+            raise UserError(f"--slurm {job_id}: scontrol not found on this machine")
+        return expand_hostlist(nodelist)
+    if nodelist is None:
+        out = _run([scontrol, "show", "job", str(job_id)])
+        m = re.search(r"(?:^|\s)NodeList=(\S+)", out)
+        if not m or m.group(1) in ("(null)", ""):
+            raise UserError(f"--slurm {job_id}: the job has no nodes (pending or finished?)")
+        nodelist = m.group(1)
+    return [h for h in _run([scontrol, "show", "hostnames", nodelist]).split() if h]
+
+
+def _run(argv: list[str]) -> str:
+    try:
+        out = subprocess.run(argv, capture_output=True, text=True, timeout=30)
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        raise UserError(f"{' '.join(argv)}: {exc}") from None
+    if out.returncode != 0:
+        raise UserError(f"{' '.join(argv)}: {(out.stderr.strip().splitlines() or ['failed'])[-1]}")
+    return out.stdout
+
+
+def via_argv(template: str, host: str, job: str) -> list[str]:
+    """The command that runs the relay for ``job`` on ``host`` through the transport template."""
+    try:
+        parts = shlex.split(template)
+    except ValueError as exc:
+        raise UserError(f"--via {template!r}: {exc}") from None
+    if not parts:
+        raise UserError("--via: empty transport template")
+    return [p.replace("{host}", host) for p in parts] + [*RELAY_ARGV, job]
+
+
+def choose_hosts(hosts: str | None, hostfile: str | None, slurm: str | bool | None) -> list[str] | None:
+    """The hosts named by exactly one of ``--hosts``, ``--hostfile``, ``--slurm``; None if none was."""
+    given = [x for x in (hosts, hostfile, slurm) if x not in (None, False)]
+    if len(given) > 1:
+        raise UserError("give only one of --hosts, --hostfile, --slurm")
+    if hosts is not None:
+        found = expand_hostlist(hosts)
+    elif hostfile is not None:
+        found = read_hostfile(hostfile)
+    elif slurm not in (None, False):
+        found = slurm_hosts(None if slurm is True else str(slurm))
+    else:
+        return None
+    if not found:
+        raise UserError("no hosts given")
+    return found
