@@ -69,6 +69,7 @@ def build_parser() -> argparse.ArgumentParser:
     record.add_argument("target", nargs="?", help="job name, pid or socket path (default: the only job)")
     record.add_argument("-o", "--output", required=True, metavar="DIR", help="directory for the recording files")
     record.add_argument("--seconds", type=float, default=None, help="stop after this long (default: until the job ends)")
+    _hosts_options(record)
 
     report = sub.add_parser("report", help="summary with the verdict, from a recording or a live job")
     report.add_argument("target", help="recording file or directory, or a live job (name, pid, socket)")

@@ -123,3 +123,16 @@ def test_attach_across_hosts_in_a_terminal_shows_the_four_ranks_by_node(two_node
         assert tmux.pane("#{pane_dead_status}") == "0"
     finally:
         tmux.kill()
+
+
+def test_record_across_hosts_keeps_a_directory_per_node_and_the_report_names_the_nodes(two_nodes, tmp_path):
+    out = subprocess.run([sys.executable, "-m", "tui.cli", "record", "mn", "--hosts", "n01,n02", "-o",
+                          str(tmp_path / "rec"), "--seconds", "3"], capture_output=True, text=True, timeout=90,
+                         env=two_nodes)
+    assert out.returncode == 0, out.stderr
+    assert sorted(p.parent.name for p in (tmp_path / "rec").rglob("*.pmrec")) == ["n01", "n01", "n02", "n02"]
+    rep = subprocess.run([sys.executable, "-m", "tui.cli", "report", str(tmp_path / "rec"), "--json"],
+                         capture_output=True, text=True, timeout=60)
+    assert rep.returncode == 0, rep.stderr
+    assert {r["rank"]: r["host"] for r in json.loads(rep.stdout)["ranks"]} == {0: "n01", 1: "n01", 2: "n02",
+                                                                             3: "n02"}

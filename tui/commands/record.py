@@ -17,12 +17,14 @@ from probe.recording import RecordingWriter
 from tui.stream.discovery import Endpoint, resolve_live
 from tui.errors import UserError
 from tui.model.runmodel import RunModel
-from tui.stream.feed import LiveFeed, follow
+from tui.stream.feed import Feed, LiveFeed, follow
 from tui.stream.sources import StreamError
 
 
-def record(endpoints: list[Endpoint], out_dir: Path, seconds: float | None = None) -> dict[str, int]:
-    """Record every stream into ``out_dir``; returns records written per output file."""
+def record(endpoints: list[Endpoint], out_dir: Path, seconds: float | None = None,
+           feed: Feed | None = None) -> dict[str, int]:
+    """Record every stream into ``out_dir`` (a job across nodes: one directory per host, from the
+    ``RelayFeed``'s ``host/socket-name`` stream ids); returns records written per output file."""
     try:
         out_dir.mkdir(parents=True, exist_ok=True)
     except OSError as exc:
@@ -35,14 +37,17 @@ def record(endpoints: list[Endpoint], out_dir: Path, seconds: float | None = Non
         writer = writers.get(source)
         if writer is None:
             stem = Path(source).name.removesuffix(paths.SOCKET_SUFFIX)
+            where = out_dir / source.split("/", 1)[0] if remote else out_dir
             try:
-                writer = writers[source] = RecordingWriter(out_dir / f"{stem}{paths.RECORD_SUFFIX}")
+                where.mkdir(exist_ok=True)
+                writer = writers[source] = RecordingWriter(where / f"{stem}{paths.RECORD_SUFFIX}")
             except OSError as exc:
                 raise UserError(f"cannot write to {out_dir}: {exc.strerror or exc}") from None
         writer.write(RecordingWriter.wrap(encoder.frame(rec)))
         counts[str(writer.path)] = counts.get(str(writer.path), 0) + 1
 
-    feed = LiveFeed(RunModel(), endpoints[0].job if endpoints else None, endpoints, rescan=False)
+    remote = feed is not None
+    feed = feed or LiveFeed(RunModel(), endpoints[0].job if endpoints else None, endpoints, rescan=False)
     feed.tap = write
     try:
         follow(feed, seconds)
@@ -57,8 +62,18 @@ def record(endpoints: list[Endpoint], out_dir: Path, seconds: float | None = Non
 
 
 def main(args) -> int:
-    endpoints = resolve_live(args.target)
+    from tui.commands.attach import remote_feed
+    remote = remote_feed(args)
     out = Path(args.output)
+    if remote is not None:
+        print(f"recording {args.target} on {len(remote.hosts)} host(s) to {out} (Ctrl-C to stop)", file=sys.stderr)
+        counts = record([], out, args.seconds, feed=remote)
+        for problem in remote.model.problems:
+            print(f"perfmon record: {problem}", file=sys.stderr)
+        for path, n in sorted(counts.items()):
+            print(f"{path}: {n} records")
+        return 0
+    endpoints = resolve_live(args.target)
     print(f"recording {len(endpoints)} rank(s) of {endpoints[0].job} to {out} (Ctrl-C to stop)", file=sys.stderr)
     counts = record(endpoints, out, args.seconds)
     for path, n in sorted(counts.items()):
