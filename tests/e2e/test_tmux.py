@@ -143,7 +143,8 @@ def test_attach_to_a_stuck_job_names_the_culprit_and_s_shows_where_each_rank_is(
             time.sleep(0.2)
         tmux.start(f"exec env PERFMON_DIR={sock_dir} TERM=xterm-256color {sys.executable} -m tui.cli attach e2e-stuck",
                    120, 36)
-        screen = wait_screen(tmux, lambda s: "never reached all_reduce #20" in s, 40)
+        # the culprit's own stall record names its line; until it arrives it is named by elimination
+        screen = wait_screen(tmux, lambda s: "never reached all_reduce #20 (stuck_jobs.py:" in s, 40)
         assert "STUCK" in screen and "stuck_jobs.py:" in screen and "✖" in screen   # ranks pane: the culprit
         tmux.run("send-keys", "-t", "t", "s")
         screen = wait_screen(tmux, lambda s: "culprit" in s and "waiting" in s, 10)

@@ -16,6 +16,7 @@ from pathlib import Path
 import pytest
 
 from tests.integration.streamutil import kill_tree, wait_for
+from tui.stream import native
 
 SCRIPT = Path(__file__).parent / "scripts" / "stuck_jobs.py"
 STALL_LINE = next(i for i, line in enumerate(SCRIPT.read_text().splitlines(), 1) if "# STALL LINE" in line)
@@ -111,3 +112,17 @@ def test_a_rank_holding_the_gil_is_unresponsive_and_the_other_waits(tmp_path):
     stuck = rep["verdict"]["stuck"]
     assert stuck["culprit_ranks"] == [1] and (stuck["op"], stuck["seq"]) == ("all_reduce", 20)
     assert "rank 1 never reached all_reduce #20 (no record for" in rep["verdict"]["headline"]
+
+
+@pytest.mark.skipif(not native.available(), reason="py-spy not installed (optional: the stuck screen's d key)")
+def test_py_spy_reads_the_stack_of_a_process_holding_the_gil_from_outside(tmp_path):
+    code = ("import ctypes, sys\ndef hold_the_gil():\n    print('ready', flush=True)\n"
+            "    ctypes.PyDLL(None).sleep(30)\nhold_the_gil()\n")
+    proc = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True)
+    try:
+        assert proc.stdout.readline().strip() == "ready"
+        dump = native.dump(proc.pid)
+        assert "hold_the_gil" in dump, dump
+    finally:
+        proc.kill()
+        proc.wait()

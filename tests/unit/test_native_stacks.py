@@ -1,5 +1,5 @@
-"""py-spy for native stacks (the stuck screen's ``d``): offered when installed, never required,
-and every way it can fail is one line."""
+"""py-spy for the stack of a rank that cannot report it (the stuck screen's ``d``): offered when
+installed, never required, and every way it can fail is one line."""
 
 from __future__ import annotations
 
@@ -19,14 +19,14 @@ def fake_pyspy(directory: Path, body: str) -> None:
 def test_without_py_spy_it_is_not_offered_and_says_how_to_get_it(monkeypatch, tmp_path):
     monkeypatch.setenv("PATH", str(tmp_path))
     assert not native.available()
-    assert native.dump(123) == "py-spy is not installed (pip install py-spy) for native stacks"
+    assert native.dump(123) == "py-spy is not installed (pip install py-spy) to read a stack from outside the process"
 
 
-def test_the_dump_is_py_spys_output_for_that_pid_nonblocking_with_native_frames(monkeypatch, tmp_path):
+def test_the_dump_is_py_spys_nonblocking_output_for_that_pid(monkeypatch, tmp_path):
     fake_pyspy(tmp_path, 'echo "args: $*"; echo "Thread 1 (idle): MainThread"')
     monkeypatch.setenv("PATH", f"{tmp_path}{os.pathsep}{os.environ['PATH']}")
     assert native.available()
-    assert native.dump(4711) == "args: dump --nonblocking --native --pid 4711\nThread 1 (idle): MainThread"
+    assert native.dump(4711) == "args: dump --nonblocking --pid 4711\nThread 1 (idle): MainThread"
 
 
 def test_a_failing_py_spy_gives_its_last_error_line(monkeypatch, tmp_path):

@@ -1,6 +1,7 @@
-"""Native stacks of a process that runs no Python (holding the GIL in C code, stopped), through
-``py-spy dump --nonblocking`` when py-spy is installed. Offered by the stuck screen, never
-required: perfmon's own stall records carry the Python stacks."""
+"""The stack of a process whose own threads cannot run (holding the GIL in C code, stopped), read
+from outside by ``py-spy dump --nonblocking`` when py-spy is installed: the probe's stall watch
+cannot report it, py-spy can. Offered by the stuck screen, never required. (py-spy refuses
+``--native`` with ``--nonblocking``, and pausing a rank of a live job is not ours to do.)"""
 
 from __future__ import annotations
 
@@ -15,12 +16,12 @@ def available() -> bool:
 
 
 def dump(pid: int) -> str:
-    """py-spy's dump of ``pid`` (native frames included), or one line saying why there is none."""
+    """py-spy's dump of ``pid``'s Python threads, or one line saying why there is none."""
     exe = shutil.which("py-spy")
     if exe is None:
-        return "py-spy is not installed (pip install py-spy) for native stacks"
+        return "py-spy is not installed (pip install py-spy) to read a stack from outside the process"
     try:
-        out = subprocess.run([exe, "dump", "--nonblocking", "--native", "--pid", str(pid)], capture_output=True,
+        out = subprocess.run([exe, "dump", "--nonblocking", "--pid", str(pid)], capture_output=True,
                              text=True, timeout=TIMEOUT_S)
     except subprocess.TimeoutExpired:
         return f"py-spy dump --pid {pid} did not finish in {TIMEOUT_S:.0f}s"

@@ -23,7 +23,7 @@ KEYS: list[tuple[str, str]] = [
     ("+ / -", "replay speed"),
     ("end", "replay: jump to the end"),
     ("l", "job output (when started by `perfmon run`)"),
-    ("s", "stuck job: each rank's part, what it waits for and its stack (d there: native stacks via py-spy)"),
+    ("s", "stuck job: each rank's part, what it waits for and its stack (d there: py-spy reads a silent rank's stack)"),
     ("F8", "save an SVG screenshot in the current directory"),
 ]
 

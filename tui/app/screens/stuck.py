@@ -1,6 +1,7 @@
 """Stuck screen (``s``): when the job stopped making progress, each rank's part (culprit,
 waiting, silent), how long, what it is doing and its training thread's stack, innermost frame
-last; ``d`` asks py-spy for the native stacks of silent or culprit ranks on this host."""
+last; ``d`` asks py-spy for the stacks of silent or culprit ranks on this host, read from outside
+(a rank holding the GIL cannot report its own)."""
 
 from __future__ import annotations
 
@@ -41,7 +42,7 @@ def stuck_text(stuck: StuckDiagnosis | None, native_stacks: dict[int, str] | Non
         if len(r.stack) > FRAMES:
             parts.append(Text(f"    ({len(r.stack) - FRAMES} outer frames not shown)", style=glyphs.DIM))
         if native_stacks and r.rank in native_stacks:
-            parts.append(Text("    native (py-spy):", style=glyphs.ACCENT))
+            parts.append(Text("    read from outside (py-spy dump --nonblocking):", style=glyphs.ACCENT))
             parts.extend(Text(f"      {line}") for line in native_stacks[r.rank].splitlines()[:40])
         parts.append(Text(""))
     return Group(*parts)
@@ -52,7 +53,7 @@ class StuckScreen(Screen[None]):
 
     BINDINGS = [
         Binding("escape,s", "app.pop_screen", "back"),
-        Binding("d", "native", "native stacks (py-spy)"),
+        Binding("d", "native", "stacks via py-spy"),
         Binding("q", "app.quit", "quit"),
     ]
 
@@ -62,8 +63,8 @@ class StuckScreen(Screen[None]):
         self.native_stacks: dict[int, str] = {}
 
     def compose(self) -> ComposeResult:
-        hint = "d: native stacks with py-spy" if native.available() else "py-spy not installed: no native stacks"
-        yield Static(f"Where each rank is, innermost frame last   (s or Esc: back · {hint})", id="stuck-title")
+        yield Static("Where each rank is, innermost frame last   (s or Esc: back · d: stacks read by py-spy, "
+                     "when installed)", id="stuck-title")
         with VerticalScroll():
             yield Static(stuck_text(self.stuck), id="stuck-body")
         yield Footer(compact=True)
@@ -76,6 +77,9 @@ class StuckScreen(Screen[None]):
     def action_native(self) -> None:
         """py-spy for the ranks that hold the job, if they run on this host (a worker thread: it takes seconds)."""
         if self.stuck is None:
+            return
+        if not native.available():
+            self.notify("py-spy is not installed (pip install py-spy)", severity="warning")
             return
         here = socket.gethostname()
         targets = [(r.rank, r.pid) for r in self.stuck.ranks
