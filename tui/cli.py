@@ -49,6 +49,8 @@ def build_parser() -> argparse.ArgumentParser:
     demo.add_argument("--headless", action="store_true", help="no TUI: run, then print the report JSON")
     demo.add_argument("--memory-limit", default=None, help="CPU memory limit the memory scenario is judged against")
     demo.add_argument("--record", default=None, metavar="DIR", help="also record the run to DIR")
+    demo.add_argument("--nodes", type=int, default=1, help="split the ranks into N 'nodes' on this machine, "
+                                                           "viewed through a relay each (as attach --hosts)")
 
     attach = sub.add_parser("attach", help="live TUI for a job (or replay a recording)")
     attach.add_argument("target", nargs="?", help="job name, pid, socket path, recording file/dir, or host:port")

@@ -136,12 +136,24 @@ def test_host_sync_without_a_gpu_says_so_in_one_line():
     assert len(lines) == 1 and "needs a GPU" in lines[0], proc.stderr
 
 
+def test_two_nodes_on_this_machine_are_seen_through_a_relay_each_and_the_straggler_named_with_its_node(perfmon_dir):
+    proc = run_demo("--headless", "--seconds", "8", "--scenario", "load_imbalance", "--nodes", "2")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    report = json.loads(proc.stdout)
+    assert {r["rank"]: r["host"] for r in report["ranks"]} == {0: "node1", 1: "node2"}
+    assert report["verdict"]["bottleneck"] == "load_imbalance"
+    assert report["verdict"]["headline"].startswith("Load imbalance: rank 1 on node2 computes")
+    assert list(perfmon_dir.iterdir()) == [] and demo_processes(perfmon_dir) == []
+    assert all(not psutil.pid_exists(r["pid"]) for r in report["ranks"])
+
+
 @pytest.mark.parametrize("args, message", [
     (["--scenario", "nope"], "unknown scenario 'nope'"),
     (["--scenario", "communication", "--ranks", "1"], "needs at least 2 ranks"),
     (["--scenario", "memory", "--memory-limit", "lots"], "--memory-limit 'lots'"),
     (["--scenario", "healthy", "--seconds", "0"], "--seconds must be positive"),
     (["--scenario", "healthy"], "needs a terminal"),          # no TTY here and no --headless
+    (["--scenario", "communication", "--ranks", "2", "--nodes", "3"], "--nodes must be between 1 and the number of ranks (2)"),
 ])
 def test_bad_demo_arguments_are_one_line_errors(args, message, perfmon_dir):
     proc = run_demo(*args, timeout=30)

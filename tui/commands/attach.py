@@ -79,17 +79,20 @@ def _app(feed, *, jobs=None, log_path=None, on_signal=None):
 
 
 def run_tui(target_job: str, log_path: Path | None = None,
-            on_signal: Callable[[int], None] | None = None) -> int:
+            on_signal: Callable[[int], None] | None = None, feed=None) -> int:
     """Open the TUI on a job that ``perfmon run`` just started, with ``l`` showing its output file.
 
     The job's probes may not be listening yet: the feed attaches to every rank as its socket appears.
+    ``feed``: another feed to watch it through (``perfmon demo --nodes``: a relay per node).
     SIGTERM/SIGHUP close the TUI; ``on_signal`` is called first so the caller can pass them on.
     """
     _needs_terminal()
     from tui.stream.feed import LiveFeed
     from tui.model.runmodel import RunModel
-    endpoints = discovery.jobs(discovery.list_endpoints()).get(paths.safe_job(target_job), [])
-    app = _app(LiveFeed(RunModel(), paths.safe_job(target_job), endpoints), log_path=log_path, on_signal=on_signal)
+    if feed is None:
+        endpoints = discovery.jobs(discovery.list_endpoints()).get(paths.safe_job(target_job), [])
+        feed = LiveFeed(RunModel(), paths.safe_job(target_job), endpoints)
+    app = _app(feed, log_path=log_path, on_signal=on_signal)
     result = app.run()
     return 0 if result in (None, 0, 129) else int(result)
 

@@ -125,15 +125,16 @@ def _run(argv: list[str]) -> str:
     return out.stdout
 
 
-def via_argv(template: str, host: str, job: str) -> list[str]:
-    """The command that runs the relay for ``job`` on ``host`` through the transport template."""
+def via_argv(template: str, host: str, job: str, relay: tuple[str, ...] = RELAY_ARGV) -> list[str]:
+    """The command that runs the relay for ``job`` on ``host`` through the transport template
+    (``relay``: how the far side runs perfmon; ``perfmon demo --nodes`` uses its own interpreter)."""
     try:
         parts = shlex.split(template)
     except ValueError as exc:
         raise UserError(f"--via {template!r}: {exc}") from None
     if not parts:
         raise UserError("--via: empty transport template")
-    return [p.replace("{host}", host) for p in parts] + [*RELAY_ARGV, job]
+    return [p.replace("{host}", host) for p in parts] + [*relay, job]
 
 
 def choose_hosts(hosts: str | None, hostfile: str | None, slurm: str | bool | None) -> list[str] | None:

@@ -17,7 +17,7 @@ from typing import Any
 from probe import wire
 from tui.model.runmodel import RunModel
 from tui.stream.feed import READ_CHUNK, Feed, StreamStatus
-from tui.stream.hosts import via_argv
+from tui.stream.hosts import RELAY_ARGV, via_argv
 
 STOP_S = 3.0        # a relay told to stop (stdin closed, SIGTERM) exits within this, else it is killed
 
@@ -25,11 +25,13 @@ STOP_S = 3.0        # a relay told to stop (stdin closed, SIGTERM) exits within 
 class RelayFeed(Feed):
     """Every rank of ``job`` on ``hosts``, one relay process per host."""
 
-    def __init__(self, model: RunModel, job: str, hosts: list[str], via: str) -> None:
+    def __init__(self, model: RunModel, job: str, hosts: list[str], via: str,
+                 relay: tuple[str, ...] = RELAY_ARGV) -> None:
         super().__init__(model, description=f"{job} on {len(hosts)} host{'s' * (len(hosts) != 1)}")
         self.job = job
         self.hosts = list(hosts)
         self.via = via
+        self.relay = relay
         self._procs: dict[str, asyncio.subprocess.Process] = {}
         self.relays: dict[str, StreamStatus] = {h: StreamStatus(h, h) for h in self.hosts}   # ``streams``: ranks
 
@@ -58,7 +60,7 @@ class RelayFeed(Feed):
 
     async def _host(self, host: str) -> None:
         status = self.relays[host]
-        argv = via_argv(self.via, host, self.job)
+        argv = via_argv(self.via, host, self.job, self.relay)
         try:
             proc = await asyncio.create_subprocess_exec(*argv, stdin=asyncio.subprocess.PIPE,
                                                         stdout=asyncio.subprocess.PIPE,

@@ -13,6 +13,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import shlex
 import signal
 import socket
 import subprocess
@@ -44,6 +45,7 @@ class Ranks:
     procs: list[subprocess.Popen]
     log_path: Path
     scratch: Path
+    nodes: int = 1
     stopped: bool = False
 
     def failed(self) -> list[tuple[int, int]]:
@@ -122,18 +124,24 @@ def _has_cuda() -> bool:
 
 
 def launch(scenario: str, ranks: int, *, job: str, seconds: float | None, memory_limit: str | None,
-           record: str | None) -> Ranks:
-    """Start the ranks (own sessions, output to one log file) and return at once."""
+           record: str | None, nodes: int = 1) -> Ranks:
+    """Start the ranks (own sessions, output to one log file) and return at once. With ``nodes`` > 1
+    the ranks are split into that many "nodes" on this machine, each its own socket directory."""
     scratch = Path(tempfile.mkdtemp(prefix="perfmon-demo-"))
     log_path = scratch / "demo.log"
     port = _free_port()
     t0 = time.time()
     procs: list[subprocess.Popen] = []
+    per_node = -(-ranks // nodes)
     with open(log_path, "ab") as log:
         for rank in range(ranks):
-            env = dict(os.environ, RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE=str(ranks),
-                       LOCAL_WORLD_SIZE=str(ranks), MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port),
+            env = dict(os.environ, RANK=str(rank), LOCAL_RANK=str(rank % per_node), WORLD_SIZE=str(ranks),
+                       LOCAL_WORLD_SIZE=str(per_node), MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port),
                        PYTHONUNBUFFERED="1")
+            if nodes > 1:
+                node_dir = node_dirs(scratch, nodes)[rank // per_node]
+                node_dir.mkdir(mode=0o700, exist_ok=True)
+                env["PERFMON_DIR"] = str(node_dir)
             env.pop("PERFMON_JOB", None)
             stall_s = scenarios.SCENARIOS[scenario].stall_s if scenario in scenarios.SCENARIOS else None
             if stall_s is not None:
@@ -148,14 +156,30 @@ def launch(scenario: str, ranks: int, *, job: str, seconds: float | None, memory
                 cmd += ["--memory-limit", memory_limit]
             procs.append(subprocess.Popen(cmd, env=env, stdin=subprocess.DEVNULL, stdout=log,
                                           stderr=subprocess.STDOUT, start_new_session=True))
-    return Ranks(job, procs, log_path, scratch)
+    return Ranks(job, procs, log_path, scratch, nodes)
+
+
+def node_dirs(scratch: Path, nodes: int) -> list[Path]:
+    """The socket directory of each "node" of ``perfmon demo --nodes N``: ``<scratch>/node1`` ..."""
+    return [scratch / f"node{k + 1}" for k in range(nodes)]
+
+
+def relay_feed(ranks: Ranks, model: Any) -> Any:
+    """The multi-node view of a ``--nodes`` demo: a relay per node, started through a local transport
+    (``env PERFMON_DIR=<node dir>``) instead of ssh, exactly as ``attach --hosts`` starts them."""
+    from tui.stream.remote import RelayFeed
+    via = f"env PERFMON_DIR={shlex.quote(str(ranks.scratch))}/{{host}}"
+    return RelayFeed(model, ranks.job, [d.name for d in node_dirs(ranks.scratch, ranks.nodes)], via,
+                     relay=(sys.executable, "-m", "tui.cli", "relay", "--stdio"))
 
 
 def wait_for_ranks(ranks: Ranks, count: int, timeout: float = STARTUP_TIMEOUT) -> list[discovery.Endpoint]:
     """Poll the socket directory until every rank's probe listens; fail if a rank dies first."""
     deadline = time.monotonic() + timeout
+    dirs = node_dirs(ranks.scratch, ranks.nodes) if ranks.nodes > 1 else [None]
     while True:
-        found = discovery.jobs(discovery.list_endpoints()).get(ranks.job, [])
+        found = [ep for d in dirs if d is None or d.exists()
+                 for ep in discovery.jobs(discovery.list_endpoints(d)).get(ranks.job, [])]
         pids = {p.pid for p in ranks.procs}
         mine = [ep for ep in found if ep.pid in pids]
         if len(mine) >= count:
@@ -189,8 +213,9 @@ def headless(ranks: Ranks, count: int, seconds: float, source: dict[str, Any]) -
 
     endpoints = wait_for_ranks(ranks, count)
     model = RunModel()
+    feed = relay_feed(ranks, model) if ranks.nodes > 1 else LiveFeed(model, endpoints[0].job, endpoints, rescan=False)
     try:
-        follow(LiveFeed(model, endpoints[0].job, endpoints, rescan=False), seconds)
+        follow(feed, seconds)
     except StreamError as exc:
         raise DemoFailed(ranks, str(exc)) from None
     for p in ranks.procs:
@@ -210,7 +235,10 @@ def main(args: Any) -> int:
     if name not in scenarios.names():
         raise UserError(f"unknown scenario {name!r}; choose one of: {', '.join(scenarios.names())}")
     default_ranks = 1 if name == scenarios.TOUR_NAME else scenarios.SCENARIOS[name].ranks
-    count = args.ranks if args.ranks is not None else default_ranks
+    nodes = getattr(args, "nodes", 1) or 1
+    count = args.ranks if args.ranks is not None else max(default_ranks, nodes)
+    if not 1 <= nodes <= count:
+        raise UserError(f"--nodes must be between 1 and the number of ranks ({count})")
     if not 1 <= count <= MAX_RANKS:
         raise UserError(f"--ranks must be between 1 and {MAX_RANKS}")
     if count < default_ranks:
@@ -229,7 +257,7 @@ def main(args: Any) -> int:
     seconds = args.seconds if args.seconds is not None else (HEADLESS_SECONDS if args.headless else None)
     previous = {sig: signal.signal(sig, _raise_exit) for sig in (signal.SIGTERM, signal.SIGHUP)}
     ranks = launch(name, count, job=job, seconds=None if args.headless else seconds,
-                   memory_limit=args.memory_limit, record=args.record)
+                   memory_limit=args.memory_limit, record=args.record, nodes=nodes)
     failure: DemoFailed | None = None
     rc = 0
     try:
@@ -237,11 +265,12 @@ def main(args: Any) -> int:
             what = chosen[0].summary if len(chosen) == 1 else f"a tour of {len(chosen)} scenarios"
             print(f"perfmon demo: {name} ({count} rank{'s' * (count > 1)}): {what}; watching for {seconds:g} s "
                   "once the ranks are up", file=sys.stderr, flush=True)
-            source = {"kind": "demo", "scenario": name, "ranks": count, "seconds": seconds}
+            source = {"kind": "demo", "scenario": name, "ranks": count, "seconds": seconds, "nodes": nodes}
             report = headless(ranks, count, seconds, source)
         else:
             from tui.commands.attach import run_tui
-            rc = run_tui(job, log_path=ranks.log_path)
+            from tui.model.runmodel import RunModel
+            rc = run_tui(job, log_path=ranks.log_path, feed=relay_feed(ranks, RunModel()) if nodes > 1 else None)
     except DemoFailed as exc:
         failure = exc
     finally:
