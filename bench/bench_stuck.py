@@ -20,6 +20,9 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+from tests.integration.streamutil import kill_tree  # noqa: E402
+
 SCRIPT = ROOT / "tests" / "integration" / "scripts" / "stuck_jobs.py"
 
 
@@ -47,22 +50,6 @@ def one_run(tmp: Path) -> float:
         raise SystemExit("not named within 120 s")
     finally:
         kill_tree(job)
-
-
-def kill_tree(proc: subprocess.Popen) -> None:
-    """torchrun's workers have process groups of their own: kill them one by one, then the launcher."""
-    import psutil
-    try:
-        procs = [psutil.Process(proc.pid), *psutil.Process(proc.pid).children(recursive=True)]
-    except psutil.NoSuchProcess:
-        procs = []
-    for p in procs:
-        try:
-            p.kill()
-        except psutil.NoSuchProcess:
-            pass
-    psutil.wait_procs(procs, timeout=30)
-    proc.wait()
 
 
 def main() -> None:
