@@ -19,6 +19,7 @@ from tui.model.runmodel import RunModel
 from tui.stream.feed import READ_CHUNK, Feed, StreamStatus
 from tui.stream.hosts import RELAY_ARGV, via_argv
 
+STDERR_LINES = 20
 STOP_S = 3.0        # a relay told to stop (stdin closed, SIGTERM) exits within this, else it is killed
 
 
@@ -67,8 +68,10 @@ class RelayFeed(Feed):
                                                         stderr=asyncio.subprocess.PIPE)
         except OSError as exc:
             self._fail(status, f"{host}: cannot start {argv[0]}: {exc.strerror or exc}")
+            self.stream_finished()
             return
         self._procs[host] = proc
+        stderr = asyncio.ensure_future(_tail(proc.stderr))   # drained as it comes: a full pipe would block it
         decoder = wire.FrameDecoder()
         srcs: dict[str, str] = {}
         cancelled = False
@@ -93,8 +96,9 @@ class RelayFeed(Feed):
                     if self.streams[sid].state in ("live", "connecting"):
                         self.streams[sid].state = "lost"
                 if status.state != "error":
-                    await self._ended(host, status, proc)
+                    await self._ended(host, status, proc, await stderr)
                 self.stream_finished()
+            stderr.cancel()
 
     def _take(self, host: str, status: StreamStatus, rec: dict[str, Any], srcs: dict[str, str]) -> bool:
         """One record from a host's relay; False when the relay cannot be used (version)."""
@@ -118,8 +122,8 @@ class RelayFeed(Feed):
         self.ingest(sid, [rec])
         return True
 
-    async def _ended(self, host: str, status: StreamStatus, proc: asyncio.subprocess.Process) -> None:
-        err = (await proc.stderr.read()).decode(errors="replace").strip().splitlines()   # type: ignore[union-attr]
+    async def _ended(self, host: str, status: StreamStatus, proc: asyncio.subprocess.Process,
+                     err: list[str]) -> None:
         code = await proc.wait()
         if code != 0:
             self._fail(status, f"{host}: {err[-1] if err else f'relay exit status {code}'}")
@@ -130,6 +134,18 @@ class RelayFeed(Feed):
         status.state = "error"
         status.message = message
         self.model.add_problem(message)
+
+
+async def _tail(stream: asyncio.StreamReader | None) -> list[str]:
+    """The last lines a relay (or the transport: ssh) wrote on stderr."""
+    lines: list[str] = []
+    if stream is None:
+        return lines
+    async for raw in stream:
+        line = raw.decode(errors="replace").strip()
+        if line:
+            lines = (lines + [line])[-STDERR_LINES:]
+    return lines
 
 
 async def _reap(proc: asyncio.subprocess.Process) -> None:
