@@ -110,6 +110,7 @@ class StallWatch(threading.Thread):
         self.last_report = float("-inf")
         self._seen: tuple[int, float | None] = (-1, None)
         self._primed = False
+        self._last_stack: list[str] | None = None   # the stack at the previous look: unchanged = not moving
         self._worker_cpu: dict[int, tuple[float, float]] = {}   # pid -> (wall, cpu s): bounded by MAX_WORKERS
 
     def run(self) -> None:
@@ -135,8 +136,9 @@ class StallWatch(threading.Thread):
         threshold = self.policy.threshold()
         if now - last < threshold:
             if now - last >= threshold - PRIME_S and self.stalled_since is None and not self._primed:
-                self._primed = True       # a first look at the loader workers' CPU, so the stall record
-                _add({}, "loader", lambda: self._loader(False))   # says how busy they are since
+                self._primed = True       # a first look at the loader workers' CPU and at the stack, so the
+                _add({}, "loader", lambda: self._loader(False))   # first stall record says how busy they are
+                self._last_stack = _job_frames(thread_stack(thread_id))   # and whether the thread moves
             return None
         self._primed = False
         if self.stalled_since is None:
@@ -154,12 +156,15 @@ class StallWatch(threading.Thread):
                  thread_id: int) -> dict[str, Any]:
         full = thread_stack(thread_id)
         in_loader = any((os.path.basename(f), fn) in _LOADER_FRAMES for f, fn in _frame_places(full))
-        stack = [f for f in full if not f.startswith(_PROBE_DIR)]   # the probe's wrappers are not the job's
+        stack = _job_frames(full)
         record: dict[str, Any] = {
             "k": "stall", "t": time.time(), "since": time.time() - (now - last), "seconds": now - last,
             "threshold": threshold, "step": steps - 1, "n": self.reports,
             "where": "loader" if in_loader else "step" if in_step else "between", "stack": stack,
         }
+        if self._last_stack is not None:   # a hang keeps one stack; an evaluation loop never does
+            record["moving"] = stack != self._last_stack
+        self._last_stack = stack
         _add(record, "inflight", self._communication)
         _add(record, "loader", lambda: self._loader(in_loader))
         _add(record, "device", self._device)
@@ -247,6 +252,11 @@ def thread_stack(thread_id: int) -> list[str]:
         frame = frame.f_back
     frames.reverse()
     return frames
+
+
+def _job_frames(stack: list[str]) -> list[str]:
+    """The job's frames: the probe's own wrappers (around collectives, the loader) left out."""
+    return [f for f in stack if not f.startswith(_PROBE_DIR)]
 
 
 def _frame_places(stack: list[str]) -> list[tuple[str, str]]:

@@ -62,7 +62,9 @@ from __future__ import annotations
 #         has used), loader {waiting, workers [{pid, alive, cpu (share of one core)}]} (when a
 #         DataLoader is watched), device {pending (bool: queued GPU work not finished) } (CUDA),
 #         flight {source ("nccl"|"simulated"), entries [{op, group, seq, state}]} (torch's flight
-#         recorder where it can be read in process), n (1 for the first record of this stall)
+#         recorder where it can be read in process), n (1 for the first record of this stall),
+#         moving (the stack differs from the previous look: busy, e.g. evaluating, rather than hung;
+#         absent when there was no previous look)
 # resumed progress again after a stall: seconds (how long it lasted), step
 
 import struct
@@ -110,7 +112,7 @@ OPTIONAL: dict[str, dict[str, tuple[type, ...]]] = {
     "sample": {"gpus": (list,), "host": (dict,)},
     "stall": {"since": _NUM, "seconds": _NUM, "threshold": _NUM, "step": (int,), "where": (str,),
               "stack": (list,), "inflight": (list,), "seq": (dict,), "loader": (dict,), "device": (dict,),
-              "flight": (dict,)},
+              "flight": (dict,), "moving": (bool,)},
     "resumed": {"seconds": _NUM, "step": (int,)},
 }
 
@@ -223,7 +225,7 @@ def validate(obj: Any) -> dict[str, Any]:
             raise ProtocolError(f"{kind} record: '{key}' missing or of the wrong type")
     for key, types in OPTIONAL.get(kind, {}).items():
         value = obj.get(key)
-        if value is not None and (not isinstance(value, types) or isinstance(value, bool)):
+        if value is not None and (not isinstance(value, types) or (isinstance(value, bool) and bool not in types)):
             raise ProtocolError(f"{kind} record: '{key}' of the wrong type")
     return obj
 

@@ -239,3 +239,16 @@ def test_on_cuda_the_record_says_whether_the_device_still_has_queued_work(monkey
     assert watch._device() == {"device": {"pending": False}}
     probe.device = {"type": "cpu"}
     assert watch._device() is None
+
+
+def test_the_record_says_whether_the_stack_moved_since_the_previous_look(monkeypatch):
+    probe, out = FakeProbe(), []
+    stacks = iter([["a.py:1 in f"], ["a.py:1 in f"], ["a.py:2 in g"], ["a.py:2 in g"]])
+    monkeypatch.setattr(S, "thread_stack", lambda thread_id: next(stacks))
+    probe.steps, probe.last = 3, 100.0
+    watch = S.StallWatch(probe, out.append, S.StallPolicy(fixed=2.0))
+    watch.tick(100.0 + 2.0 - S.PRIME_S + 0.1)       # the look before the threshold: a[1]
+    assert watch.tick(102.1)["moving"] is False     # a[1] again: hung
+    assert watch.tick(102.1 + S.REPEAT_S)["moving"] is True    # g: it moved
+    assert "moving" not in S.StallWatch(probe, out.append, S.StallPolicy(fixed=2.0)).describe(
+        200.0, 100.0, 2.0, 3, False, 1)              # no previous look: unknown, not claimed

@@ -193,3 +193,15 @@ def test_odd_stall_records_parse_to_what_is_known():
     assert r.workers[0].pid is None and r.device_pending is None and r.stack == ("a:1 in f",)
     assert stall_reading({"k": "stall", "t": 5.0}) is None
     assert diagnose([]) is None
+
+
+def test_a_rank_long_without_a_step_but_moving_is_busy_not_stuck_unless_others_wait_for_it():
+    evaluating = stall(END + 60, 60, where="between", stack=[f"{SITE}:70 in evaluate"], moving=True,
+                       seq={"world": 19})
+    assert job(Rank(0, extra_records=[evaluating])).view().stuck is None
+    v = V.evaluate(two_ranks([WAITER], [evaluating]).view())
+    assert v.stuck.culprit_ranks == (1,)
+    assert v.headline.startswith("Stuck: rank 1 never reached all_reduce #20 (busy between steps, now at "
+                                 "train.py:70 in evaluate)")
+    hung = dict(evaluating, moving=False)
+    assert job(Rank(0, extra_records=[hung])).view().stuck.kind == "between_steps"

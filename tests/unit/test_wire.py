@@ -219,3 +219,12 @@ def test_encoder_limit_is_inclusive_and_names_the_kind():
     assert len(enc.frame({"k": "event", "t": 0.0, "name": "x", "blob": blob})) == wire.MAX_FRAME + 4
     with pytest.raises(wire.ProtocolError, match=r"^record of kind 'event' is 1048577 bytes, over the 1 MiB"):
         enc.frame({"k": "event", "t": 0.0, "name": "x", "blob": blob + b"\0"})
+
+
+def test_a_boolean_is_accepted_only_where_the_schema_names_bool():
+    ok = {"k": "stall", "t": 1.0, "seconds": 2.0, "moving": True}
+    assert wire.decode_body(msgpack.packb(ok)) == ok
+    with pytest.raises(wire.ProtocolError, match="^stall record: 'step' of the wrong type$"):
+        wire.decode_body(msgpack.packb({"k": "stall", "t": 1.0, "seconds": 2.0, "step": True}))
+    with pytest.raises(wire.ProtocolError, match="^stall record: 'seconds' missing or of the wrong type$"):
+        wire.decode_body(msgpack.packb({"k": "stall", "t": 1.0, "seconds": True}))

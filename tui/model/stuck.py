@@ -63,6 +63,7 @@ class StallReading:
     workers: tuple[LoaderWorker, ...]
     device_pending: bool | None
     flight_source: str | None
+    moving: bool | None = None   # its stack changed since the probe's previous look: busy, not hung
 
     def lasted(self, now: float) -> float:
         """How long the stall has lasted at ``now`` (the rank's probe clock)."""
@@ -96,6 +97,7 @@ def stall_reading(rec: dict[str, Any]) -> StallReading | None:
                       for w in _dicts(loader.get("workers"))),
         device_pending=device.get("pending") if isinstance(device.get("pending"), bool) else None,
         flight_source=str(flight["source"]) if flight.get("source") else None,
+        moving=rec["moving"] if isinstance(rec.get("moving"), bool) else None,
     )
 
 
@@ -171,8 +173,10 @@ def diagnose(ranks: list[RankLike]) -> StuckDiagnosis | None:
             head += f"; {_count(waiting)} stalled for {units.age(max(lasted.get(r, 0.0) for r in waiting))}"
         return _finish("unresponsive", unresponsive, waiting, None, since, where, head, by_rank, stalled, silent,
                        lasted, {r: "culprit" for r in unresponsive})
-    readings = {rank: s for rank, s in stalled.items() if s is not None}
-    since = max(lasted.values(), default=0.0)
+    readings = {rank: s for rank, s in stalled.items() if s is not None and not s.moving}
+    if not readings:
+        return None      # long without a step, but busy (an evaluation loop, slow preprocessing): not stuck
+    since = max(lasted.get(r, 0.0) for r in readings)
     in_loader = [rank for rank, s in readings.items() if s.where == "loader"]
     if in_loader and len(in_loader) == len(readings):
         culprit = min(in_loader, key=lambda r: (readings[r].awaited_pid is None, r))
@@ -276,6 +280,9 @@ def _doing(rank: int, reading: StallReading | None, silent: dict[int, float]) ->
     if reading.inflight:
         call = reading.inflight[0]
         return f"in {call.op} #{call.seq}" if call.seq is not None else f"in {call.op}"
+    if reading.moving:
+        frame, _ = user_frame(reading.stack)
+        return f"busy{' between steps' if reading.where == 'between' else ''}, now at {frame or 'n/a'}"
     if reading.where == "loader":
         return _loader_state(reading, rank)
     frame, callee = user_frame(reading.stack)
