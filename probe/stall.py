@@ -110,7 +110,9 @@ class StallWatch(threading.Thread):
         self.last_report = float("-inf")
         self._seen: tuple[int, float | None] = (-1, None)
         self._primed = False
-        self._last_stack: list[str] | None = None   # the stack at the previous look: unchanged = not moving
+        self._last_stack: list[str] | None = None   # the stack at the latest look
+        self._moved = False                          # it changed between two looks since the last report
+        self._looks = 0
         self._worker_cpu: dict[int, tuple[float, float]] = {}   # pid -> (wall, cpu s): bounded by MAX_WORKERS
 
     def run(self) -> None:
@@ -126,6 +128,7 @@ class StallWatch(threading.Thread):
         self.policy.observe(steps, last, first_end)
         if (steps, last) != self._seen:
             self._seen = (steps, last)
+            self._primed, self._last_stack, self._moved, self._looks = False, None, False, 0
             if self.stalled_since is not None and last is not None:
                 record = {"k": "resumed", "t": time.time(), "seconds": last - self.stalled_since, "step": steps - 1}
                 self.stalled_since = None
@@ -134,13 +137,14 @@ class StallWatch(threading.Thread):
         if last is None or thread_id is None:
             return None
         threshold = self.policy.threshold()
-        if now - last < threshold:
-            if now - last >= threshold - PRIME_S and self.stalled_since is None and not self._primed:
-                self._primed = True       # a first look at the loader workers' CPU and at the stack, so the
-                _add({}, "loader", lambda: self._loader(False))   # first stall record says how busy they are
-                self._last_stack = _job_frames(thread_stack(thread_id))   # and whether the thread moves
+        if now - last < threshold - PRIME_S:
             return None
-        self._primed = False
+        self._look(thread_id)             # every tick from PRIME_S before the threshold: does the stack move?
+        if not self._primed:
+            self._primed = True           # a first look at the loader workers' CPU, so the first stall
+            _add({}, "loader", lambda: self._loader(False))   # record says how busy they are since
+        if now - last < threshold:
+            return None
         if self.stalled_since is None:
             self.stalled_since = last
             self.reports = 0
@@ -152,6 +156,16 @@ class StallWatch(threading.Thread):
         self.emit(record)
         return record
 
+    def _look(self, thread_id: int) -> None:
+        """One sample of the training thread's stack: a hang keeps one stack, an evaluation loop or
+        slow preprocessing in the main process does not (sampled every tick: one look could land on
+        the same line twice)."""
+        stack = _job_frames(thread_stack(thread_id))
+        if self._last_stack is not None and stack != self._last_stack:
+            self._moved = True
+        self._last_stack = stack
+        self._looks += 1
+
     def describe(self, now: float, last: float, threshold: float, steps: int, in_step: bool,
                  thread_id: int) -> dict[str, Any]:
         full = thread_stack(thread_id)
@@ -162,9 +176,9 @@ class StallWatch(threading.Thread):
             "threshold": threshold, "step": steps - 1, "n": self.reports,
             "where": "loader" if in_loader else "step" if in_step else "between", "stack": stack,
         }
-        if self._last_stack is not None:   # a hang keeps one stack; an evaluation loop never does
-            record["moving"] = stack != self._last_stack
-        self._last_stack = stack
+        if self._looks >= 2:               # the looks since the previous report (or the threshold's approach)
+            record["moving"] = self._moved or stack != self._last_stack
+        self._moved, self._last_stack, self._looks = False, stack, 1
         _add(record, "inflight", self._communication)
         _add(record, "loader", lambda: self._loader(in_loader))
         _add(record, "device", self._device)

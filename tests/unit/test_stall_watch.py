@@ -241,14 +241,18 @@ def test_on_cuda_the_record_says_whether_the_device_still_has_queued_work(monkey
     assert watch._device() is None
 
 
-def test_the_record_says_whether_the_stack_moved_since_the_previous_look(monkeypatch):
+def test_the_record_says_whether_the_stack_moved_at_any_look_since_the_previous_report(monkeypatch):
     probe, out = FakeProbe(), []
-    stacks = iter([["a.py:1 in f"], ["a.py:1 in f"], ["a.py:2 in g"], ["a.py:2 in g"]])
-    monkeypatch.setattr(S, "thread_stack", lambda thread_id: next(stacks))
+    seen = iter([["a.py:1 in f"]] * 4 + [["a.py:1 in f"], ["a.py:2 in g"], ["a.py:1 in f"], ["a.py:1 in f"]])
+    monkeypatch.setattr(S, "thread_stack", lambda thread_id: next(seen))
     probe.steps, probe.last = 3, 100.0
     watch = S.StallWatch(probe, out.append, S.StallPolicy(fixed=2.0))
-    watch.tick(100.0 + 2.0 - S.PRIME_S + 0.1)       # the look before the threshold: a[1]
-    assert watch.tick(102.1)["moving"] is False     # a[1] again: hung
-    assert watch.tick(102.1 + S.REPEAT_S)["moving"] is True    # g: it moved
-    assert "moving" not in S.StallWatch(probe, out.append, S.StallPolicy(fixed=2.0)).describe(
-        200.0, 100.0, 2.0, 3, False, 1)              # no previous look: unknown, not claimed
+    assert watch.tick(100.0 + 2.0 - S.PRIME_S - 0.1) is None      # not near the threshold: no look
+    watch.tick(101.1), watch.tick(101.6)                          # looks before the threshold: f, f
+    first = watch.tick(102.1)                                     # look f, and the record's own stack f
+    assert first["moving"] is False                               # one stack at every look: hung
+    assert watch.tick(102.6) is None and watch.tick(103.1) is None   # looks f, g
+    again = watch.tick(104.2)                                     # look f: g came and went in between
+    assert again["moving"] is True
+    probe.steps, probe.last = 4, 104.5                            # progress: the looks start over
+    assert watch.tick(104.6)["k"] == "resumed" and watch._looks == 0
