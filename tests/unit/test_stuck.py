@@ -13,7 +13,8 @@ from tests.unit.verdict_synth import T0, Rank, job
 from tui.commands.report import build_report
 from tui.model import verdict as V
 from tui.model.runmodel import RunModel
-from tui.model.stuck import HEARTBEAT_S, NO_HELLO_S, diagnose, stall_reading, user_frame
+from tui.model.stuck import (HEARTBEAT_S, NO_HELLO_S, InFlight, LoaderWorker, diagnose, is_library,
+                             stall_reading, user_frame)
 
 SCHEMA = json.loads((Path(__file__).parents[2] / "tui" / "schemas" / "report.schema.json").read_text())
 END = T0 + 30 * 0.1          # the synthetic ranks' last step ends here
@@ -205,3 +206,113 @@ def test_a_rank_long_without_a_step_but_moving_is_busy_not_stuck_unless_others_w
                                  "train.py:70 in evaluate)")
     hung = dict(evaluating, moving=False)
     assert job(Rank(0, extra_records=[hung])).view().stuck.kind == "between_steps"
+
+
+# -- each branch's words and roles (written against the mutants scripts/mutation.py left alive) --------
+
+def roles(d) -> list[tuple[int, str]]:
+    return [(r.rank, r.role) for r in d.ranks]
+
+
+def test_ranks_behind_are_culprits_and_a_rank_that_issued_the_call_is_not_even_when_elsewhere():
+    waiting = [stall(END + 30, 30, inflight=[in_all_reduce(7)], seq={"world": 7}) for _ in range(2)]
+    reached = stall(END + 30, 30, stack=[f"{SITE}:9 in g"], seq={"world": 7})     # issued #7: not behind
+    behind = stall(END + 45, 45, stack=[f"{SITE}:5 in f"], seq={"world": 6})
+    d = job(Rank(0, extra_records=[waiting[0]]), Rank(1, extra_records=[waiting[1]]),
+            Rank(2, extra_records=[reached]), Rank(3, extra_records=[behind])).view().stuck
+    assert (d.culprit_ranks, d.waiting_ranks, d.since_s) == ((3,), (0, 1), 45.0)   # aged to the newest record
+    assert roles(d) == [(0, "waiting"), (1, "waiting"), (2, "other"), (3, "culprit")]
+    assert d.headline == "rank 3 never reached all_reduce #7 (train.py:5 in f); 2 ranks wait in it for 45s"
+
+
+def test_several_ranks_behind_are_all_named_and_the_longest_wait_is_the_stuck_time():
+    first = stall(END + 30, 30, inflight=[in_all_reduce(7)], seq={"world": 7})
+    longer = stall(END + 45, 45, inflight=[in_all_reduce(7)], seq={"world": 7})
+    behind = stall(END + 45, 45, stack=[f"{SITE}:5 in f"], seq={"world": 6})
+    d = job(Rank(0, extra_records=[first]), Rank(1, extra_records=[longer]), Rank(2, extra_records=[behind]),
+            Rank(3, extra_records=[dict(behind)])).view().stuck
+    assert d.culprit_ranks == (2, 3) and d.since_s == 45.0
+    assert d.headline == "ranks 2, 3 never reached all_reduce #7; 2 ranks wait in it for 45s"
+
+
+def test_when_every_known_member_is_in_the_call_none_is_blamed():
+    in_tp = dict(in_all_reduce(5), group="3")
+    ranks = [Rank(r, extra_records=[stall(END + 20, 20, inflight=[in_tp], seq={"3": 5})]) for r in (0, 1)]
+    outside = stall(END + 20, 20, stack=[f"{SITE}:2 in h"], seq={"world": 3})   # not in group 3
+    d = job(*ranks, Rank(2, extra_records=[outside]), Rank(3)).view().stuck
+    assert d.culprit_ranks == () and d.waiting_ranks == (0, 1)
+    assert d.headline == "every rank is in all_reduce #5 of group 3; 2 ranks wait in it for 20s"
+
+
+def test_a_silent_rank_beside_stalled_ones_without_a_collective_is_the_culprit_and_they_are_said():
+    model = two_ranks([], [stall(END + 30, 30, stack=[f"{SITE}:3 in spin"])])
+    for state in model._streams.values():
+        state.recv_clock = 1000.0 - (HEARTBEAT_S if state.rank == 0 else 0.5)   # exactly the heartbeat
+    d = model.view(END + 30, clock=1000.0).stuck
+    assert (d.kind, d.culprit_ranks, d.waiting_ranks, d.since_s) == ("unresponsive", (0,), (1,), HEARTBEAT_S)
+    assert d.headline.endswith("or stopped); 1 rank stalled for 30s")
+    assert roles(d) == [(0, "culprit"), (1, "waiting")]
+
+
+def test_the_loader_culprit_is_the_rank_that_knows_which_worker_it_waits_for():
+    unknown = {"waiting": True, "workers": [{"pid": 70, "alive": True, "cpu": 0.5}]}
+    known = {"waiting": True, "awaited_pid": 81, "workers": [{"pid": 81, "alive": True, "cpu": 0.0}]}
+    d = two_ranks([stall(END + 30, 30, where="loader", loader=unknown)],
+                  [stall(END + 30, 30, where="loader", loader=known)]).view().stuck
+    assert d.loader_pid == 81 and d.headline.endswith("worker 81 of rank 1 is idle at 0% CPU")
+    assert roles(d) == [(0, "culprit"), (1, "culprit")]
+    one = job(Rank(0, extra_records=[stall(END + 30, 30, where="loader", loader=unknown)])).view().stuck
+    assert one.headline == "rank 0 waits in data loading for 30s: rank 0 waits in DataLoader next() (workers 70)"
+
+
+def test_a_loader_wait_on_one_rank_and_a_step_on_another_is_not_a_data_stall():
+    d = two_ranks([stall(END + 30, 30, where="loader", stack=[f"{SITE}:1 in a"])],
+                  [stall(END + 30, 30, stack=[f"{SITE}:2 in b"])]).view().stuck
+    assert d.kind == "in_step" and d.culprit_ranks == (0, 1)
+    assert d.headline == "ranks 0, 1 stuck inside step 30 at train.py:1 in a for 30s"
+
+
+def test_inside_a_step_without_a_step_number_and_between_steps_name_the_rank_and_roles():
+    d = job(Rank(0, extra_records=[stall(END + 9, 9, step=None, stack=[f"{SITE}:4 in k"])])).view().stuck
+    assert d.headline == "rank 0 stuck inside step at train.py:4 in k for 9s" and roles(d) == [(0, "culprit")]
+    assert (d.kind, d.waiting_ranks, d.op, d.group, d.seq) == ("in_step", (), None, None, None)
+
+
+def test_on_several_nodes_the_culprit_is_named_with_its_node():
+    model = job(Rank(0, extra_records=[WAITER]), Rank(1, extra_records=[SLEEPER]))
+    for state in model._streams.values():
+        state.hello = dict(state.hello, host=f"n0{state.rank + 1}")
+    assert model.view().stuck.headline.startswith("rank 1 on n02 never reached all_reduce #20")
+
+
+def test_a_full_stall_record_is_read_field_by_field():
+    rec = stall(END + 5, 5.5, step=7, where="loader", stack=["a:1 in f"],
+                inflight=[{"op": "broadcast", "group": "2", "seq": 3, "since": 12.5}], seq={"2": 3},
+                loader={"waiting": True, "awaited_pid": 9, "workers": [{"pid": 9, "alive": True, "cpu": 0.25}]},
+                device={"pending": True}, flight={"source": "torch", "groups": {}, "entries": []}, moving=False)
+    r = stall_reading(rec)
+    assert (r.t, r.seconds, r.threshold, r.step, r.where, r.stack) == (END + 5, 5.5, 15.0, 7, "loader", ("a:1 in f",))
+    assert r.inflight[0] == InFlight("broadcast", "2", 3, 12.5) and r.seq == {"2": 3}
+    assert (r.loader_waiting, r.awaited_pid, r.device_pending, r.flight_source, r.moving) == (True, 9, True, "torch",
+                                                                                               False)
+    assert r.workers == (LoaderWorker(9, True, 0.25),) and r.awaited_worker == LoaderWorker(9, True, 0.25)
+    assert r.lasted(END + 7) == 7.5 and r.lasted(END) == 5.5       # never less than at the record
+    bare = stall_reading({"k": "stall", "t": 1.0, "seconds": 2.0})
+    assert (bare.where, bare.step, bare.threshold, bare.loader_waiting, bare.moving, bare.flight_source) == (
+        "step", None, None, False, None, None)
+
+
+def test_the_json_rounds_the_time_and_lists_the_roles_of_silent_ranks():
+    model = two_ranks([dict(WAITER, seconds=45.12345)])
+    for state in model._streams.values():
+        state.recv_clock = 1000.0 - (25.0 if state.rank == 1 else 0.0)
+    out = model.view(END + 45, clock=1000.0).stuck.as_json()
+    assert out["since_s"] == 45.123 and out["unresponsive_ranks"] == [1] and out["culprit_ranks"] == [1]
+    assert list(out["where"]) == ["0"] and len(out["where"]["0"]) == 2
+
+
+def test_user_frames_and_short_names():
+    assert user_frame(("/u/t.py:3 in main", "/u/t.py:9 in step")) == ("t.py:9 in step", None)
+    assert user_frame(("/u/t.py:3 in main", "/venv/lib/python3.11/site-packages/x.py:1 in a",
+                       "/venv/lib/python3.11/site-packages/x.py:2 in b")) == ("t.py:3 in main", "a")
+    assert is_library("<string>:1 in <module>") and not is_library("/u/t.py:1 in f")

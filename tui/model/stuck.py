@@ -172,7 +172,7 @@ def diagnose(ranks: list[RankLike]) -> StuckDiagnosis | None:
         if waiting:
             head += f"; {_count(waiting)} stalled for {units.age(max(lasted.get(r, 0.0) for r in waiting))}"
         return _finish("unresponsive", unresponsive, waiting, None, since, where, head, by_rank, stalled, silent,
-                       lasted, {r: "culprit" for r in unresponsive})
+                       lasted, {**{r: "waiting" for r in waiting}, **{r: "culprit" for r in unresponsive}})
     readings = {rank: s for rank, s in stalled.items() if s is not None and not s.moving}
     if not readings:
         return None      # long without a step, but busy (an evaluation loop, slow preprocessing): not stuck
