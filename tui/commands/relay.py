@@ -70,7 +70,10 @@ async def serve(job: str, out: StdoutRelay, stdin_fd: int | None) -> None:
     task = asyncio.ensure_future(feed.run())
     gone = asyncio.get_running_loop().create_future()
     if stdin_fd is not None:
-        asyncio.get_running_loop().add_reader(stdin_fd, _on_stdin, stdin_fd, gone)
+        try:
+            asyncio.get_running_loop().add_reader(stdin_fd, _on_stdin, stdin_fd, gone)
+        except (OSError, ValueError):   # a file (</dev/null) cannot be watched: a broken stdout ends us then
+            stdin_fd = None
     ended_since: float | None = None
     try:
         while not gone.done() and not out.broken:
