@@ -316,3 +316,35 @@ def test_user_frames_and_short_names():
     assert user_frame(("/u/t.py:3 in main", "/venv/lib/python3.11/site-packages/x.py:1 in a",
                        "/venv/lib/python3.11/site-packages/x.py:2 in b")) == ("t.py:3 in main", "a")
     assert is_library("<string>:1 in <module>") and not is_library("/u/t.py:1 in f")
+
+
+def test_each_ranks_row_for_the_stuck_screen_says_what_it_does_and_carries_its_stack():
+    busy_step = stall(END + 40, 40, where="step", stack=[f"{SITE}:12 in train"], moving=True, seq={"world": 19})
+    model = job(Rank(0, extra_records=[WAITER]), Rank(1, extra_records=[SLEEPER]), Rank(2, extra_records=[busy_step]),
+                Rank(3, extra_records=[stall(END + 45, 45, stack=[], seq={"world": 19})]),
+                Rank(4, extra_records=[stall(END + 45, 45, where="loader", seq={"world": 19},
+                                             loader={"waiting": True, "workers": []})]),
+                Rank(5, extra_records=[dict(WAITER, inflight=[dict(in_all_reduce(20), seq=None)])]),
+                Rank(6))
+    for state in model._streams.values():
+        state.recv_clock = 1000.0 - (30.0 if state.rank == 6 else 0.0)
+    d = model.view(END + 45, clock=1000.0).stuck
+    rows = {r.rank: r for r in d.ranks}
+    assert [(r.rank, r.host, r.pid) for r in d.ranks] == [(n, "node1", 1000 + n) for n in range(7)]
+    assert rows[0].doing == "in all_reduce #20" and rows[0].stack == tuple(WAITER["stack"])
+    assert rows[0].seconds == 45.0 and rows[6].seconds == 30.0          # stalled for, or silent for
+    assert rows[1].doing == "train.py:10 in load_batch" and rows[1].role == "culprit"
+    assert rows[2].doing == "busy, now at train.py:12 in train"
+    assert rows[3].doing == "stalled (no stack)" and rows[3].stack == ()
+    assert rows[4].doing == "rank 4 waits in DataLoader next()"
+    assert rows[5].doing == "in all_reduce" and rows[5].role == "other"  # no sequence number: not in #20
+    assert rows[6].role == "unresponsive" and rows[6].doing.startswith("no record for 30s") and rows[6].stack == ()
+
+
+def test_between_steps_the_row_says_so_busy_or_inside_a_call():
+    inside = stall(END + 9, 9, where="between", stack=[f"{SITE}:88 in save_ckpt", TORCH + ":1 in save"])
+    busy = stall(END + 9, 9, where="between", stack=[f"{SITE}:70 in evaluate"], moving=True)
+    d = two_ranks([WAITER], [inside]).view().stuck
+    assert d.ranks[1].doing == "between steps, in save from train.py:88 in save_ckpt"
+    d = two_ranks([WAITER], [busy]).view().stuck
+    assert d.ranks[1].doing == "busy between steps, now at train.py:70 in evaluate"
