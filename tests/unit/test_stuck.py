@@ -348,3 +348,30 @@ def test_between_steps_the_row_says_so_busy_or_inside_a_call():
     assert d.ranks[1].doing == "between steps, in save from train.py:88 in save_ckpt"
     d = two_ranks([WAITER], [busy]).view().stuck
     assert d.ranks[1].doing == "busy between steps, now at train.py:70 in evaluate"
+
+
+def test_a_rank_with_no_record_is_named_only_when_no_rank_is_provably_behind():
+    behind = stall(END + 45, 45, stack=[f"{SITE}:5 in f"], seq={"world": 19})
+    d = job(Rank(0, extra_records=[WAITER]), Rank(1, extra_records=[behind]), Rank(2)).view().stuck
+    assert d.culprit_ranks == (1,) and [r.role for r in d.ranks] == ["waiting", "culprit", "other"]
+
+
+def test_a_silent_rank_outside_the_group_is_still_shown_unresponsive():
+    in_tp = dict(in_all_reduce(5), group="3")
+    model = job(Rank(0, extra_records=[stall(END + 20, 20, inflight=[in_tp], seq={"3": 5})]),
+                Rank(1, extra_records=[stall(END + 20, 20, stack=[f"{SITE}:1 in a"], seq={"3": 4})]), Rank(2))
+    for state in model._streams.values():
+        state.recv_clock = 1000.0 - (20.0 if state.rank == 2 else 0.0)
+    d = model.view(END + 20, clock=1000.0).stuck
+    assert d.culprit_ranks == (1,) and [r.role for r in d.ranks] == ["waiting", "culprit", "unresponsive"]
+    assert d.as_json()["where"] == {"0": [], "1": [f"{SITE}:1 in a"]}
+
+
+def test_missing_pieces_are_said_plainly():
+    d = job(Rank(0, extra_records=[stall(END + 9, 9, where="between", stack=[])])).view().stuck
+    assert d.headline == "rank 0 stuck between steps (no stack) for 9s"
+    r = stall_reading(stall(END, 1, inflight=[{"seq": 2}], loader={"workers": [{"pid": 70}, {"pid": 71}]}))
+    assert r.inflight[0].op == "collective"
+    one = job(Rank(0, extra_records=[stall(END + 9, 9, where="loader",
+                                           loader={"waiting": True, "workers": [{"pid": 70}, {"pid": 71}]})]))
+    assert one.view().stuck.headline.endswith("rank 0 waits in DataLoader next() (workers 70, 71)")
