@@ -27,7 +27,7 @@ ROOT = Path(__file__).parents[2]
 SCHEMA = json.loads((ROOT / "tui" / "schemas" / "report.schema.json").read_text())
 PERFMON = [sys.executable, "-m", "tui.cli"]
 # slow steps: more time for a full window; stuck: 30 steps, then the 5 s stall threshold and a repeat
-SECONDS = {"data_preprocessing": 10, "data_loading": 10, "stuck": 16}
+SECONDS = {"data_preprocessing": 10, "data_loading": 10, "stuck": 13}
 DEFAULT_SECONDS = 8
 CPU_SCENARIOS = [name for name, sc in scenarios.SCENARIOS.items() if not sc.needs_gpu]
 

@@ -47,6 +47,7 @@ PANE_CLASSES: tuple[type[Pane], ...] = (DevicePane, MemoryPane, CommPane, DataPa
 WINDOWS = ((50, 30.0), (200, 120.0), (1000, 600.0))
 TERMINAL_CHECK_SECONDS = 1.0
 FORCED_EXIT_SECONDS = 3.0      # if a clean exit hangs on a dead terminal, leave anyway
+FEED_CLOSE_SECONDS = 5.0       # q: at most this long to stop the relays a feed started
 FIRST_SCREEN_TRIES = 60        # 20 Hz for at most 3 s after the first records arrive
 
 
@@ -170,6 +171,15 @@ class PerfmonApp(App[int]):
             verdict = self.verdict
             if verdict is not None and verdict.pending is None and verdict.bottleneck != "warming_up":
                 return
+
+    async def action_quit(self) -> None:
+        """``q``: release what the feed started (a relay per host) before the loop ends, then exit."""
+        if self.feed is not None:
+            try:
+                await asyncio.wait_for(self.feed.aclose(), FEED_CLOSE_SECONDS)
+            except (asyncio.TimeoutError, OSError):
+                pass
+        self.exit()
 
     def _picked(self, choice: JobChoice | None) -> None:
         if choice is None:

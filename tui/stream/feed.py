@@ -71,6 +71,9 @@ class Feed:
     async def run(self) -> None:  # pragma: no cover - abstract
         raise NotImplementedError
 
+    async def aclose(self) -> None:
+        """Release what the feed started outside this process (relays); the app awaits it on quit."""
+
     @property
     def first_data(self) -> asyncio.Event:
         """Set when the first records are in: the app draws its first full screen then."""

@@ -59,6 +59,13 @@ class RelayFeed(Feed):
             for proc in self._procs.values():
                 await _reap(proc)
 
+    async def aclose(self) -> None:
+        """Stop and reap every relay now (the app quits: its loop must not close under their pipes)."""
+        for proc in self._procs.values():
+            _stop(proc)
+        for proc in self._procs.values():
+            await _reap(proc)
+
     async def _host(self, host: str) -> None:
         status = self.relays[host]
         argv = via_argv(self.via, host, self.job, self.relay)
