@@ -87,9 +87,12 @@ def test_headless_demo_names_the_scenario_as_the_bottleneck(name, perfmon_dir):
 
 
 def test_interrupt_stops_ranks_and_loader_workers_and_removes_sockets(perfmon_dir):
+    # Ctrl-C as in a terminal: a suite started in the background by a shell (``cmd &``) inherits SIGINT
+    # ignored, and so would the launcher, which then never sees the signal this test sends
     launcher = subprocess.Popen(PERFMON + ["demo", "--headless", "--seconds", "300", "--scenario", "data_loading",
                                            "--ranks", "2"], cwd=ROOT, stdout=subprocess.PIPE,
-                                stderr=subprocess.PIPE, text=True)
+                                stderr=subprocess.PIPE, text=True,
+                                preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     try:
         wait_for(lambda: len(list(perfmon_dir.glob("*.sock"))) == 2, 90, "both ranks' sockets")
         wait_for(lambda: len(demo_processes(perfmon_dir)) >= 4, 60, "two ranks with a loader worker each")
