@@ -2,7 +2,8 @@
 
 ``probe.gpu.attach`` fills ``gpu`` before the hello; ``probe.watch.watch`` creates the
 ``watcher``; ``probe.gpu.cuda.poller_for`` creates the ``poller`` (device-completion
-thread, shared by the step timer and the communication pollers). Nothing else writes
+thread, shared by the step timer and the communication pollers); ``probe.requests`` creates the
+``profiler`` at the first ``profile`` request. Nothing else writes
 them, and no module writes a ``Probe``'s private attributes. ``close()`` releases them.
 """
 
@@ -14,6 +15,7 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     from probe.gpu import GpuAttachment
     from probe.gpu.cuda import Poller
+    from probe.module_profile import ModuleProfiler
     from probe.watch import Watcher
 
 
@@ -22,6 +24,7 @@ class Attachments:
     gpu: "GpuAttachment | None" = None
     watcher: "Watcher | None" = None
     poller: "Poller | None" = None
+    profiler: "ModuleProfiler | None" = None      # created by the first ``profile`` request
     # sampler sources added by device extensions before the sampler starts; one per
     # extension module (bounded by the number of extensions, today one: probe.gpu)
     sources: "list[Any]" = field(default_factory=list)
@@ -34,6 +37,9 @@ class Attachments:
                 poller.stop(0.2)
             except Exception:
                 pass
+        profiler, self.profiler = self.profiler, None
+        if profiler is not None:
+            profiler.remove_hooks()
         self.watcher = None
         self.gpu = None
         self.sources = []

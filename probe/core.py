@@ -353,6 +353,19 @@ class Probe:
         if end is not None:
             self._end_hooks = self._end_hooks + [end]
 
+    def remove_step_hooks(self, begin: Callable[[], None] | None = None,
+                          end: Callable[[dict[str, Any], dict[str, float]], None] | None = None) -> None:
+        """Unregister callables given to ``add_step_hooks`` (a profile's hooks live for its steps only)."""
+        if begin is not None:
+            self._begin_hooks = [h for h in self._begin_hooks if h != begin]
+        if end is not None:
+            self._end_hooks = [h for h in self._end_hooks if h != end]
+
+    def handle_request(self, request: dict[str, Any]) -> str | None:
+        """A viewer's request (sender thread): None when accepted, else why not (probe.requests)."""
+        from probe.requests import handle
+        return handle(self, request)
+
     def begin_step(self) -> None:
         """Zero-code mode (``probe.auto``): hooks found a step beginning; run the step-begin hooks."""
         self._in_step = True
@@ -446,7 +459,7 @@ class Probe:
                 self._problem(f"device detection failed: {exc!r}")
         self.sender = Sender(queue=self._q, build=self._build, hello=self._hello(), listener=listener,
                              tcp_listener=tcp_listener, tcp_token=tcp_token,
-                             recorder=recorder, on_error=self.report_error)
+                             recorder=recorder, on_error=self.report_error, on_request=self.handle_request)
         self.sender.start()
         sources = []
         try:

@@ -102,6 +102,13 @@ class _Disabled:
                        end: Callable[[dict[str, Any], dict[str, float]], None] | None = None) -> None:
         pass
 
+    def remove_step_hooks(self, begin: Callable[[], None] | None = None,
+                          end: Callable[[dict[str, Any], dict[str, float]], None] | None = None) -> None:
+        pass
+
+    def handle_request(self, request: dict[str, Any]) -> str | None:
+        return "perfmon is disabled in this process"
+
     def begin_step(self) -> None:
         pass
 

@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import re
 import sys
-from typing import Any
+from typing import Any, Callable
 
 T = 1e12
 # (pattern on the lower-cased device name, {dtype: dense FLOP/s})
@@ -97,6 +97,18 @@ def compute_dtype(param_dtype: Any, device_type: str) -> str | None:
         except Exception:
             pass
     return name
+
+
+def unwrap_module(module: Any) -> Any:
+    """The plain module under DDP and torch.compile wrappers."""
+    for _ in range(4):
+        if type(module).__name__ == "DistributedDataParallel" and hasattr(module, "module"):
+            module = module.module
+        elif hasattr(module, "_orig_mod"):
+            module = module._orig_mod
+        else:
+            break
+    return module
 
 
 def six_n(n_params: int, tokens: float | None) -> float | None:
@@ -200,7 +212,7 @@ def count_meta(replica: Any, meta_args: tuple, meta_kwargs: dict, backward: bool
             out = replica(*meta_args, **meta_kwargs)
         forward = counter.total
         if backward:
-            loss = _sum_outputs(out)
+            loss = sum_outputs(out)
             wanted = [p for p in replica.parameters() if p.requires_grad]
             if loss is not None and wanted and loss.requires_grad:
                 torch.autograd.grad(loss, wanted, allow_unused=True)
@@ -208,7 +220,8 @@ def count_meta(replica: Any, meta_args: tuple, meta_kwargs: dict, backward: bool
     return int(forward), int(total)
 
 
-def _sum_outputs(out: Any) -> Any:
+def sum_outputs(out: Any) -> Any:
+    """A scalar to run backward from: the sum of every floating output that needs a gradient."""
     torch = sys.modules["torch"]
     from torch.utils._pytree import tree_leaves
 
@@ -232,12 +245,15 @@ class FlopCount:
     thread's graph only.
     """
 
-    def __init__(self) -> None:
+    def __init__(self, attribute: Callable[[int], None] | None = None) -> None:
         self.total = 0
+        self._attribute = attribute     # also told each op's FLOPs (per-module attribution)
         self._mode = _dispatch_counter_class()(self)
 
     def add(self, flops: int) -> None:
         self.total += flops
+        if self._attribute is not None:
+            self._attribute(flops)
 
     def __enter__(self) -> "FlopCount":
         self._mode.__enter__()

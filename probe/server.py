@@ -26,7 +26,7 @@ import threading
 import time
 from typing import Any, Callable, Deque, Iterable
 
-from probe import wire
+from probe import requests, wire
 from probe.recording import RecordingWriter
 
 MAX_VIEWERS = 8
@@ -45,7 +45,7 @@ class Viewer:
     """One attached viewer connection and its outbound queue."""
 
     __slots__ = ("sock", "out", "out_frames", "out_bytes", "head_sent", "dropped", "dropped_total",
-                 "last_progress", "decoder", "authed", "accepted", "tcp", "minor")
+                 "last_progress", "decoder", "authed", "accepted", "tcp", "minor", "requests")
 
     def __init__(self, sock: socket.socket, *, tcp: bool) -> None:
         self.sock = sock
@@ -61,6 +61,7 @@ class Viewer:
         self.authed = not tcp
         self.accepted = time.monotonic()
         self.minor = 0                # protocol minor from the viewer's hello: which kinds it reads
+        self.requests: Deque[float] = collections.deque(maxlen=requests.RATE)   # when its last ones came
 
     def enqueue(self, batch: bytes, frames: int = 1, announces: int = 0) -> None:
         """Queue a batch of ``frames`` whole frames, dropping the oldest batches (never the one in
@@ -95,7 +96,8 @@ class Sender(threading.Thread):
     def __init__(self, *, queue: Deque[Any], build: Callable[[Any], dict | None], hello: dict,
                  listener: socket.socket | None, tcp_listener: socket.socket | None = None,
                  tcp_token: str | None = None, recorder: RecordingWriter | None = None,
-                 on_error: Callable[[str, BaseException], None] | None = None) -> None:
+                 on_error: Callable[[str, BaseException], None] | None = None,
+                 on_request: Callable[[dict], str | None] | None = None) -> None:
         super().__init__(name="perfmon-sender", daemon=True)
         self.queue = queue
         self.build = build
@@ -106,12 +108,14 @@ class Sender(threading.Thread):
         self.tcp_token = tcp_token
         self.recorder = recorder
         self.on_error = on_error or (lambda where, exc: None)
+        self.on_request = on_request
         self.viewers: dict[int, Viewer] = {}
         self.backfill_steps: Deque[tuple[bytes, int]] = collections.deque()   # (batch, steps): >= BACKFILL_STEPS
         self.backfill_count = 0
         self.backfill_events: Deque[bytes] = collections.deque(maxlen=BACKFILL_EVENTS)
         self.latest: dict[str, bytes] = {}
         self.stalled: tuple[bytes, int] | None = None   # the newest stall frame while stuck, and its minor
+        self.latest_profile: tuple[bytes, int] | None = None   # sent to each 1.1 viewer at its hello
         self._backfill_batch: tuple[bytes, int] | None = None   # joined once per tick, shared by its connects
         self.stop_event = threading.Event()
         self.stopped = threading.Event()
@@ -202,6 +206,8 @@ class Sender(threading.Thread):
             if minor:
                 versioned.append((frame, minor))
                 self.stalled = (frame, minor) if kind == "stall" else None if kind == "resumed" else self.stalled
+                if kind == "profile":
+                    self.latest_profile = (frame, minor)
                 continue
             if kind == "step":
                 self._check_gap(rec["step"], frames)
@@ -315,6 +321,10 @@ class Sender(threading.Thread):
             return
         try:
             for rec in viewer.decoder.feed(data):
+                if rec["k"] == "request":
+                    if viewer.authed and viewer.minor >= wire.KIND_MINOR["request"]:
+                        self._request(viewer, rec)
+                    continue
                 if rec["k"] != "hello":
                     continue
                 wire.check_compatible(rec.get("proto"), we_are="probe")
@@ -328,13 +338,32 @@ class Sender(threading.Thread):
                     else:
                         self._close(viewer)
                         return
-                if self.stalled is not None and viewer.minor >= self.stalled[1]:
-                    viewer.enqueue(self.stalled[0])   # a viewer arriving during a stall sees it at once
+                for latest in (self.latest_profile, self.stalled):   # a viewer arriving now sees them at once
+                    if latest is not None and viewer.minor >= latest[1]:
+                        viewer.enqueue(latest[0])
         except wire.ProtocolMismatch as exc:
             _say(str(exc))
             self._close(viewer)
         except wire.ProtocolError:
             self._close(viewer)
+
+    def _request(self, viewer: Viewer, rec: dict) -> None:
+        """Answer a viewer's request: accepted, or refused with the reason (probe.requests)."""
+        now = time.monotonic()
+        if len(viewer.requests) == requests.RATE and now - viewer.requests[0] < requests.RATE_SECONDS:
+            reason: str | None = f"too many requests (at most {requests.RATE} in {requests.RATE_SECONDS:.0f} s)"
+        else:
+            viewer.requests.append(now)
+            try:
+                reason = self.on_request(rec) if self.on_request is not None else "this probe takes no requests"
+            except Exception as exc:
+                self.on_error("request", exc)
+                reason = f"the request failed in the probe: {exc!r}"[:200]
+        answer = {"k": "answer", "t": time.time(), "id": rec.get("id"), "op": rec.get("op"), "ok": reason is None}
+        if reason is not None:
+            answer["reason"] = reason
+        viewer.enqueue(self.encoder.frame(answer))
+        self._flush(viewer)
 
     def _flush(self, viewer: Viewer) -> None:
         sock = viewer.sock

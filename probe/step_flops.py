@@ -22,19 +22,6 @@ MAX_FLOP_SIGNATURES = 16     # distinct input shapes counted; beyond that, 6Â·NÂ
 MAX_COUNT_SECONDS = 5.0      # a count slower than this stops further counting
 
 
-def _unwrap(module: Any) -> Any:
-    """The plain module under DDP and torch.compile wrappers."""
-    for _ in range(4):
-        if type(module).__name__ == "DistributedDataParallel" and hasattr(module, "module"):
-            module = module.module
-        elif hasattr(module, "_orig_mod"):
-            module = module._orig_mod
-        else:
-            break
-    return module
-
-
-
 class StepFlops:
     """One watcher's FLOP accounting (training thread, except ``_count``)."""
 
@@ -79,7 +66,7 @@ class StepFlops:
                 or len(self.cache) + len(self.failed) >= MAX_FLOP_SIGNATURES
                 or self.count_request is not None or self.counting is not None or self.live is not None):
             return
-        target = _unwrap(module)
+        target = flops.unwrap_module(module)
         blocker = self.replay_blockers.get(id(target), "unchecked")
         if blocker == "unchecked":
             blocker = flops.meta_replay_blocker(target)

@@ -66,6 +66,15 @@ from __future__ import annotations
 #         moving (the stack differs from the previous look: busy, e.g. evaluating, rather than hung;
 #         absent when there was no previous look)
 # resumed progress again after a stall: seconds (how long it lasted), step
+# request (viewer -> probe, after its hello) id (the viewer's number for it), op ("profile"), and
+#         the op's parameters: profile: steps (1..50, default 5), depth (0..8, default 3)
+# answer  (probe -> the asking viewer) id, op, ok (bool), reason (one line, when refused)
+# profile the result of a profile request, sent to every 1.1 viewer, recorded, and to viewers that
+#         arrive later: id, steps (profiled), first_step, last_step, depth, step_s (wall s per
+#         profiled step), timer ("perf_counter"|"cuda_events"), truncated, peak_flops, peak_source,
+#         flops_note (why FLOPs are missing), error (why the profile failed), modules [{name (dotted
+#         path, "" the root), type, depth, params, calls (per step), fwd_s, bwd_s (s per step), flops,
+#         fwd_flops (per step; absent when not counted)}]
 
 import struct
 from typing import Any, Iterator
@@ -85,7 +94,7 @@ HEADER = struct.Struct(">I")
 # reader skips kinds newer than itself (``UnknownKind``, counted by the decoder).
 KIND_MINOR: dict[str, int] = {
     "hello": 0, "step": 0, "sample": 0, "memory": 0, "comm": 0, "event": 0, "drops": 0, "bye": 0,
-    "stall": 1, "resumed": 1,
+    "stall": 1, "resumed": 1, "request": 1, "answer": 1, "profile": 1,
 }
 KINDS = frozenset(KIND_MINOR)
 
@@ -103,6 +112,9 @@ REQUIRED: dict[str, dict[str, tuple[type, ...]]] = {
     "bye": {},
     "stall": {"seconds": _NUM},
     "resumed": {},
+    "request": {"op": (str,), "id": (int,)},
+    "answer": {"id": (int,)},
+    "profile": {"modules": (list,)},
 }
 OPTIONAL: dict[str, dict[str, tuple[type, ...]]] = {
     "hello": {"job": (str,), "rank": (int,), "world_size": (int,), "pid": (int,), "host": (str,),
@@ -114,6 +126,10 @@ OPTIONAL: dict[str, dict[str, tuple[type, ...]]] = {
               "stack": (list,), "inflight": (list,), "seq": (dict,), "loader": (dict,), "device": (dict,),
               "flight": (dict,), "moving": (bool,)},
     "resumed": {"seconds": _NUM, "step": (int,)},
+    "request": {"steps": (int,), "depth": (int,)},
+    "answer": {"ok": (bool,), "reason": (str,), "op": (str,)},
+    "profile": {"id": (int,), "steps": (int,), "first_step": (int,), "last_step": (int,), "depth": (int,),
+                "step_s": _NUM, "peak_flops": _NUM, "truncated": (bool,), "error": (str,)},
 }
 
 

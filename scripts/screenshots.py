@@ -88,6 +88,10 @@ def main() -> int:
                 svg = args.out / f"stacks-{name}-120x36.svg"
                 svg.write_text(asyncio.run(render(recording, (120, 36), press=("s",))), encoding="utf-8")
                 written.append(svg)
+            if "profile" in name:      # the module profile screen (key m) of a recording that holds one
+                svg = args.out / f"modules-{name}-120x36.svg"
+                svg.write_text(asyncio.run(render(recording, (120, 36), press=("m",))), encoding="utf-8")
+                written.append(svg)
     for svg in written:
         png = to_png(svg)
         print(svg.relative_to(ROOT) if svg.is_relative_to(ROOT) else svg,

@@ -23,6 +23,7 @@ COMMANDS = {
     "report": "tui.commands.report",
     "doctor": "tui.commands.doctor",
     "relay": "tui.commands.relay",
+    "profile": "tui.commands.profile",
 }
 
 
@@ -78,6 +79,17 @@ def build_parser() -> argparse.ArgumentParser:
     report.add_argument("--json", action="store_true", help="print the report JSON (schema perfmon.report/1)")
     report.add_argument("--seconds", type=float, default=5.0, help="for a live job: how long to gather")
     _hosts_options(report)
+
+    profile = sub.add_parser("profile", help="time each module of a live job for a few steps: params, FLOPs, "
+                                             "forward/backward time, achieved FLOP/s")
+    profile.add_argument("target", nargs="?", help="job name, pid, socket path, or host:port (default: the only job)")
+    profile.add_argument("--steps", type=int, default=5, help="steps to profile, 1..50 (default 5)")
+    profile.add_argument("--depth", type=int, default=3, help="module tree depth, 0..8 (default 3)")
+    profile.add_argument("--top", type=int, default=25, help="rows shown: the N modules with the most time")
+    profile.add_argument("--rank", type=int, default=None, help="which rank (default: the lowest on this host)")
+    profile.add_argument("--json", action="store_true", help="print the profile JSON (the report's `profile`)")
+    profile.add_argument("--timeout", type=float, default=120.0, help="seconds to wait for the steps (default 120)")
+    profile.add_argument("--token", default=None, help="token for host:port (default: read from the token file)")
 
     relay = sub.add_parser("relay", help="(started by a viewer through ssh) this node's ranks of JOB as one stream")
     relay.add_argument("job", help="job name")

@@ -332,3 +332,30 @@ def test_screens_redrawn_by_the_refresh_timer_before_they_are_composed_keep_the_
     screen = StuckScreen(None)
     screen.show(None)
     assert screen.stuck is None
+
+
+async def test_m_shows_the_recorded_profile_and_says_a_recording_cannot_be_asked(tmp_path, monkeypatch):
+    def profiled():
+        ranks = scenarios.healthy()
+        t = ranks[0][-1]["t"]
+        ranks[0].append({"k": "profile", "t": t, "id": 1, "steps": 5, "first_step": 10, "last_step": 14, "depth": 1,
+                         "step_s": 0.01, "timer": "perf_counter", "modules": [
+                             {"name": "", "type": "ResNet", "depth": 0, "params": 10, "calls": 1.0, "fwd_s": 0.003,
+                              "bwd_s": 0.005, "flops": 9e9, "fwd_flops": 3e9},
+                             {"name": "layer1", "type": "Sequential", "depth": 1, "params": 5, "calls": 1.0,
+                              "fwd_s": 0.0005, "bwd_s": 0.001, "flops": 3e9, "fwd_flops": 1e9},
+                             {"name": "layer2", "type": "Sequential", "depth": 1, "params": 5, "calls": 1.0,
+                              "fwd_s": 0.002, "bwd_s": 0.004, "flops": 3e9, "fwd_flops": 1e9}]})
+        return ranks
+
+    monkeypatch.setitem(scenarios.SCENARIOS, "profiled", profiled)
+    app = scenarios.replay_app(scenarios.write("profiled", tmp_path))
+    async with app.run_test(size=(120, 36)) as pilot:
+        await settle(pilot)
+        await pilot.press("m")
+        await wait_until(pilot, lambda: "Marked ▶ layer2" in screen_text(app), what="the profile screen")
+        text = screen_text(app)
+        assert "a recording cannot be asked: profile a live job" in text
+        assert "▶   layer2" in text and "60%" in text
+        await pilot.press("escape")
+        await wait_until(pilot, lambda: "Marked" not in screen_text(app), what="back to the main screen")

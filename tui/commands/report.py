@@ -68,6 +68,7 @@ def report_from(view: JobView, verdict: Verdict, model: RunModel | None = None, 
         "drops": view.drops_total,
         "previous_generations": generations,
         "problems": list(view.problems),
+        "profile": view.profile.as_json() if view.profile is not None else None,
         "source": source or {},
         "as_of": round(view.now, 3),     # the instant the window ends (newest record, or now when live)
     }
@@ -166,6 +167,10 @@ def render_text(report: dict, width: int = 80) -> str:
         wrap(f.get("message") or f["id"], first=f"Finding {f['id']}: ", indent="  ")
     for p in report.get("problems") or []:
         wrap(p, first="Problem: ", indent="  ")
+    if report.get("profile"):
+        from tui.commands.profile import profile_lines
+        lines.append("")
+        lines.extend(profile_lines(report["profile"], width=width, top=12))
     for g in report.get("previous_generations") or []:
         wrap(f"rank {g['rank']} had an earlier process (pid {g['pid']}, restart {g['restart']}); "
              "rows show the newest generation", first="Note: ", indent="  ")

@@ -8,9 +8,12 @@ at ingest. Wire keys are read here and in ``tui.model.stats``, nowhere past the 
 from __future__ import annotations
 
 import collections
-from typing import Any, Deque, NamedTuple
+from typing import TYPE_CHECKING, Any, Deque, NamedTuple
 
 from tui.model.stuck import StallReading
+
+if TYPE_CHECKING:
+    from tui.model.profile import ModuleProfile
 
 
 # -- window and buffer sizes -----------------------------------------------------------------
@@ -35,7 +38,7 @@ class RankState:
 
     __slots__ = ("rank", "stream", "hello", "generation", "steps", "nums", "samples", "memory", "comm", "events",
                  "drops", "ended", "version", "first_start", "last_end", "inside", "gap_total", "unseen",
-                 "pending_gap", "loader_seen", "last_t", "recv_clock", "stall", "_cache")
+                 "pending_gap", "loader_seen", "last_t", "recv_clock", "stall", "profile", "_cache")
 
     def __init__(self, rank: int, stream: str, hello: dict[str, Any], generation: int) -> None:
         self.rank = rank
@@ -62,6 +65,7 @@ class RankState:
         self.last_t: float | None = None        # probe clock of the newest record
         self.recv_clock: float | None = None    # viewer's monotonic clock when that record arrived (live)
         self.stall: StallReading | None = None  # the stall in course (latest ``stall`` record), else None
+        self.profile: ModuleProfile | None = None   # the latest module profile (``profile`` record)
         self._cache: tuple[int, Any] | None = None
 
     def add_step(self, rec: dict[str, Any]) -> None:

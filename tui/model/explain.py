@@ -207,10 +207,17 @@ def explain_compute_efficiency(v: JobView, straggler: int | None) -> Explained:
     else:
         what = f"tensor cores {_pct(tensor_active(v))} active"
         extra = {}
-    return (f"Compute efficiency: device busy {_pct(m.device_busy)} but {what}",
-            ["bf16 autocast (torch.autocast('cuda', dtype=torch.bfloat16))",
+    fixes = ["bf16 autocast (torch.autocast('cuda', dtype=torch.bfloat16))",
              "torch.backends.cuda.matmul.allow_tf32 = True for fp32 matmuls",
-             "fused kernels (fused AdamW, flash attention) and torch.compile", "larger batch per step"], extra)
+             "fused kernels (fused AdamW, flash attention) and torch.compile", "larger batch per step"]
+    cited = v.profile.citation() if v.profile is not None else None
+    if cited is None:
+        fixes.append("`perfmon profile` (key m) times each module for a few steps: which one wastes the device")
+        return f"Compute efficiency: device busy {_pct(m.device_busy)} but {what}", fixes, extra
+    extra["profile_marked"] = cited
+    return (f"Compute efficiency: device busy {_pct(m.device_busy)} but {what}; slowest for its FLOPs: {cited}",
+            [f"start with {v.profile.marked.name} ({v.profile.marked.type}): "  # type: ignore[union-attr]
+             "batch its small ops into large matmuls, or fuse them (torch.compile)", *fixes], extra)
 
 
 def explain_healthy(v: JobView, straggler: int | None) -> Explained:

@@ -39,6 +39,7 @@ from tui.model.buffers import (BLOCKING_EVENTS, EVENT_BUFFER, MIN_STEPS, WINDOW_
                                WINDOW_STEPS, RankState, num)
 from tui.model.readings import gpu_rows, host_reading
 from tui.model.stats import RankStats, comm_rows, job_metrics, rank_stats, rank_view
+from tui.model.profile import ModuleProfile, profile_reading, with_overhead
 from tui.model.stuck import diagnose, stall_reading
 from tui.model.views import JobView
 
@@ -97,6 +98,8 @@ class RunModel:
             state.stall = stall_reading(record)
         elif kind == "resumed":
             state.stall = None
+        elif kind == "profile":
+            state.profile = profile_reading(record, state.rank)
         elif kind == "sample":
             state.samples.append(record)
             host = record.get("host")
@@ -231,6 +234,7 @@ class RunModel:
             restarted=sorted(s.rank for s in states if s.generation > 0),
             problems=list(self.problems),
             stuck=diagnose(ranks),
+            profile=_latest_profile(states),
         )
 
     def _stats(self, state: RankState) -> "RankStats":
@@ -245,6 +249,14 @@ class RunModel:
     def retired(self) -> list[tuple[int, dict[str, Any]]]:
         """(rank, hello) of every older generation seen (restarted workers)."""
         return [(s.rank, s.hello) for s in self._retired]
+
+
+def _latest_profile(states: list[RankState]) -> ModuleProfile | None:
+    """The newest module profile of any rank, with its cost measured from that rank's steps."""
+    newest = max((s for s in states if s.profile is not None), key=lambda s: s.profile.t, default=None)  # type: ignore[union-attr]
+    if newest is None or newest.profile is None:
+        return None
+    return with_overhead(newest.profile, ((n.step, n.dur) for n in newest.nums))
 
 
 def _same_process(a: dict[str, Any], b: dict[str, Any]) -> bool:

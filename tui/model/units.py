@@ -51,7 +51,7 @@ def nbytes(value: float | None) -> str:
 
 def _si(v: float, prefixes: tuple[str, ...]) -> tuple[float, str]:
     for prefix in prefixes[:-1]:
-        if abs(v) < 1000:
+        if abs(v) < 999.5:      # 999.96 prints as 1e+03 with 3 significant digits: the next prefix
             return v, prefix
         v /= 1000
     return v, prefixes[-1]
@@ -63,6 +63,14 @@ def rate(value: float | None, unit: str = "") -> str:
         return NA
     v, prefix = _si(float(value), ("", "k", "M", "G", "T"))
     return f"{v:.3g}{prefix}{unit}/s"
+
+
+def count(value: float | None) -> str:
+    """Plain counts with SI prefixes (parameters, FLOPs): 16512 -> '16.5k'."""
+    if value is None:
+        return NA
+    v, prefix = _si(float(value), ("", "k", "M", "G", "T", "P"))
+    return f"{v:.3g}{prefix}"
 
 
 def bandwidth(value: float | None) -> str:

@@ -10,6 +10,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from tui.model.readings import GpuRow, HostReading, RankTrace
+from tui.model.profile import ModuleProfile
 from tui.model.stuck import StallReading, StuckDiagnosis
 
 
@@ -204,3 +205,4 @@ class JobView:
     restarted: list[int]
     problems: list[str]
     stuck: StuckDiagnosis | None = None   # some rank stalled or went silent (tui.model.stuck)
+    profile: ModuleProfile | None = None  # the newest module profile of any rank (tui.model.profile)

@@ -24,6 +24,7 @@ from probe import paths
 from tui.stream import discovery
 from tui.errors import UserError
 from tui.model.runmodel import RunModel
+from tui.stream.requests import Target
 from tui.stream.sources import LiveStream, LoadedRecording, StreamError, viewer_hello
 
 READ_CHUNK = 1 << 16
@@ -73,6 +74,11 @@ class Feed:
 
     async def aclose(self) -> None:
         """Release what the feed started outside this process (relays); the app awaits it on quit."""
+
+    def request_target(self, stream_id: str) -> "Target | str":
+        """Where to send a request to the probe behind ``stream_id`` (``tui.stream.requests``),
+        or why this feed cannot (a recording has no probe to ask)."""
+        return "a recording cannot be asked: profile a live job (perfmon attach JOB)"
 
     @property
     def first_data(self) -> asyncio.Event:
@@ -177,6 +183,9 @@ class LiveFeed(Feed):
         self.streams[path] = StreamStatus(path, Path(path).name.removesuffix(paths.SOCKET_SUFFIX))
         self._tasks[path] = asyncio.ensure_future(self._read(path))
 
+    def request_target(self, stream_id: str) -> "Target | str":
+        return Target(path=stream_id, label=self.streams[stream_id].label if stream_id in self.streams else stream_id)
+
     async def _read(self, path: str) -> None:
         status = self.streams[path]
         stream = LiveStream(path)
@@ -203,6 +212,9 @@ class TcpFeed(Feed):
     def __init__(self, model: RunModel, host: str, port: int, token: str) -> None:
         super().__init__(model, description=f"tcp {host}:{port}")
         self.host, self.port, self.token = host, port, token
+
+    def request_target(self, stream_id: str) -> "Target | str":
+        return Target(host=self.host, port=self.port, token=self.token)
 
     async def run(self) -> None:
         sid = f"{self.host}:{self.port}"

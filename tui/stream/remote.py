@@ -34,6 +34,10 @@ class RelayFeed(Feed):
         self.via = via
         self.relay = relay
         self._procs: dict[str, asyncio.subprocess.Process] = {}
+
+    def request_target(self, stream_id: str) -> str:
+        return ("requests do not pass through a relay yet: run `perfmon profile JOB` on the rank's host "
+                f"({self.streams[stream_id].label if stream_id in self.streams else stream_id})")
         self.relays: dict[str, StreamStatus] = {h: StreamStatus(h, h) for h in self.hosts}   # ``streams``: ranks
 
     @property

@@ -24,6 +24,7 @@ KEYS: list[tuple[str, str]] = [
     ("end", "replay: jump to the end"),
     ("l", "job output (when started by `perfmon run`)"),
     ("s", "stuck job: each rank's part, what it waits for and its stack (d there: py-spy reads a silent rank's stack)"),
+    ("m", "module profile: time each module of the selected rank for 5 steps (params, FLOPs, FLOP/s; m again)"),
     ("F8", "save an SVG screenshot in the current directory"),
 ]
 

@@ -1,0 +1,101 @@
+"""``perfmon profile`` on real CPU jobs (issue 16): the inefficient block is marked, its FLOPs
+match torch's own counter, module times add up to the step's phases, and nothing is left behind."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from probe.recording import read_recording, recording_files
+from tests.integration.streamutil import kill_tree, wait_for
+from tui.errors import UserError
+from tui.stream.requests import Target, ask
+
+SCRIPT = Path(__file__).parent / "scripts" / "profile_job.py"
+
+
+def _start(tmp_path: Path, mode: str, job: str, seconds: float = 120) -> tuple[subprocess.Popen, dict]:
+    sock = tmp_path / "sock"
+    sock.mkdir(mode=0o700)
+    env = {**os.environ, "PERFMON_DIR": str(sock), "PERFMON_JOB": job}
+    proc = subprocess.Popen([sys.executable, str(SCRIPT), mode, str(tmp_path), str(seconds)], env=env,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, start_new_session=True)
+    wait_for(lambda: (tmp_path / "ready").exists() or proc.poll() is not None, 120, "200 steps")
+    assert proc.poll() is None, proc.stderr.read()[-3000:]
+    return proc, env
+
+
+def _profile(env: dict, job: str, *args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "tui.cli", "profile", job, *args], capture_output=True, text=True,
+                          timeout=120, env=env)
+
+
+def _finish(proc: subprocess.Popen, tmp_path: Path) -> dict:
+    (tmp_path / "stop").write_text("")
+    try:
+        proc.wait(60)
+    finally:
+        kill_tree(proc)
+    return json.loads((tmp_path / "result.json").read_text())
+
+
+@pytest.mark.slow
+def test_a_profile_marks_the_looped_block_counts_its_flops_and_leaves_no_hook(tmp_path):
+    proc, env = _start(tmp_path, "watch", "prof")
+    try:
+        out = _profile(env, "prof", "--steps", "5", "--depth", "1", "--json")
+        assert out.returncode == 0, out.stderr
+        profile = json.loads(out.stdout)
+        again = _profile(env, "prof", "--steps", "3", "--depth", "1", "--json")
+    finally:
+        result = _finish(proc, tmp_path)
+    assert again.returncode == 0, again.stderr     # the first one ended: the next is accepted
+    rows = {r["name"]: r for r in profile["modules"]}
+    assert profile["marked"] == "slow", [(r["name"], r["time_share"], r["flops_per_s"]) for r in profile["modules"]]
+    # FLOPs: one forward+backward of the block per step, as torch's own counter says (within 5%)
+    assert rows["slow"]["flops"] == pytest.approx(result["slow_flops"], rel=0.05)
+    assert rows["mid"]["flops"] == pytest.approx(result["slow_flops"], rel=0.05)   # same math, other shape
+    # the children's times add up to the phases the step records measured for the same steps (15%)
+    rec = [r for f in recording_files(tmp_path / "rec") for r in read_recording(f).records]
+    steps = [r for r in rec if r["k"] == "step" and profile["first_step"] <= r["step"] <= profile["last_step"]]
+    assert len(steps) == 5
+    fwd_phase = sum(s["phases"]["forward"] for s in steps) / 5
+    bwd_phase = sum(s["phases"]["backward"] for s in steps) / 5
+    children = [r for r in profile["modules"] if r["depth"] == 1]
+    assert sum(r["fwd_s"] for r in children) == pytest.approx(fwd_phase, rel=0.15)
+    assert sum(r["bwd_s"] for r in children) == pytest.approx(bwd_phase, rel=0.15)
+    # the profile reached the recording, and every hook it put on is gone
+    assert [r["id"] for r in rec if r["k"] == "profile"][:1] and result["hooks_after"] == result["hooks_before"]
+    assert profile["overhead"] is not None and profile["baseline_step_s"] > 0
+
+
+@pytest.mark.slow
+def test_a_second_request_while_one_runs_is_refused_and_a_job_without_a_model_says_why(tmp_path):
+    proc, env = _start(tmp_path, "watch", "busy")
+    try:
+        target = Target(path=next((tmp_path / "sock").glob("*.sock")).as_posix(), label="busy")
+        accepted = ask(target, "profile", {"steps": 50, "depth": 3}, 30)     # returns once accepted
+        with pytest.raises(UserError) as refused:
+            ask(target, "profile", {"steps": 2, "depth": 1}, 30)
+        out = _profile(env, "busy", "--steps", "2")
+    finally:
+        _finish(proc, tmp_path)
+    assert accepted["ok"] is True
+    assert "busy: profile refused: a profile (request" in str(refused.value)
+    assert out.returncode == 2 and "profile refused: a profile" in out.stderr, out.stderr
+    assert len(out.stderr.strip().splitlines()) == 2   # "profiling ..." and the one-line refusal
+
+    bare_dir = tmp_path / "bare"
+    bare_dir.mkdir()
+    proc, env = _start(bare_dir, "bare", "bare")
+    try:
+        out = _profile(env, "bare")
+    finally:
+        _finish(proc, bare_dir)
+    assert out.returncode == 2
+    assert "no model to profile: the job did not pass one to probe.watch(model=...)" in out.stderr

@@ -1,0 +1,131 @@
+"""The module profile as the viewer reads it (tui.model.profile): shares, rates, the marked row,
+the cost measured from the rank's own steps, and the text every surface prints."""
+
+from __future__ import annotations
+
+import pytest
+
+from tui.model.profile import MARK_MIN_SHARE, profile_lines, profile_reading, with_overhead
+from tui.model.runmodel import RunModel
+
+
+def _module(name, depth, fwd_s, bwd_s, flops=None, fwd_flops=None, type_="Linear", params=100):
+    row = {"name": name, "type": type_, "depth": depth, "params": params, "calls": 1.0, "fwd_s": fwd_s, "bwd_s": bwd_s}
+    if flops is not None:
+        row.update(flops=flops, fwd_flops=fwd_flops if fwd_flops is not None else flops / 3)
+    return row
+
+
+def _record(modules, step_s=0.010, peak=None, **extra):
+    return {"k": "profile", "t": 100.0, "id": 7, "steps": 5, "first_step": 30, "last_step": 34, "depth": 2,
+            "step_s": step_s, "timer": "perf_counter", "peak_flops": peak, "modules": modules, **extra}
+
+
+# root 8 ms of a 10 ms step; "fast" and "slow" do the same FLOPs, "slow" at a quarter of the rate
+MODULES = [_module("", 0, 0.003, 0.005, flops=9e9, fwd_flops=3e9, type_="Net", params=300),
+           _module("fast", 1, 0.0005, 0.001, flops=3e9),
+           _module("slow", 1, 0.002, 0.004, flops=3e9),
+           _module("act", 1, 0.0002, 0.0002, flops=0.0, type_="ReLU", params=0),
+           _module("head", 1, 0.0001, 0.0002, flops=0.3e9)]
+
+
+def test_shares_and_rates_come_from_the_per_step_seconds_and_flops():
+    p = profile_reading(_record(MODULES, peak=10e12), rank=3)
+    rows = {r.name: r for r in p.rows}
+    assert p.rank == 3 and rows["Net"].depth == 0          # the root is named by its class
+    assert rows["slow"].time_share == pytest.approx(0.6)
+    assert rows["slow"].flop_share == pytest.approx(1 / 3)
+    assert rows["slow"].flops_per_s == pytest.approx(3e9 / 0.006)
+    assert rows["slow"].peak_frac == pytest.approx(3e9 / 0.006 / 10e12)
+    assert p.fwd_flops_per_s == pytest.approx(3e9 / 0.003)
+    assert p.bwd_flops_per_s == pytest.approx(6e9 / 0.005)
+
+
+def test_rows_are_a_tree_with_siblings_by_time():
+    p = profile_reading(_record([*MODULES, _module("slow.inner", 2, 0.001, 0.001, flops=1e9)]), rank=0)
+    assert [r.name for r in p.rows] == ["Net", "slow", "slow.inner", "fast", "act", "head"]
+
+
+def test_the_block_that_wastes_the_most_time_is_marked_and_cited():
+    p = profile_reading(_record(MODULES), rank=0)
+    assert p.marked is not None and p.marked.name == "slow"
+    assert [r.name for r in p.rows if r.marked] == ["slow"]
+    assert p.citation() == "slow: 60% of the step at 500GFLOP/s"
+    # what it would save at the best rate (fast's 2 TFLOP/s): 6 ms x (1 - 0.5/2)
+    assert p.marked.own_waste_s == pytest.approx(0.0045)
+
+
+def test_a_container_is_not_blamed_for_its_children_and_zero_flop_rows_are_no_candidates():
+    modules = [_module("", 0, 0.004, 0.006, flops=6e9, type_="Net"),
+               _module("layers", 1, 0.0035, 0.0055, flops=6e9, type_="ModuleList"),
+               _module("layers.0", 2, 0.0005, 0.001, flops=3e9),
+               _module("layers.1", 2, 0.003, 0.0045, flops=3e9),
+               _module("norm", 1, 0.0003, 0.0003, flops=0.0, type_="LayerNorm")]
+    p = profile_reading(_record(modules), rank=0)
+    assert p.marked is not None and p.marked.name == "layers.1"
+
+
+def test_nothing_is_marked_when_the_waste_is_under_the_floor_or_flops_are_unknown():
+    even = [_module("", 0, 0.003, 0.005, flops=6e9, type_="Net"), _module("a", 1, 0.001, 0.002, flops=3e9),
+            _module("b", 1, 0.001, 0.002 * (1 + MARK_MIN_SHARE), flops=3e9)]
+    assert profile_reading(_record(even), rank=0).marked is None
+    unknown = [{k: v for k, v in m.items() if k not in ("flops", "fwd_flops")} for m in MODULES]
+    p = profile_reading(_record(unknown, flops_note="not counted: FullyShardedDataParallel module"), rank=0)
+    assert p.marked is None and p.citation() is None
+    assert all(r.flops is None and r.flops_per_s is None for r in p.rows)
+    assert p.fwd_flops_per_s is None and p.flops_note.startswith("not counted")
+
+
+def test_overhead_is_measured_against_the_steps_before_and_unknown_without_them():
+    p = profile_reading(_record(MODULES), rank=0)
+    before = [(s, 0.010) for s in range(10, 30)]
+    inside = [(s, 0.012) for s in range(30, 35)]
+    costed = with_overhead(p, before + inside + [(35, 0.5)])
+    assert costed.overhead == pytest.approx(0.2)
+    assert (costed.baseline_step_s, costed.profiled_step_s) == (pytest.approx(0.010), pytest.approx(0.012))
+    assert with_overhead(p, inside).overhead is None                 # nothing before it
+    assert with_overhead(p, before + inside[:4]).overhead is None    # a profiled step missing
+
+
+def test_the_run_model_keeps_the_newest_profile_with_its_cost():
+    model = RunModel()
+    model.ingest("s", {"k": "hello", "t": 0.0, "proto": [1, 1], "rank": 1, "job": "j", "pid": 5})
+    for step in range(40):
+        model.ingest("s", {"k": "step", "t": 1.0 + step * 0.01, "step": step, "dur": 0.02 if 30 <= step <= 34 else 0.01})
+    model.ingest("s", _record(MODULES))
+    view = model.view()
+    assert view.profile is not None and view.profile.rank == 1
+    assert view.profile.overhead == pytest.approx(1.0)
+    model.ingest("s", dict(_record(MODULES[:2]), t=200.0))
+    assert [r.name for r in model.view().profile.rows] == ["Net", "fast"]
+
+
+def test_the_text_names_the_mark_the_cost_and_fits_80_columns():
+    p = with_overhead(profile_reading(_record(MODULES, peak=10e12), rank=0), [(s, 0.01) for s in range(10, 35)])
+    lines = profile_lines(p.as_json())
+    assert all(len(line) <= 80 for line in lines)
+    text = "\n".join(lines)
+    assert "Marked ▶ slow: 60% of the step at 500GFLOP/s (5% of peak)" in text
+    assert "forward 1TFLOP/s, backward 1.2TFLOP/s against a 10TFLOP/s peak" in text
+    assert "(+0%)" in text
+    assert next(line for line in lines if line.startswith("▶")).split()[1] == "slow"
+    assert profile_lines(p.as_json(), top=2)[-1].strip().startswith("(3 more modules")
+
+
+def test_a_failed_profile_says_why_and_nothing_else():
+    p = profile_reading(_record([], error="profile failed: RuntimeError('x')"), rank=0)
+    assert profile_lines(p.as_json()) == ["Profile failed: profile failed: RuntimeError('x')"]
+
+
+def test_the_compute_efficiency_verdict_cites_the_marked_module():
+    from dataclasses import replace
+
+    from tests.unit.test_verdict_explain import VIEWS
+    from tui.model.verdict import evaluate
+
+    view = replace(VIEWS["compute_efficiency_mfu"](), profile=profile_reading(_record(MODULES), rank=0))
+    v = evaluate(view)
+    assert v.bottleneck == "compute_efficiency"
+    assert v.headline.endswith("; slowest for its FLOPs: slow: 60% of the step at 500GFLOP/s")
+    assert v.suggestions[0].startswith("start with slow (Linear): ")
+    assert not any(s.startswith("`perfmon profile`") for s in v.suggestions)

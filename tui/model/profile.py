@@ -1,0 +1,305 @@
+"""A module profile read from a ``profile`` record: the tree, shares, rates and the marked row.
+
+Pure. The probe sends raw per-step seconds and FLOPs per module (``probe.module_profile``);
+here they become what the seed's FLOPs-profiler output shows (seed 002): per row params, FLOPs
+and their share of the model's, forward and backward time and their share of the step,
+achieved FLOP/s and its fraction of peak; forward and backward FLOP/s of the whole model.
+
+**The marked row** is the module whose slowness costs the most: for each row its own part
+(its time and FLOPs minus those of its profiled children, so a container is not blamed for
+what its children do) is compared with the fastest own rate among the rows, and the time it
+would save at that rate, ``own time × (1 − own rate / best rate)``, decides. Rows without
+FLOPs of their own (activations, containers) are not candidates: the mark is about FLOP/s.
+A row is marked only when that time is at least ``MARK_MIN_SHARE`` of the step.
+"""
+
+from __future__ import annotations
+
+import statistics
+import textwrap
+from dataclasses import dataclass, replace
+from typing import Any, Iterable
+
+from tui.model import units
+
+DEFAULT_TOP = 25
+
+MARK_MIN_SHARE = 0.02
+OVERHEAD_BASELINE_STEPS = 20     # steps before the profile its overhead is measured against
+
+
+@dataclass(frozen=True)
+class ProfileRow:
+    """One module. Seconds and FLOPs are per step; None = unknown."""
+
+    name: str                     # dotted path; the root is its class name
+    type: str
+    depth: int
+    params: int
+    calls: float                  # forward calls per step
+    flops: float | None           # forward + backward
+    fwd_flops: float | None
+    fwd_s: float | None
+    bwd_s: float | None
+    time_share: float | None      # (fwd + bwd) / step time
+    flop_share: float | None      # of the model's FLOPs
+    flops_per_s: float | None
+    peak_frac: float | None
+    own_waste_s: float | None = None   # what its own part would save at the best rate (the mark)
+    marked: bool = False
+
+    @property
+    def seconds(self) -> float | None:
+        if self.fwd_s is None or self.bwd_s is None:
+            return None
+        return self.fwd_s + self.bwd_s
+
+
+@dataclass(frozen=True)
+class ModuleProfile:
+    """The latest profile of one rank, ready to show."""
+
+    rank: int
+    t: float
+    steps: int
+    first_step: int | None
+    last_step: int | None
+    depth: int
+    step_s: float | None
+    timer: str | None
+    peak_flops: float | None
+    peak_source: str | None
+    fwd_flops_per_s: float | None
+    bwd_flops_per_s: float | None
+    rows: tuple[ProfileRow, ...]          # tree order, siblings by time (largest first)
+    flops_note: str | None = None          # why FLOPs are missing
+    error: str | None = None               # why the profile failed
+    truncated: bool = False
+    overhead: float | None = None          # profiled steps' mean time / the steps before, − 1
+    baseline_step_s: float | None = None   # median step before the profile
+    profiled_step_s: float | None = None   # mean step time of the profiled steps (step records)
+
+    @property
+    def marked(self) -> ProfileRow | None:
+        return next((r for r in self.rows if r.marked), None)
+
+    def citation(self) -> str | None:
+        """'slow: 48% of the step at 18 GFLOP/s (4% of peak)', for the verdict; None without a mark."""
+        row = self.marked
+        if row is None or row.time_share is None:
+            return None
+        rate = _flops_rate(row.flops_per_s)
+        peak = f" ({row.peak_frac * 100:.0f}% of peak)" if row.peak_frac is not None else ""
+        return f"{row.name}: {row.time_share * 100:.0f}% of the step at {rate}{peak}"
+
+    def as_json(self) -> dict[str, Any]:
+        """The report's ``profile`` object (issue 16)."""
+        return {
+            "rank": self.rank, "steps": self.steps, "first_step": self.first_step, "last_step": self.last_step,
+            "depth": self.depth, "step_s": _r(self.step_s), "timer": self.timer,
+            "fwd_flops_per_s": _r(self.fwd_flops_per_s), "bwd_flops_per_s": _r(self.bwd_flops_per_s),
+            "peak_flops": self.peak_flops, "peak_source": self.peak_source, "overhead": _r(self.overhead),
+            "baseline_step_s": _r(self.baseline_step_s), "profiled_step_s": _r(self.profiled_step_s),
+            "marked": self.marked.name if self.marked else None, "flops_note": self.flops_note,
+            "error": self.error, "truncated": self.truncated,
+            "modules": [{"name": r.name, "type": r.type, "depth": r.depth, "params": r.params, "calls": _r(r.calls),
+                         "flops": r.flops, "fwd_s": _r(r.fwd_s), "bwd_s": _r(r.bwd_s),
+                         "time_share": _r(r.time_share), "flop_share": _r(r.flop_share),
+                         "flops_per_s": _r(r.flops_per_s), "peak_frac": _r(r.peak_frac), "marked": r.marked}
+                        for r in self.rows],
+        }
+
+
+def profile_reading(rec: dict[str, Any], rank: int) -> ModuleProfile:
+    """Parse a ``profile`` record (validated by the wire; odd values become unknown)."""
+    step_s = _pos(rec.get("step_s"))
+    peak = _pos(rec.get("peak_flops"))
+    raw = [m for m in rec.get("modules") or [] if isinstance(m, dict) and isinstance(m.get("name"), str)]
+    root = next((m for m in raw if m.get("name") == ""), None)
+    root_flops = _nonneg(root.get("flops")) if root else None
+    rows = [_row(m, step_s, root_flops, peak) for m in raw]
+    rows = _mark(_tree_order(rows), step_s)
+    fwd_rate = bwd_rate = None
+    if root is not None:
+        fwd_flops, flops, fwd_s, bwd_s = (_nonneg(root.get("fwd_flops")), _nonneg(root.get("flops")),
+                                          _pos(root.get("fwd_s")), _pos(root.get("bwd_s")))
+        if fwd_flops is not None and fwd_s:
+            fwd_rate = fwd_flops / fwd_s
+        if flops is not None and fwd_flops is not None and bwd_s:
+            bwd_rate = (flops - fwd_flops) / bwd_s
+    return ModuleProfile(
+        rank=rank, t=_num(rec.get("t")) or 0.0, steps=_int(rec.get("steps")) or 0,
+        first_step=_int(rec.get("first_step")), last_step=_int(rec.get("last_step")),
+        depth=_int(rec.get("depth")) or 0, step_s=step_s, timer=_str(rec.get("timer")), peak_flops=peak,
+        peak_source=_str(rec.get("peak_source")), fwd_flops_per_s=fwd_rate, bwd_flops_per_s=bwd_rate,
+        rows=tuple(rows), flops_note=_str(rec.get("flops_note")), error=_str(rec.get("error")),
+        truncated=rec.get("truncated") is True)
+
+
+def with_overhead(profile: ModuleProfile, steps: Iterable[tuple[int, float]]) -> ModuleProfile:
+    """The profile with its measured cost: the profiled steps' mean time (from the step records)
+    against the median of the ``OVERHEAD_BASELINE_STEPS`` steps before it. Unknown when either
+    side is not in ``steps`` (step number, seconds)."""
+    if profile.first_step is None or profile.last_step is None:
+        return profile
+    steps = list(steps)
+    before = [d for s, d in steps if profile.first_step - OVERHEAD_BASELINE_STEPS <= s < profile.first_step]
+    inside = [d for s, d in steps if profile.first_step <= s <= profile.last_step]
+    if not before or len(inside) < profile.last_step - profile.first_step + 1:
+        return profile
+    base = statistics.median(before)
+    mean = sum(inside) / len(inside)
+    overhead = mean / base - 1.0 if base > 0 else None
+    return replace(profile, overhead=overhead, baseline_step_s=base, profiled_step_s=mean)
+
+
+def _row(m: dict[str, Any], step_s: float | None, root_flops: float | None, peak: float | None) -> ProfileRow:
+    name = m["name"] or (_str(m.get("type")) or "model")
+    fwd_s, bwd_s = _nonneg(m.get("fwd_s")), _nonneg(m.get("bwd_s"))
+    flops = _nonneg(m.get("flops"))
+    seconds = fwd_s + bwd_s if fwd_s is not None and bwd_s is not None else None
+    rate = flops / seconds if flops is not None and seconds else None
+    return ProfileRow(
+        name=name, type=_str(m.get("type")) or "?", depth=_int(m.get("depth")) or 0, params=_int(m.get("params")) or 0,
+        calls=_nonneg(m.get("calls")) or 0.0, flops=flops, fwd_flops=_nonneg(m.get("fwd_flops")), fwd_s=fwd_s,
+        bwd_s=bwd_s, time_share=seconds / step_s if seconds is not None and step_s else None,
+        flop_share=flops / root_flops if flops is not None and root_flops else None, flops_per_s=rate,
+        peak_frac=rate / peak if rate is not None and peak else None)
+
+
+def profile_lines(p: dict[str, Any], width: int = 80, top: int | None = DEFAULT_TOP) -> list[str]:
+    """The profile as text: a header with forward and backward FLOP/s, then the module tree."""
+    if p.get("error"):
+        return [f"Profile failed: {p['error']}"]
+    peak = p.get("peak_flops")
+    head = (f"Module profile of rank {p['rank']}, steps {p.get('first_step')}-{p.get('last_step')} "
+            f"({p['steps']} steps, {units.seconds(p.get('step_s'))} each while profiled, timer {p.get('timer')})")
+    rates = (f"forward {_flops_rate(p.get('fwd_flops_per_s'))}, backward {_flops_rate(p.get('bwd_flops_per_s'))}"
+             + (f" against a {_flops_rate(peak)} peak ({p.get('peak_source')})" if peak else ", no peak known "
+                "(PERFMON_PEAK_TFLOPS gives one)"))
+    lines = [head, rates]
+    if p.get("overhead") is not None:
+        lines.append(f"Cost: profiled steps took {units.seconds(p.get('profiled_step_s'))} against "
+                     f"{units.seconds(p.get('baseline_step_s'))} before ({p['overhead'] * 100:+.0f}%); "
+                     "steps outside the profile run no hook")
+    if p.get("flops_note"):
+        lines.append(f"FLOPs: {p['flops_note']}")
+    if p.get("marked"):
+        row = next(r for r in p["modules"] if r["name"] == p["marked"])
+        lines.append(f"Marked ▶ {row['name']}: {units.pct(row['time_share'])} of the step at "
+                     f"{_flops_rate(row['flops_per_s'])}" + (f" ({units.pct(row['peak_frac'])} of peak)"
+                                                           if row.get("peak_frac") is not None else ""))
+    lines.append("")
+    lines.append(f"  {'MODULE':<21} {'PARAMS':>6} {'FLOPS':>7} {'%FLOP':>5} {'FWD':>7} {'BWD':>7} {'%STEP':>5} "
+                 f"{'FLOP/S':>7} {'%PEAK':>5}")
+    rows = _top(p["modules"], top)
+    for r in rows:
+        name = "  " * r["depth"] + r["name"].rpartition(".")[2] if r["depth"] else r["name"]
+        mark = "▶" if r.get("marked") else " "
+        lines.append(f"{mark} {name[:21]:<21} {units.count(r['params']):>6} {units.count(r.get('flops')):>7} "
+                     f"{units.pct(r.get('flop_share')):>5} {units.seconds(r.get('fwd_s')):>7} "
+                     f"{units.seconds(r.get('bwd_s')):>7} {units.pct(r.get('time_share')):>5} "
+                     f"{units.count(r.get('flops_per_s')):>7} {units.pct(r.get('peak_frac')):>5}")
+    if len(rows) < len(p["modules"]):
+        lines.append(f"  ({len(p['modules']) - len(rows)} more modules; --top N shows more, --json all)")
+    if p.get("truncated"):
+        lines.append("  (the profile was truncated: too many modules or calls to time them all)")
+    head_end = lines.index("")
+    wrapped = [w for line in lines[:head_end] for w in textwrap.wrap(line, width, subsequent_indent="  ")]
+    return wrapped + [line[:width] for line in lines[head_end:]]
+
+
+def _top(rows: list[dict[str, Any]], k: int | None) -> list[dict[str, Any]]:
+    """The ``k`` rows with the most time and their ancestors, in the tree order given."""
+    if k is None or k >= len(rows):
+        return rows
+    timed = sorted(rows, key=lambda r: -((r.get("fwd_s") or 0.0) + (r.get("bwd_s") or 0.0)))[:k]
+    names = {r["name"] for r in timed}
+    for r in timed:
+        parts = r["name"].split(".")
+        names.update(".".join(parts[:n]) for n in range(1, len(parts)))
+    return [r for r in rows if r["name"] in names or r["depth"] == 0]
+
+
+def _flops_rate(value: float | None) -> str:
+    return units.rate(value, "FLOP")
+
+
+def _children(rows: list[ProfileRow]) -> dict[str, list[ProfileRow]]:
+    """Each row's profiled children, by the parent's name (the root's name is its class name)."""
+    root = next((r.name for r in rows if r.depth == 0), None)
+    kids: dict[str, list[ProfileRow]] = {}
+    for r in rows:
+        if r.depth == 0:
+            continue
+        parent = r.name.rpartition(".")[0] if r.depth > 1 else root
+        if parent is not None:
+            kids.setdefault(parent, []).append(r)
+    return kids
+
+
+def _tree_order(rows: list[ProfileRow]) -> list[ProfileRow]:
+    kids = _children(rows)
+    ordered: list[ProfileRow] = []
+
+    def walk(row: ProfileRow) -> None:
+        ordered.append(row)
+        for child in sorted(kids.get(row.name, []), key=lambda r: -(r.seconds or 0.0)):
+            walk(child)
+
+    for root in (r for r in rows if r.depth == 0):
+        walk(root)
+    seen = {id(r) for r in ordered}
+    return ordered + [r for r in rows if id(r) not in seen]   # orphans (a truncated profile) last
+
+
+def _mark(rows: list[ProfileRow], step_s: float | None) -> list[ProfileRow]:
+    kids = _children(rows)
+    own: dict[str, tuple[float, float]] = {}
+    for r in rows:
+        if r.seconds is None or r.flops is None:
+            continue
+        children = kids.get(r.name, [])
+        if any(c.seconds is None or c.flops is None for c in children):
+            continue
+        t = r.seconds - sum(c.seconds or 0.0 for c in children)
+        f = r.flops - sum(c.flops or 0.0 for c in children)
+        if t > 0 and f > 0:
+            own[r.name] = (t, f)
+    if len(own) < 2 or not step_s:
+        return rows
+    best = max(f / t for t, f in own.values())
+    waste = {name: t * (1.0 - (f / t) / best) for name, (t, f) in own.items()}
+    worst = max(waste, key=lambda n: waste[n])
+    out = []
+    for r in rows:
+        if r.name in waste:
+            r = replace(r, own_waste_s=waste[r.name], marked=r.name == worst and waste[worst] >= MARK_MIN_SHARE * step_s)
+        out.append(r)
+    return out
+
+
+def _r(x: Any) -> Any:
+    return round(x, 6) if isinstance(x, float) else x
+
+
+def _num(x: Any) -> float | None:
+    return None if isinstance(x, bool) or not isinstance(x, (int, float)) else float(x)
+
+
+def _pos(x: Any) -> float | None:
+    v = _num(x)
+    return v if v is not None and v > 0 else None
+
+
+def _nonneg(x: Any) -> float | None:
+    v = _num(x)
+    return v if v is not None and v >= 0 else None
+
+
+def _int(x: Any) -> int | None:
+    return x if isinstance(x, int) and not isinstance(x, bool) else None
+
+
+def _str(x: Any) -> str | None:
+    return x if isinstance(x, str) and x else None
