@@ -36,6 +36,7 @@ from _thread import get_ident
 from typing import Any
 
 from probe.loader_policy import CpuTimingPolicy
+from probe.hooks import Hook
 from probe.stepfinder import StepFinder
 from probe.tracing import HiddenPhases, compiling_check, dynamo_has_compiled, run_eagerly
 
@@ -153,8 +154,8 @@ class _Auto:
         _remove(self.global_handles)
         for module in roots:
             try:
-                self.root_handles.append(module.register_forward_pre_hook(_fwd_pre))
-                self.root_handles.append(module.register_forward_hook(_fwd_post, always_call=True))
+                self.root_handles.append(module.register_forward_pre_hook(Hook(_fwd_pre)))
+                self.root_handles.append(module.register_forward_hook(Hook(_fwd_post), always_call=True))
             except Exception as exc:
                 self.fail(exc)
         return roots

@@ -29,6 +29,7 @@ import time
 from typing import Any, Callable
 
 from probe import flops
+from probe.hooks import Hook
 from probe.tracing import compiling_check, contains_compiled, run_eagerly
 
 MAX_STEPS = 50           # a profile is a look, not a mode: bounded in steps
@@ -189,8 +190,9 @@ class ModuleProfiler:
                 break
             entry = _Module(name, module, depth)
             self.modules.append(entry)
-            self.handles.append(module.register_forward_pre_hook(self._pre(entry), with_kwargs=True))
-            self.handles.append(module.register_forward_hook(self._post(entry), with_kwargs=True, always_call=True))
+            self.handles.append(module.register_forward_pre_hook(Hook(self._pre(entry)), with_kwargs=True))
+            self.handles.append(module.register_forward_hook(Hook(self._post(entry)), with_kwargs=True,
+                                                             always_call=True))
         self.done = 0
         self.first_step = self.probe.steps + 1
         self.t_start = _perf_counter()

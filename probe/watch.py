@@ -25,6 +25,7 @@ import weakref
 from typing import Any
 
 from probe import comm, flops
+from probe.hooks import Hook
 from probe.gpu import cuda as gpu_cuda
 from probe.step_flops import StepFlops
 from probe.memory import MemorySource, SavedTensorMeter, StateWalker
@@ -186,8 +187,8 @@ class Watcher:
         self.n_params = self._count_params()
         # first, to time the whole forward; when phases come from elsewhere (zero-code mode, whose
         # hook opens the step), after the existing hooks, so a forward's FLOPs land in its own step
-        pre = model.register_forward_pre_hook(self._fwd_pre, with_kwargs=True, prepend=self.phases_on)
-        post = model.register_forward_hook(self._fwd_post, with_kwargs=True, always_call=True)
+        pre = model.register_forward_pre_hook(Hook(self._fwd_pre), with_kwargs=True, prepend=self.phases_on)
+        post = model.register_forward_hook(Hook(self._fwd_post), with_kwargs=True, always_call=True)
         self.handles += [pre, post]
         if self.options["comm"]:
             self._attach_comm(getattr(model, "_orig_mod", model))   # torch.compile(DDP(...)): the DDP inside
