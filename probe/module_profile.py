@@ -14,10 +14,13 @@ removed on that same thread, so no step outside the profile runs a hook. Times:
 Marks are ``perf_counter`` on CPU and CUDA events on GPU (the device timeline, read on the
 finishing thread once the events completed: never a synchronisation on the training thread).
 
-FLOPs per module are counted once, after the profile, on a background thread: one forward and
-backward of a meta-device copy of the model (``probe.flops``) with the first profiled call's
-input shapes, each op's FLOPs added to the modules it ran in. The ``profile`` record carries
-raw per-step seconds and FLOPs; shares, rates and the marked row are the viewer's
+FLOPs per module are counted on a background thread while the steps are timed: one forward
+and backward of a meta-device copy of the model (``probe.flops``) with the first profiled call's
+input shapes, each op's FLOPs added to the modules it ran in. Where a meta copy cannot stand for
+the model (FSDP, DTensor) or its replay fails (a model that calls ``.item()`` in its forward),
+the hooks stay for one more step, which is counted live on the training thread with a
+thread-local dispatch mode (that step is slower, and not among the timed ones). The ``profile``
+record carries raw per-step seconds and FLOPs; shares, rates and the marked row are the viewer's
 (``tui.model.profile``).
 """
 
@@ -38,6 +41,7 @@ MAX_ROWS = 2000          # modules profiled at most (the largest record stays fa
 MAX_SPANS = 200_000      # timed calls kept in one profile; beyond, the rest is not timed (said)
 ARMED_SECONDS = 60.0     # an armed profile no step has started yet is replaced by a new request
 EVENT_WAIT_SECONDS = 10.0
+MAX_META_SECONDS = 30.0  # the finishing thread waits this long at most for the meta-device count
 
 _is_compiling = compiling_check()
 _perf_counter = time.perf_counter
@@ -101,7 +105,7 @@ class ModuleProfiler:
     def __init__(self, probe: Any) -> None:
         self.probe = probe
         self._lock = threading.Lock()
-        self.state = "idle"            # idle | armed | running | finishing
+        self.state = "idle"            # idle | armed | running | counting | finishing
         self.request_id: int | None = None
         self.steps = 0
         self.depth = 0
@@ -117,6 +121,14 @@ class ModuleProfiler:
         self.clock: Any = _CpuClock()
         self.root_calls = 0
         self.meta_call: tuple[tuple, dict, bool] | None = None
+        self.meta_thread: threading.Thread | None = None
+        self.counted: dict[str, tuple[float, float]] | None = None   # (forward, backward) FLOPs by module
+        self.counted_per_call = False                  # ``counted`` is per root call (meta), else per step (live)
+        self.live_totals: dict[str, list[float]] = {}
+        self.flops_note: str | None = None
+        self.live: flops.FlopCount | None = None      # the live-count step's dispatch mode
+        self.active: dict[str, int] = {}               # modules the live count attributes to now
+        self.t_timed = 0.0                             # end of the timed steps
         self.backward_open = False
         self.torch: Any = None
         self.hooked = False            # our step-end hook is registered
@@ -135,7 +147,7 @@ class ModuleProfiler:
             if self.state == "armed" and time.monotonic() - self.armed_at < ARMED_SECONDS:
                 return (f"a profile (request {self.request_id}) is waiting for the current step to end "
                         f"({time.monotonic() - self.armed_at:.0f} s so far)")
-            if self.state in ("running", "finishing"):
+            if self.state in ("running", "counting", "finishing"):
                 return (f"a profile is already running (request {self.request_id}, "
                         f"{self.done} of {self.steps} steps done)")
             self.state = "armed"
@@ -168,7 +180,19 @@ class ModuleProfiler:
         elif state == "running":
             self.done += 1
             if self.done >= self.steps:
-                self._stop()
+                self.t_timed = _perf_counter()
+                if self._live_count_needed():
+                    self.state = "counting"        # the next step, from its beginning (``_on_step_begin``)
+                    self.probe.add_step_hooks(begin=self._on_step_begin)
+                else:
+                    self._stop()
+        elif state == "counting":
+            self._end_live_count()
+            self._stop()
+
+    def _on_step_begin(self) -> None:
+        if self.state == "counting" and self.live is None:
+            self._begin_live_count()
 
     def _start(self) -> None:
         torch = self.torch = sys.modules["torch"]
@@ -180,6 +204,8 @@ class ModuleProfiler:
             self.clock = _CpuClock()
         self.modules, self.handles = [], []
         self.spans, self.truncated, self.root_calls, self.meta_call = 0, False, 0, None
+        self.meta_thread, self.counted, self.flops_note, self.live, self.active = None, None, None, None, {}
+        self.counted_per_call = False
         self.backward_open = False
         for name, module in self.root.named_modules():
             depth = 0 if not name else name.count(".") + 1
@@ -199,15 +225,72 @@ class ModuleProfiler:
         self.state = "running"
 
     def _stop(self) -> None:
-        t_end = _perf_counter()
         self.remove_hooks()
-        self.probe.remove_step_hooks(end=self._on_step_end)
+        self.probe.remove_step_hooks(begin=self._on_step_begin, end=self._on_step_end)
         self.hooked = False
         self.state = "finishing"
-        thread = threading.Thread(target=self._finish, args=(t_end,), name="perfmon-profile", daemon=True)
+        thread = threading.Thread(target=self._finish, args=(self.t_timed,), name="perfmon-profile", daemon=True)
         thread.start()
 
+    def _live_count_needed(self) -> bool:
+        """The meta replay could not count this model (and is done saying so): count the next step live."""
+        meta = self.meta_thread
+        return self.meta_call is not None and self.counted is None and (meta is None or not meta.is_alive())
+
+    def _begin_live_count(self) -> None:
+        self.active = {}
+        self.live = flops.FlopCount(self._attribute_live)
+        self.live_totals = {e.name: [0.0, 0.0] for e in self.modules}
+        self.live.__enter__()
+
+    def _attribute_live(self, n: int) -> None:
+        phase = 1 if self.backward_open else 0
+        for name in self.active:
+            self.live_totals[name][phase] += n
+
+    def _end_live_count(self) -> None:
+        live, self.live = self.live, None
+        if live is None:
+            self.flops_note = f"no step began after the profile to count live ({self.flops_note})"
+            return
+        try:
+            live.__exit__(None, None, None)
+            self.counted = {name: (f, b) for name, (f, b) in self.live_totals.items()}
+            self.flops_note = (f"counted live in step {self.probe.steps} ({self.flops_note}); "
+                               "that step was slower and is not among the timed ones")
+        except Exception as exc:
+            self.flops_note = f"the live count failed ({exc!r}) after {self.flops_note}"[:300]
+
+    def _start_meta_count(self, args: tuple, kwargs: dict, grad: bool) -> None:
+        """At the first profiled forward: its input shapes, counted on a meta copy on a thread of its own."""
+        self.meta_call = (flops.to_meta(args), flops.to_meta(kwargs), grad)
+        self.meta_thread = threading.Thread(target=self._count_meta, args=self.meta_call,
+                                            name="perfmon-profile-flops", daemon=True)
+        self.meta_thread.start()
+
+    def _count_meta(self, margs: tuple, mkwargs: dict, grad: bool) -> None:
+        """The meta-device count."""
+        blocker = flops.meta_replay_blocker(self.root)
+        if blocker is not None:
+            self.flops_note = f"{blocker}: a meta-device copy would not be the real computation"
+            return
+        try:
+            per_call = count_by_module(self.root, self.depth, margs, mkwargs, grad)
+        except Exception as exc:
+            self.flops_note = f"the meta-device replay failed: {exc!r}"[:200]
+            return
+        self.counted_per_call = True
+        self.counted = {name: (float(f), float(b)) for name, (f, b) in per_call.items()}
+
     def remove_hooks(self) -> None:
+        """Every module hook of the profile off (and a live count's dispatch mode, on the thread that
+        entered it: ``Probe.close`` at exit runs there)."""
+        live, self.live = self.live, None
+        if live is not None and threading.get_ident() == self.probe.progress()[3]:
+            try:
+                live.__exit__(None, None, None)
+            except Exception:
+                pass
         handles, self.handles = self.handles, []
         for handle in handles:
             try:
@@ -220,13 +303,19 @@ class ModuleProfiler:
             if _is_compiling():
                 return
             try:
-                entry.open_fwd.append(self.clock.mark())
-                entry.calls += 1
-                if entry.depth == 0:
-                    self.root_calls += 1
-                    if self.meta_call is None:
-                        self.meta_call = (flops.to_meta(args), flops.to_meta(kwargs), self.torch.is_grad_enabled())
-                if self.torch.is_grad_enabled():
+                grad = self.torch.is_grad_enabled()
+                if self.live is not None:          # the live-count step: attribution only, no timing
+                    self.active[entry.name] = self.active.get(entry.name, 0) + 1
+                elif self.state == "running":
+                    entry.open_fwd.append(self.clock.mark())
+                    entry.calls += 1
+                    if entry.depth == 0:
+                        self.root_calls += 1
+                        if self.meta_call is None:
+                            self._start_meta_count(args, kwargs, grad)
+                else:
+                    return
+                if grad:
                     _on_first_grad(self.torch, _grad_tensors(self.torch, (args, kwargs)), self._left(entry))
             except Exception as exc:
                 self.probe.report_error("profile hook", exc)
@@ -237,8 +326,12 @@ class ModuleProfiler:
             if _is_compiling():
                 return
             try:
-                if entry.open_fwd:
+                if self.live is not None:
+                    self._leave(entry.name)
+                elif entry.open_fwd:
                     self._span(entry.fwd, entry.open_fwd.pop())
+                else:
+                    return                         # between the timed steps and a live count: nothing
                 if self.torch.is_grad_enabled():
                     _on_first_grad(self.torch, _grad_tensors(self.torch, output), self._entered(entry))
             except Exception as exc:
@@ -248,7 +341,10 @@ class ModuleProfiler:
     def _entered(self, entry: _Module) -> Callable[[Any], None]:
         def entered(_grad: Any) -> None:      # autograd is about to run this module's backward
             try:
-                entry.open_bwd.append(self.clock.mark())
+                if self.live is not None:
+                    self.active[entry.name] = self.active.get(entry.name, 0) + 1
+                else:
+                    entry.open_bwd.append(self.clock.mark())
                 if not self.backward_open:
                     self.backward_open = True
                     self.torch.autograd.Variable._execution_engine.queue_callback(self._backward_done)
@@ -259,7 +355,9 @@ class ModuleProfiler:
     def _left(self, entry: _Module) -> Callable[[Any], None]:
         def left(_grad: Any) -> None:         # the gradient of the module's inputs is ready
             try:
-                if entry.open_bwd:
+                if self.live is not None:
+                    self._leave(entry.name)
+                elif entry.open_bwd:
                     self._span(entry.bwd, entry.open_bwd.pop())
             except Exception as exc:
                 self.probe.report_error("profile hook", exc)
@@ -269,6 +367,7 @@ class ModuleProfiler:
         """End of a backward pass: modules whose inputs needed no gradient leave here."""
         try:
             self.backward_open = False
+            self.active = {}
             mark = None
             for entry in self.modules:
                 while entry.open_bwd:
@@ -276,6 +375,13 @@ class ModuleProfiler:
                     self._span(entry.bwd, entry.open_bwd.pop(), mark)
         except Exception as exc:
             self.probe.report_error("profile hook", exc)
+
+    def _leave(self, name: str) -> None:
+        count = self.active.get(name, 0) - 1
+        if count > 0:
+            self.active[name] = count
+        else:
+            self.active.pop(name, None)
 
     def _span(self, into: list, start: Any, end: Any = None) -> None:
         if self.spans >= MAX_SPANS:
@@ -300,7 +406,17 @@ class ModuleProfiler:
 
     def _result(self, t_end: float) -> dict[str, Any]:
         n = max(1, self.done)
-        counted, why_no_flops = self._count_flops()
+        meta = self.meta_thread
+        if meta is not None:
+            meta.join(MAX_META_SECONDS)
+        counted = self.counted
+        scale = self.root_calls / n if self.counted_per_call else 1.0
+        if counted is None:
+            note = self.flops_note or ("still counting after the profile" if meta is not None and meta.is_alive()
+                                       else "the model's forward did not run during the profile")
+            why_no_flops: str | None = f"not counted: {note}"
+        else:
+            why_no_flops = None if self.counted_per_call else self.flops_note
         rows = []
         for entry in self.modules:
             fwd = _total(self.clock, entry.fwd)
@@ -310,10 +426,9 @@ class ModuleProfiler:
                 "calls": entry.calls / n, "fwd_s": None if fwd is None else fwd / n,
                 "bwd_s": None if bwd is None else bwd / n}
             if counted is not None:
-                f_fwd, f_bwd = counted.get(entry.name, (0, 0))
-                per_step = self.root_calls / n
-                row["fwd_flops"] = f_fwd * per_step
-                row["flops"] = (f_fwd + f_bwd) * per_step
+                f_fwd, f_bwd = counted.get(entry.name, (0.0, 0.0))
+                row["fwd_flops"] = f_fwd * scale
+                row["flops"] = (f_fwd + f_bwd) * scale
             rows.append(row)
         watcher = self.probe.attached.watcher
         return {"k": "profile", "t": time.time(), "id": self.request_id, "steps": self.done,
@@ -321,19 +436,6 @@ class ModuleProfiler:
                 "step_s": (t_end - self.t_start) / n, "timer": self.clock.name, "truncated": self.truncated,
                 "peak_flops": getattr(watcher, "peak", None), "peak_source": getattr(watcher, "peak_source", None),
                 "flops_note": why_no_flops, "modules": rows}
-
-    def _count_flops(self) -> tuple[dict[str, tuple[int, int]] | None, str | None]:
-        """FLOPs per module name for one root call, (forward, backward); None and why when not counted."""
-        if self.meta_call is None:
-            return None, "the model's forward did not run during the profile"
-        blocker = flops.meta_replay_blocker(self.root)
-        if blocker is not None:
-            return None, f"not counted: {blocker} (a meta-device copy would not be the real computation)"
-        try:
-            margs, mkwargs, grad = self.meta_call
-            return count_by_module(self.root, self.depth, margs, mkwargs, grad), None
-        except Exception as exc:
-            return None, f"not counted: the meta-device replay failed ({exc!r})"[:300]
 
 
 def count_by_module(module: Any, depth: int, meta_args: tuple, meta_kwargs: dict,

@@ -129,3 +129,17 @@ def test_the_compute_efficiency_verdict_cites_the_marked_module():
     assert v.headline.endswith("; slowest for its FLOPs: slow: 60% of the step at 500GFLOP/s")
     assert v.suggestions[0].startswith("start with slow (Linear): ")
     assert not any(s.startswith("`perfmon profile`") for s in v.suggestions)
+
+
+def test_a_container_its_parent_never_calls_sums_its_children():
+    """``nn.ModuleList``: the parent calls its blocks directly, so the list itself has no time."""
+    modules = [_module("", 0, 0.004, 0.006, flops=6.3e9, type_="GPT"),
+               _module("h", 1, 0.0, 0.0, flops=0.0, type_="ModuleList"),
+               _module("h.0", 2, 0.001, 0.002, flops=3e9),
+               _module("h.1", 2, 0.002, 0.004, flops=3e9),
+               _module("head", 1, 0.0002, 0.0004, flops=0.3e9)]
+    modules[1]["calls"] = 0.0
+    rows = {r.name: r for r in profile_reading(_record(modules), rank=0).rows}
+    assert (rows["h"].fwd_s, rows["h"].bwd_s, rows["h"].flops) == (pytest.approx(0.003), pytest.approx(0.006), 6e9)
+    assert rows["h"].time_share == pytest.approx(0.9)
+    assert [r.name for r in profile_reading(_record(modules), rank=0).rows if r.marked] == ["h.1"]

@@ -146,3 +146,42 @@ def test_the_client_says_when_the_request_is_refused_or_the_probe_too_old(mon, t
     with pytest.raises(UserError, match="^y: the job's perfmon speaks protocol 1.0, which takes no requests"):
         ask(Target(path=str(tmp_path / "old.sock"), label="y"), "profile", {}, 10, "profile")
     old.close()
+
+
+class ItemInForward(nn.Module):
+    """Calls ``.item()`` in its forward: a meta-device copy cannot run it."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.lin = nn.Linear(16, 4)
+
+    def forward(self, x):
+        scale = 1.0 if x.abs().max().item() > 0 else 0.5
+        return self.lin(x) * scale
+
+
+def test_a_model_the_meta_copy_cannot_run_is_counted_live_in_one_extra_step(mon):
+    from torch.utils._python_dispatch import _get_current_dispatch_mode
+
+    model = ItemInForward()
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    mon.watch(model, opt)
+    modes_after = []
+    stop = threading.Event()
+
+    def train() -> None:
+        _train(mon, model, opt, stop)
+        modes_after.append(_get_current_dispatch_mode())
+
+    trainer = threading.Thread(target=train)
+    trainer.start()
+    try:
+        result = ask(Target(path=str(mon.socket_path)), "profile", {"steps": 3, "depth": 1}, 30, "profile")
+    finally:
+        stop.set()
+        trainer.join()
+    rows = {m["name"]: m for m in result["modules"]}
+    assert result["flops_note"].startswith("counted live in step ")
+    assert "meta-device replay failed" in result["flops_note"]
+    assert rows["lin"]["flops"] == 2 * (2 * 8 * 16 * 4)     # forward and grad weight: x needs no gradient
+    assert modes_after == [None]                            # no dispatch mode left on the training thread

@@ -114,7 +114,8 @@ def profile_reading(rec: dict[str, Any], rank: int) -> ModuleProfile:
     """Parse a ``profile`` record (validated by the wire; odd values become unknown)."""
     step_s = _pos(rec.get("step_s"))
     peak = _pos(rec.get("peak_flops"))
-    raw = [m for m in rec.get("modules") or [] if isinstance(m, dict) and isinstance(m.get("name"), str)]
+    raw = _containers_filled([m for m in rec.get("modules") or []
+                              if isinstance(m, dict) and isinstance(m.get("name"), str)])
     root = next((m for m in raw if m.get("name") == ""), None)
     root_flops = _nonneg(root.get("flops")) if root else None
     rows = [_row(m, step_s, root_flops, peak) for m in raw]
@@ -219,6 +220,28 @@ def _top(rows: list[dict[str, Any]], k: int | None) -> list[dict[str, Any]]:
         parts = r["name"].split(".")
         names.update(".".join(parts[:n]) for n in range(1, len(parts)))
     return [r for r in rows if r["name"] in names or r["depth"] == 0]
+
+
+def _containers_filled(raw: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """A container its parent never calls (``nn.ModuleList``, ``ModuleDict``: the parent calls the
+    children directly) has no time of its own; it gets the sums of its children's, so the tree
+    adds up and the parent's own part is not blamed for them."""
+    by_name = {m["name"]: m for m in raw}
+    kids: dict[str, list[dict[str, Any]]] = {}
+    for m in raw:
+        if m["name"]:
+            kids.setdefault(m["name"].rpartition(".")[0], []).append(m)
+    out = dict(by_name)
+    for m in sorted(raw, key=lambda m: -(_int(m.get("depth")) or 0)):
+        children = [out[c["name"]] for c in kids.get(m["name"], [])]
+        if _nonneg(m.get("calls")) or not children or not any(_nonneg(c.get("calls")) for c in children):
+            continue
+        filled = dict(m)
+        for key in ("fwd_s", "bwd_s", "flops", "fwd_flops"):
+            values = [_nonneg(c.get(key)) for c in children]
+            filled[key] = None if any(v is None for v in values) else sum(v for v in values if v is not None)
+        out[m["name"]] = filled
+    return [out[m["name"]] for m in raw]
 
 
 def _flops_rate(value: float | None) -> str:

@@ -1,0 +1,61 @@
+"""The profile's GPU timer on the simulated device layer (tests/sim/simulated_cuda.py, which says
+it is a simulation): module times come from CUDA events, i.e. the device timeline, not from the
+host, which only enqueues the work and returns at once."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn as nn
+
+import probe
+from tests.integration.streamutil import wait_for
+from probe.module_profile import _EventClock
+
+
+class Kernel(nn.Module):
+    """Enqueues ``seconds`` of device work and returns at once, as a CUDA kernel launch does."""
+
+    def __init__(self, device, seconds: float) -> None:
+        super().__init__()
+        self.device, self.seconds = device, seconds
+        self.weight = nn.Parameter(torch.ones(4))
+
+    def forward(self, x):
+        self.device.run(self.seconds)
+        return x * self.weight
+
+
+def test_an_event_span_is_the_device_time_between_two_marks(simulated_cuda):
+    device = simulated_cuda()
+    clock = _EventClock(device)
+    a = clock.mark()
+    device.run(0.03)             # the host goes on at once; the device is busy for 30 ms
+    b = clock.mark()
+    assert clock.seconds(a, b) == pytest.approx(0.03, abs=0.005)
+
+
+def test_a_profile_on_a_cuda_job_times_modules_on_the_device_timeline(simulated_cuda):
+    device = simulated_cuda()
+    mon = probe.start(job="sim-gpu", serve=False)
+    try:
+        model = nn.Sequential(Kernel(device, 0.020), Kernel(device, 0.005))
+        opt = torch.optim.SGD(model.parameters(), lr=0.1)
+        mon.watch(model, opt)
+        mon.attached.watcher.device_type = "cuda"        # the model stands for a CUDA one
+        got = []
+        mon.emit = got.append                            # the profile record, as the sender would get it
+        assert mon.handle_request({"k": "request", "t": 0.0, "id": 9, "op": "profile", "steps": 2, "depth": 1}) is None
+        for _ in range(3):
+            with mon.step():
+                model(torch.ones(4)).sum().backward()
+                opt.step()
+        wait_for(lambda: any(r.get("k") == "profile" for r in got), 10, "the profile record")
+    finally:
+        mon.close()
+    rec = next(r for r in got if r.get("k") == "profile")
+    rows = {m["name"]: m for m in rec["modules"]}
+    assert rec["timer"] == "cuda_events"
+    assert rows["0"]["fwd_s"] == pytest.approx(0.020, abs=0.004)
+    assert rows["1"]["fwd_s"] == pytest.approx(0.005, abs=0.004)
+    assert rows[""]["fwd_s"] == pytest.approx(0.025, abs=0.006)
