@@ -185,3 +185,13 @@ def test_a_model_the_meta_copy_cannot_run_is_counted_live_in_one_extra_step(mon)
     assert "meta-device replay failed" in result["flops_note"]
     assert rows["lin"]["flops"] == 2 * (2 * 8 * 16 * 4)     # forward and grad weight: x needs no gradient
     assert modes_after == [None]                            # no dispatch mode left on the training thread
+
+
+def test_a_compiled_model_is_refused_before_any_hook_goes_on(mon):
+    model = Tiny()
+    compiled = torch.compile(model)        # nothing is compiled until it is called
+    mon.watch(compiled, torch.optim.SGD(model.parameters(), lr=0.01))
+    before = _hooks(model)
+    reason = mon.handle_request({"k": "request", "t": 0.0, "id": 3, "op": "profile", "steps": 2, "depth": 1})
+    assert reason.startswith("the model is compiled (torch.compile): hooks on its modules would make dynamo recompile")
+    assert _hooks(model) == before and mon.attached.profiler.state == "idle"
