@@ -31,7 +31,7 @@ from __future__ import annotations
 #         gpu_phases {forward, backward, optimizer} (device s, when the step had one forward)
 # sample  host {cpu (cores busy in this process), cpu_count, sys_cpu, rss, mem_used, mem_total,
 #         mem_limit, mem_limit_source, loader_workers, loader_cpu (mean share of one core per
-#         loader worker), loader_cpu_max}, gpus [{index, name, util, mem_used, mem_total,
+#         loader worker), loader_cpu_max}, gpus [{index, name, uuid (1.x), util, mem_used, mem_total,
 #         power_w, power_limit_w, sm_clock, sm_clock_max, temp_c, throttle [reason names],
 #         pcie_tx, pcie_rx, nvlink_tx, nvlink_rx (bytes/s), and on GPM devices sm_active,
 #         sm_occupancy, tensor_active, dram_bw (0..1), lost (true once NVML says the GPU is lost)}],

@@ -24,6 +24,7 @@ COMMANDS = {
     "doctor": "tui.commands.doctor",
     "relay": "tui.commands.relay",
     "profile": "tui.commands.profile",
+    "export": "tui.commands.export",
 }
 
 
@@ -90,6 +91,14 @@ def build_parser() -> argparse.ArgumentParser:
     profile.add_argument("--json", action="store_true", help="print the profile JSON (the report's `profile`)")
     profile.add_argument("--timeout", type=float, default=120.0, help="seconds to wait for the steps (default 120)")
     profile.add_argument("--token", default=None, help="token for host:port (default: read from the token file)")
+
+    export = sub.add_parser("export", help="a live job's metrics for Prometheus, or recordings as a Chrome trace")
+    what = export.add_mutually_exclusive_group(required=True)
+    what.add_argument("--prometheus", metavar="[HOST:]PORT", help="serve /metrics for JOB while it runs")
+    what.add_argument("--trace", metavar="OUT.json", help="write the recordings as a Chrome/Perfetto trace")
+    export.add_argument("targets", nargs="*", metavar="JOB|REC", help="the live job (--prometheus), or "
+                        "recording files/directories (--trace)")
+    _hosts_options(export)
 
     relay = sub.add_parser("relay", help="(started by a viewer through ssh) this node's ranks of JOB as one stream")
     relay.add_argument("job", help="job name")

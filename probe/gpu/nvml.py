@@ -230,7 +230,7 @@ class Nvml:
         GPM fields only on GPM devices."""
         nv = self.nv
         dev.reads += 1
-        out: dict[str, Any] = {"index": dev.index, "name": dev.name}
+        out: dict[str, Any] = {"index": dev.index, "name": dev.name, "uuid": dev.uuid or None}
         if dev.lost:
             out["lost"] = True
         util = self.call("nvmlDeviceGetUtilizationRates", dev)

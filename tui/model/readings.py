@@ -33,6 +33,8 @@ class GpuReading:
 
     index: int | None
     util: float | None
+    name: str | None = None
+    uuid: str | None = None          # NVML's "GPU-..." (dcgm-exporter's UUID label)
     sm_active: float | None = None
     tensor_active: float | None = None
     mem_used: int | None = None
@@ -94,11 +96,16 @@ def _int(value: Any) -> int | None:
 def gpu_reading(g: dict[str, Any]) -> GpuReading:
     throttle = g.get("throttle") if isinstance(g.get("throttle"), list) else []
     return GpuReading(
-        index=_int(g.get("index")), util=_frac(g.get("util")), sm_active=_frac(g.get("sm_active")),
+        index=_int(g.get("index")), util=_frac(g.get("util")), name=_text(g.get("name")), uuid=_text(g.get("uuid")),
+        sm_active=_frac(g.get("sm_active")),
         tensor_active=_frac(g.get("tensor_active")), mem_used=_int(g.get("mem_used")),
         mem_total=_int(g.get("mem_total")), power_w=num(g.get("power_w")), power_limit_w=num(g.get("power_limit_w")),
         sm_clock_mhz=num(g.get("sm_clock")), temp_c=num(g.get("temp_c")),
         throttle=tuple(t for t in throttle if isinstance(t, str)))
+
+
+def _text(value: Any) -> str | None:
+    return value if isinstance(value, str) and value else None
 
 
 def gpu_readings(sample: dict[str, Any]) -> tuple[GpuReading, ...]:

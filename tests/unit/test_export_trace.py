@@ -1,0 +1,88 @@
+"""``perfmon export --trace``: Chrome trace JSON that viewers load, sized for hours of training."""
+
+from __future__ import annotations
+
+import gzip
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+from probe import paths, wire
+from probe.recording import RecordingWriter
+from tests.tui import scenarios
+from tui.export.trace import DETAIL_STEPS, MAX_SAMPLES, trace_events, write_trace
+from tui.stream.sources import load_recordings
+
+REQUIRED = {"X": {"name", "ts", "dur", "pid", "tid"}, "C": {"name", "ts", "pid", "args"},
+            "i": {"name", "ts", "pid", "tid", "s"}, "M": {"name", "pid", "args"}, "B": {"name", "ts", "pid", "tid"},
+            "E": {"ts", "pid", "tid"}}
+
+
+def _valid(events: list[dict]) -> None:
+    for e in events:
+        assert REQUIRED[e["ph"]] <= e.keys(), e
+        if "ts" in e:
+            assert isinstance(e["ts"], int) and e["ts"] >= 0, e
+        if e["ph"] == "X":
+            assert isinstance(e["dur"], int) and e["dur"] >= 0, e
+
+
+def _write(directory: Path, ranks: int, steps: int) -> Path:
+    encoder = wire.Encoder()
+    for rank in range(ranks):
+        records = [{"k": "hello", "t": 1000.0, "proto": [1, 1], "job": "long", "rank": rank, "host": "n1",
+                    "pid": 100 + rank, "restart": 0, "name": f"long.r{rank}.x0.p{100 + rank}"}]
+        t = 1000.0
+        for i in range(steps):
+            records.append({"k": "step", "t": t + 0.1, "step": i, "start": t, "dur": 0.1, "gap": 0.0,
+                            "phases": {"data": 0.01, "forward": 0.03, "backward": 0.05, "optimizer": 0.01},
+                            "comm": {"seconds": 0.02, "exposed": 0.004}})
+            t += 0.1
+        records.append({"k": "event", "t": t, "name": "checkpoint", "seconds": 2.0})
+        writer = RecordingWriter(directory / f"long.r{rank}.x0.p{100 + rank}{paths.RECORD_SUFFIX}")
+        writer.write(b"".join(RecordingWriter.wrap(encoder.frame(r)) for r in records))
+        writer.close()
+    return directory
+
+
+def test_a_two_rank_recording_becomes_a_process_per_rank_with_steps_and_phases(tmp_path):
+    out = tmp_path / "trace.json"
+    result = subprocess.run([sys.executable, "-m", "tui.cli", "export", "--trace", str(out),
+                             str(scenarios.write("healthy", tmp_path))], capture_output=True, text=True, timeout=60)
+    assert result.returncode == 0, result.stderr
+    events = json.loads(out.read_text())["traceEvents"]
+    _valid(events)
+    names = {e["pid"]: e["args"]["name"] for e in events if e["name"] == "process_name"}
+    assert sorted(names.values()) == [f"rank 0 ({scenarios.HOST})", f"rank 1 ({scenarios.HOST})"]
+    steps = [e for e in events if e["ph"] == "X" and e["name"].startswith("step ")]
+    phases = [e for e in events if e["ph"] == "X" and e["name"] in ("data", "forward", "backward", "optimizer")]
+    counters = [e for e in events if e["ph"] == "C"]
+    assert steps and phases and len(counters) == len(steps)
+    first = min(steps, key=lambda e: (e["pid"], e["ts"]))
+    inside = [p for p in phases if p["pid"] == first["pid"] and first["ts"] <= p["ts"] < first["ts"] + first["dur"]]
+    assert sum(p["dur"] for p in inside) <= first["dur"] + len(inside)       # nested, rounding aside
+
+
+def test_hours_of_steps_stay_under_a_megabyte_per_ten_thousand_steps_per_rank(tmp_path):
+    loaded = load_recordings(_write(tmp_path, ranks=2, steps=10_000))
+    events, size = write_trace(loaded, tmp_path / "long.json")
+    assert size < 2 * 1_000_000, size
+    parsed = json.loads((tmp_path / "long.json").read_text())["traceEvents"]
+    _valid(parsed)
+    assert not any(e["ph"] == "X" and e["name"].startswith("step ") for e in parsed)   # beyond DETAIL_STEPS
+    counters = [e for e in parsed if e["ph"] == "C"]
+    assert len(counters) == 2 * MAX_SAMPLES                 # two steps a sample beyond MAX_SAMPLES steps
+    assert counters[0]["args"] == {"data": 10, "forward": 30, "backward": 50, "optimizer": 10, "comm": 4}
+    assert [e["name"] for e in parsed if e["ph"] == "i"] == ["checkpoint", "checkpoint"]
+    _, gz_size = write_trace(loaded, tmp_path / "long.json.gz")
+    assert gz_size < size / 5 and json.loads(gzip.decompress((tmp_path / "long.json.gz").read_bytes()))
+
+
+def test_a_long_pause_between_steps_is_a_slice_and_short_ones_are_not(tmp_path):
+    rec = load_recordings(_write(tmp_path, ranks=1, steps=3))[0]
+    rec.records[2] = dict(rec.records[2], dur=2.6, gap=2.5)      # step 1 waited 2.5 s before it began
+    events = trace_events([rec])
+    pauses = [e for e in events if e["ph"] == "X" and e["name"] == "between steps"]
+    assert [(p["dur"]) for p in pauses] == [2_500_000]
+    assert DETAIL_STEPS >= 3

@@ -1,0 +1,64 @@
+"""``perfmon export``: a live job's numbers for Prometheus, or recordings as a Chrome/Perfetto trace.
+
+    perfmon export --prometheus [HOST:]PORT [JOB] [--hosts ...]   serve /metrics while the job runs
+    perfmon export --trace OUT.json REC...                         one track per rank, steps and events
+"""
+
+from __future__ import annotations
+
+import sys
+from typing import Any
+
+from tui.errors import UserError
+
+
+def main(args: Any) -> int:
+    if args.prometheus:
+        return _prometheus(args)
+    return _trace(args)
+
+
+def _prometheus(args: Any) -> int:
+    from tui.commands.attach import remote_feed
+    from tui.export import prometheus
+    from tui.model.runmodel import RunModel
+    from tui.stream import discovery
+    from tui.stream.feed import LiveFeed
+
+    host, port = _listen_address(args.prometheus)
+    target = args.targets[0] if args.targets else None
+    args.target = target
+    feed = remote_feed(args)
+    if feed is None:
+        endpoints = discovery.resolve_live(target)
+        feed = LiveFeed(RunModel(), endpoints[0].job, endpoints)
+    print(f"perfmon export: serving {feed.description} on http://{host or '0.0.0.0'}:{port}/metrics "
+          "until the job ends", file=sys.stderr)
+    try:
+        prometheus.serve(feed, host, port)
+    except OSError as exc:
+        raise UserError(f"cannot listen on {args.prometheus}: {exc.strerror or exc}") from None
+    print("perfmon export: the job ended", file=sys.stderr)
+    return 0
+
+
+def _listen_address(text: str) -> tuple[str, int]:
+    host, _, port = text.rpartition(":")
+    if not port.isdigit() or not 0 < int(port) < 65536:
+        raise UserError(f"--prometheus {text}: expected [HOST:]PORT, PORT 1..65535")
+    return host.strip("[]"), int(port)
+
+
+def _trace(args: Any) -> int:
+    from tui.export.trace import write_trace
+    from tui.stream.sources import load_recordings
+
+    if not args.targets:
+        raise UserError("--trace OUT.json needs the recordings to convert (files or directories)")
+    loaded = [rec for target in args.targets for rec in load_recordings(target)]
+    for rec in loaded:
+        if rec.problem:
+            print(f"perfmon export: {rec.problem}", file=sys.stderr)
+    events, size = write_trace(loaded, args.trace)
+    print(f"perfmon export: {events} events, {size / 1e6:.1f} MB in {args.trace}", file=sys.stderr)
+    return 0

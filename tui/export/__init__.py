@@ -1,0 +1,1 @@
+"""Where perfmon's numbers go besides its own screens: Prometheus and trace files."""

@@ -1,0 +1,150 @@
+"""``perfmon export --prometheus``: the run model's window numbers as Prometheus metrics.
+
+Names follow Prometheus conventions: the ``perfmon_`` prefix, base units (seconds, bytes),
+``_ratio`` for 0..1 shares, ``_total`` on counters. Labels: ``job`` and ``rank``, and for the
+rank's GPU the dcgm-exporter labels ``Hostname``, ``UUID``, ``modelName``, so a dashboard can
+join perfmon's series with DCGM's. Nothing is per step: the series count is ranks x metrics.
+An unknown value is left out of the scrape (never exported as 0).
+
+``families`` is pure over a ``JobView`` and its ``Verdict`` (what the TUI and the report read);
+``serve`` refreshes one snapshot a second on the feed's asyncio loop and the HTTP thread of
+``prometheus_client`` only reads that snapshot, never the model.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import time
+from dataclasses import dataclass
+from typing import Any, Iterator
+
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, InfoMetricFamily
+from prometheus_client.registry import Collector, CollectorRegistry
+
+from tui.model.verdict import Verdict, VerdictTracker
+from tui.model.views import JobView, RankView
+from tui.stream.feed import Feed
+
+REFRESH_SECONDS = 1.0
+RANK_LABELS = ("job", "rank", "Hostname", "UUID", "modelName")
+
+# (name, help, RankView attribute): per-rank gauges
+RANK_GAUGES = (
+    ("perfmon_step_seconds", "Median step time over the window (data wait included)", "step_time_median_s"),
+    ("perfmon_data_wait_ratio", "Share of step time spent waiting for the next batch", "data_wait_frac"),
+    ("perfmon_comm_ratio", "Share of step time in collectives", "comm_frac"),
+    ("perfmon_comm_exposed_ratio", "Share of step time blocked on collectives (not overlapped)", "comm_exposed_frac"),
+    ("perfmon_device_busy_ratio", "Device busy share: NVML activity on GPU, step time not lost on CPU", "device_busy"),
+    ("perfmon_mfu_ratio", "Model FLOPs utilization: achieved FLOP/s over the device's peak for the dtype", "mfu"),
+    ("perfmon_ettr_ratio", "Effective training time ratio: time inside steps over wall time", "ettr"),
+    ("perfmon_samples_per_second", "Samples per second over the window", "samples_per_s"),
+    ("perfmon_tokens_per_second", "Tokens per second over the window", "tokens_per_s"),
+    ("perfmon_host_syncs_per_step", "Host-device synchronisations per step", "syncs_per_step"),
+)
+MEMORY_KINDS = ("params", "grads", "optimizer", "activations", "cache", "other", "fragmentation", "reserved",
+                "allocated", "peak", "limit")
+
+
+@dataclass(frozen=True)
+class Snapshot:
+    view: JobView
+    verdict: Verdict
+
+
+def families(view: JobView, verdict: Verdict) -> list[Any]:
+    """Every metric family of one snapshot (pure)."""
+    job = view.job or ""
+    labels = {r.rank: _rank_labels(view, r) for r in view.ranks}
+    out: list[Any] = []
+    for name, text, attr in RANK_GAUGES:
+        family = GaugeMetricFamily(name, text, labels=RANK_LABELS)
+        for r in view.ranks:
+            value = getattr(r, attr)
+            if value is not None:
+                family.add_metric(labels[r.rank], float(value))
+        out.append(family)
+    steps = CounterMetricFamily("perfmon_steps", "Steps the rank has completed", labels=RANK_LABELS)
+    for r in view.ranks:
+        steps.add_metric(labels[r.rank], float(r.steps))
+    out.append(steps)
+    mem = view.metrics.memory
+    memory = GaugeMetricFamily("perfmon_memory_bytes", "Memory of the fullest rank by kind (device, else host)",
+                               labels=("job", "rank", "kind", "source"))
+    for kind in MEMORY_KINDS:
+        value = getattr(mem, f"{kind}_bytes", None)
+        if value is not None and mem.rank is not None:
+            memory.add_metric([job, str(mem.rank), kind, mem.source or ""], float(value))
+    out.append(memory)
+    busbw = GaugeMetricFamily("perfmon_comm_busbw_bytes_per_second",
+                              "Bus bandwidth per collective over the window (nccl-tests busbw)", labels=("job", "op"))
+    comm_seconds = GaugeMetricFamily("perfmon_comm_window_seconds",
+                                     "Seconds in each collective over the window, all ranks", labels=("job", "op"))
+    for op in view.comm_ops:
+        if op.busbw is not None:
+            busbw.add_metric([job, op.op], op.busbw)
+        comm_seconds.add_metric([job, op.op], op.seconds)
+    out += [busbw, comm_seconds]
+    info = InfoMetricFamily("perfmon_verdict", "The verdict: the job's bottleneck now (DESIGN 6)",
+                            labels=("job",))
+    info.add_metric([job], {"bottleneck": verdict.bottleneck, "severity": verdict.severity,
+                            "straggler_rank": "" if verdict.straggler_rank is None else str(verdict.straggler_rank)})
+    out.append(info)
+    return out
+
+
+def _rank_labels(view: JobView, r: RankView) -> list[str]:
+    gpu = next((row.gpu for row in view.gpus if row.rank == r.rank), None)
+    model = (gpu.name if gpu is not None else None) or (view.device_name if view.device_type == "cpu" else None)
+    return [view.job or "", str(r.rank), r.host or "", (gpu.uuid if gpu is not None else None) or "", model or ""]
+
+
+class _SnapshotCollector(Collector):
+    def __init__(self, holder: "_Holder") -> None:
+        self.holder = holder
+
+    def collect(self) -> Iterator[Any]:
+        snap = self.holder.snapshot
+        if snap is not None:
+            yield from families(snap.view, snap.verdict)
+
+
+class _Holder:
+    snapshot: Snapshot | None = None
+
+
+def registry_for(holder: _Holder) -> CollectorRegistry:
+    registry = CollectorRegistry(auto_describe=False)
+    registry.register(_SnapshotCollector(holder))
+    return registry
+
+
+def serve(feed: Feed, host: str, port: int, ready: threading.Event | None = None) -> None:
+    """Serve ``/metrics`` on ``host:port`` until the job ends (every stream finished)."""
+    from prometheus_client import start_http_server
+
+    holder = _Holder()
+    server, thread = start_http_server(port, addr=host, registry=registry_for(holder))
+    try:
+        asyncio.run(_refresh(feed, holder, ready))
+    finally:
+        server.shutdown()
+        thread.join(5)
+
+
+async def _refresh(feed: Feed, holder: _Holder, ready: threading.Event | None) -> None:
+    tracker = VerdictTracker()
+    task = asyncio.ensure_future(feed.run())
+    try:
+        await feed.first_data.wait()
+        while True:
+            view = feed.model.view(now=time.time(), clock=feed.clock())
+            holder.snapshot = Snapshot(view, tracker.update(view))
+            if ready is not None:
+                ready.set()
+            if feed.ended:
+                return
+            await asyncio.sleep(REFRESH_SECONDS)
+    finally:
+        task.cancel()
+        await asyncio.gather(task, return_exceptions=True)

@@ -1,0 +1,150 @@
+"""``perfmon export --trace``: recordings as one Chrome / Perfetto trace, a process per rank.
+
+Operator traces are what break trace viewers; this one is sized for hours of training. Each
+rank gets:
+
+* a counter track ``step ms``: the step's parts stacked (``gap`` between steps, ``data`` wait,
+  ``forward``, ``backward``, ``optimizer``, ``other``) and the exposed communication ``comm``
+  beside them, in milliseconds; a sample per step up to ``MAX_SAMPLES`` steps per rank, beyond
+  that the mean of each run of consecutive steps, so a rank's track stays about 0.5 MB however
+  long the training ran;
+* a ``steps`` thread with a slice per step and its phases nested under it, for recordings of at
+  most ``DETAIL_STEPS`` steps per rank (beyond that the counter alone keeps the file small);
+* a ``pauses`` thread with a slice for every gap between steps of ``PAUSE_S`` or more
+  (checkpoints, evaluation) and for every stall, and an instant event per ``event`` record.
+
+Timestamps are integer microseconds from the earliest record. ``trace_events`` is pure.
+"""
+
+from __future__ import annotations
+
+import gzip
+import json
+from pathlib import Path
+from typing import Any, Iterable
+
+from tui.stream.sources import LoadedRecording
+
+DETAIL_STEPS = 2000
+MAX_SAMPLES = 5000
+PAUSE_S = 1.0
+PHASES = ("data", "forward", "backward", "optimizer", "other")
+STEPS_TID, PAUSES_TID = 1, 2
+
+
+def trace_events(recordings: Iterable[LoadedRecording]) -> list[dict[str, Any]]:
+    """The trace's events for every rank in ``recordings`` (pure)."""
+    recordings = list(recordings)
+    times = [r["t"] for rec in recordings for r in rec.records[:1] + rec.records[-1:]]
+    starts = [r["start"] for rec in recordings for r in rec.records if r["k"] == "step" and _num(r.get("start"))]
+    origin = min(times + starts, default=0.0)
+    events: list[dict[str, Any]] = []
+    for pid, rec in enumerate(recordings):
+        hello = next((r for r in rec.records if r["k"] == "hello"), {})
+        rank = hello.get("rank", pid)
+        label = f"rank {rank}" + (f" ({hello['host']})" if isinstance(hello.get("host"), str) else "")
+        if hello.get("restart"):
+            label += f" restart {hello['restart']}"
+        events.append({"ph": "M", "pid": pid, "tid": 0, "name": "process_name", "args": {"name": label}})
+        events.append({"ph": "M", "pid": pid, "tid": 0, "name": "process_sort_index", "args": {"sort_index": pid}})
+        steps = [r for r in rec.records if r["k"] == "step"]
+        detail = len(steps) <= DETAIL_STEPS
+        if detail:
+            events.append({"ph": "M", "pid": pid, "tid": STEPS_TID, "name": "thread_name", "args": {"name": "steps"}})
+        events.append({"ph": "M", "pid": pid, "tid": PAUSES_TID, "name": "thread_name",
+                       "args": {"name": "pauses and events"}})
+        for step in steps:
+            events.extend(_step_events(step, pid, origin, detail))
+        per_sample = -(-len(steps) // MAX_SAMPLES)
+        for i in range(0, len(steps), per_sample):
+            events.append(_counter(steps[i:i + per_sample], pid, origin))
+        for r in rec.records:
+            if r["k"] == "event":
+                events.append({"ph": "i", "s": "p", "pid": pid, "tid": PAUSES_TID, "ts": _us(r["t"], origin),
+                               "name": str(r.get("name")), "args": _event_args(r)})
+            elif r["k"] == "stall" and r.get("n") == 1:
+                since = _num(r.get("since")) or r["t"]
+                events.append({"ph": "B", "pid": pid, "tid": PAUSES_TID, "ts": _us(since, origin), "name": "stall",
+                               "args": {"where": r.get("where"), "stack": (r.get("stack") or [])[-3:]}})
+            elif r["k"] == "resumed":
+                events.append({"ph": "E", "pid": pid, "tid": PAUSES_TID, "ts": _us(r["t"], origin)})
+    return events
+
+
+def _step_events(step: dict[str, Any], pid: int, origin: float, detail: bool) -> list[dict[str, Any]]:
+    dur = _num(step.get("dur")) or 0.0
+    begin = _begin(step)        # ``start``: the previous step's end
+    gap = _num(step.get("gap")) or 0.0
+    parts = {"gap": gap, **{p: _phase(step, p) for p in PHASES}}
+    out: list[dict[str, Any]] = []
+    if gap >= PAUSE_S:
+        out.append({"ph": "X", "pid": pid, "tid": PAUSES_TID, "ts": _us(begin, origin), "dur": _us(gap, 0.0),
+                    "name": "between steps"})
+    if detail:                   # the gap, then the data wait, then the phases: they add up to ``dur``
+        t = begin + gap
+        out.append({"ph": "X", "pid": pid, "tid": STEPS_TID, "ts": _us(t, origin), "dur": _us(dur - gap, 0.0),
+                    "name": f"step {step['step']}"})
+        for phase in PHASES:
+            seconds = parts[phase]
+            if seconds > 0:
+                out.append({"ph": "X", "pid": pid, "tid": STEPS_TID, "ts": _us(t, origin), "dur": _us(seconds, 0.0),
+                            "name": phase})
+                t += seconds
+    return out
+
+
+def _begin(step: dict[str, Any]) -> float:
+    start = _num(step.get("start"))
+    return start if start is not None else (_num(step.get("t")) or 0.0) - (_num(step.get("dur")) or 0.0)
+
+
+def _counter(steps: list[dict[str, Any]], pid: int, origin: float) -> dict[str, Any]:
+    """One ``step ms`` sample: the mean parts of ``steps`` (consecutive), at the first one's start."""
+    sums: dict[str, float] = {}
+    comm: list[float] = []
+    for step in steps:
+        for part in ("gap", *PHASES):
+            value = (_num(step.get("gap")) or 0.0) if part == "gap" else _phase(step, part)
+            sums[part] = sums.get(part, 0.0) + value
+        exposed = _num(step.get("comm", {}).get("exposed")) if isinstance(step.get("comm"), dict) else None
+        if exposed is not None:
+            comm.append(exposed)
+    args = {k: _ms(v / len(steps)) for k, v in sums.items() if v > 0}
+    if len(comm) == len(steps):
+        args["comm"] = _ms(sum(comm) / len(comm))
+    return {"ph": "C", "pid": pid, "ts": _us(_begin(steps[0]), origin), "name": "step ms", "args": args}
+
+
+def _ms(seconds: float) -> float | int:
+    value = round(seconds * 1e3, 2)
+    return int(value) if value == int(value) else value
+
+
+def write_trace(recordings: Iterable[LoadedRecording], out: str | Path) -> tuple[int, int]:
+    """Write the trace (gzip when ``out`` ends in .gz, which Perfetto and chrome://tracing open);
+    return (events, bytes written)."""
+    events = trace_events(recordings)
+    data = json.dumps({"traceEvents": events, "displayTimeUnit": "ms"}, separators=(",", ":")).encode()
+    path = Path(out)
+    if path.suffix == ".gz":
+        data = gzip.compress(data)
+    path.write_bytes(data)
+    return len(events), len(data)
+
+
+def _phase(step: dict[str, Any], name: str) -> float:
+    phases = step.get("phases") if isinstance(step.get("phases"), dict) else {}
+    value = _num(phases.get(name))
+    return value if value is not None and value > 0 else 0.0
+
+
+def _event_args(r: dict[str, Any]) -> dict[str, Any]:
+    return {k: v for k, v in r.items() if k not in ("k", "t", "name") and isinstance(v, (str, int, float, bool))}
+
+
+def _us(t: float, origin: float) -> int:
+    return int(round((t - origin) * 1e6))
+
+
+def _num(x: Any) -> float | None:
+    return None if isinstance(x, bool) or not isinstance(x, (int, float)) else float(x)
