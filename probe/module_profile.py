@@ -32,6 +32,8 @@ import time
 from typing import Any, Callable
 
 from probe import flops
+from probe.module_flops import count_by_module, grad_tensors, on_first_grad
+from probe.step_window import StepWindow
 from probe.hooks import Hook
 from probe.tracing import compiling_check, contains_compiled, run_eagerly
 
@@ -39,9 +41,8 @@ MAX_STEPS = 50           # a profile is a look, not a mode: bounded in steps
 MAX_DEPTH = 8
 MAX_ROWS = 2000          # modules profiled at most (the largest record stays far below a frame)
 MAX_SPANS = 200_000      # timed calls kept in one profile; beyond, the rest is not timed (said)
-ARMED_SECONDS = 60.0     # an armed profile no step has started yet is replaced by a new request
 EVENT_WAIT_SECONDS = 10.0
-MAX_META_SECONDS = 30.0  # the finishing thread waits this long at most for the meta-device count
+MAX_META_SECONDS = 30.0  # how long the meta-device count may take before FLOPs are left uncounted
 
 _is_compiling = compiling_check()
 _perf_counter = time.perf_counter
@@ -98,21 +99,17 @@ class _Module:
         self.calls = 0
 
 
-class ModuleProfiler:
-    """One profile at a time for one probe. ``request`` runs on the sender thread; the step-end
-    hook and the module hooks on the training thread; ``_finish`` on a thread of its own."""
+class ModuleProfiler(StepWindow):
+    """One profile at a time for one probe (``probe.step_window``): the module hooks run on the
+    training thread, the result is built on a thread of its own. Its extra state ``counting`` is
+    the live-count step after the timed ones."""
+
+    what = "profile"
+    empty = {"modules": []}
 
     def __init__(self, probe: Any) -> None:
-        self.probe = probe
-        self._lock = threading.Lock()
-        self.state = "idle"            # idle | armed | running | counting | finishing
-        self.request_id: int | None = None
-        self.steps = 0
+        super().__init__(probe)
         self.depth = 0
-        self.armed_at = 0.0
-        self.done = 0
-        self.first_step = 0
-        self.t_start = 0.0
         self.root: Any = None
         self.modules: list[_Module] = []
         self.handles: list[Any] = []
@@ -128,36 +125,25 @@ class ModuleProfiler:
         self.flops_note: str | None = None
         self.live: flops.FlopCount | None = None      # the live-count step's dispatch mode
         self.active: dict[str, int] = {}               # modules the live count attributes to now
-        self.t_timed = 0.0                             # end of the timed steps
         self.backward_open = False
         self.torch: Any = None
-        self.hooked = False            # our step-end hook is registered
 
     # -- sender thread ----------------------------------------------------------------------
     def request(self, request_id: int, steps: Any, depth: Any) -> str | None:
         """Arm a profile of the next ``steps`` steps; the reason it cannot be, else None."""
-        if not isinstance(steps, int) or isinstance(steps, bool) or not 1 <= steps <= MAX_STEPS:
-            return f"steps must be 1..{MAX_STEPS}"
         if not isinstance(depth, int) or isinstance(depth, bool) or not 0 <= depth <= MAX_DEPTH:
             return f"depth must be 0..{MAX_DEPTH}"
         root, why_not = self._model()
         if root is None:
             return why_not
-        with self._lock:
-            if self.state == "armed" and time.monotonic() - self.armed_at < ARMED_SECONDS:
-                return (f"a profile (request {self.request_id}) is waiting for the current step to end "
-                        f"({time.monotonic() - self.armed_at:.0f} s so far)")
-            if self.state in ("running", "counting", "finishing"):
-                return (f"a profile is already running (request {self.request_id}, "
-                        f"{self.done} of {self.steps} steps done)")
-            self.state = "armed"
-            self.request_id, self.steps, self.depth = request_id, steps, depth
-            self.armed_at = time.monotonic()
-            self.root = root
-        if not self.hooked:
-            self.hooked = True
-            self.probe.add_step_hooks(end=self._on_step_end)
-        return None
+        capture = self.probe.attached.capture
+        if capture is not None and capture.state != "idle":
+            return "a torch.profiler capture is running; profile after it"
+
+        def configure() -> None:
+            self.depth, self.root = depth, root
+
+        return self.arm(request_id, steps, MAX_STEPS, configure)
 
     def _model(self) -> tuple[Any, str]:
         watcher = self.probe.attached.watcher
@@ -174,27 +160,31 @@ class ModuleProfiler:
 
     # -- training thread --------------------------------------------------------------------
     def _on_step_end(self, extras: dict[str, Any], phases: dict[str, float]) -> None:
-        state = self.state
-        if state == "armed":
-            self._start()
-        elif state == "running":
-            self.done += 1
-            if self.done >= self.steps:
-                self.t_timed = _perf_counter()
-                if self._live_count_needed():
-                    self.state = "counting"        # the next step, from its beginning (``_on_step_begin``)
-                    self.probe.add_step_hooks(begin=self._on_step_begin)
-                else:
-                    self._stop()
-        elif state == "counting":
+        if self.state == "counting":
             self._end_live_count()
+            self._stop()
+        elif self.state == "waiting":
+            self.ended()
+        else:
+            super()._on_step_end(extras, phases)
+
+    def ended(self) -> None:
+        """The timed steps are over. The meta count still running: the hooks stay on, idle, until it
+        answers (at most ``MAX_META_SECONDS``); it could not count: one more step is counted live."""
+        meta = self.meta_thread
+        if meta is not None and meta.is_alive() and time.perf_counter() - self.t_end < MAX_META_SECONDS:
+            self.state = "waiting"
+        elif self._live_count_needed():
+            self.state = "counting"        # the next step, from its beginning (``_on_step_begin``)
+            self.probe.add_step_hooks(begin=self._on_step_begin)
+        else:
             self._stop()
 
     def _on_step_begin(self) -> None:
         if self.state == "counting" and self.live is None:
             self._begin_live_count()
 
-    def _start(self) -> None:
+    def started(self) -> None:
         torch = self.torch = sys.modules["torch"]
         watcher = self.probe.attached.watcher
         if watcher is not None and watcher.device_type == "cuda":
@@ -219,18 +209,11 @@ class ModuleProfiler:
             self.handles.append(module.register_forward_pre_hook(Hook(self._pre(entry)), with_kwargs=True))
             self.handles.append(module.register_forward_hook(Hook(self._post(entry)), with_kwargs=True,
                                                              always_call=True))
-        self.done = 0
-        self.first_step = self.probe.steps + 1
-        self.t_start = _perf_counter()
-        self.state = "running"
 
     def _stop(self) -> None:
         self.remove_hooks()
-        self.probe.remove_step_hooks(begin=self._on_step_begin, end=self._on_step_end)
-        self.hooked = False
-        self.state = "finishing"
-        thread = threading.Thread(target=self._finish, args=(self.t_timed,), name="perfmon-profile", daemon=True)
-        thread.start()
+        self.probe.remove_step_hooks(begin=self._on_step_begin)
+        self.release()
 
     def _live_count_needed(self) -> bool:
         """The meta replay could not count this model (and is done saying so): count the next step live."""
@@ -316,7 +299,7 @@ class ModuleProfiler:
                 else:
                     return
                 if grad:
-                    _on_first_grad(self.torch, _grad_tensors(self.torch, (args, kwargs)), self._left(entry))
+                    on_first_grad(self.torch, grad_tensors(self.torch, (args, kwargs)), self._left(entry))
             except Exception as exc:
                 self.probe.report_error("profile hook", exc)
         return pre
@@ -333,7 +316,7 @@ class ModuleProfiler:
                 else:
                     return                         # between the timed steps and a live count: nothing
                 if self.torch.is_grad_enabled():
-                    _on_first_grad(self.torch, _grad_tensors(self.torch, output), self._entered(entry))
+                    on_first_grad(self.torch, grad_tensors(self.torch, output), self._entered(entry))
             except Exception as exc:
                 self.probe.report_error("profile hook", exc)
         return post
@@ -391,20 +374,16 @@ class ModuleProfiler:
         into.append((start, end if end is not None else self.clock.mark()))
 
     # -- finishing thread -------------------------------------------------------------------
-    def _finish(self, t_end: float) -> None:
+    def finish(self) -> dict[str, Any]:
         try:
-            record = self._result(t_end)
-        except Exception as exc:
-            record = {"k": "profile", "t": time.time(), "id": self.request_id, "steps": self.steps,
-                      "error": f"profile failed: {exc!r}"[:300], "modules": []}
-        for entry in self.modules:
-            entry.module = None
-        self.modules = []
-        self.root = None
-        self.probe.emit(record)
-        self.state = "idle"
+            return self._result()
+        finally:
+            for entry in self.modules:
+                entry.module = None
+            self.modules = []
+            self.root = None
 
-    def _result(self, t_end: float) -> dict[str, Any]:
+    def _result(self) -> dict[str, Any]:
         n = max(1, self.done)
         meta = self.meta_thread
         if meta is not None:
@@ -433,101 +412,9 @@ class ModuleProfiler:
         watcher = self.probe.attached.watcher
         return {"k": "profile", "t": time.time(), "id": self.request_id, "steps": self.done,
                 "first_step": self.first_step, "last_step": self.first_step + self.done - 1, "depth": self.depth,
-                "step_s": (t_end - self.t_start) / n, "timer": self.clock.name, "truncated": self.truncated,
+                "step_s": (self.t_end - self.t_start) / n, "timer": self.clock.name, "truncated": self.truncated,
                 "peak_flops": getattr(watcher, "peak", None), "peak_source": getattr(watcher, "peak_source", None),
                 "flops_note": why_no_flops, "modules": rows}
-
-
-def count_by_module(module: Any, depth: int, meta_args: tuple, meta_kwargs: dict,
-                    backward: bool) -> dict[str, tuple[int, int]]:
-    """(forward, backward) FLOPs of one call of ``module`` for each module name down to ``depth``.
-
-    Runs on a meta-device copy (nothing computed, the training model untouched) on the calling
-    thread. An op's FLOPs go to every module it ran in: the module's forward between its hooks,
-    its backward between the gradient of its outputs and that of its inputs (as
-    ``torch.utils.module_tracker`` attributes them, without its process-global hooks)."""
-    torch = sys.modules["torch"]
-    replica = flops.meta_replica(module)
-    active: dict[str, int] = {}
-    totals: dict[str, list[int]] = {}
-    phase = [0]                          # 0: forward, 1: backward
-
-    def attribute(n: int) -> None:
-        for name in active:
-            totals[name][phase[0]] += n
-
-    def enter(name: str) -> Callable[..., None]:
-        def hook(*_: Any) -> None:
-            active[name] = active.get(name, 0) + 1
-        return hook
-
-    def leave(name: str) -> Callable[..., None]:
-        def hook(*_: Any) -> None:
-            count = active.get(name, 0) - 1
-            if count > 0:
-                active[name] = count
-            else:
-                active.pop(name, None)
-        return hook
-
-    def pre(name: str) -> Callable[..., None]:
-        def hook(mod: Any, args: tuple, kwargs: dict) -> None:
-            enter(name)()
-            if phase[0] == 0 and torch.is_grad_enabled():
-                _on_first_grad(torch, _grad_tensors(torch, (args, kwargs)), leave(name))
-        return hook
-
-    def post(name: str) -> Callable[..., None]:
-        def hook(mod: Any, args: tuple, kwargs: dict, output: Any) -> None:
-            leave(name)()
-            if torch.is_grad_enabled():
-                _on_first_grad(torch, _grad_tensors(torch, output), enter(name))
-        return hook
-
-    for name, sub in replica.named_modules():
-        if (0 if not name else name.count(".") + 1) <= depth:
-            totals[name] = [0, 0]
-            sub.register_forward_pre_hook(pre(name), with_kwargs=True)
-            sub.register_forward_hook(post(name), with_kwargs=True)
-    counter = flops.FlopCount(attribute)
-    with counter:
-        with torch.enable_grad() if backward else torch.no_grad():
-            out = replica(*meta_args, **meta_kwargs)
-        if backward:
-            phase[0] = 1
-            active.clear()
-            loss = flops.sum_outputs(out)
-            wanted = [p for p in replica.parameters() if p.requires_grad]
-            if loss is not None and wanted and loss.requires_grad:
-                torch.autograd.grad(loss, wanted, allow_unused=True)
-    return {name: (fwd, bwd) for name, (fwd, bwd) in totals.items()}
-
-
-def _on_first_grad(torch: Any, tensors: list[Any], fn: Callable[[Any], None]) -> None:
-    """Call ``fn`` once, when the gradient of the first of ``tensors`` is computed (a plain tensor
-    hook for one tensor, the common case and the cheaper one; a multi-grad hook for several)."""
-    if len(tensors) == 1:
-        tensors[0].register_hook(fn)
-    elif tensors:
-        torch.autograd.graph.register_multi_grad_hook(tensors, fn, mode="any")
-
-
-def _grad_tensors(torch: Any, tree: Any) -> list[Any]:
-    """The tensors in ``tree`` (containers up to three levels deep) that need a gradient."""
-    found: list[Any] = []
-    stack = [(tree, 0)]
-    Tensor = torch.Tensor
-    while stack:
-        value, level = stack.pop()
-        if isinstance(value, Tensor):
-            if value.requires_grad:
-                found.append(value)
-        elif level < 3:
-            if isinstance(value, (list, tuple)):
-                stack.extend((v, level + 1) for v in value)
-            elif isinstance(value, dict):      # Hugging Face's ModelOutput is one
-                stack.extend((v, level + 1) for v in value.values())
-    return found
 
 
 def _total(clock: Any, spans: list[tuple[Any, Any]]) -> float | None:

@@ -15,7 +15,7 @@ from typing import Any
 RATE = 5               # requests per viewer ...
 RATE_SECONDS = 10.0    # ... in this many seconds; beyond, refused
 
-OPS = ("profile",)
+OPS = ("profile", "capture")
 
 
 def handle(probe: Any, request: dict[str, Any]) -> str | None:
@@ -29,4 +29,10 @@ def handle(probe: Any, request: dict[str, Any]) -> str | None:
         if profiler is None:
             profiler = probe.attached.profiler = ModuleProfiler(probe)
         return profiler.request(request.get("id"), request.get("steps", 5), request.get("depth", 3))
+    if op == "capture":
+        from probe.capture import ProfilerCapture
+        capture = probe.attached.capture
+        if capture is None:
+            capture = probe.attached.capture = ProfilerCapture(probe)
+        return capture.request(request.get("id"), request.get("steps", 3))
     return f"unknown request {str(op)[:30]!r} (this probe answers: {', '.join(OPS)})"

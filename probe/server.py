@@ -115,7 +115,7 @@ class Sender(threading.Thread):
         self.backfill_events: Deque[bytes] = collections.deque(maxlen=BACKFILL_EVENTS)
         self.latest: dict[str, bytes] = {}
         self.stalled: tuple[bytes, int] | None = None   # the newest stall frame while stuck, and its minor
-        self.latest_profile: tuple[bytes, int] | None = None   # sent to each 1.1 viewer at its hello
+        self.results: dict[str, tuple[bytes, int]] = {}   # latest profile/capture: to each 1.1 viewer at hello
         self._backfill_batch: tuple[bytes, int] | None = None   # joined once per tick, shared by its connects
         self.stop_event = threading.Event()
         self.stopped = threading.Event()
@@ -206,8 +206,8 @@ class Sender(threading.Thread):
             if minor:
                 versioned.append((frame, minor))
                 self.stalled = (frame, minor) if kind == "stall" else None if kind == "resumed" else self.stalled
-                if kind == "profile":
-                    self.latest_profile = (frame, minor)
+                if kind in ("profile", "capture"):
+                    self.results[kind] = (frame, minor)
                 continue
             if kind == "step":
                 self._check_gap(rec["step"], frames)
@@ -338,7 +338,7 @@ class Sender(threading.Thread):
                     else:
                         self._close(viewer)
                         return
-                for latest in (self.latest_profile, self.stalled):   # a viewer arriving now sees them at once
+                for latest in (*self.results.values(), self.stalled):   # a viewer arriving now sees them at once
                     if latest is not None and viewer.minor >= latest[1]:
                         viewer.enqueue(latest[0])
         except wire.ProtocolMismatch as exc:

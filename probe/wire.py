@@ -66,8 +66,9 @@ from __future__ import annotations
 #         moving (the stack differs from the previous look: busy, e.g. evaluating, rather than hung;
 #         absent when there was no previous look)
 # resumed progress again after a stall: seconds (how long it lasted), step
-# request (viewer -> probe, after its hello) id (the viewer's number for it), op ("profile"), and
-#         the op's parameters: profile: steps (1..50, default 5), depth (0..8, default 3)
+# request (viewer -> probe, after its hello) id (the viewer's number for it), op ("profile" |
+#         "capture"), and the op's parameters: profile: steps (1..50, default 5), depth (0..8,
+#         default 3); capture: steps (1..20, default 3)
 # answer  (probe -> the asking viewer) id, op, ok (bool), reason (one line, when refused)
 # profile the result of a profile request, sent to every 1.1 viewer, recorded, and to viewers that
 #         arrive later: id, steps (profiled), first_step, last_step, depth, step_s (wall s per
@@ -75,6 +76,11 @@ from __future__ import annotations
 #         flops_note (why FLOPs are missing), error (why the profile failed), modules [{name (dotted
 #         path, "" the root), type, depth, params, calls (per step), fwd_s, bwd_s (s per step), flops,
 #         fwd_flops (per step; absent when not counted)}]
+# capture the result of a capture request (torch.profiler over the next N steps), sent like profile:
+#         id, steps, first_step, last_step, wall_s (the captured steps' wall time), path (the gzip
+#         Chrome trace on the rank's host), top [{name, self_s, calls}] (operators by self time:
+#         device time on GPU, CPU time on CPU), device_busy (GPU: kernel time over wall_s, merged),
+#         gaps [{seconds, at_s}] (GPU: longest idle stretches, at_s from the first kernel), error
 
 import struct
 from typing import Any, Iterator
@@ -94,7 +100,7 @@ HEADER = struct.Struct(">I")
 # reader skips kinds newer than itself (``UnknownKind``, counted by the decoder).
 KIND_MINOR: dict[str, int] = {
     "hello": 0, "step": 0, "sample": 0, "memory": 0, "comm": 0, "event": 0, "drops": 0, "bye": 0,
-    "stall": 1, "resumed": 1, "request": 1, "answer": 1, "profile": 1,
+    "stall": 1, "resumed": 1, "request": 1, "answer": 1, "profile": 1, "capture": 1,
 }
 KINDS = frozenset(KIND_MINOR)
 
@@ -115,6 +121,7 @@ REQUIRED: dict[str, dict[str, tuple[type, ...]]] = {
     "request": {"op": (str,), "id": (int,)},
     "answer": {"id": (int,)},
     "profile": {"modules": (list,)},
+    "capture": {"steps": (int,)},
 }
 OPTIONAL: dict[str, dict[str, tuple[type, ...]]] = {
     "hello": {"job": (str,), "rank": (int,), "world_size": (int,), "pid": (int,), "host": (str,),
@@ -130,6 +137,8 @@ OPTIONAL: dict[str, dict[str, tuple[type, ...]]] = {
     "answer": {"ok": (bool,), "reason": (str,), "op": (str,)},
     "profile": {"id": (int,), "steps": (int,), "first_step": (int,), "last_step": (int,), "depth": (int,),
                 "step_s": _NUM, "peak_flops": _NUM, "truncated": (bool,), "error": (str,)},
+    "capture": {"id": (int,), "first_step": (int,), "last_step": (int,), "wall_s": _NUM, "path": (str,),
+                "top": (list,), "device_busy": _NUM, "gaps": (list,), "error": (str,)},
 }
 
 

@@ -1,8 +1,10 @@
-"""``perfmon profile`` on real CPU jobs (issue 16): the inefficient block is marked, its FLOPs
-match torch's own counter, module times add up to the step's phases, and nothing is left behind."""
+"""``perfmon profile`` and ``perfmon capture`` on real CPU jobs (issues 16 and 15): the inefficient block
+is marked, its FLOPs match torch's own counter, module times add up to the step's phases, nothing is
+left behind; a capture's trace loads and the report sums it up."""
 
 from __future__ import annotations
 
+import gzip
 import json
 import os
 import subprocess
@@ -99,3 +101,28 @@ def test_a_second_request_while_one_runs_is_refused_and_a_job_without_a_model_sa
         _finish(proc, bare_dir)
     assert out.returncode == 2
     assert "no model to profile: the job did not pass one to probe.watch(model=...)" in out.stderr
+
+
+@pytest.mark.slow
+def test_a_capture_of_three_steps_writes_a_trace_torch_loads_and_the_report_sums_it_up(tmp_path):
+    proc, env = _start(tmp_path, "watch", "cap")
+    try:
+        out = subprocess.run([sys.executable, "-m", "tui.cli", "capture", "cap", "--steps", "3", "--json"],
+                             capture_output=True, text=True, timeout=120, env=env)
+        target = Target(path=next((tmp_path / "sock").glob("*.sock")).as_posix(), label="cap")
+        accepted = ask(target, "capture", {"steps": 20}, 30)
+        with pytest.raises(UserError) as refused:
+            ask(target, "capture", {"steps": 2}, 30)
+    finally:
+        _finish(proc, tmp_path)
+    assert out.returncode == 0, out.stderr
+    capture = json.loads(out.stdout)["captures"][0]
+    assert capture["steps"] == 3 and capture["error"] is None
+    assert capture["path"].startswith(str(tmp_path / "rec")) and capture["path"].endswith(".pt.trace.json.gz")
+    trace = json.loads(gzip.decompress(Path(capture["path"]).read_bytes()))
+    assert any(e.get("name", "").startswith("aten::") for e in trace["traceEvents"])
+    assert {op["name"] for op in capture["top"]} & {"aten::mm", "aten::addmm", "aten::matmul", "aten::linear"}
+    assert accepted["ok"] and "cap: capture refused: a capture (request" in str(refused.value)
+    report = json.loads(subprocess.run([sys.executable, "-m", "tui.cli", "report", str(tmp_path / "rec"), "--json"],
+                                       capture_output=True, text=True, timeout=60, check=True).stdout)
+    assert [c["path"] for c in report["captures"]][:1] == [capture["path"]]

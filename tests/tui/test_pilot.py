@@ -359,3 +359,24 @@ async def test_m_shows_the_recorded_profile_and_says_a_recording_cannot_be_asked
         assert "▶   layer2" in text and "60%" in text
         await pilot.press("escape")
         await wait_until(pilot, lambda: "Marked" not in screen_text(app), what="back to the main screen")
+
+
+async def test_c_shows_each_ranks_recorded_capture(tmp_path, monkeypatch):
+    def captured():
+        ranks = scenarios.healthy()
+        for rank, records in ranks.items():
+            records.append({"k": "capture", "t": records[-1]["t"], "id": 2, "steps": 3, "first_step": 7,
+                            "last_step": 9, "wall_s": 0.3, "path": f"/runs/r{rank}.capture-7.pt.trace.json.gz",
+                            "top": [{"name": "aten::addmm", "self_s": 0.012, "calls": 30}], "gaps": []})
+        return ranks
+
+    monkeypatch.setitem(scenarios.SCENARIOS, "captured", captured)
+    app = scenarios.replay_app(scenarios.write("captured", tmp_path))
+    async with app.run_test(size=(120, 36)) as pilot:
+        await settle(pilot)
+        await pilot.press("c")
+        await wait_until(pilot, lambda: "/runs/r1.capture-7" in screen_text(app), what="the capture screen")
+        text = screen_text(app)
+        assert "rank 0: steps 7-9 -> /runs/r0.capture-7.pt.trace.json.gz" in text
+        assert "12.00 ms      30x  aten::addmm" in text
+        assert "a recording cannot be asked" in text

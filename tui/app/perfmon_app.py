@@ -27,6 +27,8 @@ from tui.app.screens.flowchart import FlowchartScreen
 from tui.app.screens.help import HelpScreen
 from tui.app.screens.log import LogScreen
 from tui.app.screens.picker import JobChoice, PickerScreen
+from tui.app.screens.asking import AskScreen
+from tui.app.screens.capture import CaptureScreen
 from tui.app.screens.profile import ProfileScreen
 from tui.app.screens.stuck import StuckScreen
 from tui.model.verdict import Verdict, VerdictTracker
@@ -75,7 +77,8 @@ class PerfmonApp(App[int]):
         Binding("end", "to_end", "end", show=False),
         Binding("l", "log", "log", show=False),
         Binding("s", "stuck", "stacks", show=False),
-        Binding("m", "profile", "module profile", show=False),
+        Binding("m", "ask('profile')", "module profile", show=False),
+        Binding("c", "ask('capture')", "torch.profiler capture", show=False),
         Binding("f8", "screenshot_svg", "screenshot", show=False),
         Binding("right", "app.focus_next", "next pane", show=False),
         Binding("left", "app.focus_previous", "previous pane", show=False),
@@ -202,8 +205,8 @@ class PerfmonApp(App[int]):
             self.screen.show(self.verdict)
         elif isinstance(self.screen, StuckScreen):
             self.screen.show(self.view.stuck)
-        elif isinstance(self.screen, ProfileScreen):
-            self.screen.show(self.view.profile)
+        elif isinstance(self.screen, AskScreen):
+            self.screen.show(self.view)
 
     def _draw(self) -> None:
         feed, view = self.feed, self.view
@@ -238,14 +241,15 @@ class PerfmonApp(App[int]):
         if not isinstance(self.screen, StuckScreen):
             self.push_screen(StuckScreen(self.view.stuck if self.view is not None else None))
 
-    def action_profile(self) -> None:
-        """``m``: profile the selected rank (else the lowest) for a few steps."""
-        if isinstance(self.screen, ProfileScreen) or self.feed is None or self.view is None:
+    def action_ask(self, op: str) -> None:
+        """``m`` (module profile), ``c`` (torch.profiler capture): ask the selected rank, else the lowest."""
+        if isinstance(self.screen, AskScreen) or self.feed is None or self.view is None:
             return
         ranks = self.view.ranks
         row = next((r for r in ranks if r.rank == self.selected_rank), ranks[0] if ranks else None)
         target = self.feed.request_target(row.stream) if row is not None else "no rank has reported yet"
-        self.push_screen(ProfileScreen(self.view.profile, target, f"rank {row.rank}" if row else "the job"))
+        screen = ProfileScreen if op == "profile" else CaptureScreen
+        self.push_screen(screen(self.view, target, f"rank {row.rank}" if row else "the job"))
 
     def action_pause(self) -> None:
         if self.feed is None:

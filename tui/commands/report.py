@@ -69,6 +69,7 @@ def report_from(view: JobView, verdict: Verdict, model: RunModel | None = None, 
         "previous_generations": generations,
         "problems": list(view.problems),
         "profile": view.profile.as_json() if view.profile is not None else None,
+        "captures": [c.as_json() for c in view.captures],
         "source": source or {},
         "as_of": round(view.now, 3),     # the instant the window ends (newest record, or now when live)
     }
@@ -171,6 +172,12 @@ def render_text(report: dict, width: int = 80) -> str:
         from tui.commands.profile import profile_lines
         lines.append("")
         lines.extend(profile_lines(report["profile"], width=width, top=12))
+    if report.get("captures"):
+        from tui.model.capture import capture_reading
+        lines.append("")
+        lines.append("torch.profiler captures (open the traces in Perfetto or HTA):")
+        for c in report["captures"]:
+            lines.extend(capture_reading(c, c["rank"]).lines(width))
     for g in report.get("previous_generations") or []:
         wrap(f"rank {g['rank']} had an earlier process (pid {g['pid']}, restart {g['restart']}); "
              "rows show the newest generation", first="Note: ", indent="  ")

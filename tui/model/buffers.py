@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, Any, Deque, NamedTuple
 from tui.model.stuck import StallReading
 
 if TYPE_CHECKING:
+    from tui.model.capture import CaptureSummary
     from tui.model.profile import ModuleProfile
 
 
@@ -38,7 +39,7 @@ class RankState:
 
     __slots__ = ("rank", "stream", "hello", "generation", "steps", "nums", "samples", "memory", "comm", "events",
                  "drops", "ended", "version", "first_start", "last_end", "inside", "gap_total", "unseen",
-                 "pending_gap", "loader_seen", "last_t", "recv_clock", "stall", "profile", "_cache")
+                 "pending_gap", "loader_seen", "last_t", "recv_clock", "stall", "profile", "capture", "_cache")
 
     def __init__(self, rank: int, stream: str, hello: dict[str, Any], generation: int) -> None:
         self.rank = rank
@@ -66,6 +67,7 @@ class RankState:
         self.recv_clock: float | None = None    # viewer's monotonic clock when that record arrived (live)
         self.stall: StallReading | None = None  # the stall in course (latest ``stall`` record), else None
         self.profile: ModuleProfile | None = None   # the latest module profile (``profile`` record)
+        self.capture: CaptureSummary | None = None  # the latest torch.profiler capture (``capture`` record)
         self._cache: tuple[int, Any] | None = None
 
     def add_step(self, rec: dict[str, Any]) -> None:

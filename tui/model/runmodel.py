@@ -39,6 +39,7 @@ from tui.model.buffers import (BLOCKING_EVENTS, EVENT_BUFFER, MIN_STEPS, WINDOW_
                                WINDOW_STEPS, RankState, num)
 from tui.model.readings import gpu_rows, host_reading
 from tui.model.stats import RankStats, comm_rows, job_metrics, rank_stats, rank_view
+from tui.model.capture import capture_reading
 from tui.model.profile import ModuleProfile, profile_reading, with_overhead
 from tui.model.stuck import diagnose, stall_reading
 from tui.model.views import JobView
@@ -100,6 +101,8 @@ class RunModel:
             state.stall = None
         elif kind == "profile":
             state.profile = profile_reading(record, state.rank)
+        elif kind == "capture":
+            state.capture = capture_reading(record, state.rank)
         elif kind == "sample":
             state.samples.append(record)
             host = record.get("host")
@@ -235,6 +238,7 @@ class RunModel:
             problems=list(self.problems),
             stuck=diagnose(ranks),
             profile=_latest_profile(states),
+            captures=tuple(s.capture for s in states if s.capture is not None),
         )
 
     def _stats(self, state: RankState) -> "RankStats":

@@ -10,6 +10,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from tui.model.readings import GpuRow, HostReading, RankTrace
+from tui.model.capture import CaptureSummary
 from tui.model.profile import ModuleProfile
 from tui.model.stuck import StallReading, StuckDiagnosis
 
@@ -206,3 +207,4 @@ class JobView:
     problems: list[str]
     stuck: StuckDiagnosis | None = None   # some rank stalled or went silent (tui.model.stuck)
     profile: ModuleProfile | None = None  # the newest module profile of any rank (tui.model.profile)
+    captures: tuple[CaptureSummary, ...] = ()   # each rank's latest torch.profiler capture (by rank)

@@ -34,11 +34,11 @@ class RelayFeed(Feed):
         self.via = via
         self.relay = relay
         self._procs: dict[str, asyncio.subprocess.Process] = {}
+        self.relays: dict[str, StreamStatus] = {h: StreamStatus(h, h) for h in self.hosts}   # ``streams``: ranks
 
     def request_target(self, stream_id: str) -> str:
-        return ("requests do not pass through a relay yet: run `perfmon profile JOB` on the rank's host "
-                f"({self.streams[stream_id].label if stream_id in self.streams else stream_id})")
-        self.relays: dict[str, StreamStatus] = {h: StreamStatus(h, h) for h in self.hosts}   # ``streams``: ranks
+        return ("requests do not pass through a relay yet: run `perfmon profile JOB` or `perfmon capture JOB` "
+                "on the rank's host")
 
     @property
     def ended(self) -> bool:

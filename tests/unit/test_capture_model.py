@@ -1,0 +1,38 @@
+"""A ``capture`` record as the viewer reads it (tui.model.capture) and how the report prints it."""
+
+from __future__ import annotations
+
+from tui.commands.report import build_report, render_text
+from tui.model.capture import capture_reading
+from tui.model.runmodel import RunModel
+
+RECORD = {"k": "capture", "t": 5.0, "id": 1, "steps": 3, "first_step": 10, "last_step": 12, "wall_s": 0.5,
+          "path": "/r/x.capture-10.pt.trace.json.gz", "device_busy": 0.62,
+          "top": [{"name": "aten::mm", "self_s": 0.2, "calls": 12}, {"name": "aten::add_", "self_s": 0.01, "calls": 3},
+                  "junk"],
+          "gaps": [{"seconds": 0.004, "at_s": 0.1}]}
+
+
+def test_the_summary_keeps_what_the_probe_measured_and_drops_what_it_cannot_read():
+    c = capture_reading(RECORD, rank=2)
+    assert (c.rank, c.steps, c.first_step, c.last_step, c.path) == (2, 3, 10, 12, RECORD["path"])
+    assert [(o.name, o.self_s, o.calls) for o in c.top] == [("aten::mm", 0.2, 12), ("aten::add_", 0.01, 3)]
+    assert c.device_busy == 0.62 and c.gaps == ((0.004, 0.1),)
+    assert c.lines() == ["rank 2: steps 10-12 -> /r/x.capture-10.pt.trace.json.gz",
+                         "  device busy 62% of the captured steps; longest idle 4.0 ms",
+                         "    200.00 ms      12x  aten::mm", "     10.00 ms       3x  aten::add_"]
+    failed = capture_reading({"k": "capture", "t": 1.0, "steps": 0, "error": "torch.profiler did not start: X"}, 0)
+    assert failed.lines() == ["rank 0: steps None-None: torch.profiler did not start: X"]
+
+
+def test_the_report_lists_each_ranks_latest_capture():
+    model = RunModel()
+    for rank in (1, 0):
+        model.ingest(f"s{rank}", {"k": "hello", "t": 0.0, "proto": [1, 1], "rank": rank, "job": "j", "pid": rank})
+        for step in range(8):
+            model.ingest(f"s{rank}", {"k": "step", "t": 1.0 + step, "step": step, "dur": 1.0})
+    model.ingest("s1", dict(RECORD, t=2.0, path="/old"))
+    model.ingest("s1", RECORD)
+    report = build_report(model)
+    assert [(c["rank"], c["path"]) for c in report["captures"]] == [(1, RECORD["path"])]
+    assert "rank 1: steps 10-12 -> /r/x.capture-10.pt.trace.json.gz" in render_text(report)
