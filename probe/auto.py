@@ -461,6 +461,11 @@ _pid = os.getpid()
 _is_compiling = compiling_check()   # replaced in install(), once torch is imported
 
 
+def active() -> bool:
+    """Zero-code mode (``perfmon run``) is finding this process's steps."""
+    return _auto is not None and not _auto.off and _pid == os.getpid()
+
+
 def install() -> None:
     """Put the dormant hooks in place (once per process); called right after torch is imported."""
     global _auto, _pid, _is_compiling

@@ -361,6 +361,12 @@ class Probe:
         if end is not None:
             self._end_hooks = [h for h in self._end_hooks if h != end]
 
+    def add_tap(self, tap: Callable[[dict[str, Any]], None]) -> None:
+        """Have ``tap(record)`` called on the sender thread with the hello, then every record this
+        probe sends (the framework callbacks' in-process numbers); a failing tap is dropped."""
+        if self.sender is not None:
+            self.sender.add_tap(tap)
+
     def handle_request(self, request: dict[str, Any]) -> str | None:
         """A viewer's request (sender thread): None when accepted, else why not (probe.requests)."""
         from probe.requests import handle
@@ -376,13 +382,14 @@ class Probe:
             self._run_hooks(self._begin_hooks)
 
     def add_step(self, start: float, end: float, phases: dict[str, float] | None = None,
-                 samples: float | None = None, data_cpu: float | None = None) -> None:
+                 samples: float | None = None, data_cpu: float | None = None, tokens: float | None = None) -> None:
         """Queue a step whose boundaries hooks found (``perf_counter`` seconds; zero-code mode).
 
         Unlike ``step()`` the step's own start is explicit: the time since the previous
         step's end becomes the record's ``gap`` (checkpoints, evaluation: lost time in
         ETTR). ``phases`` (``data`` included) add to those timed with ``phase()``;
-        ``data_cpu`` is the training thread's CPU time inside the loader waits.
+        ``data_cpu`` is the training thread's CPU time inside the loader waits; ``tokens`` the
+        step's tokens where a trainer counts them.
         """
         extras: dict[str, Any] | None = None
         if self._end_hooks:
@@ -398,7 +405,7 @@ class Probe:
             data_cpu = (data_cpu or 0.0) + (self._data_cpu or 0.0)
         self._data_cpu = None
         prev = self._prev_end if self._prev_end is not None and self._prev_end <= start else start
-        self._q.append((_STEP, self._step_no, prev, end, data, merged, samples, None, None, extras, start - prev,
+        self._q.append((_STEP, self._step_no, prev, end, data, merged, samples, tokens, None, extras, start - prev,
                         data_cpu))
         self._step_no += 1
         self._prev_end = end

@@ -106,6 +106,9 @@ class _Disabled:
                           end: Callable[[dict[str, Any], dict[str, float]], None] | None = None) -> None:
         pass
 
+    def add_tap(self, tap: Callable[[dict[str, Any]], None]) -> None:
+        pass
+
     def handle_request(self, request: dict[str, Any]) -> str | None:
         return "perfmon is disabled in this process"
 
@@ -113,5 +116,5 @@ class _Disabled:
         pass
 
     def add_step(self, start: float, end: float, phases: dict[str, float] | None = None,
-                 samples: float | None = None, data_cpu: float | None = None) -> None:
+                 samples: float | None = None, data_cpu: float | None = None, tokens: float | None = None) -> None:
         pass

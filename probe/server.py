@@ -109,6 +109,7 @@ class Sender(threading.Thread):
         self.recorder = recorder
         self.on_error = on_error or (lambda where, exc: None)
         self.on_request = on_request
+        self.taps: list[Callable[[dict], None]] = []     # in-process readers of every record (add_tap)
         self.viewers: dict[int, Viewer] = {}
         self.backfill_steps: Deque[tuple[bytes, int]] = collections.deque()   # (batch, steps): >= BACKFILL_STEPS
         self.backfill_count = 0
@@ -201,6 +202,8 @@ class Sender(threading.Thread):
             except Exception as exc:
                 self.on_error("encode", exc)
                 continue
+            if self.taps:
+                self._tap(rec)
             kind = rec["k"]
             minor = wire.KIND_MINOR.get(kind, 0)
             if minor:
@@ -229,6 +232,23 @@ class Sender(threading.Thread):
                 if viewer.authed and viewer.minor >= minor:
                     viewer.enqueue(frame)
             self._record([frame])
+
+    def add_tap(self, tap: Callable[[dict], None]) -> None:
+        """Any thread: ``tap`` gets the hello now, then every record (``_tap``, on this thread)."""
+        try:
+            tap(wire.decode_body(self.hello_frame[wire.HEADER.size:]))
+        except Exception as exc:
+            self.on_error("tap", exc)
+            return
+        self.taps = self.taps + [tap]
+
+    def _tap(self, rec: dict) -> None:
+        for tap in self.taps:
+            try:
+                tap(rec)
+            except Exception as exc:           # a broken reader must not cost the stream
+                self.taps = [t for t in self.taps if t is not tap]
+                self.on_error("tap", exc)
 
     def _keep_steps(self, steps: list[bytes]) -> None:
         """Backfill: the newest BACKFILL_STEPS steps at least, kept as this tick's one batch."""

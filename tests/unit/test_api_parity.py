@@ -29,7 +29,8 @@ CALLS = {
     "begin_step": [((), {})],
     "progress": [((), {})],
     "add_step": [((1.0, 2.0), {}), ((1.0, 2.0, {"forward": 0.5}, 4, 0.1), {}),
-                 ((), {"start": 1.0, "end": 2.0, "phases": None, "samples": None, "data_cpu": None})],
+                 ((), {"start": 1.0, "end": 2.0, "phases": None, "samples": None, "data_cpu": None, "tokens": 64})],
+    "add_tap": [((lambda rec: None,), {}), ((), {"tap": lambda rec: None})],
     "close": [((), {})],
 }
 
