@@ -36,7 +36,7 @@ from _thread import get_ident
 from typing import Any
 
 from probe.loader_policy import CpuTimingPolicy
-from probe.hooks import Hook
+from probe.hooks import Hook, remove_all
 from probe.stepfinder import StepFinder
 from probe.tracing import HiddenPhases, compiling_check, dynamo_has_compiled, run_eagerly
 
@@ -151,7 +151,7 @@ class _Auto:
         self.roots = []
         if dynamo_has_compiled():
             return roots
-        _remove(self.global_handles)
+        remove_all(self.global_handles)
         for module in roots:
             try:
                 self.root_handles.append(module.register_forward_pre_hook(Hook(_fwd_pre)))
@@ -226,9 +226,9 @@ class _Auto:
     def turn_off(self) -> None:
         """Stand aside for good: the hooks that cost something are removed, the wrappers pass through."""
         self.off = True
-        _remove(self.global_handles)
-        _remove(self.root_handles)
-        _remove(self.opt_handles)
+        remove_all(self.global_handles)
+        remove_all(self.root_handles)
+        remove_all(self.opt_handles)
 
 
 # -- hooks (hot path: cheap checks first, errors counted, never raised) ------------------------
@@ -242,7 +242,7 @@ def _fwd_pre(module: Any, args: Any) -> None:
         if a.probe is None:
             a.idle_calls += 1
             if a.idle_calls > IDLE_MODULE_CALLS and not a.backward_seen:
-                _remove(a.global_handles)   # inference only so far; re-armed by the first backward
+                remove_all(a.global_handles)   # inference only so far; re-armed by the first backward
                 return
         if a.bwd_active or not getattr(module, "training", False) or not a.torch.is_grad_enabled():
             return                          # checkpoint recompute, evaluation
@@ -405,14 +405,6 @@ def _batch_size(torch: Any, batch: Any) -> int:
 
 def _trainable(module: Any) -> bool:
     return any(p.requires_grad for p in module.parameters())
-
-
-def _remove(handles: list[Any]) -> None:
-    while handles:
-        try:
-            handles.pop().remove()
-        except Exception:
-            pass
 
 
 def _distributed_rank(torch: Any) -> dict[str, int]:

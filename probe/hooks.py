@@ -44,6 +44,15 @@ class Hook:
         return INERT
 
 
+def remove_all(handles: list[Any]) -> None:
+    """Remove every hook handle in ``handles`` (emptied), whatever one of them raises."""
+    while handles:
+        try:
+            handles.pop().remove()
+        except Exception:
+            pass
+
+
 _HOOKS = ("_forward_pre_hooks", "_forward_hooks", "_backward_pre_hooks", "_backward_hooks")
 _HOOK_FLAGS = ("_forward_pre_hooks_with_kwargs", "_forward_hooks_with_kwargs", "_forward_hooks_always_called")
 _state_filtered = False

@@ -34,7 +34,7 @@ from typing import Any, Callable
 from probe import flops
 from probe.module_flops import count_by_module, grad_tensors, on_first_grad
 from probe.step_window import StepWindow
-from probe.hooks import Hook
+from probe.hooks import Hook, remove_all
 from probe.tracing import compiling_check, contains_compiled, run_eagerly
 
 MAX_STEPS = 50           # a profile is a look, not a mode: bounded in steps
@@ -275,11 +275,7 @@ class ModuleProfiler(StepWindow):
             except Exception:
                 pass
         handles, self.handles = self.handles, []
-        for handle in handles:
-            try:
-                handle.remove()
-            except Exception:
-                pass
+        remove_all(handles)
 
     def _pre(self, entry: _Module) -> Callable[..., None]:
         def pre(module: Any, args: tuple, kwargs: dict) -> None:

@@ -25,7 +25,7 @@ import weakref
 from typing import Any
 
 from probe import comm, flops
-from probe.hooks import Hook
+from probe.hooks import Hook, remove_all
 from probe.gpu import cuda as gpu_cuda
 from probe.step_flops import StepFlops
 from probe.memory import MemorySource, SavedTensorMeter, StateWalker
@@ -460,11 +460,7 @@ class Watcher:
         """Probe.close(): remove every hook; wait for a running FLOP count until ``deadline``
         (time.monotonic()); after that it finishes on its own (daemon thread)."""
         handles, self.handles = self.handles, []
-        for handle in handles:
-            try:
-                handle.remove()
-            except Exception:
-                pass
+        remove_all(handles)
         self.deferred = []
         if self.comm_state is not None:
             self.comm_state.close()

@@ -1,6 +1,7 @@
 """The profile's GPU timer on the simulated device layer (tests/sim/simulated_cuda.py, which says
 it is a simulation): module times come from CUDA events, i.e. the device timeline, not from the
-host, which only enqueues the work and returns at once."""
+host, which only enqueues the work and returns at once. The ``gpu`` tests run the same on a real
+GPU (``python -m pytest -m gpu``; skipped without one)."""
 
 from __future__ import annotations
 
@@ -61,3 +62,51 @@ def test_a_profile_on_a_cuda_job_times_modules_on_the_device_timeline(simulated_
     assert rows["0"]["fwd_s"] == pytest.approx(0.020, abs=0.004)
     assert rows["1"]["fwd_s"] == pytest.approx(0.005, abs=0.004)
     assert rows[""]["fwd_s"] == pytest.approx(0.025, abs=0.006)
+
+
+def _cuda_job(mon, steps_until):
+    model = nn.Sequential(nn.Linear(1024, 1024), nn.ReLU(), nn.Linear(1024, 1024)).cuda()
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    mon.watch(model, opt)
+    x = torch.randn(256, 1024, device="cuda")
+    deadline = time.monotonic() + 60
+    while not steps_until():
+        assert time.monotonic() < deadline, "no result"
+        with mon.step():
+            model(x).sum().backward()
+            opt.step()
+            opt.zero_grad()
+    return model
+
+
+@pytest.mark.gpu
+def test_on_a_real_gpu_a_profile_times_modules_with_cuda_events_and_counts_their_flops():
+    mon = probe.start(job="gpu-profile", serve=False)
+    got = []
+    mon.emit = got.append
+    try:
+        assert mon.handle_request({"k": "request", "t": 0.0, "id": 1, "op": "profile", "steps": 5, "depth": 1}) is None
+        model = _cuda_job(mon, lambda: any(r.get("k") == "profile" for r in got))
+    finally:
+        mon.close()
+    rec = next(r for r in got if r.get("k") == "profile")
+    rows = {m["name"]: m for m in rec["modules"]}
+    assert rec["timer"] == "cuda_events" and rec["peak_flops"] is not None
+    assert rows["0"]["flops"] == 2 * (2 * 256 * 1024 * 1024)     # forward and grad weight: x needs no grad
+    assert all(rows[n]["fwd_s"] > 0 and rows[n]["bwd_s"] > 0 for n in ("0", "2"))
+    assert sum(len(m._forward_hooks) + len(m._forward_pre_hooks) for m in model.modules()) == 0
+
+
+@pytest.mark.gpu
+def test_on_a_real_gpu_a_capture_measures_the_device_busy_share():
+    mon = probe.start(job="gpu-capture", serve=False)
+    got = []
+    mon.emit = got.append
+    try:
+        assert mon.handle_request({"k": "request", "t": 0.0, "id": 2, "op": "capture", "steps": 3}) is None
+        _cuda_job(mon, lambda: any(r.get("k") == "capture" for r in got))
+    finally:
+        mon.close()
+    rec = next(r for r in got if r.get("k") == "capture")
+    assert rec.get("error") is None and 0 < rec["device_busy"] <= 1
+    assert any("gemm" in op["name"].lower() or "mm" in op["name"] for op in rec["top"])
