@@ -4,7 +4,8 @@
     python scripts/screenshots.py --recording NAME=DIR  # also a real recording (perfmon demo --record DIR)
 
 Writes ``screenshots/<name>-<W>x<H>.svg`` (+ ``.png``) at 120x36 and 80x24, plus
-the flowchart screen and, for a stuck job, the stacks screen. A recording is replayed to its end at once and the clock
+the flowchart screen and, for a stuck job, the stacks screen; for a recording that holds a module
+profile or a profiler capture, the ``m`` or ``c`` screen. A recording is replayed to its end at once and the clock
 is the recording's own, so the pictures are the same on every run.
 PNG needs ``rsvg-convert`` (Debian: librsvg2-bin) and a monospace font with box
 characters (fonts-firacode): the SVG itself is what Textual exports.
@@ -55,6 +56,11 @@ def to_png(svg: Path) -> Path | None:
     return png
 
 
+def _kinds(recording: Path) -> set[str]:
+    from tui.stream.sources import load_recordings
+    return {r["k"] for rec in load_recordings(recording) for r in rec.records}
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", type=Path, default=ROOT / "screenshots")
@@ -88,10 +94,12 @@ def main() -> int:
                 svg = args.out / f"stacks-{name}-120x36.svg"
                 svg.write_text(asyncio.run(render(recording, (120, 36), press=("s",))), encoding="utf-8")
                 written.append(svg)
-            if "profile" in name:      # the module profile screen (key m) of a recording that holds one
-                svg = args.out / f"modules-{name}-120x36.svg"
-                svg.write_text(asyncio.run(render(recording, (120, 36), press=("m",))), encoding="utf-8")
-                written.append(svg)
+            kinds = _kinds(recording)
+            for kind, key, prefix in (("profile", "m", "modules"), ("capture", "c", "capture")):
+                if kind in kinds:      # the module profile (m) or capture (c) screen of a recording holding one
+                    svg = args.out / f"{prefix}-{name}-120x36.svg"
+                    svg.write_text(asyncio.run(render(recording, (120, 36), press=(key,))), encoding="utf-8")
+                    written.append(svg)
     for svg in written:
         png = to_png(svg)
         print(svg.relative_to(ROOT) if svg.is_relative_to(ROOT) else svg,

@@ -355,7 +355,7 @@ async def test_m_shows_the_recorded_profile_and_says_a_recording_cannot_be_asked
         await pilot.press("m")
         await wait_until(pilot, lambda: "Marked ▶ layer2" in screen_text(app), what="the profile screen")
         text = screen_text(app)
-        assert "a recording cannot be asked: profile a live job" in text
+        assert "a recording cannot be asked: attach to the live job" in text
         assert "▶   layer2" in text and "60%" in text
         await pilot.press("escape")
         await wait_until(pilot, lambda: "Marked" not in screen_text(app), what="back to the main screen")

@@ -78,7 +78,7 @@ class Feed:
     def request_target(self, stream_id: str) -> "Target | str":
         """Where to send a request to the probe behind ``stream_id`` (``tui.stream.requests``),
         or why this feed cannot (a recording has no probe to ask)."""
-        return "a recording cannot be asked: profile a live job (perfmon attach JOB)"
+        return "a recording cannot be asked: attach to the live job (perfmon attach JOB)"
 
     @property
     def first_data(self) -> asyncio.Event:
