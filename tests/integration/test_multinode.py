@@ -136,3 +136,37 @@ def test_record_across_hosts_keeps_a_directory_per_node_and_the_report_names_the
     assert rep.returncode == 0, rep.stderr
     assert {r["rank"]: r["host"] for r in json.loads(rep.stdout)["ranks"]} == {0: "n01", 1: "n01", 2: "n02",
                                                                              3: "n02"}
+
+
+async def test_a_profile_of_a_rank_on_another_node_goes_through_its_relay(two_nodes, monkeypatch):
+    """The TUI's ``m`` on a rank of n02: the request and its answer pass through n02's relay, the
+    profile comes back with the rank's stream; a bad rank name is refused by the relay."""
+    import asyncio
+
+    from tui.model.runmodel import RunModel
+    from tui.stream.remote import RelayFeed
+    from tui.stream.requests import ask
+    from tui.errors import UserError
+
+    monkeypatch.setenv("PATH", two_nodes["PATH"])
+    feed = RelayFeed(RunModel(), "mn", ["n01", "n02"], two_nodes["PERFMON_VIA"])
+    task = asyncio.ensure_future(feed.run())
+    try:
+        deadline = time.monotonic() + 60
+        while not any(r.rank == 3 and r.steps for r in feed.model.view().ranks):
+            assert time.monotonic() < deadline, "rank 3 did not come through its relay"
+            await asyncio.sleep(0.2)
+        stream = next(r.stream for r in feed.model.view().ranks if r.rank == 3)
+        target = feed.request_target(stream)
+        result = await asyncio.to_thread(ask, target, "profile", {"steps": 3, "depth": 1}, 90, "profile")
+        bogus = feed.request_target(stream.replace(".r3.", ".r9."))
+        with pytest.raises(UserError) as refused:
+            await asyncio.to_thread(ask, bogus, "profile", {"steps": 3}, 30, "profile")
+        view = feed.model.view()            # the record came with the rank's stream, into the model first
+    finally:
+        task.cancel()
+        await asyncio.gather(task, return_exceptions=True)
+        await feed.aclose()
+    assert result["steps"] == 3 and [m["type"] for m in result["modules"]] == ["Linear"]
+    assert view.profile is not None and view.profile.rank == 3
+    assert "profile refused: cannot reach rank 9" in str(refused.value)

@@ -7,6 +7,11 @@ later), and writes the relay's hello and then each record, tagged with ``src`` (
 name, so the viewer keeps the streams apart), as wire frames. It exits when its viewer goes away
 (stdin closes, or stdout breaks). A node without the job, or a bad argument, is one line on stderr
 and a non-zero exit, which the viewer shows beside that host.
+
+The viewer may write ``request`` records on stdin, each naming a rank by its ``src``: the relay
+asks that rank's probe on this node (``tui.stream.requests.ask``, keeping the viewer's request id)
+and writes the ``answer`` back, tagged with the same ``src``; the result record then comes with the
+rank's stream like any other.
 """
 
 from __future__ import annotations
@@ -26,6 +31,7 @@ from tui.stream import discovery
 
 FLUSH_S = 0.05
 GONE_S = 3.0        # the job's ranks on this node all ended this long ago: the relay ends too
+REQUEST_S = 30.0    # for a rank to answer a forwarded request
 
 
 class StdoutRelay:
@@ -71,7 +77,8 @@ async def serve(job: str, out: StdoutRelay, stdin_fd: int | None) -> None:
     gone = asyncio.get_running_loop().create_future()
     if stdin_fd is not None:
         try:
-            asyncio.get_running_loop().add_reader(stdin_fd, _on_stdin, stdin_fd, gone)
+            asyncio.get_running_loop().add_reader(stdin_fd, _on_stdin, stdin_fd, gone,
+                                                  wire.FrameDecoder(wire.VIEWER_MAX_FRAME), out)
         except (OSError, ValueError):   # a file (</dev/null) cannot be watched: a broken stdout ends us then
             stdin_fd = None
     ended_since: float | None = None
@@ -93,14 +100,43 @@ async def serve(job: str, out: StdoutRelay, stdin_fd: int | None) -> None:
         out.flush()
 
 
-def _on_stdin(fd: int, gone: asyncio.Future) -> None:
-    """The viewer writes nothing; readable stdin means it closed (EOF)."""
+def _on_stdin(fd: int, gone: asyncio.Future, decoder: wire.FrameDecoder, out: StdoutRelay) -> None:
+    """The viewer's requests; EOF means it went away (a frame it cannot send right ends it too)."""
     try:
         data = os.read(fd, 4096)
     except OSError:
         data = b""
-    if not data and not gone.done():
-        gone.set_result(None)
+    try:
+        records = list(decoder.feed(data)) if data else None
+    except wire.ProtocolError:
+        records = None
+    if records is None:
+        if not gone.done():
+            gone.set_result(None)
+        return
+    for rec in records:
+        if rec["k"] == "request":
+            asyncio.ensure_future(_forward(rec, out))
+
+
+async def _forward(rec: dict[str, Any], out: StdoutRelay) -> None:
+    """Ask the rank ``rec["src"]`` names on this node; write its answer (or why not) back."""
+    from tui.stream.requests import Target, ask
+
+    src = rec.get("src")
+    answer: dict[str, Any] = {"k": "answer", "t": time.time(), "id": rec["id"], "op": rec["op"], "src": src}
+    name = paths.parse_name(f"{src}{paths.SOCKET_SUFFIX}") if isinstance(src, str) and "/" not in src else None
+    if name is None:
+        answer.update(ok=False, reason=f"no rank {src!r} on {socket.gethostname()}")
+    else:
+        params = {k: v for k, v in rec.items() if k not in ("k", "t", "id", "op", "src")}
+        target = Target(path=str(paths.socket_dir() / f"{src}{paths.SOCKET_SUFFIX}"), label=f"rank {name.rank}")
+        try:
+            await asyncio.to_thread(ask, target, rec["op"], params, REQUEST_S, None, None, rec["id"])
+            answer["ok"] = True
+        except UserError as exc:
+            answer.update(ok=False, reason=str(exc))
+    out.send(answer)
 
 
 def main(args: Any) -> int:

@@ -7,14 +7,22 @@ job, or runs a perfmon of another protocol version becomes one line in the view 
 stream state ``error``); the other hosts go on. Ranks are named by the node as the user named it
 (``--hosts n01``): the hello's ``host`` is replaced by that name, so two "nodes" on one machine
 are still two nodes.
+
+Requests (the TUI's module profile and capture) reach a rank through its node's relay: written
+on the relay's stdin with the rank's ``src``, answered on its stdout; the result comes with the
+rank's stream (``RelayTarget``).
 """
 
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
+import threading
+import time
 from typing import Any
 
 from probe import wire
+from tui.errors import UserError
 from tui.model.runmodel import RunModel
 from tui.stream.feed import READ_CHUNK, Feed, StreamStatus
 from tui.stream.hosts import RELAY_ARGV, via_argv
@@ -35,10 +43,46 @@ class RelayFeed(Feed):
         self.relay = relay
         self._procs: dict[str, asyncio.subprocess.Process] = {}
         self.relays: dict[str, StreamStatus] = {h: StreamStatus(h, h) for h in self.hosts}   # ``streams``: ranks
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._answers: dict[int, asyncio.Future] = {}        # request id -> its relay's answer
+        self._results_ready = threading.Condition()
+        self._wanted: set[int] = set()                        # request ids a thread waits on
+        self._results: dict[int, dict[str, Any]] = {}         # ... and their result records
 
-    def request_target(self, stream_id: str) -> str:
-        return ("requests do not pass through a relay yet: run `perfmon profile JOB` or `perfmon capture JOB` "
-                "on the rank's host")
+    def request_target(self, stream_id: str) -> "RelayTarget | str":
+        host, _, src = stream_id.partition("/")
+        proc = self._procs.get(host)
+        if proc is None or proc.returncode is not None or self._loop is None:
+            return f"the relay of {host} is not running: no request can reach its ranks"
+        return RelayTarget(self, host, src, f"{self.streams[stream_id].label} on {host}"
+                           if stream_id in self.streams else stream_id)
+
+    async def request(self, host: str, src: str, request: dict[str, Any]) -> dict[str, Any]:
+        """Write ``request`` to ``host``'s relay for its rank ``src``; its answer (feed loop)."""
+        proc = self._procs[host]
+        answer = self._loop.create_future() if self._loop is not None else None
+        if answer is None or proc.stdin is None:
+            raise UserError(f"the relay of {host} is not running")
+        self._answers[request["id"]] = answer
+        try:
+            proc.stdin.write(wire.encode({**request, "src": src}))
+            await proc.stdin.drain()
+            return await answer
+        finally:
+            self._answers.pop(request["id"], None)
+
+    def want(self, request_id: int) -> None:
+        """Any thread, before the request goes out: keep its result record when it comes."""
+        with self._results_ready:
+            self._wanted.add(request_id)
+
+    def wait_result(self, request_id: int, timeout: float) -> dict[str, Any] | None:
+        """Any thread: the result record of ``request_id`` (``want``ed) once its rank's stream brings
+        it, else None after ``timeout``; the request is no longer wanted after this."""
+        with self._results_ready:
+            self._results_ready.wait_for(lambda: request_id in self._results, timeout)
+            self._wanted.discard(request_id)
+            return self._results.pop(request_id, None)
 
     @property
     def ended(self) -> bool:
@@ -51,6 +95,7 @@ class RelayFeed(Feed):
         return f"{line}; {len(failed)} host(s) failed: {', '.join(failed)}" if failed else line
 
     async def run(self) -> None:
+        self._loop = asyncio.get_running_loop()
         tasks = [asyncio.ensure_future(self._host(host)) for host in self.hosts]
         try:
             await asyncio.gather(*tasks)
@@ -124,6 +169,11 @@ class RelayFeed(Feed):
                 status.state = "live"
                 status.label = f"{host} (relay)"
             return True
+        if rec["k"] == "answer":
+            answer = self._answers.get(rec.get("id"))   # type: ignore[arg-type]
+            if answer is not None and not answer.done():
+                answer.set_result(rec)
+            return True
         sid = srcs.get(src)
         if sid is None:
             sid = srcs[src] = f"{host}/{src}"
@@ -131,6 +181,10 @@ class RelayFeed(Feed):
         if rec["k"] == "hello":
             rec = {**rec, "host": host}
         self.ingest(sid, [rec])
+        if rec["k"] in ("profile", "capture") and rec.get("id") in self._wanted:    # in the model already
+            with self._results_ready:
+                self._results[rec["id"]] = rec
+                self._results_ready.notify_all()
         return True
 
     async def _ended(self, host: str, status: StreamStatus, proc: asyncio.subprocess.Process,
@@ -145,6 +199,41 @@ class RelayFeed(Feed):
         status.state = "error"
         status.message = message
         self.model.add_problem(message)
+
+
+class RelayTarget:
+    """A rank behind a relay, for ``tui.stream.requests.ask`` (called from a worker thread)."""
+
+    def __init__(self, feed: RelayFeed, host: str, src: str, label: str) -> None:
+        self.feed, self.host, self.src, self.label = feed, host, src, label
+
+    def ask(self, op: str, params: dict[str, Any], timeout: float, result_kind: str | None = None,
+            on_record: Any = None, request_id: int | None = None) -> dict[str, Any]:
+        from tui.stream.requests import new_id
+
+        rid = request_id or new_id()
+        request = {"k": "request", "t": time.time(), "id": rid, "op": op, **params}
+        deadline = time.monotonic() + timeout
+        loop = self.feed._loop
+        if loop is None:
+            raise UserError(f"{self.label}: the relays are not running")
+        self.feed.want(rid)
+        future = asyncio.run_coroutine_threadsafe(
+            asyncio.wait_for(self.feed.request(self.host, self.src, request), timeout), loop)
+        try:
+            answer = future.result(timeout + 1.0)
+        except (asyncio.TimeoutError, TimeoutError, concurrent.futures.TimeoutError):
+            self.feed.wait_result(rid, 0.0)            # no longer wanted
+            raise UserError(f"{self.label}: no answer through the relay of {self.host} in {timeout:.0f} s") from None
+        if not answer.get("ok") or result_kind is None:
+            self.feed.wait_result(rid, 0.0)            # no longer wanted
+            if not answer.get("ok"):
+                raise UserError(f"{self.label}: {op} refused: {answer.get('reason') or 'no reason given'}")
+            return answer
+        result = self.feed.wait_result(rid, max(0.0, deadline - time.monotonic()))
+        if result is None:
+            raise UserError(f"{self.label}: no {op} result within the time allowed (is the job still stepping?)")
+        return result
 
 
 async def _tail(stream: asyncio.StreamReader | None) -> list[str]:

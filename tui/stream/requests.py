@@ -1,8 +1,11 @@
-"""Asking a probe for something (DESIGN §4 requests): one connection, one request, its result.
+"""Asking a probe for something (DESIGN §4 requests): one request, its answer, its result.
 
-Used by ``perfmon profile`` and by the TUI's profile screen (on a worker thread). Blocking
-sockets with deadlines: the TUI's own stream is untouched, and the result record also reaches
-every attached viewer and the recording, so the TUI's model learns it through its stream.
+``ask(target, ...)`` works on any target: a ``Target`` (a rank's Unix socket, or host:port with
+its token) opens one connection of its own with blocking sockets and deadlines, so the TUI's
+stream is untouched; a relay's target (``tui.stream.remote``) sends the request through the relay
+that serves the rank's node. Either way the result record also reaches every attached viewer and
+the recording, so the TUI's model learns it through its stream. Used by ``perfmon profile``,
+``perfmon capture``, the relay itself and the TUI's screens (on a worker thread).
 """
 
 from __future__ import annotations
@@ -15,6 +18,10 @@ from typing import Any, Callable
 from probe import wire
 from tui.errors import UserError
 from tui.stream.sources import viewer_hello
+
+
+def new_id() -> int:
+    return random.randrange(1, 1 << 31)
 
 
 class Target:
@@ -38,13 +45,22 @@ class Target:
         return sock
 
 
-def ask(target: Target, op: str, params: dict[str, Any], timeout: float, result_kind: str | None = None,
-        on_record: Callable[[dict[str, Any]], None] | None = None) -> dict[str, Any]:
-    """Send one request; return the probe's result record (``result_kind`` with our id), or the
-    accepting answer when there is none to wait for. A refusal, an old probe or the deadline
-    passing raise ``UserError`` with one line. ``on_record`` sees every record of the connection
-    (the backfill and live steps: what a caller needs to judge the result against)."""
-    request_id = random.randrange(1, 1 << 31)
+    def ask(self, op: str, params: dict[str, Any], timeout: float, result_kind: str | None = None,
+            on_record: Callable[[dict[str, Any]], None] | None = None, request_id: int | None = None) -> dict[str, Any]:
+        return _ask_socket(self, op, params, timeout, result_kind, on_record, request_id or new_id())
+
+
+def ask(target: Any, op: str, params: dict[str, Any], timeout: float, result_kind: str | None = None,
+        on_record: Callable[[dict[str, Any]], None] | None = None, request_id: int | None = None) -> dict[str, Any]:
+    """Send one request; return the probe's result record (``result_kind`` with the request's
+    id), or the accepting answer when there is none to wait for. A refusal, an old probe or the
+    deadline passing raise ``UserError`` with one line. ``on_record`` sees every record of the
+    connection (the backfill and live steps: what a caller needs to judge the result against)."""
+    return target.ask(op, params, timeout, result_kind, on_record, request_id)
+
+
+def _ask_socket(target: Target, op: str, params: dict[str, Any], timeout: float, result_kind: str | None,
+                on_record: Callable[[dict[str, Any]], None] | None, request_id: int) -> dict[str, Any]:
     deadline = time.monotonic() + timeout
     sock = target.connect(min(timeout, 5.0))
     decoder = wire.FrameDecoder()
