@@ -290,6 +290,9 @@ class Probe:
                 self.sampler.join(max(0.0, deadline - 1.4 - time.monotonic()))
                 if not self.sampler.is_alive():
                     self.sampler.flush()   # last totals (comm) reach the stream before bye
+            for window in (self.attached.profiler, self.attached.capture):   # a result being written
+                if window is not None:
+                    window.join(deadline - 1.0 - time.monotonic())
             self.attached.release()
             if self.sender is not None:
                 self.sender.stop_event.set()

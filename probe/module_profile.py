@@ -35,7 +35,7 @@ from probe import flops
 from probe.module_flops import count_by_module, grad_tensors, on_first_grad
 from probe.step_window import StepWindow
 from probe.hooks import Hook, remove_all
-from probe.tracing import compiling_check, contains_compiled, run_eagerly
+from probe.tracing import compiling_check, contains_compiled, dynamo_has_compiled, run_eagerly
 
 MAX_STEPS = 50           # a profile is a look, not a mode: bounded in steps
 MAX_DEPTH = 8
@@ -116,7 +116,7 @@ class ModuleProfiler(StepWindow):
         self.spans = 0
         self.truncated = False
         self.clock: Any = _CpuClock()
-        self.root_calls = 0
+        self.meta_entry: _Module | None = None        # the outermost module that ran: its FLOPs are counted
         self.meta_call: tuple[tuple, dict, bool] | None = None
         self.meta_thread: threading.Thread | None = None
         self.counted: dict[str, tuple[float, float]] | None = None   # (forward, backward) FLOPs by module
@@ -156,6 +156,10 @@ class ModuleProfiler(StepWindow):
         if contains_compiled(model):
             return None, ("the model is compiled (torch.compile): hooks on its modules would make dynamo "
                           "recompile it, so it is not profiled; profile an eager run")
+        if dynamo_has_compiled() and watcher is not None and (
+                "forward" in watcher.hidden.hidden or watcher.hidden.misses.get("forward", 0) > 0):
+            return None, ("the model's forward runs inside a torch.compile region (no hook saw it): hooks on "
+                          "its modules would make dynamo recompile it, so it is not profiled; profile an eager run")
         return flops.unwrap_module(model), ""
 
     # -- training thread --------------------------------------------------------------------
@@ -193,7 +197,7 @@ class ModuleProfiler(StepWindow):
         else:
             self.clock = _CpuClock()
         self.modules, self.handles = [], []
-        self.spans, self.truncated, self.root_calls, self.meta_call = 0, False, 0, None
+        self.spans, self.truncated, self.meta_entry, self.meta_call = 0, False, None, None
         self.meta_thread, self.counted, self.flops_note, self.live, self.active = None, None, None, None, {}
         self.counted_per_call = False
         self.backward_open = False
@@ -244,26 +248,39 @@ class ModuleProfiler(StepWindow):
         except Exception as exc:
             self.flops_note = f"the live count failed ({exc!r}) after {self.flops_note}"[:300]
 
-    def _start_meta_count(self, args: tuple, kwargs: dict, grad: bool) -> None:
-        """At the first profiled forward: its input shapes, counted on a meta copy on a thread of its own."""
+    def _start_meta_count(self, entry: _Module, args: tuple, kwargs: dict, grad: bool) -> None:
+        """At the first profiled forward: the outermost module that ran (the root, unless the
+        trainer calls its children directly, as a LightningModule's ``training_step`` often does)
+        and its input shapes, counted on a meta copy on a thread of its own."""
+        self.meta_entry = entry
         self.meta_call = (flops.to_meta(args), flops.to_meta(kwargs), grad)
-        self.meta_thread = threading.Thread(target=self._count_meta, args=self.meta_call,
+        self.meta_thread = threading.Thread(target=self._count_meta, args=(entry, *self.meta_call),
                                             name="perfmon-profile-flops", daemon=True)
         self.meta_thread.start()
 
-    def _count_meta(self, margs: tuple, mkwargs: dict, grad: bool) -> None:
-        """The meta-device count."""
-        blocker = flops.meta_replay_blocker(self.root)
+    def _count_meta(self, entry: _Module, margs: tuple, mkwargs: dict, grad: bool) -> None:
+        """The meta-device count of ``entry``'s subtree; names made the profile's own."""
+        blocker = flops.meta_replay_blocker(entry.module)
         if blocker is not None:
             self.flops_note = f"{blocker}: a meta-device copy would not be the real computation"
             return
         try:
-            per_call = count_by_module(self.root, self.depth, margs, mkwargs, grad)
+            per_call = count_by_module(entry.module, self.depth - entry.depth, margs, mkwargs, grad)
         except Exception as exc:
             self.flops_note = f"the meta-device replay failed: {exc!r}"[:200]
             return
+        prefix = entry.name
         self.counted_per_call = True
-        self.counted = {name: (float(f), float(b)) for name, (f, b) in per_call.items()}
+        self.counted = {(f"{prefix}.{name}" if prefix and name else prefix or name): (float(f), float(b))
+                        for name, (f, b) in per_call.items()}
+
+    def join(self, timeout: float) -> None:
+        """The FLOP count's thread too (it runs torch ops, which must not outlive the interpreter)."""
+        end = time.monotonic() + max(0.0, timeout)
+        meta = self.meta_thread
+        if meta is not None and meta.is_alive():
+            meta.join(max(0.0, end - time.monotonic()))
+        super().join(end - time.monotonic())
 
     def remove_hooks(self) -> None:
         """Every module hook of the profile off (and a live count's dispatch mode, on the thread that
@@ -288,10 +305,8 @@ class ModuleProfiler(StepWindow):
                 elif self.state == "running":
                     entry.open_fwd.append(self.clock.mark())
                     entry.calls += 1
-                    if entry.depth == 0:
-                        self.root_calls += 1
-                        if self.meta_call is None:
-                            self._start_meta_count(args, kwargs, grad)
+                    if self.meta_call is None:     # pre-hooks fire outermost first: the root, when it runs
+                        self._start_meta_count(entry, args, kwargs, grad)
                 else:
                     return
                 if grad:
@@ -385,10 +400,13 @@ class ModuleProfiler(StepWindow):
         if meta is not None:
             meta.join(MAX_META_SECONDS)
         counted = self.counted
-        scale = self.root_calls / n if self.counted_per_call else 1.0
+        counted_entry = self.meta_entry
+        if counted_entry is None:
+            raise RuntimeError("no module of the model ran during the profiled steps (does the step run it in a "
+                               "torch.compile region, or in another thread?)")
+        scale = counted_entry.calls / n if self.counted_per_call else 1.0   # meta: per call of that module
         if counted is None:
-            note = self.flops_note or ("still counting after the profile" if meta is not None and meta.is_alive()
-                                       else "the model's forward did not run during the profile")
+            note = self.flops_note or "the meta-device count did not finish in time"
             why_no_flops: str | None = f"not counted: {note}"
         else:
             why_no_flops = None if self.counted_per_call else self.flops_note
@@ -400,7 +418,8 @@ class ModuleProfiler(StepWindow):
                 "name": entry.name, "type": entry.type, "depth": entry.depth, "params": _params(entry.module),
                 "calls": entry.calls / n, "fwd_s": None if fwd is None else fwd / n,
                 "bwd_s": None if bwd is None else bwd / n}
-            if counted is not None:
+            # outside the counted module's subtree a module that ran has FLOPs unknown (absent)
+            if counted is not None and (entry.name in counted or entry.calls == 0 or not self.counted_per_call):
                 f_fwd, f_bwd = counted.get(entry.name, (0.0, 0.0))
                 row["fwd_flops"] = f_fwd * scale
                 row["flops"] = (f_fwd + f_bwd) * scale

@@ -10,11 +10,13 @@ the reason. Subclasses implement ``started`` and ``ended`` (training thread) and
 
 from __future__ import annotations
 
+import atexit
 import threading
 import time
 from typing import Any, Callable
 
 ARMED_SECONDS = 60.0     # an armed window no step has started yet is replaced by a new request
+EXIT_WAIT_SECONDS = 10.0  # at interpreter exit, a window's threads are waited for this long at most
 
 
 class StepWindow:
@@ -33,6 +35,8 @@ class StepWindow:
         self.t_start = 0.0             # perf_counter at the window's start
         self.t_end = 0.0               # ... and at the end of its N-th step
         self.hooked = False            # our step-end hook is registered
+        self.finisher: threading.Thread | None = None
+        self.exit_hook = False
 
     # -- sender thread ----------------------------------------------------------------------
     def arm(self, request_id: int, steps: Any, max_steps: int,
@@ -56,6 +60,9 @@ class StepWindow:
         if not self.hooked:
             self.hooked = True
             self.probe.add_step_hooks(end=self._on_step_end)
+        if not self.exit_hook:     # a thread of ours inside torch's C++ code at interpreter exit aborts it
+            self.exit_hook = True
+            atexit.register(self.join, EXIT_WAIT_SECONDS)
         return None
 
     # -- training thread --------------------------------------------------------------------
@@ -84,7 +91,14 @@ class StepWindow:
         self.probe.remove_step_hooks(end=self._on_step_end)
         self.hooked = False
         self.state = "finishing"
-        threading.Thread(target=self._finish_safely, name=f"perfmon-{self.what}", daemon=True).start()
+        self.finisher = threading.Thread(target=self._finish_safely, name=f"perfmon-{self.what}", daemon=True)
+        self.finisher.start()
+
+    def join(self, timeout: float) -> None:
+        """``Probe.close`` and interpreter exit: give a finishing window ``timeout`` seconds to end."""
+        finisher = self.finisher
+        if finisher is not None and finisher.is_alive():
+            finisher.join(max(0.0, timeout))
 
     # -- finishing thread -------------------------------------------------------------------
     def _finish_safely(self) -> None:

@@ -29,6 +29,9 @@ parser = argparse.ArgumentParser()
 parser.add_argument("cell")
 parser.add_argument("--api", action="store_true")
 parser.add_argument("--steps", type=int, default=STEPS)
+parser.add_argument("--requests", action="store_true",
+                    help="with --api: ask for a module profile at step 3 and a profiler capture at step 14, "
+                         "as a viewer would; a refusal becomes a 'request_refused' event")
 ARGS = parser.parse_args()
 
 torch.set_num_threads(1)
@@ -37,6 +40,16 @@ MON: Any = None
 if ARGS.api:
     import probe
     MON = probe.start(job=f"compat-{ARGS.cell}")
+    if ARGS.requests:
+        def _ask_at_steps(extras: dict, phases: dict) -> None:
+            op = {3: "profile", 14: "capture"}.get(MON.steps)
+            if op is not None:
+                refused = MON.handle_request({"k": "request", "t": 0.0, "id": MON.steps, "op": op, "steps": 3,
+                                              "depth": 2})
+                if refused:
+                    MON.event("request_refused", op=op, reason=refused)
+
+        MON.add_step_hooks(end=_ask_at_steps)
 
 
 def watch(model: Any = None, optimizer: Any = None) -> None:

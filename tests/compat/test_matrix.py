@@ -47,10 +47,11 @@ def _results(proc: subprocess.CompletedProcess) -> dict[int, dict]:
 
 
 def _run(cell: Cell, mode: str, record: Path | None) -> dict[int, dict]:
-    cmd = [*_launch(cell), JOB, cell.name] + (["--api"] if mode == "api" else [])
+    cmd = [*_launch(cell), JOB, cell.name] + (["--api"] if mode in ("api", "requests") else [])
+    cmd += ["--requests"] if mode == "requests" else []
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     env.pop("PERFMON_RECORD", None)
-    if mode == "api":
+    if mode in ("api", "requests"):
         env["PERFMON_RECORD"] = str(record)
     elif mode == "run":
         cmd = [PY, "-m", "tui.cli", "run", "--no-tui", "--record", str(record), "--", *cmd]
@@ -128,6 +129,33 @@ def test_cell(name: str, mode: str) -> None:
         assert report.returncode == 0, report.stderr
         metrics = json.loads(report.stdout)["metrics"]
         assert metrics["comm_frac"] and metrics["comm_exposed_frac"] is not None
+
+
+# the stacks where hooks on every module, a live FLOP count or torch.profiler could bite
+REQUEST_CELLS = ["compile_model", "activation_checkpointing", "fsdp2_mixed_precision", "dtensor_tp", "hf_trainer",
+                 "lightning_trainer"]
+
+
+@pytest.mark.parametrize("name", REQUEST_CELLS)
+def test_a_module_profile_and_a_profiler_capture_leave_the_job_unchanged(name: str) -> None:
+    """The job asks for a profile at step 3 and a capture at step 14, as a viewer would: the loss
+    is bit-identical and the steps the same; each rank sends both results, or (a model compiled
+    where its hooks would recompile it) a one-line refusal."""
+    cell = BY_NAME[name]
+    _available(cell)
+    record = Path(tempfile.mkdtemp(prefix=f"perfmon-compat-{name}-requests-"))
+    assert _run(cell, "requests", record) == _bare(name)
+    for path in recording_files(record):
+        records = read_recording(path).records
+        profiles = [r for r in records if r["k"] == "profile"]
+        captures = [r for r in records if r["k"] == "capture"]
+        refused = {r["op"]: r["reason"] for r in records if r["k"] == "event" and r.get("name") == "request_refused"}
+        assert len(captures) == 1 and captures[0].get("error") is None and Path(captures[0]["path"]).exists()
+        if name.startswith("compile"):
+            assert not profiles and refused["profile"].startswith("the model's forward runs inside a torch.compile")
+        else:
+            assert len(profiles) == 1 and profiles[0].get("error") is None and not refused
+            assert sum(m.get("flops") or 0 for m in profiles[0]["modules"]) > 0
 
 
 @pytest.mark.parametrize("name", ["activation_checkpointing", "autocast_bf16"])
