@@ -101,8 +101,9 @@ class _Module:
 
 class ModuleProfiler(StepWindow):
     """One profile at a time for one probe (``probe.step_window``): the module hooks run on the
-    training thread, the result is built on a thread of its own. Its extra state ``counting`` is
-    the live-count step after the timed ones."""
+    training thread, the result is built on a thread of its own. Its extra states: ``waiting``
+    (the timed steps are over, the meta-device FLOP count is not; the hooks stay on, idle) and
+    ``counting`` (the live-count step after the timed ones)."""
 
     what = "profile"
     empty = {"modules": []}
@@ -120,7 +121,7 @@ class ModuleProfiler(StepWindow):
         self.meta_call: tuple[tuple, dict, bool] | None = None
         self.meta_thread: threading.Thread | None = None
         self.counted: dict[str, tuple[float, float]] | None = None   # (forward, backward) FLOPs by module
-        self.counted_per_call = False                  # ``counted`` is per root call (meta), else per step (live)
+        self.counted_per_call = False                  # ``counted`` is per call of ``meta_entry``, else per step
         self.live_totals: dict[str, list[float]] = {}
         self.flops_note: str | None = None
         self.live: flops.FlopCount | None = None      # the live-count step's dispatch mode
