@@ -36,3 +36,22 @@ def test_the_report_lists_each_ranks_latest_capture():
     report = build_report(model)
     assert [(c["rank"], c["path"]) for c in report["captures"]] == [(1, RECORD["path"])]
     assert "rank 1: steps 10-12 -> /r/x.capture-10.pt.trace.json.gz" in render_text(report)
+
+
+def test_the_json_carries_every_field_and_odd_values_read_as_unknown():
+    c = capture_reading(RECORD, rank=2)
+    assert c.as_json() == {
+        "rank": 2, "steps": 3, "first_step": 10, "last_step": 12, "wall_s": 0.5,
+        "path": "/r/x.capture-10.pt.trace.json.gz", "device_busy": 0.62, "error": None,
+        "top": [{"name": "aten::mm", "self_s": 0.2, "calls": 12}, {"name": "aten::add_", "self_s": 0.01, "calls": 3}],
+        "gaps": [{"seconds": 0.004, "at_s": 0.1}]}
+    odd = capture_reading({"k": "capture", "t": True, "steps": True, "first_step": "1", "wall_s": "x", "path": 5,
+                           "device_busy": False, "error": 3, "top": [{"name": "x" * 200, "self_s": "1",
+                                                                      "calls": 2.5}],
+                           "gaps": [{"seconds": None}]}, rank=0)
+    assert (odd.t, odd.steps, odd.first_step, odd.wall_s, odd.path, odd.device_busy, odd.error) == \
+        (0.0, 0, None, None, None, None, None)
+    assert [(len(o.name), o.self_s, o.calls) for o in odd.top] == [(120, 0.0, 0)] and odd.gaps == ((0.0, 0.0),)
+    many = capture_reading(dict(RECORD, top=[{"name": f"op{i}", "self_s": 0.001 * i, "calls": i} for i in range(8)]), 0)
+    assert len(many.lines()) == 2 + 5            # head, device line, the five largest ... as given
+    assert max(len(line) for line in many.lines(width=30)) == 30

@@ -38,7 +38,6 @@ class ProfileRow:
     params: int
     calls: float                  # forward calls per step
     flops: float | None           # forward + backward
-    fwd_flops: float | None
     fwd_s: float | None
     bwd_s: float | None
     time_share: float | None      # (fwd + bwd) / step time
@@ -162,7 +161,7 @@ def _row(m: dict[str, Any], step_s: float | None, root_flops: float | None, peak
     rate = flops / seconds if flops is not None and seconds else None
     return ProfileRow(
         name=name, type=_str(m.get("type")) or "?", depth=_int(m.get("depth")) or 0, params=_int(m.get("params")) or 0,
-        calls=_nonneg(m.get("calls")) or 0.0, flops=flops, fwd_flops=_nonneg(m.get("fwd_flops")), fwd_s=fwd_s,
+        calls=_nonneg(m.get("calls")) or 0.0, flops=flops, fwd_s=fwd_s,
         bwd_s=bwd_s, time_share=seconds / step_s if seconds is not None and step_s else None,
         flop_share=flops / root_flops if flops is not None and root_flops else None, flops_per_s=rate,
         peak_frac=rate / peak if rate is not None and peak else None)
@@ -232,10 +231,12 @@ def _containers_filled(raw: list[dict[str, Any]]) -> list[dict[str, Any]]:
         if m["name"]:
             kids.setdefault(m["name"].rpartition(".")[0], []).append(m)
     out = dict(by_name)
+    ran = {m["name"] for m in raw if _nonneg(m.get("calls"))}     # filled containers join it, deepest first
     for m in sorted(raw, key=lambda m: -(_int(m.get("depth")) or 0)):
         children = [out[c["name"]] for c in kids.get(m["name"], [])]
-        if _nonneg(m.get("calls")) or not children or not any(_nonneg(c.get("calls")) for c in children):
+        if m["name"] in ran or not any(c["name"] in ran for c in children):
             continue
+        ran.add(m["name"])
         filled = dict(m)
         for key in ("fwd_s", "bwd_s", "flops", "fwd_flops"):
             values = [_nonneg(c.get(key)) for c in children]
