@@ -81,13 +81,26 @@ from __future__ import annotations
 #         Chrome trace on the rank's host), top [{name, self_s, calls}] (operators by self time:
 #         device time on GPU, CPU time on CPU), device_busy (GPU: kernel time over wall_s, merged),
 #         gaps [{seconds, at_s}] (GPU: longest idle stretches, at_s from the first kernel), error
+#
+# 1.2 kinds (a relay and its viewer: ``perfmon relay``, ``tui.stream.remote``):
+# summary (relay -> viewer, per rank the viewer does not follow in full, at most 2 Hz, only when it
+#         changed) src, stats {the rank's window statistics: the scalar fields of
+#         ``tui.model.stats.RankStats``}, memory {``MemoryMetrics`` fields}, comm {op: [count, bytes,
+#         seconds, busbytes]} (the window's collectives), steps (steps done), first_start, last_end,
+#         inside, gap_total, unseen (the rank's running totals for ETTR), loader_seen (bool),
+#         data_wait [the last steps' data-wait shares], window [steps, seconds] (the relay's window)
+# subscribe (viewer -> relay, on its stdin after the viewer's hello) srcs [the ranks, by ``src``, whose
+#         step, memory and comm records the viewer wants in full; "*" = every rank], window [steps,
+#         seconds] (the viewer's window, for the summaries); replaces the previous subscription. A
+#         newly subscribed rank's buffered records are sent first. Without a 1.2 viewer hello the
+#         relay forwards every record of every rank (what a 1.1 viewer reads).
 
 import struct
 from typing import Any, Iterator
 
 import msgpack
 
-PROTO: tuple[int, int] = (1, 1)
+PROTO: tuple[int, int] = (1, 2)
 MAX_FRAME = 1 << 20          # 1 MiB, checked before the body is read
 MAX_DEPTH = 8                # records are shallow; anything deeper is hostile
 MAX_CONTAINER = 10_000       # entries in any one map or list
@@ -101,6 +114,7 @@ HEADER = struct.Struct(">I")
 KIND_MINOR: dict[str, int] = {
     "hello": 0, "step": 0, "sample": 0, "memory": 0, "comm": 0, "event": 0, "drops": 0, "bye": 0,
     "stall": 1, "resumed": 1, "request": 1, "answer": 1, "profile": 1, "capture": 1,
+    "summary": 2, "subscribe": 2,
 }
 KINDS = frozenset(KIND_MINOR)
 
@@ -122,6 +136,8 @@ REQUIRED: dict[str, dict[str, tuple[type, ...]]] = {
     "answer": {"id": (int,)},
     "profile": {"modules": (list,)},
     "capture": {"steps": (int,)},
+    "summary": {"stats": (dict,)},
+    "subscribe": {"srcs": (list,)},
 }
 OPTIONAL: dict[str, dict[str, tuple[type, ...]]] = {
     "hello": {"job": (str,), "rank": (int,), "world_size": (int,), "pid": (int,), "host": (str,),
@@ -139,6 +155,10 @@ OPTIONAL: dict[str, dict[str, tuple[type, ...]]] = {
                 "step_s": _NUM, "peak_flops": _NUM, "truncated": (bool,), "error": (str,)},
     "capture": {"id": (int,), "first_step": (int,), "last_step": (int,), "wall_s": _NUM, "path": (str,),
                 "top": (list,), "device_busy": _NUM, "gaps": (list,), "error": (str,)},
+    "summary": {"src": (str,), "memory": (dict,), "comm": (dict,), "steps": (int,), "first_start": _NUM,
+                "last_end": _NUM, "inside": _NUM, "gap_total": _NUM, "unseen": _NUM, "loader_seen": (bool,),
+                "data_wait": (list,), "window": (list,)},
+    "subscribe": {"window": (list,)},
 }
 
 

@@ -40,7 +40,7 @@ from tui.app.widgets.header import HeaderBar
 from tui.app.widgets.keyline import KeyLine
 from tui.app.widgets.layout import PANE_ORDER, Plan, pane_key, plan
 from tui.app.widgets.memory import MemoryPane
-from tui.app.widgets.pane import Pane, UiState
+from tui.app.widgets.pane import Pane, UiState, focus_rank
 from tui.app.widgets.ranks import RanksPane
 from tui.app.widgets.timeline import TimelinePane
 from tui.app.widgets.verdictbar import VerdictBar
@@ -199,6 +199,8 @@ class PerfmonApp(App[int]):
             return
         self.view = feed.model.view(now=feed.now(), clock=feed.clock())
         self.verdict = self.tracker.update(self.view)
+        focus = focus_rank(self.view, UiState(selected_rank=self.selected_rank), self.verdict)
+        feed.follow({r.stream for r in self.view.ranks if r.rank == focus})   # its steps in full, through relays
         self._relayout()
         self._draw()
         if isinstance(self.screen, FlowchartScreen):

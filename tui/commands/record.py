@@ -66,6 +66,7 @@ def main(args) -> int:
     remote = remote_feed(args)
     out = Path(args.output)
     if remote is not None:
+        remote.follow(None)          # a recording holds every record of every rank, not summaries
         print(f"recording {args.target} on {len(remote.hosts)} host(s) to {out} (Ctrl-C to stop)", file=sys.stderr)
         counts = record([], out, args.seconds, feed=remote)
         for problem in remote.model.problems:

@@ -3,15 +3,21 @@ on another machine that started it through SSH (or any ``--via`` transport).
 
 Started on demand by the viewer, no daemon, no root: it follows every local rank of the job with
 the viewer's own reader (``tui.stream.feed.LiveFeed``, which also finds ranks that start or restart
-later), and writes the relay's hello and then each record, tagged with ``src`` (the rank's socket
-name, so the viewer keeps the streams apart), as wire frames. It exits when its viewer goes away
-(stdin closes, or stdout breaks). A node without the job, or a bad argument, is one line on stderr
-and a non-zero exit, which the viewer shows beside that host.
+later) into its own run model, and writes the relay's hello and then records tagged with ``src``
+(the rank's socket name, so the viewer keeps the streams apart), as wire frames. It exits when
+its viewer goes away (stdin closes, or stdout breaks). A node without the job, or a bad argument,
+is one line on stderr and a non-zero exit, which the viewer shows beside that host.
 
-The viewer may write ``request`` records on stdin, each naming a rank by its ``src``: the relay
-asks that rank's probe on this node (``tui.stream.requests.ask``, keeping the viewer's request id)
-and writes the ``answer`` back, tagged with the same ``src``; the result record then comes with the
-rank's stream like any other.
+What it sends depends on the viewer's hello on stdin (wire 1.2, ``probe.wire``): for a 1.2 viewer,
+each rank's window ``summary`` at most twice a second, and step, memory and comm records only for
+the ranks the viewer ``subscribe``s to (a newly subscribed rank's buffered records first); every
+other kind (hello, samples, events, stalls, results, bye) for every rank. That keeps the stream
+of a node of 64 ranks at a few hundred records a second whatever their step rate. A viewer that
+sends no hello within ``HELLO_WAIT_S`` (perfmon 1.1) gets every record of every rank.
+
+The viewer may also write ``request`` records, each naming a rank by its ``src``: the relay asks
+that rank's probe on this node (``tui.stream.requests.ask``, keeping the viewer's request id) and
+writes the ``answer`` back, tagged with the same ``src``; the result comes with the rank's stream.
 """
 
 from __future__ import annotations
@@ -30,24 +36,68 @@ from tui.model.runmodel import RunModel
 from tui.stream import discovery
 
 FLUSH_S = 0.05
+SUMMARY_S = 0.5     # a rank's summary at most this often (wire 1.2: <= 4 Hz)
+HELLO_WAIT_S = 1.0  # for the viewer's hello on stdin; none: a 1.1 viewer, sent everything
 GONE_S = 3.0        # the job's ranks on this node all ended this long ago: the relay ends too
 REQUEST_S = 30.0    # for a rank to answer a forwarded request
+FULL_ONLY = frozenset({"step", "memory", "comm"})   # kinds a summary stands for
+
+
+def src_of(stream_id: str) -> str:
+    """A rank's name on the node stream: its socket's name without the suffix."""
+    return Path(stream_id).name.removesuffix(paths.SOCKET_SUFFIX)
 
 
 class StdoutRelay:
-    """Frames for the viewer, written in one go per tick (a relay with 64 ranks writes often)."""
+    """Frames for the viewer, written in one go per tick (a relay with 64 ranks writes often).
+
+    ``summaries``: the viewer reads wire 1.2, so ranks outside ``subscribed`` (None: all) are sent
+    as summaries rather than step by step."""
 
     def __init__(self, out: BinaryIO) -> None:
         self.out = out
         self.encoder = wire.Encoder()
         self.pending = bytearray()
         self.broken = False
+        self.summaries = False
+        self.subscribed: set[str] | None = set()
+        self.window: tuple[int, float] | None = None
+        self._sent: dict[str, int] = {}      # src -> model version of its last summary
 
     def send(self, record: dict[str, Any]) -> None:
         self.pending += self.encoder.frame(record)
 
     def forward(self, stream_id: str, record: dict[str, Any]) -> None:
-        self.send({**record, "src": Path(stream_id).name.removesuffix(paths.SOCKET_SUFFIX)})
+        src = src_of(stream_id)
+        if self.summaries and record["k"] in FULL_ONLY and not self.follows(src):
+            return
+        self.send({**record, "src": src})
+
+    def follows(self, src: str) -> bool:
+        return self.subscribed is None or src in self.subscribed
+
+    def subscribe(self, srcs: list[Any], model: RunModel, streams: list[str]) -> None:
+        """A viewer's ``subscribe``: ranks newly followed in full get their buffered records now."""
+        wanted = None if "*" in srcs else {s for s in srcs if isinstance(s, str)}
+        for sid in streams:
+            src = src_of(sid)
+            if (wanted is None or src in wanted) and not self.follows(src):
+                for rec in model.buffered(sid):
+                    self.send({**rec, "src": src})
+            self._sent.pop(src, None)      # its next summary, when unsubscribed again, is sent at once
+        self.subscribed = wanted
+
+    def summarize(self, model: RunModel, streams: list[str]) -> None:
+        """A summary of each rank not followed in full that changed since its last one."""
+        now = time.time()
+        for sid in streams:
+            src = src_of(sid)
+            if self.follows(src):
+                continue
+            got = model.summary(sid, now, self._sent.get(src, -1))
+            if got is not None:
+                self._sent[src] = got[0]
+                self.send({**got[1], "src": src})
 
     def flush(self) -> None:
         if not self.pending or self.broken:
@@ -65,27 +115,97 @@ def hello(job: str) -> dict[str, Any]:
             "host": socket.gethostname(), "pid": os.getpid()}
 
 
+class ViewerInput:
+    """What the viewer writes on the relay's stdin: its hello, subscriptions and requests."""
+
+    def __init__(self, out: StdoutRelay) -> None:
+        self.out = out
+        self.decoder = wire.FrameDecoder(wire.VIEWER_MAX_FRAME)
+        loop = asyncio.get_running_loop()
+        self.greeted = loop.create_future()      # the viewer's hello came (or it never will)
+        self.gone = loop.create_future()         # stdin closed: the viewer went away
+        self.model: RunModel | None = None
+        self.streams: list[str] = []
+        self._early: list[dict[str, Any]] = []   # a subscription before the ranks are followed
+
+    def on_readable(self, fd: int) -> None:
+        try:
+            data = os.read(fd, 1 << 16)
+        except OSError:
+            data = b""
+        try:
+            records = list(self.decoder.feed(data)) if data else None
+        except wire.ProtocolError:
+            records = None
+        if records is None:
+            for fut in (self.gone, self.greeted):
+                if not fut.done():
+                    fut.set_result(None)
+            return
+        for rec in records:
+            self.take(rec)
+
+    def take(self, rec: dict[str, Any]) -> None:
+        kind = rec["k"]
+        if kind == "hello" and not self.greeted.done():
+            proto = rec.get("proto")
+            minor = proto[1] if isinstance(proto, (list, tuple)) and len(proto) > 1 else 0
+            self.out.summaries = isinstance(minor, int) and minor >= wire.KIND_MINOR["summary"]
+            self.greeted.set_result(None)
+        elif kind == "subscribe":
+            window = rec.get("window")
+            if isinstance(window, list) and len(window) == 2 and all(isinstance(x, (int, float)) for x in window):
+                self.out.window = (int(window[0]), float(window[1]))
+                if self.model is not None:
+                    self.model.set_window(*self.out.window)
+            if self.model is None:
+                self._early = [rec]
+            else:
+                self.out.subscribe(rec["srcs"], self.model, self.streams)
+        elif kind == "request":
+            asyncio.ensure_future(_forward(rec, self.out))
+
+    def attach(self, model: RunModel, streams: list[str]) -> None:
+        """The ranks are followed now: apply a subscription that came before."""
+        self.model, self.streams = model, streams
+        for rec in self._early:
+            self.take(rec)
+        self._early = []
+
+
 async def serve(job: str, out: StdoutRelay, stdin_fd: int | None) -> None:
     """Follow the job's local ranks until the viewer goes away."""
     from tui.stream.feed import LiveFeed
 
     endpoints = discovery.resolve_live(job)
-    feed = LiveFeed(RunModel(), endpoints[0].job, endpoints, rescan=True)
-    feed.tap = out.forward
     out.send(hello(endpoints[0].job))
-    task = asyncio.ensure_future(feed.run())
-    gone = asyncio.get_running_loop().create_future()
+    out.flush()
+    loop = asyncio.get_running_loop()
+    viewer = ViewerInput(out)
     if stdin_fd is not None:
         try:
-            asyncio.get_running_loop().add_reader(stdin_fd, _on_stdin, stdin_fd, gone,
-                                                  wire.FrameDecoder(wire.VIEWER_MAX_FRAME), out)
+            loop.add_reader(stdin_fd, viewer.on_readable, stdin_fd)
         except (OSError, ValueError):   # a file (</dev/null) cannot be watched: a broken stdout ends us then
             stdin_fd = None
+    if stdin_fd is not None:
+        await asyncio.wait([viewer.greeted], timeout=HELLO_WAIT_S)
+    model = RunModel(*(out.window or ()))
+    feed = LiveFeed(model, endpoints[0].job, endpoints, rescan=True)
+    feed.tap = out.forward
+    streams = list(feed.streams)             # the feed's own dict's keys, kept current below
+    viewer.attach(model, streams)
+    task = asyncio.ensure_future(feed.run())
     ended_since: float | None = None
+    next_summary = 0.0
     try:
-        while not gone.done() and not out.broken:
+        while not viewer.gone.done() and not out.broken:
+            if out.summaries and time.monotonic() >= next_summary:
+                streams[:] = list(feed.streams)
+                out.summarize(model, streams)
+                next_summary = time.monotonic() + SUMMARY_S
             out.flush()
             await asyncio.sleep(FLUSH_S)
+            streams[:] = list(feed.streams)
             if feed.ended:      # every local rank is gone; wait a little for restarted ones
                 ended_since = ended_since or time.monotonic()
                 if time.monotonic() - ended_since > GONE_S:
@@ -94,29 +214,12 @@ async def serve(job: str, out: StdoutRelay, stdin_fd: int | None) -> None:
                 ended_since = None
     finally:
         if stdin_fd is not None:
-            asyncio.get_running_loop().remove_reader(stdin_fd)
+            loop.remove_reader(stdin_fd)
         task.cancel()
         await asyncio.gather(task, return_exceptions=True)
+        if out.summaries:
+            out.summarize(model, list(feed.streams))     # the last word on each rank
         out.flush()
-
-
-def _on_stdin(fd: int, gone: asyncio.Future, decoder: wire.FrameDecoder, out: StdoutRelay) -> None:
-    """The viewer's requests; EOF means it went away (a frame it cannot send right ends it too)."""
-    try:
-        data = os.read(fd, 4096)
-    except OSError:
-        data = b""
-    try:
-        records = list(decoder.feed(data)) if data else None
-    except wire.ProtocolError:
-        records = None
-    if records is None:
-        if not gone.done():
-            gone.set_result(None)
-        return
-    for rec in records:
-        if rec["k"] == "request":
-            asyncio.ensure_future(_forward(rec, out))
 
 
 async def _forward(rec: dict[str, Any], out: StdoutRelay) -> None:

@@ -39,7 +39,8 @@ class RankState:
 
     __slots__ = ("rank", "stream", "hello", "generation", "steps", "nums", "samples", "memory", "comm", "events",
                  "drops", "ended", "version", "first_start", "last_end", "inside", "gap_total", "unseen",
-                 "pending_gap", "loader_seen", "last_t", "recv_clock", "stall", "profile", "capture", "_cache")
+                 "pending_gap", "loader_seen", "last_t", "recv_clock", "stall", "profile", "capture",
+                 "summary_steps", "totals_through", "_cache")
 
     def __init__(self, rank: int, stream: str, hello: dict[str, Any], generation: int) -> None:
         self.rank = rank
@@ -68,6 +69,8 @@ class RankState:
         self.stall: StallReading | None = None  # the stall in course (latest ``stall`` record), else None
         self.profile: ModuleProfile | None = None   # the latest module profile (``profile`` record)
         self.capture: CaptureSummary | None = None  # the latest torch.profiler capture (``capture`` record)
+        self.summary_steps: int | None = None   # steps done, while a relay summarises the rank (no step records)
+        self.totals_through = -1     # steps up to this one are in the running totals already (a summary's)
         self._cache: tuple[int, Any] | None = None
 
     def add_step(self, rec: dict[str, Any]) -> None:
@@ -84,15 +87,17 @@ class RankState:
         self.pending_gap = 0.0
         gap = max(0.0, min(gap, dur))
         prev = self.steps[-1] if self.steps else None
+        new = rec["step"] > self.totals_through     # not already counted by a summary
         if self.first_start is None and start is not None:
             self.first_start = start
-        elif prev is not None and start is not None and self.last_end is not None:
+        elif new and prev is not None and start is not None and self.last_end is not None:
             if isinstance(prev.get("step"), int) and rec["step"] > prev["step"] + 1:
                 self.unseen += max(0.0, start - self.last_end)
-        if end is not None:
-            self.last_end = end
-        self.inside += dur - gap
-        self.gap_total += gap
+        if new:
+            if end is not None:
+                self.last_end = end
+            self.inside += dur - gap
+            self.gap_total += gap
         nums = step_nums(rec, dur, gap, end, start)
         if nums.has_data:
             self.loader_seen = True

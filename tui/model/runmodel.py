@@ -38,10 +38,11 @@ from typing import Any
 from tui.model.buffers import (BLOCKING_EVENTS, EVENT_BUFFER, MIN_STEPS, WINDOW_SAMPLES, WINDOW_SECONDS,
                                WINDOW_STEPS, RankState, num)
 from tui.model.readings import gpu_rows, host_reading
-from tui.model.stats import RankStats, comm_rows, job_metrics, rank_stats, rank_view
+from tui.model.stats import RankStats, comm_rows, job_metrics, rank_stats, rank_view, summary_stats
 from tui.model.capture import capture_reading
 from tui.model.profile import ModuleProfile, profile_reading, with_overhead
 from tui.model.stuck import diagnose, stall_reading
+from tui.model.summary import apply_summary, summary_record
 from tui.model.views import JobView
 
 
@@ -61,6 +62,7 @@ class RunModel:
         self._ranks: dict[int, RankState] = {}
         self._streams: dict[str, RankState] = {}
         self._retired: list[RankState] = []
+        self._summaries: dict[RankState, RankStats] = {}     # ranks a relay summarises (wire 1.2)
         self.problems: list[str] = []
         self.orphans = 0
         self.last_t: float | None = None
@@ -91,10 +93,15 @@ class RunModel:
             state.recv_clock = received
         if kind == "step":
             if isinstance(record.get("step"), int) and num(record.get("dur")) is not None:
+                if state.summary_steps is not None:   # followed in full again (a relay's subscription)
+                    state.summary_steps = None
+                    self._summaries.pop(state, None)
                 state.add_step(record)
                 if state.stall is not None and record["step"] > (state.stall.step if state.stall.step is not None
                                                                    else -1):
                     state.stall = None     # progress again (its ``resumed`` record may have been dropped)
+        elif kind == "summary":
+            self._summaries[state] = apply_summary(state, record)
         elif kind == "stall":
             state.stall = stall_reading(record)
         elif kind == "resumed":
@@ -245,9 +252,32 @@ class RunModel:
         cache = state._cache
         if cache is not None and cache[0] == state.version:
             return cache[1]
-        st = rank_stats(state, self.window_steps, self.window_seconds)
+        summary = self._summaries.get(state)
+        if summary is not None:       # a relay summarises this rank (wire 1.2)
+            st = summary_stats(state, summary)
+        else:
+            st = rank_stats(state, self.window_steps, self.window_seconds)
         state._cache = (state.version, st)
         return st
+
+    # -- a relay's side of wire 1.2 (``perfmon relay``) -----------------------------------------
+    def summary(self, stream_id: str, t: float, after: int = -1) -> tuple[int, dict[str, Any]] | None:
+        """(version, ``summary`` record) of the rank behind ``stream_id``, or None when it has not
+        said hello or has not changed since version ``after``."""
+        state = self._streams.get(stream_id)
+        if state is None or state.version == after or "k" not in state.hello:
+            return None
+        window = (self.window_steps, self.window_seconds)
+        return state.version, summary_record(state, self._stats(state), t, window)
+
+    def buffered(self, stream_id: str) -> list[dict[str, Any]]:
+        """The step, memory and comm records held for ``stream_id``, oldest first: what a viewer that
+        starts following the rank in full gets first."""
+        state = self._streams.get(stream_id)
+        if state is None:
+            return []
+        records = [*state.memory, *state.comm, *state.steps]
+        return sorted(records, key=lambda r: num(r.get("t")) or 0.0)
 
     @property
     def retired(self) -> list[tuple[int, dict[str, Any]]]:

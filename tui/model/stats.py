@@ -6,6 +6,7 @@ each function. Input: ``RankState`` buffers; output: ``RankStats`` and the view 
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import statistics
 from dataclasses import dataclass
@@ -156,8 +157,7 @@ def rank_stats(state: RankState, max_steps: int, max_seconds: float) -> RankStat
         steps=tuple(step_bar(rec) for rec in timeline)[::-1],
         data_wait=tuple(s.data_share for s in itertools.islice(state.nums, max(0, len(state.nums) - TIMELINE_STEPS),
                                                                None)),
-        cpu=tuple(host_reading(s).cpu for s in itertools.islice(state.samples, max(0, len(state.samples)
-                                                                                     - WINDOW_SAMPLES), None)))
+        cpu=_cpu_trace(state))
 
     return RankStats(
         n=n,
@@ -190,6 +190,17 @@ def rank_stats(state: RankState, max_steps: int, max_seconds: float) -> RankStat
     )
 
 
+
+
+def summary_stats(state: RankState, st: RankStats) -> RankStats:
+    """A summarised rank's statistics ``st`` (``tui.model.summary``), with the CPU history of the
+    samples, which still come in full."""
+    return dataclasses.replace(st, trace=dataclasses.replace(st.trace, cpu=_cpu_trace(state)))
+
+
+def _cpu_trace(state: RankState) -> tuple[float | None, ...]:
+    start = max(0, len(state.samples) - WINDOW_SAMPLES)
+    return tuple(host_reading(s).cpu for s in itertools.islice(state.samples, start, None))
 
 
 def _gpu_util(samples: list[dict[str, Any]], hello: dict[str, Any]) -> float | None:
@@ -328,10 +339,11 @@ def rank_view(state: RankState, st: RankStats, now: float, silent_s: float | Non
     h = state.hello
     host = state.samples[-1].get("host") if state.samples and isinstance(state.samples[-1].get("host"), dict) else {}
     last = state.steps[-1] if state.steps else None
+    steps = state.summary_steps if state.summary_steps is not None else (last["step"] + 1) if last is not None else 0
     return RankView(
         rank=state.rank, stream=state.stream, host=h.get("host"), pid=h.get("pid"),
         restart=h.get("restart") if isinstance(h.get("restart"), int) else 0, generation=state.generation,
-        steps=(last["step"] + 1) if last is not None else 0, window_steps=st.n, warming_up=st.warming_up,
+        steps=steps, window_steps=st.n, warming_up=st.warming_up,
         step_time_median_s=st.step_median, compute_s=st.compute_median, device_busy=st.device_busy,
         data_wait_frac=st.data_frac, comm_frac=st.comm_frac, comm_exposed_frac=st.exposed_frac,
         samples_per_s=st.samples_per_s, tokens_per_s=st.tokens_per_s, syncs_per_step=st.syncs, mfu=st.mfu,
@@ -350,7 +362,8 @@ def _ettr(state: RankState, now: float, step_median: float | None) -> float | No
     ETTR as it happens. Once the rank ended, wall time stops at its last step;
     spans of steps lost to drops are excluded.
     """
-    if state.first_start is None or state.last_end is None or len(state.steps) < 2:
+    seen = state.summary_steps if state.summary_steps is not None else len(state.steps)
+    if state.first_start is None or state.last_end is None or seen < 2:
         return None
     end = state.last_end if state.ended else max(state.last_end, now - (step_median or 0.0))
     wall = end - state.first_start - state.unseen

@@ -75,6 +75,10 @@ class Feed:
     async def aclose(self) -> None:
         """Release what the feed started outside this process (relays); the app awaits it on quit."""
 
+    def follow(self, stream_ids: set[str] | None) -> None:
+        """The streams whose every record the viewer needs now (the panes' rank; None: all). Only a
+        feed through relays, which otherwise summarises each rank, does anything with it."""
+
     def request_target(self, stream_id: str) -> "Target | str":
         """Where to send a request to the probe behind ``stream_id`` (``tui.stream.requests``),
         or why this feed cannot (a recording has no probe to ask)."""

@@ -8,6 +8,10 @@ stream state ``error``); the other hosts go on. Ranks are named by the node as t
 (``--hosts n01``): the hello's ``host`` is replaced by that name, so two "nodes" on one machine
 are still two nodes.
 
+Each relay gets this viewer's hello on its stdin (wire 1.2): it then sends a ``summary`` per rank
+rather than every step, and the full records only of the ranks ``follow`` names (the rank the
+TUI's panes show; every rank for ``perfmon record``).
+
 Requests (the TUI's module profile and capture) reach a rank through its node's relay: written
 on the relay's stdin with the rank's ``src``, answered on its stdout; the result comes with the
 rank's stream (``RelayTarget``).
@@ -26,6 +30,7 @@ from tui.errors import UserError
 from tui.model.runmodel import RunModel
 from tui.stream.feed import READ_CHUNK, Feed, StreamStatus
 from tui.stream.hosts import RELAY_ARGV, via_argv
+from tui.stream.sources import viewer_hello
 
 STDERR_LINES = 20
 STOP_S = 3.0        # a relay told to stop (stdin closed, SIGTERM) exits within this, else it is killed
@@ -35,7 +40,7 @@ class RelayFeed(Feed):
     """Every rank of ``job`` on ``hosts``, one relay process per host."""
 
     def __init__(self, model: RunModel, job: str, hosts: list[str], via: str,
-                 relay: tuple[str, ...] = RELAY_ARGV) -> None:
+                 relay: tuple[str, ...] = RELAY_ARGV, follow_all: bool = False) -> None:
         super().__init__(model, description=f"{job} on {len(hosts)} host{'s' * (len(hosts) != 1)}")
         self.job = job
         self.hosts = list(hosts)
@@ -48,6 +53,32 @@ class RelayFeed(Feed):
         self._results_ready = threading.Condition()
         self._wanted: set[int] = set()                        # request ids a thread waits on
         self._results: dict[int, dict[str, Any]] = {}         # ... and their result records
+        self._following: dict[str, tuple[Any, ...]] = {}      # host -> (srcs, window) last asked of its relay
+        self._wanted_streams: set[str] | None = None if follow_all else set()
+
+    def follow(self, stream_ids: set[str] | None) -> None:
+        """Receive every record of these ranks (None: of all ranks), summaries of the others."""
+        self._wanted_streams = None if stream_ids is None else set(stream_ids)
+        for host in self._procs:
+            self._subscribe(host)
+
+    def _subscribe(self, host: str) -> None:
+        """Tell ``host``'s relay what to send in full, when that changed."""
+        proc = self._procs.get(host)
+        if proc is None or proc.stdin is None or proc.returncode is not None:
+            return
+        wanted = self._wanted_streams
+        srcs = ["*"] if wanted is None else sorted(sid.partition("/")[2] for sid in wanted
+                                                   if sid.partition("/")[0] == host)
+        ask = (tuple(srcs), self.model.window_steps, self.model.window_seconds)
+        if self._following.get(host) == ask:
+            return
+        self._following[host] = ask
+        try:
+            proc.stdin.write(wire.encode({"k": "subscribe", "t": time.time(), "srcs": srcs,
+                                          "window": [self.model.window_steps, self.model.window_seconds]}))
+        except (OSError, RuntimeError):     # the relay is gone: its stream says so
+            pass
 
     def request_target(self, stream_id: str) -> "RelayTarget | str":
         host, _, src = stream_id.partition("/")
@@ -127,6 +158,11 @@ class RelayFeed(Feed):
             self.stream_finished()
             return
         self._procs[host] = proc
+        try:
+            proc.stdin.write(viewer_hello())                   # type: ignore[union-attr]
+        except (OSError, RuntimeError):
+            pass
+        self._subscribe(host)
         stderr = asyncio.ensure_future(_tail(proc.stderr))   # drained as it comes: a full pipe would block it
         decoder = wire.FrameDecoder()
         srcs: dict[str, str] = {}

@@ -1,0 +1,109 @@
+"""Per-rank summaries (wire 1.2): a viewer holding a relay's summaries sees the job as the relay does."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+
+from probe import wire
+from tests.unit.verdict_synth import T0, Rank, job, records
+from tui.model.runmodel import RunModel
+from tui.model.summary import read_summary
+from tui.model.verdict import evaluate
+
+RANKS = (Rank(0, steps=80, dur=0.10, data=0.02, comm=0.03, exposed=0.01, flops=1e12),
+         Rank(1, steps=80, dur=0.10, data=0.00, comm=0.03, exposed=0.03, flops=1e12, gap=0.01),
+         Rank(2, steps=80, dur=0.25, data=0.01, comm=0.03, exposed=0.00, flops=1e12))
+
+
+def stream(rank: int) -> str:
+    return f"/tmp/synth.r{rank}.x0.p{1000 + rank}.sock"
+
+
+def relayed(relay: RunModel, ranks: tuple[Rank, ...]) -> RunModel:
+    """A viewer's model fed as a relay feeds a 1.2 viewer: each rank's hello, samples and a summary,
+    every record through the wire codec."""
+    viewer = RunModel()
+    for r in ranks:
+        sid = stream(r.rank)
+        for rec in records(r, world=len(ranks)):
+            if rec["k"] in ("hello", "sample"):
+                viewer.ingest(sid, _wire(rec))
+        got = relay.summary(sid, relay.last_t)
+        assert got is not None
+        viewer.ingest(sid, _wire(got[1]))
+    return viewer
+
+
+def _wire(rec: dict) -> dict:
+    return next(iter(wire.FrameDecoder().feed(wire.encode(rec))))
+
+
+def test_a_summarised_job_has_the_relays_metrics_ranks_and_verdict():
+    relay = job(*RANKS)
+    viewer = relayed(relay, RANKS)
+    full, summed = relay.view(), viewer.view()
+    assert summed.metrics == full.metrics
+    assert summed.straggler_rank == full.straggler_rank == 2
+    for a, b in zip(full.ranks, summed.ranks):
+        assert dataclasses.replace(b, stream=a.stream) == a       # steps, medians, shares, ETTR
+    assert evaluate(summed).bottleneck == evaluate(full).bottleneck
+    assert evaluate(summed).headline == evaluate(full).headline
+
+
+def test_a_summary_keeps_the_data_wait_history_but_holds_no_steps():
+    viewer = relayed(job(*RANKS), RANKS)
+    trace = viewer.view().traces[0]
+    assert trace.steps == () and trace.data_wait[-1] == pytest.approx(0.2)
+    assert len(trace.cpu) > 0                      # the samples still come in full
+
+
+def test_an_unchanged_rank_is_not_summarised_again():
+    relay = job(Rank(0, steps=10))
+    version, _ = relay.summary(stream(0), T0)
+    assert relay.summary(stream(0), T0, after=version) is None
+    relay.ingest(stream(0), {"k": "step", "t": T0 + 5, "step": 10, "dur": 0.1})
+    assert relay.summary(stream(0), T0, after=version) is not None
+    assert relay.summary("/tmp/unknown.sock", T0) is None
+
+
+def test_subscribing_after_summaries_counts_no_step_twice():
+    """The relay sends a summary, then (subscribed) its buffered steps, then new ones: ETTR and the
+    step count are those of a viewer that saw every step."""
+    r = Rank(0, steps=40, dur=0.1, gap=0.02)
+    recs = records(r)
+    relay, direct = RunModel(), RunModel()
+    for rec in recs[:-20]:
+        relay.ingest(stream(0), rec)
+    viewer = RunModel()
+    viewer.ingest(stream(0), recs[0])
+    viewer.ingest(stream(0), _wire(relay.summary(stream(0), T0)[1]))
+    for rec in relay.buffered(stream(0)) + [x for x in recs[-20:] if x["k"] == "step"]:
+        viewer.ingest(stream(0), rec)
+    for rec in recs:
+        direct.ingest(stream(0), rec)
+    got, want = viewer.view(now=T0 + 4.0).ranks[0], direct.view(now=T0 + 4.0).ranks[0]
+    assert got.steps == want.steps == 40
+    assert got.ettr == pytest.approx(want.ettr) and got.ettr == pytest.approx(0.8)
+
+
+def test_odd_summary_values_are_unknown_never_an_error():
+    s = read_summary({"k": "summary", "t": T0, "stats": {"n": "many", "step_median": True, "data_frac": 0.5,
+                                                         "warming_up": None, "loader_workers": 2.5},
+                      "memory": {"peak_bytes": "1G", "ooms": 3}, "comm": {"allreduce": [1, 2], 7: [1, 2, 3, 4],
+                                                                           "x": [1, 2, 0.5, None]},
+                      "steps": -4, "data_wait": [0.1, "a", None]})
+    st = s.stats
+    assert (st.n, st.step_median, st.data_frac, st.warming_up, st.loader_workers) == (0, None, 0.5, True, None)
+    assert st.memory.peak_bytes is None and st.memory.ooms == 3
+    assert st.comm_delta == {"x": (1, 2, 0.5, None)}
+    assert s.steps == 0 and st.trace.data_wait == (0.1,)
+
+
+def test_summary_and_subscribe_are_wire_1_2_kinds():
+    assert wire.KIND_MINOR["summary"] == wire.KIND_MINOR["subscribe"] == 2 == wire.PROTO[1]
+    with pytest.raises(wire.ProtocolError):
+        list(wire.FrameDecoder().feed(wire.encode({"k": "summary", "t": T0, "stats": [1]})))
+    with pytest.raises(wire.ProtocolError):
+        list(wire.FrameDecoder().feed(wire.encode({"k": "subscribe", "t": T0, "srcs": "all"})))
