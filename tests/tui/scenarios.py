@@ -103,6 +103,28 @@ def load_imbalance() -> dict[int, list[dict[str, Any]]]:
     return out
 
 
+def many_nodes(nodes: int = 8, per_node: int = 8, slow_rank: int = 37, steps: int = 40) -> dict[int, list[dict[str, Any]]]:
+    """``nodes`` x ``per_node`` CPU ranks, a node each per ``per_node`` ranks (n01, n02, ...);
+    ``slow_rank`` computes 1.6x longer and the others wait for it in all-reduce."""
+    job = "fsdp-64"
+    out = {}
+    world = nodes * per_node
+    for rank in range(world):
+        slow = rank == slow_rank
+        compute = 0.16 if slow else 0.10 + 0.002 * (rank % 5)
+        wait = 0.004 if slow else 0.16 - compute + 0.004
+        dur = 0.002 + compute + wait
+
+        def extra(i: int, wait: float = wait) -> dict[str, Any]:
+            return {"comm": {"seconds": wait + 0.003, "exposed": wait, "bytes": 50_000_000, "ops": 2}}
+
+        recs = _steps(steps, lambda i, d=dur: d, lambda i, c=compute, d=dur: _phases(0.002, c * 0.4, c * 0.5,
+                                                                                       c * 0.1, d), extra)
+        hello = dict(_hello(job, rank, world, CPU), host=f"n{rank // per_node + 1:02d}", local_rank=rank % per_node)
+        out[rank] = _merge([hello], recs, _host_samples(recs[-1]["t"], 1.0))
+    return out
+
+
 def memory_gpu() -> dict[int, list[dict[str, Any]]]:
     """One rank on a simulated GPU whose allocator peak is 95% of the device: memory."""
     job = "gpt-big-batch"
@@ -180,6 +202,7 @@ SCENARIOS: dict[str, Callable[[], dict[int, list[dict[str, Any]]]]] = {
     "memory": memory_gpu,
     "healthy": healthy,
     "stuck": stuck,
+    "many_nodes": many_nodes,
 }
 
 

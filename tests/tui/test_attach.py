@@ -145,3 +145,14 @@ def test_every_verdict_leads_with_a_pane_the_layout_knows_and_it_is_kept():
     assert panes <= set(PANE_ORDER)
     for pane in panes:
         assert pane in plan(60, 20, lead=pane).visible       # room for one pane: the verdict's
+
+
+def test_a_large_job_gives_the_ranks_heatmap_a_full_width_row_and_fills_whole_rows_above_it():
+    small = plan(80, 24, lead="comm", multi_rank=True, many_ranks=True)
+    assert small.wide == ("ranks",) and small.visible == ("comm", "data", "ranks")   # the lead, then by priority
+    assert small.dropped == ("device", "memory", "timeline")
+    big = plan(120, 36, lead="comm", multi_rank=True, many_ranks=True)
+    assert big.wide == ("ranks",) and len(big.visible) == 5 and big.dropped == ("timeline",)
+    one_column = plan(60, 40, lead="comm", multi_rank=True, many_ranks=True)
+    assert one_column.wide == () and "ranks" in one_column.visible
+    assert plan(120, 36, lead="comm", multi_rank=True).wide == ()

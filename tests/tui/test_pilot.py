@@ -7,6 +7,7 @@ no torch) and attach the app's own feed to its socket.
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -380,3 +381,25 @@ async def test_c_shows_each_ranks_recorded_capture(tmp_path, monkeypatch):
         assert "rank 0: steps 7-9 -> /runs/r0.capture-7.pt.trace.json.gz" in text
         assert "12.00 ms      30x  aten::addmm" in text
         assert "a recording cannot be asked" in text
+
+
+async def test_a_job_of_1024_ranks_is_a_heatmap_paged_with_brackets(tmp_path, monkeypatch):
+    """128 nodes x 8 ranks: the ranks pane spans the width, names the slowest rank and its node,
+    and ``]``/``[`` move the selection a page at a time."""
+    monkeypatch.setitem(scenarios.SCENARIOS, "huge", lambda: scenarios.many_nodes(128, 8, slow_rank=700, steps=8))
+    app = scenarios.replay_app(scenarios.write("huge", tmp_path))
+    async with app.run_test(size=(120, 36)) as pilot:
+        await settle(pilot)
+        text = screen_text(app)
+        assert "slowest rank 700 on n88: compute 1.60x the fastest" in text
+        pages = re.search(r"ranks 0\.\.(\d+) of 1024, page 1/(\d+)", text)
+        assert pages, text
+        per_page, count = int(pages[1]) + 1, int(pages[2])
+        assert per_page * (count - 1) < 1024 <= per_page * count
+        await pilot.press("right_square_bracket")
+        assert app.selected_rank == per_page
+        assert f"ranks {per_page}..{2 * per_page - 1} of 1024, page 2/{count}" in screen_text(app)
+        await pilot.press("left_square_bracket", "left_square_bracket")
+        assert app.selected_rank == 0 and "page 1/" in screen_text(app)
+        await pilot.press("g")                   # the slowest rank, and the page it is on
+        assert app.selected_rank == 700 and f"page {700 // per_page + 1}/{count}" in screen_text(app)

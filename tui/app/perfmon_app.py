@@ -31,6 +31,7 @@ from tui.app.screens.asking import AskScreen
 from tui.app.screens.capture import CaptureScreen
 from tui.app.screens.profile import ProfileScreen
 from tui.app.screens.stuck import StuckScreen
+from tui.model.heatmap import heatmap
 from tui.model.verdict import Verdict, VerdictTracker
 from tui.model.views import JobView
 from tui.app.widgets.comm import CommPane
@@ -38,7 +39,7 @@ from tui.app.widgets.data import DataPane
 from tui.app.widgets.device import DevicePane
 from tui.app.widgets.header import HeaderBar
 from tui.app.widgets.keyline import KeyLine
-from tui.app.widgets.layout import PANE_ORDER, Plan, pane_key, plan
+from tui.app.widgets.layout import HEATMAP_RANKS, PANE_ORDER, Plan, pane_key, plan
 from tui.app.widgets.memory import MemoryPane
 from tui.app.widgets.pane import Pane, UiState, focus_rank
 from tui.app.widgets.ranks import RanksPane
@@ -71,6 +72,9 @@ class PerfmonApp(App[int]):
         Binding("r", "rank(1)", "next rank", show=False),
         Binding("R", "rank(-1)", "previous rank", show=False),
         Binding("a", "all_ranks", "all ranks", show=False),
+        Binding("right_square_bracket", "rank_page(1)", "next page of ranks", show=False),
+        Binding("left_square_bracket", "rank_page(-1)", "previous page of ranks", show=False),
+        Binding("g", "slowest_rank", "select the slowest rank", show=False),
         Binding("w", "window", "window", show=False),
         Binding("plus,equals_sign", "speed(1)", "faster", show=False),
         Binding("minus", "speed(-1)", "slower", show=False),
@@ -136,7 +140,8 @@ class PerfmonApp(App[int]):
         new = plan(self.size.width, self.size.height,
                    lead=self.verdict.rule.pane if self.verdict else None,
                    hidden=frozenset(self.hidden), shown=frozenset(self.shown),
-                   multi_rank=view is not None and len(view.ranks) > 1)
+                   multi_rank=view is not None and len(view.ranks) > 1,
+                   many_ranks=view is not None and len(view.ranks) > HEATMAP_RANKS)
         if new == self.plan:
             return
         self.plan = new
@@ -144,6 +149,7 @@ class PerfmonApp(App[int]):
         grid.styles.grid_size_columns = new.columns
         for name, pane in self._panes.items():
             pane.display = name in new.visible
+            pane.styles.column_span = new.columns if name in new.wide else 1
         self.query_one(KeyLine).show(new.dropped)
         if self.view is not None:
             self._draw()
@@ -289,6 +295,23 @@ class PerfmonApp(App[int]):
         else:
             self.selected_rank = ranks[(ranks.index(self.selected_rank) + step) % len(ranks)]
         self._draw()
+
+    def action_rank_page(self, step: int) -> None:
+        """``]``/``[``: the selection moves a heatmap page of ranks (nothing without a heatmap)."""
+        per_page = self._panes["ranks"].page_ranks if isinstance(self._panes.get("ranks"), RanksPane) else 0
+        order = list(heatmap(self.view).ranks) if self.view is not None else []   # by node, then rank
+        if not per_page or not order:
+            return
+        at = order.index(self.selected_rank) if self.selected_rank in order else 0
+        self.selected_rank = order[max(0, min(len(order) - 1, at + step * per_page))]
+        self._draw()
+
+    def action_slowest_rank(self) -> None:
+        """``g``: select the rank the heatmap names slowest (its page comes with it)."""
+        slowest = heatmap(self.view).slowest_rank if self.view is not None else None
+        if slowest is not None:
+            self.selected_rank = slowest
+            self._draw()
 
     def action_all_ranks(self) -> None:
         self.selected_rank = None

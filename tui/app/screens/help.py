@@ -18,6 +18,7 @@ KEYS: list[tuple[str, str]] = [
     ("0", "show every pane that fits again (undo toggles)"),
     ("Tab / ← →", "move the focus between panes"),
     ("r / R", "select the next / previous rank (its row and timeline are highlighted); a: all ranks"),
+    ("[ / ]", "a job of more than 16 ranks: the previous / next page of the ranks heatmap; g: the slowest rank"),
     ("w", "change the window the verdict is computed over (steps)"),
     ("p  space", "pause: live freezes the display (data keeps coming); replay stops the clock"),
     ("+ / -", "replay speed"),
@@ -36,7 +37,9 @@ PANES: list[tuple[str, str]] = [
     ("comm", "communication share of the step, exposed share, collectives with bus bandwidth, wait per rank"),
     ("data", "loader wait per step, its share of the step, loader CPU, workers"),
     ("timeline", "phases of the most recent steps (data, forward, backward, optimizer, comm, other)"),
-    ("ranks", "one row per rank: step time, data wait, comm wait; the straggler is marked ◀"),
+    ("ranks", "one row per rank: step time, data wait, comm wait; the straggler is marked ◀. Over 16 ranks, a "
+              "heatmap: a column per rank by node, rows step time and compute (x the fastest rank), data wait "
+              "and exposed comm (share of the step), ·░▒▓█ cool to hot, the slowest rank and node named"),
     ("verdict", "the bottleneck, the evidence, the top fix, and the flowchart path that led there"),
 ]
 

@@ -19,6 +19,7 @@ def pane_key(name: str) -> str:
     return str(PANE_ORDER.index(name) + 1)
 
 
+HEATMAP_RANKS = 16           # more ranks than this: the ranks pane is a heatmap across the full width
 CHROME_ROWS = 2 + 3 + 1      # header, verdict bar, key line
 MIN_PANE_ROWS = 8            # border + 6 lines: below this a pane says too little to be worth it
 
@@ -28,6 +29,7 @@ class Plan:
     columns: int
     visible: tuple[str, ...]     # in PANE_ORDER
     dropped: tuple[str, ...]     # wanted but no room (the key line says how to see them)
+    wide: tuple[str, ...] = ()   # visible panes that span every column (the heatmap of a large job)
 
 
 def columns_for(width: int) -> int:
@@ -39,7 +41,7 @@ def columns_for(width: int) -> int:
 
 
 def plan(width: int, height: int, lead: str | None = None, hidden: frozenset[str] = frozenset(),
-         shown: frozenset[str] = frozenset(), multi_rank: bool = True) -> Plan:
+         shown: frozenset[str] = frozenset(), multi_rank: bool = True, many_ranks: bool = False) -> Plan:
     """Panes to show for a terminal of ``width`` x ``height``.
 
     ``lead`` is the pane holding the verdict's evidence (``Rule.pane``): it is never the one
@@ -59,10 +61,18 @@ def plan(width: int, height: int, lead: str | None = None, hidden: frozenset[str
     if lead in priority:
         priority.remove(lead)
         priority.insert(0, lead)
+    if many_ranks:
+        priority.remove("ranks")
+        priority.insert(0, "ranks")
     wanted = [p for p in priority if p in shown] + [p for p in priority if p not in shown and p not in hidden]
     capacity = cols * rows
-    keep = set(wanted[:capacity])
+    wide = many_ranks and cols > 1 and "ranks" in wanted[:capacity]
+    if wide:   # the heatmap takes a row of its own; the rest fill whole rows
+        others = [p for p in wanted if p != "ranks"][:capacity - cols]
+        keep = {"ranks", *others[:len(others) - len(others) % cols]}
+    else:
+        keep = set(wanted[:capacity])
     visible = tuple(p for p in PANE_ORDER if p in keep)
     dropped = tuple(p for p in PANE_ORDER if p in wanted and p not in keep)
     used_cols = min(cols, max(1, len(visible)))
-    return Plan(used_cols, visible, dropped)
+    return Plan(used_cols, visible, dropped, ("ranks",) if wide else ())

@@ -1,24 +1,33 @@
 """Ranks pane: one row per rank (step time, compute, data wait, comm wait, CPU, state),
 the straggler marked ◀, a stuck job's culprit ✖ and waiting or silent ranks, and the selected
-rank highlighted."""
+rank highlighted. A job of more than ``HEATMAP_RANKS`` ranks is drawn as a heatmap instead
+(``tui.app.widgets.heatmap``): a column per rank, grouped by node, paged with ``[`` and ``]``."""
 
 from __future__ import annotations
 
 from rich.text import Text
 
+from tui.model.heatmap import heatmap
 from tui.model.views import JobView, RankView
 from tui.model.verdict import Verdict
 from tui.model import units
-from tui.app.widgets import glyphs
+from tui.app.widgets import glyphs, heatmap as heat
+from tui.app.widgets.layout import HEATMAP_RANKS
 from tui.app.widgets.pane import Pane, UiState
 
 
 class RanksPane(Pane):
     NAME = "ranks"
+    page_ranks = 0      # ranks on a page of the heatmap as last drawn (``[``/``]`` move by it); 0: no heatmap
 
     def draw(self, view: JobView, verdict: Verdict | None, ui: UiState, width: int, height: int) -> list[Text]:
         if not view.ranks:
             return [Text("no ranks yet", style=glyphs.DIM)]
+        if len(view.ranks) > HEATMAP_RANKS and view.stuck is None:
+            lines, page = heat.draw(heatmap(view), ui.selected_rank, ui.mono, width, height)
+            self.page_ranks = page.ranks
+            return lines
+        self.page_ranks = 0
         stuck = view.stuck
         roles = {r.rank: (r.role, r.seconds) for r in stuck.ranks} if stuck is not None else {}
         straggler = None if stuck is not None else getattr(verdict, "straggler_rank", None)

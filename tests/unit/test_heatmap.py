@@ -1,0 +1,67 @@
+"""The ranks heatmap of a large job: levels per quantity, ranks by node, the slowest rank and node."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+
+from tests.unit.verdict_synth import Rank, job
+from tui.model.heatmap import RATIO_BANDS, SHARE_BANDS, heatmap, level
+
+
+def _job(n: int, per_node: int, slow: int | None = None, data_rank: int | None = None):
+    """n CPU ranks, ``per_node`` to a node; ``slow`` computes 1.6x longer, ``data_rank`` waits 40% for data."""
+    ranks = []
+    for r in range(n):
+        compute = 0.16 if r == slow else 0.10
+        data = 0.08 if r == data_rank else 0.002
+        ranks.append(Rank(r, steps=20, dur=0.2, data=data, comm=0.2 - compute - data, exposed=0.2 - compute - data))
+    view = job(*ranks).view()
+    hosts = {r: f"n{r // per_node + 1:02d}" for r in range(n)}
+    return dataclasses.replace(view, ranks=[dataclasses.replace(r, host=hosts[r.rank]) for r in view.ranks])
+
+
+@pytest.mark.parametrize("value,bands,want", [
+    (None, RATIO_BANDS, None), (1.0, RATIO_BANDS, 0), (1.1, RATIO_BANDS, 1), (1.6, RATIO_BANDS, 3),
+    (2.5, RATIO_BANDS, 4), (0.049, SHARE_BANDS, 0), (0.05, SHARE_BANDS, 1), (0.5, SHARE_BANDS, 4)])
+def test_a_value_falls_in_its_band_and_unknown_stays_unknown(value, bands, want):
+    assert level(value, bands) == want
+
+
+def test_the_slow_rank_is_hot_in_compute_and_the_waiting_ranks_in_comm():
+    hm = heatmap(_job(16, 8, slow=11, data_rank=2))
+    col = hm.ranks.index(11)
+    assert hm.levels["comp"][col] == 3 and set(hm.levels["comp"][:col] + hm.levels["comp"][col + 1:]) == {0}
+    assert hm.levels["comm"][col] == 2 < hm.levels["comm"][0] == 3      # 19% vs the others waiting 49%
+    assert hm.levels["data"][hm.ranks.index(2)] == 3 and hm.levels["data"][0] == 0
+    assert set(hm.levels["step"]) == {0}          # synchronous: every step takes the slowest one's time
+    assert (hm.slowest_by, hm.slowest_rank, hm.slowest_rank_host) == ("compute", 11, "n02")
+    assert hm.slowest_ratio == pytest.approx(1.6)
+    assert hm.slowest_node is None and hm.slowest_node_ratio is None    # one slow rank does not make its node slow
+
+
+def test_columns_are_grouped_by_node_in_the_order_of_their_lowest_rank():
+    view = _job(6, 2)
+    hosts = {0: "b", 1: "a", 2: "b", 3: "a", 4: "c", 5: "c"}
+    view = dataclasses.replace(view, ranks=[dataclasses.replace(r, host=hosts[r.rank]) for r in view.ranks])
+    hm = heatmap(view)
+    assert hm.ranks == (0, 2, 1, 3, 4, 5) and hm.nodes == [("b", 0, 2), ("a", 2, 2), ("c", 4, 2)]
+
+
+def test_a_slow_node_is_named_by_the_median_of_its_ranks():
+    view = _job(8, 4)
+    view = dataclasses.replace(view, ranks=[dataclasses.replace(r, compute_s=r.compute_s * (1.5 if r.rank >= 4
+                                                                                              else 1.0))
+                                            for r in view.ranks])
+    hm = heatmap(view)
+    assert hm.slowest_node == "n02" and hm.slowest_node_ratio == pytest.approx(1.5)
+
+
+def test_one_node_names_no_node_and_unknown_compute_falls_back_to_step_time():
+    view = _job(4, 4)
+    view = dataclasses.replace(view, ranks=[dataclasses.replace(r, compute_s=None, step_time_median_s=0.1 + 0.1 * (
+        r.rank == 2)) for r in view.ranks])
+    hm = heatmap(view)
+    assert hm.slowest_node is None and (hm.slowest_by, hm.slowest_rank) == ("step", 2)
+    assert hm.slowest_ratio == pytest.approx(2.0) and set(hm.levels["comp"]) == {None}

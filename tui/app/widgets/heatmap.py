@@ -1,0 +1,125 @@
+"""Drawing of the ranks pane's heatmap (``tui.model.heatmap``): one column per rank, grouped by
+node, a row per quantity, a page at a time when the job has more ranks than fit.
+
+The level is a fill character as well as a colour, so the map reads the same under NO_COLOR.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from rich.text import Text
+
+from tui.model.heatmap import METRICS, HeatMap
+from tui.app.widgets import glyphs
+
+FILL = "·░▒▓█"                 # level 0 (cool) .. 4 (hot)
+HEAT = ("grey42", "#87af5f", "#d7af00", "#ff8700", "#ff005f")
+LABEL_W = 5                   # "step " before each row
+BAND_ROWS = 1 + len(METRICS)  # the node names, then a row per quantity
+
+
+@dataclass(frozen=True)
+class Page:
+    bands: tuple[tuple[int | None, ...], ...]   # per band: column index per cell (None: gap between nodes)
+    number: int
+    count: int
+    ranks: int                                  # ranks on a full page
+
+
+def pages(hm: HeatMap, width: int, height: int) -> list[Page]:
+    """Cut the columns into bands of ``width - LABEL_W`` cells (a gap between nodes) and the bands
+    into pages of as many as ``height`` lines hold beside the headline and the legend."""
+    cells = max(4, width - LABEL_W)
+    per_page = max(1, (height - 2) // BAND_ROWS)
+    bands: list[tuple[int | None, ...]] = []
+    band: list[int | None] = []
+    for host, first, count in hm.nodes:
+        if band and len(band) + 2 > cells:
+            bands.append(tuple(band))
+            band = []
+        if band:
+            band.append(None)
+        for col in range(first, first + count):
+            if len(band) >= cells:
+                bands.append(tuple(band))
+                band = []
+            band.append(col)
+    if band:
+        bands.append(tuple(band))
+    grouped = [bands[i:i + per_page] for i in range(0, len(bands), per_page)] or [[]]
+    full = sum(1 for b in grouped[0] for c in b if c is not None)
+    return [Page(tuple(g), n, len(grouped), full) for n, g in enumerate(grouped)]
+
+
+def draw(hm: HeatMap, selected: int | None, mono: bool, width: int, height: int) -> tuple[list[Text], Page]:
+    """The pane's lines, and the page shown: the one holding ``selected`` (else the first)."""
+    all_pages = pages(hm, width, height)
+    column = hm.ranks.index(selected) if selected in hm.ranks else None
+    page = next((p for p in all_pages if column is not None and any(column in b for b in p.bands)), all_pages[0])
+    lines = [_headline(hm, width)]
+    for band in page.bands:
+        lines.append(_node_row(hm, band))
+        for label, _, _, _ in METRICS:
+            row = Text(f"{label:<{LABEL_W}}", style=glyphs.DIM)
+            for col in band:
+                if col is None:
+                    row.append(" ")
+                    continue
+                lvl = hm.levels[label][col]
+                style = "" if mono or lvl is None else HEAT[lvl]
+                if col == column:
+                    style = f"{style} reverse".strip()
+                row.append(" " if lvl is None else FILL[lvl], style=style)
+            lines.append(row)
+    lines.append(_legend(hm, page, width))
+    return lines[:height], page
+
+
+def _headline(hm: HeatMap, width: int) -> Text:
+    line = Text()
+    if hm.slowest_rank is not None and hm.slowest_ratio is not None:
+        where = f" on {hm.slowest_rank_host}" if hm.slowest_rank_host and len(hm.nodes) > 1 else ""
+        style = glyphs.BAD if hm.slowest_ratio >= 1.25 else ""
+        line.append(f"slowest rank {hm.slowest_rank}{where}: {hm.slowest_by} {hm.slowest_ratio:.2f}x the fastest",
+                    style=style)
+        line.append(" (g)", style=glyphs.DIM)
+    if hm.slowest_node is not None and hm.slowest_node_ratio is not None:
+        line.append(" · " if line.plain else "")
+        line.append(f"slowest node {hm.slowest_node} {hm.slowest_node_ratio:.2f}x",
+                    style=glyphs.BAD if hm.slowest_node_ratio >= 1.25 else "")
+    if not line.plain:
+        line.append("no step times yet", style=glyphs.DIM)
+    line.truncate(width, overflow="ellipsis")
+    return line
+
+
+def _node_row(hm: HeatMap, band: tuple[int | None, ...]) -> Text:
+    """Each node's name over its first column, cut to the columns its ranks take in this band."""
+    row = Text(f"{'node':<{LABEL_W}}", style=glyphs.DIM)
+    i = 0
+    while i < len(band):
+        col = band[i]
+        if col is None:
+            row.append(" ")
+            i += 1
+            continue
+        j = i
+        while j < len(band) and band[j] is not None and hm.hosts[band[j]] == hm.hosts[col]:
+            j += 1
+        row.append(f"{(hm.hosts[col] or '?')[:j - i]:<{j - i}}", style="bold")
+        i = j
+    return row
+
+
+def _legend(hm: HeatMap, page: Page, width: int) -> Text:
+    line = Text(FILL, style=glyphs.DIM)
+    line.append(" cool→hot", style=glyphs.DIM)
+    shown = [c for b in page.bands for c in b if c is not None]
+    if page.count > 1 and shown:
+        line.append(f" · ranks {hm.ranks[shown[0]]}..{hm.ranks[shown[-1]]} of {len(hm.ranks)}, "
+                    f"page {page.number + 1}/{page.count} ([ ] pages)", style=glyphs.DIM)
+    else:
+        line.append(" · step, comp: x fastest rank", style=glyphs.DIM)
+    line.truncate(width, overflow="ellipsis")
+    return line
