@@ -1,16 +1,24 @@
-"""What the multi-node path costs today (issue 13): N ranks split over 2 "nodes" on this machine,
-each a light probe process (tests/integration/jobs/api_job.py: 20 steps/s, no torch), viewed with
-``perfmon report JOB --hosts node1,node2`` through a relay per node (local transport).
+"""A job across nodes at scale (issue 13): NODES simulated nodes x RANKS ranks at RATE steps/s per
+rank, each node read by a real ``perfmon relay --stdio`` (started through a local transport, as
+``attach --hosts`` starts them through ssh), all of them viewed by the real TUI (``PerfmonApp``
+headless at 120x36: feed, run model, verdict and rendering at 4 Hz).
 
-Prints, per N: ranks seen, steps ingested per second, and the CPU seconds the viewer and the two
-relays used per second of following (all records are forwarded today: no summaries yet).
+The ranks are ``bench/sim_node.py`` processes (one per node, serving each rank's socket with
+probe-shaped records), so 1,024 ranks fit on a laptop; what is measured is everything that reads
+them. Prints, per configuration: the time to the first full screen (every rank with a step time
+and a verdict), then over ``--seconds``: CPU of the viewer and of each relay (share of one core),
+the steps per second the viewer's ranks advanced by, and the viewer's and relays' RSS at the start
+and end of the window (flat memory: the window starts ``--warmup`` s after the first screen, when
+the relays' step buffers are full).
 
-    python bench/bench_relay.py [--ranks 16 64] [--seconds 10]
+    python bench/bench_relay.py --nodes 16 --ranks 64 --rate 50 --seconds 30
+    python bench/bench_relay.py --nodes 1 --ranks 64 --rate 50 --seconds 20   # one relay on its own
 """
 
 from __future__ import annotations
 
 import argparse
+import asyncio
 import json
 import os
 import resource
@@ -21,47 +29,114 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-JOB = ROOT / "tests" / "integration" / "jobs" / "api_job.py"
+sys.path.insert(0, str(ROOT))
+TICK = os.sysconf("SC_CLK_TCK")
+PAGE = os.sysconf("SC_PAGE_SIZE")
 
 
-def run(n: int, seconds: float) -> dict:
-    with tempfile.TemporaryDirectory() as tmp:
+def proc_cpu(pid: int) -> float:
+    """CPU seconds (user + system) of a process, from /proc."""
+    with open(f"/proc/{pid}/stat") as f:
+        fields = f.read().rpartition(")")[2].split()
+    return (int(fields[11]) + int(fields[12])) / TICK
+
+
+def proc_rss(pid: int) -> int:
+    with open(f"/proc/{pid}/statm") as f:
+        return int(f.read().split()[1]) * PAGE
+
+
+def self_cpu() -> float:
+    ru = resource.getrusage(resource.RUSAGE_SELF)
+    return ru.ru_utime + ru.ru_stime
+
+
+async def view(base: Path, job: str, nodes: int, ranks: int, seconds: float, warmup: float) -> dict:
+    from tui.app.perfmon_app import PerfmonApp
+    from tui.model.runmodel import RunModel
+    from tui.stream.remote import RelayFeed
+
+    hosts = [f"node{k + 1:02d}" for k in range(nodes)]
+    feed = RelayFeed(RunModel(), job, hosts, f"env PERFMON_DIR={base}/{{host}}",
+                     relay=(sys.executable, "-m", "tui.cli", "relay", "--stdio"))
+    app = PerfmonApp(feed, watch_terminal=False)
+    world = nodes * ranks
+    t0 = time.monotonic()
+    async with app.run_test(size=(120, 36)) as pilot:
+        while True:
+            await pilot.pause(0.05)
+            v, verdict = app.view, app.verdict
+            if (v is not None and len(v.ranks) == world and all(r.step_time_median_s for r in v.ranks)
+                    and verdict is not None and verdict.bottleneck != "warming_up"):
+                break
+            if time.monotonic() - t0 > 120:
+                raise SystemExit(f"no full screen after 120 s: {len(v.ranks) if v else 0} ranks")
+        first = time.monotonic() - t0
+        await pilot.pause(warmup)          # the relays' step buffers fill (2,048 steps per rank): memory then flat
+        relays = {h: p.pid for h, p in feed._procs.items()}
+        steps0 = sum(r.steps for r in app.view.ranks)
+        cpu0, rcpu0 = self_cpu(), {h: proc_cpu(p) for h, p in relays.items()}
+        rss0, rrss0 = proc_rss(os.getpid()), {h: proc_rss(p) for h, p in relays.items()}
+        w0 = time.monotonic()
+        await pilot.pause(seconds)
+        wall = time.monotonic() - w0
+        cpu1, rcpu1 = self_cpu(), {h: proc_cpu(p) for h, p in relays.items()}
+        rss1, rrss1 = proc_rss(os.getpid()), {h: proc_rss(p) for h, p in relays.items()}
+        steps1 = sum(r.steps for r in app.view.ranks)
+        verdict = app.verdict
+        heat = "slowest rank" in "\n".join(s.text for s in app.screen._compositor.render_strips())
+        await app.action_quit()
+    relay_cpu = [(rcpu1[h] - rcpu0[h]) / wall for h in relays]
+    return {
+        "nodes": nodes, "ranks_per_node": ranks, "ranks": world, "first_full_screen_s": round(first, 2),
+        "viewer_cpu": round((cpu1 - cpu0) / wall, 3), "relay_cpu_max": round(max(relay_cpu), 3),
+        "relay_cpu_mean": round(sum(relay_cpu) / len(relay_cpu), 3),
+        "steps_per_s_seen": round((steps1 - steps0) / wall), "viewer_rss_mb": [round(rss0 / 1e6), round(rss1 / 1e6)],
+        "relay_rss_mb_max": [round(max(rrss0.values()) / 1e6), round(max(rrss1.values()) / 1e6)],
+        "verdict": verdict.bottleneck if verdict else None,
+        "straggler": verdict.straggler_rank if verdict else None, "heatmap_on_screen": heat,
+    }
+
+
+def run(nodes: int, ranks: int, rate: float, seconds: float, warmup: float) -> dict:
+    with tempfile.TemporaryDirectory(prefix="pm-relaybench-") as tmp:
         base = Path(tmp)
-        procs = []
-        for rank in range(n):
-            node = base / f"node{1 + rank * 2 // n}"
-            node.mkdir(mode=0o700, exist_ok=True)
-            env = {**os.environ, "PERFMON_DIR": str(node), "RANK": str(rank), "WORLD_SIZE": str(n)}
-            procs.append(subprocess.Popen([sys.executable, str(JOB), "relaybench", "100000", "20", "15", "15"],
-                                          env=env, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True))
-        for p in procs:
-            p.stdout.readline()                      # its socket is listening
-        time.sleep(2.0)                              # a backlog of steps to backfill, as on a real attach
-        env = {**os.environ, "PERFMON_VIA": f"env PERFMON_DIR={base}/{{host}}",
-               "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}"}
-        before = resource.getrusage(resource.RUSAGE_CHILDREN)
-        t0 = time.monotonic()
-        out = subprocess.run([sys.executable, "-m", "tui.cli", "report", "relaybench", "--hosts", "node1,node2",
-                              "--json", "--seconds", str(seconds)], capture_output=True, text=True, env=env)
-        wall = time.monotonic() - t0
-        after = resource.getrusage(resource.RUSAGE_CHILDREN)
-        for p in procs:
-            p.kill()
-            p.wait()
-        report = json.loads(out.stdout)
-        cpu = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
-        steps = sum(r["steps"] for r in report["ranks"])
-        return {"ranks": n, "seen": len(report["ranks"]), "wall_s": round(wall, 1),
-                "viewer_and_relays_cpu_s_per_s": round(cpu / wall, 3), "steps_in_report": steps}
+        world = nodes * ranks
+        sims = []
+        try:
+            for k in range(nodes):
+                node = base / f"node{k + 1:02d}"
+                node.mkdir(mode=0o700)
+                sims.append(subprocess.Popen(
+                    [sys.executable, str(ROOT / "bench" / "sim_node.py"), str(node), "relaybench", str(k * ranks),
+                     str(ranks), str(world), str(rate), "--slow", str(world * 37 // 64)],
+                    stdout=subprocess.PIPE, text=True, cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT)}))
+            for s in sims:
+                assert s.stdout.readline().strip() == "ready"
+            time.sleep(2.0)                     # a backlog of steps to backfill, as on a real attach
+            sim_cpu0 = sum(proc_cpu(s.pid) for s in sims)
+            t = time.monotonic()
+            result = asyncio.run(view(base, "relaybench", nodes, ranks, seconds, warmup))
+            result["sim_nodes_cpu"] = round((sum(proc_cpu(s.pid) for s in sims) - sim_cpu0)
+                                            / (time.monotonic() - t), 3)
+            result["offered_steps_per_s"] = round(world * rate)
+            result["loadavg_1m"] = os.getloadavg()[0]
+            return result
+        finally:
+            for s in sims:
+                s.kill()
+                s.wait()
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--ranks", type=int, nargs="+", default=[16, 64])
-    parser.add_argument("--seconds", type=float, default=10.0)
-    args = parser.parse_args()
-    for n in args.ranks:
-        print(json.dumps(run(n, args.seconds)), flush=True)
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--nodes", type=int, default=16)
+    ap.add_argument("--ranks", type=int, default=64, help="ranks per node")
+    ap.add_argument("--rate", type=float, default=50.0, help="steps/s per rank")
+    ap.add_argument("--seconds", type=float, default=30.0, help="the measured window")
+    ap.add_argument("--warmup", type=float, default=45.0, help="after the first full screen, before the window")
+    args = ap.parse_args()
+    print(json.dumps(run(args.nodes, args.ranks, args.rate, args.seconds, args.warmup)))
 
 
 if __name__ == "__main__":

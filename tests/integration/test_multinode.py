@@ -259,3 +259,40 @@ def test_a_relay_sends_everything_to_a_viewer_that_says_no_hello(two_nodes):
         assert relay.close() == 0
     finally:
         kill_tree(relay.proc)
+
+
+async def test_a_view_through_relays_has_every_rank_summarised_and_the_followed_rank_in_full(two_nodes, monkeypatch):
+    """What the TUI does: all four ranks with their numbers from the relays' summaries, and the
+    step records (the timeline) only of the rank it follows; following another rank moves them."""
+    import asyncio
+
+    from tui.model.runmodel import RunModel
+    from tui.stream.remote import RelayFeed
+
+    monkeypatch.setenv("PATH", two_nodes["PATH"])
+    feed = RelayFeed(RunModel(), "mn", ["n01", "n02"], two_nodes["PERFMON_VIA"])
+    task = asyncio.ensure_future(feed.run())
+
+    async def until(cond, what: str) -> None:
+        deadline = time.monotonic() + 60
+        while not cond(feed.model.view()):
+            assert time.monotonic() < deadline, what
+            await asyncio.sleep(0.2)
+
+    try:
+        await until(lambda v: len(v.ranks) == 4 and all(r.step_time_median_s for r in v.ranks), "4 summarised ranks")
+        view = feed.model.view()
+        assert all(not t.steps for t in view.traces.values())          # summaries only: no step records
+        assert view.straggler_rank == 3 and {r.host for r in view.ranks} == {"n01", "n02"}
+        stream3 = next(r.stream for r in view.ranks if r.rank == 3)
+        feed.follow({stream3})
+        await until(lambda v: len(v.traces[3].steps) > 50, "rank 3's steps after following it")
+        assert not feed.model.view().traces[0].steps
+        feed.follow({next(r.stream for r in view.ranks if r.rank == 0)})
+        await until(lambda v: v.traces[0].steps and not v.traces[3].steps, "rank 0 followed, rank 3 summarised")
+        view = feed.model.view()
+        assert view.straggler_rank == 3 and view.ranks[3].steps > 0 and view.ranks[3].ettr is not None
+    finally:
+        task.cancel()
+        await asyncio.gather(task, return_exceptions=True)
+        await feed.aclose()

@@ -23,6 +23,7 @@ writes the ``answer`` back, tagged with the same ``src``; the result comes with 
 from __future__ import annotations
 
 import asyncio
+import functools
 import os
 import socket
 import sys
@@ -43,6 +44,7 @@ REQUEST_S = 30.0    # for a rank to answer a forwarded request
 FULL_ONLY = frozenset({"step", "memory", "comm"})   # kinds a summary stands for
 
 
+@functools.lru_cache(maxsize=4096)
 def src_of(stream_id: str) -> str:
     """A rank's name on the node stream: its socket's name without the suffix."""
     return Path(stream_id).name.removesuffix(paths.SOCKET_SUFFIX)

@@ -268,7 +268,7 @@ class RunModel:
         if state is None or state.version == after or "k" not in state.hello:
             return None
         window = (self.window_steps, self.window_seconds)
-        return state.version, summary_record(state, self._stats(state), t, window)
+        return state.version, summary_record(state, rank_stats(state, *window, timeline=False), t, window)
 
     def buffered(self, stream_id: str) -> list[dict[str, Any]]:
         """The step, memory and comm records held for ``stream_id``, oldest first: what a viewer that

@@ -100,7 +100,9 @@ def _min(values: Iterable[float | None]) -> float | None:
     return _known(min, values)
 
 
-def rank_stats(state: RankState, max_steps: int, max_seconds: float) -> RankStats:
+def rank_stats(state: RankState, max_steps: int, max_seconds: float, timeline: bool = True) -> RankStats:
+    """The rank's window statistics; ``timeline=False`` leaves out the step bars of its trace (a
+    relay's summary has no use for them, and they are the costliest part)."""
     win = _window(state.nums, max_steps, max_seconds)
     n = len(win)
     durs = [s.dur for s in win]
@@ -152,9 +154,9 @@ def rank_stats(state: RankState, max_steps: int, max_seconds: float) -> RankStat
     loader_cpus = [v for v in (num(h.get("loader_cpu")) for h in hosts) if v is not None]
     workers = next((h.get("loader_workers") for h in reversed(hosts) if isinstance(h.get("loader_workers"), int)),
                    None)
-    timeline = itertools.islice(reversed(state.steps), TIMELINE_STEPS)
+    bars = itertools.islice(reversed(state.steps), TIMELINE_STEPS if timeline else 0)
     trace = RankTrace(
-        steps=tuple(step_bar(rec) for rec in timeline)[::-1],
+        steps=tuple(step_bar(rec) for rec in bars)[::-1],
         data_wait=tuple(s.data_share for s in itertools.islice(state.nums, max(0, len(state.nums) - TIMELINE_STEPS),
                                                                None)),
         cpu=_cpu_trace(state))
