@@ -29,8 +29,9 @@ COMMANDS = {
 }
 
 
-def _hosts_options(p: argparse.ArgumentParser) -> None:
-    """A job across nodes: which hosts, and how to reach them (tui.stream.hosts)."""
+def _hosts_options(p: argparse.ArgumentParser, token: bool = True) -> None:
+    """A job across nodes: which hosts, and how to reach them (tui.stream.hosts). ``token``: add
+    ``--token`` (attach has its own, for host:port)."""
     where = p.add_argument_group("a job across nodes (one relay per host, started through ssh)")
     where.add_argument("--hosts", default=None, metavar="LIST", help="hosts, SLURM syntax allowed: n[01-04],gpu7")
     where.add_argument("--hostfile", default=None, metavar="FILE", help="one host per line (MPI/DeepSpeed style)")
@@ -38,6 +39,11 @@ def _hosts_options(p: argparse.ArgumentParser) -> None:
                        help="the nodes of a SLURM job (default: this allocation's SLURM_JOB_NODELIST)")
     where.add_argument("--via", default=None, metavar="TEMPLATE",
                        help="transport, {host} replaced (default: $PERFMON_VIA, else 'ssh -T -o BatchMode=yes {host}')")
+    where.add_argument("--relay-port", type=int, default=None, metavar="PORT",
+                       help="instead of a transport: connect to 'perfmon relay --tcp PORT JOB' on each host "
+                            "(token: --token or $PERFMON_TOKEN)")
+    if token:
+        where.add_argument("--token", default=None, help="the relays' token with --relay-port (default: $PERFMON_TOKEN)")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -59,7 +65,7 @@ def build_parser() -> argparse.ArgumentParser:
     attach.add_argument("target", nargs="?", help="job name, pid, socket path, recording file/dir, or host:port")
     attach.add_argument("--token", default=None, help="token for host:port (default: read from the token file)")
     attach.add_argument("--speed", type=float, default=1.0, help="replay speed for recordings")
-    _hosts_options(attach)
+    _hosts_options(attach, token=False)
 
     ls = sub.add_parser("ls", help="list live jobs of this user on this node")
     ls.add_argument("--json", action="store_true", help="print a JSON list")
@@ -111,7 +117,10 @@ def build_parser() -> argparse.ArgumentParser:
 
     relay = sub.add_parser("relay", help="(started by a viewer through ssh) this node's ranks of JOB as one stream")
     relay.add_argument("job", help="job name")
-    relay.add_argument("--stdio", action="store_true", help="speak the wire protocol on stdin/stdout")
+    how = relay.add_mutually_exclusive_group()
+    how.add_argument("--stdio", action="store_true", help="speak the wire protocol on stdin/stdout")
+    how.add_argument("--tcp", metavar="[HOST:]PORT", help="serve one viewer on TCP (127.0.0.1 by default) that "
+                     "sends the token ($PERFMON_TOKEN, else a new one in a 0600 file)")
 
     doctor = sub.add_parser("doctor", help="check that perfmon measures and diagnoses correctly on this machine")
     doctor.add_argument("--cpu-only", action="store_true", help="skip the GPU checks even when a GPU is present")

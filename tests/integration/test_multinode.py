@@ -296,3 +296,46 @@ async def test_a_view_through_relays_has_every_rank_summarised_and_the_followed_
         task.cancel()
         await asyncio.gather(task, return_exceptions=True)
         await feed.aclose()
+
+
+def test_a_relay_listening_on_tcp_serves_one_viewer_with_the_token_and_refuses_a_wrong_one(two_nodes):
+    """``perfmon relay --tcp`` on n01 (a cluster where the viewer cannot start commands on the
+    nodes): a viewer with the wrong token is refused in one line on each side, the right one gets
+    n01's ranks; the relay ends when that viewer goes away."""
+    import select
+
+    env = {**two_nodes, "PERFMON_DIR": str(Path(two_nodes["PERFMON_TEST_NODES"]) / "n01"), "PERFMON_TOKEN": "s3cret"}
+    relay = subprocess.Popen([sys.executable, "-m", "tui.cli", "relay", "--tcp", "127.0.0.1:0", "mn"],
+                             stderr=subprocess.PIPE, text=True, env=env)
+    try:
+        assert select.select([relay.stderr], [], [], 30)[0], "the relay did not start listening"
+        line = relay.stderr.readline()
+        found = re.search(r"on 127\.0\.0\.1:(\d+), token from PERFMON_TOKEN", line)
+        assert found, line + relay.stderr.read()
+        port = int(found[1])
+        viewer = {**two_nodes, "PERFMON_TOKEN": "wrong"}
+        cmd = [sys.executable, "-m", "tui.cli", "report", "mn", "--hosts", "127.0.0.1", "--relay-port", str(port),
+               "--json", "--seconds", "3"]
+        refused = subprocess.run(cmd, capture_output=True, text=True, timeout=60, env=viewer)
+        assert refused.returncode == 2 and "Traceback" not in refused.stderr
+        assert (f"perfmon report: 127.0.0.1: its relay on port {port} closed the connection: wrong token, "
+                "or not a perfmon relay") in refused.stderr.splitlines()
+        assert relay.stderr.readline().strip() == "perfmon relay: refused a viewer from 127.0.0.1: wrong token"
+        out = subprocess.run(cmd[:-1] + ["6"], capture_output=True, text=True, timeout=60,
+                             env={**two_nodes, "PERFMON_TOKEN": "s3cret"})
+        assert out.returncode == 0, out.stderr
+        rep = json.loads(out.stdout)
+        assert {r["rank"]: r["host"] for r in rep["ranks"]} == {0: "127.0.0.1", 1: "127.0.0.1"}
+        assert all(r["steps"] > 0 for r in rep["ranks"])
+        assert relay.wait(10) == 0          # its viewer went away
+    finally:
+        kill_tree(relay)
+
+
+def test_relay_port_without_a_token_is_one_line(two_nodes):
+    env = {k: v for k, v in two_nodes.items() if k != "PERFMON_TOKEN"}
+    out = subprocess.run([sys.executable, "-m", "tui.cli", "report", "mn", "--hosts", "n01", "--relay-port", "7700"],
+                         capture_output=True, text=True, timeout=60, env=env)
+    assert out.returncode == 2
+    assert out.stderr.strip() == ("perfmon report: --relay-port needs the relays' token: --token TOKEN or "
+                                  "PERFMON_TOKEN (set the same PERFMON_TOKEN for 'perfmon relay --tcp' on every host)")

@@ -70,7 +70,16 @@ def remote_feed(args):
     from tui.model.runmodel import RunModel
     from tui.stream.remote import RelayFeed
     via = args.via or os.environ.get("PERFMON_VIA") or hosts.DEFAULT_VIA
-    return RelayFeed(RunModel(), args.target, found, via)
+    port = getattr(args, "relay_port", None)
+    if port is None:
+        return RelayFeed(RunModel(), args.target, found, via)
+    if not 0 < port < 65536:
+        raise UserError(f"--relay-port {port}: must be 1..65535")
+    token = getattr(args, "token", None) or os.environ.get("PERFMON_TOKEN")
+    if not token:
+        raise UserError("--relay-port needs the relays' token: --token TOKEN or PERFMON_TOKEN "
+                        "(set the same PERFMON_TOKEN for 'perfmon relay --tcp' on every host)")
+    return RelayFeed(RunModel(), args.target, found, via, port=port, token=token)
 
 
 def _app(feed, *, jobs=None, log_path=None, on_signal=None):

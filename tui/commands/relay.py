@@ -1,5 +1,7 @@
 """``perfmon relay --stdio JOB``: this node's ranks of a job as one stream on stdout, for a viewer
-on another machine that started it through SSH (or any ``--via`` transport).
+on another machine that started it through SSH (or any ``--via`` transport). ``--tcp [HOST:]PORT``
+serves the same stream to one viewer that connects with the token instead (``attach --hosts ...
+--relay-port PORT``), for clusters where the viewer cannot start a command on the nodes.
 
 Started on demand by the viewer, no daemon, no root: it follows every local rank of the job with
 the viewer's own reader (``tui.stream.feed.LiveFeed``, which also finds ranks that start or restart
@@ -24,7 +26,9 @@ from __future__ import annotations
 
 import asyncio
 import functools
+import hmac
 import os
+import secrets
 import socket
 import sys
 import time
@@ -41,6 +45,8 @@ SUMMARY_S = 0.5     # a rank's summary at most this often (wire 1.2: <= 4 Hz)
 HELLO_WAIT_S = 1.0  # for the viewer's hello on stdin; none: a 1.1 viewer, sent everything
 GONE_S = 3.0        # the job's ranks on this node all ended this long ago: the relay ends too
 REQUEST_S = 30.0    # for a rank to answer a forwarded request
+AUTH_S = 5.0        # for a TCP viewer's hello with the token
+TOKEN_SUFFIX = ".relay-token"
 FULL_ONLY = frozenset({"step", "memory", "comm"})   # kinds a summary stands for
 
 
@@ -175,8 +181,9 @@ class ViewerInput:
         self._early = []
 
 
-async def serve(job: str, out: StdoutRelay, stdin_fd: int | None) -> None:
-    """Follow the job's local ranks until the viewer goes away."""
+async def serve(job: str, out: StdoutRelay, stdin_fd: int | None, greeting: dict[str, Any] | None = None) -> None:
+    """Follow the job's local ranks until the viewer goes away (``greeting``: its hello, when the
+    TCP listener has read it already)."""
     from tui.stream.feed import LiveFeed
 
     endpoints = discovery.resolve_live(job)
@@ -184,6 +191,8 @@ async def serve(job: str, out: StdoutRelay, stdin_fd: int | None) -> None:
     out.flush()
     loop = asyncio.get_running_loop()
     viewer = ViewerInput(out)
+    if greeting is not None:
+        viewer.take(greeting)
     if stdin_fd is not None:
         try:
             loop.add_reader(stdin_fd, viewer.on_readable, stdin_fd)
@@ -245,9 +254,11 @@ async def _forward(rec: dict[str, Any], out: StdoutRelay) -> None:
 
 
 def main(args: Any) -> int:
-    """``perfmon relay --stdio JOB``."""
+    """``perfmon relay --stdio JOB`` or ``perfmon relay --tcp [HOST:]PORT JOB``."""
+    if args.tcp:
+        return serve_tcp(args.job, args.tcp)
     if not args.stdio:
-        raise UserError("relay: only --stdio is supported (start it through ssh: perfmon attach --hosts ...)")
+        raise UserError("relay: give --stdio (started through ssh: perfmon attach --hosts ...) or --tcp [HOST:]PORT")
     out = StdoutRelay(sys.stdout.buffer)
     stdin_fd = sys.stdin.fileno() if not sys.stdin.isatty() else None
     try:
@@ -255,3 +266,79 @@ def main(args: Any) -> int:
     except KeyboardInterrupt:
         pass
     return 0
+
+
+def serve_tcp(job: str, spec: str) -> int:
+    """Listen on ``spec``; serve the first viewer whose hello carries the token, until it goes away.
+
+    The token is ``$PERFMON_TOKEN`` (one secret for every node's relay), else a new one written to
+    a 0600 file in the socket directory for the time the relay waits."""
+    discovery.resolve_live(job)                 # no such job here: one line, before listening
+    host, _, port_text = spec.rpartition(":")
+    if not port_text.isdigit() or int(port_text) > 65535:
+        raise UserError(f"--tcp {spec!r}: expected [HOST:]PORT (PORT 0: any free port)")
+    addr = (host.strip("[]") or "127.0.0.1", int(port_text))
+    try:
+        listener = socket.create_server(addr)
+    except OSError as exc:
+        raise UserError(f"cannot listen on {addr[0]}:{addr[1]}: {exc.strerror or exc}") from None
+    port = listener.getsockname()[1]
+    token = os.environ.get("PERFMON_TOKEN") or secrets.token_hex(16)
+    token_file = None if os.environ.get("PERFMON_TOKEN") else _write_token(job, port, token)
+    where = f"in {token_file}" if token_file else "from PERFMON_TOKEN"
+    print(f"perfmon relay: {job} on {addr[0]}:{port}, token {where}", file=sys.stderr, flush=True)
+    try:
+        conn, greeting = _accept(listener, token)
+    except KeyboardInterrupt:
+        return 0
+    finally:
+        listener.close()
+        if token_file is not None:
+            token_file.unlink(missing_ok=True)
+    try:
+        asyncio.run(serve(job, StdoutRelay(conn.makefile("wb")), conn.fileno(), greeting))
+    except KeyboardInterrupt:
+        pass
+    finally:
+        conn.close()
+    return 0
+
+
+def _write_token(job: str, port: int, token: str) -> Path:
+    path = paths.socket_dir() / f"relay.{paths.safe_job(job)}.{port}{TOKEN_SUFFIX}"
+    try:
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    except OSError as exc:
+        raise UserError(f"cannot write the relay's token to {path}: {exc.strerror or exc}") from None
+    with os.fdopen(fd, "w") as f:
+        f.write(token + "\n")
+    return path
+
+
+def _accept(listener: socket.socket, token: str) -> tuple[socket.socket, dict[str, Any]]:
+    """The first connection whose hello has the token and our major version; others get closed
+    with one line on stderr."""
+    while True:
+        conn, peer = listener.accept()
+        conn.settimeout(AUTH_S)
+        decoder = wire.FrameDecoder(wire.VIEWER_MAX_FRAME)
+        records: list[dict[str, Any]] = []
+        problem = None
+        try:
+            while not records:
+                data = conn.recv(4096)
+                if not data:
+                    raise ConnectionError("closed before its hello")
+                records = list(decoder.feed(data))
+            hello_rec = records[0]
+            if hello_rec["k"] != "hello" or not hmac.compare_digest(str(hello_rec.get("token", "")), token):
+                problem = "wrong token"
+            else:
+                wire.check_compatible(hello_rec.get("proto"), we_are="probe")
+        except (OSError, ConnectionError, wire.ProtocolError) as exc:
+            problem = str(exc).replace("probe", "relay") or type(exc).__name__
+        if problem is None:
+            conn.settimeout(None)
+            return conn, hello_rec
+        print(f"perfmon relay: refused a viewer from {peer[0]}: {problem}", file=sys.stderr, flush=True)
+        conn.close()

@@ -1,5 +1,6 @@
 """A job across nodes: one relay per host (``perfmon relay --stdio JOB`` started through the
-transport template, ``tui.stream.hosts``), their streams read into one run model.
+transport template, ``tui.stream.hosts``, or ``perfmon relay --tcp PORT JOB`` already listening on
+each host: ``port``/``token``), their streams read into one run model.
 
 Each host's relay speaks the wire protocol on its stdout: its own hello (``role: relay``), then
 the records of that node's ranks tagged with ``src``. A host that cannot be reached, has no such
@@ -33,6 +34,7 @@ from tui.stream.hosts import RELAY_ARGV, via_argv
 from tui.stream.sources import viewer_hello
 
 STDERR_LINES = 20
+CONNECT_S = 5.0     # to a relay's TCP listener
 STOP_S = 3.0        # a relay told to stop (stdin closed, SIGTERM) exits within this, else it is killed
 
 
@@ -40,13 +42,16 @@ class RelayFeed(Feed):
     """Every rank of ``job`` on ``hosts``, one relay process per host."""
 
     def __init__(self, model: RunModel, job: str, hosts: list[str], via: str,
-                 relay: tuple[str, ...] = RELAY_ARGV, follow_all: bool = False) -> None:
+                 relay: tuple[str, ...] = RELAY_ARGV, follow_all: bool = False, port: int | None = None,
+                 token: str | None = None) -> None:
         super().__init__(model, description=f"{job} on {len(hosts)} host{'s' * (len(hosts) != 1)}")
         self.job = job
         self.hosts = list(hosts)
         self.via = via
         self.relay = relay
-        self._procs: dict[str, asyncio.subprocess.Process] = {}
+        self.port, self.token = port, token
+        self._procs: dict[str, asyncio.subprocess.Process] = {}    # relays started through the transport
+        self._writers: dict[str, asyncio.StreamWriter] = {}       # what each host's relay reads
         self.relays: dict[str, StreamStatus] = {h: StreamStatus(h, h) for h in self.hosts}   # ``streams``: ranks
         self._loop: asyncio.AbstractEventLoop | None = None
         self._answers: dict[int, asyncio.Future] = {}        # request id -> its relay's answer
@@ -59,13 +64,21 @@ class RelayFeed(Feed):
     def follow(self, stream_ids: set[str] | None) -> None:
         """Receive every record of these ranks (None: of all ranks), summaries of the others."""
         self._wanted_streams = None if stream_ids is None else set(stream_ids)
-        for host in self._procs:
+        for host in self._writers:
             self._subscribe(host)
+
+    def _linked(self, host: str) -> asyncio.StreamWriter | None:
+        """The way to ``host``'s relay, while it is up."""
+        writer = self._writers.get(host)
+        proc = self._procs.get(host)
+        if writer is None or writer.is_closing() or (proc is not None and proc.returncode is not None):
+            return None
+        return writer
 
     def _subscribe(self, host: str) -> None:
         """Tell ``host``'s relay what to send in full, when that changed."""
-        proc = self._procs.get(host)
-        if proc is None or proc.stdin is None or proc.returncode is not None:
+        writer = self._linked(host)
+        if writer is None:
             return
         wanted = self._wanted_streams
         srcs = ["*"] if wanted is None else sorted(sid.partition("/")[2] for sid in wanted
@@ -75,29 +88,28 @@ class RelayFeed(Feed):
             return
         self._following[host] = ask
         try:
-            proc.stdin.write(wire.encode({"k": "subscribe", "t": time.time(), "srcs": srcs,
-                                          "window": [self.model.window_steps, self.model.window_seconds]}))
+            writer.write(wire.encode({"k": "subscribe", "t": time.time(), "srcs": srcs,
+                                      "window": [self.model.window_steps, self.model.window_seconds]}))
         except (OSError, RuntimeError):     # the relay is gone: its stream says so
             pass
 
     def request_target(self, stream_id: str) -> "RelayTarget | str":
         host, _, src = stream_id.partition("/")
-        proc = self._procs.get(host)
-        if proc is None or proc.returncode is not None or self._loop is None:
+        if self._linked(host) is None or self._loop is None:
             return f"the relay of {host} is not running: no request can reach its ranks"
         return RelayTarget(self, host, src, f"{self.streams[stream_id].label} on {host}"
                            if stream_id in self.streams else stream_id)
 
     async def request(self, host: str, src: str, request: dict[str, Any]) -> dict[str, Any]:
         """Write ``request`` to ``host``'s relay for its rank ``src``; its answer (feed loop)."""
-        proc = self._procs[host]
+        writer = self._linked(host)
         answer = self._loop.create_future() if self._loop is not None else None
-        if answer is None or proc.stdin is None:
+        if answer is None or writer is None:
             raise UserError(f"the relay of {host} is not running")
         self._answers[request["id"]] = answer
         try:
-            proc.stdin.write(wire.encode({**request, "src": src}))
-            await proc.stdin.drain()
+            writer.write(wire.encode({**request, "src": src}))
+            await writer.drain()
             return await answer
         finally:
             self._answers.pop(request["id"], None)
@@ -133,43 +145,61 @@ class RelayFeed(Feed):
         finally:
             for task in tasks:
                 task.cancel()
-            for proc in self._procs.values():
-                _stop(proc)
+            self._stop_all()
             await asyncio.gather(*tasks, return_exceptions=True)
             for proc in self._procs.values():
                 await _reap(proc)
 
     async def aclose(self) -> None:
         """Stop and reap every relay now (the app quits: its loop must not close under their pipes)."""
-        for proc in self._procs.values():
-            _stop(proc)
+        self._stop_all()
         for proc in self._procs.values():
             await _reap(proc)
 
+    def _stop_all(self) -> None:
+        for host, writer in self._writers.items():
+            if host not in self._procs:
+                writer.close()           # a TCP relay ends when its viewer goes away
+        for proc in self._procs.values():
+            _stop(proc)
+
     async def _host(self, host: str) -> None:
         status = self.relays[host]
-        argv = via_argv(self.via, host, self.job, self.relay)
+        proc: asyncio.subprocess.Process | None = None
+        stderr: asyncio.Future | None = None
+        if self.port is not None:
+            try:
+                reader, writer = await asyncio.wait_for(asyncio.open_connection(host, self.port), CONNECT_S)
+            except (OSError, asyncio.TimeoutError) as exc:
+                self._fail(status, f"{host}: cannot connect to its relay on port {self.port}: "
+                                   f"{getattr(exc, 'strerror', None) or exc or 'timeout'}")
+                self.stream_finished()
+                return
+        else:
+            argv = via_argv(self.via, host, self.job, self.relay)
+            try:
+                proc = await asyncio.create_subprocess_exec(*argv, stdin=asyncio.subprocess.PIPE,
+                                                            stdout=asyncio.subprocess.PIPE,
+                                                            stderr=asyncio.subprocess.PIPE)
+            except OSError as exc:
+                self._fail(status, f"{host}: cannot start {argv[0]}: {exc.strerror or exc}")
+                self.stream_finished()
+                return
+            self._procs[host] = proc
+            reader, writer = proc.stdout, proc.stdin      # type: ignore[assignment]
+            stderr = asyncio.ensure_future(_tail(proc.stderr))   # drained as it comes: a full pipe would block it
+        self._writers[host] = writer
         try:
-            proc = await asyncio.create_subprocess_exec(*argv, stdin=asyncio.subprocess.PIPE,
-                                                        stdout=asyncio.subprocess.PIPE,
-                                                        stderr=asyncio.subprocess.PIPE)
-        except OSError as exc:
-            self._fail(status, f"{host}: cannot start {argv[0]}: {exc.strerror or exc}")
-            self.stream_finished()
-            return
-        self._procs[host] = proc
-        try:
-            proc.stdin.write(viewer_hello())                   # type: ignore[union-attr]
+            writer.write(viewer_hello(self.token))
         except (OSError, RuntimeError):
             pass
         self._subscribe(host)
-        stderr = asyncio.ensure_future(_tail(proc.stderr))   # drained as it comes: a full pipe would block it
         decoder = wire.FrameDecoder()
         srcs: dict[str, str] = {}
         cancelled = False
         try:
             while True:
-                data = await proc.stdout.read(READ_CHUNK)      # type: ignore[union-attr]
+                data = await reader.read(READ_CHUNK)
                 if not data:
                     break
                 for rec in decoder.feed(data):
@@ -177,6 +207,9 @@ class RelayFeed(Feed):
                         return
         except wire.ProtocolError as exc:
             self._fail(status, f"{host}: {exc}")
+            return
+        except OSError as exc:
+            self._fail(status, f"{host}: connection to its relay lost: {exc.strerror or exc}")
             return
         except asyncio.CancelledError:
             cancelled = True     # the viewer stopped following: the job did not end
@@ -188,9 +221,16 @@ class RelayFeed(Feed):
                     if self.streams[sid].state in ("live", "connecting"):
                         self.streams[sid].state = "lost"
                 if status.state != "error":
-                    await self._ended(host, status, proc, await stderr)
+                    if proc is not None and stderr is not None:
+                        await self._ended(host, status, proc, await stderr)
+                    elif status.state == "connecting":     # closed before its hello
+                        self._fail(status, f"{host}: its relay on port {self.port} closed the connection: "
+                                           "wrong token, or not a perfmon relay")
+                    else:
+                        status.state = "exited"
                 self.stream_finished()
-            stderr.cancel()
+            if stderr is not None:
+                stderr.cancel()
 
     def _take(self, host: str, status: StreamStatus, rec: dict[str, Any], srcs: dict[str, str]) -> bool:
         """One record from a host's relay; False when the relay cannot be used (version)."""
