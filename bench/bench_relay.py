@@ -98,7 +98,7 @@ async def view(base: Path, job: str, nodes: int, ranks: int, seconds: float, war
     }
 
 
-def run(nodes: int, ranks: int, rate: float, seconds: float, warmup: float) -> dict:
+def run(nodes: int, ranks: int, rate: float, seconds: float, warmup: float, history: float) -> dict:
     with tempfile.TemporaryDirectory(prefix="pm-relaybench-") as tmp:
         base = Path(tmp)
         world = nodes * ranks
@@ -109,11 +109,11 @@ def run(nodes: int, ranks: int, rate: float, seconds: float, warmup: float) -> d
                 node.mkdir(mode=0o700)
                 sims.append(subprocess.Popen(
                     [sys.executable, str(ROOT / "bench" / "sim_node.py"), str(node), "relaybench", str(k * ranks),
-                     str(ranks), str(world), str(rate), "--slow", str(world * 37 // 64)],
+                     str(ranks), str(world), str(rate), "--slow", str(world * 37 // 64), "--history", str(history)],
                     stdout=subprocess.PIPE, text=True, cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT)}))
             for s in sims:
                 assert s.stdout.readline().strip() == "ready"
-            time.sleep(2.0)                     # a backlog of steps to backfill, as on a real attach
+            time.sleep(2.0)                     # (and --history) a backlog of steps to backfill, as on a real attach
             sim_cpu0 = sum(proc_cpu(s.pid) for s in sims)
             t = time.monotonic()
             result = asyncio.run(view(base, "relaybench", nodes, ranks, seconds, warmup))
@@ -135,8 +135,11 @@ def main() -> None:
     ap.add_argument("--rate", type=float, default=50.0, help="steps/s per rank")
     ap.add_argument("--seconds", type=float, default=30.0, help="the measured window")
     ap.add_argument("--warmup", type=float, default=45.0, help="after the first full screen, before the window")
+    ap.add_argument("--history", type=float, default=0.0,
+                    help="seconds of steps each rank has made before the viewer starts (40 s: a full backfill)")
     args = ap.parse_args()
-    print(json.dumps(run(args.nodes, args.ranks, args.rate, args.seconds, args.warmup)))
+    result = run(args.nodes, args.ranks, args.rate, args.seconds, args.warmup, args.history)
+    print(json.dumps({**result, "history_s": args.history}))
 
 
 if __name__ == "__main__":

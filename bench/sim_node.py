@@ -8,7 +8,10 @@ and comm at RATE steps/s, a sample each second, cumulative comm every 10 steps. 
 (``--slow``) computes 1.6x longer. It simulates the probe's output, not a GPU or a job: the
 benchmark is of what reads it.
 
-    python bench/sim_node.py DIR JOB FIRST_RANK COUNT WORLD RATE [--slow RANK]
+    python bench/sim_node.py DIR JOB FIRST_RANK COUNT WORLD RATE [--slow RANK] [--history SECONDS]
+
+``--history``: each rank starts with that many seconds of steps already made (a job that has run
+a while: its first viewer gets the full 2,000-step backfill).
 """
 
 from __future__ import annotations
@@ -97,6 +100,13 @@ async def serve(args: argparse.Namespace) -> None:
                 writer.close()
 
         servers.append(await asyncio.start_unix_server(connected, path=str(path)))
+    if args.history > 0:
+        dur = 1.0 / args.rate
+        start = time.time() - args.history
+        for sim in ranks:
+            for i in range(int(args.history * args.rate)):
+                t = start + (i + 1) * dur
+                sim.ring.extend(sim.make(t, dur) + ([sim.sample(t)] if i % int(args.rate) == 0 else []))
     print("ready", flush=True)
     per_tick = args.rate * TICK_S
     owed = 0.0
@@ -126,6 +136,7 @@ def main() -> None:
     ap.add_argument("world", type=int)
     ap.add_argument("rate", type=float)
     ap.add_argument("--slow", type=int, default=-1)
+    ap.add_argument("--history", type=float, default=0.0)
     try:
         asyncio.run(serve(ap.parse_args()))
     except KeyboardInterrupt:

@@ -135,7 +135,12 @@ def test_record_across_hosts_keeps_a_directory_per_node_and_the_report_names_the
                           str(tmp_path / "rec"), "--seconds", "3"], capture_output=True, text=True, timeout=90,
                          env=two_nodes)
     assert out.returncode == 0, out.stderr
-    assert sorted(p.parent.name for p in (tmp_path / "rec").rglob("*.pmrec")) == ["n01", "n01", "n02", "n02"]
+    files = sorted((tmp_path / "rec").rglob("*.pmrec"))
+    assert [p.parent.name for p in files] == ["n01", "n01", "n02", "n02"]
+    from probe.recording import read_recording
+    for path in files:      # a recording follows every rank in full: steps, never summaries
+        kinds = [r["k"] for r in read_recording(path).records]
+        assert kinds.count("step") > 10 and "summary" not in kinds, path
     rep = subprocess.run([sys.executable, "-m", "tui.cli", "report", str(tmp_path / "rec"), "--json"],
                          capture_output=True, text=True, timeout=60)
     assert rep.returncode == 0, rep.stderr
