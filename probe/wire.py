@@ -87,8 +87,8 @@ from __future__ import annotations
 #         changed) src, stats {the rank's window statistics: the scalar fields of
 #         ``tui.model.stats.RankStats``}, memory {``MemoryMetrics`` fields}, comm {op: [count, bytes,
 #         seconds, busbytes]} (the window's collectives), steps (steps done), first_start, last_end,
-#         inside, gap_total, unseen (the rank's running totals for ETTR), loader_seen (bool),
-#         data_wait [the last steps' data-wait shares], window [steps, seconds] (the relay's window)
+#         inside, unseen (the rank's running totals for ETTR), loader_seen (bool), data_wait [the
+#         last steps' data-wait shares]; computed over the window the viewer's subscribe gave
 # subscribe (viewer -> relay, on its stdin after the viewer's hello) srcs [the ranks, by ``src``, whose
 #         step, memory and comm records the viewer wants in full; "*" = every rank], window [steps,
 #         seconds] (the viewer's window, for the summaries); replaces the previous subscription. A
@@ -156,8 +156,7 @@ OPTIONAL: dict[str, dict[str, tuple[type, ...]]] = {
     "capture": {"id": (int,), "first_step": (int,), "last_step": (int,), "wall_s": _NUM, "path": (str,),
                 "top": (list,), "device_busy": _NUM, "gaps": (list,), "error": (str,)},
     "summary": {"src": (str,), "memory": (dict,), "comm": (dict,), "steps": (int,), "first_start": _NUM,
-                "last_end": _NUM, "inside": _NUM, "gap_total": _NUM, "unseen": _NUM, "loader_seen": (bool,),
-                "data_wait": (list,), "window": (list,)},
+                "last_end": _NUM, "inside": _NUM, "unseen": _NUM, "loader_seen": (bool,), "data_wait": (list,)},
     "subscribe": {"window": (list,)},
 }
 

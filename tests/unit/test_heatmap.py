@@ -43,19 +43,34 @@ def test_the_slow_rank_is_hot_in_compute_and_the_waiting_ranks_in_comm():
 
 def test_columns_are_grouped_by_node_in_the_order_of_their_lowest_rank():
     view = _job(6, 2)
-    hosts = {0: "b", 1: "a", 2: "b", 3: "a", 4: "c", 5: "c"}
+    hosts = {0: "b", 1: "a", 2: "a", 3: "b", 4: "c", 5: "c"}
     view = dataclasses.replace(view, ranks=[dataclasses.replace(r, host=hosts[r.rank]) for r in view.ranks])
     hm = heatmap(view)
-    assert hm.ranks == (0, 2, 1, 3, 4, 5) and hm.nodes == [("b", 0, 2), ("a", 2, 2), ("c", 4, 2)]
+    assert hm.ranks == (0, 3, 1, 2, 4, 5) and hm.nodes == [("b", 0, 2), ("a", 2, 2), ("c", 4, 2)]
+    assert hm.hosts == ("b", "b", "a", "a", "c", "c")
 
 
 def test_a_slow_node_is_named_by_the_median_of_its_ranks():
-    view = _job(8, 4)
-    view = dataclasses.replace(view, ranks=[dataclasses.replace(r, compute_s=r.compute_s * (1.5 if r.rank >= 4
+    view = _job(12, 4)
+    view = dataclasses.replace(view, ranks=[dataclasses.replace(r, compute_s=r.compute_s * (1.5 if r.rank < 4
                                                                                               else 1.0))
                                             for r in view.ranks])
     hm = heatmap(view)
-    assert hm.slowest_node == "n02" and hm.slowest_node_ratio == pytest.approx(1.5)
+    assert hm.slowest_node == "n01" and hm.slowest_node_ratio == pytest.approx(1.5)
+
+
+def test_no_time_one_rank_or_a_zero_time_never_names_a_wrong_rank():
+    warming = job(Rank(0, steps=0), Rank(1, steps=0)).view()
+    hm = heatmap(warming)
+    assert hm.slowest_rank is None and hm.slowest_ratio is None and hm.slowest_node is None
+    assert set(hm.levels["step"]) == {None}
+    alone = heatmap(_job(1, 1))
+    assert alone.slowest_rank is None and alone.levels["comp"] == (0,)
+    view = _job(4, 2, slow=3)
+    view = dataclasses.replace(view, ranks=[dataclasses.replace(r, compute_s=0.0 if r.rank == 0 else r.compute_s)
+                                            for r in view.ranks])
+    hm = heatmap(view)                    # a rank that measured no compute does not make the others unknown
+    assert hm.levels["comp"] == (0, 0, 0, 3) and hm.slowest_rank == 3 and hm.slowest_ratio == pytest.approx(1.6)
 
 
 def test_one_node_names_no_node_and_unknown_compute_falls_back_to_step_time():

@@ -11,10 +11,21 @@ from tests.unit.verdict_synth import T0, Rank, job, records
 from tui.model.runmodel import RunModel
 from tui.model.summary import read_summary
 from tui.model.verdict import evaluate
+from tui.model.views import MemoryMetrics
 
-RANKS = (Rank(0, steps=80, dur=0.10, data=0.02, comm=0.03, exposed=0.01, flops=1e12),
-         Rank(1, steps=80, dur=0.10, data=0.00, comm=0.03, exposed=0.03, flops=1e12, gap=0.01),
-         Rank(2, steps=80, dur=0.25, data=0.01, comm=0.03, exposed=0.00, flops=1e12))
+def _comm_records(rank: int, steps: int, dur: float) -> list[dict]:
+    """Cumulative all_reduce totals every 10 steps, as the probe's ``comm`` records."""
+    return [{"k": "comm", "t": T0 + n * dur, "backend": "gloo", "world_size": 3, "ops": [
+        {"op": "all_reduce", "count": 2 * n, "bytes": 4_000_000 * n, "seconds": 0.03 * n * (1 + rank),
+         "busbytes": 5_000_000 * n}]} for n in range(10, steps + 1, 10)]
+
+
+RANKS = (Rank(0, steps=80, dur=0.10, data=0.02, comm=0.03, exposed=0.01, flops=1e12,
+              extra_records=_comm_records(0, 80, 0.10)),
+         Rank(1, steps=80, dur=0.10, data=0.00, comm=0.03, exposed=0.03, flops=1e12, gap=0.01,
+              extra_records=_comm_records(1, 80, 0.10)),
+         Rank(2, steps=80, dur=0.25, data=0.01, comm=0.03, exposed=0.00, flops=1e12,
+              extra_records=_comm_records(2, 80, 0.25)))
 
 
 def stream(rank: int) -> str:
@@ -45,6 +56,7 @@ def test_a_summarised_job_has_the_relays_metrics_ranks_and_verdict():
     viewer = relayed(relay, RANKS)
     full, summed = relay.view(), viewer.view()
     assert summed.metrics == full.metrics
+    assert summed.comm_ops == full.comm_ops and full.comm_ops[0].busbw is not None    # the window's collectives
     assert summed.straggler_rank == full.straggler_rank == 2
     for a, b in zip(full.ranks, summed.ranks):
         assert dataclasses.replace(b, stream=a.stream) == a       # steps, medians, shares, ETTR
@@ -99,6 +111,12 @@ def test_odd_summary_values_are_unknown_never_an_error():
     assert st.memory.peak_bytes is None and st.memory.ooms == 3
     assert st.comm_delta == {"x": (1, 2, 0.5, None)}
     assert s.steps == 0 and st.trace.data_wait == (0.1,)
+    odd = read_summary({"k": "summary", "t": T0, "stats": {}, "memory": "x", "comm": [1],
+                        "data_wait": "0.5", "steps": True})
+    assert odd.stats.memory == MemoryMetrics() and odd.stats.comm_delta == {} and odd.stats.trace.data_wait == ()
+    assert odd.steps == 0 and odd.stats.n == 0
+    assert read_summary({"k": "summary", "t": T0, "stats": {}, "steps": 7}).steps == 7
+    assert read_summary({"k": "summary", "t": T0, "stats": {}, "comm": {"a": [None, 1, 2.0, 3.0]}}).stats.comm_delta == {}
 
 
 def test_summary_and_subscribe_are_wire_1_2_kinds():
@@ -107,3 +125,42 @@ def test_summary_and_subscribe_are_wire_1_2_kinds():
         list(wire.FrameDecoder().feed(wire.encode({"k": "summary", "t": T0, "stats": [1]})))
     with pytest.raises(wire.ProtocolError):
         list(wire.FrameDecoder().feed(wire.encode({"k": "subscribe", "t": T0, "srcs": "all"})))
+
+
+def test_steps_lost_to_drops_lower_no_summarised_ettr():
+    """A rank whose steps 20-29 never arrived: the relay's ETTR leaves their time out (``unseen``),
+    and so does the viewer holding its summary."""
+    recs = [r for r in records(Rank(0, steps=60, dur=0.1, gap=0.02))
+            if not (r["k"] == "step" and 20 <= r["step"] < 30)]
+    relay = RunModel()
+    for rec in recs:
+        relay.ingest(stream(0), rec)
+    viewer = RunModel()
+    viewer.ingest(stream(0), recs[0])
+    viewer.ingest(stream(0), _wire(relay.summary(stream(0), relay.last_t)[1]))
+    want = relay.view().ranks[0].ettr
+    assert want == pytest.approx(0.8)             # without the unseen second it would be 50 x 0.08 / 5 s
+    assert viewer.view(now=relay.last_t).ranks[0].ettr == pytest.approx(want)
+
+
+def test_a_loader_seen_before_the_summary_keeps_the_data_wait_known_after_subscribing():
+    """Steps with a data phase made the relay see the loader; once subscribed, the window's steps
+    (no data phase now: an instant loader) still give a known data wait of 0, never unknown."""
+    relay, viewer = RunModel(), RunModel()
+    early = records(Rank(0, steps=20, dur=0.1, data=0.01))
+    for rec in early:
+        relay.ingest(stream(0), rec)
+    viewer.ingest(stream(0), early[0])
+    viewer.ingest(stream(0), _wire(relay.summary(stream(0), relay.last_t)[1]))
+    later = [dict(r, step=r["step"] + 20, t=r["t"] + 2.0, start=r["start"] + 2.0)
+             for r in records(Rank(0, steps=20, dur=0.1)) if r["k"] == "step"]
+    for rec in later:
+        viewer.ingest(stream(0), rec)
+    assert viewer.view().ranks[0].data_wait_frac == 0.0
+
+
+def test_a_rank_with_no_step_yet_is_summarised_as_none_done():
+    relay = RunModel()
+    relay.ingest(stream(0), records(Rank(0, steps=1))[0])
+    rec = _wire(relay.summary(stream(0), T0)[1])
+    assert rec["steps"] == 0 and rec["stats"]["warming_up"] is True and rec["stats"]["step_median"] is None

@@ -267,8 +267,8 @@ class RunModel:
         state = self._streams.get(stream_id)
         if state is None or state.version == after or "k" not in state.hello:
             return None
-        window = (self.window_steps, self.window_seconds)
-        return state.version, summary_record(state, rank_stats(state, *window, timeline=False), t, window)
+        stats = rank_stats(state, self.window_steps, self.window_seconds, timeline=False)
+        return state.version, summary_record(state, stats, t)
 
     def buffered(self, stream_id: str) -> list[dict[str, Any]]:
         """The step, memory and comm records held for ``stream_id``, oldest first: what a viewer that

@@ -22,13 +22,23 @@ _SKIP = ("trace", "memory", "comm_delta")
 _CASTS = {"int": int, "float": float, "bool": bool, "str": str}
 
 
-def _field_types(cls: type) -> dict[str, tuple[type, bool]]:
-    """name -> (type, may be None) for a dataclass of scalar fields (annotations are strings here)."""
+def _field_types(cls: type) -> dict[str, tuple[type, Any]]:
+    """name -> (type, value when unknown) for a dataclass's scalar fields (annotations are strings
+    here). Unknown is None where the field allows it, else the field's default, else the value that
+    decides nothing (``warming_up`` True, a count 0)."""
     out = {}
     for f in dataclasses.fields(cls):
         parts = [p.strip() for p in str(f.type).split("|")]
-        if f.name not in _SKIP and parts[0] in _CASTS:
-            out[f.name] = (_CASTS[parts[0]], "None" in parts)
+        if f.name in _SKIP or parts[0] not in _CASTS:
+            continue
+        kind = _CASTS[parts[0]]
+        if "None" in parts:
+            unknown = None
+        elif f.default is not dataclasses.MISSING:
+            unknown = f.default
+        else:
+            unknown = True if kind is bool else kind()
+        out[f.name] = (kind, unknown)
     return out
 
 
@@ -36,7 +46,7 @@ STATS_FIELDS = _field_types(RankStats)
 MEMORY_FIELDS = _field_types(MemoryMetrics)
 
 
-def summary_record(state: RankState, st: RankStats, t: float, window: tuple[int, float]) -> dict[str, Any]:
+def summary_record(state: RankState, st: RankStats, t: float) -> dict[str, Any]:
     """The ``summary`` record of ``state`` with its window statistics ``st`` (relay side)."""
     last = state.steps[-1] if state.steps else None
     return {
@@ -46,9 +56,8 @@ def summary_record(state: RankState, st: RankStats, t: float, window: tuple[int,
         "comm": {op: list(v) for op, v in st.comm_delta.items()},
         "steps": (last["step"] + 1) if last is not None else 0,
         "first_start": state.first_start, "last_end": state.last_end, "inside": state.inside,
-        "gap_total": state.gap_total, "unseen": state.unseen, "loader_seen": state.loader_seen,
+        "unseen": state.unseen, "loader_seen": state.loader_seen,
         "data_wait": [round(x, 4) for x in st.trace.data_wait[-TIMELINE_STEPS:]],
-        "window": [window[0], window[1]],
     }
 
 
@@ -63,10 +72,10 @@ class RankSummary:
 def read_summary(rec: dict[str, Any]) -> RankSummary:
     """The viewer's reading of a ``summary`` record (wire-checked: ``stats`` is a dict)."""
     stats_in = rec.get("stats") if isinstance(rec.get("stats"), dict) else {}
-    values = {name: _typed(stats_in.get(name), kind, optional) for name, (kind, optional) in STATS_FIELDS.items()}
+    values = {name: _typed(stats_in.get(name), kind, unknown) for name, (kind, unknown) in STATS_FIELDS.items()}
     mem_in = rec.get("memory") if isinstance(rec.get("memory"), dict) else {}
-    memory = MemoryMetrics(**{name: v for name, (kind, optional) in MEMORY_FIELDS.items()
-                              if (v := _typed(mem_in.get(name), kind, optional)) is not None})
+    memory = MemoryMetrics(**{name: _typed(mem_in.get(name), kind, unknown)
+                              for name, (kind, unknown) in MEMORY_FIELDS.items()})
     comm: dict[str, tuple[int, int, float, float | None]] = {}
     for op, row in (rec.get("comm") if isinstance(rec.get("comm"), dict) else {}).items():
         if isinstance(op, str) and isinstance(row, list) and len(row) == 4:
@@ -80,18 +89,15 @@ def read_summary(rec: dict[str, Any]) -> RankSummary:
     return RankSummary(stats, steps if isinstance(steps, int) and not isinstance(steps, bool) and steps >= 0 else 0)
 
 
-def _typed(value: Any, kind: type, optional: bool) -> Any:
-    """``value`` if it is a ``kind`` (an int stands for a float), else None (unknown), or the
-    field's zero when it cannot be None (``n``, ``span``, ``warming_up``)."""
+def _typed(value: Any, kind: type, unknown: Any) -> Any:
+    """``value`` if it is a ``kind`` (an int stands for a float), else ``unknown``."""
     if kind is float:
         v: Any = num(value)
     elif kind is int:
         v = value if isinstance(value, int) and not isinstance(value, bool) else None
     else:
         v = value if isinstance(value, kind) else None
-    if v is None and not optional:
-        return True if kind is bool else kind()
-    return v
+    return unknown if v is None else v
 
 
 def apply_summary(state: RankState, rec: dict[str, Any]) -> RankStats:
@@ -106,7 +112,6 @@ def apply_summary(state: RankState, rec: dict[str, Any]) -> RankStats:
     state.first_start = num(rec.get("first_start"))
     state.last_end = num(rec.get("last_end"))
     state.inside = num(rec.get("inside")) or 0.0
-    state.gap_total = num(rec.get("gap_total")) or 0.0
     state.unseen = num(rec.get("unseen")) or 0.0
     state.loader_seen = state.loader_seen or rec.get("loader_seen") is True
     state.totals_through = summary.steps - 1
