@@ -65,7 +65,7 @@ def test_no_time_one_rank_or_a_zero_time_never_names_a_wrong_rank():
     assert hm.slowest_rank is None and hm.slowest_ratio is None and hm.slowest_node is None
     assert set(hm.levels["step"]) == {None}
     alone = heatmap(_job(1, 1))
-    assert alone.slowest_rank is None and alone.levels["comp"] == (0,)
+    assert alone.slowest_rank is None and alone.slowest_ratio is None and alone.levels["comp"] == (0,)
     view = _job(4, 2, slow=3)
     view = dataclasses.replace(view, ranks=[dataclasses.replace(r, compute_s=0.0 if r.rank == 0 else r.compute_s)
                                             for r in view.ranks])
@@ -80,3 +80,21 @@ def test_one_node_names_no_node_and_unknown_compute_falls_back_to_step_time():
     hm = heatmap(view)
     assert hm.slowest_node is None and (hm.slowest_by, hm.slowest_rank) == ("step", 2)
     assert hm.slowest_ratio == pytest.approx(2.0) and set(hm.levels["comp"]) == {None}
+
+
+def _compute(view, times: dict[int, float | None]):
+    return dataclasses.replace(view, ranks=[dataclasses.replace(r, compute_s=times.get(r.rank, r.compute_s))
+                                            for r in view.ranks])
+
+
+def test_two_ranks_and_two_nodes_are_enough_to_name_the_slower():
+    hm = heatmap(_compute(_job(2, 1), {1: 0.12}))       # 1.2x: named, above the first band only
+    assert (hm.slowest_rank, hm.slowest_rank_host) == (1, "n02") and hm.slowest_ratio == pytest.approx(1.2)
+    assert hm.slowest_node == "n02" and hm.slowest_node_ratio == pytest.approx(1.2)
+
+
+def test_a_rank_without_compute_is_unknown_and_a_node_of_zero_times_names_nothing():
+    hm = heatmap(_compute(_job(4, 2), {2: None}))
+    assert hm.levels["comp"] == (0, 0, None, 0)
+    zero = heatmap(_compute(_job(4, 2), {0: 0.0, 1: 0.0}))     # node n01 measured no compute at all
+    assert zero.slowest_node is None and zero.levels["comp"][:2] == (0, 0)

@@ -116,6 +116,9 @@ def test_odd_summary_values_are_unknown_never_an_error():
     assert odd.stats.memory == MemoryMetrics() and odd.stats.comm_delta == {} and odd.stats.trace.data_wait == ()
     assert odd.steps == 0 and odd.stats.n == 0
     assert read_summary({"k": "summary", "t": T0, "stats": {}, "steps": 7}).steps == 7
+    assert read_summary({"k": "summary", "t": T0, "stats": {"busy_source": 5, "peak_source": "table"}}).stats \
+        .busy_source is None
+    assert read_summary({"k": "summary", "t": T0, "stats": [("n", 5)]}).stats.n == 0     # not through the wire
     assert read_summary({"k": "summary", "t": T0, "stats": {}, "comm": {"a": [None, 1, 2.0, 3.0]}}).stats.comm_delta == {}
 
 
