@@ -77,7 +77,7 @@ def test_an_unchanged_rank_is_not_summarised_again():
     assert relay.summary(stream(0), T0, after=version) is None
     relay.ingest(stream(0), {"k": "step", "t": T0 + 5, "step": 10, "dur": 0.1})
     assert relay.summary(stream(0), T0, after=version) is not None
-    assert relay.summary("/tmp/unknown.sock", T0) is None
+    assert relay.summary("/tmp/unknown.sock", T0) is None and relay.buffered("/tmp/unknown.sock") == []
 
 
 def test_subscribing_after_summaries_counts_no_step_twice():

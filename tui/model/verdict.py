@@ -344,10 +344,6 @@ class Rule:
     explain: Callable[[JobView, int | None], Explained]
     loss: str | None = None
 
-    @property
-    def question(self) -> Node | None:
-        return NODES.get(self.node) if self.node else None
-
 
 RULES_TABLE: tuple[Rule, ...] = (
     Rule("stuck", "STUCK", None, None, "ranks", explain_stuck),
