@@ -61,7 +61,8 @@ class SimRank:
 
     def sample(self, now: float) -> bytes:
         return wire.encode({"k": "sample", "t": now, "host": {"cpu": 0.9, "cpu_count": 64, "sys_cpu": 0.5,
-                                                              "rss": 3 << 30, "mem_limit": 512 << 30}})
+                                                              "rss": 3 << 30, "mem_limit": 512 << 30},
+                            "gpu_status": "no NVIDIA GPU: NVML library not found"})     # as a CPU probe says
 
     def send(self, frames: list[bytes]) -> None:
         data = b"".join(frames)

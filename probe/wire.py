@@ -83,12 +83,12 @@ from __future__ import annotations
 #         gaps [{seconds, at_s}] (GPU: longest idle stretches, at_s from the first kernel), error
 #
 # 1.2 kinds (a relay and its viewer: ``perfmon relay``, ``tui.stream.remote``):
-# summary (relay -> viewer, per rank the viewer does not follow in full, at most 2 Hz, only when it
+# summary (relay -> viewer, per rank the viewer does not follow in full, once a second, only when it
 #         changed) src, stats {the rank's window statistics: the scalar fields of
 #         ``tui.model.stats.RankStats``}, memory {``MemoryMetrics`` fields}, comm {op: [count, bytes,
 #         seconds, busbytes]} (the window's collectives), steps (steps done), first_start, last_end,
-#         inside, unseen (the rank's running totals for ETTR), loader_seen (bool), data_wait [the
-#         last steps' data-wait shares]; computed over the window the viewer's subscribe gave
+#         inside, unseen (the rank's running totals for ETTR), loader_seen (bool); computed over
+#         the window the viewer's subscribe gave
 # subscribe (viewer -> relay, on its stdin after the viewer's hello) srcs [the ranks, by ``src``, whose
 #         step, memory and comm records the viewer wants in full; "*" = every rank], window [steps,
 #         seconds] (the viewer's window, for the summaries); replaces the previous subscription. A
@@ -156,7 +156,7 @@ OPTIONAL: dict[str, dict[str, tuple[type, ...]]] = {
     "capture": {"id": (int,), "first_step": (int,), "last_step": (int,), "wall_s": _NUM, "path": (str,),
                 "top": (list,), "device_busy": _NUM, "gaps": (list,), "error": (str,)},
     "summary": {"src": (str,), "memory": (dict,), "comm": (dict,), "steps": (int,), "first_start": _NUM,
-                "last_end": _NUM, "inside": _NUM, "unseen": _NUM, "loader_seen": (bool,), "data_wait": (list,)},
+                "last_end": _NUM, "inside": _NUM, "unseen": _NUM, "loader_seen": (bool,)},
     "subscribe": {"window": (list,)},
 }
 

@@ -64,11 +64,11 @@ def test_a_summarised_job_has_the_relays_metrics_ranks_and_verdict():
     assert evaluate(summed).headline == evaluate(full).headline
 
 
-def test_a_summary_keeps_the_data_wait_history_but_holds_no_steps():
+def test_a_summarised_rank_has_no_step_history_but_its_cpu_from_the_samples():
     viewer = relayed(job(*RANKS), RANKS)
     trace = viewer.view().traces[0]
-    assert trace.steps == () and trace.data_wait[-1] == pytest.approx(0.2)
-    assert len(trace.cpu) > 0                      # the samples still come in full
+    assert trace.steps == () and trace.data_wait == ()      # the history comes when the rank is followed
+    assert trace.cpu[-3:] == (1.0, 1.0, 1.0)                # the samples still come in full
 
 
 def test_an_unchanged_rank_is_not_summarised_again():
@@ -105,15 +105,14 @@ def test_odd_summary_values_are_unknown_never_an_error():
                                                          "warming_up": None, "loader_workers": 2.5},
                       "memory": {"peak_bytes": "1G", "ooms": 3}, "comm": {"allreduce": [1, 2], 7: [1, 2, 3, 4],
                                                                            "x": [1, 2, 0.5, None]},
-                      "steps": -4, "data_wait": [0.1, "a", None]})
+                      "steps": -4})
     st = s.stats
     assert (st.n, st.step_median, st.data_frac, st.warming_up, st.loader_workers) == (0, None, 0.5, True, None)
     assert st.memory.peak_bytes is None and st.memory.ooms == 3
     assert st.comm_delta == {"x": (1, 2, 0.5, None)}
-    assert s.steps == 0 and st.trace.data_wait == (0.1,)
-    odd = read_summary({"k": "summary", "t": T0, "stats": {}, "memory": "x", "comm": [1],
-                        "data_wait": "0.5", "steps": True})
-    assert odd.stats.memory == MemoryMetrics() and odd.stats.comm_delta == {} and odd.stats.trace.data_wait == ()
+    assert s.steps == 0
+    odd = read_summary({"k": "summary", "t": T0, "stats": {}, "memory": "x", "comm": [1], "steps": True})
+    assert odd.stats.memory == MemoryMetrics() and odd.stats.comm_delta == {}
     assert odd.steps == 0 and odd.stats.n == 0
     assert read_summary({"k": "summary", "t": T0, "stats": {}, "steps": 7}).steps == 7
     assert read_summary({"k": "summary", "t": T0, "stats": {"busy_source": 5, "peak_source": "table"}}).stats \

@@ -35,7 +35,7 @@ from tui.model.heatmap import heatmap
 from tui.model.verdict import Verdict, VerdictTracker
 from tui.model.views import JobView
 from tui.app.widgets.comm import CommPane
-from tui.app.widgets.data import DataPane
+from tui.app.widgets.data import DataPane, worst_data_rank
 from tui.app.widgets.device import DevicePane
 from tui.app.widgets.header import HeaderBar
 from tui.app.widgets.keyline import KeyLine
@@ -205,8 +205,7 @@ class PerfmonApp(App[int]):
             return
         self.view = feed.model.view(now=feed.now(), clock=feed.clock())
         self.verdict = self.tracker.update(self.view)
-        focus = focus_rank(self.view, UiState(selected_rank=self.selected_rank), self.verdict)
-        feed.follow({r.stream for r in self.view.ranks if r.rank == focus})   # its steps in full, through relays
+        feed.follow(self._followed(self.view))
         self._relayout()
         self._draw()
         if isinstance(self.screen, FlowchartScreen):
@@ -215,6 +214,14 @@ class PerfmonApp(App[int]):
             self.screen.show(self.view.stuck)
         elif isinstance(self.screen, AskScreen):
             self.screen.show(self.view)
+
+    def _followed(self, view: JobView) -> set[str]:
+        """The streams whose step records the panes draw (through relays the others are summaries):
+        the focus rank's (timeline, memory) and, with no rank selected, the data pane's worst rank."""
+        focus = {focus_rank(view, UiState(selected_rank=self.selected_rank), self.verdict)}
+        if self.selected_rank is None:
+            focus.add(worst_data_rank(view))
+        return {r.stream for r in view.ranks if r.rank in focus}
 
     def _draw(self) -> None:
         feed, view = self.feed, self.view

@@ -11,7 +11,7 @@ its viewer goes away (stdin closes, or stdout breaks). A node without the job, o
 is one line on stderr and a non-zero exit, which the viewer shows beside that host.
 
 What it sends depends on the viewer's hello on stdin (wire 1.2, ``probe.wire``): for a 1.2 viewer,
-each rank's window ``summary`` at most twice a second, and step, memory and comm records only for
+each rank's window ``summary`` once a second, and step, memory and comm records only for
 the ranks the viewer ``subscribe``s to (a newly subscribed rank's buffered records first); every
 other kind (hello, samples, events, stalls, results, bye) for every rank. That keeps the stream
 of a node of 64 ranks at a few hundred records a second whatever their step rate. A viewer that
@@ -41,7 +41,7 @@ from tui.model.runmodel import RunModel
 from tui.stream import discovery
 
 FLUSH_S = 0.05
-SUMMARY_S = 0.5     # a rank's summary at most this often (wire 1.2: <= 4 Hz)
+SUMMARY_S = 1.0     # a rank's summary at most this often (wire 1.2: <= 4 Hz; 1 Hz keeps a 1,024-rank viewer light)
 HELLO_WAIT_S = 1.0  # for the viewer's hello on stdin; none: a 1.1 viewer, sent everything
 GONE_S = 3.0        # the job's ranks on this node all ended this long ago: the relay ends too
 REQUEST_S = 30.0    # for a rank to answer a forwarded request

@@ -37,7 +37,7 @@ BLOCKING_EVENTS = frozenset({"checkpoint", "eval", "evaluation", "save", "pause"
 class RankState:
     """Ring buffers of one process (one generation of one rank)."""
 
-    __slots__ = ("rank", "stream", "hello", "generation", "steps", "nums", "samples", "memory", "comm", "events",
+    __slots__ = ("rank", "stream", "hello", "generation", "steps", "nums", "samples", "cpu", "memory", "comm", "events",
                  "drops", "ended", "version", "first_start", "last_end", "inside", "gap_total", "unseen",
                  "pending_gap", "loader_seen", "last_t", "recv_clock", "stall", "profile", "capture",
                  "summary_steps", "totals_through", "_cache")
@@ -50,6 +50,7 @@ class RankState:
         self.steps: Deque[dict[str, Any]] = collections.deque(maxlen=STEP_BUFFER)
         self.nums: Deque[StepNums] = collections.deque(maxlen=STEP_BUFFER)   # parallel to steps
         self.samples: Deque[dict[str, Any]] = collections.deque(maxlen=SAMPLE_BUFFER)
+        self.cpu: Deque[float | None] = collections.deque(maxlen=SAMPLE_BUFFER)   # each sample's CPU, at ingest
         self.memory: Deque[dict[str, Any]] = collections.deque(maxlen=MEMORY_BUFFER)
         self.comm: Deque[dict[str, Any]] = collections.deque(maxlen=COMM_BUFFER)
         self.events: Deque[dict[str, Any]] = collections.deque(maxlen=EVENT_BUFFER)

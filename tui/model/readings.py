@@ -128,10 +128,11 @@ def gpu_rows(ranks: Iterable[tuple[int, str | None, int, list[dict[str, Any]]]])
     seen: set[tuple[str | None, int | None]] = set()
     rows = []
     for rank, host, local, samples in ranks:
-        if not samples:
-            continue
-        history = [gpu_readings(s) for s in samples]
-        for gpu in own_gpus(history[-1], local):
+        latest = gpu_readings(samples[-1]) if samples else ()
+        if not latest:
+            continue            # no GPU in the newest sample (a CPU job): no history to read either
+        history = [gpu_readings(s) for s in samples[:-1]] + [latest]
+        for gpu in own_gpus(latest, local):
             if (host, gpu.index) in seen:
                 continue
             seen.add((host, gpu.index))

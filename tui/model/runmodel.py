@@ -37,7 +37,7 @@ from typing import Any
 
 from tui.model.buffers import (BLOCKING_EVENTS, EVENT_BUFFER, MIN_STEPS, WINDOW_SAMPLES, WINDOW_SECONDS,
                                WINDOW_STEPS, RankState, num)
-from tui.model.readings import gpu_rows, host_reading
+from tui.model.readings import HostReading, gpu_rows, host_reading
 from tui.model.stats import RankStats, comm_rows, job_metrics, rank_stats, rank_view, summary_stats
 from tui.model.capture import capture_reading
 from tui.model.profile import ModuleProfile, profile_reading, with_overhead
@@ -63,6 +63,7 @@ class RunModel:
         self._streams: dict[str, RankState] = {}
         self._retired: list[RankState] = []
         self._summaries: dict[RankState, RankStats] = {}     # ranks a relay summarises (wire 1.2)
+        self._hosts: dict[RankState, HostReading] = {}       # each rank's newest host reading
         self.problems: list[str] = []
         self.orphans = 0
         self.last_t: float | None = None
@@ -112,6 +113,8 @@ class RunModel:
             state.capture = capture_reading(record, state.rank)
         elif kind == "sample":
             state.samples.append(record)
+            reading = self._hosts[state] = host_reading(record)
+            state.cpu.append(reading.cpu)
             host = record.get("host")
             if isinstance(host, dict) and host.get("loader_workers") is not None:
                 state.loader_seen = True
@@ -236,7 +239,7 @@ class RunModel:
             comm_ops=comm_ops,
             gpus=gpu_rows((s.rank, s.hello.get("host"), _local_rank(s.hello), list(s.samples)[-WINDOW_SAMPLES:])
                           for s in states),
-            hosts={s.rank: host_reading(s.samples[-1]) for s in states if s.samples},
+            hosts={s.rank: self._hosts[s] for s in states if s in self._hosts},
             device_status=_device_status(states),
             started=min((t for t in (num(s.hello.get("t")) for s in states) if t is not None), default=None),
             events=events[-EVENT_BUFFER:],

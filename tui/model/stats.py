@@ -197,12 +197,11 @@ def rank_stats(state: RankState, max_steps: int, max_seconds: float, timeline: b
 def summary_stats(state: RankState, st: RankStats) -> RankStats:
     """A summarised rank's statistics ``st`` (``tui.model.summary``), with the CPU history of the
     samples, which still come in full."""
-    return dataclasses.replace(st, trace=dataclasses.replace(st.trace, cpu=_cpu_trace(state)))
+    return dataclasses.replace(st, trace=RankTrace(steps=(), data_wait=(), cpu=_cpu_trace(state)))
 
 
 def _cpu_trace(state: RankState) -> tuple[float | None, ...]:
-    start = max(0, len(state.samples) - WINDOW_SAMPLES)
-    return tuple(host_reading(s).cpu for s in itertools.islice(state.samples, start, None))
+    return tuple(itertools.islice(state.cpu, max(0, len(state.cpu) - WINDOW_SAMPLES), None))
 
 
 def _gpu_util(samples: list[dict[str, Any]], hello: dict[str, Any]) -> float | None:

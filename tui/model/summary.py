@@ -2,7 +2,7 @@
 
 A relay (``perfmon relay``) keeps the full run model of its node's ranks and sends, for each rank
 its viewer does not follow in full, the rank's ``RankStats`` and the running totals ETTR needs,
-at most twice a second. The viewer's model then holds that rank as a summary instead of its step
+once a second. The viewer's model then holds that rank as a summary instead of its step
 records: every number the ranks pane, the heatmap, the straggler rule and the verdict read comes
 from it, at a cost that does not grow with the job's step rate. Written and read here, so both
 sides agree on the form; a field that is absent or of the wrong type is unknown (None).
@@ -13,7 +13,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
-from tui.model.buffers import TIMELINE_STEPS, RankState, num
+from tui.model.buffers import RankState, num
 from tui.model.readings import RankTrace
 from tui.model.stats import RankStats
 from tui.model.views import MemoryMetrics
@@ -57,7 +57,6 @@ def summary_record(state: RankState, st: RankStats, t: float) -> dict[str, Any]:
         "steps": (last["step"] + 1) if last is not None else 0,
         "first_start": state.first_start, "last_end": state.last_end, "inside": state.inside,
         "unseen": state.unseen, "loader_seen": state.loader_seen,
-        "data_wait": [round(x, 4) for x in st.trace.data_wait[-TIMELINE_STEPS:]],
     }
 
 
@@ -82,8 +81,7 @@ def read_summary(rec: dict[str, Any]) -> RankSummary:
             count, nbytes, secs, bus = (num(x) for x in row)
             if count is not None and nbytes is not None and secs is not None:
                 comm[op] = (int(count), int(nbytes), secs, bus)
-    waits = rec.get("data_wait") if isinstance(rec.get("data_wait"), list) else []
-    trace = RankTrace(steps=(), data_wait=tuple(x for x in map(num, waits) if x is not None), cpu=())
+    trace = RankTrace(steps=(), data_wait=(), cpu=())      # a rank's history comes with its steps in full
     stats = RankStats(**values, trace=trace, memory=memory, comm_delta=comm)
     steps = rec.get("steps")
     return RankSummary(stats, steps if isinstance(steps, int) and not isinstance(steps, bool) and steps >= 0 else 0)

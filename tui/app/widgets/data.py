@@ -22,7 +22,7 @@ class DataPane(Pane):
         wait = Text.assemble(("wait ", "bold"))
         wait.append_text(glyphs.judged(m.data_wait_frac, "data_wait", units.pct, verdict))
         wait.append(" of step", style=glyphs.DIM)
-        rank = _worst_rank(view) if ui.selected_rank is None else focus_rank(view, ui, verdict)
+        rank = worst_data_rank(view) if ui.selected_rank is None else focus_rank(view, ui, verdict)
         if len(view.ranks) > 1:
             wait.append(" (worst rank)", style=glyphs.DIM)
             wait.append(f"  history: rank {rank}", style=glyphs.DIM)
@@ -58,7 +58,8 @@ class DataPane(Pane):
         return lines[:height]
 
 
-def _worst_rank(view: JobView) -> int | None:
+def worst_data_rank(view: JobView) -> int | None:
+    """The rank that waits most for data: its history is drawn when no rank is selected."""
     known = [r for r in view.ranks if r.data_wait_frac is not None]
     if not known:
         return view.ranks[0].rank if view.ranks else None
