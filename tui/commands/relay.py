@@ -258,7 +258,7 @@ def main(args: Any) -> int:
     if args.tcp:
         return serve_tcp(args.job, args.tcp)
     if not args.stdio:
-        raise UserError("relay: give --stdio (started through ssh: perfmon attach --hosts ...) or --tcp [HOST:]PORT")
+        raise UserError("give --stdio (started through ssh: perfmon attach --hosts ...) or --tcp [HOST:]PORT")
     out = StdoutRelay(sys.stdout.buffer)
     stdin_fd = sys.stdin.fileno() if not sys.stdin.isatty() else None
     try:
