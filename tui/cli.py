@@ -98,6 +98,7 @@ def build_parser() -> argparse.ArgumentParser:
     profile.add_argument("--json", action="store_true", help="print the profile JSON (the report's `profile`)")
     profile.add_argument("--timeout", type=float, default=120.0, help="seconds to wait for the steps (default 120)")
     profile.add_argument("--token", default=None, help="token for host:port (default: read from the token file)")
+    _hosts_options(profile, token=False)
 
     capture = sub.add_parser("capture", help="torch.profiler over the next N steps of a live job: a trace per "
                                              "rank and its top operators")
@@ -106,6 +107,7 @@ def build_parser() -> argparse.ArgumentParser:
     capture.add_argument("--ranks", default=None, metavar="LIST", help="ranks to capture, e.g. 0,3 (default: all here)")
     capture.add_argument("--json", action="store_true", help="print the summaries as JSON")
     capture.add_argument("--timeout", type=float, default=120.0, help="seconds to wait for the steps (default 120)")
+    _hosts_options(capture)
 
     export = sub.add_parser("export", help="a live job's metrics for Prometheus, or recordings as a Chrome trace")
     what = export.add_mutually_exclusive_group(required=True)

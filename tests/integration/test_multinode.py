@@ -344,3 +344,25 @@ def test_relay_port_without_a_token_is_one_line(two_nodes):
     assert out.returncode == 2
     assert out.stderr.strip() == ("perfmon report: --relay-port needs the relays' token: --token TOKEN or "
                                   "PERFMON_TOKEN (set the same PERFMON_TOKEN for 'perfmon relay --tcp' on every host)")
+
+
+def test_profile_and_capture_of_ranks_on_other_nodes_from_the_command_line(two_nodes):
+    """``perfmon profile --hosts ... --rank 3`` and ``perfmon capture --hosts ... --ranks 0,3``: each
+    rank asked through its node's relay, the results printed here as for a local job."""
+    prof = subprocess.run([sys.executable, "-m", "tui.cli", "profile", "mn", "--hosts", "n01,n02", "--rank", "3",
+                           "--steps", "3", "--depth", "1", "--json", "--timeout", "90"],
+                          capture_output=True, text=True, timeout=150, env=two_nodes)
+    assert prof.returncode == 0, prof.stderr
+    data = json.loads(prof.stdout)
+    assert data["rank"] == 3 and data["steps"] == 3 and [m["type"] for m in data["modules"]][-1] == "Linear"
+    assert "profiling rank 3 on n02" in prof.stderr
+    cap = subprocess.run([sys.executable, "-m", "tui.cli", "capture", "mn", "--hosts", "n01,n02", "--ranks", "0,3",
+                          "--steps", "2", "--json", "--timeout", "90"],
+                         capture_output=True, text=True, timeout=150, env=two_nodes)
+    assert cap.returncode == 0, cap.stderr
+    caps = json.loads(cap.stdout)
+    assert sorted(c["rank"] for c in caps["captures"]) == [0, 3] and caps["errors"] == []
+    missing = subprocess.run([sys.executable, "-m", "tui.cli", "profile", "mn", "--hosts", "n01,n02", "--rank", "9",
+                              "--timeout", "5"], capture_output=True, text=True, timeout=60, env=two_nodes)
+    assert missing.returncode == 2 and "Traceback" not in missing.stderr
+    assert missing.stderr.strip().splitlines()[-1] == "perfmon profile: job mn has no rank 9 on those hosts"

@@ -1,7 +1,8 @@
 """``perfmon capture TARGET``: torch.profiler over the next N steps of a live job, on demand.
 
-Each rank asked (``--ranks``, default all on this host) starts the profiler at a step boundary,
-writes a gzip Chrome trace beside its recording and answers with a summary (``probe.capture``).
+Each rank asked (``--ranks``, default all on this host, or on ``--hosts`` through their relays)
+starts the profiler at a step boundary, writes a gzip Chrome trace beside its recording (on its
+own host) and answers with a summary (``probe.capture``).
 """
 
 from __future__ import annotations
@@ -9,35 +10,61 @@ from __future__ import annotations
 import json
 import sys
 from concurrent.futures import ThreadPoolExecutor
-from typing import Any
+from typing import Any, Callable
 
 from tui.errors import UserError
 from tui.model.capture import capture_reading
 
 
 def main(args: Any) -> int:
+    from tui.commands.attach import remote_feed
     from tui.stream import discovery
     from tui.stream.requests import Target, ask
 
-    endpoints = discovery.resolve_live(args.target)
     wanted = _ranks(args.ranks)
+    remote = remote_feed(args)
+    if remote is not None:
+        return _across_hosts(args, remote, wanted)
+    endpoints = discovery.resolve_live(args.target)
     chosen = [ep for ep in endpoints if wanted is None or ep.rank in wanted]
     if not chosen:
         raise UserError(f"job {endpoints[0].job} has none of ranks {args.ranks} on this host "
                         f"(here: {', '.join(str(ep.rank) for ep in endpoints)})")
     print(f"capturing the next {args.steps} steps of {len(chosen)} rank(s) of {chosen[0].job} ...", file=sys.stderr)
+    targets = [(ep.rank, Target(path=ep.socket, label=f"rank {ep.rank}")) for ep in chosen]
+    return _capture(args, [(rank, lambda t=t: ask(t, "capture", {"steps": args.steps}, args.timeout, "capture"))
+                           for rank, t in targets])
 
-    def one(ep: Any) -> dict[str, Any] | str:
+
+def _across_hosts(args: Any, feed: Any, wanted: set[int] | None) -> int:
+    """``--hosts``: each wanted rank (default: all) asked through its node's relay."""
+    from tui.stream.remote import RemoteJob
+
+    with RemoteJob(feed) as job:
+        rows = job.ranks(wanted, args.timeout)
+        if wanted is not None and {r.rank for r in rows} != wanted:
+            missing = ", ".join(map(str, sorted(wanted - {r.rank for r in rows})))
+            raise UserError(f"job {args.target} has no rank {missing} on those hosts")
+        print(f"capturing the next {args.steps} steps of {len(rows)} rank(s) of {args.target} on "
+              f"{len(feed.hosts)} host(s) ...", file=sys.stderr)
+        targets = [(r.rank, job.target(r.stream)) for r in rows]
+        return _capture(args, [(rank, lambda t=t: t.ask("capture", {"steps": args.steps}, args.timeout, "capture"))
+                               for rank, t in targets])
+
+
+def _capture(args: Any, asks: list[tuple[int, Callable[[], dict[str, Any]]]]) -> int:
+    """Ask every rank at once; print what came back and each refusal or failure in one line."""
+
+    def one(item: tuple[int, Callable[[], dict[str, Any]]]) -> dict[str, Any] | str:
         try:
-            return ask(Target(path=ep.socket, label=f"rank {ep.rank}"), "capture", {"steps": args.steps},
-                       args.timeout, "capture")
+            return item[1]()
         except UserError as exc:
             return str(exc)
 
-    with ThreadPoolExecutor(max_workers=min(16, len(chosen))) as pool:
-        results = list(pool.map(one, chosen))
+    with ThreadPoolExecutor(max_workers=min(16, len(asks))) as pool:
+        results = list(pool.map(one, asks))
     failed = [r for r in results if isinstance(r, str)]
-    done = [capture_reading(r, ep.rank) for ep, r in zip(chosen, results) if not isinstance(r, str)]
+    done = [capture_reading(r, rank) for (rank, _), r in zip(asks, results) if not isinstance(r, str)]
     if args.json:
         print(json.dumps({"captures": [c.as_json() for c in done], "errors": failed}, indent=2))
     else:

@@ -21,9 +21,13 @@ DEFAULT_DEPTH = 3
 
 
 def main(args: Any) -> int:
+    from tui.commands.attach import remote_feed
     from tui.stream import discovery
     from tui.stream.requests import Target, ask
 
+    remote = remote_feed(args)
+    if remote is not None:
+        return _across_hosts(args, remote)
     host_port = discovery.parse_host_port(args.target) if args.target else None
     if host_port is not None:
         target = Target(host=host_port[0], port=host_port[1], token=discovery.read_token(args.token))
@@ -41,9 +45,30 @@ def main(args: Any) -> int:
     print(f"profiling {target.label}: the next {args.steps} steps to depth {args.depth} ...", file=sys.stderr)
     ask(target, "profile", {"steps": args.steps, "depth": args.depth}, args.timeout, "profile",
         on_record=lambda record: model.ingest(stream, record))
-    profile = model.view().profile
+    return _show(args, model.view().profile, target.label)
+
+
+def _across_hosts(args: Any, feed: Any) -> int:
+    """``--hosts``: the rank (``--rank``, else the lowest) asked through its node's relay, which
+    sends its steps in full meanwhile, so the profile's cost is measured as on the node."""
+    from tui.stream.remote import RemoteJob
+
+    with RemoteJob(feed) as job:
+        rows = job.ranks(None if args.rank is None else {args.rank}, args.timeout)
+        if not rows:
+            raise UserError(f"job {args.target} has no rank {args.rank} on those hosts")
+        row = min(rows, key=lambda r: r.rank)
+        job.follow({row.stream})
+        target = job.target(row.stream)
+        print(f"profiling {target.label}: the next {args.steps} steps to depth {args.depth} ...", file=sys.stderr)
+        target.ask("profile", {"steps": args.steps, "depth": args.depth}, args.timeout, "profile")
+        profile = job.view().profile
+    return _show(args, profile, target.label)
+
+
+def _show(args: Any, profile: Any, label: str) -> int:
     if profile is None:     # cannot happen once the record arrived; said rather than assumed
-        raise UserError(f"{target.label}: the profile record could not be read")
+        raise UserError(f"{label}: the profile record could not be read")
     data = profile.as_json()
     if args.json:
         print(json.dumps(data, indent=2))

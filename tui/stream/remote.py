@@ -344,3 +344,76 @@ def _stop(proc: asyncio.subprocess.Process) -> None:
             proc.terminate()
     except ProcessLookupError:
         pass
+
+
+class RemoteJob:
+    """A ``RelayFeed`` on an event loop of its own thread, for the commands that ask ranks on other
+    hosts (``perfmon profile``/``capture --hosts``): they block on answers while the feed reads on.
+
+    The run model is only read on the feed's loop (``view``), never from the calling thread."""
+
+    def __init__(self, feed: RelayFeed) -> None:
+        self.feed = feed
+        self.loop = asyncio.new_event_loop()
+        self._thread = threading.Thread(target=self.loop.run_forever, name="perfmon-relays", daemon=True)
+        self._run: asyncio.Task | None = None
+
+    def __enter__(self) -> "RemoteJob":
+        self._thread.start()
+        self._call(self._start())
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        try:
+            self._call(self._stop())
+        except (concurrent.futures.TimeoutError, OSError):
+            pass
+        self.loop.call_soon_threadsafe(self.loop.stop)
+        self._thread.join(STOP_S * 2)
+        if not self._thread.is_alive():
+            self.loop.close()
+
+    def _call(self, coro: Any) -> Any:
+        return asyncio.run_coroutine_threadsafe(coro, self.loop).result(STOP_S * 3)
+
+    async def _start(self) -> None:
+        self._run = asyncio.ensure_future(self.feed.run())
+
+    async def _stop(self) -> None:
+        await self.feed.aclose()
+        if self._run is not None:
+            self._run.cancel()
+            await asyncio.gather(self._run, return_exceptions=True)
+
+    def view(self) -> Any:
+        """The job as its relays have told it so far (computed on the feed's loop)."""
+        async def now() -> Any:
+            return self.feed.model.view(now=self.feed.now(), clock=self.feed.clock())
+        return self._call(now())
+
+    def ranks(self, wanted: set[int] | None, timeout: float) -> list[Any]:
+        """The ``RankView`` of each wanted rank (None: every rank of the job) once all have spoken, or
+        those that came within ``timeout``; raises when no rank at all answered."""
+        deadline = time.monotonic() + timeout
+        while True:
+            view = self.view()
+            spoke = [r for r in view.ranks if r.answered]
+            found = [r for r in spoke if wanted is None or r.rank in wanted]
+            complete = bool(found) and len(found) == (len(wanted) if wanted is not None else view.world_size)
+            if complete or self.feed.ended or time.monotonic() > deadline:
+                if not spoke:
+                    raise UserError("; ".join(view.problems) or "no rank of the job answered through the relays")
+                return found
+            time.sleep(0.2)
+
+    def follow(self, stream_ids: set[str] | None) -> None:
+        self.loop.call_soon_threadsafe(self.feed.follow, stream_ids)
+
+    def target(self, stream_id: str) -> "RelayTarget":
+        got = self._call(self._target(stream_id))
+        if isinstance(got, str):
+            raise UserError(got)
+        return got
+
+    async def _target(self, stream_id: str) -> "RelayTarget | str":
+        return self.feed.request_target(stream_id)
