@@ -42,6 +42,7 @@ DEFAULT_MODULES = [
 # The unit tests of those modules (a whole-suite run per mutant would take hours on two cores).
 DEFAULT_TESTS = [
     "tests/unit/test_runmodel.py",
+    "tests/unit/test_stats.py",
     "tests/unit/test_readings.py",
     "tests/unit/test_window_memory.py",
     "tests/unit/test_losses.py",
