@@ -213,6 +213,15 @@ def test_without_memory_records_a_gpu_job_takes_the_window_steps_reserved_else_p
     assert m.peak_bytes == 24 * GB and m.peak_frac == pytest.approx(0.3)
 
 
+def test_a_gpu_job_without_memory_figures_counts_its_ooms_and_claims_no_source_or_limit():
+    oom = {"k": "event", "t": T0 + 0.1, "name": "oom"}      # at the window start (the end of step 0): inside
+    recs = records(Rank(steps=30, dur=0.1, gpu_util=90, extra_records=[oom]), device="cuda")
+    recs[0]["device"].pop("memory_total")
+    m = feed(("s", recs)).view().metrics.memory
+    assert (m.source, m.limit_bytes, m.limit_source, m.peak_bytes, m.peak_frac) == (None, None, None, None, None)
+    assert m.ooms == 1
+
+
 def test_a_host_memory_records_own_limit_wins_over_the_samples():
     rec = _mem(T0 + 2.0, device="cpu", rss=3 * GB, limit=8 * GB, limit_source="cgroup")
     m = job(Rank(rss=1 * GB, mem_limit=16 * GB, extra_records=[rec])).view().metrics.memory
