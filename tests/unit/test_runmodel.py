@@ -668,3 +668,31 @@ def test_an_older_generations_records_stay_with_it_and_a_restart_reads_from_its_
     for rec in records(Rank(0, steps=8, pid=22, restart=1, start=T0 + 100)):
         restarted.ingest("/tmp/new.sock", rec)
     assert restarted.view().ranks[0].stream == "/tmp/new.sock"
+
+
+def test_a_rank_held_from_its_socket_name_shows_its_job_pid_and_restart_before_it_speaks():
+    model = RunModel()
+    model.expect("/tmp/j.r0.x2.p4321.sock", 0, "train-7", 4321, 2, clock=10.0)
+    view = model.view(now=T0, clock=12.0)
+    (r,) = view.ranks
+    assert (view.job, r.pid, r.restart, r.generation, r.answered) == ("train-7", 4321, 2, 0, False)
+
+
+def test_holding_a_place_never_replaces_a_rank_that_already_spoke():
+    model = job(Rank(0, steps=10))
+    stream = model.view().ranks[0].stream
+    model.expect("/tmp/other.sock", 0, "synth", 999, 0, clock=10.0)     # same rank, another socket
+    model.expect(stream, 5, "synth", 1000, 0, clock=10.0)              # same socket, another rank number
+    view = model.view()
+    assert [(r.rank, r.stream, r.steps, r.pid) for r in view.ranks] == [(0, stream, 10, 1000)]
+
+
+def test_the_view_shows_the_newest_profile_of_any_rank():
+    def profile(t: float) -> dict:
+        return {"k": "profile", "t": t, "id": 1, "steps": 2, "first_step": 4, "last_step": 5, "depth": 1,
+                "step_s": 0.1, "timer": "perf_counter", "modules": [
+                    {"name": "", "type": "Net", "depth": 0, "params": 10, "calls": 1.0, "fwd_s": 0.03, "bwd_s": 0.05}]}
+    newer_on_1 = job(Rank(0, extra_records=[profile(T0 + 2.0)]), Rank(1, extra_records=[profile(T0 + 2.5)]))
+    assert newer_on_1.view().profile.rank == 1
+    newer_on_0 = job(Rank(0, extra_records=[profile(T0 + 2.5)]), Rank(1, extra_records=[profile(T0 + 2.0)]))
+    assert newer_on_0.view().profile.rank == 0
