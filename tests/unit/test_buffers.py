@@ -65,3 +65,5 @@ def test_a_recorded_rank_viewed_with_a_live_clock_is_not_silent():
     model = feed(records(Rank(steps=10, dur=0.1)))               # a recording: no arrival clock
     r = model.view(now=T0 + 3.0, clock=500.0).ranks[0]
     assert r.silent_s is None and r.since_last_step_s == pytest.approx(2.0)
+    hello_only = feed(records(Rank(steps=0)))                    # a process that died before its first step
+    assert hello_only.view(now=T0 + 3.0, clock=500.0).ranks[0].silent_s is None

@@ -7,7 +7,7 @@ import dataclasses
 
 import pytest
 
-from tests.unit.verdict_synth import T0, Rank, job
+from tests.unit.verdict_synth import T0, Rank, job, records
 from tui.model import flowchart as chart
 from tui.model import verdict as V
 from tui.model.runmodel import RunModel
@@ -564,4 +564,22 @@ def test_walk_on_its_own_accounts_the_losses_of_the_views_device():
 def test_a_warming_up_verdict_still_carries_the_loss_accounting():
     v = V.evaluate(job(Rank(steps=3)).view())
     assert v.bottleneck == "warming_up"
+    assert [x["id"] for x in v.as_json()["losses"]] == ["data_wait", "comm_exposed", "device_idle", "step_gaps"]
+
+
+def test_one_ranks_recording_of_a_two_rank_job_leaves_the_straggler_question_undecided():
+    """``perfmon report`` on rank 0's file alone: the job had a peer, its compute time is just not here."""
+    model = RunModel()
+    for rec in records(Rank(0, dur=0.1, comm=0.03), world=2):
+        model.ingest("r0", rec)
+    v = V.evaluate(model.view())
+    assert v.bottleneck == "communication"
+    assert v.evidence["undecided"] == {"straggler": "needs compute time of two or more ranks"}
+
+
+def test_a_stuck_verdict_keeps_the_findings_and_the_loss_accounting():
+    from tests.unit.test_stuck import SLEEPER, WAITER, two_ranks
+    view = dataclasses.replace(two_ranks([WAITER], [SLEEPER]).view(), drops_total=4)
+    v = V.evaluate(view)
+    assert v.bottleneck == "stuck" and "drops" in v.finding_ids
     assert [x["id"] for x in v.as_json()["losses"]] == ["data_wait", "comm_exposed", "device_idle", "step_gaps"]
