@@ -605,3 +605,18 @@ def test_a_device_memory_verdict_speaks_of_the_windows_peak():
     v = V.evaluate(job(Rank(gpu_util=97, extra_records=[mem]), device="cuda").view())
     assert v.bottleneck == "memory"
     assert v.headline == "Memory, device memory: window peak 81.6 GB is 95% of the 85.9 GB limit"
+
+
+def test_compute_efficiency_with_a_module_profile_cites_the_slowest_module_for_its_flops():
+    from tests.unit.test_profile_model import MODULES, _record
+    profile = dict(_record(MODULES, peak=PEAK), t=T0 + 2.5)
+    view = job(Rank(dur=0.1, flops=PEAK * 0.1 * 0.2, gpu_util=97, extra_records=[profile]), device="cuda",
+               peak=PEAK).view()
+    v = V.evaluate(view)
+    cited = "slow: 60% of the step at 500GFLOP/s (0% of peak)"
+    assert v.bottleneck == "compute_efficiency"
+    assert v.headline == ("Compute efficiency: device busy 97% but MFU 20% of a 100 TFLOP/s peak (device table, "
+                          f"bf16); slowest for its FLOPs: {cited}")
+    assert v.suggestions[0] == ("start with slow (Linear): batch its small ops into large matmuls, or fuse them "
+                                "(torch.compile)")
+    assert v.evidence["profile_marked"] == cited
