@@ -300,3 +300,9 @@ def test_a_window_inside_one_record_period_counts_the_latest_period():
     assert [(r.op, r.count) for r in both_inside.comm_ops] == [("all_reduce", 20)]
     only_one = job(Rank(extra_records=[ar(T0 + 2.8, 60)]), model=RunModel(window_steps=10)).view()
     assert [(r.op, r.count) for r in only_one.comm_ops] == [("all_reduce", 60)]
+
+
+def test_memory_is_reported_while_the_job_is_still_warming_up():
+    view = job(Rank(steps=3, rss=4 * GB, mem_limit=16 * GB)).view()
+    assert view.warming_up
+    assert view.metrics.memory.peak_frac == pytest.approx(0.25) and view.metrics.memory.rank == 0
