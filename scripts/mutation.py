@@ -39,9 +39,15 @@ DEFAULT_MODULES = [
     "probe/wire.py",
     "probe/recording.py",
 ]
-# The unit tests of those modules (a whole-suite run per mutant would take hours on two cores).
+# The unit tests of those modules and of the model pieces the run model calls (stuck, profile, capture);
+# a whole-suite run per mutant would take hours on two cores.
 DEFAULT_TESTS = [
     "tests/unit/test_runmodel.py",
+    "tests/unit/test_stats.py",
+    "tests/unit/test_buffers.py",
+    "tests/unit/test_stuck.py",
+    "tests/unit/test_profile_model.py",
+    "tests/unit/test_capture_model.py",
     "tests/unit/test_readings.py",
     "tests/unit/test_window_memory.py",
     "tests/unit/test_losses.py",

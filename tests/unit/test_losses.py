@@ -150,3 +150,23 @@ def test_each_loss_names_its_source_or_why_it_is_unknown_in_the_reports_words():
     assert gpu_unknown[2] == {"id": "device_idle", "label": "device idle, no other cause", "share": None,
                               "why_unknown": "GPU activity not measured (NVML utilization unavailable)"}
     assert gpu_unknown[3]["share"] == 0.0
+
+
+def test_estimated_or_uninstrumented_comm_says_so_and_report_shares_have_four_decimals():
+    estimated = by_id(account(Metrics(comm_exposed_frac=0.123456, comm_estimated=True), "cuda"))["comm_exposed"]
+    assert estimated.as_json() == {"id": "comm_exposed", "label": "exposed communication", "share": 0.1235,
+                                   "source": "estimated from collective times"}
+    missing = by_id(account(Metrics(), "cuda"))["comm_exposed"]
+    assert missing.as_json() == {"id": "comm_exposed", "label": "exposed communication", "share": None,
+                                 "why_unknown": "collectives not instrumented (mon.watch(model=ddp_model))"}
+    unexposed = by_id(account(Metrics(comm_frac=0.6), "cuda"))["comm_exposed"]
+    assert unexposed.source.startswith("collectives take 60% of the step")
+
+
+def test_each_loss_the_verdict_does_not_name_is_a_finding_with_its_source_and_share():
+    v = V.evaluate(_view(device_busy=0.55, device_busy_source="nvml", data_wait_frac=0.15, comm_exposed_frac=0.25,
+                         compute_ratio=1.0, loader_workers=2, loader_cpu=0.02))
+    found = {f["id"]: f for f in v.findings}
+    assert found["comm_exposed"] == {"id": "comm_exposed", "share": 0.25, "source": "time blocked in collectives",
+                                     "message": "exposed communication also takes 25% of each step"}
+    assert found["data_wait"]["message"] == "data wait also takes 15% of each step"

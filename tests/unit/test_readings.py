@@ -103,3 +103,13 @@ def test_the_gpu_status_line_is_the_probes_own_words_from_the_hello_else_the_new
     assert model(None, [{"gpu_status": "NVML gone"}, {"host": {}}, {"gpu_status": "NVML back off"}, {}]).view() \
         .device_status == "NVML back off"
     assert model(None, [{"host": {}}]).view().device_status is None
+
+
+def test_a_rank_without_samples_yet_does_not_hide_the_gpus_of_the_ranks_after_it():
+    samples = [_sample({"index": 0, "util": 0.5})]
+    rows = gpu_rows([(0, "n1", 0, []), (1, "n2", 0, samples)])
+    assert [(r.rank, r.gpu.index) for r in rows] == [(1, 0)]
+
+
+def test_an_old_probes_utilization_over_1_percent_is_a_percent():
+    assert gpu_reading({"index": 0, "util": 1.5}).util == pytest.approx(0.015)

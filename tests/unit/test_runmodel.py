@@ -526,3 +526,173 @@ def test_loader_cpu_and_host_memory_describe_the_last_seconds_not_the_whole_wind
     m = model.view().metrics
     assert m.loader_cpu == pytest.approx(0.02)
     assert m.memory.peak_bytes == 2 * GB
+
+
+# -- the view's job-level fields, the clock, records that change a rank's state -------------------
+def test_an_empty_model_is_a_cpu_job_with_no_window():
+    view = RunModel().view(now=T0)
+    assert (view.job, view.device_type, view.started, view.ranks, view.metrics.steps) == (None, "cpu", None, [], 0)
+    assert view.window == {"steps": 0, "seconds": 0.0}
+
+
+def test_job_name_device_name_first_hello_time_and_a_window_in_milliseconds():
+    late = records(Rank(0, steps=30, dur=0.01234, gpu_util=50), device="cuda")
+    early = records(Rank(1, steps=30, dur=0.01234, gpu_util=50, start=T0 - 7.0), device="cuda")
+    model = RunModel()
+    for stream, recs in (("a", late), ("b", early)):
+        for r in recs:
+            model.ingest(stream, r)
+    view = model.view()
+    assert (view.job, view.device_type, view.device_name, view.started) == ("synth", "cuda", "Simulated GPU", T0 - 7.0)
+    assert view.window == {"steps": 29, "seconds": 0.358}     # 29 x 12.34 ms, to the millisecond
+    assert view.restarted == []
+
+
+def test_gpu_rows_are_per_host_and_a_rank_without_local_rank_uses_gpu_0():
+    streams = []
+    for rank, host in ((0, "node1"), (1, "node2")):
+        recs = records(Rank(rank, steps=8, gpu_util=40), world=2, device="cuda")
+        recs[0]["host"] = host
+        recs[0].pop("local_rank")
+        for r in recs:
+            if r["k"] == "sample":
+                r["gpus"] = [{"index": 0, "util": 40}, {"index": 1, "util": 0}]
+        streams.append((f"s{rank}", recs))
+    model = RunModel()
+    for stream, recs in streams:
+        for r in recs:
+            model.ingest(stream, r)
+    assert [(g.rank, g.gpu.index) for g in model.view().gpus] == [(0, 0), (1, 0)]
+
+
+def test_events_of_all_ranks_are_in_time_order():
+    ev = lambda t, name: {"k": "event", "t": T0 + t, "name": name, "seconds": 0.0}
+    model = job(Rank(0, extra_records=[ev(2.0, "eval")]), Rank(1, extra_records=[ev(1.0, "checkpoint")]))
+    assert [(e["rank"], e["name"]) for e in model.view().events] == [(1, "checkpoint"), (0, "eval")]
+
+
+def test_records_without_a_time_leave_the_clock_and_drops_add_up():
+    model = job(Rank(steps=10))
+    now = model.view().now
+    stream = model.view().ranks[0].stream
+    model.ingest(stream, {"k": "drops", "count": 1})
+    model.ingest(stream, {"k": "drops", "count": 2})
+    view = model.view()
+    assert view.now == now and view.drops_total == 3 and view.ranks[0].drops == 3
+
+
+def test_every_record_before_a_hello_is_an_orphan():
+    model = RunModel()
+    for i in range(3):
+        model.ingest("early", {"k": "step", "t": T0 + i, "step": i, "dur": 0.1})
+    assert model.orphans == 3 and model.view().ranks == []
+
+
+def test_a_step_record_without_its_duration_is_not_a_step():
+    model = job(Rank(steps=10))
+    stream = model.view().ranks[0].stream
+    model.ingest(stream, {"k": "step", "t": T0 + 5.0, "step": 10})
+    assert model.view().ranks[0].steps == 10
+
+
+def test_a_first_batch_event_means_the_loader_is_measured():
+    first = {"k": "event", "t": T0 + 0.05, "name": "first_batch", "seconds": 0.01}
+    assert job(Rank(extra_records=[first])).view().metrics.data_wait_frac == 0.0
+    assert job(Rank(extra_records=[dict(first, name="warning")])).view().metrics.data_wait_frac is None
+
+
+def test_blocking_events_before_a_step_add_up_to_its_gap():
+    recs = records(Rank(steps=12, dur=0.1))
+    for r in recs:
+        r.pop("gap", None)
+    idx = next(i for i, r in enumerate(recs) if r.get("step") == 10)
+    start = recs[idx]["start"]
+    recs[idx:idx] = [{"k": "event", "t": start, "name": "checkpoint", "seconds": 0.03},
+                     {"k": "event", "t": start, "name": "eval", "seconds": 0.02}]
+    model = RunModel()
+    for r in recs:
+        model.ingest("s", r)
+    assert model.view().traces[0].steps[10].gap == pytest.approx(0.05)
+
+
+def _stall(t: float, step: int | None) -> dict:
+    rec = {"k": "stall", "t": t, "seconds": 30.0, "threshold": 10.0, "where": "step"}
+    if step is not None:
+        rec["step"] = step
+    return rec
+
+
+def test_a_stall_ends_with_a_later_step_or_its_resumed_record_not_a_late_copy_of_its_step():
+    model = job(Rank(steps=10))
+    stream = model.view().ranks[0].stream
+    model.ingest(stream, _stall(T0 + 40.0, 9))
+    assert model.view().ranks[0].stall is not None
+    model.ingest(stream, {"k": "step", "t": T0 + 1.0, "step": 9, "start": T0 + 0.9, "dur": 0.1})   # a late copy
+    assert model.view().ranks[0].stall is not None
+    model.ingest(stream, {"k": "step", "t": T0 + 41.0, "step": 10, "start": T0 + 40.9, "dur": 0.1})
+    assert model.view().ranks[0].stall is None and model.view().ranks[0].stalled_s is None
+    model.ingest(stream, _stall(T0 + 80.0, 10))
+    model.ingest(stream, {"k": "resumed", "t": T0 + 81.0})
+    assert model.view().ranks[0].stall is None
+
+
+def test_a_stall_before_the_first_step_ends_with_step_0():
+    model = RunModel()
+    recs = records(Rank(steps=1))
+    model.ingest("s", recs[0])
+    model.ingest("s", _stall(T0 + 30.0, None))
+    assert model.view().ranks[0].stall is not None
+    model.ingest("s", recs[1])
+    assert model.view().ranks[0].stall is None
+
+
+def test_silence_runs_from_the_hello_and_stops_when_the_rank_said_bye():
+    model = RunModel()
+    recs = records(Rank(steps=3), bye=True)
+    model.ingest("s", recs[0], received=50.0)
+    assert model.view(clock=53.0).ranks[0].silent_s == pytest.approx(3.0)
+    for r in recs[1:]:
+        model.ingest("s", r, received=51.0)
+    assert model.view(clock=60.0).ranks[0].silent_s is None
+
+
+def test_an_older_generations_records_stay_with_it_and_a_restart_reads_from_its_new_stream():
+    model = RunModel()
+    for rec in records(Rank(0, steps=8, pid=22, restart=1, start=T0 + 100)):
+        model.ingest("new", rec)
+    for rec in records(Rank(0, steps=20, pid=11)):
+        model.ingest("old", rec)                    # read after the newer one: kept aside, not orphans
+    view = model.view()
+    assert model.orphans == 0 and view.ranks[0].steps == 8 and view.ranks[0].stream == "new"
+    restarted = job(Rank(0, steps=20, pid=11))
+    for rec in records(Rank(0, steps=8, pid=22, restart=1, start=T0 + 100)):
+        restarted.ingest("/tmp/new.sock", rec)
+    assert restarted.view().ranks[0].stream == "/tmp/new.sock"
+
+
+def test_a_rank_held_from_its_socket_name_shows_its_job_pid_and_restart_before_it_speaks():
+    model = RunModel()
+    model.expect("/tmp/j.r0.x2.p4321.sock", 0, "train-7", 4321, 2, clock=10.0)
+    view = model.view(now=T0, clock=12.0)
+    (r,) = view.ranks
+    assert (view.job, r.pid, r.restart, r.generation, r.answered) == ("train-7", 4321, 2, 0, False)
+
+
+def test_holding_a_place_never_replaces_a_rank_that_already_spoke():
+    model = job(Rank(0, steps=10))
+    stream = model.view().ranks[0].stream
+    model.expect("/tmp/other.sock", 0, "synth", 999, 0, clock=10.0)     # same rank, another socket
+    model.expect(stream, 5, "synth", 1000, 0, clock=10.0)              # same socket, another rank number
+    view = model.view()
+    assert [(r.rank, r.stream, r.steps, r.pid) for r in view.ranks] == [(0, stream, 10, 1000)]
+
+
+def test_the_view_shows_the_newest_profile_of_any_rank():
+    def profile(t: float) -> dict:
+        return {"k": "profile", "t": t, "id": 1, "steps": 2, "first_step": 4, "last_step": 5, "depth": 1,
+                "step_s": 0.1, "timer": "perf_counter", "modules": [
+                    {"name": "", "type": "Net", "depth": 0, "params": 10, "calls": 1.0, "fwd_s": 0.03, "bwd_s": 0.05}]}
+    newer_on_1 = job(Rank(0, extra_records=[profile(T0 + 2.0)]), Rank(1, extra_records=[profile(T0 + 2.5)]))
+    assert newer_on_1.view().profile.rank == 1
+    newer_on_0 = job(Rank(0, extra_records=[profile(T0 + 2.5)]), Rank(1, extra_records=[profile(T0 + 2.0)]))
+    assert newer_on_0.view().profile.rank == 0

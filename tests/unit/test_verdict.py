@@ -7,7 +7,7 @@ import dataclasses
 
 import pytest
 
-from tests.unit.verdict_synth import T0, Rank, job
+from tests.unit.verdict_synth import T0, Rank, job, records
 from tui.model import flowchart as chart
 from tui.model import verdict as V
 from tui.model.runmodel import RunModel
@@ -512,3 +512,74 @@ def test_tensor_core_answer_when_mfu_is_unknown():
     two = dataclasses.replace(view, gpus=(GpuRow(0, GpuReading(0, 0.97, tensor_active=0.2), ()),
                                           GpuRow(1, GpuReading(1, 0.97, tensor_active=0.4), ())))
     assert V.walk(two)[2]["mfu"] == pytest.approx(0.3)
+
+
+# -- the path as the panes draw it, the report's verdict object -------------------------------------
+def test_path_steps_give_each_questions_measured_value_and_the_exit_taken():
+    io_bound = V.evaluate(job(Rank(dur=0.1, data=0.04, loader_workers=2, loader_cpu=0.05)).view())
+    assert io_bound.bottleneck == "data_loading"
+    assert [(s.node.id, s.value, s.answer) for s in io_bound.steps()] == [
+        ("memory", pytest.approx(0.0625), "no"), ("device_busy", pytest.approx(0.6), "yes"),
+        ("data_wait", pytest.approx(0.4), "yes"), ("loader_cpu", pytest.approx(0.05), "no")]
+    cpu_bound = V.evaluate(job(Rank(dur=0.1, data=0.04, loader_workers=2, loader_cpu=0.5)).view())
+    assert cpu_bound.bottleneck == "data_preprocessing"
+    assert [(s.node.id, s.answer) for s in cpu_bound.steps()][-1] == ("loader_cpu", "yes")
+
+
+def test_a_question_not_asked_is_a_step_without_value_or_exit_and_the_reports_unknown_says_why():
+    v = V.evaluate(job(Rank(dur=0.1, data=0.04, rss=None)).view())       # no memory figure, no loader CPU
+    assert [(s.node.id, s.value, s.answer) for s in v.steps()] == [
+        ("memory", None, None), ("device_busy", pytest.approx(0.6), "yes"), ("data_wait", pytest.approx(0.4), "yes"),
+        ("loader_cpu", None, None)]
+    out = v.as_json()
+    assert out["unknown"] == {"memory_peak_frac": "memory limit or peak not reported",
+                              "loader_cpu": "loader CPU not measured: cannot tell preprocessing from I/O"}
+    assert out["stuck"] is None
+
+
+def test_a_second_rank_still_warming_up_leaves_the_straggler_question_undecided_a_single_rank_does_not():
+    two = V.evaluate(job(Rank(0, dur=0.1, comm=0.03), Rank(1, steps=3, dur=0.1, comm=0.03)).view())
+    assert two.bottleneck == "communication"
+    assert two.evidence["undecided"] == {"straggler": "needs compute time of two or more ranks"}
+    assert two.headline.endswith("; cannot tell a slow rank from slow communication (needs compute time of two "
+                                 "or more ranks)")
+    one = V.evaluate(job(Rank(0, dur=0.1, comm=0.03)).view())
+    assert one.bottleneck == "communication" and "undecided" not in one.evidence
+    assert one.headline == "Communication: exposed collective is 30% of the step"
+
+
+def test_the_mfu_question_notes_the_peak_it_divided_by():
+    v = V.evaluate(job(Rank(dur=0.1, flops=5e12, gpu_util=95), device="cuda", peak=100e12).view())
+    assert v.bottleneck == "healthy"
+    assert v.evidence["notes"]["mfu"] == "of a 100 TFLOP/s peak (device table, bf16)"
+
+
+def test_walk_on_its_own_accounts_the_losses_of_the_views_device():
+    view = job(Rank(dur=0.1, gpu_util=75), device="cuda").view()   # busy over 70% but idle 25%: the loss opens the gate
+    leaf, path, _ = V.walk(view)
+    assert (leaf, path) == (V.evaluate(view).bottleneck, V.evaluate(view).path) == (
+        "host_overhead", ["memory", "device_busy", "data_wait", "comm_exposed", "syncs"])
+
+
+def test_a_warming_up_verdict_still_carries_the_loss_accounting():
+    v = V.evaluate(job(Rank(steps=3)).view())
+    assert v.bottleneck == "warming_up"
+    assert [x["id"] for x in v.as_json()["losses"]] == ["data_wait", "comm_exposed", "device_idle", "step_gaps"]
+
+
+def test_one_ranks_recording_of_a_two_rank_job_leaves_the_straggler_question_undecided():
+    """``perfmon report`` on rank 0's file alone: the job had a peer, its compute time is just not here."""
+    model = RunModel()
+    for rec in records(Rank(0, dur=0.1, comm=0.03), world=2):
+        model.ingest("r0", rec)
+    v = V.evaluate(model.view())
+    assert v.bottleneck == "communication"
+    assert v.evidence["undecided"] == {"straggler": "needs compute time of two or more ranks"}
+
+
+def test_a_stuck_verdict_keeps_the_findings_and_the_loss_accounting():
+    from tests.unit.test_stuck import SLEEPER, WAITER, two_ranks
+    view = dataclasses.replace(two_ranks([WAITER], [SLEEPER]).view(), drops_total=4)
+    v = V.evaluate(view)
+    assert v.bottleneck == "stuck" and "drops" in v.finding_ids
+    assert [x["id"] for x in v.as_json()["losses"]] == ["data_wait", "comm_exposed", "device_idle", "step_gaps"]

@@ -13,10 +13,11 @@ import dataclasses
 import pytest
 
 from tests.unit.test_stuck import SLEEPER, WAITER
-from tests.unit.verdict_synth import Rank, job
+from tests.unit.verdict_synth import T0, Rank, job, records
 from tui.model import explain
 from tui.model import verdict as V
 from tui.model.readings import GpuRow, RankTrace, StepBar, gpu_reading
+from tui.model.runmodel import RunModel
 from tui.model.views import MemoryMetrics
 
 GB = 1 << 30
@@ -561,3 +562,61 @@ def test_outcome_labels_come_from_the_rule_table_and_unknown_ids_are_spelled_out
     assert [V.label(r.id) for r in V.RULES_TABLE] == [r.label for r in V.RULES_TABLE]
     assert V.label("host_sync") == "HOST-DEVICE SYNC" and V.label("data_loading") == "DATA LOADING"
     assert V.label("stuck_in_io") == "STUCK IN IO"
+
+
+def test_throttled_gpus_are_listed_by_rank_then_index_an_unknown_index_first():
+    view = dataclasses.replace(_view(), gpus=(
+        GpuRow(0, gpu_reading({"index": 1, "throttle": ["hw_slowdown"]}), ()),
+        GpuRow(0, gpu_reading({"throttle": ["sw_thermal"]}), ()),              # an older probe: no index
+        GpuRow(0, gpu_reading({"index": 0, "throttle": ["sw_power_cap"]}), ())))
+    (found,) = [f for f in explain.findings(view) if f["id"] == "throttling"]
+    assert [(g["index"], g["reason"]) for g in found["gpus"]] == [(None, "sw_thermal"), (0, "sw_power_cap"),
+                                                                   (1, "hw_slowdown")]
+
+
+def test_a_straggler_on_a_multi_node_job_is_named_with_its_host():
+    model = RunModel()
+    for rank, host, exposed in ((0, "node1", 0.04), (1, "node2", 0.004)):
+        recs = records(Rank(rank, dur=0.1, comm=exposed, gpu_util=90), world=2, device="cuda")
+        recs[0]["host"] = host
+        for r in recs:
+            model.ingest(f"s{rank}", r)
+    v = V.evaluate(model.view())
+    assert v.bottleneck == "load_imbalance" and v.straggler_rank == 1
+    assert v.headline.startswith("Load imbalance: rank 1 on node2 computes 96 ms/step vs 60 ms on rank 0")
+
+
+def test_host_overhead_quotes_how_far_the_host_runs_ahead_of_the_gpu():
+    recs = records(Rank(dur=0.1, gpu_util=55, syncs=0.0), device="cuda")
+    for r in recs:
+        if r["k"] == "step":
+            r["lead"] = 0.0999
+    model = RunModel()
+    for r in recs:
+        model.ingest("s", r)
+    v = V.evaluate(model.view())
+    assert v.bottleneck == "host_overhead"
+    assert v.headline.startswith("Host overhead: the device idles 45% of each step with no other measured cause "
+                                 "(the host runs 99.9 ms ahead of it)")
+
+
+def test_a_device_memory_verdict_speaks_of_the_windows_peak():
+    mem = {"k": "memory", "t": T0 + 2.0, "reserved": 76 * GB, "peak_reserved": 76 * GB, "limit": 80 * GB}
+    v = V.evaluate(job(Rank(gpu_util=97, extra_records=[mem]), device="cuda").view())
+    assert v.bottleneck == "memory"
+    assert v.headline == "Memory, device memory: window peak 81.6 GB is 95% of the 85.9 GB limit"
+
+
+def test_compute_efficiency_with_a_module_profile_cites_the_slowest_module_for_its_flops():
+    from tests.unit.test_profile_model import MODULES, _record
+    profile = dict(_record(MODULES, peak=PEAK), t=T0 + 2.5)
+    view = job(Rank(dur=0.1, flops=PEAK * 0.1 * 0.2, gpu_util=97, extra_records=[profile]), device="cuda",
+               peak=PEAK).view()
+    v = V.evaluate(view)
+    cited = "slow: 60% of the step at 500GFLOP/s (0% of peak)"
+    assert v.bottleneck == "compute_efficiency"
+    assert v.headline == ("Compute efficiency: device busy 97% but MFU 20% of a 100 TFLOP/s peak (device table, "
+                          f"bf16); slowest for its FLOPs: {cited}")
+    assert v.suggestions[0] == ("start with slow (Linear): batch its small ops into large matmuls, or fuse them "
+                                "(torch.compile)")
+    assert v.evidence["profile_marked"] == cited

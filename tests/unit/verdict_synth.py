@@ -27,6 +27,7 @@ class Rank:
     syncs: float | None = None
     flops: float | None = None
     samples: float | None = 32
+    tokens: float | None = None
     gpu_time: float | None = None
     data_cpu: float | None = None
     loader_workers: int | None = None
@@ -68,7 +69,7 @@ def records(r: Rank, world: int = 1, device: str = "cpu", peak: float | None = N
         if r.comm is not None:
             step["comm"] = {"seconds": r.comm, "exposed": r.exposed if r.exposed is not None else r.comm,
                             "bytes": 4 << 20, "ops": 1}
-        for key in ("syncs", "flops", "samples", "gpu_time", "data_cpu"):
+        for key in ("syncs", "flops", "samples", "tokens", "gpu_time", "data_cpu"):
             if getattr(r, key) is not None:
                 step[key] = getattr(r, key)
         out.append(step)
