@@ -36,6 +36,8 @@ DEFAULT_MODULES = [
     "tui/model/flowchart.py",
     "tui/model/verdict.py",
     "tui/model/explain.py",
+    "tui/model/summary.py",
+    "tui/model/heatmap.py",
     "probe/wire.py",
     "probe/recording.py",
 ]
@@ -54,6 +56,8 @@ DEFAULT_TESTS = [
     "tests/unit/test_verdict.py",
     "tests/unit/test_verdict_explain.py",
     "tests/unit/test_report.py",
+    "tests/unit/test_summary.py",
+    "tests/unit/test_heatmap.py",
     "tests/unit/test_wire.py",
     "tests/unit/test_recording.py",
 ]
