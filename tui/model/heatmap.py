@@ -9,6 +9,7 @@ for data is hot everywhere. Unknown values stay unknown (None), never cold.
 
 from __future__ import annotations
 
+import bisect
 import statistics
 from dataclasses import dataclass
 from typing import Callable
@@ -58,7 +59,7 @@ def level(value: float | None, bands: tuple[float, ...]) -> int | None:
     """0 (cool) .. len(bands) (hot); None when unknown."""
     if value is None:
         return None
-    return sum(value >= b for b in bands)
+    return bisect.bisect_right(bands, value)
 
 
 def heatmap(view: JobView) -> HeatMap:

@@ -62,15 +62,19 @@ def draw(hm: HeatMap, selected: int | None, mono: bool, width: int, height: int)
         lines.append(_node_row(hm, band))
         for label, _, _, _ in METRICS:
             row = Text(f"{label:<{LABEL_W}}", style=glyphs.DIM)
+            run, run_style = "", ""          # cells of one style go in one span (1,024 ranks: few spans)
             for col in band:
-                if col is None:
-                    row.append(" ")
-                    continue
-                lvl = hm.levels[label][col]
+                lvl = None if col is None else hm.levels[label][col]
                 style = "" if mono or lvl is None else HEAT[lvl]
-                if col == column:
+                if col is not None and col == column:
                     style = f"{style} reverse".strip()
-                row.append(" " if lvl is None else FILL[lvl], style=style)
+                if style != run_style and run:
+                    row.append(run, style=run_style)
+                    run = ""
+                run_style = style
+                run += " " if lvl is None else FILL[lvl]
+            if run:
+                row.append(run, style=run_style)
             lines.append(row)
     lines.append(_legend(hm, page, width))
     return lines[:height], page
