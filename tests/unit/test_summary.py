@@ -165,4 +165,4 @@ def test_a_rank_with_no_step_yet_is_summarised_as_none_done():
     relay = RunModel()
     relay.ingest(stream(0), records(Rank(0, steps=1))[0])
     rec = _wire(relay.summary(stream(0), T0)[1])
-    assert rec["steps"] == 0 and rec["stats"]["warming_up"] is True and rec["stats"]["step_median"] is None
+    assert rec["steps"] == 0 and rec["stats"]["warming_up"] is True and "step_median" not in rec["stats"]   # unknown: left out

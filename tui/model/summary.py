@@ -51,13 +51,17 @@ def summary_record(state: RankState, st: RankStats, t: float) -> dict[str, Any]:
     last = state.steps[-1] if state.steps else None
     return {
         "k": "summary", "t": t,
-        "stats": {name: getattr(st, name) for name in STATS_FIELDS},
-        "memory": {name: getattr(st.memory, name) for name in MEMORY_FIELDS},
+        "stats": _known(st, STATS_FIELDS),          # unknown (None) fields left out: smaller frames
+        "memory": _known(st.memory, MEMORY_FIELDS),
         "comm": {op: list(v) for op, v in st.comm_delta.items()},
         "steps": (last["step"] + 1) if last is not None else 0,
         "first_start": state.first_start, "last_end": state.last_end, "inside": state.inside,
         "unseen": state.unseen, "loader_seen": state.loader_seen,
     }
+
+
+def _known(obj: Any, names: dict[str, Any]) -> dict[str, Any]:
+    return {name: v for name in names if (v := getattr(obj, name)) is not None}
 
 
 @dataclasses.dataclass(frozen=True)

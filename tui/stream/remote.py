@@ -209,7 +209,11 @@ class RelayFeed(Feed):
             self._fail(status, f"{host}: {exc}")
             return
         except OSError as exc:
-            self._fail(status, f"{host}: connection to its relay lost: {exc.strerror or exc}")
+            if self.port is not None and status.state == "connecting":   # reset before its hello: refused (token)
+                self._fail(status, f"{host}: its relay on port {self.port} closed the connection: wrong token, "
+                                   "or not a perfmon relay")
+            else:
+                self._fail(status, f"{host}: connection to its relay lost: {exc.strerror or exc}")
             return
         except asyncio.CancelledError:
             cancelled = True     # the viewer stopped following: the job did not end
