@@ -97,6 +97,7 @@ def test_subscribing_after_summaries_counts_no_step_twice():
         direct.ingest(stream(0), rec)
     got, want = viewer.view(now=T0 + 4.0).ranks[0], direct.view(now=T0 + 4.0).ranks[0]
     assert got.steps == want.steps == 40
+    assert [b.step for b in viewer.view().traces[0].steps] == list(range(40))   # the relay's buffer came first
     assert got.ettr == pytest.approx(want.ettr) and got.ettr == pytest.approx(0.8)
 
 
