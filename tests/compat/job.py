@@ -203,6 +203,26 @@ def _done() -> None:
 
     dist.barrier()
     dist.destroy_process_group()
+    _exit_before_finalization()
+
+
+def _exit_before_finalization() -> None:
+    """Run the exit handlers (the probe's close among them), then leave without finalising the interpreter.
+
+    DDP keeps its gloo group alive past ``destroy_process_group``, so the group's worker threads
+    outlive ``main``. A work created during backward carries a Python object in its thread-local
+    state; when a worker drops the last reference to one while the interpreter finalises, taking
+    the GIL ends the thread inside a ``noexcept`` destructor and the process aborts ("terminate
+    called without an active exception"). torch 2.13 does this to the bare job too, a few times in
+    ten on a loaded 2-core machine; it is a torch teardown bug, not a difference between the runs
+    this matrix compares, so the job's last act is the same in every mode.
+    """
+    import atexit
+
+    sys.stdout.flush()
+    sys.stderr.flush()
+    atexit._run_exitfuncs()
+    os._exit(0)
 
 
 def ddp_no_sync_accum() -> None:
@@ -350,6 +370,7 @@ def accelerate() -> None:
     report(steps, loss, acc.process_index)
     acc.wait_for_everyone()
     acc.end_training()
+    _exit_before_finalization()
 
 
 # -- trainers -------------------------------------------------------------------------------------

@@ -63,7 +63,7 @@ def _records(path: str) -> list[dict]:
 # -- DDP on gloo: communication share and memory breakdown ------------------------------------
 
 DDP_JOB = """
-    import json, time
+    import atexit, json, os, sys, time
     import torch, torch.distributed as dist
     import probe
 
@@ -99,6 +99,10 @@ DDP_JOB = """
                       "param_bytes": sum(p.numel() * p.element_size() for p in model.parameters()),
                       "param_tensors": len(list(model.parameters()))}))
     dist.destroy_process_group()
+    # leave as tests/compat/job.py does: exit handlers, then no interpreter finalisation (torch gloo teardown abort)
+    sys.stdout.flush()
+    atexit._run_exitfuncs()
+    os._exit(0)
 """
 
 
@@ -270,7 +274,7 @@ def test_loader_worker_cpu_tells_preprocessing_from_io(tmp_path):
 # -- eager torch.distributed collectives ----------------------------------------------------------
 
 EAGER_JOB = """
-    import json, time
+    import atexit, json, os, sys, time
     import torch, torch.distributed as dist
     import probe
 
@@ -301,6 +305,10 @@ EAGER_JOB = """
     mon.close()
     print(json.dumps({"record": str(mon.record_path), "checks": checks}))
     dist.destroy_process_group()
+    # leave as tests/compat/job.py does: exit handlers, then no interpreter finalisation (torch gloo teardown abort)
+    sys.stdout.flush()
+    atexit._run_exitfuncs()
+    os._exit(0)
 """
 
 

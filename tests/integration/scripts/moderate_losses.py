@@ -13,7 +13,9 @@ matter. Run under ``perfmon run``; the verdict must name the cause.
 from __future__ import annotations
 
 import argparse
+import atexit
 import os
+import sys
 import time
 
 import torch
@@ -77,10 +79,14 @@ def main() -> None:
             import torch.distributed as dist
             dist.all_reduce(extra)
         opt.step()
+    print("done", os.getpid())
     if args.scenario == "comm":
         import torch.distributed as dist
         dist.destroy_process_group()
-    print("done", os.getpid())
+        # leave as tests/compat/job.py does: exit handlers, then no interpreter finalisation (torch gloo teardown abort)
+        sys.stdout.flush()
+        atexit._run_exitfuncs()
+        os._exit(0)
 
 
 if __name__ == "__main__":

@@ -17,6 +17,7 @@ Scenarios (what is induced, and how):
 
 from __future__ import annotations
 
+import atexit
 import os
 import sys
 import tempfile
@@ -137,6 +138,14 @@ def main() -> None:
     else:
         raise SystemExit(f"unknown scenario {SCENARIO}")
     mon.close()
+    if SCENARIO in ("communication", "load_imbalance"):
+        import torch.distributed as dist
+
+        dist.destroy_process_group()
+        # leave as tests/compat/job.py does: exit handlers, then no interpreter finalisation (torch gloo teardown abort)
+        sys.stdout.flush()
+        atexit._run_exitfuncs()
+        os._exit(0)
 
 
 if __name__ == "__main__":
