@@ -13,12 +13,14 @@ the relays' step buffers are full).
 
     python bench/bench_relay.py --nodes 16 --ranks 64 --rate 50 --seconds 30
     python bench/bench_relay.py --nodes 1 --ranks 64 --rate 50 --seconds 20   # one relay on its own
+    python bench/bench_relay.py --relay-start --ranks 64     # what one relay's start costs
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import cProfile
 import json
 import os
 import resource
@@ -51,7 +53,8 @@ def self_cpu() -> float:
     return ru.ru_utime + ru.ru_stime
 
 
-async def view(base: Path, job: str, nodes: int, ranks: int, seconds: float, warmup: float) -> dict:
+async def view(base: Path, job: str, nodes: int, ranks: int, seconds: float, warmup: float,
+               profile: str | None = None) -> dict:
     from tui.app.perfmon_app import PerfmonApp
     from tui.model.runmodel import RunModel
     from tui.stream.remote import RelayFeed
@@ -87,9 +90,15 @@ async def view(base: Path, job: str, nodes: int, ranks: int, seconds: float, war
         steps0, refreshes0 = sum(r.steps for r in app.view.ranks), refreshes[0]
         cpu0, rcpu0 = self_cpu(), {h: proc_cpu(p) for h, p in relays.items()}
         rss0, rrss0 = proc_rss(os.getpid()), {h: proc_rss(p) for h, p in relays.items()}
+        profiler = cProfile.Profile() if profile else None
+        if profiler:
+            profiler.enable()       # the viewer is one thread: feed, model, verdict and rendering on its loop
         w0 = time.monotonic()
         await pilot.pause(seconds)
         wall = time.monotonic() - w0
+        if profiler:
+            profiler.disable()
+            profiler.dump_stats(profile)
         cpu1, rcpu1 = self_cpu(), {h: proc_cpu(p) for h, p in relays.items()}
         rss1, rrss1 = proc_rss(os.getpid()), {h: proc_rss(p) for h, p in relays.items()}
         steps1, refresh_hz = sum(r.steps for r in app.view.ranks), (refreshes[0] - refreshes0) / wall
@@ -109,7 +118,44 @@ async def view(base: Path, job: str, nodes: int, ranks: int, seconds: float, war
     }
 
 
-def run(nodes: int, ranks: int, rate: float, seconds: float, warmup: float, history: float) -> dict:
+def relay_start(ranks: int, rate: float) -> dict:
+    """One relay on its own, as on a node of its own: from its start to a summary with a step time
+    for each of its ranks (what the first full screen waits for), and the CPU it took to get there."""
+    from tui.stream.sources import viewer_hello
+    from probe import wire
+
+    with tempfile.TemporaryDirectory(prefix="pm-relaystart-") as tmp:
+        node = Path(tmp) / "node"
+        node.mkdir(mode=0o700)
+        sim = subprocess.Popen([sys.executable, str(ROOT / "bench" / "sim_node.py"), str(node), "relaystart", "0",
+                                str(ranks), str(ranks), str(rate)], stdout=subprocess.PIPE, text=True, cwd=ROOT,
+                               env={**os.environ, "PYTHONPATH": str(ROOT)})
+        relay = None
+        try:
+            assert sim.stdout.readline().strip() == "ready"
+            time.sleep(2.0)                     # a backlog to backfill, as in the full run
+            t0 = time.monotonic()
+            relay = subprocess.Popen([sys.executable, "-m", "tui.cli", "relay", "--stdio", "relaystart"], cwd=ROOT,
+                                     stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                     env={**os.environ, "PERFMON_DIR": str(node)})
+            relay.stdin.write(viewer_hello())
+            relay.stdin.flush()
+            decoder, timed = wire.FrameDecoder(), set()
+            while len(timed) < ranks and time.monotonic() - t0 < 30:
+                for rec in decoder.feed(os.read(relay.stdout.fileno(), 1 << 16)):
+                    if rec["k"] == "summary" and not rec["stats"].get("warming_up", True):
+                        timed.add(rec["src"])
+            return {"ranks": ranks, "every_rank_timed_s": round(time.monotonic() - t0, 3),
+                    "relay_cpu_s": round(proc_cpu(relay.pid), 3), "ranks_timed": len(timed)}
+        finally:
+            for p in (relay, sim):
+                if p is not None:
+                    p.kill()
+                    p.wait()
+
+
+def run(nodes: int, ranks: int, rate: float, seconds: float, warmup: float, history: float,
+        profile: str | None = None) -> dict:
     with tempfile.TemporaryDirectory(prefix="pm-relaybench-") as tmp:
         base = Path(tmp)
         world = nodes * ranks
@@ -127,7 +173,7 @@ def run(nodes: int, ranks: int, rate: float, seconds: float, warmup: float, hist
             time.sleep(2.0)                     # (and --history) a backlog of steps to backfill, as on a real attach
             sim_cpu0 = sum(proc_cpu(s.pid) for s in sims)
             t = time.monotonic()
-            result = asyncio.run(view(base, "relaybench", nodes, ranks, seconds, warmup))
+            result = asyncio.run(view(base, "relaybench", nodes, ranks, seconds, warmup, profile))
             result["sim_nodes_cpu"] = round((sum(proc_cpu(s.pid) for s in sims) - sim_cpu0)
                                             / (time.monotonic() - t), 3)
             result["offered_steps_per_s"] = round(world * rate)
@@ -148,8 +194,14 @@ def main() -> None:
     ap.add_argument("--warmup", type=float, default=45.0, help="after the first full screen, before the window")
     ap.add_argument("--history", type=float, default=0.0,
                     help="seconds of steps each rank has made before the viewer starts (40 s: a full backfill)")
+    ap.add_argument("--profile", metavar="FILE", help="cProfile the viewer over the window into FILE (pstats)")
+    ap.add_argument("--relay-start", action="store_true",
+                    help="only: one relay's start to a step time for each of --ranks ranks, and its CPU")
     args = ap.parse_args()
-    result = run(args.nodes, args.ranks, args.rate, args.seconds, args.warmup, args.history)
+    if args.relay_start:
+        print(json.dumps(relay_start(args.ranks, args.rate)))
+        return
+    result = run(args.nodes, args.ranks, args.rate, args.seconds, args.warmup, args.history, args.profile)
     print(json.dumps({**result, "history_s": args.history}))
 
 

@@ -3,11 +3,14 @@
 from __future__ import annotations
 
 import dataclasses
+import io
 
 import pytest
 
 from probe import wire
 from tests.unit.verdict_synth import T0, Rank, job, records
+from tui.commands.relay import StdoutRelay
+from tui.model.buffers import MIN_STEPS
 from tui.model.runmodel import RunModel
 from tui.model.summary import read_summary
 from tui.model.verdict import evaluate
@@ -167,3 +170,39 @@ def test_a_rank_with_no_step_yet_is_summarised_as_none_done():
     relay.ingest(stream(0), records(Rank(0, steps=1))[0])
     rec = _wire(relay.summary(stream(0), T0)[1])
     assert rec["steps"] == 0 and rec["stats"]["warming_up"] is True and "step_median" not in rec["stats"]   # unknown: left out
+
+
+def _sent(buf: io.BytesIO) -> list[dict]:
+    out = list(wire.FrameDecoder().feed(buf.getvalue()))
+    buf.seek(0)
+    buf.truncate()
+    return out
+
+
+def test_a_relay_summarises_a_warming_rank_on_every_flush_until_it_has_a_window():
+    """The first full screen waits for each rank's step time: a rank still warming up (or not
+    summarised yet) is summarised on every flush, the others once a second."""
+    recs = records(Rank(0, steps=MIN_STEPS + 2))
+    model, buf = RunModel(), io.BytesIO()
+    out = StdoutRelay(buf)
+    out.summaries = True                                    # a 1.2 viewer that follows no rank in full
+    streams = [stream(0)]
+    for rec in recs[:3]:                                    # hello and a step: warming up
+        model.ingest(stream(0), rec)
+    out.summarize(model, streams, warming_only=True)        # never summarised: sent on a flush
+    out.flush()
+    assert [r["stats"]["warming_up"] for r in _sent(buf)] == [True]
+    steps = [r for r in recs if r["k"] == "step"]
+    for rec in steps[1:MIN_STEPS + 1]:                     # the first step is not in the window
+        model.ingest(stream(0), rec)
+    out.summarize(model, streams, warming_only=True)        # out of warm-up: sent at once
+    out.flush()
+    first = _sent(buf)
+    assert [r["stats"]["warming_up"] for r in first] == [False] and first[0]["steps"] == MIN_STEPS + 1
+    model.ingest(stream(0), steps[MIN_STEPS + 1])
+    out.summarize(model, streams, warming_only=True)        # warm now: waits for the once-a-second pass
+    out.flush()
+    assert _sent(buf) == []
+    out.summarize(model, streams)
+    out.flush()
+    assert [r["steps"] for r in _sent(buf)] == [MIN_STEPS + 2]

@@ -10,10 +10,12 @@ at all, and a paused live view keeps ingesting so nothing is lost.
 from __future__ import annotations
 
 import asyncio
+import math
 import os
 import signal
 import sys
 import threading
+import time
 from pathlib import Path
 from typing import Any, Callable
 
@@ -52,7 +54,19 @@ WINDOWS = ((50, 30.0), (200, 120.0), (1000, 600.0))
 TERMINAL_CHECK_SECONDS = 1.0
 FORCED_EXIT_SECONDS = 3.0      # if a clean exit hangs on a dead terminal, leave anyway
 FEED_CLOSE_SECONDS = 5.0       # q: at most this long to stop the relays a feed started
-FIRST_SCREEN_TRIES = 60        # 20 Hz for at most 3 s after the first records arrive
+FIRST_SCREEN_TRIES = 60        # at most 60 tries after the first records arrive...
+FIRST_SCREEN_PAUSE = 4.0       # ...each after a pause of 50 ms or 4x the last one's cost
+REFRESH_BUDGET = 0.10          # share of a core the timer's refreshes may take before it refreshes less often
+SLOWEST_REFRESH_S = 0.5        # ...but at least twice a second (DESIGN: widgets refresh at 2-4 Hz)
+
+
+def ticks_to_skip(cost_s: float, tick_s: float) -> int:
+    """Timer ticks to let pass after a refresh that took ``cost_s`` of the loop, so that refreshing
+    takes about ``REFRESH_BUDGET`` of a core: none for a job of a few ranks (a few ms a refresh),
+    every other one at a thousand ranks, where deriving the view takes tens of ms and the
+    summaries behind most of it change once a second."""
+    interval = min(SLOWEST_REFRESH_S, cost_s / REFRESH_BUDGET)
+    return max(0, math.ceil(interval / tick_s - 1e-9) - 1)
 
 
 class PerfmonApp(App[int]):
@@ -110,6 +124,7 @@ class PerfmonApp(App[int]):
         self._panes: dict[str, Pane] = {}
         self._header = HeaderBar()
         self._verdict_bar = VerdictBar()
+        self._skip_ticks = 0
 
     # -- layout -----------------------------------------------------------------------------
     def compose(self) -> ComposeResult:
@@ -124,7 +139,7 @@ class PerfmonApp(App[int]):
 
     def on_mount(self) -> None:
         self._relayout()
-        self.set_interval(1.0 / self.refresh_hz, self.refresh_view)
+        self.set_interval(1.0 / self.refresh_hz, self._tick)
         if self.watch_terminal and not self.is_headless:
             self._watch_terminal()
         if self.feed is not None:
@@ -173,12 +188,15 @@ class PerfmonApp(App[int]):
         self.refresh_view()
 
     async def _first_screen(self, feed: Feed) -> None:
-        """Right after attaching, refresh at 20 Hz until the first verdict is confirmed (the
-        tracker wants two agreeing evaluations), instead of making the user wait for two ticks."""
+        """Right after attaching, refresh often until the first verdict is confirmed (the tracker
+        wants two agreeing evaluations), instead of making the user wait for two ticks: at 20 Hz,
+        or at a fifth of the loop where a refresh is costly (a thousand ranks), which leaves the
+        CPU to the readers and relays still filling the view."""
         await feed.first_data.wait()
+        cost = 0.0
         for _ in range(FIRST_SCREEN_TRIES):
-            await asyncio.sleep(0.05)
-            self.refresh_view()
+            await asyncio.sleep(max(0.05, FIRST_SCREEN_PAUSE * cost))
+            cost = self._timed_refresh()
             verdict = self.verdict
             if verdict is not None and verdict.pending is None and verdict.bottleneck != "warming_up":
                 return
@@ -198,8 +216,20 @@ class PerfmonApp(App[int]):
             return
         self._start_feed(LiveFeed(RunModel(*WINDOWS[self.window_index]), choice.job, list(choice.endpoints)))
 
+    def _tick(self) -> None:
+        """The refresh timer (``refresh_hz``), thinned by what the last refresh cost (``ticks_to_skip``)."""
+        if self._skip_ticks > 0:
+            self._skip_ticks -= 1
+            return
+        self._skip_ticks = ticks_to_skip(self._timed_refresh(), 1.0 / self.refresh_hz)
+
+    def _timed_refresh(self) -> float:
+        t0 = time.perf_counter()
+        self.refresh_view()
+        return time.perf_counter() - t0
+
     def refresh_view(self) -> None:
-        """The refresh timer: one view, one verdict, every visible pane drawn once."""
+        """One view, one verdict, every visible pane drawn once (the timer, a key, the feed's end)."""
         feed = self.feed
         if feed is None or (self.display_paused and not feed.is_replay):
             return

@@ -71,6 +71,7 @@ class StdoutRelay:
         self.subscribed: set[str] | None = set()
         self.window: tuple[int, float] | None = None
         self._sent: dict[str, int] = {}      # src -> model version of its last summary
+        self._warming: set[str] = set()      # srcs whose last summary had no window yet
 
     def send(self, record: dict[str, Any]) -> None:
         self.pending += self.encoder.frame(record)
@@ -95,17 +96,25 @@ class StdoutRelay:
             self._sent.pop(src, None)      # its next summary, when unsubscribed again, is sent at once
         self.subscribed = wanted
 
-    def summarize(self, model: RunModel, streams: list[str]) -> None:
-        """A summary of each rank not followed in full that changed since its last one."""
+    def summarize(self, model: RunModel, streams: list[str], warming_only: bool = False) -> None:
+        """A summary of each rank not followed in full that changed since its last one.
+
+        ``warming_only``: only the ranks not summarised yet or still warming up. The relay asks for
+        those on every flush, so a rank's first summary with a step time reaches the viewer as soon
+        as the rank has one, not up to a second later (the first full screen waits for it)."""
         now = time.time()
         for sid in streams:
             src = src_of(sid)
-            if self.follows(src):
+            if self.follows(src) or (warming_only and src in self._sent and src not in self._warming):
                 continue
             got = model.summary(sid, now, self._sent.get(src, -1))
             if got is not None:
                 self._sent[src] = got[0]
                 self.send({**got[1], "src": src})
+                if got[1]["stats"].get("warming_up", True):
+                    self._warming.add(src)
+                else:
+                    self._warming.discard(src)
 
     def flush(self) -> None:
         if not self.pending or self.broken:
@@ -210,10 +219,12 @@ async def serve(job: str, out: StdoutRelay, stdin_fd: int | None, greeting: dict
     next_summary = 0.0
     try:
         while not viewer.gone.done() and not out.broken:
-            if out.summaries and time.monotonic() >= next_summary:
+            if out.summaries:
                 streams[:] = list(feed.streams)
-                out.summarize(model, streams)
-                next_summary = time.monotonic() + SUMMARY_S
+                every = time.monotonic() >= next_summary
+                out.summarize(model, streams, warming_only=not every)
+                if every:
+                    next_summary = time.monotonic() + SUMMARY_S
             out.flush()
             await asyncio.sleep(FLUSH_S)
             streams[:] = list(feed.streams)
