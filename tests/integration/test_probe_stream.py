@@ -279,8 +279,10 @@ def test_a_1_1_kind_reaches_only_viewers_that_announced_1_1_and_a_viewer_arrivin
         wait_for(lambda: sorted(v.minor for v in mon.sender.viewers.values()) == [0, 1], what="both hellos read")
         mon.emit({"k": "stall", "t": time.time(), "seconds": 20.0, "step": 3, "where": "step", "stack": []})
         _emit(mon, 5)
-        got_new = read_until(new, lambda rs: len(steps_of(rs)) >= 5)
-        got_old = read_until(old, lambda rs: len(steps_of(rs)) >= 5)
+        # a batch's 1.x frames follow its other frames: read until both the stall and the steps came
+        got_new = read_until(new, lambda rs: len(steps_of(rs)) >= 5 and any(r["k"] == "stall" for r in rs))
+        _emit(mon, 1)      # step 5, queued after the stall reached the new viewer: the old one's comes after it
+        got_old = read_until(old, step_seen(5))
         assert [r["k"] for r in got_new].count("stall") == 1
         assert "stall" not in [r["k"] for r in got_old]
         late = connect(mon.socket_path)
@@ -291,7 +293,7 @@ def test_a_1_1_kind_reaches_only_viewers_that_announced_1_1_and_a_viewer_arrivin
         after = connect(mon.socket_path)
         after.sendall(wire.encode({**hello, "proto": [1, 1]}))
         _emit(mon, 1)
-        assert "stall" not in [r["k"] for r in read_until(after, step_seen(5))]
+        assert "stall" not in [r["k"] for r in read_until(after, step_seen(6))]
         for sock in (late, after):
             sock.close()
     finally:
