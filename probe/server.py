@@ -5,18 +5,23 @@ on the training thread. Each viewer has its own bounded outbound queue; a slow
 viewer loses its oldest frames (counted, then announced with a ``drops``
 record) and a viewer that stays unwritable for ``STALL_SECONDS`` is dropped.
 
-Frames travel in batches: the frames of one tick are joined once and that one ``bytes`` is
-shared by every viewer's queue, and the backfill keeps step frames as per-tick batches. A
-viewer's queue or a connect's backfill is then a few large allocations instead of thousands of
-small ones, so the sender holds the GIL for less and the memory of a queue goes back to the
-allocator whole when the viewer leaves (issue 12: a storm of stalled viewers left the job's RSS
-tens of MB higher when each viewer held its own thousands of small frames).
+Frames travel in batches: the frames of one tick are joined once into chunks of at most
+``CHUNK_BYTES`` and those ``bytes`` are shared by every viewer's queue; the backfill keeps step
+frames as chunks too. A viewer's queue or a connect's backfill is then a few large allocations
+instead of thousands of small ones, so the sender holds the GIL for less and the memory of a queue
+goes back to the allocator whole when the viewer leaves (issue 12: a storm of stalled viewers left
+the job's RSS tens of MB higher when each viewer held its own thousands of small frames). Chunks,
+not whole ticks, because a queue drops at the grain of what it holds and never the batch in
+flight: with a tick of 20,000 steps (~3 MB) in flight, a stalled viewer's queue had no room left
+for the next tick and lost the newest steps instead of the oldest.
 """
 
 from __future__ import annotations
 
+import bisect
 import collections
 import hmac
+import itertools
 import os
 import selectors
 import socket
@@ -33,10 +38,11 @@ MAX_VIEWERS = 8
 VIEWER_QUEUE_BYTES = 4 << 20
 STALL_SECONDS = 10.0
 HELLO_DEADLINE = 2.0          # TCP viewers must authenticate within this
-BACKFILL_STEPS = 2000          # at least this many recent steps, at most one tick's more (MAX_ITEMS_PER_TICK)
+BACKFILL_STEPS = 2000          # at least this many recent steps, at most one chunk's more
 BACKFILL_EVENTS = 100
 TICK = 0.05                   # sender wake-up period: latency of the live stream
 MAX_ITEMS_PER_TICK = 20_000   # keeps one tick bounded even after a burst
+CHUNK_BYTES = 256 << 10       # frames are joined into batches of at most this (one larger frame alone)
 
 _PEERCRED = struct.Struct("3i")
 
@@ -111,13 +117,13 @@ class Sender(threading.Thread):
         self.on_request = on_request
         self.taps: list[Callable[[dict], None]] = []     # in-process readers of every record (add_tap)
         self.viewers: dict[int, Viewer] = {}
-        self.backfill_steps: Deque[tuple[bytes, int]] = collections.deque()   # (batch, steps): >= BACKFILL_STEPS
+        self.backfill_steps: Deque[tuple[bytes, int]] = collections.deque()   # (chunk, steps): >= BACKFILL_STEPS
         self.backfill_count = 0
         self.backfill_events: Deque[bytes] = collections.deque(maxlen=BACKFILL_EVENTS)
         self.latest: dict[str, bytes] = {}
         self.stalled: tuple[bytes, int] | None = None   # the newest stall frame while stuck, and its minor
         self.results: dict[str, tuple[bytes, int]] = {}   # latest profile/capture: to each 1.1 viewer at hello
-        self._backfill_batch: tuple[bytes, int] | None = None   # joined once per tick, shared by its connects
+        self._backfill_batch: list[tuple[bytes, int]] | None = None   # joined once per tick, shared by its connects
         self.stop_event = threading.Event()
         self.stopped = threading.Event()
         self.frames_out = 0
@@ -251,8 +257,8 @@ class Sender(threading.Thread):
                 self.on_error("tap", exc)
 
     def _keep_steps(self, steps: list[bytes]) -> None:
-        """Backfill: the newest BACKFILL_STEPS steps at least, kept as this tick's one batch."""
-        self.backfill_steps.append((b"".join(steps), len(steps)))
+        """Backfill: the newest BACKFILL_STEPS steps at least, kept as chunks."""
+        self.backfill_steps.extend(chunks(steps))
         self.backfill_count += len(steps)
         while self.backfill_count - self.backfill_steps[0][1] >= BACKFILL_STEPS:
             self.backfill_count -= self.backfill_steps.popleft()[1]
@@ -268,11 +274,12 @@ class Sender(threading.Thread):
                 "reason": "probe buffer full: the sender fell behind the training loop"}))
 
     def _fan_out(self, frames: list[bytes]) -> None:
-        batch = frames[0] if len(frames) == 1 else b"".join(frames)
+        batches = chunks(frames)
         for viewer in self.viewers.values():
             if not viewer.authed:
                 continue
-            viewer.enqueue(batch, len(frames))
+            for batch, count in batches:
+                viewer.enqueue(batch, count)
             if viewer.dropped:
                 count, viewer.dropped = viewer.dropped, 0
                 viewer.enqueue(self.encoder.frame({
@@ -321,11 +328,10 @@ class Sender(threading.Thread):
         """hello, recent events, recent steps, the latest sample/memory/comm: one batch, joined
         once per tick however many viewers connect in it (a connect storm costs a send each)."""
         if self._backfill_batch is None:
-            parts = [self.hello_frame, *self.backfill_events, *(b for b, _ in self.backfill_steps),
-                     *self.latest.values()]
-            frames = 1 + len(self.backfill_events) + self.backfill_count + len(self.latest)
-            self._backfill_batch = (b"".join(parts), frames)
-        viewer.enqueue(*self._backfill_batch)
+            self._backfill_batch = [*chunks([self.hello_frame, *self.backfill_events]), *self.backfill_steps,
+                                    *chunks(list(self.latest.values()))]
+        for batch, count in self._backfill_batch:
+            viewer.enqueue(batch, count)
         self._flush(viewer)
 
     def _read(self, viewer: Viewer) -> None:
@@ -455,6 +461,21 @@ class Sender(threading.Thread):
 
 
 _MSG_FLAGS = getattr(socket, "MSG_NOSIGNAL", 0)
+
+
+def chunks(frames: list[bytes]) -> list[tuple[bytes, int]]:
+    """``frames`` joined in order into (batch, frame count) of at most CHUNK_BYTES each; a frame
+    larger than that is a batch of its own."""
+    if len(frames) <= 1:
+        return [(frames[0], 1)] if frames else []
+    ends = list(itertools.accumulate(map(len, frames)))
+    out: list[tuple[bytes, int]] = []
+    start, sent = 0, 0
+    while start < len(frames):
+        stop = bisect.bisect_right(ends, sent + CHUNK_BYTES, lo=start + 1)
+        out.append((b"".join(frames[start:stop]), stop - start))
+        start, sent = stop, ends[stop - 1]
+    return out
 
 
 def _minor(proto: Any) -> int:

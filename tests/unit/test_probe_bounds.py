@@ -225,3 +225,61 @@ def test_a_viewer_queue_drops_whole_batches_and_a_dropped_drops_record_hands_its
     finally:
         a.close()
         b.close()
+
+
+def test_a_stalled_viewer_loses_its_oldest_steps_never_the_newest_whatever_is_in_flight():
+    """Three ticks of 20,000 steps (~3 MB each) reach a viewer that has stopped reading: its queue
+    drops the oldest data at the grain of a chunk, never the batch in flight, so once it reads again
+    it gets the newest steps, all but two chunks' worth of its 4 MiB, and a drops count for every step missing."""
+    import collections
+    import selectors
+    from probe import server, wire
+
+    queue: collections.deque = collections.deque()
+    sender = server.Sender(queue=queue, build=lambda item: item, hello={"k": "hello"}, listener=None)
+    ours, theirs = socket.socketpair()
+    try:
+        ours.setblocking(False)
+        viewer = server.Viewer(ours, tcp=False)
+        sender.viewers[ours.fileno()] = viewer
+        sender.sel.register(ours, selectors.EVENT_READ, viewer)
+        def step(n: int) -> dict:
+            return {"k": "step", "t": 1e9 + n, "step": n, "dur": 0.01, "phases": {"forward": 0.004, "data": 0.001}}
+
+        step_bytes = len(wire.encode(step(0)))
+        for tick in range(3):
+            queue.extend(step(n) for n in range(tick * 20_000, (tick + 1) * 20_000))
+            sender._drain()
+            sender._flush(viewer)          # the socket's buffer fills; what is left stays queued
+        assert viewer.head_sent > 0 and viewer.out_bytes <= server.VIEWER_QUEUE_BYTES
+        received = bytearray()
+        theirs.setblocking(False)
+        while True:                        # the viewer reads again, until all is read
+            try:
+                while chunk := theirs.recv(1 << 20):
+                    received += chunk
+            except BlockingIOError:
+                if not viewer.out:
+                    break
+            sender._flush(viewer)
+        records = list(wire.FrameDecoder().feed(bytes(received)))
+        got = [r["step"] for r in records if r["k"] == "step"]
+        dropped = sum(r["count"] for r in records if r["k"] == "drops")
+        assert got == sorted(got) and got[-1] == 59_999
+        newest = (server.VIEWER_QUEUE_BYTES - 2 * server.CHUNK_BYTES) // step_bytes   # less the chunk in flight
+        assert got[-newest:] == list(range(60_000 - newest, 60_000))
+        assert 60_000 - len(got) == dropped > 0
+    finally:
+        ours.close()
+        theirs.close()
+
+
+def test_chunks_keep_every_frame_in_order_within_the_bound():
+    from probe import server
+
+    frames = [bytes([n % 251]) * (1 + n * 997 % 5000) for n in range(400)] + [b"B" * (server.CHUNK_BYTES + 1)]
+    batches = server.chunks(frames)
+    assert b"".join(b for b, _ in batches) == b"".join(frames)
+    assert sum(n for _, n in batches) == len(frames)
+    assert all(len(b) <= server.CHUNK_BYTES for b, _ in batches[:-1]) and batches[-1] == (frames[-1], 1)
+    assert server.chunks([]) == [] and server.chunks([b"x"]) == [(b"x", 1)]
