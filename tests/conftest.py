@@ -36,6 +36,15 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
             item.add_marker(skip)
 
 
+def pytest_terminal_summary(terminalreporter, config: pytest.Config) -> None:
+    """The random order's seed at the end of every run, ``-q`` included (pytest-randomly prints it only
+    in the header, which ``-q`` leaves out), so a failure seen once can be run again in the same order."""
+    if config.pluginmanager.hasplugin("randomly"):
+        seed = config.getoption("randomly_seed", None)
+        if isinstance(seed, int):
+            terminalreporter.write_line(f"test order: -p randomly --randomly-seed={seed} runs it again")
+
+
 @pytest.fixture
 def no_coverage_tracer():
     """Stop coverage's tracer for a test that forks in-process: another thread may hold the
