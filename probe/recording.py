@@ -29,6 +29,14 @@ class RecordingError(Exception):
     """The file is not a perfmon recording at all (one line for the user)."""
 
 
+def _write_all(fd: int, data: bytes) -> int:
+    """Write all of ``data``: os.write may take only part of it (a signal, a full disk)."""
+    view = memoryview(data)
+    while view:
+        view = view[os.write(fd, view):]
+    return len(data)
+
+
 class RecordingWriter:
     """Writes frames to one file; owned by the sender thread."""
 
@@ -36,7 +44,7 @@ class RecordingWriter:
         self.path = path
         self.fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_CLOEXEC, 0o600)
         if os.fstat(self.fd).st_size == 0:
-            os.write(self.fd, MAGIC)
+            _write_all(self.fd, MAGIC)
         self.bytes_written = 0
 
     @staticmethod
@@ -46,11 +54,7 @@ class RecordingWriter:
         return REC_HEADER.pack(len(body), zlib.crc32(body)) + body
 
     def write(self, chunk: bytes) -> None:
-        view = memoryview(chunk)
-        while view:
-            n = os.write(self.fd, view)
-            view = view[n:]
-            self.bytes_written += n
+        self.bytes_written += _write_all(self.fd, chunk)
 
     def close(self) -> None:
         if self.fd >= 0:

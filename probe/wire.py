@@ -257,7 +257,7 @@ def validate(obj: Any) -> dict[str, Any]:
         raise ProtocolError("frame is not a map")
     _check_shape(obj, 1)
     kind = obj.get("k")
-    if kind not in KINDS:
+    if not isinstance(kind, str) or kind not in KINDS:      # str first: a list or map kind is unhashable
         if isinstance(kind, str) and isinstance(obj.get("t"), _NUM):
             raise UnknownKind(f"unknown record kind {kind[:20]!r}")
         raise ProtocolError(f"unknown record kind {str(kind)[:20]!r}")

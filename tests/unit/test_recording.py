@@ -224,6 +224,20 @@ def test_a_record_of_a_newer_kind_is_skipped_and_the_rest_read_on(tmp_path):
     """A recording made by a newer minor version reads to its end; its new kinds are counted."""
     path = tmp_path / "newer.pmrec"
     newer = {"k": "from_1_9", "t": 1.5}
-    write(path, RECORDS[:1] + [newer] + RECORDS[1:])
+    write(path, RECORDS[:1] + [newer] + RECORDS[1:] + [newer])
     result = read_recording(path)
-    assert result.clean and result.records == RECORDS and result.skipped == 1
+    assert result.clean and result.records == RECORDS and result.skipped == 2
+
+
+def test_a_write_the_kernel_takes_in_parts_is_written_whole(tmp_path, monkeypatch):
+    """os.write may take fewer bytes than given (a signal, a full pipe or disk): the writer goes on
+    from where it stopped, so the recording holds every byte once."""
+    import os
+
+    real_write = os.write
+    monkeypatch.setattr(os, "write", lambda fd, data: real_write(fd, bytes(data[:7])))
+    path = tmp_path / "parts.pmrec"
+    write(path)
+    monkeypatch.undo()
+    result = read_recording(path)
+    assert result.clean and result.records == RECORDS

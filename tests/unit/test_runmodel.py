@@ -165,6 +165,11 @@ def test_busbw_factors_follow_nccl_tests(op, n, factor):
     assert busbw_factor(op, n) == pytest.approx(factor)
 
 
+def test_a_barrier_or_an_unknown_group_has_no_busbw():
+    assert busbw_factor("barrier", 8) is None and busbw_factor("gloo:barrier", 4) is None
+    assert busbw_factor("all_reduce", None) is None and busbw_factor("all_reduce", 0) is None
+
+
 def test_comm_rows_are_window_deltas_of_cumulative_records():
     """busbw from the probe's bus bytes, which carry each call's own group size: here the all-reduces
     ran in 2-rank groups (factor 1) inside a 4-rank job, so the job's world size (factor 1.5) is wrong."""

@@ -87,6 +87,7 @@ def test_a_newer_minor_versions_kind_is_skipped_and_counted_not_fatal():
     dec = wire.FrameDecoder()
     assert [r["t"] for r in dec.feed(stream)] == [1.0, 3.0]
     assert dec.skipped == 1
+    assert list(dec.feed(frame_of({"k": "from_1_9", "t": 4.0}))) == [] and dec.skipped == 2
     with pytest.raises(wire.UnknownKind, match="^unknown record kind 'from_1_9'$"):
         wire.decode_body(msgpack.packb({"k": "from_1_9", "t": 2.0}))
 
@@ -191,6 +192,7 @@ def test_each_rejection_says_what_was_wrong():
         (msgpack.packb({1: 2}), r"^undecodable frame \(ValueError\)$"),
         (b"\xc1", r"^undecodable frame \(FormatError\)$"),
         (msgpack.packb({"k": "x" * 40, "t": 1.0}), "^unknown record kind 'xxxxxxxxxxxxxxxxxxxx'$"),
+        (msgpack.packb({"k": [1] * 10, "t": 1.0}), r"^unknown record kind '\[1, 1, 1, 1, 1, 1, 1'$"),
         (msgpack.packb({"k": "bye"}), "^bye record without a time$"),
         (msgpack.packb({"k": "bye", "t": True}), "^bye record without a time$"),
         (msgpack.packb({"k": "step", "t": 1.0, "step": "3", "dur": 0.1}),
