@@ -44,7 +44,7 @@ class ProfilerCapture(StepWindow):
         torch = sys.modules.get("torch")
         if torch is None:
             return "torch is not imported in this process: nothing to capture"
-        if _profiler_running(torch):
+        if self.state == "idle" and _profiler_running(torch):    # not idle: the profiler running is ours
             return "torch.profiler is already running in this process (the job's own profiler?)"
         profiler = self.probe.attached.profiler
         if profiler is not None and profiler.state != "idle":

@@ -1,9 +1,8 @@
 """The sender thread: turns queued items into frames, serves viewers, writes the recording.
 
-Everything that can block or cost more than a deque append happens here, never
-on the training thread. Each viewer has its own bounded outbound queue; a slow
-viewer loses its oldest frames (counted, then announced with a ``drops``
-record) and a viewer that stays unwritable for ``STALL_SECONDS`` is dropped.
+Everything that can block or cost more than a deque append happens here, never on the training
+thread. Each viewer has its own bounded outbound queue; a slow viewer loses its oldest frames
+(counted, then announced with a ``drops`` record) and one unwritable for ``STALL_SECONDS`` is dropped.
 
 Frames travel in batches: the frames of one tick are joined once into chunks of at most
 ``CHUNK_BYTES`` and those ``bytes`` are shared by every viewer's queue; the backfill keeps step
@@ -11,9 +10,8 @@ frames as chunks too. A viewer's queue or a connect's backfill is then a few lar
 instead of thousands of small ones, so the sender holds the GIL for less and the memory of a queue
 goes back to the allocator whole when the viewer leaves (issue 12: a storm of stalled viewers left
 the job's RSS tens of MB higher when each viewer held its own thousands of small frames). Chunks,
-not whole ticks, because a queue drops at the grain of what it holds and never the batch in
-flight: with a tick of 20,000 steps (~3 MB) in flight, a stalled viewer's queue had no room left
-for the next tick and lost the newest steps instead of the oldest.
+not whole ticks: a queue drops at the grain of what it holds, never the batch in flight, so with a
+tick of 20,000 steps (~3 MB) in flight a stalled viewer lost the newest steps, not the oldest.
 """
 
 from __future__ import annotations

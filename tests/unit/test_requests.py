@@ -195,3 +195,17 @@ def test_a_compiled_model_is_refused_before_any_hook_goes_on(mon):
     reason = mon.handle_request({"k": "request", "t": 0.0, "id": 3, "op": "profile", "steps": 2, "depth": 1})
     assert reason.startswith("the model is compiled (torch.compile): hooks on its modules would make dynamo recompile")
     assert _hooks(model) == before and mon.attached.profiler.state == "idle"
+
+
+def test_a_second_capture_while_ours_runs_names_ours_not_the_jobs_profiler(mon):
+    """While a capture runs, torch.profiler is running: ours. A second request is refused naming
+    that capture, not blaming a profiler of the job's own."""
+    assert requests.handle(mon, {"op": "capture", "id": 1, "steps": 3}) is None
+    with mon.step():                      # the window starts when the step the request came in ends
+        pass
+    assert mon.attached.capture.state == "running"
+    reason = requests.handle(mon, {"op": "capture", "id": 2, "steps": 2})
+    assert reason.startswith("a capture is already running (request 1, "), reason
+    for _ in range(3):
+        with mon.step():
+            pass
