@@ -209,9 +209,11 @@ class RelayPipe:
         return got
 
     def close(self) -> int:
-        self.proc.stdin.close()
+        """The viewer goes away: its stdin closes, and it reads on until the relay ends (a relay
+        writing to a viewer that has stopped reading blocks in that write and cannot see the EOF)."""
         try:
-            return self.proc.wait(10)
+            self.proc.communicate(timeout=10)
+            return self.proc.returncode
         finally:
             kill_tree(self.proc)
 
