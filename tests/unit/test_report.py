@@ -166,3 +166,15 @@ def test_corrupt_recording_reports_what_came_before_the_damage(tmp_path, capsys)
     report = json.loads(captured.out)
     assert len(captured.err.strip().splitlines()) == 1 and "corrupt" in captured.err
     assert 10 < report["metrics"]["steps"] < 30 and report["problems"]
+
+
+def test_sub_millisecond_steps_with_most_time_between_them_are_not_plainly_healthy():
+    """pytorch/examples regression/main.py: a tiny model, batches built in the loop between 0.2 ms steps."""
+    report = build_report(job(Rank(steps=60, dur=0.0005, gap=0.0003)))
+    v = report["verdict"]
+    assert (v["bottleneck"], v["severity"]) == ("healthy", "warn")
+    assert v["headline"].startswith("Healthy steps (CPU busy 100% of a 500µs step") and "(ETTR)" in v["headline"]
+    assert any("DataLoader with workers" in s for s in v["suggestions"])
+    text = render_text(report)
+    row = next(line for line in text.splitlines() if line.strip().startswith("0 "))
+    assert row.split()[4:6] == ["500µs", "200µs"] and "0ms" not in text

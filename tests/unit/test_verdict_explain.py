@@ -22,6 +22,12 @@ from tui.model.views import MemoryMetrics
 
 GB = 1 << 30
 PEAK = 100e12
+GAP_FIXES = ["time what runs between steps with mon.event('checkpoint', seconds=...) or a stack (py-spy dump): "
+             "checkpoints, evaluation, logging that syncs (.item(), print of a tensor), batch preparation outside a "
+             "DataLoader",
+             "batches built in the training loop: move them into a Dataset and a DataLoader with workers, so they are "
+             "prepared while the step runs",
+             "checkpoints: save asynchronously (torch.distributed.checkpoint.async_save) or less often"]
 
 
 def _view(ranks=None, device="cuda", peak=PEAK, **metrics):
@@ -36,6 +42,12 @@ def _idle(**metrics):
     base = dict(device_busy=0.45, data_wait_frac=0.0, comm_exposed_frac=0.0, syncs_per_step=0.0, mfu=0.5)
     base.update(metrics)
     return _view(**base)
+
+
+def _cpu(**metrics):
+    """A compute-bound CPU job (100% busy, 100 ms steps), with the given metrics replaced."""
+    view = job(Rank()).view()
+    return dataclasses.replace(view, metrics=dataclasses.replace(view.metrics, **metrics))
 
 
 def _comm(**metrics):
@@ -77,6 +89,9 @@ VIEWS = {
     "compute_efficiency_tensor": lambda: job(Rank(gpu_util=97, tensor_active=0.004), device="cuda").view(),
     "healthy_mfu": lambda: _view(mfu=0.45, device_busy=0.97, step_time_median_s=0.1234),
     "healthy_cpu": lambda: job(Rank()).view(),
+    # pytorch/examples regression/main.py: batches built in the loop, 1 ms steps, 82% of the time between them
+    "healthy_steps_ettr_low": lambda: _cpu(ettr=0.18, gap_frac=0.82, step_time_median_s=0.0002),
+    "healthy_steps_recent_gaps": lambda: _cpu(ettr=0.95, gap_frac=0.10),
     "warming_up": lambda: job(Rank(steps=3)).view(),
     "stuck": lambda: job(Rank(0, extra_records=[WAITER]), Rank(1, extra_records=[SLEEPER])).view(),
 }
@@ -333,6 +348,20 @@ EXPECTED = {
          'device_busy': 1.0,
          'memory_peak_frac': 0.0625,
          'step_time_median_s': 0.1},
+        None),
+    'healthy_steps_ettr_low': (
+        'healthy', 'warn',
+        'Healthy steps (CPU busy 100% of a 200µs step, no measured loss of 10% or more), but only 18% of the time '
+        'since the first step is inside steps (ETTR)',
+        GAP_FIXES,
+        {'device_busy': 1.0, 'step_time_median_s': 0.0002},
+        None),
+    'healthy_steps_recent_gaps': (
+        'healthy', 'warn',
+        'Healthy steps (CPU busy 100% of a 100 ms step, no measured loss of 10% or more), but 10% of recent time '
+        'passes between steps',
+        GAP_FIXES,
+        {'device_busy': 1.0, 'step_time_median_s': 0.1},
         None),
     'warming_up': (
         'warming_up', 'info',

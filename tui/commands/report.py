@@ -99,7 +99,10 @@ _pct = units.pct
 
 
 def _ms(x: Any) -> str:
-    return units.NA if x is None else f"{1000 * x:.0f}ms" if x < 10 else f"{x:.1f}s"
+    """'123ms', '12.3s'; under a millisecond in µs, never '0ms'."""
+    if x is None:
+        return units.NA
+    return units.seconds(x) if x < 1e-3 else f"{1000 * x:.0f}ms" if x < 10 else f"{x:.1f}s"
 
 
 def _num(x: Any, fmt: str = "{:.1f}") -> str:

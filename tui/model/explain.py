@@ -45,7 +45,9 @@ def _rate(bps: float | None) -> str:
 
 
 def _step(m: Any) -> str:
-    return f"{m.step_time_median_s * 1000:.0f} ms" if m.step_time_median_s else units.NA
+    """'123 ms'; a step under a millisecond (a tiny model) in µs, never '0 ms'."""
+    s = m.step_time_median_s
+    return units.NA if not s else f"{s * 1000:.0f} ms" if s >= 1e-3 else units.seconds(s)
 
 
 # -- the outcomes: headline and fixes that quote the job's own numbers --------------------------
@@ -220,12 +222,34 @@ def explain_compute_efficiency(v: JobView, straggler: int | None) -> Explained:
              "batch its small ops into large matmuls, or fuse them (torch.compile)", *fixes], extra)
 
 
+_GAP_FIXES = ["time what runs between steps with mon.event('checkpoint', seconds=...) or a stack (py-spy dump): "
+              "checkpoints, evaluation, logging that syncs (.item(), print of a tensor), batch preparation "
+              "outside a DataLoader",
+              "batches built in the training loop: move them into a Dataset and a DataLoader with workers, "
+              "so they are prepared while the step runs",
+              "checkpoints: save asynchronously (torch.distributed.checkpoint.async_save) or less often"]
+
+
+def gaps_lost(m: Any) -> str | None:
+    """How much time passes between steps, when it is over the line (ETTR < 90% or 10% of recent time)."""
+    if m.ettr is not None and m.ettr < ETTR_MIN:
+        return f"only {_pct(m.ettr)} of the time since the first step is inside steps (ETTR)"
+    if m.gap_frac is not None and m.gap_frac >= 1.0 - ETTR_MIN:
+        return f"{_pct(m.gap_frac)} of recent time passes between steps"
+    return None
+
+
 def explain_healthy(v: JobView, straggler: int | None) -> Explained:
+    """Healthy steps; the time between them is outside the step's accounting, so the headline says it too."""
     m = v.metrics
     busy = f"{v.device_type.upper()} busy {_pct(m.device_busy)}"
     note = f" {peak_note(v)}" if m.peak_flops else ""
     extra = f", MFU {_pct(m.mfu)}{note}" if m.mfu is not None else ""
-    return f"Healthy: {busy} of a {_step(m)} step, no measured loss of 10% or more{extra}", [], {}
+    gaps = gaps_lost(m)
+    if gaps is None:
+        return f"Healthy: {busy} of a {_step(m)} step, no measured loss of 10% or more{extra}", [], {}
+    return (f"Healthy steps ({busy} of a {_step(m)} step, no measured loss of 10% or more{extra}), "
+            f"but {gaps}"), list(_GAP_FIXES), {}
 
 
 def _rank_row(ranks: list[RankView], rank: int) -> RankView | None:
@@ -236,8 +260,7 @@ def findings(v: JobView) -> list[dict[str, Any]]:
     """Secondary findings; each dict has ``id`` and its numbers."""
     out: list[dict[str, Any]] = []
     m = v.metrics
-    gaps_now = m.gap_frac is not None and m.gap_frac >= 1.0 - ETTR_MIN
-    if (m.ettr is not None and m.ettr < ETTR_MIN) or gaps_now:
+    if gaps_lost(m) is not None:
         pauses = [e for e in v.events if e.get("name") in ("checkpoint", "eval", "evaluation", "save", "pause")]
         lost = f"ETTR {_pct(m.ettr)}" if m.ettr is not None and m.ettr < ETTR_MIN else \
             f"{_pct(m.gap_frac)} of recent time"

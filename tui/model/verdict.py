@@ -33,8 +33,8 @@ from tui.model.buffers import MIN_STEPS
 from tui.model.losses import STEP_LOSSES, Loss, account, by_id
 from tui.model.explain import (Explained, explain_communication, explain_compute_efficiency, explain_data_loading,
                                explain_data_preprocessing, explain_healthy, explain_host_overhead, explain_host_sync,
-                               explain_load_imbalance, explain_memory, explain_stuck, explain_warming_up, peak_note,
-                               round4 as _round, tensor_active)
+                               explain_load_imbalance, explain_memory, explain_stuck, explain_warming_up, gaps_lost,
+                               peak_note, round4 as _round, tensor_active)
 from tui.model.explain import findings as secondary_findings  # beside the named outcome
 from tui.model.flowchart import (DECIDES_BETWEEN, DEVICE_BUSY_CRIT, LOSS_MIN, LOSS_THRESHOLD, NODES, ROOT,
                                  TENSOR_ACTIVE_MIN, Node, compare)
@@ -312,8 +312,8 @@ def _loss_findings(rule: "Rule", losses: tuple[Loss, ...]) -> list[dict[str, Any
 
 def _severity(leaf: str, v: JobView, losses: tuple[Loss, ...]) -> str:
     m = v.metrics
-    if leaf == "healthy":
-        return "ok"
+    if leaf == "healthy":   # healthy steps, but a tenth of the time lost between them is not ok
+        return "ok" if gaps_lost(m) is None else "warn"
     if leaf in ("warming_up", "compute_efficiency"):
         return "info"
     if leaf == "memory":
