@@ -177,4 +177,6 @@ def test_sub_millisecond_steps_with_most_time_between_them_are_not_plainly_healt
     assert any("DataLoader with workers" in s for s in v["suggestions"])
     text = render_text(report)
     row = next(line for line in text.splitlines() if line.strip().startswith("0 "))
-    assert row.split()[4:6] == ["500µs", "200µs"] and "0ms" not in text
+    assert row.split()[4:6] == ["500µs", "200µs"] and "0ms" not in text and "0.0s" not in text
+    assert "Window: 50 steps, 25ms." in text                      # 50 steps of 500µs
+    assert "COMPUTE = step - time between steps - data wait - exposed comm" in text   # why 500µs - 300µs

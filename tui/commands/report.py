@@ -158,7 +158,7 @@ def render_text(report: dict, width: int = 80) -> str:
         wrap(f"{node}: {reason}", first="  skipped ", indent="    ")
     w = report["window"]
     lines.append("")
-    wrap(f"Window: {w['steps']} steps, {w['seconds']:.1f}s. Steps {m['steps']}, step {_ms(m['step_time_median_s'])}"
+    wrap(f"Window: {w['steps']} steps, {units.seconds(w['seconds'])}. Steps {m['steps']}, step {_ms(m['step_time_median_s'])}"
          f" median, {_num(m['samples_per_s'])} samples/s")
     wrap(f"Busy {_pct(m['device_busy'])}  data wait {_pct(m['data_wait_frac'])}  comm {_pct(m['comm_frac'])}"
          f" (exposed {_pct(m['comm_exposed_frac'])})  MFU {_pct(m['mfu'])}  ETTR {_pct(m['ettr'])}"
@@ -195,7 +195,8 @@ def render_text(report: dict, width: int = 80) -> str:
                    f"{_pct(r.get('data_wait_frac')):>5} {_pct(r.get('comm_exposed_frac')):>5} "
                    f"{_pct(r.get('ettr')):>5}  {note}")
             lines.append(row[:width])
-        lines.append("COMPUTE = step - data wait - exposed comm; COMM = exposed (blocking) share")
+        lines.append("COMPUTE = step - time between steps - data wait - exposed comm")
+        lines.append("COMM = exposed (blocking) share")
     return "\n".join(line[:width] for line in lines) + "\n"
 
 
