@@ -33,7 +33,9 @@ def _free_port() -> int:
 
 
 def run_workload(scenario: str, rec: Path, ranks: int = 1, timeout: float = 120) -> None:
-    env = dict(os.environ, PERFMON_RECORD=str(rec), PYTHONPATH=str(ROOT), OMP_NUM_THREADS="1")
+    # 4 samples a second: a loader worker's CPU share needs two reads of it, and these loops run 2-4 s
+    # (at 1 Hz the slow-reads loop once got a single read, so its loader CPU was unknown; seed 2712137222)
+    env = dict(os.environ, PERFMON_RECORD=str(rec), PYTHONPATH=str(ROOT), OMP_NUM_THREADS="1", PERFMON_SAMPLE_HZ="4")
     if ranks > 1:
         env.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(_free_port()), WORLD_SIZE=str(ranks))
     procs = [subprocess.Popen([sys.executable, str(WORKLOAD), scenario], env=dict(env, RANK=str(r)),
