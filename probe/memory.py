@@ -284,6 +284,14 @@ class MemorySource:
         self.limit: tuple[int, str] | None = None
         self.proc: Any = None
 
+    def retarget(self, device_type: str, index: int | None, nvml_device: Any,
+                 activations: SavedTensorMeter | None) -> None:
+        """The job moved to another device (``Watcher._set_device``): read that one from now on."""
+        self.device_type, self.index, self.nvml_device, self.activations = device_type, index, nvml_device, activations
+        self.total = None
+        self.limit = None
+        self.last_read = float("-inf")
+
     def read(self) -> dict[str, Any]:
         now = time.monotonic()
         if now - self.last_read < MEMORY_PERIOD:

@@ -40,5 +40,6 @@ def hello(probe: Any) -> dict[str, Any]:
     return {"k": "hello", "t": time.time(), "proto": list(wire.PROTO), "job": probe.job, "rank": probe.rank,
             "local_rank": probe.local_rank, "world_size": probe.world_size, "host": platform.node(),
             "pid": probe.pid, "restart": probe.restart, "argv": [str(a)[:200] for a in sys.argv[:32]],
-            "torch": getattr(torch_mod, "__version__", None), "device": probe.device, "name": probe.name,
+            "torch": getattr(torch_mod, "__version__", None), "device": probe.device,
+            "gpus": probe.attached.gpu.host if probe.attached.gpu is not None else None, "name": probe.name,
             "python": platform.python_version()}

@@ -14,6 +14,12 @@
 steps), with only an optimizer, and from inside an optimizer step hook (hook
 registration is then deferred to the next step, because adding a hook while the
 optimizer iterates its hooks would raise in the training loop). It never raises.
+
+The job's device is learned from the watched parameters and again whenever it changes
+(``probe.gpu.job``: a ``watch()`` before ``model.cuda()``); the change is applied at the next
+step begin. This module is a little over 500 lines on purpose: the hooks and the
+device-dependent parts they drive (events, sync counting, memory source, peak FLOP/s) share the
+watcher's state and are reconfigured together.
 """
 
 from __future__ import annotations
@@ -120,11 +126,13 @@ class Watcher:
         self.model_ids: set[int] = set()
         self.optimizer_ids: set[int] = set()
         self.models: list[weakref.ref] = []
+        self.optimizers: list[weakref.ref] = []
         self.walker = StateWalker()
         self.deferred: list[Any] = []
         self.handles: list[Any] = []
         self.device_type: str | None = None
         self.device_index: int | None = None
+        self.pending_device: tuple[str, int | None] | None = None   # set by probe.gpu.job, applied at step begin
         self.n_params = 0
         self.dtype: str | None = None
         self.peak: float | None = None
@@ -198,6 +206,7 @@ class Watcher:
         if id(optimizer) in self.optimizer_ids:
             return
         self.optimizer_ids.add(id(optimizer))
+        self.optimizers.append(weakref.ref(optimizer))
         self.walker.add_optimizer(optimizer)
         self._learn_device(p for g in optimizer.param_groups for p in g["params"])
         self.n_params = self.n_params or self._count_params()
@@ -231,23 +240,79 @@ class Watcher:
         return total
 
     def _learn_device(self, params: Any) -> None:
-        if self.device_type is not None:
-            return
+        """``watch()`` time (training thread): the device of the parameters just given."""
         first = next(iter(params), None)
         if first is None:
             return
-        device = first.device
-        self.device_type = device.type
-        self.param_dtype = first.dtype
-        self.walker.device_type = device.type
+        if self.param_dtype is None:
+            self.param_dtype = first.dtype
+        placement = _placement(first)
+        if placement is not None:
+            self._set_device(placement)
+
+    def param_placement(self) -> tuple[str, int | None] | None:
+        """Sampler thread (``probe.gpu.job``): where the first watched parameter lives now, None
+        when nothing watched is alive. A few attribute reads; the training thread is not touched."""
+        for ref in self.models:
+            model = ref()
+            first = next(iter(model.parameters()), None) if model is not None else None
+            if first is not None:
+                return _placement(first)
+        for ref in self.optimizers:
+            optimizer = ref()
+            groups = optimizer.param_groups if optimizer is not None else []
+            first = next((p for g in groups for p in g["params"]), None)
+            if first is not None:
+                return _placement(first)
+        return None
+
+    def device_moved(self, placement: tuple[str, int | None]) -> None:
+        """Sampler thread: the job's device changed; the training thread applies it at the next step
+        begin, so a step's CUDA events and sync counting start and end on the same configuration."""
+        if placement != (self.device_type, self.device_index):
+            self.pending_device = placement
+
+    def _set_device(self, placement: tuple[str, int | None]) -> None:
+        """Training thread: (re)configure every device-dependent part for ``placement``."""
+        self.pending_device = None
+        kind, index = placement
         cuda = gpu_cuda.backend
-        if device.type == "cuda":
-            self.device_index = device.index if device.index is not None else _safe(cuda.current_device)
+        if kind == "cuda" and index is None:
+            index = _safe(cuda.current_device)
+        if kind != "cuda":
+            index = None
+        if (kind, index) == (self.device_type, self.device_index):
+            return
+        if self.device_type == "cuda":
+            self._teardown_cuda(cuda)
+        self.device_type, self.device_index = kind, index
+        self.walker.device_type = kind
+        self.dtype = None                   # the compute dtype is read again at the next forward
+        if kind == "cuda":
             self._setup_cuda(cuda)
         self._update_peak()
+        if self.memory_source is not None:
+            self.meter = SavedTensorMeter(lambda: self.walker.param_keys) if kind == "cpu" else None
+            self.memory_source.retarget(kind, self.device_index, self._nvml_device(), self.meter)
+        if self.comm_state is not None and kind == "cuda" and self.comm_state.event_backend is None:
+            self.comm_state.event_backend = cuda
+
+    def _teardown_cuda(self, cuda: Any) -> None:
+        """The job left the GPU (``model.cpu()``): no more events or sync counting."""
+        self.timer = None
+        if self.syncs is not None:
+            gpu_cuda.disable_sync_counting(cuda, self.syncs)
+            self.syncs = None
+
+    def _nvml_device(self) -> Any:
+        gpu = self.probe.attached.gpu
+        devices = gpu.source.devices if gpu is not None and self.device_type == "cuda" else []
+        return devices[0] if len(devices) == 1 else None
 
     def _setup_cuda(self, cuda: Any) -> None:
         if not cuda.ready():
+            self.probe.event("warning", source="watch",
+                             message="the model is on CUDA but CUDA is not initialized: no device timing")
             return
         if self.options["gpu_events"]:
             self.timer = gpu_cuda.StepTimer(cuda)
@@ -310,16 +375,11 @@ class Watcher:
         if self.memory_source is None and self.options["memory"] and self.device_type is not None:
             if self.device_type == "cpu":
                 self.meter = SavedTensorMeter(lambda: self.walker.param_keys)
-            nvml_device = None
-            gpu = None
-            if self.device_type == "cuda":
-                gpu = self.probe.attached.gpu
-                devices = gpu.source.devices if gpu is not None else []
-                nvml_device = devices[0] if len(devices) == 1 else None
+            gpu = self.probe.attached.gpu
             self.memory_source = MemorySource(self.probe.emit, self.walker, device_type=self.device_type,
                                               index=self.device_index, cuda=gpu_cuda.backend,
-                                              nvml=gpu.nvml if gpu is not None else None, nvml_device=nvml_device,
-                                              activations=self.meter)
+                                              nvml=gpu.nvml if gpu is not None else None,
+                                              nvml_device=self._nvml_device(), activations=self.meter)
             sampler.add(self.memory_source)
         if self.comm_state is not None and not self.comm_source_added:
             self.comm_source_added = True
@@ -408,6 +468,8 @@ class Watcher:
 
     # -- step boundaries ------------------------------------------------------------------------
     def _begin(self) -> None:
+        if self.pending_device is not None:
+            self._set_device(self.pending_device)
         if self.deferred:
             self._run_deferred()
         self._reset_step()
@@ -468,6 +530,15 @@ class Watcher:
             gpu_cuda.disable_sync_counting(gpu_cuda.backend, self.syncs)
             self.syncs = None
         self.flops.close(deadline)
+
+def _placement(tensor: Any) -> tuple[str, int | None] | None:
+    """(type, index) of a tensor, asked through the CUDA backend (so the simulated device of the
+    tests can place a model on its GPU); None when it cannot be read."""
+    try:
+        return gpu_cuda.backend.tensor_device(tensor)
+    except Exception:
+        return None
+
 
 def _safe(fn: Any) -> Any:
     try:

@@ -15,8 +15,9 @@ from __future__ import annotations
 # seconds, sizes bytes, shares fractions 0..1 unless named otherwise.
 #
 # hello   proto [1,1], job, rank, local_rank, world_size, host, pid, restart, argv, torch,
-#         name (socket base name), device {type "cpu"|"cuda", name, count, memory_total,
-#         peak_flops {dtype: FLOP/s}, driver, status (why no GPU, e.g. "no NVIDIA GPU: NVML library not found")}
+#         name (socket base name), device (the job's device when the probe started, as in ``sample``),
+#         gpus (1.x: the GPUs this process can see, a fact about the host whatever the job uses:
+#         count, name, memory_total, driver, status (why none, e.g. "no NVIDIA GPU: NVML library not found"))
 # step    step (int, increasing), start, dur (from the end of the previous step, includes the
 #         data wait), gap (part of dur between the previous step's end and entering this one,
 #         outside the loader wait: checkpoints, eval, logging; ETTR's lost time),
@@ -37,7 +38,11 @@ from __future__ import annotations
 #         sm_occupancy, tensor_active, dram_bw (0..1), lost (true once NVML says the GPU is lost)}],
 #         gpu_status (str when no GPU data), compute {dtype ("fp32"|"tf32"|"bf16"|"fp16"|"fp8"),
 #         peak_flops (FLOP/s for that dtype, None when unknown: no MFU), peak_source, flops_source,
-#         params (trainable parameter count), device} (after watch())
+#         params (trainable parameter count), device} (after watch()),
+#         device (1.x; the job's device now, from where its tensors live (probe.gpu.job); a reader takes
+#         the newest one over the hello's: type "cpu"|"cuda"|other torch device types, name, count,
+#         index (CUDA), memory_total, peak_flops {dtype: FLOP/s}, driver, status (CUDA: why the GPU's
+#         counters cannot be read as this job's, e.g. NVML not loadable; busy is then not measured))
 # memory  device, params, grads, optimizer, activations, cache, fragmentation, other, limit,
 #         peak, reserved, allocated, alloc_retries, ooms; CUDA: peak = allocated peak since the
 #         allocator's last reset (never reset by the probe), peak_reserved, fragmentation = inactive

@@ -1,20 +1,20 @@
-"""GPU side of the probe: device description for ``hello`` and the per-GPU ``sample`` source.
+"""GPU side of the probe: the host's GPUs, the job's device, and the per-GPU ``sample`` source.
 
-``attach(probe)`` runs before the hello (core ``_device_extensions``). It opens
-NVML once, picks the GPUs this process uses, describes them in ``probe.device``
-and adds ``GpuSource`` to the sampler. No GPU is a normal state: the hello's
-``device.status`` and every sample's ``gpu_status`` say why, e.g.
+``attach(probe)`` runs before the hello (core ``_device_extensions``). It opens NVML once,
+picks the GPUs this process may use (the hello's ``gpus``: a fact about the host) and adds
+two sampler sources: ``GpuSource`` (NVML counters of those GPUs) and ``JobDevice`` (where the
+job's tensors live, ``probe.gpu.job``; the hello's and every sample's ``device``). No GPU is a
+normal state: ``gpus.status`` and every sample's ``gpu_status`` say why, e.g.
 ``no NVIDIA GPU: NVML library not found``.
 """
 
 from __future__ import annotations
 
 import os
-import sys
 from dataclasses import dataclass
 from typing import Any
 
-from probe import flops
+from probe.gpu.job import JobDevice, host_gpus
 from probe.gpu.nvml import Device, Nvml
 
 
@@ -27,6 +27,8 @@ class GpuAttachment:
     nvml: Nvml
     devices: list[Device]
     source: "GpuSource"
+    host: dict[str, Any]         # the hello's ``gpus``: what this host has, whatever the job uses
+    job: JobDevice               # the job's own device (``probe.gpu.job``)
 
 
 class GpuSource:
@@ -75,36 +77,18 @@ def own_devices(nvml: Nvml, local_rank: int, world_size: int) -> list[Device]:
     return visible
 
 
-def _torch_uses_cuda() -> bool | None:
-    torch = sys.modules.get("torch")
-    if torch is None:
-        return None
-    try:
-        return bool(torch.cuda.is_available())
-    except Exception:
-        return False
-
-
-def describe(nvml: Nvml, devices: list[Device], fallback: dict[str, Any]) -> dict[str, Any]:
-    """The hello's ``device`` map."""
-    if nvml.status is not None or not devices or _torch_uses_cuda() is False:
-        device = dict(fallback)
-        device["status"] = nvml.status or ("no NVIDIA GPU: torch was built without CUDA or sees no GPU"
-                                           if devices else "no NVIDIA GPU: none assigned to this process")
-        return device
-    first = devices[0]
-    return {"type": "cuda", "name": first.name, "count": len(devices), "memory_total": first.mem_total,
-            "peak_flops": flops.peak_table(first.name), "driver": nvml.driver, "status": None}
-
-
 def attach(probe: Any, module: Any = None) -> None:
-    """Device extension: NVML session, hello description, GPU sample source."""
+    """Device extension: NVML session, the host's GPUs and the job's device for the hello, and
+    the sampler sources (``gpus`` of the host, ``device`` of the job: ``probe.gpu.job``)."""
     nvml = Nvml(module)
     devices = own_devices(nvml, probe.local_rank, probe.world_size) if nvml.status is None else []
-    probe.device = describe(nvml, devices, probe.device)
     source = GpuSource(nvml, devices)
-    probe.attached.gpu = GpuAttachment(nvml=nvml, devices=devices, source=source)
-    probe.attached.sources.append(source)
+    job = JobDevice(probe, nvml, refine)
+    probe.attached.gpu = GpuAttachment(nvml=nvml, devices=devices, source=source, host=host_gpus(nvml, devices),
+                                       job=job)
+    job.update()                      # CUDA already in use before start(): the hello says so
+    probe.device = job.description
+    probe.attached.sources.extend([job, source])
 
 
 def refine(probe: Any, cuda_index: int, cuda: Any) -> Device | None:

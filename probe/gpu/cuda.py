@@ -72,6 +72,20 @@ class TorchCuda:
         uuid = getattr(self._torch().cuda.get_device_properties(index), "uuid", None)
         return str(uuid) if uuid is not None else None
 
+    def tensor_device(self, tensor: Any) -> tuple[str, int | None]:
+        """Where a tensor lives: ("cuda", index), ("cpu", None), ... (``tensor.device``)."""
+        device = tensor.device
+        return str(device.type), device.index
+
+    def allocating_devices(self) -> list[int]:
+        """CUDA devices on which this process holds allocated tensor memory, without initializing
+        CUDA (empty until the script initializes it) and without creating a context: the caching
+        allocator's counters are host-side."""
+        if not self.ready():
+            return []
+        cuda = self._torch().cuda
+        return [i for i in range(cuda.device_count()) if cuda.memory_allocated(i) > 0]
+
     def new_event(self) -> Any:
         return self._torch().cuda.Event(enable_timing=True)
 

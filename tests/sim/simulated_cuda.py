@@ -25,6 +25,7 @@ from __future__ import annotations
 import collections
 import time
 import warnings
+import weakref
 from typing import Any
 
 BUSY_HISTORY = 10_000     # kernel intervals kept for busy_fraction
@@ -63,9 +64,33 @@ class SimulatedCuda:
         self.busy: collections.deque[tuple[float, float]] = collections.deque(maxlen=BUSY_HISTORY)
         self.calls: list[str] = []
         self.events_created = 0
+        self.placed: dict[int, weakref.ref] = {}   # tensors "on" the simulated GPU, by identity
 
     def ready(self) -> bool:
         return True
+
+    def place(self, *holders: Any) -> None:
+        """``model.cuda()`` in simulation: the parameters of these modules (or these tensors) now
+        live on simulated ``cuda:0``. The probe asks ``tensor_device``, as it asks real tensors."""
+        for holder in holders:
+            for t in (list(holder.parameters()) if hasattr(holder, "parameters") else [holder]):
+                self.placed[id(t)] = weakref.ref(t)
+
+    def unplace(self, *holders: Any) -> None:
+        """``model.cpu()`` in simulation."""
+        for holder in holders:
+            for t in (list(holder.parameters()) if hasattr(holder, "parameters") else [holder]):
+                self.placed.pop(id(t), None)
+
+    def tensor_device(self, tensor: Any) -> tuple[str, int | None]:
+        ref = self.placed.get(id(tensor))
+        if ref is not None and ref() is tensor:
+            return "cuda", 0
+        return str(tensor.device.type), tensor.device.index
+
+    def allocating_devices(self) -> list[int]:
+        """Allocated bytes on the simulated GPU: placed tensors, or the memory stats a test set."""
+        return [0] if any(r() is not None for r in self.placed.values()) or self.stats.get("allocated_bytes.all.current", 0) > 0 else []
 
     def memory_stats(self, index: int) -> dict[str, Any]:
         self.calls.append("memory_stats")

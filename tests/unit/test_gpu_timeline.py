@@ -7,14 +7,11 @@ Semantics each test relies on are named in its docstring. Nothing here talks to 
 from __future__ import annotations
 
 import time
-import types
 
 import pytest
 import torch
 
 import probe
-from probe import gpu
-from probe import watch as watch_module
 from probe.recording import read_recording
 from tests.sim.fixtures import simulated_cuda, simulated_nvml  # noqa: F401  (fixtures)
 from tests.sim.simulated_pynvml import SimulatedGpu
@@ -55,11 +52,11 @@ def _train(cuda, tmp_path, monkeypatch, simulated_nvml, *, host_s: float, kernel
     """A watched job on the simulated GPU; returns its view and verdict from the recording, and the
     true busy share of the device over the last 50 steps (the verdict's window)."""
     simulated_nvml([SimulatedGpu(timeline=cuda, gpm=None)])
-    monkeypatch.setattr(gpu, "_torch_uses_cuda", lambda: None)
+    model = torch.nn.Linear(4, 4)
+    cuda.place(model)                      # model.cuda(): its parameters live on the simulated GPU
     mon = probe.start(job="sim-timeline", record=tmp_path, serve=False, sample_hz=20)
     try:
-        watcher = watch_module.watch(mon, syncs=True)
-        watcher._learn_device([types.SimpleNamespace(device=torch.device("cuda", 0), dtype=torch.bfloat16)])
+        mon.watch(model=model, syncs=True)
         starts = []
         for _ in range(steps):
             starts.append(time.perf_counter())
@@ -85,7 +82,7 @@ def test_a_gpu_idle_half_of_each_step_reads_half_busy_and_is_host_overhead(simul
     cuda = simulated_cuda()
     view, v, truth = _train(cuda, tmp_path, monkeypatch, simulated_nvml, host_s=0.020, kernels_s=0.010, sync=False)
     assert truth == pytest.approx(0.5, abs=0.1)        # the scenario (a loaded host oversleeps a little)
-    assert view.metrics.device_busy_source == "nvml"
+    assert view.metrics.device_busy_source == "nvml_util"
     assert view.metrics.device_busy == pytest.approx(truth, abs=0.05)
     assert v.bottleneck == "host_overhead", v.headline
     idle = next(x for x in v.losses if x.id == "device_idle")

@@ -23,7 +23,7 @@ def _view(device: str = "cuda", **metrics):
 
 
 def test_gpu_idle_is_what_busy_and_data_wait_leave_and_comm_is_not_subtracted():
-    losses = by_id(account(Metrics(device_busy=0.6, device_busy_source="nvml", data_wait_frac=0.1,
+    losses = by_id(account(Metrics(device_busy=0.6, device_busy_source="nvml_util", data_wait_frac=0.1,
                                    comm_exposed_frac=0.2), "cuda"))
     assert abs(losses["device_idle"].share - 0.3) < 1e-9         # 1 - 0.6 - 0.1; NCCL kernels count as busy
     assert "NVML" in losses["device_idle"].source
@@ -55,13 +55,13 @@ def test_a_loss_under_the_busy_gate_still_names_the_bottleneck():
 
 
 def test_the_largest_loss_names_the_verdict_and_the_others_become_findings():
-    v = V.evaluate(_view(device_busy=0.55, device_busy_source="nvml", data_wait_frac=0.15, comm_exposed_frac=0.25,
+    v = V.evaluate(_view(device_busy=0.55, device_busy_source="nvml_util", data_wait_frac=0.15, comm_exposed_frac=0.25,
                          compute_ratio=1.0, loader_workers=2, loader_cpu=0.02))
     # idle 1 - 0.55 - 0.15 = 30% > comm 25% > data 15%
     assert v.bottleneck == "host_overhead"
     assert [(f["id"], f["share"]) for f in v.findings if f["id"] in chart.LOSS_THRESHOLD] == [
         ("comm_exposed", 0.25), ("data_wait", 0.15)]
-    v = V.evaluate(_view(device_busy=0.8, device_busy_source="nvml", data_wait_frac=0.15, comm_exposed_frac=0.25,
+    v = V.evaluate(_view(device_busy=0.8, device_busy_source="nvml_util", data_wait_frac=0.15, comm_exposed_frac=0.25,
                          compute_ratio=1.0, loader_workers=2, loader_cpu=0.02))
     assert v.bottleneck == "communication"
     assert [f["id"] for f in v.findings if f["id"] in chart.LOSS_THRESHOLD] == ["data_wait"]   # idle 5%: not one
@@ -80,7 +80,7 @@ def test_a_data_wait_between_5_and_10_percent_is_a_finding_of_a_healthy_job():
        cpu=st.one_of(st.none(), st.floats(0.0, 1.0)), ratio=st.one_of(st.none(), st.floats(0.1, 1.0)),
        device=st.sampled_from(["cpu", "cuda"]))
 def test_never_healthy_with_a_measured_loss_of_ten_percent(busy, data, comm, syncs, cpu, ratio, device):
-    view = _view(device=device, device_busy=busy, device_busy_source="nvml" if device == "cuda" else
+    view = _view(device=device, device_busy=busy, device_busy_source="nvml_util" if device == "cuda" else
                  "step_accounting", data_wait_frac=data, comm_exposed_frac=comm, syncs_per_step=syncs,
                  loader_cpu=cpu, loader_workers=2, compute_ratio=ratio, mfu=0.5)
     view = dataclasses.replace(view, world_size=2)
@@ -148,7 +148,7 @@ def test_each_loss_names_its_source_or_why_it_is_unknown_in_the_reports_words():
         {"id": "step_gaps", "label": "between steps", "share": None, "why_unknown": "no step timing yet"}]
     gpu_unknown = rows("cuda", device_busy=None, data_wait_frac=0.1, comm_exposed_frac=None, gap_frac=0.0)
     assert gpu_unknown[2] == {"id": "device_idle", "label": "device idle, no other cause", "share": None,
-                              "why_unknown": "GPU activity not measured (NVML utilization unavailable)"}
+                              "why_unknown": "GPU activity not measured (neither GPM SM activity nor NVML utilization readable)"}
     assert gpu_unknown[3]["share"] == 0.0
 
 
@@ -164,7 +164,7 @@ def test_estimated_or_uninstrumented_comm_says_so_and_report_shares_have_four_de
 
 
 def test_each_loss_the_verdict_does_not_name_is_a_finding_with_its_source_and_share():
-    v = V.evaluate(_view(device_busy=0.55, device_busy_source="nvml", data_wait_frac=0.15, comm_exposed_frac=0.25,
+    v = V.evaluate(_view(device_busy=0.55, device_busy_source="nvml_util", data_wait_frac=0.15, comm_exposed_frac=0.25,
                          compute_ratio=1.0, loader_workers=2, loader_cpu=0.02))
     found = {f["id"]: f for f in v.findings}
     assert found["comm_exposed"] == {"id": "comm_exposed", "share": 0.25, "source": "time blocked in collectives",

@@ -42,9 +42,10 @@ def test_a_profile_on_a_cuda_job_times_modules_on_the_device_timeline(simulated_
     mon = probe.start(job="sim-gpu", serve=False)
     try:
         model = nn.Sequential(Kernel(device, 0.020), Kernel(device, 0.005))
+        device.place(model)                              # model.cuda() on the simulated device
         opt = torch.optim.SGD(model.parameters(), lr=0.1)
         mon.watch(model, opt)
-        mon.attached.watcher.device_type = "cuda"        # the model stands for a CUDA one
+        assert mon.attached.watcher.device_type == "cuda"
         got = []
         mon.emit = got.append                            # the profile record, as the sender would get it
         assert mon.handle_request({"k": "request", "t": 0.0, "id": 9, "op": "profile", "steps": 2, "depth": 1}) is None

@@ -9,7 +9,6 @@ device does not support, decodes throttle reasons, and reports "no GPU" as a sta
 from __future__ import annotations
 
 import time
-import types
 import warnings
 from pathlib import Path
 
@@ -18,7 +17,6 @@ import torch
 
 import probe
 from probe import gpu
-from probe import watch as watch_module
 from probe.attachments import Attachments
 from probe.gpu import cuda as gpu_cuda
 from probe.gpu.nvml import GPM_ONLY, Nvml, decode_throttle
@@ -58,14 +56,15 @@ def _no_gpm_gpu(**kw) -> SimulatedGpu:
     return SimulatedGpu(name="NVIDIA A100-SXM4-80GB", uuid="GPU-aaaaaaaa-sim1", gpm=None, **kw)
 
 
-def test_gpm_device_sample_carries_every_field(simulated_nvml, monkeypatch):
+def test_gpm_device_sample_carries_every_field(simulated_nvml):
     simulated_nvml([SimulatedGpu()])
-    monkeypatch.setattr(gpu, "_torch_uses_cuda", lambda: None)
     p = _Probe()
     gpu.attach(p)
-    assert p.device["type"] == "cuda" and p.device["name"] == "NVIDIA H100 80GB HBM3"
-    assert p.device["peak_flops"]["bf16"] == 989e12 and p.device["status"] is None
-    source = p.attached.sources[0]
+    host = p.attached.gpu.host      # the hello's ``gpus``: the host has the GPU...
+    assert host == {"count": 1, "name": "NVIDIA H100 80GB HBM3", "memory_total": 80 * (1 << 30),
+                    "driver": host["driver"], "status": None}
+    assert p.device["type"] == "cpu"   # ...but this job holds nothing on it
+    source = p.attached.gpu.source
     first = _sample(source)["gpus"][0]
     assert "sm_active" in first and first["sm_active"] is None    # no interval before the second sample
     source.devices[0].gpm.prev_t -= 1.0          # as if a second passed between samples
@@ -146,8 +145,8 @@ def test_no_gpu_is_a_state_in_hello_and_samples(simulated_nvml, init_error, stat
     simulated_nvml([], init_error=init_error)
     p = _Probe()
     gpu.attach(p)
-    assert p.device["type"] == "cpu" and p.device["status"] == status
-    assert _sample(p.attached.sources[0])["gpu_status"] == status
+    assert p.device["type"] == "cpu" and p.attached.gpu.host["status"] == status
+    assert _sample(p.attached.gpu.source)["gpu_status"] == status
 
 
 def _real_pynvml():
@@ -199,7 +198,6 @@ def test_visible_devices_and_one_gpu_per_rank(simulated_nvml):
 def test_refine_matches_the_torch_device_by_uuid(simulated_nvml, simulated_cuda, monkeypatch):
     devs = [SimulatedGpu(uuid=f"GPU-{i}bbbbbbb-sim") for i in range(2)]
     simulated_nvml(devs)
-    monkeypatch.setattr(gpu, "_torch_uses_cuda", lambda: None)
     monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
     p = _Probe()
     gpu.attach(p)
@@ -277,22 +275,19 @@ def test_sync_counter_sees_warnings_raised_from_cpp():
 def test_watch_on_a_simulated_gpu_fills_step_and_memory_records(simulated_cuda, simulated_nvml, monkeypatch,
                                                                  tmp_path, cuda_peak_resets):
     simulated_nvml([SimulatedGpu()])
-    monkeypatch.setattr(gpu, "_torch_uses_cuda", lambda: None)
     GiB = 1 << 30
     cuda = simulated_cuda(stats=memory_stats(allocated=10 * GiB, reserved=12 * GiB, peak=15 * GiB))
     mon = probe.start(job="simulated-gpu", record=tmp_path, serve=False, sample_hz=10)
     try:
-        assert mon.device["type"] == "cuda"
-        watcher = watch_module.watch(mon, syncs=True)    # sync counting is opt-in
-        # a model on cuda:0 in bf16, as the simulated device sees it
-        watcher._learn_device([types.SimpleNamespace(device=torch.device("cuda", 0), dtype=torch.bfloat16)])
-        model = torch.nn.Linear(4, 4)
+        assert mon.device["type"] == "cuda"   # the process already allocates on the GPU
+        model = torch.nn.Linear(4, 4).to(torch.bfloat16)
+        cuda.place(model)                     # model.cuda(): a bf16 model on simulated cuda:0
         model.register_forward_hook(lambda *a: cuda.run(0.003))        # the forward's kernels
         opt = torch.optim.SGD(model.parameters(), lr=0.1)
-        mon.watch(model=model, optimizer=opt)
+        mon.watch(model=model, optimizer=opt, syncs=True)              # sync counting is opt-in
         for _ in range(6):
             with mon.step():
-                model(torch.randn(2, 4)).sum().backward()
+                model(torch.randn(2, 4, dtype=torch.bfloat16)).sum().backward()
                 cuda.run(0.006)                                         # backward kernels
                 warnings.warn(gpu_cuda.SYNC_MESSAGE)                    # sync-site-C: e.g. loss.item()
                 opt.step()

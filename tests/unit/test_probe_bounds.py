@@ -181,11 +181,9 @@ def test_reporter_rate_limit():
 
 def test_nvml_errors_become_a_warning(simulated_nvml, monkeypatch):
     """SIMULATED NVML: a device whose queries fail; the NVML wrapper counts, the health source reports."""
-    from probe import gpu
     from tests.sim.simulated_pynvml import SimulatedGpu
 
     module = simulated_nvml([SimulatedGpu()])
-    monkeypatch.setattr(gpu, "_torch_uses_cuda", lambda: None)
     out: list[dict] = []
     mon = probe.start(job="nvml-errors", serve=False, sample_hz=0.1)
     try:

@@ -180,3 +180,17 @@ def test_sub_millisecond_steps_with_most_time_between_them_are_not_plainly_healt
     assert row.split()[4:6] == ["500µs", "200µs"] and "0ms" not in text and "0.0s" not in text
     assert "Window: 50 steps, 25ms." in text                      # 50 steps of 500µs
     assert "COMPUTE = step - time between steps - data wait - exposed comm" in text   # why 500µs - 300µs
+
+
+def test_a_cuda_recording_without_utilization_is_never_healthy_ok(tmp_path, capsys):
+    """The hello says CUDA, the samples carry no utilization (NVML NotSupported), 60 steps, no loader:
+    busy is unknown, so the report lists it and says "not measured", never healthy with severity ok."""
+    recs = records(Rank(0, steps=60), device="cuda", peak=100e12)
+    for rec in recs:
+        if rec["k"] == "sample":     # the GPU is listed, its utilization query answers NotSupported
+            rec["gpus"] = [{"index": 0, "name": "NVIDIA H100 80GB HBM3", "util": None, "throttle": []}]
+    _write_recording(tmp_path, recs)
+    assert cli.main(["report", str(tmp_path), "--json"]) == 0
+    verdict = json.loads(capsys.readouterr().out)["verdict"]
+    assert "device_busy" in verdict["unknown"]
+    assert (verdict["bottleneck"], verdict["severity"]) == ("not_measured", "warn")

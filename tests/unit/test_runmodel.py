@@ -118,7 +118,7 @@ def test_gpu_device_busy_is_measured_activity_never_event_elapsed_time():
     """CUDA events bracket the step on the GPU timeline, idle gaps included: 60 ms of 100 ms says
     nothing about how busy the device was. NVML's utilization does; without it busy is unknown."""
     m = job(Rank(dur=0.1, gpu_time=0.06, gpu_util=55), device="cuda").view().metrics
-    assert m.device_busy == pytest.approx(0.55) and m.device_busy_source == "nvml"
+    assert m.device_busy == pytest.approx(0.55) and m.device_busy_source == "nvml_util"
     m = job(Rank(dur=0.1, gpu_time=0.06), device="cuda").view().metrics
     assert m.device_busy is None and m.device_busy_source is None
 

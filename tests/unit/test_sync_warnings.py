@@ -4,30 +4,26 @@ the caller's line when the debug mode is "warn", as torch's warning handler does
 
 from __future__ import annotations
 
-import types
 import warnings
 
 import pytest
 import torch
 
 import probe
-from probe.gpu import cuda as gpu_cuda
 
 
 @pytest.fixture
 def on_sim_gpu(simulated_cuda, monkeypatch):
-    """A probe whose watcher believes the model lives on (simulated) cuda:0."""
-    from probe import gpu
-    monkeypatch.setattr(gpu, "_torch_uses_cuda", lambda: None)
+    """A probe watching a model placed on (simulated) cuda:0, found by the probe's own detection."""
     saved = list(warnings.filters)
     cuda = simulated_cuda()
     mons = []
 
     def make(**watch_options):
+        model = torch.nn.Linear(2, 2)
+        cuda.place(model)
         mon = probe.start(job="syncs", serve=False)
-        mon.watch(**watch_options)
-        mon.attached.watcher._learn_device([types.SimpleNamespace(device=torch.device("cuda", 0),
-                                                                  dtype=torch.float32)])
+        mon.watch(model=model, **watch_options)
         mons.append(mon)
         return mon
 

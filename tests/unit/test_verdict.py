@@ -73,6 +73,8 @@ LEAVES = [
      ["memory", "device_busy", "mfu"]),
     ("healthy: CPU job computing all step",
      [Rank()], {}, "healthy", ["memory", "device_busy", "mfu"]),
+    ("not_measured: CUDA job whose samples carry no utilization, every measured loss small",
+     [Rank(flops=PEAK * 0.45 * 0.1)], {"device": "cuda", "peak": PEAK}, "not_measured", ["memory", "device_busy"]),
 ]
 
 
@@ -88,7 +90,7 @@ def test_every_leaf_is_reached(name, ranks, kw, leaf, path):
 
 
 def test_all_leaves_of_the_chart_are_covered_by_the_table():
-    leaves = {x for n in chart.FLOWCHART for x in (n.yes, n.no) if x in V.BOTTLENECKS}
+    leaves = {x for n in chart.FLOWCHART for x in (n.yes, n.no, chart.UNMEASURED[n.id]) if x in V.BOTTLENECKS}
     assert leaves == {x[3] for x in LEAVES}
     assert leaves | {"warming_up", "stuck"} == set(V.BOTTLENECKS)   # both decided before the walk
 
@@ -187,7 +189,7 @@ EDGES = [
      chart.COMM_EXPOSED_MIN - EPS, "communication", "healthy"),
     ("straggler", lambda x: _comm(comm_exposed_frac=0.3, compute_ratio=x), chart.STRAGGLER_RATIO_MAX - EPS,
      chart.STRAGGLER_RATIO_MAX, "load_imbalance", "communication"),
-    ("host_sync", lambda x: _idle(syncs_per_step=x, device_busy_source="nvml"), chart.SYNCS_PER_STEP_MIN, chart.SYNCS_PER_STEP_MIN - EPS,
+    ("host_sync", lambda x: _idle(syncs_per_step=x, device_busy_source="nvml_util"), chart.SYNCS_PER_STEP_MIN, chart.SYNCS_PER_STEP_MIN - EPS,
      "host_sync", "host_overhead"),
     ("mfu", lambda x: _base_view(mfu=x), chart.MFU_MIN - EPS, chart.MFU_MIN, "compute_efficiency", "healthy"),
 ]
@@ -432,7 +434,7 @@ def test_every_answered_node_puts_its_measured_value_in_the_evidence(name, ranks
 @pytest.mark.parametrize("view,node,reason", [
     (lambda: _base_view(memory=MemoryMetrics()), "memory", "memory limit or peak not reported"),
     (lambda: _base_view(device_busy=None, data_wait_frac=None, comm_exposed_frac=None), "device_busy",
-     "neither device activity nor any loss measured in the window"),
+     "CUDA busy not measured (no GPU utilization samples for this job's GPU)"),
     (lambda: _idle(data_wait_frac=None), "data_wait", "loader wait not measured (wrap the loader: mon.loader(...))"),
     (lambda: _idle(data_wait_frac=0.2, loader_workers=None, loader_cpu=None, data_cpu_frac=None), "loader_cpu",
      "loader CPU not measured: cannot tell preprocessing from I/O"),
@@ -445,19 +447,30 @@ def test_every_answered_node_puts_its_measured_value_in_the_evidence(name, ranks
     (lambda: _comm(comm_exposed_frac=0.3, compute_ratio=None), "straggler", "one rank: there is no peer to wait for"),
     (lambda: dataclasses.replace(_comm(comm_exposed_frac=0.3, compute_ratio=None), world_size=4), "straggler",
      "needs compute time of two or more ranks"),
-    (lambda: _idle(syncs_per_step=None, device_busy_source="nvml"), "syncs", "syncs not counted (opt-in: watch(syncs=True) or PERFMON_SYNCS=1)"),
+    (lambda: _idle(syncs_per_step=None, device_busy_source="nvml_util"), "syncs", "syncs not counted (opt-in: watch(syncs=True) or PERFMON_SYNCS=1)"),
     (lambda: dataclasses.replace(_idle(), device_type="cpu"), "syncs", "CPU job: there is no host-device sync to find"),
     (lambda: _base_view(mfu=None), "mfu", "MFU unknown: pass flops= to mon.step() or mon.watch(model=...)"),
     (lambda: dataclasses.replace(_base_view(mfu=None), device_type="cpu"), "mfu",
      "CPU job: no peak FLOP/s known (set PERFMON_PEAK_TFLOPS for an MFU)"),
 ])
-def test_a_question_that_cannot_be_asked_says_why_and_takes_the_no_exit(view, node, reason):
+def test_a_question_that_cannot_be_asked_says_why_and_goes_where_unmeasured_says(view, node, reason):
     v = view()
     leaf, walked, evidence = V.walk(v)
-    assert evidence["skipped"][node] == reason
+    assert evidence["skipped"][node] == reason and node not in {k for k in evidence if k != "skipped"}
     i = walked.index(node)
-    nxt = chart.NODES[node].no
-    assert (walked[i + 1] if i + 1 < len(walked) else leaf) == nxt
+    assert (walked[i + 1] if i + 1 < len(walked) else leaf) == chart.UNMEASURED[node]
+
+
+def test_an_unmeasured_gate_never_takes_an_exit():
+    """Busy unknown and every measured loss small (a single rank's communication is a measured 0):
+    neither "starved" nor "not starved" can be said, so the walk stops at ``not_measured``."""
+    leaf, walked, evidence = V.walk(_idle(device_busy=None, device_busy_source=None, comm_exposed_frac=0.0))
+    assert (leaf, walked) == ("not_measured", ["memory", "device_busy"])
+    assert evidence["skipped"]["device_busy"].startswith("CUDA busy not measured")
+    # one measured loss of 10% answers the gate without busy
+    leaf, walked, _ = V.walk(_idle(device_busy=None, device_busy_source=None, data_wait_frac=0.2,
+                                   loader_workers=2, loader_cpu=0.9))
+    assert leaf == "data_preprocessing" and walked[1] == "device_busy"
 
 
 def test_loader_question_uses_worker_cpu_or_with_no_workers_the_main_process_share():
@@ -471,8 +484,8 @@ def test_loader_question_uses_worker_cpu_or_with_no_workers_the_main_process_sha
 
 
 def test_notes_say_where_an_answer_came_from():
-    _, _, ev = V.walk(_idle(device_busy=0.5, device_busy_source="nvml"))
-    assert ev["notes"]["device_busy"] == "nvml"
+    _, _, ev = V.walk(_idle(device_busy=0.5, device_busy_source="nvml_util"))
+    assert ev["notes"]["device_busy"] == "nvml_util"
     _, _, ev = V.walk(_comm(comm_exposed_frac=0.3, device_busy=0.9))
     assert ev["notes"]["device_busy"] == "exposed communication is 30% of the step (>= 10%)"
     _, _, ev = V.walk(_comm(comm_exposed_frac=0.3, compute_ratio=0.9, comm_estimated=True))
@@ -481,7 +494,7 @@ def test_notes_say_where_an_answer_came_from():
     assert "comm_exposed" not in ev.get("notes", {})
     _, _, ev = V.walk(_idle(device_busy=0.5, device_busy_source=None))
     assert "device_busy" not in ev.get("notes", {}) and ev["device_busy"] == 0.5
-    _, _, ev = V.walk(_idle(syncs_per_step=2.0, device_busy_source="nvml"))
+    _, _, ev = V.walk(_idle(syncs_per_step=2.0, device_busy_source="nvml_util"))
     assert ev["syncs_per_step"] == 2.0
 
 

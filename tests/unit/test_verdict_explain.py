@@ -56,6 +56,7 @@ def _comm(**metrics):
 
 
 VIEWS = {
+    "not_measured": lambda: _view(device_busy=None, device_busy_source=None),
     "memory_ooms_device": lambda: _view(memory=MemoryMetrics(source="device", rank=0, peak_frac=0.5, peak_bytes=40 * GB,
                                                              limit_bytes=80 * GB, ooms=2)),
     "memory_retries_device": lambda: _view(memory=MemoryMetrics(source="device", rank=1, peak_frac=0.8,
@@ -106,6 +107,18 @@ SUGGEST = {
 
 # name: (bottleneck, severity, headline, suggestions, evidence (without notes/skipped), straggler_rank)
 EXPECTED = {
+    'not_measured': (
+        'not_measured', 'warn',
+        "Not measured: CUDA busy is unknown (no utilization samples for this job's GPU), so whether the device "
+        "is starved cannot be told; measured: exposed communication 0%, 100 ms steps; MFU 50%",
+        ['GPU busy comes from NVML (GPM SM activity, else utilization): `nvidia-smi -q -d UTILIZATION` as this '
+         'user shows whether the driver reports it; MIG slices and many vGPUs report no utilization',
+         "if NVML cannot be loaded (no libnvidia-ml in the container), mount the driver's libraries (NVIDIA "
+         "container toolkit) so the probe can read the GPU",
+         'meanwhile, the losses that are measured still speak: a data wait or exposed communication of 10% or '
+         'more would have been named'],
+        {'device_busy': None, 'comm_exposed_frac': 0.0, 'step_time_median_s': 0.1},
+        None),
     'memory_ooms_device': (
         'memory', 'crit',
         'Memory, device memory: 2 out-of-memory error(s)',
@@ -410,9 +423,9 @@ def test_headline_severity_fixes_and_evidence(name):
 
 
 def _findings_view(**metrics):
-    model = job(Rank(0, steps=20, pid=11), device="cuda", peak=PEAK)
+    model = job(Rank(0, steps=20, pid=11, gpu_util=97), device="cuda", peak=PEAK)
     from tests.unit.verdict_synth import T0, records
-    for rec in records(Rank(0, steps=8, pid=22, restart=1, start=T0 + 100), device="cuda", peak=PEAK):
+    for rec in records(Rank(0, steps=8, pid=22, restart=1, start=T0 + 100, gpu_util=97), device="cuda", peak=PEAK):
         model.ingest("/tmp/new.sock", rec)
     view = model.view()
     return dataclasses.replace(
@@ -523,13 +536,11 @@ def test_rate_formatter_says_unknown_for_no_bandwidth():
     assert explain._rate(None) == "n/a" and explain._rate(0.0) == "0 B/s"
 
 
-def test_healthy_with_unknown_device_busy_says_not_available():
-    """GPU activity not measured, every measured loss small: the gate is answered on the losses."""
+def test_unknown_device_busy_is_never_healthy_and_says_what_is_missing():
+    """GPU activity not measured, every measured loss small: "not starved" cannot be said."""
     v = V.evaluate(_view(device_busy=None, device_busy_source=None))
-    assert v.bottleneck == "healthy" and v.evidence["device_busy"] is None and "device_busy" not in v.evidence.get(
-        "skipped", {})
-    assert v.headline == ("Healthy: CUDA busy n/a of a 100 ms step, no measured loss of 10% or more, MFU 50% of a "
-                          "100 TFLOP/s peak (device table, bf16)")
+    assert v.bottleneck == "not_measured" and v.severity == "warn" and v.evidence["device_busy"] is None
+    assert v.as_json()["unknown"]["device_busy"].startswith("CUDA busy not measured")
     idle = [x for x in v.losses if x.id == "device_idle"][0]
     assert idle.share is None and "not measured" in idle.source
 

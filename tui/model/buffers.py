@@ -40,7 +40,7 @@ class RankState:
     __slots__ = ("rank", "stream", "hello", "generation", "steps", "nums", "samples", "cpu", "memory", "comm", "events",
                  "drops", "ended", "version", "first_start", "last_end", "inside", "gap_total", "unseen",
                  "pending_gap", "loader_seen", "last_t", "recv_clock", "stall", "profile", "capture",
-                 "summary_steps", "totals_through", "_cache")
+                 "summary_steps", "totals_through", "device", "_cache")
 
     def __init__(self, rank: int, stream: str, hello: dict[str, Any], generation: int) -> None:
         self.rank = rank
@@ -72,6 +72,8 @@ class RankState:
         self.capture: CaptureSummary | None = None  # the latest torch.profiler capture (``capture`` record)
         self.summary_steps: int | None = None   # steps done, while a relay summarises the rank (no step records)
         self.totals_through = -1     # steps up to this one are in the running totals already (a summary's)
+        # the job's device now (probe.gpu.job): the hello's until a sample says otherwise
+        self.device: dict[str, Any] = hello["device"] if isinstance(hello.get("device"), dict) else {}
         self._cache: tuple[int, Any] | None = None
 
     def add_step(self, rec: dict[str, Any]) -> None:

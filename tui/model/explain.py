@@ -252,6 +252,30 @@ def explain_healthy(v: JobView, straggler: int | None) -> Explained:
             f"but {gaps}"), list(_GAP_FIXES), {}
 
 
+_BUSY_FIXES = {
+    "cuda": ["GPU busy comes from NVML (GPM SM activity, else utilization): `nvidia-smi -q -d UTILIZATION` "
+             "as this user shows whether the driver reports it; MIG slices and many vGPUs report no "
+             "utilization",
+             "if NVML cannot be loaded (no libnvidia-ml in the container), mount the driver's libraries "
+             "(NVIDIA container toolkit) so the probe can read the GPU",
+             "meanwhile, the losses that are measured still speak: a data wait or exposed communication of 10% "
+             "or more would have been named"],
+}
+
+
+def explain_not_measured(v: JobView, straggler: int | None) -> Explained:
+    """The starved question could not be asked: busy is unknown and no measured loss is large.
+    Says what is missing and what the measured numbers still say; never a healthy verdict."""
+    m = v.metrics
+    known = [x for x in account(m, v.device_type) if x.id != "step_gaps" and x.share is not None]
+    said = ", ".join(f"{x.label} {_pct(x.share)}" for x in known) or "no loss measured"
+    mfu = f"; MFU {_pct(m.mfu)}" if m.mfu is not None else ""
+    why = v.device_status or "no utilization samples for this job's GPU"
+    headline = (f"Not measured: {v.device_type.upper()} busy is unknown ({why}), so whether the device is "
+                f"starved cannot be told; measured: {said}, {_step(m)} steps{mfu}")
+    return headline, list(_BUSY_FIXES.get(v.device_type, [])), {}
+
+
 def _rank_row(ranks: list[RankView], rank: int) -> RankView | None:
     return next((r for r in ranks if r.rank == rank), None)
 

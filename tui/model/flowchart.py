@@ -113,6 +113,20 @@ FLOWCHART: tuple[Node, ...] = (
          no="healthy",
          op="<"),
 )
+# Where the walk goes when a question cannot be answered. Never through the question's own
+# exits: an unmeasured quantity decides nothing (docs/verdict.md "Unknown is unknown").
+# * a screening question (is it memory? the loader? communication?) leaves that cause unchecked,
+#   listed as not measured, and the walk asks the next question;
+# * the gate "is the device starved?" cannot be passed: the outcome is ``not_measured``, which says
+#   what is missing and what the measured losses do say;
+# * the question that tells two causes of one measured loss apart (``DECIDES_BETWEEN``) ends at the
+#   outcome that names the loss's family (data loading, communication, host overhead) and the
+#   verdict says which causes it cannot tell apart;
+# * MFU unknown ends at healthy: the device is busy and no measured loss is large; efficiency is
+#   then listed as not measured.
+UNMEASURED = {"memory": "device_busy", "device_busy": "not_measured", "data_wait": "comm_exposed",
+              "loader_cpu": "data_loading", "comm_exposed": "syncs", "straggler": "communication",
+              "syncs": "host_overhead", "mfu": "healthy"}
 NODES: dict[str, Node] = {n.id: n for n in FLOWCHART}
 ROOT = "memory"
 # The last questions before an outcome: when one cannot be asked, the verdict says what it cannot tell apart.

@@ -73,14 +73,20 @@ def _device_idle(m: Metrics, device_type: str, data: Loss) -> Loss:
                     "CPU job: the CPU is the device, its busy share is the time not lost to a measured cause")
     if m.device_busy is None or m.device_busy_source not in MEASURED_BUSY:
         return Loss("device_idle", "device idle, no other cause", None,
-                    "GPU activity not measured (NVML utilization unavailable)")
+                    "GPU activity not measured (neither GPM SM activity nor NVML utilization readable)")
     rest = 1.0 - m.device_busy - (data.share or 0.0)
-    return Loss("device_idle", "device idle, no other cause", max(0.0, rest),
-                f"1 - GPU busy ({MEASURED_BUSY[m.device_busy_source]}) - data wait")
+    label = "SM activity" if m.device_busy_source == "sm_active" else "NVML utilization"
+    return Loss("device_idle", "device idle, no other cause", max(0.0, rest), f"1 - GPU busy ({label}) - data wait")
 
 
-# Sources of device busy that measure activity (never the elapsed time between two CUDA events).
-MEASURED_BUSY = {"nvml": "NVML utilization"}
+# What each ``Metrics.device_busy_source`` means (README "The verdict" says the same). The GPU
+# ones measure activity, never the elapsed time between two CUDA events (which includes idle gaps).
+BUSY_SOURCES = {
+    "sm_active": "GPM SM activity: the share of SMs busy",
+    "nvml_util": "NVML utilization: the share of time any kernel ran",
+    "step_accounting": "CPU: the step time not lost to a measured cause",
+}
+MEASURED_BUSY = {k: BUSY_SOURCES[k] for k in ("sm_active", "nvml_util")}
 
 
 def by_id(losses: tuple[Loss, ...]) -> dict[str, Loss]:

@@ -113,6 +113,8 @@ class RunModel:
             state.capture = capture_reading(record, state.rank)
         elif kind == "sample":
             state.samples.append(record)
+            if isinstance(record.get("device"), dict):      # the job's device now (probe.gpu.job)
+                state.device = record["device"]
             reading = self._hosts[state] = host_reading(record)
             state.cpu.append(reading.cpu)
             host = record.get("host")
@@ -213,7 +215,7 @@ class RunModel:
         states = [self._ranks[r] for r in sorted(self._ranks)]
         stats = [self._stats(s) for s in states]
         hello0 = states[0].hello if states else {}
-        device = hello0.get("device") if isinstance(hello0.get("device"), dict) else {}
+        device = states[0].device if states else {}
         device_type = str(device.get("type") or "cpu")
         world = _world_size(states)
         ranks = [rank_view(s, st, _probe_now(s, now, clock), _silence(s, clock)) for s, st in zip(states, stats)]
@@ -321,12 +323,14 @@ def _local_rank(hello: dict[str, Any]) -> int:
 
 
 def _device_status(states: list[RankState]) -> str | None:
-    """Why there are no GPU readings: the first rank's hello ``device.status``, else the newest
-    sample's ``gpu_status`` (the probe's own words)."""
+    """Why there are no GPU readings: the first rank's job device ``status``, else its hello's
+    ``gpus.status`` (the host's GPUs), else the newest sample's ``gpu_status`` (the probe's own words)."""
     for s in states:
-        device = s.hello.get("device")
-        if isinstance(device, dict) and device.get("status"):
-            return str(device["status"])
+        if s.device.get("status"):
+            return str(s.device["status"])
+        gpus = s.hello.get("gpus")
+        if isinstance(gpus, dict) and gpus.get("status"):
+            return str(gpus["status"])
     for s in states:
         status = next((x.get("gpu_status") for x in reversed(s.samples) if x.get("gpu_status")), None)
         if status:

@@ -134,13 +134,13 @@ def rank_stats(state: RankState, max_steps: int, max_seconds: float, timeline: b
     exposed_frac = sum(exposed) / active_sum if comm_known else none_single
     estimated = any(s.estimated for s in win) if comm_known else None
 
-    device = state.hello.get("device") if isinstance(state.hello.get("device"), dict) else {}
+    device = state.device
     busy, busy_src = None, None
     if n and device.get("type") == "cuda":
-        # measured activity only: the elapsed time between two CUDA events includes every idle gap
-        util = _gpu_util(samples, state.hello)
-        if util is not None:
-            busy, busy_src = util, "nvml"
+        # measured activity only: the elapsed time between two CUDA events includes every idle gap;
+        # a job device with a ``status`` has no GPU counters the probe could tie to it
+        if not device.get("status"):
+            busy, busy_src = _gpu_busy(samples, state.hello)
     elif n:
         # CPU: the CPU is the device; busy is the step time not lost to a measured cause
         busy, busy_src = sum(computes) / active_sum, "step_accounting"
@@ -204,11 +204,20 @@ def _cpu_trace(state: RankState) -> tuple[float | None, ...]:
     return tuple(itertools.islice(state.cpu, max(0, len(state.cpu) - WINDOW_SAMPLES), None))
 
 
-def _gpu_util(samples: list[dict[str, Any]], hello: dict[str, Any]) -> float | None:
-    """Mean NVML utilization of this rank's GPU (index = local_rank when listed) over the samples."""
+def _gpu_busy(samples: list[dict[str, Any]], hello: dict[str, Any]) -> tuple[float | None, str | None]:
+    """(busy, source) of this rank's GPU (index = local_rank when listed) over the samples.
+
+    GPM SM activity where the device has it: the share of SMs busy, averaged over time, so one
+    small kernel on a large GPU reads near 0. Else NVML utilization: the share of time any kernel
+    ran, which reads 100% for that same small kernel (``nvidia-smi``'s number). ``losses.BUSY_SOURCES``
+    names both; neither is ever replaced by the time between two CUDA events."""
     local = hello.get("local_rank") if isinstance(hello.get("local_rank"), int) else 0
-    values = [g.util for s in samples for g in own_gpus(gpu_readings(s), local)[:1] if g.util is not None]
-    return statistics.fmean(values) if values else None
+    own = [g for s in samples for g in own_gpus(gpu_readings(s), local)[:1]]
+    for source, values in (("sm_active", [g.sm_active for g in own]), ("nvml_util", [g.util for g in own])):
+        known = [v for v in values if v is not None]
+        if known:
+            return statistics.fmean(known), source
+    return None, None
 
 
 def _peak_flops(device: dict[str, Any], samples: Deque[dict[str, Any]]) -> tuple[float | None, str | None]:
@@ -232,7 +241,7 @@ def _rank_memory(state: RankState, win_start: float | None, hosts: list[dict[str
     only (DESIGN §6: lifetime peaks never count): CUDA the allocator's reserved bytes, CPU the RSS."""
     ooms = sum(1 for e in state.events if e.get("name") == "oom"
                and (win_start is None or (num(e.get("t")) or 0.0) >= win_start))
-    device = state.hello.get("device") if isinstance(state.hello.get("device"), dict) else {}
+    device = state.device
     host_rss = [_int(h.get("rss")) for h in hosts]
     host_limit = next((_int(h.get("mem_limit")) for h in reversed(hosts) if _int(h.get("mem_limit"))), None)
     host_limit_source = next((h.get("mem_limit_source") for h in reversed(hosts) if h.get("mem_limit_source")), None)

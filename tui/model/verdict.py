@@ -33,11 +33,11 @@ from tui.model.buffers import MIN_STEPS
 from tui.model.losses import STEP_LOSSES, Loss, account, by_id
 from tui.model.explain import (Explained, explain_communication, explain_compute_efficiency, explain_data_loading,
                                explain_data_preprocessing, explain_healthy, explain_host_overhead, explain_host_sync,
-                               explain_load_imbalance, explain_memory, explain_stuck, explain_warming_up, gaps_lost,
-                               peak_note, round4 as _round, tensor_active)
+                               explain_load_imbalance, explain_memory, explain_not_measured, explain_stuck,
+                               explain_warming_up, gaps_lost, peak_note, round4 as _round, tensor_active)
 from tui.model.explain import findings as secondary_findings  # beside the named outcome
 from tui.model.flowchart import (DECIDES_BETWEEN, DEVICE_BUSY_CRIT, LOSS_MIN, LOSS_THRESHOLD, NODES, ROOT,
-                                 TENSOR_ACTIVE_MIN, Node, compare)
+                                 TENSOR_ACTIVE_MIN, UNMEASURED, Node, compare)
 from tui.model.stuck import StuckDiagnosis
 from tui.model.views import JobView
 
@@ -75,6 +75,7 @@ class Verdict:
     losses: tuple[Loss, ...] = ()
     undecided: dict[str, str] = field(default_factory=dict)
     stuck: StuckDiagnosis | None = None
+    straggler_host: str | None = None    # the node of ``straggler_rank`` (DESIGN §7)
 
     @property
     def rule(self) -> "Rule":
@@ -108,6 +109,7 @@ class Verdict:
         return {"bottleneck": self.bottleneck, "label": RULES[self.bottleneck].label, "severity": self.severity,
                 "headline": self.headline, "path": list(self.path), "evidence": dict(self.evidence),
                 "suggestions": list(self.suggestions), "straggler_rank": self.straggler_rank,
+                "straggler_host": self.straggler_host,
                 "losses": [x.as_json() for x in self.losses], "undecided": dict(self.undecided),
                 "unknown": {NODES[n].quantity: why for n, why in skipped.items() if n in NODES},
                 "stuck": self.stuck.as_json() if self.stuck is not None else None}
@@ -149,18 +151,25 @@ def _ask_memory(v: JobView, node: Node, losses: tuple[Loss, ...]) -> _Answer:
 
 
 def _ask_device_busy(v: JobView, node: Node, losses: tuple[Loss, ...]) -> _Answer:
+    """Starved when busy is low or one measured loss is 10% or more. "Not starved" needs busy
+    measured: small or zero measured losses say nothing about the time they do not cover."""
     busy = v.metrics.device_busy
     known = [x for x in losses if x.id in STEP_LOSSES and x.share is not None]
     big = max(known, key=lambda x: x.share or 0.0, default=None)
-    if busy is None and big is None:
-        return _Answer(None, None, "neither device activity nor any loss measured in the window")
     low = busy is not None and compare(busy, node)
     lossy = big is not None and (big.share or 0.0) >= LOSS_MIN
     if lossy and not low:
-        why = f"{big.label} is {_pct(big.share)} of the step (>= {_pct(LOSS_MIN)})"
-    else:
-        why = v.metrics.device_busy_source or ""
-    return _Answer(busy, low or lossy, why)
+        return _Answer(busy, True, f"{big.label} is {_pct(big.share)} of the step (>= {_pct(LOSS_MIN)})")
+    if busy is None:
+        return _Answer(None, None, f"{v.device_type.upper()} busy not measured ({_busy_missing(v)})")
+    return _Answer(busy, low, v.metrics.device_busy_source or "")
+
+
+def _busy_missing(v: JobView) -> str:
+    """Why a device's busy share is unknown, in the probe's words where it gave any."""
+    if v.device_type == "cuda":
+        return v.device_status or "no GPU utilization samples for this job's GPU"
+    return "no step timing yet"
 
 
 def _ask_data_wait(v: JobView, node: Node, losses: tuple[Loss, ...]) -> _Answer:
@@ -254,13 +263,17 @@ def walk(view: JobView, losses: tuple[Loss, ...] | None = None) -> tuple[str, li
         ans = _ASK[node_id](view, node, losses)
         if ans.fired is None:
             skipped[node_id] = ans.reason
-            if ans.applies and node_id in DECIDES_BETWEEN:
-                undecided[node_id] = ans.reason
+            if not ans.applies:           # the question does not apply to this job: its "no" is the answer
+                node_id = node.no
+            else:                         # not measured: never one of the question's exits
+                if node_id in DECIDES_BETWEEN:
+                    undecided[node_id] = ans.reason
+                node_id = UNMEASURED[node_id]
         else:
             evidence[node.quantity] = _round(ans.value)
             if ans.reason:
                 evidence.setdefault("notes", {})[node_id] = ans.reason
-        node_id = node.yes if ans.fired else node.no
+            node_id = node.yes if ans.fired else node.no
         if node_id in RULES:
             break
     if skipped:
@@ -276,8 +289,9 @@ def evaluate(view: JobView) -> Verdict:
     if view.stuck is not None:     # DESIGN §6 step 0: before everything, warming up included
         headline, suggestions, extra = explain_stuck(view, None)
         culprits = view.stuck.culprit_ranks
-        return Verdict("stuck", "crit", headline, [], extra, suggestions, culprits[0] if len(culprits) == 1 else None,
-                       secondary_findings(view), losses=losses, stuck=view.stuck)
+        culprit = culprits[0] if len(culprits) == 1 else None
+        return Verdict("stuck", "crit", headline, [], extra, suggestions, culprit, secondary_findings(view),
+                       losses=losses, stuck=view.stuck, straggler_host=_host_of(view, culprit))
     if view.warming_up:
         steps = max((r.window_steps for r in view.ranks), default=0)
         return Verdict("warming_up", "info", f"Warming up: {steps} of {MIN_STEPS} steps seen, no verdict yet",
@@ -296,7 +310,12 @@ def evaluate(view: JobView) -> Verdict:
     evidence.update(extra)
     found = _loss_findings(rule, losses) + secondary_findings(view)
     return Verdict(leaf, _severity(leaf, view, losses), headline, path, evidence, suggestions, straggler, found,
-                   losses=losses, undecided=dict(undecided))
+                   losses=losses, undecided=dict(undecided), straggler_host=_host_of(view, straggler))
+
+
+def _host_of(view: JobView, rank: int | None) -> str | None:
+    row = next((r for r in view.ranks if r.rank == rank), None) if rank is not None else None
+    return row.host if row is not None else None
 
 
 def _short_reason(reason: str) -> str:
@@ -316,6 +335,8 @@ def _severity(leaf: str, v: JobView, losses: tuple[Loss, ...]) -> str:
         return "ok" if gaps_lost(m) is None else "warn"
     if leaf in ("warming_up", "compute_efficiency"):
         return "info"
+    if leaf == "not_measured":
+        return "warn"
     if leaf == "memory":
         return "crit" if m.memory.ooms else "warn"
     named = by_id(losses).get(RULES[leaf].loss or "")
@@ -359,6 +380,7 @@ RULES_TABLE: tuple[Rule, ...] = (
     Rule("host_overhead", "HOST OVERHEAD", "syncs", "no", "timeline", explain_host_overhead, loss="device_idle"),
     Rule("compute_efficiency", "COMPUTE EFFICIENCY", "mfu", "yes", "device", explain_compute_efficiency),
     Rule("healthy", "HEALTHY", "mfu", "no", None, explain_healthy),
+    Rule("not_measured", "NOT MEASURED", "device_busy", None, "device", explain_not_measured),
 )
 RULES: dict[str, Rule] = {r.id: r for r in RULES_TABLE}
 BOTTLENECKS: tuple[str, ...] = tuple(r.id for r in RULES_TABLE)

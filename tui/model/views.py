@@ -75,7 +75,7 @@ class Metrics:
     samples_per_s: float | None = None
     tokens_per_s: float | None = None
     device_busy: float | None = None
-    device_busy_source: str | None = None   # "nvml" (GPU activity) | "step_accounting" (CPU: not lost)
+    device_busy_source: str | None = None   # a key of tui.model.losses.BUSY_SOURCES
     data_wait_frac: float | None = None
     data_cpu_frac: float | None = None      # main-thread CPU share of the data wait (num_workers=0)
     comm_frac: float | None = None

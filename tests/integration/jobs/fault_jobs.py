@@ -157,21 +157,14 @@ def train(use_probe: bool, sim_cuda: bool) -> None:
     cuda = None
     if use_probe:
         import probe
-        if sim_cuda:   # SIMULATED CUDA (tests/sim): sync counting on, a sync in every step
-            import types
-
-            from probe import gpu
+        if sim_cuda:   # SIMULATED CUDA (tests/sim): the model placed on its GPU, sync counting on
             from probe.gpu import cuda as gpu_cuda
             from tests.sim.simulated_cuda import SimulatedCuda
             cuda = SimulatedCuda()
             gpu_cuda.backend = cuda
-            gpu._torch_uses_cuda = lambda: None
+            cuda.place(model)
         mon = probe.start(job="warnings-train", record=os.environ.get("FAULT_RECORD"), serve=True)
-        if sim_cuda:   # the watcher learns "cuda:0" before it sees the (CPU) parameters
-            mon.watch(syncs=True)
-            mon.attached.watcher._learn_device([types.SimpleNamespace(device=torch.device("cuda", 0),
-                                                                      dtype=torch.float32)])
-        mon.watch(model=model, optimizer=opt)
+        mon.watch(model=model, optimizer=opt, syncs=True if sim_cuda else None)
     losses = []
     for epoch in range(3):
         batches = mon.loader(data) if mon is not None else iter(data)

@@ -12,7 +12,9 @@ from tui.model import units
 from tui.app.widgets import glyphs
 from tui.app.widgets.pane import Pane, UiState
 
-BUSY_SOURCE = {"nvml": "NVML util", "step_accounting": "not lost to a measured cause"}
+# short forms of tui.model.losses.BUSY_SOURCES for the pane
+BUSY_SOURCE = {"sm_active": "SM activity (GPM)", "nvml_util": "NVML util: a kernel ran",
+               "step_accounting": "not lost to a measured cause"}
 
 
 class DevicePane(Pane):
@@ -33,7 +35,7 @@ class DevicePane(Pane):
             if m.peak_flops:
                 mfu.append(f"  of {m.peak_flops / 1e12:.3g} TFLOP/s ({m.peak_source})", style=glyphs.DIM)
             lines.append(mfu)
-        if view.device_type == "cuda" or view.gpus:
+        if view.device_type == "cuda":
             lines.extend(_draw_gpus(view, width, height - len(lines)))
         else:
             lines.extend(_draw_cpu(view, width, height - len(lines)))
@@ -77,7 +79,11 @@ def _draw_cpu(view: JobView, width: int, height: int) -> list[Text]:
     note = Text.assemble(("CPU job", "bold"))
     note.append(f" ({view.device_name})" if view.device_name else "", style=glyphs.DIM)
     lines.append(note)
-    if view.device_status:
+    if view.gpus:     # the host's GPUs are a fact about the machine, not this job's device
+        names = sorted({row.gpu.name for row in view.gpus if row.gpu.name})
+        lines.append(Text(f"host GPUs: {len(view.gpus)}{' ' + names[0] if len(names) == 1 else ''}, "
+                          "not used by this job", style=glyphs.DIM))
+    elif view.device_status:
         lines.append(Text(view.device_status, style=glyphs.DIM))
     ranks = sorted(view.hosts)
     cpu_count = next((view.hosts[r].cpu_count for r in ranks if view.hosts[r].cpu_count), None)

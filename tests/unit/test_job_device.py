@@ -1,0 +1,188 @@
+"""The job's device comes from the job, through the probe's real detection, on the SIMULATED device
+layer (tests/sim): a simulated NVML host GPU whose utilization is measured on a simulated CUDA
+stream, and models "moved to the GPU" with ``SimulatedCuda.place`` (what ``model.cuda()`` does to
+where ``tensor.device`` says a parameter lives). Nothing here talks to a GPU.
+
+Semantics relied on: NVML utilization is the share of recent time a kernel ran on the stream;
+the caching allocator's counters say whether this process allocated on a GPU."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import pytest
+import torch
+
+import probe
+from probe.recording import read_recording
+from tests.sim.fixtures import simulated_cuda, simulated_nvml  # noqa: F401  (fixtures)
+from tests.sim.simulated_pynvml import NVML_ERROR_NOT_SUPPORTED, SimulatedGpu
+from tests.unit.verdict_synth import Rank, records
+from tui.model import verdict as V
+from tui.model.runmodel import RunModel
+
+
+def _model() -> tuple[torch.nn.Module, torch.optim.Optimizer]:
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(64, 64), torch.nn.ReLU(), torch.nn.Linear(64, 64))
+    return model, torch.optim.SGD(model.parameters(), lr=0.01)
+
+
+def _step(model: torch.nn.Module, opt: torch.optim.Optimizer, cuda=None, kernels_s: float = 0.0) -> None:
+    x = torch.randn(256, 64)
+    for _ in range(4):                      # a few ms of real CPU work
+        model(x).sum().backward()
+    if cuda is not None and kernels_s:
+        cuda.run(kernels_s)                 # what the step would launch on a GPU
+    opt.step()
+    opt.zero_grad()
+
+
+def _train(mon, model, opt, steps: int, cuda=None, kernels_s: float = 0.0, samples: int = 3) -> None:
+    """``steps`` steps, then on until the probe sent ``samples`` more samples (seen through a tap on
+    its sender thread), so the job's device was sampled after the steps whatever the machine's load."""
+    seen = threading.Semaphore(0)
+    mon.add_tap(lambda rec: seen.release() if rec.get("k") == "sample" else None)
+    for _ in range(steps):
+        with mon.step():
+            _step(model, opt, cuda, kernels_s)
+    deadline = time.monotonic() + 30
+    for _ in range(samples):
+        while not seen.acquire(timeout=0.01):
+            assert time.monotonic() < deadline, "the sampler sent no sample"
+            with mon.step():
+                _step(model, opt, cuda, kernels_s)
+
+
+def _view(path) -> tuple[RunModel, list[dict]]:
+    records = read_recording(path).records
+    model = RunModel()
+    for rec in records:
+        model.ingest("r0", rec)
+    return model, records
+
+
+def test_a_cpu_model_on_a_gpu_host_is_a_cpu_job(simulated_cuda, simulated_nvml, tmp_path):
+    """The host's GPU idles (0% busy); the job trains on the CPU. Judging the host's GPU would read
+    0% busy and call the job host-bound; the job's device is the CPU."""
+    cuda = simulated_cuda()
+    simulated_nvml([SimulatedGpu(timeline=cuda, gpm=None)])
+    model, opt = _model()
+    mon = probe.start(job="cpu-on-gpu-host", record=tmp_path, serve=False, sample_hz=20)
+    try:
+        mon.watch(model=model, optimizer=opt)
+        _train(mon, model, opt, 30)
+    finally:
+        mon.close()
+    run, records = _view(mon.record_path)
+    hello = records[0]
+    assert hello["device"]["type"] == "cpu" and hello["gpus"]["count"] == 1
+    assert hello["gpus"]["name"] == "NVIDIA H100 80GB HBM3"     # the host's GPU, shown as the host's
+    assert all(r["device"]["type"] == "cpu" for r in records if r["k"] == "sample")
+    view = run.view()
+    verdict = V.evaluate(view)
+    assert view.device_type == "cpu" and view.metrics.device_busy_source == "step_accounting"
+    assert verdict.bottleneck == "healthy", verdict.headline
+
+
+def test_watch_before_cuda_follows_the_model_to_the_gpu(simulated_cuda, simulated_nvml, tmp_path):
+    """``mon.watch(model)`` before ``model.cuda()``: the job starts as a CPU job and becomes a CUDA job
+    once the model moved, with CUDA events, sync counting and device memory from then on."""
+    cuda = simulated_cuda()
+    simulated_nvml([SimulatedGpu(timeline=cuda, gpm=None)])
+    model, opt = _model()
+    mon = probe.start(job="watch-then-cuda", record=tmp_path, serve=False, sample_hz=20)
+    try:
+        mon.watch(model=model, optimizer=opt, syncs=True)
+        watcher = mon.attached.watcher
+        _train(mon, model, opt, 3, samples=1)            # sampled while on the CPU
+        assert (watcher.device_type, watcher.timer, watcher.syncs) == ("cpu", None, None)
+        cuda.place(model)                                   # model.cuda()
+        deadline = time.monotonic() + 30
+        while watcher.device_type != "cuda":                # the sampler notices; the next step applies it
+            assert time.monotonic() < deadline, "the move to the GPU was never seen"
+            with mon.step():
+                _step(model, opt, cuda, 0.002)
+        assert watcher.device_index == 0 and watcher.timer is not None and watcher.syncs is not None
+        while not watcher.timer.free:        # until the poller has read one step's events back
+            assert time.monotonic() < deadline, "no step's CUDA events completed"
+            with mon.step():
+                _step(model, opt, cuda, 0.002)
+        _train(mon, model, opt, 1, cuda, 0.002)
+    finally:
+        mon.close()
+    run, records = _view(mon.record_path)
+    assert records[0]["device"]["type"] == "cpu"
+    devices = [r["device"]["type"] for r in records if r["k"] == "sample"]
+    assert devices[0] == "cpu" and devices[-1] == "cuda" and devices.index("cuda") > 0
+    last = [r for r in records if r["k"] == "sample"][-1]["device"]
+    assert last["name"] == "NVIDIA H100 80GB HBM3" and last["peak_flops"]["bf16"] == 989e12 and last["status"] is None
+    assert any("gpu_time" in r for r in records if r["k"] == "step")       # CUDA events time the steps
+    view = run.view()
+    assert view.device_type == "cuda" and view.metrics.device_busy_source == "nvml_util"
+
+
+def test_a_cuda_job_whose_utilization_is_not_supported_is_never_healthy(simulated_cuda, simulated_nvml, tmp_path):
+    """NVML lists the GPU but answers NotSupported for utilization (MIG, some vGPUs), no GPM: the job is
+    still a CUDA job, its busy is not measured, and the verdict says so instead of calling it healthy."""
+    cuda = simulated_cuda()
+    simulated_nvml([SimulatedGpu(timeline=cuda, gpm=None,
+                                 errors={"nvmlDeviceGetUtilizationRates": NVML_ERROR_NOT_SUPPORTED})])
+    model, opt = _model()
+    cuda.place(model)
+    mon = probe.start(job="util-not-supported", record=tmp_path, serve=False, sample_hz=20)
+    try:
+        mon.watch(model=model, optimizer=opt)
+        _train(mon, model, opt, 30, cuda, 0.001)
+    finally:
+        mon.close()
+    run, _ = _view(mon.record_path)
+    view = run.view()
+    verdict = V.evaluate(view)
+    assert view.device_type == "cuda" and view.metrics.device_busy is None
+    assert verdict.bottleneck == "not_measured" and verdict.severity == "warn"
+    assert "device_busy" in verdict.as_json()["unknown"]
+
+
+def test_two_gpus_and_a_failing_uuid_lookup_leave_busy_unmeasured(simulated_cuda, simulated_nvml, tmp_path,
+                                                                  monkeypatch):
+    """Two visible GPUs, and torch cannot give the UUID that ties cuda:0 to one of them: which GPU's
+    counters are the job's is unknown, so its busy is not measured (never the first GPU's by guess)."""
+    cuda = simulated_cuda()
+    busy_gpu = SimulatedGpu(uuid="GPU-00000000-sim0-0000-0000-000000000000", util=95, gpm=None)
+    idle_gpu = SimulatedGpu(uuid="GPU-11111111-sim1-0000-0000-000000000000", util=3, gpm=None)
+    simulated_nvml([idle_gpu, busy_gpu])
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
+
+    def no_uuid(index: int) -> str:
+        raise RuntimeError("device properties unavailable")
+
+    monkeypatch.setattr(cuda, "device_uuid", no_uuid)
+    model, opt = _model()
+    cuda.place(model)
+    mon = probe.start(job="uuid-fails", record=tmp_path, serve=False, sample_hz=20)
+    try:
+        mon.watch(model=model, optimizer=opt)
+        _train(mon, model, opt, 30, cuda, 0.001)
+    finally:
+        mon.close()
+    run, records = _view(mon.record_path)
+    device = [r for r in records if r["k"] == "sample"][-1]["device"]
+    assert device["type"] == "cuda" and "not measured" in device["status"]
+    view = run.view()
+    assert view.device_type == "cuda" and view.metrics.device_busy is None
+
+
+@pytest.mark.parametrize("sm_active,util,busy,source", [
+    (0.05, 100, 0.05, "sm_active"),      # one small kernel: any-kernel utilization 100%, SMs 5% busy
+    (None, 60, 0.60, "nvml_util"),       # no GPM (pre-Hopper): utilization, labelled as such
+])
+def test_gpu_busy_prefers_sm_activity_and_names_its_source(sm_active, util, busy, source):
+    model = RunModel()
+    for rec in records(Rank(gpu_util=util), device="cuda"):
+        if rec["k"] == "sample" and sm_active is not None:
+            rec["gpus"][0]["sm_active"] = sm_active
+        model.ingest("r0", rec)
+    m = model.view().metrics
+    assert m.device_busy == pytest.approx(busy) and m.device_busy_source == source
