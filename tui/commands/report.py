@@ -160,7 +160,8 @@ def render_text(report: dict, width: int = 80) -> str:
     lines.append("")
     wrap(f"Window: {w['steps']} steps, {units.seconds(w['seconds'])}. Steps {m['steps']}, step {_ms(m['step_time_median_s'])}"
          f" median, {_num(m['samples_per_s'])} samples/s")
-    wrap(f"Busy {_pct(m['device_busy'])}  data wait {_pct(m['data_wait_frac'])}  comm {_pct(m['comm_frac'])}"
+    busy_source = f" ({m['device_busy_source']})" if m.get("device_busy_source") else ""
+    wrap(f"Busy {_pct(m['device_busy'])}{busy_source}  data wait {_pct(m['data_wait_frac'])}  comm {_pct(m['comm_frac'])}"
          f" (exposed {_pct(m['comm_exposed_frac'])})  MFU {_pct(m['mfu'])}  ETTR {_pct(m['ettr'])}"
          f"  loader CPU {_pct(m['loader_cpu'])}")
     mem = m.get("memory") or {}

@@ -35,7 +35,7 @@ RANK_GAUGES = (
     ("perfmon_data_wait_ratio", "Share of step time spent waiting for the next batch", "data_wait_frac"),
     ("perfmon_comm_ratio", "Share of step time in collectives", "comm_frac"),
     ("perfmon_comm_exposed_ratio", "Share of step time blocked on collectives (not overlapped)", "comm_exposed_frac"),
-    ("perfmon_device_busy_ratio", "Device busy share: NVML activity on GPU, step time not lost on CPU", "device_busy"),
+    ("perfmon_device_busy_ratio", "Device busy share: GPM SM activity, else NVML utilization, on GPU; step time not lost on CPU", "device_busy"),
     ("perfmon_mfu_ratio", "Model FLOPs utilization: achieved FLOP/s over the device's peak for the dtype", "mfu"),
     ("perfmon_ettr_ratio", "Effective training time ratio: time inside steps over wall time", "ettr"),
     ("perfmon_samples_per_second", "Samples per second over the window", "samples_per_s"),
