@@ -310,6 +310,8 @@ def test_a_full_stall_record_is_read_field_by_field():
     assert (bare.where, bare.step, bare.threshold, bare.loader_waiting, bare.moving, bare.flight_source) == (
         "step", None, None, False, None, None)
     assert (bare.flight, bare.flight_sources, bare.flight_enqueued, bare.flight_note) == ((), (), {}, None)
+    odd = stall_reading({"k": "stall", "t": 1.0, "seconds": 2.0, "flight": {"sources": "nccl", "groups": [1]}})
+    assert (odd.flight_sources, odd.flight_enqueued) == ((), {})
 
 
 def test_the_json_rounds_the_time_and_lists_the_roles_of_silent_ranks():
@@ -440,7 +442,7 @@ def test_nccl_calls_enqueued_on_every_rank_and_not_completed_are_the_device_or_n
     assert d.calls == {0: "started", 1: "scheduled"}
     assert d.headline == ("every rank enqueued all_reduce #4, none completed it (the device of rank 1 never started "
                           "it); 2 ranks wait in it for 45s")
-    assert d.ranks[1].call == "enqueued it, the device has not started it"
+    assert d.ranks[1].call == "enqueued it; the device has not started it"
     both_started = [with_flight(stall(END + 45, 45, stack=[ITEM], seq={"world": 4, "1": 1}),
                                 nccl(WAITING, "started"), "nccl") for _ in range(2)]
     d = two_ranks([both_started[0]], [both_started[1]]).view().stuck
@@ -450,8 +452,9 @@ def test_nccl_calls_enqueued_on_every_rank_and_not_completed_are_the_device_or_n
 def test_a_recorder_that_numbers_a_group_otherwise_than_the_ledger_is_not_read_for_it():
     """torch counts calls the probe does not wrap (a C++ broadcast at DDP's start): its #4 is not
     the ledger's #4, so the state comes from the ledger alone."""
-    waiter = with_flight(stall(END + 45, 45, inflight=[in_all_reduce(6)], seq={"world": 6}), nccl(WAITING, "started"),
-                         "nccl")
-    behind = with_flight(stall(END + 45, 45, stack=[f"{SITE}:5 in f"], seq={"world": 5}), BEHIND, "generic")
+    dump = nccl(WAITING, "started")
+    dump["entries"][2]["retired"] = False           # its #3: completed, not yet retired
+    waiter = with_flight(stall(END + 45, 45, inflight=[in_all_reduce(3)], seq={"world": 3}), dump, "nccl")
+    behind = with_flight(stall(END + 45, 45, stack=[f"{SITE}:5 in f"], seq={"world": 2}), BEHIND, "generic")
     d = two_ranks([waiter], [behind]).view().stuck
-    assert d.seq == 6 and d.calls == {0: "enqueued", 1: "never_enqueued"}    # not the recorder's "started"
+    assert d.seq == 3 and d.calls == {0: "enqueued", 1: "never_enqueued"}    # not the recorder's #3 "completed"

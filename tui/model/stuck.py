@@ -57,9 +57,9 @@ class FlightEntry:
 
 CALL_STATES = {
     "never_enqueued": "never enqueued it: a host/Python stall (its stack below)",
-    "scheduled": "enqueued it, the device has not started it",
-    "started": "started it on the device, not completed: its peers or the network",
-    "enqueued": "enqueued it, not completed: the device or the network",
+    "scheduled": "enqueued it; the device has not started it",
+    "started": "started it on the device; not completed",
+    "enqueued": "enqueued it; not completed (whether the device started it is not recorded)",
     "completed": "completed it",
 }
 
@@ -130,7 +130,8 @@ def stall_reading(rec: dict[str, Any]) -> StallReading | None:
         flight=tuple(FlightEntry(str(e.get("op") or "collective"), str(e.get("group") or "world"), _int(e.get("seq")),
                                  str(e.get("state") or "enqueued"), str(e["backend"]) if e.get("backend") else None)
                      for e in _dicts(flight.get("entries"))),
-        flight_sources=tuple(str(s) for s in flight.get("sources") or () if isinstance(s, str)),
+        flight_sources=tuple(s for s in flight["sources"] if isinstance(s, str))
+        if isinstance(flight.get("sources"), list) else (),
         flight_enqueued={str(g): n for g, st in (flight.get("groups") or {}).items() if isinstance(st, dict)
                          and (n := _int(st.get("enqueued"))) is not None} if isinstance(flight.get("groups"), dict)
         else {},
