@@ -14,8 +14,8 @@ has ended for longer than the threshold; then, every ``REPEAT_S`` while it lasts
 * the DataLoader's state: whether the training thread waits in ``next()``, the worker whose
   batch it waits for, and each worker's pid, liveness and CPU share since the last look;
 * on CUDA, whether the device still has queued work (a stream ``query()``, never a sync);
-* where torch keeps a flight recorder readable in process (``_dump_fr_trace_json``, formerly
-  ``_dump_nccl_trace_json``), its active entries: started vs completed collectives.
+* torch's flight recorders (``probe.flight``: NCCL's for NCCL groups, the generic one for gloo):
+  per collective not retired, enqueued, started or completed, tagged with its backend.
 
 When steps end again, one ``resumed`` record says how long the stall lasted.
 
@@ -29,13 +29,14 @@ viewer sees its records stop (heartbeat) instead.
 from __future__ import annotations
 
 import collections
-import json
 import os
 import statistics
 import sys
 import threading
 import time
 from typing import Any, Callable
+
+from probe.flight import fill_from_flight, flight_recorder
 
 TICK_S = 0.5
 REPEAT_S = 2.0
@@ -46,7 +47,6 @@ STEPS_KNOWN = 3
 PRIME_S = 1.0        # look at the loader workers' CPU this long before a stall would be reported
 MAX_FRAMES = 40
 MAX_WORKERS = 64
-MAX_FLIGHT = 64
 
 _PROBE_DIR = os.path.dirname(os.path.abspath(__file__)) + os.sep
 _LOADER_FRAMES = frozenset({("dataloader.py", "__next__"), ("core.py", "loader"), ("auto.py", "__next__")})
@@ -184,7 +184,7 @@ class StallWatch(threading.Thread):
         _add(record, "device", self._device)
         _add(record, "flight", flight_recorder)
         if "flight" in record:
-            _fill_from_flight(record)
+            fill_from_flight(record)
         return record
 
     # -- what is attached -----------------------------------------------------------------------
@@ -291,81 +291,3 @@ def _awaited_worker(it: Any) -> int | None:
     if isinstance(task, tuple) and len(task) == 1 and isinstance(task[0], int):
         return task[0]
     return None
-
-
-def flight_recorder() -> dict[str, Any] | None:
-    """torch's in-process flight recorder, where this torch has one and it recorded anything
-    (NCCL with ``TORCH_NCCL_TRACE_BUFFER_SIZE`` > 0; gloo too in recent versions)."""
-    if "torch.distributed" not in sys.modules:
-        return None
-    try:
-        from torch._C import _distributed_c10d as c10d
-    except Exception:
-        return None
-    dump = getattr(c10d, "_dump_fr_trace_json", None) or getattr(c10d, "_dump_nccl_trace_json", None)
-    if dump is None:
-        return None
-    flight = parse_flight(json.loads(dump(True, True)), source="torch")
-    return {"flight": flight} if flight["groups"] or flight["entries"] else None
-
-
-def parse_flight(dump: dict[str, Any], source: str) -> dict[str, Any]:
-    """The recorder's JSON dump as ``{source, groups: {group: {enqueued, started, completed}},
-    entries: [{op, group, seq, state}]}``: per-group sequence numbers of the last collective
-    enqueued, started and completed (-1/None: none), and the newest entries not yet retired."""
-    groups: dict[str, dict[str, int | None]] = {}
-    for pg_id, status in list((dump.get("pg_status") or {}).items())[:MAX_FLIGHT]:
-        if isinstance(status, dict):
-            groups[_group(pg_id)] = {key: _int(status.get(f"last_{key}_collective"))
-                                     for key in ("enqueued", "started", "completed")}
-    entries = []
-    for entry in list(dump.get("entries") or [])[-MAX_FLIGHT:]:
-        if not isinstance(entry, dict) or entry.get("retired"):
-            continue
-        group = entry.get("process_group")
-        name = group[0] if isinstance(group, (list, tuple)) and group else entry.get("pg_id")
-        entries.append({"op": str(entry.get("profiling_name") or "?").rsplit(":", 1)[-1], "group": _group(name),
-                        "seq": _int(entry.get("collective_seq_id")), "state": entry.get("state")})
-    return {"source": source, "groups": groups, "entries": entries[-8:]}
-
-
-def from_flight(flight: dict[str, Any]) -> dict[str, Any]:
-    """``seq`` and ``inflight`` from the recorder when the probe's own ledger is not installed
-    (no ``watch()``/zero-code): a group whose last enqueued collective is not completed has it
-    in flight (its op from the entry of that number, when the recorder kept it)."""
-    seq: dict[str, int] = {}
-    inflight = []
-    ops = {(e["group"], e["seq"]): e["op"] for e in flight.get("entries", [])}
-    for group, status in flight.get("groups", {}).items():
-        enqueued, completed = status.get("enqueued"), status.get("completed")
-        if enqueued is None or enqueued < 0:
-            continue
-        seq[group] = enqueued
-        if completed is None or completed < enqueued:
-            inflight.append({"op": ops.get((group, enqueued), "collective"), "group": group, "seq": enqueued})
-    return {"seq": seq, "inflight": inflight}
-
-
-def _fill_from_flight(record: dict[str, Any]) -> None:
-    """Where the probe's own ledger saw nothing of a group (calls made from C++, no ``watch()``),
-    take that group's sequence numbers and calls in flight from the flight recorder."""
-    flight = from_flight(record["flight"])
-    seq = record.setdefault("seq", {})
-    known = set(seq)
-    for group, n in flight["seq"].items():
-        if group not in known:
-            seq[group] = n
-    inflight = record.setdefault("inflight", [])
-    if not inflight:
-        inflight.extend(c for c in flight["inflight"] if c["group"] not in known)
-
-
-def _group(name: Any) -> str:
-    return "world" if str(name) in ("0", "default_pg") else str(name)
-
-
-def _int(value: Any) -> int | None:
-    try:
-        return int(value)
-    except (TypeError, ValueError):
-        return None

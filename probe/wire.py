@@ -66,8 +66,12 @@ from __future__ import annotations
 #         this rank's call), bytes, since (unix s)}], seq {group: calls issued} (every group this rank
 #         has used), loader {waiting, workers [{pid, alive, cpu (share of one core)}]} (when a
 #         DataLoader is watched), device {pending (bool: queued GPU work not finished) } (CUDA),
-#         flight {source ("nccl"|"simulated"), entries [{op, group, seq, state}]} (torch's flight
-#         recorder where it can be read in process), n (1 for the first record of this stall),
+#         flight {source (the sources joined by "+"), sources (1.x: the recorders read, "nccl":
+#         ProcessGroupNCCL's, "generic": gloo and other CPU backends), groups {group: {enqueued,
+#         started, completed (sequence numbers, -1: none), backend}}, entries [{op, group, seq, state
+#         ("scheduled": enqueued, not started | "started" | "completed" | "enqueued": not completed,
+#         the recorder sees no starts), backend ("nccl"|"gloo"|...)}] (not retired), note (why it is
+#         empty)} (torch's flight recorders, probe/flight.py), n (1 for the first record of this stall),
 #         moving (the stack differs from the previous look: busy, e.g. evaluating, rather than hung;
 #         absent when there was no previous look)
 # resumed progress again after a stall: seconds (how long it lasted), step

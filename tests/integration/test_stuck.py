@@ -81,6 +81,28 @@ def test_a_rank_asleep_before_its_20th_all_reduce_is_named_within_40s(tmp_path):
     assert stuck["where"]["0"][-1].endswith("in all_reduce")
     assert rep["verdict"]["headline"].startswith(
         f"Stuck: rank 1 never reached all_reduce #20 (stuck_jobs.py:{STALL_LINE} in collective); 1 rank waits in it")
+    assert stuck["calls"] == {"0": "enqueued", "1": "never_enqueued"}
+
+
+@pytest.mark.slow
+def test_the_real_flight_recorder_of_a_gloo_job_holds_the_call_one_rank_never_enqueued(tmp_path, monkeypatch):
+    """torch's generic recorder records gloo collectives by default (TORCH_FR_BUFFER_SIZE unset):
+    rank 0, waiting in all_reduce #4, holds it enqueued and not completed; rank 1 enqueued 3."""
+    for var in ("TORCH_FR_BUFFER_SIZE", "TORCH_NCCL_TRACE_BUFFER_SIZE"):
+        monkeypatch.delenv(var, raising=False)
+    proc, mark, _ = _start(tmp_path, "flight", 2)
+    outs = [mark.with_name(f"{mark.name}.{rank}") for rank in (0, 1)]
+    try:
+        wait_for(lambda: all(o.exists() for o in outs) or proc.poll() is not None, 90, "both ranks' recorders")
+        assert proc.poll() is None, proc.stderr.read()[-3000:]
+        waiting, behind = (json.loads(o.read_text())["flight"] for o in outs)
+    finally:
+        _stop(proc)
+    assert waiting["sources"] == behind["sources"] and "generic" in waiting["sources"]
+    assert waiting["entries"] == [{"op": "all_reduce", "group": "world", "seq": 4, "state": "enqueued",
+                                   "backend": "gloo"}]
+    assert (waiting["groups"]["world"]["enqueued"], waiting["groups"]["world"]["completed"]) == (4, 3)
+    assert behind["groups"]["world"]["enqueued"] == 3 and all(e["seq"] <= 3 for e in behind["entries"])
 
 
 @pytest.mark.slow

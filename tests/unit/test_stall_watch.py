@@ -3,10 +3,15 @@ the collective ledger and flight-recorder reading it draws on. Driven with an ex
 
 from __future__ import annotations
 
+import copy
+import json
 import threading
+import time
+from pathlib import Path
 
 import pytest
 
+from probe import flight as F
 from probe import stall as S
 from probe.comm.tracker import Ledger
 
@@ -175,28 +180,138 @@ def test_ledger_numbers_calls_per_group_and_keeps_only_the_unreturned_bounded():
     assert len(ledger.open) == Ledger.MAX_OPEN and ledger.issued["world"] == 2 + Ledger.MAX_OPEN + 10
 
 
-# SIMULATED flight-recorder dump: the keys of torch's ``_dump_fr_trace_json`` (torch 2.13 wrote
-# the same for a gloo job here), with one all_reduce enqueued and not completed on the world group.
-SIMULATED_DUMP = {
-    "pg_status": {"0": {"last_enqueued_collective": "20", "last_started_collective": "-1",
-                        "last_completed_collective": "19"},
-                  "1": {"last_enqueued_collective": "4", "last_started_collective": "4",
-                        "last_completed_collective": "4"}},
-    "entries": [{"collective_seq_id": 19, "process_group": ["0", "default_pg"], "profiling_name": "gloo:all_reduce",
-                 "retired": True, "state": "completed"},
-                {"collective_seq_id": 20, "process_group": ["0", "default_pg"], "profiling_name": "nccl:all_reduce",
-                 "retired": False, "state": "scheduled"}],
-}
+# Flight-recorder dumps: the two gloo ones are ``_dump_fr_trace_json(True, True)`` as torch 2.13
+# (CPU) wrote them in a 2-rank gloo job (rank 0 waiting in all_reduce #4 of the world group, rank 1
+# stopped after #3; group 1 is a ``new_group([0, 1])``). gloo records no start event, so torch
+# writes "scheduled" for every entry, retired ones included.
+DUMPS = json.loads((Path(__file__).parent / "flight_dumps.json").read_text())
+WAITING, BEHIND = DUMPS["gloo_rank0_waits_in_world_4"], DUMPS["gloo_rank1_stopped_after_world_3"]
 
 
-def test_flight_dump_gives_per_group_progress_and_what_is_in_flight():
-    flight = S.parse_flight(SIMULATED_DUMP, source="simulated")
-    assert flight["groups"] == {"world": {"enqueued": 20, "started": -1, "completed": 19},
-                                "1": {"enqueued": 4, "started": 4, "completed": 4}}
-    assert flight["entries"] == [{"op": "all_reduce", "group": "world", "seq": 20, "state": "scheduled"}]
-    assert S.from_flight(flight) == {"seq": {"world": 20, "1": 4},
-                                     "inflight": [{"op": "all_reduce", "group": "world", "seq": 20}]}
-    assert S.parse_flight({}, source="simulated") == {"source": "simulated", "groups": {}, "entries": []}
+def nccl_dump(started: bool) -> dict:
+    """The same job on NCCL, as ProcessGroupNCCL's recorder writes it (no GPU here to capture one:
+    both recorders serialize with the same ``FlightRecorder::dump_json``; NCCL's sets
+    ``comm_lib_version`` and ``nccl_comm_state``, names ops ``nccl:``, and with start events
+    (``TORCH_NCCL_ENABLE_TIMING=1``) marks a started entry ``started`` with the time it saw it)."""
+    dump = copy.deepcopy(WAITING)
+    dump.update(comm_lib_version="2.27.5", nccl_comm_state={})
+    for entry in dump["entries"]:
+        entry["profiling_name"] = entry["profiling_name"].replace("gloo:", "nccl:")
+        if entry["retired"]:
+            entry.update(state="completed", time_discovered_started_ns=entry["time_created_ns"] + 10 if started else 0,
+                         time_discovered_completed_ns=entry["time_created_ns"] + 20)
+        elif started:
+            entry.update(state="started", time_discovered_started_ns=entry["time_created_ns"] + 10)
+    return dump
+
+
+def test_a_real_gloo_dump_gives_per_group_progress_and_the_call_enqueued_not_completed():
+    flight = F.parse_flight(WAITING, source="generic")
+    assert flight["groups"] == {"world": {"enqueued": 4, "started": -1, "completed": 3, "backend": "gloo"},
+                                "1": {"enqueued": 1, "started": -1, "completed": 1, "backend": "gloo"}}
+    # torch says "scheduled"; gloo never records a start, so the call is only known not completed
+    assert flight["entries"] == [{"op": "all_reduce", "group": "world", "seq": 4, "state": "enqueued",
+                                  "backend": "gloo"}]
+    assert F.from_flight(flight) == {"seq": {"world": 4, "1": 1},
+                                     "inflight": [{"op": "all_reduce", "group": "world", "seq": 4}]}
+    behind = F.parse_flight(BEHIND, source="generic")
+    assert behind["groups"]["world"]["enqueued"] == 3 and [e["group"] for e in behind["entries"]] == ["1"]
+    assert F.parse_flight({}, source="generic") == {"source": "generic", "groups": {}, "entries": []}
+
+
+def test_nccl_only_states_follow_its_start_events(monkeypatch):
+    monkeypatch.delenv("TORCH_NCCL_ENABLE_TIMING", raising=False)
+    unseen = F.parse_flight(nccl_dump(started=False), source="nccl")
+    assert unseen["entries"] == [{"op": "all_reduce", "group": "world", "seq": 4, "state": "enqueued",
+                                  "backend": "nccl"}]
+    started = F.parse_flight(nccl_dump(started=True), source="nccl")
+    assert [e["state"] for e in started["entries"]] == ["started"]
+    monkeypatch.setenv("TORCH_NCCL_ENABLE_TIMING", "1")            # starts are recorded: not started yet
+    assert [e["state"] for e in F.parse_flight(nccl_dump(started=False), source="nccl")["entries"]] == ["scheduled"]
+    assert started["groups"]["world"]["backend"] == "nccl"
+
+
+def test_both_recorders_merge_with_each_entry_tagged_and_a_group_both_number_left_out():
+    nccl_world, gloo_only = nccl_dump(started=True), copy.deepcopy(WAITING)     # world on NCCL, group 1 on gloo
+    nccl_world["pg_status"] = {"0": nccl_world["pg_status"]["0"]}
+    nccl_world["entries"] = [e for e in nccl_world["entries"] if e["pg_id"] == 0]
+    gloo_only["pg_status"] = {"1": gloo_only["pg_status"]["1"]}
+    gloo_only["entries"] = [dict(e, retired=False) for e in gloo_only["entries"] if e["pg_id"] == 1]
+    flight = F.merge([F.parse_flight(nccl_world, source="nccl"), F.parse_flight(gloo_only, source="generic")])
+    assert (flight["source"], flight["sources"]) == ("nccl+generic", ["nccl", "generic"])
+    assert [(e["group"], e["seq"], e["state"], e["backend"]) for e in flight["entries"]] == [
+        ("world", 4, "started", "nccl"), ("1", 1, "enqueued", "gloo")]
+    assert {g: s["backend"] for g, s in flight["groups"].items()} == {"world": "nccl", "1": "gloo"}
+    both = F.merge([F.parse_flight(nccl_world, source="nccl"), F.parse_flight(WAITING, source="generic")])
+    assert set(both["groups"]) == {"1"} and "note" not in both     # world: one sequence per backend
+
+
+def test_an_empty_recorder_says_why(monkeypatch):
+    for var in F._BUFFER_VARS:
+        monkeypatch.delenv(var, raising=False)
+    assert F.merge([F.parse_flight({}, source="generic")])["note"] == "no collective recorded yet"
+    monkeypatch.setenv("TORCH_FR_BUFFER_SIZE", "0")
+    assert F.merge([F.parse_flight({}, source="generic")])["note"].startswith(
+        "TORCH_FR_BUFFER_SIZE=0 at process start turned the flight recorder off")
+    assert "note" not in F.merge([F.parse_flight(WAITING, source="generic")])
+
+
+def test_outside_a_process_group_there_is_no_recorder_to_read():
+    import torch.distributed as dist
+    assert not dist.is_initialized() and F.flight_recorder() is None
+
+
+@pytest.fixture
+def world_of_one():
+    import torch.distributed as dist
+    dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+    try:
+        yield dist
+    finally:
+        dist.destroy_process_group()
+
+
+def test_in_a_real_gloo_group_the_generic_recorder_is_read_and_nccls_too_where_torch_has_it(world_of_one,
+                                                                                            monkeypatch):
+    import torch
+    from torch._C import _distributed_c10d as c10d
+    for _ in range(2):
+        world_of_one.all_reduce(torch.ones(4))
+    flight = F.flight_recorder()["flight"]
+    assert flight["sources"] == (["nccl", "generic"] if hasattr(c10d, "_dump_nccl_trace_json") else ["generic"])
+    world = flight["groups"]["world"]
+    assert world["enqueued"] >= 2 and world["backend"] == "gloo"
+    assert all((e["op"], e["backend"]) == ("all_reduce", "gloo") for e in flight["entries"])
+    deadline = time.monotonic() + 10      # gloo retires an entry on its own thread, after the call returned
+    while flight["entries"] and time.monotonic() < deadline:
+        flight = F.flight_recorder()["flight"]
+    assert flight["entries"] == [] and flight["groups"]["world"]["completed"] == world["enqueued"]
+    # a CUDA build adds ProcessGroupNCCL's recorder (this CPU build has none: stand one in)
+    monkeypatch.setattr(c10d, "_dump_nccl_trace_json", lambda *a: json.dumps(nccl_dump(True)).encode(), raising=False)
+    both = F.flight_recorder()["flight"]
+    assert both["sources"] == ["nccl", "generic"] and both["source"] == "nccl+generic"
+    assert [(e["backend"], e["state"]) for e in both["entries"]] == [("nccl", "started")]
+
+
+def test_the_recorder_completes_the_ledger_only_where_their_numbers_agree():
+    flight = F.merge([F.parse_flight(WAITING, source="generic")])
+    unknown = {"flight": flight, "seq": {}, "inflight": []}             # no ledger (calls from C++)
+    F.fill_from_flight(unknown)
+    assert unknown["seq"] == {"world": 4, "1": 1} and [c["seq"] for c in unknown["inflight"]] == [4]
+    returned = {"flight": flight, "seq": {"world": 4}, "inflight": []}   # gloo: a call that returned is done
+    F.fill_from_flight(returned)
+    assert returned["inflight"] == [] and returned["seq"] == {"world": 4, "1": 1}
+    on_nccl = F.merge([F.parse_flight(nccl_dump(started=True), source="nccl")])
+    enqueued = {"flight": on_nccl, "seq": {"world": 4, "1": 1}, "inflight": []}   # NCCL: returned once enqueued
+    F.fill_from_flight(enqueued)
+    assert [(c["group"], c["seq"]) for c in enqueued["inflight"]] == [("world", 4)]
+    counted = {"flight": on_nccl, "seq": {"world": 6}, "inflight": []}    # torch counted other calls too
+    F.fill_from_flight(counted)
+    assert counted["inflight"] == [] and counted["seq"]["world"] == 6
+    own = [{"op": "barrier", "group": "world", "seq": 4}]
+    waiting = {"flight": on_nccl, "seq": {"world": 4}, "inflight": list(own)}
+    F.fill_from_flight(waiting)
+    assert waiting["inflight"] == own
 
 
 def test_thread_stack_is_innermost_last_and_bounded():

@@ -9,12 +9,13 @@ from pathlib import Path
 import jsonschema
 import pytest
 
+from probe import flight as F
 from tests.unit.verdict_synth import T0, Rank, job
 from tui.commands.report import build_report
 from tui.model import verdict as V
 from tui.model.runmodel import RunModel
-from tui.model.stuck import (HEARTBEAT_S, NO_HELLO_S, InFlight, LoaderWorker, diagnose, is_library,
-                             stall_reading, user_frame)
+from tui.model.stuck import (CALL_STATES, HEARTBEAT_S, NO_HELLO_S, FlightEntry, InFlight, LoaderWorker, diagnose,
+                             is_library, stall_reading, user_frame)
 
 SCHEMA = json.loads((Path(__file__).parents[2] / "tui" / "schemas" / "report.schema.json").read_text())
 END = T0 + 30 * 0.1          # the synthetic ranks' last step ends here
@@ -159,6 +160,7 @@ def test_the_report_json_carries_the_diagnosis_and_validates():
     jsonschema.validate(report, SCHEMA)
     assert report["verdict"]["bottleneck"] == "stuck"
     assert report["verdict"]["stuck"]["culprit_ranks"] == [1]
+    assert report["verdict"]["stuck"]["calls"] == {"0": "enqueued", "1": "never_enqueued"}
     healthy = build_report(two_ranks())
     jsonschema.validate(healthy, SCHEMA)
     assert healthy["verdict"]["stuck"] is None
@@ -241,7 +243,9 @@ def test_when_every_known_member_is_in_the_call_none_is_blamed():
     outside = stall(END + 20, 20, stack=[f"{SITE}:2 in h"], seq={"world": 3})   # not in group 3
     d = job(*ranks, Rank(2, extra_records=[outside]), Rank(3)).view().stuck
     assert d.culprit_ranks == () and d.waiting_ranks == (0, 1)
-    assert d.headline == "every rank is in all_reduce #5 of group 3; 2 ranks wait in it for 20s"
+    assert d.headline == ("every rank enqueued all_reduce #5 of group 3, none completed it (the device or the "
+                          "network); 2 ranks wait in it for 20s")
+    assert d.calls == {0: "enqueued", 1: "enqueued"}
 
 
 def test_a_silent_rank_beside_stalled_ones_without_a_collective_is_the_culprit_and_they_are_said():
@@ -289,17 +293,25 @@ def test_a_full_stall_record_is_read_field_by_field():
     rec = stall(END + 5, 5.5, step=7, where="loader", stack=["a:1 in f"],
                 inflight=[{"op": "broadcast", "group": "2", "seq": 3, "since": 12.5}], seq={"2": 3},
                 loader={"waiting": True, "awaited_pid": 9, "workers": [{"pid": 9, "alive": True, "cpu": 0.25}]},
-                device={"pending": True}, flight={"source": "torch", "groups": {}, "entries": []}, moving=False)
+                device={"pending": True}, moving=False,
+                flight={"source": "torch", "sources": ["generic"], "groups": {"2": {"enqueued": 3, "backend": "gloo"}},
+                        "entries": [{"op": "broadcast", "group": "2", "seq": 3, "state": "enqueued", "backend": "gloo"},
+                                    "x"], "note": "n"})
     r = stall_reading(rec)
     assert (r.t, r.seconds, r.threshold, r.step, r.where, r.stack) == (END + 5, 5.5, 15.0, 7, "loader", ("a:1 in f",))
     assert r.inflight[0] == InFlight("broadcast", "2", 3, 12.5) and r.seq == {"2": 3}
     assert (r.loader_waiting, r.awaited_pid, r.device_pending, r.flight_source, r.moving) == (True, 9, True, "torch",
                                                                                                False)
     assert r.workers == (LoaderWorker(9, True, 0.25),) and r.awaited_worker == LoaderWorker(9, True, 0.25)
+    assert r.flight == (FlightEntry("broadcast", "2", 3, "enqueued", "gloo"),)
+    assert (r.flight_sources, r.flight_enqueued, r.flight_note) == (("generic",), {"2": 3}, "n")
     assert r.lasted(END + 7) == 7.5 and r.lasted(END) == 5.5       # never less than at the record
     bare = stall_reading({"k": "stall", "t": 1.0, "seconds": 2.0})
     assert (bare.where, bare.step, bare.threshold, bare.loader_waiting, bare.moving, bare.flight_source) == (
         "step", None, None, False, None, None)
+    assert (bare.flight, bare.flight_sources, bare.flight_enqueued, bare.flight_note) == ((), (), {}, None)
+    odd = stall_reading({"k": "stall", "t": 1.0, "seconds": 2.0, "flight": {"sources": "nccl", "groups": [1]}})
+    assert (odd.flight_sources, odd.flight_enqueued) == ((), {})
 
 
 def test_the_json_rounds_the_time_and_lists_the_roles_of_silent_ranks():
@@ -375,3 +387,74 @@ def test_missing_pieces_are_said_plainly():
     one = job(Rank(0, extra_records=[stall(END + 9, 9, where="loader",
                                            loader={"waiting": True, "workers": [{"pid": 70}, {"pid": 71}]})]))
     assert one.view().stuck.headline.endswith("rank 0 waits in DataLoader next() (workers 70, 71)")
+
+
+# -- the flight recorders: never enqueued vs enqueued, not completed ------------------------------
+# Records built as the probe builds them (probe.flight) from dumps torch 2.13 wrote in a 2-rank gloo
+# job (tests/unit/flight_dumps.json: rank 0 waits in all_reduce #4, rank 1 stopped after #3).
+DUMPS = json.loads((Path(__file__).parent / "flight_dumps.json").read_text())
+WAITING, BEHIND = DUMPS["gloo_rank0_waits_in_world_4"], DUMPS["gloo_rank1_stopped_after_world_3"]
+ITEM = f"{SITE}:12 in <module>"
+
+
+def with_flight(rec: dict, dump: dict, source: str) -> dict:
+    rec = dict(rec, seq=dict(rec["seq"]), inflight=list(rec["inflight"]),
+               flight=F.merge([F.parse_flight(dump, source=source)]))
+    F.fill_from_flight(rec)
+    return rec
+
+
+def nccl(dump: dict, pending: str) -> dict:
+    """The same job on NCCL with start events: done entries completed, the pending one ``pending``."""
+    out = json.loads(json.dumps(dump))
+    for e in out["entries"]:
+        e["profiling_name"] = e["profiling_name"].replace("gloo:", "nccl:")
+        done = e["retired"]
+        e.update(state="completed" if done else pending,
+                 time_discovered_started_ns=e["time_created_ns"] + 10 if done or pending == "started" else 0,
+                 time_discovered_completed_ns=e["time_created_ns"] + 20 if done else 0)
+    return out
+
+
+def test_a_rank_that_never_enqueued_the_call_is_a_host_stall_and_the_waiter_enqueued_it():
+    waiter = with_flight(stall(END + 45, 45, stack=[f"{SITE}:11 in <module>", f"{TORCH}:3252 in all_reduce"],
+                               inflight=[in_all_reduce(4)], seq={"world": 4, "1": 1}), WAITING, "generic")
+    sleeper = with_flight(stall(END + 45, 45, stack=[f"{SITE}:30 in <module>", f"{SITE}:10 in load_batch"],
+                                seq={"world": 3, "1": 1}), BEHIND, "generic")
+    d = two_ranks([waiter], [sleeper]).view().stuck
+    assert (d.culprit_ranks, d.waiting_ranks, d.calls) == ((1,), (0,), {0: "enqueued", 1: "never_enqueued"})
+    assert d.headline == "rank 1 never reached all_reduce #4 (train.py:10 in load_batch); 1 rank waits in it for 45s"
+    assert [r.call for r in d.ranks] == [CALL_STATES["enqueued"], CALL_STATES["never_enqueued"]]
+    assert d.ranks[1].call == "never enqueued it: a host/Python stall (its stack below)"
+    assert d.ranks[0].flight == "flight recorder (generic): all_reduce #4 enqueued (gloo)"
+    assert d.ranks[1].flight == "flight recorder (generic): all_reduce #1 of group 1 enqueued (gloo)"
+    assert d.as_json()["calls"] == {"0": "enqueued", "1": "never_enqueued"}
+
+
+def test_nccl_calls_enqueued_on_every_rank_and_not_completed_are_the_device_or_network():
+    """NCCL returns once the call is enqueued: the ledger has nothing in flight, the training thread
+    waits further on (``loss.item()``); the recorders hold the call. Rank 1's device never started
+    it while rank 0's did."""
+    ranks = [with_flight(stall(END + 45, 45, stack=[ITEM], seq={"world": 4, "1": 1}), nccl(WAITING, state), "nccl")
+             for state in ("started", "scheduled")]
+    d = two_ranks([ranks[0]], [ranks[1]]).view().stuck
+    assert (d.kind, d.culprit_ranks, d.waiting_ranks, d.op, d.seq) == ("collective", (), (0, 1), "all_reduce", 4)
+    assert d.calls == {0: "started", 1: "scheduled"}
+    assert d.headline == ("every rank enqueued all_reduce #4, none completed it (the device of rank 1 never started "
+                          "it); 2 ranks wait in it for 45s")
+    assert d.ranks[1].call == "enqueued it; the device has not started it"
+    both_started = [with_flight(stall(END + 45, 45, stack=[ITEM], seq={"world": 4, "1": 1}),
+                                nccl(WAITING, "started"), "nccl") for _ in range(2)]
+    d = two_ranks([both_started[0]], [both_started[1]]).view().stuck
+    assert d.headline.startswith("every rank enqueued all_reduce #4, none completed it (the device or the network)")
+
+
+def test_a_recorder_that_numbers_a_group_otherwise_than_the_ledger_is_not_read_for_it():
+    """torch counts calls the probe does not wrap (a C++ broadcast at DDP's start): its #4 is not
+    the ledger's #4, so the state comes from the ledger alone."""
+    dump = nccl(WAITING, "started")
+    dump["entries"][2]["retired"] = False           # its #3: completed, not yet retired
+    waiter = with_flight(stall(END + 45, 45, inflight=[in_all_reduce(3)], seq={"world": 3}), dump, "nccl")
+    behind = with_flight(stall(END + 45, 45, stack=[f"{SITE}:5 in f"], seq={"world": 2}), BEHIND, "generic")
+    d = two_ranks([waiter], [behind]).view().stuck
+    assert d.seq == 3 and d.calls == {0: "enqueued", 1: "never_enqueued"}    # not the recorder's #3 "completed"

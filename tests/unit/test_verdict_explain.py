@@ -392,6 +392,7 @@ EXPECTED = {
          "TORCH_NCCL_TRACE_BUFFER_SIZE=2000 lets the probe read NCCL's flight recorder too"],
         {'stuck': {'kind': 'collective', 'culprit_ranks': [1], 'waiting_ranks': [0], 'op': 'all_reduce',
                    'group': 'world', 'seq': 20, 'since_s': 45.0, 'loader_pid': None, 'unresponsive_ranks': [],
+                   'calls': {'0': 'enqueued', '1': 'never_enqueued'},
                    'where': {'0': ['/home/u/train.py:11 in <module>',
                                    '/venv/lib/python3.11/site-packages/torch/distributed/distributed_c10d.py:3252 '
                                    'in all_reduce'],

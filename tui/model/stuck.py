@@ -7,14 +7,19 @@ for live ranks, silence: a rank that sent nothing for ``HEARTBEAT_S`` (its sampl
 record a second) cannot run Python threads at all, the mark of a process holding the GIL in C
 code or stopped. Collectives are matched across ranks by (group, sequence number): the ranks in
 the same call wait; a member that issued fewer calls on that group, or went silent, never
-reached it and is the culprit. Pure: no I/O, no Textual.
+reached it and is the culprit. Each rank's part in that call is named from its ledger and its
+flight recorder (``probe.flight``), as torch's own analyzer names the ranks missing from a
+collective: ``never_enqueued`` (it issued fewer calls on the group: a host/Python stall, its
+stack says where) apart from a call enqueued and not completed (``scheduled``, ``started`` or,
+when the recorder sees no starts, ``enqueued``: the device or the network). Pure: no I/O, no
+Textual.
 """
 
 from __future__ import annotations
 
 import os
 from collections import Counter
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -37,6 +42,26 @@ class InFlight:
     group: str
     seq: int | None
     since: float | None
+
+
+@dataclass(frozen=True)
+class FlightEntry:
+    """A collective in a rank's flight recorder that the host has not retired."""
+
+    op: str
+    group: str
+    seq: int | None
+    state: str                  # "scheduled" | "started" | "completed" | "enqueued" (start not seen)
+    backend: str | None
+
+
+CALL_STATES = {
+    "never_enqueued": "never enqueued it: a host/Python stall (its stack below)",
+    "scheduled": "enqueued it; the device has not started it",
+    "started": "started it on the device; not completed",
+    "enqueued": "enqueued it; not completed (whether the device started it is not recorded)",
+    "completed": "completed it",
+}
 
 
 @dataclass(frozen=True)
@@ -64,6 +89,10 @@ class StallReading:
     device_pending: bool | None
     flight_source: str | None
     moving: bool | None = None   # its stack changed since the probe's previous look: busy, not hung
+    flight: tuple[FlightEntry, ...] = ()
+    flight_sources: tuple[str, ...] = ()
+    flight_enqueued: dict[str, int] = field(default_factory=dict)   # group -> last enqueued, per the recorder
+    flight_note: str | None = None   # why the recorder is empty
 
     def lasted(self, now: float) -> float:
         """How long the stall has lasted at ``now`` (the rank's probe clock)."""
@@ -98,6 +127,15 @@ def stall_reading(rec: dict[str, Any]) -> StallReading | None:
         device_pending=device.get("pending") if isinstance(device.get("pending"), bool) else None,
         flight_source=str(flight["source"]) if flight.get("source") else None,
         moving=rec["moving"] if isinstance(rec.get("moving"), bool) else None,
+        flight=tuple(FlightEntry(str(e.get("op") or "collective"), str(e.get("group") or "world"), _int(e.get("seq")),
+                                 str(e.get("state") or "enqueued"), str(e["backend"]) if e.get("backend") else None)
+                     for e in _dicts(flight.get("entries"))),
+        flight_sources=tuple(s for s in flight["sources"] if isinstance(s, str))
+        if isinstance(flight.get("sources"), list) else (),
+        flight_enqueued={str(g): n for g, st in (flight.get("groups") or {}).items() if isinstance(st, dict)
+                         and (n := _int(st.get("enqueued"))) is not None} if isinstance(flight.get("groups"), dict)
+        else {},
+        flight_note=str(flight["note"]) if flight.get("note") else None,
     )
 
 
@@ -124,6 +162,8 @@ class RankStuck:
     seconds: float | None       # stalled (or silent) for
     doing: str                  # one line: what it is doing
     stack: tuple[str, ...]
+    call: str | None = None     # its part in the awaited collective (CALL_STATES), when known
+    flight: str | None = None   # what its flight recorder says, one line
 
 
 @dataclass(frozen=True)
@@ -141,6 +181,7 @@ class StuckDiagnosis:
     headline: str
     ranks: tuple[RankStuck, ...]
     loader_pid: int | None = None
+    calls: dict[int, str] = field(default_factory=dict)   # rank -> its part in the awaited call (CALL_STATES)
 
     def as_json(self) -> dict[str, Any]:
         """The report's ``verdict.stuck`` object."""
@@ -148,6 +189,7 @@ class StuckDiagnosis:
                 "waiting_ranks": list(self.waiting_ranks), "op": self.op, "group": self.group, "seq": self.seq,
                 "since_s": round(self.since_s, 3), "loader_pid": self.loader_pid,
                 "unresponsive_ranks": [r.rank for r in self.ranks if r.role == "unresponsive"],
+                "calls": {str(rank): state for rank, state in sorted(self.calls.items())},
                 "where": {str(rank): list(frames[-WHERE_FRAMES:]) for rank, frames in sorted(self.where.items())}}
 
 
@@ -211,6 +253,8 @@ def _collective(by_rank: dict[int, RankLike], stalled: dict[int, StallReading | 
     definite = [r for r in others if r in silent or _issued(stalled.get(r), group, seq)]
     culprits = tuple(definite or others)
     since = max((lasted.get(r, 0.0) for r in waiting), default=0.0)
+    states = {r: state for r in sorted(set(members) | set(waiting))
+              if (state := call_state(stalled.get(r), group, seq)) is not None}
     call = f"{op} #{seq}" if seq is not None else op
     if group != "world":
         call += f" of group {group}"
@@ -219,27 +263,47 @@ def _collective(by_rank: dict[int, RankLike], stalled: dict[int, StallReading | 
                  f"({_doing(culprits[0], stalled.get(culprits[0]), silent)})"
                  if len(culprits) == 1 else f"{_ranks(culprits)} never reached {call}"]
     else:
-        parts = [f"every rank is in {call}"]
+        parts = [f"every rank enqueued {call}, none completed it ({_device_or_network(states)})"]
     parts.append(f"{_count(waiting)} {'waits' if len(waiting) == 1 else 'wait'} in it for {units.age(since)}")
     roles = {r: "waiting" for r in waiting}
     roles.update({r: "unresponsive" if r in silent else "culprit" for r in culprits})
     return _finish("collective", culprits, waiting, (op, group, seq), since, where, "; ".join(parts), by_rank,
-                   stalled, silent, lasted, roles)
+                   stalled, silent, lasted, roles, calls=states)
 
 
 def _finish(kind: str, culprits: tuple[int, ...], waiting: tuple[int, ...], call: tuple[str, str, int | None] | None,
             since: float, where: dict[int, tuple[str, ...]], headline: str, by_rank: dict[int, RankLike],
             stalled: dict[int, StallReading | None], silent: dict[int, float], lasted: dict[int, float],
-            roles: dict[int, str], loader_pid: int | None = None) -> StuckDiagnosis:
+            roles: dict[int, str], loader_pid: int | None = None,
+            calls: dict[int, str] | None = None) -> StuckDiagnosis:
+    calls = calls or {}
     rows = []
     for rank in sorted(by_rank):
         r = by_rank[rank]
         reading = stalled.get(rank)
         role = roles.get(rank, "unresponsive" if rank in silent else "other")
         rows.append(RankStuck(rank, r.host, r.pid, role, silent.get(rank, lasted.get(rank)),
-                              _doing(rank, reading, silent), reading.stack if reading is not None else ()))
+                              _doing(rank, reading, silent), reading.stack if reading is not None else (),
+                              CALL_STATES.get(calls.get(rank, "")), _flight_line(reading)))
     op, group, seq = call if call is not None else (None, None, None)
-    return StuckDiagnosis(kind, culprits, waiting, op, group, seq, since, where, headline, tuple(rows), loader_pid)
+    return StuckDiagnosis(kind, culprits, waiting, op, group, seq, since, where, headline, tuple(rows), loader_pid,
+                          calls)
+
+
+def call_state(reading: StallReading | None, group: str, seq: int | None) -> str | None:
+    """This rank's part in collective ``seq`` of ``group`` (a CALL_STATES key), None when unknown.
+    The recorder's entry counts only when the recorder numbers the group's calls as the record's
+    ``seq`` does (torch also counts calls the probe's ledger does not wrap)."""
+    if reading is None or seq is None:
+        return None
+    entry = next((e for e in reading.flight if (e.group, e.seq) == (group, seq)), None)
+    if entry is not None and reading.flight_enqueued.get(group) == reading.seq.get(group):
+        return entry.state
+    if any((c.group, c.seq) == (group, seq) for c in reading.inflight):
+        return "enqueued"
+    if _issued(reading, group, seq):
+        return "never_enqueued"
+    return None
 
 
 # -- wording -----------------------------------------------------------------------------------
@@ -303,6 +367,27 @@ def _loader_state(reading: StallReading, rank: int) -> str:
         return f"rank {rank} waits for worker {worker.pid}"
     state = "idle" if worker.cpu < IDLE_CPU else "busy"
     return f"worker {worker.pid} of rank {rank} is {state} at {units.pct(worker.cpu)} CPU"
+
+
+def _device_or_network(states: dict[int, str]) -> str:
+    """Every rank called it: the device or the network holds it; the recorders' states say which
+    ranks' devices never started it, when they see starts."""
+    unstarted = sorted(r for r, s in states.items() if s == "scheduled")
+    if unstarted and any(s == "started" for s in states.values()):
+        return f"the device of {_ranks(unstarted)} never started it"
+    return "the device or the network"
+
+
+def _flight_line(reading: StallReading | None) -> str | None:
+    """One line on what this rank's flight recorders hold, or why they hold nothing."""
+    if reading is None or not reading.flight_sources:
+        return None
+    where = "+".join(reading.flight_sources)
+    if not reading.flight:
+        return f"flight recorder ({where}): {reading.flight_note or 'no collective in flight'}"
+    calls = ", ".join(f"{e.op} #{e.seq}" + (f" of group {e.group}" if e.group != "world" else "")
+                      + f" {e.state}" + (f" ({e.backend})" if e.backend else "") for e in reading.flight[-3:])
+    return f"flight recorder ({where}): {calls}"
 
 
 def _silence(seconds: float) -> str:

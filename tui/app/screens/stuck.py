@@ -37,6 +37,10 @@ def stuck_text(stuck: StuckDiagnosis | None, native_stacks: dict[int, str] | Non
         if r.host or r.pid:
             head.append(f"  ({r.host or '?'} pid {r.pid or '?'})", style=glyphs.DIM)
         parts.append(head)
+        if r.call and stuck.op:
+            parts.append(Text(f"    {stuck.op} #{stuck.seq}: {r.call}"))
+        if r.flight:
+            parts.append(Text(f"    {r.flight}", style=glyphs.DIM))
         for frame in r.stack[-FRAMES:]:
             parts.append(Text(f"    {frame}", style=glyphs.DIM if is_library(frame) else ""))
         if len(r.stack) > FRAMES:
