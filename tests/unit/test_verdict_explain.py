@@ -389,7 +389,8 @@ EXPECTED = {
          "order the other ranks follow",
          'a rank that skips or adds a collective (a data-dependent branch, an uneven last batch) hangs the others: '
          'make every rank call the same collectives in the same order',
-         "TORCH_NCCL_TRACE_BUFFER_SIZE=2000 lets the probe read NCCL's flight recorder too"],
+         "the flight recorders (key s; verdict.stuck.calls) say whether each rank enqueued the call: one "
+                   "that never did stalled on the host, one that did waits on its device or the network"],
         {'stuck': {'kind': 'collective', 'culprit_ranks': [1], 'waiting_ranks': [0], 'op': 'all_reduce',
                    'group': 'world', 'seq': 20, 'since_s': 45.0, 'loader_pid': None, 'unresponsive_ranks': [],
                    'calls': {'0': 'enqueued', '1': 'never_enqueued'},

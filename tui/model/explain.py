@@ -63,7 +63,8 @@ _STUCK_FIXES = {
                    "the collective order the other ranks follow",
                    "a rank that skips or adds a collective (a data-dependent branch, an uneven last batch) "
                    "hangs the others: make every rank call the same collectives in the same order",
-                   "TORCH_NCCL_TRACE_BUFFER_SIZE=2000 lets the probe read NCCL's flight recorder too"],
+                   "the flight recorders (key s; verdict.stuck.calls) say whether each rank enqueued the call: one "
+                   "that never did stalled on the host, one that did waits on its device or the network"],
     "data": ["a worker idle at 0% CPU waits on I/O or a lock (network filesystem, a dead connection): "
              "check what it reads; DataLoader(timeout=...) turns a hang into an error",
              "a worker that is gone died (OOM killer, a crash in native code): see dmesg and its stderr"],
