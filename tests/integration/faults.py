@@ -332,19 +332,15 @@ def other_user_python(user: str = "nobody") -> str | None:
     return None
 
 
-def _readable_copy(dest: Path) -> Path:
-    """``CLIENT_PACKAGES`` as this interpreter imports them, copied under ``dest`` with directories
-    0755 and files 0644: the other user's perfmon, whatever the mode of the checkout and venv."""
+def _readable_copy(lib: Path) -> None:
+    """``CLIENT_PACKAGES`` as this interpreter imports them, copied into ``lib`` with directories 0755
+    and files 0644: the other user's perfmon, whatever the mode of the checkout and venv."""
     import importlib
-    lib = dest / "lib"
     for name in CLIENT_PACKAGES:
         package = Path(importlib.import_module(name).__file__).parent
         shutil.copytree(package, lib / name, ignore=shutil.ignore_patterns("__pycache__"))
-    for d in [dest, *(p for p in lib.rglob("*") if p.is_dir()), lib]:
-        os.chmod(d, 0o755)
-    for f in (p for p in lib.rglob("*") if p.is_file()):
-        os.chmod(f, 0o644)
-    return lib
+    for path in [lib, *lib.rglob("*")]:
+        os.chmod(path, 0o755 if path.is_dir() else 0o644)
 
 
 def other_user(user: str = "nobody") -> dict[str, Any]:
@@ -362,9 +358,10 @@ def other_user(user: str = "nobody") -> dict[str, Any]:
     if python is None:
         raise RuntimeError(f"no interpreter that {user} can run (tried the venv's base and python3)")
     base = Path(tempfile.mkdtemp(prefix="perfmon-user-"))
-    lib = _readable_copy(base)
-    sock_dir, rec_dir, home = base / "sock", base / "rec", base / "home"
-    home.mkdir(mode=0o1777)
+    os.chmod(base, 0o755)
+    lib, sock_dir, rec_dir, home = base / "lib", base / "sock", base / "rec", base / "home"
+    _readable_copy(lib)
+    home.mkdir()
     os.chmod(home, 0o1777)                              # like /tmp: the other user may write there
     proc = subprocess.Popen([sys.executable, str(JOB), "storm", "0.2"], stdin=subprocess.PIPE,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE,
@@ -385,7 +382,11 @@ def other_user(user: str = "nobody") -> dict[str, Any]:
         proc.stdin.write("quiet-0\n")
         proc.stdin.flush()
         proc.stdout.readline()
-        rec_file = next(rec_dir.glob("*.pmrec"))
+        recordings = sorted(rec_dir.glob("*.pmrec"))
+        if not path or not recordings:
+            _, err = proc.communicate("end\n", timeout=60)
+            raise RuntimeError(f"the job serves no socket or writes no recording: {err[-2000:]}")
+        rec_file = recordings[0]
         control = home / "control.pmrec"
         shutil.copyfile(rec_file, control)
         os.chmod(control, 0o644)
@@ -408,9 +409,12 @@ def other_user(user: str = "nobody") -> dict[str, Any]:
         })
         results["written by the other user"] = sorted(p.name for p in home.rglob("*") if p != control)
     finally:
-        proc.stdin.write("end\n")
-        proc.stdin.flush()
-        proc.communicate(timeout=60)
+        if proc.poll() is None:
+            try:
+                proc.communicate("end\n", timeout=60)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
         shutil.rmtree(base, ignore_errors=True)
     return results
 
