@@ -8,6 +8,7 @@ import os
 import shutil
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -72,26 +73,30 @@ def test_another_user_is_refused_with_one_line(other_user):
 
 
 def test_the_other_user_test_passes_from_a_private_checkout(other_user, tmp_path):
-    """A clone in a 0700 directory (``mktemp -d``, a home like /root) must pass the suite as a
-    world-readable one does: the other-user test, the one that runs code as another user, runs
-    from such a copy of the checkout (this interpreter and venv, the copy first on the path)."""
-    root = faults.ROOT
+    """A clone in a 0700 directory (``mktemp -d``, a home like /root), its venv inside it, must pass
+    the suite as a world-readable one does. The other-user test (the one that runs code as another
+    user) runs from such a copy of this checkout: a venv made there reaches this venv's packages by a
+    path entry (no pip install), and ours only from the copy."""
+    import sysconfig
     private = tmp_path / "private"
     private.mkdir(mode=0o700)
     os.chmod(private, 0o700)
     checkout = private / "perfmon"
     checkout.mkdir()
     for name in ("pyproject.toml", "probe", "tui", "tests"):
-        src = root / name
+        src = faults.ROOT / name
         if src.is_dir():
             shutil.copytree(src, checkout / name, ignore=shutil.ignore_patterns("__pycache__"))
         else:
             shutil.copy2(src, checkout / name)
-    env = {**os.environ, "PYTHONPATH": str(checkout)}
+    venv = checkout / ".venv"
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True, timeout=120)
+    ours = {"base": str(venv), "platbase": str(venv)}
+    for key in ("purelib", "platlib"):
+        Path(sysconfig.get_path(key, vars=ours), "deps.pth").write_text(sysconfig.get_path(key) + "\n")
     test_id = "tests/integration/test_faults.py::test_another_user_is_refused_with_one_line"
-    r = subprocess.run([sys.executable, "-m", "pytest", "-p", "no:randomly", "-p", "no:cacheprovider",
-                        "--no-cov", "-rA", test_id], capture_output=True, text=True, timeout=600,
-                       env=env, cwd=checkout)
+    r = subprocess.run([str(venv / "bin" / "python"), "-m", "pytest", "-p", "no:randomly", "-p", "no:cacheprovider",
+                        "--no-cov", "-rA", test_id], capture_output=True, text=True, timeout=600, cwd=checkout)
     print(r.stdout[-3000:])
     assert f"rootdir: {checkout}" in r.stdout                   # the copy's suite ran, not this checkout's
     assert r.returncode == 0 and f"PASSED {test_id}" in r.stdout, r.stdout[-3000:] + r.stderr[-2000:]
