@@ -30,13 +30,9 @@ def _env(**extra: str) -> dict[str, str]:
     return env
 
 
-def _perfmon(*args: str, env: dict[str, str] | None = None, timeout: float = 120,
-             user: str | None = None) -> subprocess.CompletedProcess:
-    cmd = [sys.executable, "-m", "tui.cli", *args]
-    if user is not None:
-        cmd = ["setpriv", f"--reuid={user}", f"--regid={user if user != 'nobody' else 'nogroup'}",
-               "--clear-groups", "--", *cmd]
-    return subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=env or _env(), cwd="/")
+def _perfmon(*args: str, env: dict[str, str] | None = None, timeout: float = 120) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "tui.cli", *args], capture_output=True, text=True,
+                          timeout=timeout, env=env or _env(), cwd="/")
 
 
 # -- 1. kill -9 at random points ----------------------------------------------------------------
@@ -303,35 +299,123 @@ def storm(cycles: int, stalled: int, block_seconds: float = 3.0, blocks: int = 3
 
 # -- 5. another user ---------------------------------------------------------------------------
 
+# What the other user's perfmon imports on the refused paths (report, ls, record): our two packages and
+# msgpack (its pure-Python fallback loads where the copied C extension does not fit the interpreter).
+CLIENT_PACKAGES = ("probe", "tui", "msgpack")
+_SHOW_PREFIX = "import sys; print(sys.prefix, sys.version_info >= (3, 10))"
+
+
+def _as_user(user: str, cmd: list[str]) -> list[str]:
+    group = "nogroup" if user == "nobody" else user
+    return ["setpriv", f"--reuid={user}", f"--regid={group}", "--clear-groups", "--", *cmd]
+
+
+def other_user_python(user: str = "nobody") -> str | None:
+    """An interpreter ``user`` runs as we do: the venv's base interpreter, else the system's python3.
+
+    The venv itself may sit in a checkout ``user`` cannot read (a clone in a 0700 home), and a base
+    interpreter under such a home (pyenv in /root) may start for ``user`` on some other stdlib; so a
+    candidate counts only when ``user`` sees the same installation (``sys.prefix``) as we do. None when
+    no candidate does."""
+    candidates = [os.path.realpath(getattr(sys, "_base_executable", sys.executable)),
+                  shutil.which("python3", path="/usr/local/bin:/usr/bin:/bin")]
+    for python in dict.fromkeys(c for c in candidates if c):
+        cmd = [python, "-I", "-c", _SHOW_PREFIX]
+        try:
+            ours = subprocess.run(cmd, capture_output=True, text=True, timeout=60, cwd="/")
+            theirs = subprocess.run(_as_user(user, cmd), capture_output=True, text=True, timeout=60, cwd="/")
+        except OSError:
+            continue
+        if ours.returncode == theirs.returncode == 0 and ours.stdout == theirs.stdout \
+                and ours.stdout.split()[-1] == "True":
+            return python
+    return None
+
+
+def _readable_copy(lib: Path) -> None:
+    """``CLIENT_PACKAGES`` as this interpreter imports them, copied into ``lib`` with directories 0755
+    and files 0644: the other user's perfmon, whatever the mode of the checkout and venv."""
+    import importlib
+    for name in CLIENT_PACKAGES:
+        package = Path(importlib.import_module(name).__file__).parent
+        shutil.copytree(package, lib / name, ignore=shutil.ignore_patterns("__pycache__"))
+    for path in [lib, *lib.rglob("*")]:
+        os.chmod(path, 0o755 if path.is_dir() else 0o644)
+
+
 def other_user(user: str = "nobody") -> dict[str, Any]:
-    """As root, start a recording job, then run perfmon as ``user`` (setpriv) against its socket,
-    its job name and its recording directory: each refused with one line, nothing of the job shown."""
-    sock_dir = Path(tempfile.mkdtemp(prefix="perfmon-user-"))
-    rec_dir = Path(tempfile.mkdtemp(prefix="perfmon-user-rec-"))
-    os.chmod(sock_dir, 0o700)
-    env = _env(PERFMON_DIR=str(sock_dir), PERFMON_RECORD=str(rec_dir))
+    """As root, start a job that serves a socket and writes a recording, both where the probe itself
+    makes them; then run perfmon as ``user`` against its socket, its job name and its recording: each
+    refused with one line naming what was refused, nothing of the job shown.
+
+    The other user runs the real ``perfmon`` (``tui.cli:main``) with an interpreter it can read
+    (``other_user_python``) on a world-readable copy of the packages it imports, so the refusal under
+    test is the job's own (its socket directory and socket, its recording's mode), never the checkout's:
+    a clone in a 0700 directory passes as a world-readable one does. A control proves that client works:
+    the same command reads a copy of the recording made readable for it. Then the two directories are
+    opened to others (0711 / 0755): the socket's and the recording's own modes must still refuse."""
+    python = other_user_python(user)
+    if python is None:
+        raise RuntimeError(f"no interpreter that {user} can run (tried the venv's base and python3)")
+    base = Path(tempfile.mkdtemp(prefix="perfmon-user-"))
+    os.chmod(base, 0o755)
+    lib, sock_dir, rec_dir, home = base / "lib", base / "sock", base / "rec", base / "home"
+    _readable_copy(lib)
+    home.mkdir()
+    os.chmod(home, 0o1777)                              # like /tmp: the other user may write there
     proc = subprocess.Popen([sys.executable, str(JOB), "storm", "0.2"], stdin=subprocess.PIPE,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env, text=True)
-    path = proc.stdout.readline().strip()
-    proc.stdin.write("quiet-0\n")
-    proc.stdin.flush()
-    proc.stdout.readline()
-    rec_file = next(rec_dir.glob("*.pmrec"))
-    results = {}
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            env=_env(PERFMON_DIR=str(sock_dir), PERFMON_RECORD=str(rec_dir)), text=True)
+    client = [python, "-I", "-c", f"import sys; sys.path.insert(0, {str(lib)!r}); "
+                                  "from tui.cli import main; sys.exit(main(sys.argv[1:]))"]
+    # the other user's own socket directory does not exist: nothing of theirs is in the way
+    user_env = {"PATH": "/usr/bin:/bin", "HOME": str(home), "PERFMON_DIR": str(home / "perfmon")}
+
+    def run(*args: str, **env: str) -> dict[str, Any]:
+        r = subprocess.run(_as_user(user, [*client, *args]), capture_output=True, text=True, timeout=60,
+                           env={**user_env, **env}, cwd="/")
+        return {"rc": r.returncode, "stdout": r.stdout.strip(), "stderr": r.stderr.strip()}
+
+    results: dict[str, Any] = {}
     try:
-        for name, args in (("report socket", ["report", path, "--json"]),
-                           ("report recording dir", ["report", str(rec_dir), "--json"]),
-                           ("report recording file", ["report", str(rec_file), "--json"]),
-                           ("ls", ["ls", "--json"]),
-                           ("record socket", ["record", path, "-o", "/tmp/perfmon-nobody-out"])):
-            r = _perfmon(*args, env=_env(PERFMON_DIR=str(sock_dir), HOME="/tmp"), user=user, timeout=60)
-            results[name] = {"rc": r.returncode, "stdout": r.stdout.strip()[:500], "stderr": r.stderr.strip()}
-    finally:
-        proc.stdin.write("end\n")
+        path = proc.stdout.readline().strip()
+        proc.stdin.write("quiet-0\n")
         proc.stdin.flush()
-        proc.communicate(timeout=60)
-        shutil.rmtree(sock_dir, ignore_errors=True)
-        shutil.rmtree(rec_dir, ignore_errors=True)
+        proc.stdout.readline()
+        recordings = sorted(rec_dir.glob("*.pmrec"))
+        if not path or not recordings:
+            _, err = proc.communicate("end\n", timeout=60)
+            raise RuntimeError(f"the job serves no socket or writes no recording: {err[-2000:]}")
+        rec_file = recordings[0]
+        control = home / "control.pmrec"
+        shutil.copyfile(rec_file, control)
+        os.chmod(control, 0o644)
+        shown = run("report", str(control), "--json")
+        results["control"] = {"rc": shown["rc"], "stderr": shown["stderr"][-500:],
+                              "schema": json.loads(shown["stdout"]).get("schema") if shown["rc"] == 0 else None}
+        results["refused"] = {
+            "report socket": (path, run("report", path, "--json")),
+            "ls its directory": (str(sock_dir), run("ls", "--json", PERFMON_DIR=str(sock_dir))),
+            "record socket": (path, run("record", path, "-o", str(home / "out"), "--seconds", "2")),
+        }
+        os.chmod(sock_dir, 0o711)                       # others may now reach the socket by its name
+        os.chmod(rec_dir, 0o755)                        # and list the recordings
+        results["refused"].update({
+            "report socket, directory opened": (path, run("report", path, "--json")),
+            "record socket, directory opened": (path, run("record", path, "-o", str(home / "out"),
+                                                          "--seconds", "2")),
+            "report recording dir": (str(rec_file), run("report", str(rec_dir), "--json")),
+            "report recording file": (str(rec_file), run("report", str(rec_file), "--json")),
+        })
+        results["written by the other user"] = sorted(p.name for p in home.rglob("*") if p != control)
+    finally:
+        if proc.poll() is None:
+            try:
+                proc.communicate("end\n", timeout=60)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+        shutil.rmtree(base, ignore_errors=True)
     return results
 
 

@@ -79,20 +79,34 @@ def test_each_call_works_the_same_way_on_both(live, monkeypatch, name):
     monkeypatch.setenv("PERFMON_DISABLE", "1")
     off = probe.start(job="parity-off")
     assert isinstance(off, _Disabled)
+    steps_before = live.steps
     for args, kwargs in CALLS[name]:
-        results = []
+        results, inside = [], []
         for mon in (live, off):
             result = getattr(mon, name)(*args, **kwargs)
             if name in ("step", "phase"):
                 with result:
-                    pass
+                    inside.append(tuple(getattr(mon.step_args, f) for f in ("samples", "tokens", "flops")))
             elif name == "loader":
                 result = list(result)
             results.append(result)
         if name == "loader":
             assert results[0] == results[1]
-    for prop in ("steps", "step_args"):
-        getattr(live, prop), getattr(off, prop)
+        if name == "step":      # inside a step: the live probe holds what was passed, the disabled one nothing
+            bound = inspect.signature(Probe.step).bind(None, *args, **kwargs)
+            bound.apply_defaults()
+            assert inside == [(bound.arguments["samples"], bound.arguments["tokens"], bound.arguments["flops"]),
+                              (None, None, None)]
+    # the two properties read the same way after any call: ``steps`` an int, counting each step made
+    # through ``step()`` or ``add_step()`` on the live probe and none on the disabled one; ``step_args``
+    # the arguments of the current step, each a number or None (unknown)
+    made = len(CALLS[name]) if name in ("step", "add_step") else 0
+    assert type(live.steps) is type(off.steps) is int
+    assert (live.steps - steps_before, off.steps) == (made, 0)
+    for mon in (live, off):
+        for field in ("samples", "tokens", "flops"):
+            value = getattr(mon.step_args, field)
+            assert value is None or type(value) in (int, float), (type(mon), field, value)
 
 
 def test_a_script_runs_unchanged_with_monitoring_off(monkeypatch):

@@ -153,11 +153,21 @@ def test_the_loader_part_names_the_worker_whose_batch_is_awaited_and_reads_its_c
     it = FakeIterator([Proc(2 ** 22 + 7), Proc(me)], {5: (1,), 6: (0, "data")}, 5)
     probe.loader_iterators = [lambda: it]
     watch = S.StallWatch(probe, out.append, S.StallPolicy(fixed=1.0))
+    wall_before_first, cpu_before_first = time.monotonic(), time.process_time()
     loader = watch._loader(True)["loader"]
     assert loader["waiting"] is True and loader["awaited_pid"] == me
     assert loader["workers"][0] == {"pid": 2 ** 22 + 7, "alive": False, "cpu": None}
     assert loader["workers"][1]["alive"] is True and loader["workers"][1]["cpu"] is None   # first look
-    assert watch._loader(True)["loader"]["workers"][1]["cpu"] >= 0.0                     # second: a share
+    # second look: this process's CPU share over the time between the looks. Planted: at least 0.2 s
+    # of CPU burned between them. psutil reads user and system time in whole 10 ms ticks: 0.04 s slack
+    cpu_before, wall_after_first = time.process_time(), time.monotonic()
+    while time.process_time() - cpu_before < 0.2:
+        pass
+    cpu_burned, wall_before_second = time.process_time() - cpu_before, time.monotonic()
+    share = watch._loader(True)["loader"]["workers"][1]["cpu"]
+    wall_max = time.monotonic() - wall_before_first
+    cpu_max = time.process_time() - cpu_before_first
+    assert (cpu_burned - 0.04) / wall_max <= share <= (cpu_max + 0.04) / (wall_before_second - wall_after_first)
     it._rcvd_idx = 6                                                                    # its data arrived
     assert "awaited_pid" not in watch._loader(False)["loader"]
     it._shutdown = True

@@ -112,11 +112,17 @@ def resolve_live(target: str | None) -> list[Endpoint]:
         return next(iter(grouped.values()))
     if target.endswith(paths.SOCKET_SUFFIX) or "/" in target:
         path = Path(target)
-        if not path.exists():
+        try:
+            exists = path.exists()
+        except PermissionError:          # a directory of another user's on the way
+            raise UserError(f"{target}: permission denied (a job of another user?)") from None
+        if not exists:
             raise UserError(f"no such socket: {target}")
         name = paths.parse_name(path.name)
         if name is None:
             raise UserError(f"{target} is not a perfmon socket")
+        if not os.access(path, os.W_OK):   # connecting needs write permission: say so before anything starts
+            raise UserError(f"{target}: permission denied (a job of another user?)")
         return [Endpoint(name.job, name.rank, name.restart, name.pid, str(path), 0.0)]
     if target.isdigit():
         pid = int(target)
