@@ -250,8 +250,7 @@ class Watcher:
         if not cuda.ready():
             return
         if self.options["gpu_events"]:
-            self.timer = gpu_cuda.StepTimer(cuda)
-            gpu_cuda.poller_for(self.probe).add(self.timer.poll)
+            self.timer = gpu_cuda.StepTimer(cuda, poller=gpu_cuda.poller_for(self.probe))
         if self.options["syncs"] or (self.options["syncs"] is None and os.environ.get("PERFMON_SYNCS") == "1"):
             counter = gpu_cuda.SyncCounter()
             why_not = gpu_cuda.enable_sync_counting(cuda, counter)
@@ -309,7 +308,7 @@ class Watcher:
             sampler.add(ComputeSource(self))
         if self.memory_source is None and self.options["memory"] and self.device_type is not None:
             if self.device_type == "cpu":
-                self.meter = SavedTensorMeter(lambda: self.walker.param_keys)
+                self.meter = SavedTensorMeter(lambda: self.walker.param_keys, self.probe.report_error)
             nvml_device = None
             gpu = None
             if self.device_type == "cuda":
@@ -340,7 +339,8 @@ class Watcher:
                     self.bwd_open = False
                 self.fwd_t0 = now
                 if self.dtype is None:
-                    self.dtype = flops.compute_dtype(self.param_dtype, self.device_type or "cpu")
+                    self.dtype = flops.compute_dtype(self.param_dtype, self.device_type or "cpu",
+                                                    self.probe.report_error)
                     self._update_peak()
                 if self.count_flops:
                     self.flops.before_forward(module, args, kwargs)

@@ -4,7 +4,9 @@
   for a simulated one (tests/sim), so every path here runs without a GPU.
 * ``Poller``: a background thread that asks CUDA events and NCCL works whether
   they are done (``query()``/``is_completed()`` never block) and only then reads
-  their times (``elapsed_time``/``_get_duration`` require completion).
+  their times (``elapsed_time``/``_get_duration`` require completion). It sleeps
+  while nothing is pending and, while something is, as long as its clients expect.
+* ``EventPool``: timing events reused across module profiles.
 * ``StepTimer``: a reused pool of timing events recorded on the current stream at
   step and phase boundaries (creating events is costly, so they are pooled, as
   ATen's EventPool does). The host time at which the step's last event is seen
@@ -82,6 +84,16 @@ class TorchCuda:
         else:
             event.record(self._torch().cuda.current_stream(index))
 
+    def copy_to_host(self, tensor: Any) -> tuple[Any, Any]:
+        """A non-blocking copy of a CUDA tensor into pinned host memory (what ``non_blocking=True``
+        gives for device to host) and an event recorded after it on the tensor's current stream:
+        the copy may be read once the event's ``query()`` is True. The host never waits here."""
+        torch = self._torch()
+        host = tensor.detach().to("cpu", non_blocking=True)
+        event = torch.cuda.Event()
+        event.record(torch.cuda.current_stream(tensor.device))
+        return host, event
+
     def pending(self, index: int) -> bool:
         """Work queued on the device's default stream is not finished (``query()`` never blocks).
         A watcher thread's current stream is the default one, so side streams are not seen."""
@@ -98,25 +110,44 @@ backend: Any = TorchCuda()
 
 
 class Poller(threading.Thread):
-    """Polls completion of device work every few ms while any is pending.
+    """Polls completion of device work while any is pending; sleeps while none is.
 
-    Clients are callables returning True while they still wait for something.
-    A failing client is dropped after ``MAX_ERRORS`` failures in a row.
+    A client is a callable saying what it still waits for: False (nothing), True (something,
+    no idea when it completes) or a number (something, expected done in that many seconds).
+    Every ``query()`` takes the GIL from the training thread, so the poller wakes no more
+    than the answers need:
+
+    * nothing pending: it sleeps until ``wake()`` (a client's work went from none to some)
+      or, for clients that never call it (the communication pollers), ``IDLE`` seconds;
+    * pending with an estimate: it sleeps that long (the step timer's estimate keeps the
+      host-lead error within a quarter of the lead, see ``StepTimer.poll``);
+    * pending without one: it backs off from ``MIN_WAIT``, doubling, up to ``MAX_WAIT``.
+
+    Waits are clamped to [``MIN_WAIT``, ``MAX_WAIT``]: ``MAX_WAIT`` bounds how late a
+    completion is seen while work is pending. bench/bench_poller.py measures the wake-ups.
+    A failing client is reported at each failure (rate-limited by ``on_error``, that is
+    ``Probe.report_error``) and dropped after ``MAX_ERRORS`` failures in a row.
     """
 
-    PERIOD = 0.005      # lead resolution; ~200 wake-ups/s only while work is pending
-    IDLE = 0.05
+    MIN_WAIT = 0.001    # the finest lead the poller resolves: a starved device's lead is a few ms
+    MAX_WAIT = 0.05     # latest a pending completion is seen (a 50 ms step at 20 steps/s)
+    IDLE = 0.25         # comm clients' latency when idle: a quarter of the 1 s sampling period
     MAX_ERRORS = 5
 
-    def __init__(self, alive: Callable[[], bool]) -> None:
+    def __init__(self, alive: Callable[[], bool],
+                 on_error: Callable[[str, BaseException], None] | None = None) -> None:
         super().__init__(name="perfmon-poller", daemon=True)
         self.alive = alive
-        self.clients: list[Callable[[], bool]] = []   # one per timer/poller kind: bounded by the code
+        self.on_error = on_error
+        self.clients: list[Callable[[], Any]] = []   # one per timer/poller kind: bounded by the code
         self.errors: dict[int, int] = {}
         self.dropped = 0          # clients dropped after MAX_ERRORS failures (probe.health reports it)
+        self.wakeups = 0          # polls so far (bench/bench_poller.py reads it)
+        self.backoff = self.MIN_WAIT
         self.stop_event = threading.Event()
+        self.wakeup = threading.Event()   # set by wake() and stop()
 
-    def add(self, client: Callable[[], bool]) -> None:
+    def add(self, client: Callable[[], Any]) -> None:
         if self.stop_event.is_set():
             return
         self.clients = self.clients + [client]
@@ -125,32 +156,65 @@ class Poller(threading.Thread):
                 self.start()
             except RuntimeError:   # already started
                 pass
+        self.wake()
+
+    def wake(self) -> None:
+        """A client has work pending where it had none: poll now (any thread; never blocks for long)."""
+        self.backoff = self.MIN_WAIT
+        self.wakeup.set()
 
     def run(self) -> None:
         while not self.stop_event.is_set() and self.alive():
-            busy = self.poll_once()
-            self.stop_event.wait(self.PERIOD if busy else self.IDLE)
+            self.wakeup.clear()
+            wait = self.poll_once()
+            self.wakeup.wait(self.IDLE if wait is None else wait)
 
     def stop(self, timeout: float = 1.0) -> None:
         self.stop_event.set()
+        self.wakeup.set()
         if self.is_alive():
             self.join(timeout)
         self.clients = []
 
-    def poll_once(self) -> bool:
-        busy = False
+    def poll_once(self) -> float | None:
+        """Ask every client once: None when nothing is pending, else seconds until the next poll."""
+        self.wakeups += 1
+        wait: float | None = None
+        backed_off = False
         for client in self.clients:
             try:
-                busy = bool(client()) or busy
+                answer = client()
                 self.errors[id(client)] = 0
+            except Exception as exc:
+                self._failed(client, exc)
+                continue
+            if answer is True:
+                due = self.backoff
+                backed_off = True
+            elif answer is False or answer is None:
+                continue
+            else:
+                due = float(answer)
+            wait = due if wait is None else min(wait, due)
+        if wait is None:
+            self.backoff = self.MIN_WAIT
+            return None
+        if backed_off:
+            self.backoff = min(self.MAX_WAIT, self.backoff * 2)
+        return min(self.MAX_WAIT, max(self.MIN_WAIT, wait))
+
+    def _failed(self, client: Callable[[], Any], exc: Exception) -> None:
+        n = self.errors.get(id(client), 0) + 1
+        self.errors[id(client)] = n
+        if self.on_error is not None:
+            try:
+                self.on_error("device poller", exc)
             except Exception:
-                n = self.errors.get(id(client), 0) + 1
-                self.errors[id(client)] = n
-                if n >= self.MAX_ERRORS:
-                    self.clients = [c for c in self.clients if c is not client]
-                    self.errors.pop(id(client), None)
-                    self.dropped += 1
-        return busy
+                pass
+        if n >= self.MAX_ERRORS:
+            self.clients = [c for c in self.clients if c is not client]
+            self.errors.pop(id(client), None)
+            self.dropped += 1
 
 
 def poller_for(probe: Any) -> Poller:
@@ -159,10 +223,36 @@ def poller_for(probe: Any) -> Poller:
     finalizes)."""
     poller = probe.attached.poller
     if poller is None:
-        poller = Poller(alive=lambda: not probe.closed)
+        poller = Poller(alive=lambda: not probe.closed, on_error=probe.report_error)
         probe.attached.poller = poller
         atexit.register(poller.stop)
     return poller
+
+
+class EventPool:
+    """Reused timing events (creating one is costly; ATen's EventPool reuses them too).
+
+    ``take`` on the thread that records, ``give`` on the one that read them; deque ends are
+    thread-safe. At most ``keep`` free events are kept between uses."""
+
+    def __init__(self, cuda: Any, keep: int = 4096) -> None:
+        self.cuda = cuda
+        self.keep = keep
+        self.free: collections.deque = collections.deque()
+        self.created = 0
+
+    def take(self) -> Any:
+        try:
+            return self.free.pop()
+        except IndexError:
+            self.created += 1
+            return self.cuda.new_event()
+
+    def give(self, events: Any) -> None:
+        for event in events:
+            if len(self.free) >= self.keep:
+                return
+            self.free.append(event)
 
 
 class _Pending:
@@ -177,11 +267,20 @@ class _Pending:
 
 
 class StepTimer:
-    """Device time per step from pooled events: [start, forward end, backward end, step end]."""
+    """Device time per step from pooled events: [start, forward end, backward end, step end].
+
+    Given the probe's ``poller`` it registers ``poll`` there and wakes it when a step ends
+    with nothing else pending (a later step cannot complete before an earlier one on the
+    same stream, so waking for it would be a wasted poll)."""
 
     POOL = 64    # event sets in flight at most; beyond that a step goes untimed
+    # Poll schedule while a step's last event is pending (``poll``'s answer): the first look at
+    # half the previous lead (a lead that halves is still seen within one step), then looks
+    # spaced a quarter of the time waited so far: a lead is read at most ~25% long.
+    FIRST_LOOK = 0.5
+    PRECISION = 0.25
 
-    def __init__(self, cuda: Any, index: int | None = None) -> None:
+    def __init__(self, cuda: Any, index: int | None = None, poller: "Poller | None" = None) -> None:
         self.cuda = cuda
         self.index = index
         self.free: collections.deque = collections.deque()
@@ -192,6 +291,11 @@ class StepTimer:
         self.pending: collections.deque = collections.deque()
         self.results: collections.deque = collections.deque(maxlen=64)
         self.skipped = 0
+        self.last_lead: float | None = None
+        self.wake: Callable[[], None] | None = None
+        if poller is not None:
+            poller.add(self.poll)
+            self.wake = poller.wake
 
     # main thread ---------------------------------------------------------------------------
     def begin(self) -> None:
@@ -223,8 +327,11 @@ class StepTimer:
         if events is None:
             return
         self.cuda.record_on(events[3], self.index)
+        idle = not self.pending
         self.pending.append(_Pending(step, time.perf_counter(), events, self.n_fwd, self.bwd))
         self.cur = None
+        if idle and self.wake is not None:
+            self.wake()
 
     def take(self) -> dict[str, Any] | None:
         """Newest completed step's device numbers (older ones are superseded)."""
@@ -234,17 +341,24 @@ class StepTimer:
         return newest
 
     # poller thread -------------------------------------------------------------------------
-    def poll(self) -> bool:
+    def poll(self) -> bool | float:
+        """False when nothing is pending; else seconds until the oldest step is worth another
+        look (True before any lead is known: the poller's own back-off)."""
         while self.pending:
             head = self.pending[0]
             start, fwd, bwd, end = head.events
             if not end.query():
-                return True
+                if self.last_lead is None:
+                    return True
+                age = time.perf_counter() - head.host_end
+                return max(self.FIRST_LOOK * self.last_lead - age, self.PRECISION * age)
             now = time.perf_counter()
             self.pending.popleft()
             try:
+                lead = max(0.0, now - head.host_end)
+                self.last_lead = lead
                 result: dict[str, Any] = {"gpu_step": head.step, "gpu_time": start.elapsed_time(end) / 1e3,
-                                          "lead": max(0.0, now - head.host_end)}
+                                          "lead": lead}
                 if head.fwd == 1 and head.bwd:   # device phases only when unambiguous
                     result["gpu_phases"] = {"forward": start.elapsed_time(fwd) / 1e3,
                                             "backward": fwd.elapsed_time(bwd) / 1e3,
