@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import atexit
 import collections
+import math
 import sys
 import threading
 import time
@@ -117,8 +118,9 @@ class Poller(threading.Thread):
     Every ``query()`` takes the GIL from the training thread, so the poller wakes no more
     than the answers need:
 
-    * nothing pending: it sleeps until ``wake()`` (a client's work went from none to some)
-      or, for clients that never call it (the communication pollers), ``IDLE`` seconds;
+    * nothing pending: it sleeps until ``wake(after)`` (a client's work went from none to
+      some, expected done in ``after`` s) or, for clients that never call it (the
+      communication pollers), ``IDLE`` seconds;
     * pending with an estimate: it sleeps that long (the step timer's estimate keeps the
       host-lead error within a quarter of the lead, see ``StepTimer.poll``);
     * pending without one: it backs off from ``MIN_WAIT``, doubling, up to ``MAX_WAIT``.
@@ -143,6 +145,8 @@ class Poller(threading.Thread):
         self.errors: dict[int, int] = {}
         self.dropped = 0          # clients dropped after MAX_ERRORS failures (probe.health reports it)
         self.wakeups = 0          # polls so far (bench/bench_poller.py reads it)
+        self.due = 0.0            # perf_counter time of the next poll, by the clients' answers
+        self.requested = math.inf  # an earlier time asked for by wake()
         self.backoff = self.MIN_WAIT
         self.stop_event = threading.Event()
         self.wakeup = threading.Event()   # set by wake() and stop()
@@ -158,16 +162,27 @@ class Poller(threading.Thread):
                 pass
         self.wake()
 
-    def wake(self) -> None:
-        """A client has work pending where it had none: poll now (any thread; never blocks for long)."""
+    def wake(self, after: float = 0.0) -> None:
+        """A client has work pending where it had none, expected done in ``after`` seconds: poll
+        then (``MIN_WAIT`` at the soonest) unless a poll is due earlier. Any thread; a few
+        attribute reads and writes and, only when the poll moves earlier, one ``Event.set``."""
         self.backoff = self.MIN_WAIT
-        self.wakeup.set()
+        due = time.perf_counter() + min(self.MAX_WAIT, max(self.MIN_WAIT, after))
+        if due < min(self.due, self.requested):
+            self.requested = due
+            self.wakeup.set()
 
     def run(self) -> None:
         while not self.stop_event.is_set() and self.alive():
-            self.wakeup.clear()
+            self.due = self.requested = math.inf    # a wake() from here on is seen after the poll
             wait = self.poll_once()
-            self.wakeup.wait(self.IDLE if wait is None else wait)
+            self.due = time.perf_counter() + (self.IDLE if wait is None else wait)
+            while not self.stop_event.is_set():
+                self.wakeup.clear()
+                remaining = min(self.due, self.requested) - time.perf_counter()
+                if remaining <= 0:
+                    break
+                self.wakeup.wait(remaining)   # set by wake() when it moves the next poll earlier
 
     def stop(self, timeout: float = 1.0) -> None:
         self.stop_event.set()
@@ -256,29 +271,38 @@ class EventPool:
 
 
 class _Pending:
-    __slots__ = ("step", "host_end", "events", "fwd", "bwd")
+    __slots__ = ("step", "host_end", "events", "fwd", "bwd", "timed_lead")
 
-    def __init__(self, step: int, host_end: float, events: list, fwd: int, bwd: bool) -> None:
+    def __init__(self, step: int, host_end: float, events: list, fwd: int, bwd: bool, timed_lead: bool) -> None:
         self.step = step
         self.host_end = host_end
         self.events = events
         self.fwd = fwd
         self.bwd = bwd
+        self.timed_lead = timed_lead
 
 
 class StepTimer:
     """Device time per step from pooled events: [start, forward end, backward end, step end].
 
-    Given the probe's ``poller`` it registers ``poll`` there and wakes it when a step ends
-    with nothing else pending (a later step cannot complete before an earlier one on the
-    same stream, so waking for it would be a wasted poll)."""
+    Every step gets its device time (exact: event to event). The host lead needs the host
+    time at which the step's last event completes, which only a poll at that moment sees, so
+    it is timed for one step per ``LEAD_EVERY`` seconds: those steps the poller looks at on a
+    schedule (``poll``), the others it drains whenever it wakes (at least every
+    ``Poller.MAX_WAIT``) and they carry no lead. Given the probe's ``poller``, the timer
+    registers there and calls ``wake`` when a lead-timed step ends."""
 
     POOL = 64    # event sets in flight at most; beyond that a step goes untimed
-    # Poll schedule while a step's last event is pending (``poll``'s answer): the first look at
-    # half the previous lead (a lead that halves is still seen within one step), then looks
-    # spaced a quarter of the time waited so far: a lead is read at most ~25% long.
+    # 10 leads a second: the viewer reads the lead as a median over a window of steps (50 steps
+    # or 30 s) at 1-2 Hz, and polling every step of a 100-step/s job would wake the poller
+    # 100-300 times a second (bench/bench_poller.py).
+    LEAD_EVERY = 0.1
+    # The schedule for a lead-timed step: the first look at half the previous lead (a lead that
+    # halves is still seen at its true value within one timed step), then looks spaced a
+    # quarter of the time waited so far, so a lead reads at most ~25% (or Poller.MIN_WAIT) long.
     FIRST_LOOK = 0.5
     PRECISION = 0.25
+    UNTIMED = math.inf   # ``poll``'s answer when only steps without a lead are pending
 
     def __init__(self, cuda: Any, index: int | None = None, poller: "Poller | None" = None) -> None:
         self.cuda = cuda
@@ -288,11 +312,13 @@ class StepTimer:
         self.cur: list | None = None
         self.n_fwd = 0
         self.bwd = False
-        self.pending: collections.deque = collections.deque()
+        self.pending: collections.deque = collections.deque()      # every step, oldest first
+        self.lead_timed: collections.deque = collections.deque()   # the lead-timed among them
         self.results: collections.deque = collections.deque(maxlen=64)
         self.skipped = 0
         self.last_lead: float | None = None
-        self.wake: Callable[[], None] | None = None
+        self.last_timed_end = -math.inf
+        self.wake: Callable[[float], None] | None = None
         if poller is not None:
             poller.add(self.poll)
             self.wake = poller.wake
@@ -327,11 +353,17 @@ class StepTimer:
         if events is None:
             return
         self.cuda.record_on(events[3], self.index)
-        idle = not self.pending
-        self.pending.append(_Pending(step, time.perf_counter(), events, self.n_fwd, self.bwd))
+        now = time.perf_counter()
+        timed = now - self.last_timed_end >= self.LEAD_EVERY
+        pending = _Pending(step, now, events, self.n_fwd, self.bwd, timed)
+        if timed:
+            self.last_timed_end = now
+            self.lead_timed.append(pending)
+        self.pending.append(pending)
         self.cur = None
-        if idle and self.wake is not None:
-            self.wake()
+        if timed and self.wake is not None:
+            lead = self.last_lead
+            self.wake(0.0 if lead is None else self.FIRST_LOOK * lead)
 
     def take(self) -> dict[str, Any] | None:
         """Newest completed step's device numbers (older ones are superseded)."""
@@ -342,31 +374,40 @@ class StepTimer:
 
     # poller thread -------------------------------------------------------------------------
     def poll(self) -> bool | float:
-        """False when nothing is pending; else seconds until the oldest step is worth another
-        look (True before any lead is known: the poller's own back-off)."""
+        """Collect completed steps. Then: False when nothing is pending; else seconds until the
+        oldest lead-timed step is worth another look (True before any lead is known: the
+        poller's own back-off; ``UNTIMED`` when no lead-timed step is pending)."""
+        now = time.perf_counter()
         while self.pending:
             head = self.pending[0]
-            start, fwd, bwd, end = head.events
-            if not end.query():
-                if self.last_lead is None:
-                    return True
-                age = time.perf_counter() - head.host_end
-                return max(self.FIRST_LOOK * self.last_lead - age, self.PRECISION * age)
-            now = time.perf_counter()
+            if not head.events[3].query():
+                break
             self.pending.popleft()
+            if head.timed_lead and self.lead_timed and self.lead_timed[0] is head:
+                self.lead_timed.popleft()
             try:
-                lead = max(0.0, now - head.host_end)
-                self.last_lead = lead
-                result: dict[str, Any] = {"gpu_step": head.step, "gpu_time": start.elapsed_time(end) / 1e3,
-                                          "lead": lead}
-                if head.fwd == 1 and head.bwd:   # device phases only when unambiguous
-                    result["gpu_phases"] = {"forward": start.elapsed_time(fwd) / 1e3,
-                                            "backward": fwd.elapsed_time(bwd) / 1e3,
-                                            "optimizer": bwd.elapsed_time(end) / 1e3}
-                self.results.append(result)
+                self.results.append(self._result(head, now))
             finally:
                 self.free.append(head.events)
-        return False
+        if not self.pending:
+            return False
+        if not self.lead_timed:
+            return self.UNTIMED
+        if self.last_lead is None:
+            return True
+        age = now - self.lead_timed[0].host_end
+        return max(self.FIRST_LOOK * self.last_lead - age, self.PRECISION * age)
+
+    def _result(self, done: _Pending, now: float) -> dict[str, Any]:
+        start, fwd, bwd, end = done.events
+        result: dict[str, Any] = {"gpu_step": done.step, "gpu_time": start.elapsed_time(end) / 1e3}
+        if done.timed_lead:
+            result["lead"] = self.last_lead = max(0.0, now - done.host_end)
+        if done.fwd == 1 and done.bwd:   # device phases only when unambiguous
+            result["gpu_phases"] = {"forward": start.elapsed_time(fwd) / 1e3,
+                                    "backward": fwd.elapsed_time(bwd) / 1e3,
+                                    "optimizer": bwd.elapsed_time(end) / 1e3}
+        return result
 
 
 class SyncCounter:
