@@ -19,9 +19,10 @@ class DeviceScalar:
     training thread that stalls the host's run-ahead every step. So at step end the training
     thread only enqueues a copy into pinned host memory and an event after it (both
     non-blocking, ``TorchCuda.copy_to_host``), and the sender thread reads the copy when it
-    builds the step record, once the event has completed: it waits for the device, the
-    training thread never does. Deferring the read to the next step's end instead would not
-    do: a host running several steps ahead would still find the copy incomplete. A device
+    builds the step record, once the event has completed: it waits for the device (its
+    viewer I/O with it, for at most the host's lead), the training thread never does.
+    Deferring the read to the next step's end instead would not do: a host running several
+    steps ahead would still find the copy incomplete, and a read there would sync. A device
     tensor this module cannot copy (``event`` None: not CUDA) is read on the sender thread
     as it is. ``scale`` carries a factor applied on read (6·N·tokens, ``flops.six_n``).
     """

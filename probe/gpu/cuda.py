@@ -377,16 +377,16 @@ class StepTimer:
         """Collect completed steps. Then: False when nothing is pending; else seconds until the
         oldest lead-timed step is worth another look (True before any lead is known: the
         poller's own back-off; ``UNTIMED`` when no lead-timed step is pending)."""
-        now = time.perf_counter()
         while self.pending:
             head = self.pending[0]
             if not head.events[3].query():
                 break
+            seen = time.perf_counter()     # after the query: a lead is never read short
             self.pending.popleft()
             if head.timed_lead and self.lead_timed and self.lead_timed[0] is head:
                 self.lead_timed.popleft()
             try:
-                self.results.append(self._result(head, now))
+                self.results.append(self._result(head, seen))
             finally:
                 self.free.append(head.events)
         if not self.pending:
@@ -395,14 +395,14 @@ class StepTimer:
             return self.UNTIMED
         if self.last_lead is None:
             return True
-        age = now - self.lead_timed[0].host_end
+        age = time.perf_counter() - self.lead_timed[0].host_end
         return max(self.FIRST_LOOK * self.last_lead - age, self.PRECISION * age)
 
-    def _result(self, done: _Pending, now: float) -> dict[str, Any]:
+    def _result(self, done: _Pending, seen: float) -> dict[str, Any]:
         start, fwd, bwd, end = done.events
         result: dict[str, Any] = {"gpu_step": done.step, "gpu_time": start.elapsed_time(end) / 1e3}
         if done.timed_lead:
-            result["lead"] = self.last_lead = max(0.0, now - done.host_end)
+            result["lead"] = self.last_lead = max(0.0, seen - done.host_end)
         if done.fwd == 1 and done.bwd:   # device phases only when unambiguous
             result["gpu_phases"] = {"forward": start.elapsed_time(fwd) / 1e3,
                                     "backward": fwd.elapsed_time(bwd) / 1e3,
