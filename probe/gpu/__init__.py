@@ -113,7 +113,8 @@ def refine(probe: Any, cuda_index: int, cuda: Any) -> Device | None:
     Narrows the sampled GPUs to that one, which fixes any numbering mismatch. Without a
     UUID match the device is still decided when this process has one GPU; otherwise the
     numbering cannot be trusted (``visible_devices``) and sampling stays on every visible
-    GPU, which a warning says, as it says why the lookup failed.
+    GPU, which a warning says, as another says why the lookup failed (both rate-limited:
+    the job's device detection may call this again).
     """
     gpu = probe.attached.gpu
     nvml = gpu.nvml if gpu is not None else None
@@ -133,9 +134,9 @@ def refine(probe: Any, cuda_index: int, cuda: Any) -> Device | None:
         match = own[0] if len(own) == 1 else None
     if match is None:
         why = f"UUID {uuid} not among NVML's devices" if uuid else "no UUID from torch"
-        probe.event("warning", source="perfmon", where="GPU UUID lookup",
-                    message=f"cuda:{cuda_index} not matched to an NVML device ({why}); GPU sampling covers "
-                            f"every visible GPU ({len(gpu.devices)})")
+        probe.report_error("GPU selection", LookupError(
+            f"cuda:{cuda_index} not matched to an NVML device ({why}); GPU sampling covers every visible "
+            f"GPU ({len(gpu.devices)})"))
         return None
     gpu.source.devices = [match]
     return match
