@@ -119,8 +119,8 @@ class Poller(threading.Thread):
     than the answers need:
 
     * nothing pending: it sleeps until ``wake(after)`` (a client's work went from none to
-      some, expected done in ``after`` s) or, for clients that never call it (the
-      communication pollers), ``IDLE`` seconds;
+      some, expected done in ``after`` s), or ``IDLE`` seconds; ``IDLE_POLLING`` while a
+      client that never calls it (the communication pollers) is registered;
     * pending with an estimate: it sleeps that long (the step timer's estimate keeps the
       host-lead error within a quarter of the lead, see ``StepTimer.poll``);
     * pending without one: it backs off from ``MIN_WAIT``, doubling, up to ``MAX_WAIT``.
@@ -133,7 +133,11 @@ class Poller(threading.Thread):
 
     MIN_WAIT = 0.001    # the finest lead the poller resolves: a starved device's lead is a few ms
     MAX_WAIT = 0.05     # latest a pending completion is seen (a 50 ms step at 20 steps/s)
-    IDLE = 0.25         # comm clients' latency when idle: a quarter of the 1 s sampling period
+    IDLE = 0.25         # every client calls wake(): a safety net only
+    # A client that never calls wake() (communication pollers) is looked at as often as before:
+    # its collectives are charged to the step whose end drains them, so a late look would move
+    # them to a later step.
+    IDLE_POLLING = 0.05
     MAX_ERRORS = 5
 
     def __init__(self, alive: Callable[[], bool],
@@ -142,6 +146,7 @@ class Poller(threading.Thread):
         self.alive = alive
         self.on_error = on_error
         self.clients: list[Callable[[], Any]] = []   # one per timer/poller kind: bounded by the code
+        self.waking: list[Callable[[], Any]] = []    # those among them that call wake()
         self.errors: dict[int, int] = {}
         self.dropped = 0          # clients dropped after MAX_ERRORS failures (probe.health reports it)
         self.wakeups = 0          # polls so far (bench/bench_poller.py reads it)
@@ -151,10 +156,13 @@ class Poller(threading.Thread):
         self.stop_event = threading.Event()
         self.wakeup = threading.Event()   # set by wake() and stop()
 
-    def add(self, client: Callable[[], Any]) -> None:
+    def add(self, client: Callable[[], Any], wakes: bool = False) -> None:
+        """Register ``client``; ``wakes``: it calls ``wake()`` whenever it gets work to wait for."""
         if self.stop_event.is_set():
             return
         self.clients = self.clients + [client]
+        if wakes:
+            self.waking = self.waking + [client]
         if not self.is_alive() and not self.stop_event.is_set():
             try:
                 self.start()
@@ -176,7 +184,7 @@ class Poller(threading.Thread):
         while not self.stop_event.is_set() and self.alive():
             self.due = self.requested = math.inf    # a wake() from here on is seen after the poll
             wait = self.poll_once()
-            self.due = time.perf_counter() + (self.IDLE if wait is None else wait)
+            self.due = time.perf_counter() + (self.idle_wait() if wait is None else wait)
             while not self.stop_event.is_set():
                 self.wakeup.clear()
                 remaining = min(self.due, self.requested) - time.perf_counter()
@@ -184,12 +192,17 @@ class Poller(threading.Thread):
                     break
                 self.wakeup.wait(remaining)   # set by wake() when it moves the next poll earlier
 
+    def idle_wait(self) -> float:
+        """How long to sleep with nothing pending."""
+        return self.IDLE if len(self.waking) == len(self.clients) else self.IDLE_POLLING
+
     def stop(self, timeout: float = 1.0) -> None:
         self.stop_event.set()
         self.wakeup.set()
         if self.is_alive():
             self.join(timeout)
         self.clients = []
+        self.waking = []
 
     def poll_once(self) -> float | None:
         """Ask every client once: None when nothing is pending, else seconds until the next poll."""
@@ -228,6 +241,7 @@ class Poller(threading.Thread):
                 pass
         if n >= self.MAX_ERRORS:
             self.clients = [c for c in self.clients if c is not client]
+            self.waking = [c for c in self.waking if c is not client]
             self.errors.pop(id(client), None)
             self.dropped += 1
 
@@ -320,8 +334,8 @@ class StepTimer:
         self.last_timed_end = -math.inf
         self.wake: Callable[[float], None] | None = None
         if poller is not None:
-            poller.add(self.poll)
             self.wake = poller.wake
+            poller.add(self.poll, wakes=True)
 
     # main thread ---------------------------------------------------------------------------
     def begin(self) -> None:

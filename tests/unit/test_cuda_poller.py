@@ -108,7 +108,7 @@ def test_an_idle_poller_sees_a_new_step_at_once_not_after_its_idle_sleep():
 
 def test_an_idle_poller_wakes_at_most_once_per_idle_period():
     poller = Poller(alive=lambda: True)
-    poller.add(lambda: False)
+    poller.add(lambda: False, wakes=True)
     try:
         t0 = time.perf_counter()
         time.sleep(0.6)                     # the measuring window (nothing is waited for)
@@ -116,6 +116,21 @@ def test_an_idle_poller_wakes_at_most_once_per_idle_period():
     finally:
         poller.stop()
     assert wakeups <= elapsed / Poller.IDLE + 2     # the previous poller: every 50 ms
+
+
+def test_a_client_that_never_calls_wake_keeps_the_idle_poller_looking_as_often_as_before():
+    """Communication pollers add work without calling wake(): their collectives go to the step that
+    drains them, so the idle poller must still look every 50 ms while one is registered."""
+    poller = Poller(alive=lambda: True)
+    timer = StepTimer(SimulatedCuda(), poller=poller)
+    try:
+        assert poller.idle_wait() == Poller.IDLE == 0.25
+        comm_like = lambda: False   # noqa: E731
+        poller.add(comm_like)
+        assert poller.idle_wait() == Poller.IDLE_POLLING == 0.05
+        assert timer.poll() is False
+    finally:
+        poller.stop()
 
 
 def test_only_one_step_per_lead_period_carries_a_lead_and_every_step_its_device_time():
