@@ -16,7 +16,6 @@ import probe
 from probe import flops, records
 from probe.gpu.cuda import EventPool, Poller, StepTimer
 from probe.recording import read_recording
-from tests.sim.fixtures import simulated_cuda  # noqa: F401  (fixture)
 from tests.sim.simulated_cuda import SimulatedCuda, SimulatedDeviceTensor
 
 

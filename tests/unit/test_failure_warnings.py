@@ -5,7 +5,6 @@ fails on the SIMULATED device layer) and reads the warning back from the recordi
 
 from __future__ import annotations
 
-import pytest
 import torch
 
 import probe
@@ -14,7 +13,6 @@ from probe.gpu import cuda as gpu_cuda
 from probe.memory import SavedTensorMeter, StateWalker
 from probe.recording import read_recording
 from probe.sampler import Sampler
-from tests.sim.fixtures import simulated_cuda, simulated_nvml  # noqa: F401  (fixtures)
 from tests.sim.simulated_cuda import SimulatedCuda
 from tests.sim.simulated_pynvml import SimulatedGpu
 
