@@ -23,6 +23,10 @@
   under "error", uncounted under "ignore"). That is why counting is opt-in. Not covered by
   the debug mode (documented by PyTorch): ``torch.cuda.synchronize()``, event syncs,
   allocator-caused syncs, torch.distributed and torch.sparse.
+
+This module is a little over 500 lines on purpose: the poller's schedule and the step
+timer's answers to it are one protocol (``Poller``'s docstring), read and tuned together
+(bench/bench_poller.py), beside the one backend they both drive.
 """
 
 from __future__ import annotations
