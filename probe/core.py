@@ -112,6 +112,9 @@ class _Step:
     def __exit__(self, et: Any, ev: Any, tb: Any) -> bool:
         p = self.probe
         t = time.perf_counter()
+        tokens = self.tokens
+        if tokens is not None and type(tokens) is not int and type(tokens) is not float:
+            self.tokens = _host_number(p, tokens)
         extras: dict[str, Any] | None = None
         if p._end_hooks:
             extras = {}
@@ -135,6 +138,24 @@ class _Step:
 
 
 StepArgs = _Step   # the type of ``Probe.step_args``
+
+
+def _host_number(probe: "Probe", value: Any) -> Any:
+    """A step argument that is not a Python number, at step end on the training thread: a CPU
+    tensor (or numpy scalar) becomes its number; a device tensor is not read here (that would
+    synchronize the host with the device): a CUDA one is copied without blocking and read on
+    the sender thread, any other is handed to the sender thread as it is (``records.DeviceScalar``)."""
+    try:
+        device = getattr(value, "device", None)
+        if device is None or getattr(device, "type", device) == "cpu":
+            return float(value)
+        if getattr(value, "is_cuda", False):
+            from probe.gpu import cuda
+            return records.DeviceScalar(*cuda.backend.copy_to_host(value))
+        return records.DeviceScalar(value)
+    except Exception as exc:
+        probe.report_error("step argument", exc)
+        return None
 
 
 class Probe:
@@ -179,6 +200,7 @@ class Probe:
         self.loader_iterators: collections.deque = collections.deque(maxlen=LOADER_ITERATORS)
         self.attached = Attachments()                    # what probe.gpu and probe.watch attach
         self.failures = FailureReporter(self.emit)       # counted internal failures -> warning events
+        self._device_reads = records.DeviceReads(self.report_error)   # step numbers left on the device
         self.device: dict[str, Any] = {"type": "cpu", "name": cpu_name(), "count": os.cpu_count() or 1}
         self.sender: Sender | None = None
         self.sampler: Sampler | None = None
@@ -289,7 +311,10 @@ class Probe:
                 # while the interpreter finalizes aborts the process ("terminate called ...", exit 134)
                 self.sampler.join(max(0.0, deadline - 1.4 - time.monotonic()))
                 if not self.sampler.is_alive():
-                    self.sampler.flush()   # last totals (comm) reach the stream before bye
+                    # a last sample: a job shorter than one sampling period still records its
+                    # memory peak (and so an MFU); then the last totals (comm), all before bye
+                    self.sampler.tick()
+                    self.sampler.flush()
             for window in (self.attached.profiler, self.attached.capture):   # a result being written
                 if window is not None:
                     window.join(deadline - 1.0 - time.monotonic())
@@ -394,6 +419,8 @@ class Probe:
         ``data_cpu`` is the training thread's CPU time inside the loader waits; ``tokens`` the
         step's tokens where a trainer counts them.
         """
+        if tokens is not None and type(tokens) is not int and type(tokens) is not float:
+            tokens = _host_number(self, tokens)
         extras: dict[str, Any] | None = None
         if self._end_hooks:
             extras = {}
@@ -433,7 +460,7 @@ class Probe:
 
     # -- record building (sender thread) -----------------------------------------------------
     def _build(self, item: tuple) -> dict[str, Any] | None:
-        return item[1] if item[0] == _REC else records.step_record(item, self._epoch)
+        return item[1] if item[0] == _REC else records.step_record(item, self._epoch, self._device_reads)
 
     def _hello(self) -> dict[str, Any]:
         return records.hello(self)
@@ -484,7 +511,7 @@ class Probe:
             self._problem(f"loader worker sampling off: {exc!r}")
         sources.extend(self.attached.sources)
         sources.append(HealthSource(self))
-        self.sampler = Sampler(sources, self.emit, hz=sample_hz)
+        self.sampler = Sampler(sources, self.emit, hz=sample_hz, on_error=self.report_error)
         self.sampler.start()
         try:
             self.stall_watch = StallWatch(self, self.emit)

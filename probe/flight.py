@@ -66,10 +66,13 @@ def parse_flight(dump: dict[str, Any], source: str) -> dict[str, Any]:
         entries.append({"op": op, "group": _group(_pg(entry)), "seq": _int(entry.get("collective_seq_id")),
                         "state": _state(entry, starts), "backend": backend or _backend(source)})
     backends = {_group(_pg(e)): str(e.get("profiling_name") or "").rpartition(":")[0] or None for e in raw}
+    # ``pg_status`` is keyed by the group's uid, entries name it; they differ once a process made groups
+    # before (a default group created again is named "0" under a new uid)
+    names = {str(e["pg_id"]): _pg(e) for e in raw if e.get("pg_id") is not None}
     groups: dict[str, dict[str, Any]] = {}
     for pg_id, status in list((dump.get("pg_status") or {}).items())[:MAX_FLIGHT]:
         if isinstance(status, dict):
-            group = _group(pg_id)
+            group = _group(names.get(str(pg_id), pg_id))
             groups[group] = {key: _int(status.get(f"last_{key}_collective"))
                              for key in ("enqueued", "started", "completed")}
             groups[group]["backend"] = backends.get(group) or _backend(source)
@@ -157,7 +160,7 @@ def _empty_reason() -> str:
 
 
 def _pg(entry: dict[str, Any]) -> Any:
-    """The entry's group: ``process_group`` is ``[name, description]``; ``pg_id`` the same number."""
+    """The entry's group name: ``process_group`` is ``[name, description]``, else its uid ``pg_id``."""
     group = entry.get("process_group")
     return group[0] if isinstance(group, (list, tuple)) and group else entry.get("pg_id")
 

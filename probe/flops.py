@@ -79,24 +79,28 @@ def dtype_name(dtype: Any) -> str | None:
     return None
 
 
-def compute_dtype(param_dtype: Any, device_type: str) -> str | None:
-    """The dtype matmuls run in: autocast's if active, TF32 for fp32 when torch allows it."""
+def compute_dtype(param_dtype: Any, device_type: str,
+                  on_error: Callable[[str, BaseException], None] | None = None) -> str | None:
+    """The dtype matmuls run in: autocast's if active, TF32 for fp32 when torch allows it.
+
+    When torch cannot answer (the autocast or TF32 query raises) the dtype is unknown: None,
+    so no peak and no MFU, and ``on_error`` hears why. Falling back to the parameters' dtype
+    would pick a peak up to 16 times off (fp32 against bf16 on an H100)."""
     torch = sys.modules.get("torch")
     if torch is None:
         return None
     try:
         if torch.is_autocast_enabled(device_type):
             return dtype_name(torch.get_autocast_dtype(device_type))
-    except Exception:
-        pass
-    name = dtype_name(param_dtype)
-    if name == "fp32" and device_type == "cuda":
-        try:
+        name = dtype_name(param_dtype)
+        if name == "fp32" and device_type == "cuda":
             if torch.backends.cuda.matmul.allow_tf32 or torch.get_float32_matmul_precision() != "highest":
                 return "tf32"
-        except Exception:
-            pass
-    return name
+        return name
+    except Exception as exc:
+        if on_error is not None:
+            on_error("compute dtype", exc)
+        return None
 
 
 def unwrap_module(module: Any) -> Any:
@@ -111,9 +115,17 @@ def unwrap_module(module: Any) -> Any:
     return module
 
 
-def six_n(n_params: int, tokens: float | None) -> float | None:
-    """Training FLOPs ≈ 6 · parameters · tokens (forward 2N, backward 4N per token)."""
-    if not tokens or not n_params:
+def six_n(n_params: int, tokens: Any) -> Any:
+    """Training FLOPs ≈ 6 · parameters · tokens (forward 2N, backward 4N per token).
+
+    ``tokens`` still on the device (``records.DeviceScalar``) gives one too, read with it on the
+    sender thread: reading it here, on the training thread, would synchronize with the device."""
+    if tokens is None or not n_params:
+        return None
+    scaled = getattr(tokens, "scaled", None)
+    if scaled is not None:
+        return scaled(6.0 * n_params)
+    if not tokens:
         return None
     return 6.0 * n_params * float(tokens)
 

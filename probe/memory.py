@@ -173,14 +173,19 @@ class SavedTensorMeter:
     """Bytes autograd saves for backward during one forward (CPU activations).
 
     Uses ``torch.autograd.graph.saved_tensors_hooks`` with pack/unpack that return
-    the tensor unchanged, so training is not altered; parameters are excluded.
+    the tensor unchanged, so training is not altered; parameters are excluded. A pack
+    that fails to size its tensor leaves that forward's total short: the result is then
+    unknown (None), and the first error of the forward goes to ``on_error`` at ``stop``.
     """
 
-    def __init__(self, param_keys: Callable[[], frozenset]) -> None:
+    def __init__(self, param_keys: Callable[[], frozenset],
+                 on_error: Callable[[str, BaseException], None] | None = None) -> None:
         self.param_keys = param_keys
+        self.on_error = on_error
         self.ctx: Any = None
         self.seen: set = set()
         self.total = 0
+        self.error: BaseException | None = None   # the first pack failure of this forward
         self.result: int | None = None
         self.next_due = 0.0        # perf_counter time of the next measurement
 
@@ -190,8 +195,9 @@ class SavedTensorMeter:
     def _pack(self, t: Any) -> Any:
         try:
             self.total += storage_bytes(t, self.seen)
-        except Exception:
-            pass
+        except Exception as exc:
+            if self.error is None:
+                self.error = exc
         return t
 
     @staticmethod
@@ -202,6 +208,7 @@ class SavedTensorMeter:
         torch = sys.modules["torch"]
         self.seen = set(self.param_keys())
         self.total = 0
+        self.error = None
         self.ctx = torch.autograd.graph.saved_tensors_hooks(self._pack, self._unpack)
         self.ctx.__enter__()
 
@@ -210,9 +217,12 @@ class SavedTensorMeter:
         if ctx is None:
             return
         ctx.__exit__(None, None, None)
-        self.result = self.total
+        error, self.error = self.error, None
+        self.result = self.total if error is None else None
         self.next_due = now + ACTIVATION_SAMPLE_SECONDS
         self.seen = set()
+        if error is not None and self.on_error is not None:
+            self.on_error("saved-tensor meter", error)
 
 
 def cuda_memory(stats: dict[str, Any], state: dict[str, int] | None, total: int | None,

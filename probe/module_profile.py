@@ -61,17 +61,27 @@ class _CpuClock:
 
 
 class _EventClock:
-    """CUDA events on the current stream: a span is the device timeline between two records."""
+    """CUDA events on the current stream: a span is the device timeline between two records.
+    Events come from the profiler's pool (``probe.gpu.cuda.EventPool``): a hook records one
+    taken from it, and the finished profile gives them all back for the next one."""
 
     name = "cuda_events"
 
-    def __init__(self, cuda: Any) -> None:
-        self.cuda = cuda
+    def __init__(self, pool: Any) -> None:
+        self.pool = pool
+        self.cuda = pool.cuda
 
     def mark(self) -> Any:
-        event = self.cuda.new_event()
+        event = self.pool.take()
         self.cuda.record_on(event)
         return event
+
+    def give_back(self, entries: list["_Module"]) -> None:
+        """After the profile's result is built: its events return to the pool, each once (a
+        backward's end event closes the spans of every module still open then)."""
+        events = {id(e): e for entry in entries for span in entry.fwd + entry.bwd for e in span}
+        events.update((id(e), e) for entry in entries for e in entry.open_fwd + entry.open_bwd)
+        self.pool.give(events.values())
 
     def seconds(self, a: Any, b: Any) -> float | None:
         deadline = time.monotonic() + EVENT_WAIT_SECONDS
@@ -128,6 +138,7 @@ class ModuleProfiler(StepWindow):
         self.active: dict[str, int] = {}               # modules the live count attributes to now
         self.backward_open = False
         self.torch: Any = None
+        self.event_pool: Any = None                    # CUDA events reused across profiles
 
     # -- sender thread ----------------------------------------------------------------------
     def request(self, request_id: int, steps: Any, depth: Any) -> str | None:
@@ -194,7 +205,9 @@ class ModuleProfiler(StepWindow):
         watcher = self.probe.attached.watcher
         if watcher is not None and watcher.device_type == "cuda":
             from probe.gpu import cuda as gpu_cuda
-            self.clock = _EventClock(gpu_cuda.backend)
+            if self.event_pool is None or self.event_pool.cuda is not gpu_cuda.backend:
+                self.event_pool = gpu_cuda.EventPool(gpu_cuda.backend)
+            self.clock = _EventClock(self.event_pool)
         else:
             self.clock = _CpuClock()
         self.modules, self.handles = [], []
@@ -390,6 +403,8 @@ class ModuleProfiler(StepWindow):
         try:
             return self._result()
         finally:
+            if isinstance(self.clock, _EventClock):
+                self.clock.give_back(self.modules)
             for entry in self.modules:
                 entry.module = None
             self.modules = []

@@ -5,13 +5,82 @@ from __future__ import annotations
 import platform
 import sys
 import time
-from typing import Any
+from typing import Any, Callable
 
 from probe import wire
 
+DEVICE_WAIT = 5.0      # seconds the sender waits for a step's device number to reach the host
 
-def step_record(item: tuple, epoch: float) -> dict[str, Any]:
-    """``item`` is the hot path's tuple (``probe.core``); ``epoch`` turns perf_counter into unix seconds."""
+
+class DeviceScalar:
+    """A step number (``tokens=`` given as a device tensor) not yet on the host.
+
+    Reading a CUDA tensor's value synchronizes the reading thread with the device; on the
+    training thread that stalls the host's run-ahead every step. So at step end the training
+    thread only enqueues a copy into pinned host memory and an event after it (both
+    non-blocking, ``TorchCuda.copy_to_host``), and the sender thread reads the copy when it
+    builds the step record, once the event has completed: it waits for the device (its
+    viewer I/O with it, for at most the host's lead), the training thread never does.
+    Deferring the read to the next step's end instead would not do: a host running several
+    steps ahead would still find the copy incomplete, and a read there would sync. A device
+    tensor this module cannot copy (``event`` None: not CUDA) is read on the sender thread
+    as it is. ``scale`` carries a factor applied on read (6·N·tokens, ``flops.six_n``).
+    """
+
+    __slots__ = ("host", "event", "scale")
+
+    def __init__(self, host: Any, event: Any = None, scale: float = 1.0) -> None:
+        self.host = host
+        self.event = event
+        self.scale = scale
+
+    def scaled(self, factor: float) -> "DeviceScalar":
+        return DeviceScalar(self.host, self.event, self.scale * factor)
+
+
+class DeviceReads:
+    """Sender thread: reads ``DeviceScalar``s, waiting for their copy at most ``DEVICE_WAIT``.
+
+    After a wait timed out (a hung device) the next reads do not wait until a copy is
+    found complete again, so the records queued behind (stall events) still go out. What is
+    not read is None (unknown) and goes to ``on_error``."""
+
+    def __init__(self, on_error: Callable[[str, BaseException], None] | None = None) -> None:
+        self.on_error = on_error
+        self.hung = False
+
+    def read(self, value: Any) -> float | None:
+        if not isinstance(value, DeviceScalar):
+            return value
+        try:
+            event = value.event
+            if event is not None and not event.query():
+                if self.hung or not self._wait(event):
+                    self.hung = True
+                    raise TimeoutError(f"device copy of a step value not complete after {DEVICE_WAIT:.0f} s")
+            self.hung = False
+            return float(value.host) * value.scale
+        except Exception as exc:
+            if self.on_error is not None:
+                self.on_error("device step value", exc)
+            return None
+
+    @staticmethod
+    def _wait(event: Any) -> bool:
+        """Poll ``query()`` (never blocks, holds no lock) from 1 ms, doubling to 50 ms."""
+        deadline = time.monotonic() + DEVICE_WAIT
+        pause = 0.001
+        while not event.query():
+            if time.monotonic() > deadline:
+                return False
+            time.sleep(pause)
+            pause = min(0.05, pause * 2)
+        return True
+
+
+def step_record(item: tuple, epoch: float, reads: DeviceReads | None = None) -> dict[str, Any]:
+    """``item`` is the hot path's tuple (``probe.core``); ``epoch`` turns perf_counter into unix seconds;
+    ``reads`` turns device numbers (``DeviceScalar``) into host ones."""
     _, step_no, start, end, data, phases, samples, tokens, flops, extras, gap, data_cpu = item
     dur = end - start
     phases = dict(phases)
@@ -32,7 +101,27 @@ def step_record(item: tuple, epoch: float) -> dict[str, Any]:
         rec["data_cpu"] = data_cpu
     if extras:
         rec.update(extras)
+    if isinstance(rec.get("tokens"), DeviceScalar) or isinstance(rec.get("flops"), DeviceScalar):
+        _read_device_values(rec, reads or DeviceReads())
     return rec
+
+
+def _read_device_values(rec: dict[str, Any], reads: DeviceReads) -> None:
+    """Device numbers -> host numbers; one not read is left out (unknown), as is a 6·N·tokens
+    estimate from zero tokens (``flops.six_n`` gives none for a host zero either)."""
+    if isinstance(rec.get("tokens"), DeviceScalar):
+        tokens = reads.read(rec["tokens"])
+        if tokens is None:
+            del rec["tokens"]
+        else:
+            rec["tokens"] = tokens
+    if isinstance(rec.get("flops"), DeviceScalar):
+        flops = reads.read(rec["flops"])
+        if flops:
+            rec["flops"] = flops
+        else:
+            del rec["flops"]
+            rec.pop("flops_source", None)
 
 
 def hello(probe: Any) -> dict[str, Any]:

@@ -3,7 +3,10 @@
 Sources are small objects with ``name`` and ``read() -> dict``; the sampler
 merges their sections into one ``sample`` record. A source that raises is
 counted and, after ``MAX_FAILURES`` in a row, switched off with one warning
-event, so a broken driver costs nothing after the first few seconds.
+event, so a broken driver costs nothing after the first few seconds. Anything else
+that fails in a tick (merging, emitting, the extra records) or in a source's
+``flush`` goes to ``on_error`` (``Probe.report_error``: rate-limited warnings), so no
+failure is silent and the thread never dies.
 """
 
 from __future__ import annotations
@@ -31,12 +34,14 @@ def flush_source(source: Any) -> None:
 
 class Sampler(threading.Thread):
     def __init__(self, sources: list[Source], emit: Callable[[dict[str, Any]], None], hz: float = 1.0,
-                 extra_records: Callable[[], list[dict[str, Any]]] | None = None) -> None:
+                 extra_records: Callable[[], list[dict[str, Any]]] | None = None,
+                 on_error: Callable[[str, BaseException], None] | None = None) -> None:
         super().__init__(name="perfmon-sampler", daemon=True)
         self.sources = list(sources)
         self.emit = emit
         self.period = 1.0 / max(0.1, min(hz, 10.0))
         self.extra_records = extra_records
+        self.on_error = on_error
         self.failures: dict[str, int] = {}
         self.cost_s: dict[str, float] = {}   # cumulative seconds per source (benchmarks read it)
         self.stop_event = threading.Event()
@@ -46,10 +51,14 @@ class Sampler(threading.Thread):
 
     def run(self) -> None:
         while not self.stop_event.wait(self.period):
-            try:
-                self.sample_once()
-            except Exception:  # never let the thread die; the next tick tries again
-                pass
+            self.tick()
+
+    def tick(self) -> None:
+        """One sample that never raises: a failure is reported and the next tick tries again."""
+        try:
+            self.sample_once()
+        except Exception as exc:
+            self._report("sampler tick", exc)
 
     def sample_once(self) -> dict[str, Any]:
         record: dict[str, Any] = {"k": "sample", "t": time.time()}
@@ -79,6 +88,13 @@ class Sampler(threading.Thread):
         for source in self.sources:
             try:
                 flush_source(source)
+            except Exception as exc:
+                self._report(f"{source.name} flush", exc)
+
+    def _report(self, where: str, exc: BaseException) -> None:
+        if self.on_error is not None:
+            try:
+                self.on_error(where, exc)
             except Exception:
                 pass
 

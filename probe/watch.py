@@ -292,7 +292,8 @@ class Watcher:
             self._setup_cuda(cuda)
         self._update_peak()
         if self.memory_source is not None:
-            self.meter = SavedTensorMeter(lambda: self.walker.param_keys) if kind == "cpu" else None
+            self.meter = (SavedTensorMeter(lambda: self.walker.param_keys, self.probe.report_error)
+                          if kind == "cpu" else None)
             self.memory_source.retarget(kind, self.device_index, self._nvml_device(), self.meter)
         if self.comm_state is not None and kind == "cuda" and self.comm_state.event_backend is None:
             self.comm_state.event_backend = cuda
@@ -315,8 +316,7 @@ class Watcher:
                              message="the model is on CUDA but CUDA is not initialized: no device timing")
             return
         if self.options["gpu_events"]:
-            self.timer = gpu_cuda.StepTimer(cuda)
-            gpu_cuda.poller_for(self.probe).add(self.timer.poll)
+            self.timer = gpu_cuda.StepTimer(cuda, poller=gpu_cuda.poller_for(self.probe))
         if self.options["syncs"] or (self.options["syncs"] is None and os.environ.get("PERFMON_SYNCS") == "1"):
             counter = gpu_cuda.SyncCounter()
             why_not = gpu_cuda.enable_sync_counting(cuda, counter)
@@ -374,7 +374,7 @@ class Watcher:
             sampler.add(ComputeSource(self))
         if self.memory_source is None and self.options["memory"] and self.device_type is not None:
             if self.device_type == "cpu":
-                self.meter = SavedTensorMeter(lambda: self.walker.param_keys)
+                self.meter = SavedTensorMeter(lambda: self.walker.param_keys, self.probe.report_error)
             gpu = self.probe.attached.gpu
             self.memory_source = MemorySource(self.probe.emit, self.walker, device_type=self.device_type,
                                               index=self.device_index, cuda=gpu_cuda.backend,
@@ -400,7 +400,8 @@ class Watcher:
                     self.bwd_open = False
                 self.fwd_t0 = now
                 if self.dtype is None:
-                    self.dtype = flops.compute_dtype(self.param_dtype, self.device_type or "cpu")
+                    self.dtype = flops.compute_dtype(self.param_dtype, self.device_type or "cpu",
+                                                    self.probe.report_error)
                     self._update_peak()
                 if self.count_flops:
                     self.flops.before_forward(module, args, kwargs)

@@ -94,16 +94,21 @@ def attach(probe: Any, module: Any = None) -> None:
 def refine(probe: Any, cuda_index: int, cuda: Any) -> Device | None:
     """Once torch has CUDA initialized: the NVML device behind ``cuda:<index>`` (by UUID).
 
-    Narrows the sampled GPUs to that one, which fixes any numbering mismatch.
+    Narrows the sampled GPUs to that one, which fixes any numbering mismatch. Without a
+    UUID match the device is still decided when this process has one GPU; otherwise the
+    numbering cannot be trusted (``visible_devices``) and sampling stays on every visible
+    GPU, which a warning says, as another says why the lookup failed (both rate-limited:
+    the job's device detection may call this again).
     """
     gpu = probe.attached.gpu
     nvml = gpu.nvml if gpu is not None else None
     if gpu is None or nvml is None or nvml.status is not None:
         return None
+    uuid = None
     try:
         uuid = cuda.device_uuid(cuda_index)
-    except Exception:
-        uuid = None
+    except Exception as exc:
+        probe.report_error("GPU UUID lookup", exc)
     match = None
     if uuid:
         bare = uuid.removeprefix("GPU-")
@@ -111,6 +116,11 @@ def refine(probe: Any, cuda_index: int, cuda: Any) -> Device | None:
     if match is None:
         own = gpu.devices
         match = own[0] if len(own) == 1 else None
-    if match is not None:
-        gpu.source.devices = [match]
+    if match is None:
+        why = f"UUID {uuid} not among NVML's devices" if uuid else "no UUID from torch"
+        probe.report_error("GPU selection", LookupError(
+            f"cuda:{cuda_index} not matched to an NVML device ({why}); GPU sampling covers every visible "
+            f"GPU ({len(gpu.devices)})"))
+        return None
+    gpu.source.devices = [match]
     return match

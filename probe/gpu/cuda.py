@@ -4,7 +4,9 @@
   for a simulated one (tests/sim), so every path here runs without a GPU.
 * ``Poller``: a background thread that asks CUDA events and NCCL works whether
   they are done (``query()``/``is_completed()`` never block) and only then reads
-  their times (``elapsed_time``/``_get_duration`` require completion).
+  their times (``elapsed_time``/``_get_duration`` require completion). It sleeps
+  while nothing is pending and, while something is, as long as its clients expect.
+* ``EventPool``: timing events reused across module profiles.
 * ``StepTimer``: a reused pool of timing events recorded on the current stream at
   step and phase boundaries (creating events is costly, so they are pooled, as
   ATen's EventPool does). The host time at which the step's last event is seen
@@ -21,12 +23,17 @@
   under "error", uncounted under "ignore"). That is why counting is opt-in. Not covered by
   the debug mode (documented by PyTorch): ``torch.cuda.synchronize()``, event syncs,
   allocator-caused syncs, torch.distributed and torch.sparse.
+
+This module is a little over 500 lines on purpose: the poller's schedule and the step
+timer's answers to it are one protocol (``Poller``'s docstring), read and tuned together
+(bench/bench_poller.py), beside the one backend they both drive.
 """
 
 from __future__ import annotations
 
 import atexit
 import collections
+import math
 import sys
 import threading
 import time
@@ -96,6 +103,16 @@ class TorchCuda:
         else:
             event.record(self._torch().cuda.current_stream(index))
 
+    def copy_to_host(self, tensor: Any) -> tuple[Any, Any]:
+        """A non-blocking copy of a CUDA tensor into pinned host memory (what ``non_blocking=True``
+        gives for device to host) and an event recorded after it on the tensor's current stream:
+        the copy may be read once the event's ``query()`` is True. The host never waits here."""
+        torch = self._torch()
+        host = tensor.detach().to("cpu", non_blocking=True)
+        event = torch.cuda.Event()
+        event.record(torch.cuda.current_stream(tensor.device))
+        return host, event
+
     def pending(self, index: int) -> bool:
         """Work queued on the device's default stream is not finished (``query()`` never blocks).
         A watcher thread's current stream is the default one, so side streams are not seen."""
@@ -112,59 +129,139 @@ backend: Any = TorchCuda()
 
 
 class Poller(threading.Thread):
-    """Polls completion of device work every few ms while any is pending.
+    """Polls completion of device work while any is pending; sleeps while none is.
 
-    Clients are callables returning True while they still wait for something.
-    A failing client is dropped after ``MAX_ERRORS`` failures in a row.
+    A client is a callable saying what it still waits for: False (nothing), True (something,
+    no idea when it completes) or a number (something, expected done in that many seconds).
+    Every ``query()`` takes the GIL from the training thread, so the poller wakes no more
+    than the answers need:
+
+    * nothing pending: it sleeps until ``wake(after)`` (a client's work went from none to
+      some, expected done in ``after`` s), or ``IDLE`` seconds; ``IDLE_POLLING`` while a
+      client that never calls it (the communication pollers) is registered;
+    * pending with an estimate: it sleeps that long (the step timer's estimate keeps the
+      host-lead error within a quarter of the lead, see ``StepTimer.poll``);
+    * pending without one: it backs off from ``MIN_WAIT``, doubling, up to ``MAX_WAIT``.
+
+    Waits are clamped to [``MIN_WAIT``, ``MAX_WAIT``]: ``MAX_WAIT`` bounds how late a
+    completion is seen while work is pending. bench/bench_poller.py measures the wake-ups.
+    A failing client is reported at each failure (rate-limited by ``on_error``, that is
+    ``Probe.report_error``) and dropped after ``MAX_ERRORS`` failures in a row.
     """
 
-    PERIOD = 0.005      # lead resolution; ~200 wake-ups/s only while work is pending
-    IDLE = 0.05
+    MIN_WAIT = 0.001    # the finest lead the poller resolves: a starved device's lead is a few ms
+    MAX_WAIT = 0.05     # latest a pending completion is seen (a 50 ms step at 20 steps/s)
+    IDLE = 0.25         # every client calls wake(): a safety net only
+    # A client that never calls wake() (communication pollers) is looked at as often as before:
+    # its collectives are charged to the step whose end drains them, so a late look would move
+    # them to a later step.
+    IDLE_POLLING = 0.05
     MAX_ERRORS = 5
 
-    def __init__(self, alive: Callable[[], bool]) -> None:
+    def __init__(self, alive: Callable[[], bool],
+                 on_error: Callable[[str, BaseException], None] | None = None) -> None:
         super().__init__(name="perfmon-poller", daemon=True)
         self.alive = alive
-        self.clients: list[Callable[[], bool]] = []   # one per timer/poller kind: bounded by the code
+        self.on_error = on_error
+        self.clients: list[Callable[[], Any]] = []   # one per timer/poller kind: bounded by the code
+        self.waking: list[Callable[[], Any]] = []    # those among them that call wake()
         self.errors: dict[int, int] = {}
         self.dropped = 0          # clients dropped after MAX_ERRORS failures (probe.health reports it)
+        self.wakeups = 0          # polls so far (bench/bench_poller.py reads it)
+        self.due = 0.0            # perf_counter time of the next poll, by the clients' answers
+        self.requested = math.inf  # an earlier time asked for by wake()
+        self.backoff = self.MIN_WAIT
         self.stop_event = threading.Event()
+        self.wakeup = threading.Event()   # set by wake() and stop()
 
-    def add(self, client: Callable[[], bool]) -> None:
+    def add(self, client: Callable[[], Any], wakes: bool = False) -> None:
+        """Register ``client``; ``wakes``: it calls ``wake()`` whenever it gets work to wait for."""
         if self.stop_event.is_set():
             return
         self.clients = self.clients + [client]
+        if wakes:
+            self.waking = self.waking + [client]
         if not self.is_alive() and not self.stop_event.is_set():
             try:
                 self.start()
             except RuntimeError:   # already started
                 pass
+        self.wake()
+
+    def wake(self, after: float = 0.0) -> None:
+        """A client has work pending where it had none, expected done in ``after`` seconds: poll
+        then (``MIN_WAIT`` at the soonest) unless a poll is due earlier. Any thread; a few
+        attribute reads and writes and, only when the poll moves earlier, one ``Event.set``."""
+        self.backoff = self.MIN_WAIT
+        due = time.perf_counter() + min(self.MAX_WAIT, max(self.MIN_WAIT, after))
+        if due < min(self.due, self.requested):
+            self.requested = due
+            self.wakeup.set()
 
     def run(self) -> None:
         while not self.stop_event.is_set() and self.alive():
-            busy = self.poll_once()
-            self.stop_event.wait(self.PERIOD if busy else self.IDLE)
+            self.due = self.requested = math.inf    # a wake() from here on is seen after the poll
+            wait = self.poll_once()
+            self.due = time.perf_counter() + (self.idle_wait() if wait is None else wait)
+            while not self.stop_event.is_set():
+                self.wakeup.clear()
+                remaining = min(self.due, self.requested) - time.perf_counter()
+                if remaining <= 0:
+                    break
+                self.wakeup.wait(remaining)   # set by wake() when it moves the next poll earlier
+
+    def idle_wait(self) -> float:
+        """How long to sleep with nothing pending."""
+        return self.IDLE if len(self.waking) == len(self.clients) else self.IDLE_POLLING
 
     def stop(self, timeout: float = 1.0) -> None:
         self.stop_event.set()
+        self.wakeup.set()
         if self.is_alive():
             self.join(timeout)
         self.clients = []
+        self.waking = []
 
-    def poll_once(self) -> bool:
-        busy = False
+    def poll_once(self) -> float | None:
+        """Ask every client once: None when nothing is pending, else seconds until the next poll."""
+        self.wakeups += 1
+        wait: float | None = None
+        backed_off = False
         for client in self.clients:
             try:
-                busy = bool(client()) or busy
+                answer = client()
                 self.errors[id(client)] = 0
+            except Exception as exc:
+                self._failed(client, exc)
+                continue
+            if answer is True:
+                due = self.backoff
+                backed_off = True
+            elif answer is False or answer is None:
+                continue
+            else:
+                due = float(answer)
+            wait = due if wait is None else min(wait, due)
+        if wait is None:
+            self.backoff = self.MIN_WAIT
+            return None
+        if backed_off:
+            self.backoff = min(self.MAX_WAIT, self.backoff * 2)
+        return min(self.MAX_WAIT, max(self.MIN_WAIT, wait))
+
+    def _failed(self, client: Callable[[], Any], exc: Exception) -> None:
+        n = self.errors.get(id(client), 0) + 1
+        self.errors[id(client)] = n
+        if self.on_error is not None:
+            try:
+                self.on_error("device poller", exc)
             except Exception:
-                n = self.errors.get(id(client), 0) + 1
-                self.errors[id(client)] = n
-                if n >= self.MAX_ERRORS:
-                    self.clients = [c for c in self.clients if c is not client]
-                    self.errors.pop(id(client), None)
-                    self.dropped += 1
-        return busy
+                pass
+        if n >= self.MAX_ERRORS:
+            self.clients = [c for c in self.clients if c is not client]
+            self.waking = [c for c in self.waking if c is not client]
+            self.errors.pop(id(client), None)
+            self.dropped += 1
 
 
 def poller_for(probe: Any) -> Poller:
@@ -173,29 +270,73 @@ def poller_for(probe: Any) -> Poller:
     finalizes)."""
     poller = probe.attached.poller
     if poller is None:
-        poller = Poller(alive=lambda: not probe.closed)
+        poller = Poller(alive=lambda: not probe.closed, on_error=probe.report_error)
         probe.attached.poller = poller
         atexit.register(poller.stop)
     return poller
 
 
-class _Pending:
-    __slots__ = ("step", "host_end", "events", "fwd", "bwd")
+class EventPool:
+    """Reused timing events (creating one is costly; ATen's EventPool reuses them too).
 
-    def __init__(self, step: int, host_end: float, events: list, fwd: int, bwd: bool) -> None:
+    ``take`` on the thread that records, ``give`` on the one that read them; deque ends are
+    thread-safe. At most ``keep`` free events are kept between uses."""
+
+    def __init__(self, cuda: Any, keep: int = 4096) -> None:
+        self.cuda = cuda
+        self.keep = keep
+        self.free: collections.deque = collections.deque()
+        self.created = 0
+
+    def take(self) -> Any:
+        try:
+            return self.free.pop()
+        except IndexError:
+            self.created += 1
+            return self.cuda.new_event()
+
+    def give(self, events: Any) -> None:
+        for event in events:
+            if len(self.free) >= self.keep:
+                return
+            self.free.append(event)
+
+
+class _Pending:
+    __slots__ = ("step", "host_end", "events", "fwd", "bwd", "timed_lead")
+
+    def __init__(self, step: int, host_end: float, events: list, fwd: int, bwd: bool, timed_lead: bool) -> None:
         self.step = step
         self.host_end = host_end
         self.events = events
         self.fwd = fwd
         self.bwd = bwd
+        self.timed_lead = timed_lead
 
 
 class StepTimer:
-    """Device time per step from pooled events: [start, forward end, backward end, step end]."""
+    """Device time per step from pooled events: [start, forward end, backward end, step end].
+
+    Every step gets its device time (exact: event to event). The host lead needs the host
+    time at which the step's last event completes, which only a poll at that moment sees, so
+    it is timed for one step per ``LEAD_EVERY`` seconds: those steps the poller looks at on a
+    schedule (``poll``), the others it drains whenever it wakes (at least every
+    ``Poller.MAX_WAIT``) and they carry no lead. Given the probe's ``poller``, the timer
+    registers there and calls ``wake`` when a lead-timed step ends."""
 
     POOL = 64    # event sets in flight at most; beyond that a step goes untimed
+    # 10 leads a second: the viewer reads the lead as a median over a window of steps (50 steps
+    # or 30 s) at 1-2 Hz, and polling every step of a 100-step/s job would wake the poller
+    # 100-300 times a second (bench/bench_poller.py).
+    LEAD_EVERY = 0.1
+    # The schedule for a lead-timed step: the first look at half the previous lead (a lead that
+    # halves is still seen at its true value within one timed step), then looks spaced a
+    # quarter of the time waited so far, so a lead reads at most ~25% (or Poller.MIN_WAIT) long.
+    FIRST_LOOK = 0.5
+    PRECISION = 0.25
+    UNTIMED = math.inf   # ``poll``'s answer when only steps without a lead are pending
 
-    def __init__(self, cuda: Any, index: int | None = None) -> None:
+    def __init__(self, cuda: Any, index: int | None = None, poller: "Poller | None" = None) -> None:
         self.cuda = cuda
         self.index = index
         self.free: collections.deque = collections.deque()
@@ -203,9 +344,16 @@ class StepTimer:
         self.cur: list | None = None
         self.n_fwd = 0
         self.bwd = False
-        self.pending: collections.deque = collections.deque()
+        self.pending: collections.deque = collections.deque()      # every step, oldest first
+        self.lead_timed: collections.deque = collections.deque()   # the lead-timed among them
         self.results: collections.deque = collections.deque(maxlen=64)
         self.skipped = 0
+        self.last_lead: float | None = None
+        self.last_timed_end = -math.inf
+        self.wake: Callable[[float], None] | None = None
+        if poller is not None:
+            self.wake = poller.wake
+            poller.add(self.poll, wakes=True)
 
     # main thread ---------------------------------------------------------------------------
     def begin(self) -> None:
@@ -237,8 +385,17 @@ class StepTimer:
         if events is None:
             return
         self.cuda.record_on(events[3], self.index)
-        self.pending.append(_Pending(step, time.perf_counter(), events, self.n_fwd, self.bwd))
+        now = time.perf_counter()
+        timed = now - self.last_timed_end >= self.LEAD_EVERY
+        pending = _Pending(step, now, events, self.n_fwd, self.bwd, timed)
+        if timed:
+            self.last_timed_end = now
+            self.lead_timed.append(pending)
+        self.pending.append(pending)
         self.cur = None
+        if timed and self.wake is not None:
+            lead = self.last_lead
+            self.wake(0.0 if lead is None else self.FIRST_LOOK * lead)
 
     def take(self) -> dict[str, Any] | None:
         """Newest completed step's device numbers (older ones are superseded)."""
@@ -248,25 +405,41 @@ class StepTimer:
         return newest
 
     # poller thread -------------------------------------------------------------------------
-    def poll(self) -> bool:
+    def poll(self) -> bool | float:
+        """Collect completed steps. Then: False when nothing is pending; else seconds until the
+        oldest lead-timed step is worth another look (True before any lead is known: the
+        poller's own back-off; ``UNTIMED`` when no lead-timed step is pending)."""
         while self.pending:
             head = self.pending[0]
-            start, fwd, bwd, end = head.events
-            if not end.query():
-                return True
-            now = time.perf_counter()
+            if not head.events[3].query():
+                break
+            seen = time.perf_counter()     # after the query: a lead is never read short
             self.pending.popleft()
+            if head.timed_lead and self.lead_timed and self.lead_timed[0] is head:
+                self.lead_timed.popleft()
             try:
-                result: dict[str, Any] = {"gpu_step": head.step, "gpu_time": start.elapsed_time(end) / 1e3,
-                                          "lead": max(0.0, now - head.host_end)}
-                if head.fwd == 1 and head.bwd:   # device phases only when unambiguous
-                    result["gpu_phases"] = {"forward": start.elapsed_time(fwd) / 1e3,
-                                            "backward": fwd.elapsed_time(bwd) / 1e3,
-                                            "optimizer": bwd.elapsed_time(end) / 1e3}
-                self.results.append(result)
+                self.results.append(self._result(head, seen))
             finally:
                 self.free.append(head.events)
-        return False
+        if not self.pending:
+            return False
+        if not self.lead_timed:
+            return self.UNTIMED
+        if self.last_lead is None:
+            return True
+        age = time.perf_counter() - self.lead_timed[0].host_end
+        return max(self.FIRST_LOOK * self.last_lead - age, self.PRECISION * age)
+
+    def _result(self, done: _Pending, seen: float) -> dict[str, Any]:
+        start, fwd, bwd, end = done.events
+        result: dict[str, Any] = {"gpu_step": done.step, "gpu_time": start.elapsed_time(end) / 1e3}
+        if done.timed_lead:
+            result["lead"] = self.last_lead = max(0.0, seen - done.host_end)
+        if done.fwd == 1 and done.bwd:   # device phases only when unambiguous
+            result["gpu_phases"] = {"forward": start.elapsed_time(fwd) / 1e3,
+                                    "backward": fwd.elapsed_time(bwd) / 1e3,
+                                    "optimizer": bwd.elapsed_time(end) / 1e3}
+        return result
 
 
 class SyncCounter:

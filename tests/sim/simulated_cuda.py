@@ -31,6 +31,43 @@ from typing import Any
 BUSY_HISTORY = 10_000     # kernel intervals kept for busy_fraction
 
 
+class SimulatedDeviceTensor:
+    """A one-element CUDA tensor whose value the stream computes at ``ready_t``: reading it on the
+    host (``float``/``item``) is a host-device sync, as for a real one; every read is logged with
+    its thread in ``reads``."""
+
+    is_cuda = True
+
+    def __init__(self, cuda: "SimulatedCuda", value: float) -> None:
+        self.cuda = cuda
+        self.value = value
+        self.device = type("device", (), {"type": "cuda", "index": 0})()
+        self.reads: list[int] = []
+
+    def item(self) -> float:
+        import threading
+
+        self.reads.append(threading.get_ident())
+        self.cuda.synchronizing_op()
+        return self.value
+
+    __float__ = item
+
+
+class SimulatedHostCopy:
+    """The pinned host buffer of a non-blocking device-to-host copy: reading it before the copy's
+    event completes reads whatever was there (an error here, so a test sees it)."""
+
+    def __init__(self, value: float, done: "SimulatedEvent") -> None:
+        self.value = value
+        self.done = done
+
+    def __float__(self) -> float:
+        if not self.done.query():
+            raise RuntimeError("pinned host copy read before its event completed")
+        return float(self.value)
+
+
 class SimulatedEvent:
     def __init__(self, cuda: "SimulatedCuda") -> None:
         self.cuda = cuda
@@ -119,6 +156,14 @@ class SimulatedCuda:
     def record_on(self, event: SimulatedEvent, index: int | None = None) -> None:
         self.calls.append("record")
         event.device_t = max(time.perf_counter(), self.free_at)
+
+    def copy_to_host(self, tensor: SimulatedDeviceTensor) -> tuple[SimulatedHostCopy, SimulatedEvent]:
+        """``tensor.to("cpu", non_blocking=True)`` and an event after it: the copy lands when the
+        stream reaches it; the host does not wait."""
+        self.calls.append("copy_to_host")
+        event = SimulatedEvent(self)
+        self.record_on(event)
+        return SimulatedHostCopy(tensor.value, event), event
 
     def run(self, seconds: float) -> None:
         """Enqueue ``seconds`` of kernels on the stream; the host does not wait."""

@@ -12,6 +12,7 @@ import torch
 import torch.nn as nn
 
 import probe
+from probe.gpu.cuda import EventPool
 from probe.module_profile import _EventClock
 
 
@@ -30,7 +31,7 @@ class Kernel(nn.Module):
 
 def test_an_event_span_is_the_device_time_between_two_marks(simulated_cuda):
     device = simulated_cuda()
-    clock = _EventClock(device)
+    clock = _EventClock(EventPool(device))
     a = clock.mark()
     device.run(0.03)             # the host goes on at once; the device is busy for 30 ms
     b = clock.mark()
