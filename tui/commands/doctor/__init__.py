@@ -5,8 +5,9 @@ under the probe; the table compares the two (check, expected, measured, verdict)
 when any check disagrees, 0 otherwise (checks that cannot run here say why and do not fail).
 
 On every machine (``checks.cpu_checks``): a compute-bound loop (healthy, its CPU busy against the
-training thread's CPU clock), a loader sleeping a known share of each step (that data wait, ± 5
-points), a loader starving the loop (``data_loading``) and known time between steps (ETTR ± 0.05).
+training thread's CPU clock and run-queue wait), a loader sleeping a known share of each step
+(that data wait, ± 5 points), a loader starving the loop (``data_loading``) and known time
+between steps (ETTR ± 0.05).
 With a CUDA GPU (``checks.gpu_checks``): CUDA events against the host clock across a synchronize,
 NVML readable, GPM present or not, a GPU idle half of each step (busy ≈ the planted share,
 ``host_overhead``), a sync every step (``host_sync``), tiny kernels (``host_overhead``) and a CPU

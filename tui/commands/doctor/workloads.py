@@ -78,6 +78,16 @@ def one_thread() -> Iterator[None]:
         torch.set_num_threads(before)
 
 
+def run_queue_wait() -> float | None:
+    """Seconds the calling thread has spent runnable but waiting for a core (Linux schedstat's second
+    field, in ns); None where the kernel does not expose it."""
+    try:
+        with open("/proc/thread-self/schedstat") as f:
+            return int(f.read().split()[1]) / 1e9
+    except (OSError, ValueError, IndexError):
+        return None
+
+
 def gpu_steps() -> Iterator[int]:
     """Step numbers for a GPU workload: ``STEPS`` of them and at least ``GPU_SECONDS``."""
     end = time.perf_counter() + GPU_SECONDS
