@@ -131,6 +131,7 @@ class TorchCudaDevice:
         self.cycles_per_s = self._calibrate()
 
     def _calibrate(self) -> float:
+        self.torch.cuda._sleep(1000)     # the first launch loads the kernel: not part of its length
         cycles = 1_000_000
         while True:                      # grow the kernel until launch costs vanish beside it (>= 50 ms)
             self.synchronize()
