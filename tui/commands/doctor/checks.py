@@ -102,7 +102,7 @@ def loader_wait(name: str, ratio: float) -> Check:
     the share the loader's own clock planted, named by the verdict as data loading."""
     mlp = Mlp()
     slept: list[float] = []
-    periods: list[float] = []
+    spans: list[float] = []
 
     def body(mon: Any) -> None:
         wait = ratio * _watched(mon, mlp)
@@ -115,18 +115,16 @@ def loader_wait(name: str, ratio: float) -> Check:
                 yield mlp.x
 
         it = iter(mon.loader(batches()))
-        prev = time.perf_counter()
         for _ in range(STEPS):
+            t0 = time.perf_counter()          # loader wait + step: the probe's active step time
             xb = next(it)
             with mon.step(samples=len(xb)):
                 mlp.work()
-            now = time.perf_counter()
-            periods.append(now - prev)        # loader wait + step, as the probe's step record spans them
-            prev = now
+            spans.append(time.perf_counter() - t0)
 
     with one_thread():
         view = run_job(name.replace(" ", "-"), body)
-    planted = sum(slept[-WINDOW:]) / sum(periods[-WINDOW:])
+    planted = sum(slept[-WINDOW:]) / sum(spans[-WINDOW:])
     share, leaf = _share(view, "data_wait"), _leaf(view)
     ok = leaf == "data_loading" and share is not None and abs(share - planted) <= SHARE_TOL
     return Check(name, f"data_loading, data wait {_pct(planted)} ± {_pts(SHARE_TOL)}",
@@ -203,7 +201,7 @@ def half_idle(device: Device) -> list[Check]:
 
     view = run_job("gpu-half-idle", body, device=device)
     m = view.metrics
-    busy = m.device_busy if m.device_busy_source == "nvml" else None
+    busy = m.device_busy if view.device_type == "cuda" else None     # the GPU's own reading, not step accounting
     gpm = [row.gpu.sm_active for row in view.gpus]
     has_gpm = any(v is not None for v in gpm)
     leaf = _leaf(view)

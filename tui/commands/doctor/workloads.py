@@ -98,7 +98,7 @@ def gpu_steps() -> Iterator[int]:
 
 
 class Mlp:
-    """A small CPU model and its optimizer; ``work()`` is one step's compute (5 training iterations)."""
+    """A small CPU model and its optimizer; ``work()`` is one step's compute (10 training iterations)."""
 
     def __init__(self) -> None:
         import torch
@@ -110,7 +110,7 @@ class Mlp:
         self.x, self.y = torch.randn(64, 256), torch.randn(64, 1)
 
     def work(self) -> None:
-        for _ in range(5):
+        for _ in range(10):
             loss = self.torch.nn.functional.mse_loss(self.model(self.x), self.y)
             self.opt.zero_grad()
             loss.backward()
@@ -144,8 +144,8 @@ class TorchCudaDevice:
             cycles *= 4
 
     def attach(self, mon: Any) -> None:
-        model = self.torch.nn.Linear(8, 8).cuda()
-        mon.watch(model=model, syncs=True)
+        self.model = self.torch.nn.Linear(8, 8).cuda()      # kept: the probe holds a watched model weakly
+        mon.watch(model=self.model, syncs=True)
 
     def kernels(self, seconds: float) -> None:
         self.torch.cuda._sleep(int(seconds * self.cycles_per_s))
