@@ -1,18 +1,21 @@
-"""``perfmon doctor``: its GPU workloads on the SIMULATED device layer (real CUDA timing semantics:
-tests/sim), its table, and its exit status. The CPU workloads run for real in tests/integration."""
+"""``perfmon doctor``: every check passes on a correct measurement and FAILS on a planted measurement
+error. The CPU workloads run for real (in-process); the GPU workloads run on the SIMULATED device
+layer (tests/sim: real CUDA timing semantics) on a simulated GPU host."""
 
 from __future__ import annotations
 
+import dataclasses
 import time
 import types
 
+import pytest
 import torch
 
-from probe import gpu
 from probe import watch as watch_module
 from tests.sim.fixtures import simulated_cuda, simulated_nvml  # noqa: F401  (fixtures)
 from tests.sim.simulated_pynvml import SimulatedGpu
 from tui.commands import doctor
+from tui.commands.doctor import checks as C
 
 
 class SimDevice:
@@ -40,6 +43,9 @@ class SimDevice:
     def sync(self) -> None:
         self.cuda.synchronizing_op()
 
+    def synchronize(self) -> None:
+        self.cuda.synchronize()
+
     def event_elapsed(self, seconds: float) -> float:
         start, end = self.cuda.new_event(), self.cuda.new_event()
         self.cuda.record_on(start)
@@ -49,11 +55,73 @@ class SimDevice:
         return start.elapsed_time(end) / 1e3
 
 
-def test_gpu_checks_pass_on_a_device_that_behaves_like_cuda(simulated_cuda, simulated_nvml, monkeypatch):
-    cuda = simulated_cuda()
-    simulated_nvml([SimulatedGpu(timeline=cuda, gpm=None)])
-    monkeypatch.setattr(gpu, "_torch_uses_cuda", lambda: None)
-    checks = {c.name: c for c in doctor.gpu_checks(SimDevice(cuda))}
+@pytest.fixture
+def gpu_host(simulated_cuda, simulated_nvml, monkeypatch):
+    """A machine with one GPU, as the probe's own detection sees it: NVML lists the simulated GPU
+    (its utilization measured on the simulated stream), torch reports CUDA available, and CUDA calls
+    reach the simulated backend. ``gpu_host(util=...)`` gives an NVML that reports a fixed value."""
+
+    def install(**nvml_kwargs) -> SimDevice:
+        cuda = simulated_cuda()
+        gpu = SimulatedGpu(gpm=None, **nvml_kwargs) if nvml_kwargs else SimulatedGpu(timeline=cuda, gpm=None)
+        simulated_nvml([gpu])
+        monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+        return SimDevice(cuda)
+
+    return install
+
+
+def _skewed(monkeypatch, change):
+    """Plant a measurement error: every view the checks read has ``change(view)`` applied."""
+    real = C.run_job
+    monkeypatch.setattr(C, "run_job", lambda *a, **k: change(real(*a, **k)))
+
+
+def _metric(**values):
+    return lambda view: dataclasses.replace(view, metrics=dataclasses.replace(view.metrics, **values))
+
+
+# -- CPU checks --------------------------------------------------------------------------------
+@pytest.mark.slow
+def test_compute_check_passes_for_training_and_fails_for_a_loop_that_only_sleeps():
+    good = C.compute_bound()
+    assert good.ok is True, good
+    # The probe counts an unexplained in-step wait as CPU busy; the thread's CPU clock says ~0
+    sleeping = C.compute_bound(work=lambda: time.sleep(0.005))
+    assert sleeping.ok is False and sleeping.verdict == "FAIL", sleeping
+
+
+@pytest.mark.slow
+def test_known_wait_check_reads_the_planted_share_and_fails_when_the_wait_is_mismeasured(monkeypatch):
+    good = C.loader_wait("known wait in each step", 0.5)
+    assert good.ok is True, good
+    _skewed(monkeypatch, lambda v: _metric(data_wait_frac=v.metrics.data_wait_frac + 0.1)(v))
+    off = C.loader_wait("known wait in each step", 0.5)
+    assert off.ok is False and off.verdict == "FAIL", off
+
+
+@pytest.mark.slow
+def test_starved_loader_check_fails_when_the_loader_wait_is_not_measured(monkeypatch):
+    good = C.loader_wait("loop starved by its loader", 3.0)
+    assert good.ok is True and good.measured.startswith("data_loading"), good
+    _skewed(monkeypatch, _metric(data_wait_frac=0.0))
+    blind = C.loader_wait("loop starved by its loader", 3.0)
+    assert blind.ok is False, blind
+
+
+@pytest.mark.slow
+def test_between_steps_check_reads_the_planted_ettr_and_fails_on_an_ettr_off_by_point_two(monkeypatch):
+    good = C.between_steps()
+    assert good.ok is True, good
+    _skewed(monkeypatch, lambda v: _metric(ettr=v.metrics.ettr + 0.2)(v))
+    off = C.between_steps()
+    assert off.ok is False, off
+
+
+# -- GPU checks on the simulated GPU host -------------------------------------------------------
+def test_gpu_checks_pass_on_a_device_that_behaves_like_cuda(gpu_host):
+    device = gpu_host()
+    checks = {c.name: c for c in C.gpu_checks(device) if c.name != "CPU-only job on the GPU host"}
     assert set(checks) == {"CUDA events time a kernel", "NVML utilization", "GPM SM activity",
                            "GPU idle half of each step", "a sync every step", "launch-bound tiny kernels"}
     assert checks["GPM SM activity"].ok is None                    # this simulated GPU has no GPM
@@ -61,22 +129,61 @@ def test_gpu_checks_pass_on_a_device_that_behaves_like_cuda(simulated_cuda, simu
     assert not failed, failed
 
 
-def test_a_device_whose_events_lie_fails_the_events_check(simulated_cuda, simulated_nvml, monkeypatch):
-    cuda = simulated_cuda()
-    simulated_nvml([SimulatedGpu(timeline=cuda, gpm=None)])
-    monkeypatch.setattr(gpu, "_torch_uses_cuda", lambda: None)
-
+def test_events_check_fails_on_a_device_whose_events_lie(gpu_host):
     class Lying(SimDevice):
         def event_elapsed(self, seconds: float) -> float:
+            super().event_elapsed(seconds)                        # the kernel runs; its events say 3x
             return seconds * 3
 
-    checks = {c.name: c for c in doctor.gpu_checks(Lying(cuda))}
-    assert checks["CUDA events time a kernel"].ok is False and checks["CUDA events time a kernel"].verdict == "FAIL"
+    device = gpu_host()
+    assert C.events_vs_host(device).ok is True
+    lying = C.events_vs_host(Lying(device.cuda))
+    assert lying.ok is False and lying.verdict == "FAIL", lying
 
 
+def test_half_idle_check_fails_when_nvml_reports_a_busy_gpu(gpu_host):
+    device = gpu_host(util=95)                                    # NVML's figure, whatever the stream did
+    checks = {c.name: c for c in C.half_idle(device)}
+    assert checks["NVML utilization"].ok is True
+    assert checks["GPU idle half of each step"].ok is False, checks["GPU idle half of each step"]
+
+
+def test_sync_check_fails_when_the_sync_counter_misses_the_syncs(gpu_host):
+    class Unseen(SimDevice):
+        def sync(self) -> None:                                   # blocks the host as before, uncounted
+            self.cuda.synchronize()
+
+    device = gpu_host()
+    check = C.sync_every_step(Unseen(device.cuda))
+    assert check.ok is False and "syncs/step 0.00" in check.measured, check
+
+
+def test_launch_bound_check_fails_when_nvml_reports_a_busy_gpu(gpu_host):
+    check = C.launch_bound(gpu_host(util=95))
+    assert check.ok is False, check
+
+
+@pytest.mark.slow
+def test_cpu_job_check_fails_when_the_cpu_job_reads_as_a_gpu_job(monkeypatch):
+    good = C.cpu_job_on_gpu_host()                                # no GPU here: the job reads as cpu
+    assert good.ok is True, good
+    _skewed(monkeypatch, lambda v: dataclasses.replace(v, device_type="cuda"))
+    assert C.cpu_job_on_gpu_host().ok is False
+
+
+@pytest.mark.slow
+@pytest.mark.xfail(strict=True, reason="device of the job: lands with the device-detection change")
+def test_a_cpu_job_on_a_gpu_host_gets_a_cpu_verdict(gpu_host):
+    gpu_host()
+    check = C.cpu_job_on_gpu_host()
+    assert check.ok is True, check
+
+
+# -- the table and the command ------------------------------------------------------------------
 def test_without_a_gpu_the_gpu_checks_say_why_and_do_not_fail():
-    checks = doctor.gpu_checks(None)
-    assert checks and all(c.ok is None and c.measured.startswith("not run") for c in checks)
+    checks = C.gpu_checks(None, "not run: no CUDA GPU visible to torch")
+    assert {c.name for c in checks} == {name for name, _ in C.GPU_CHECKS}
+    assert all(c.ok is None and c.measured == "not run: no CUDA GPU visible to torch" for c in checks)
 
 
 def test_table_lists_every_check_and_counts_failures():
@@ -88,3 +195,12 @@ def test_table_lists_every_check_and_counts_failures():
     assert [r.split()[2] for r in rows[1:4]] == ["ok", "FAIL", "skip"]
     assert rows[-1] == "3 checks: 1 ok, 1 failed, 1 not run here"
     assert all(len(r) <= 80 for r in rows)
+
+
+def test_exit_status_is_one_when_any_check_fails(monkeypatch, capsys):
+    rows = [doctor.Check("a", "x", "y", True), doctor.Check("b", "x", "y", None)]
+    monkeypatch.setattr(doctor, "run_checks", lambda device, why: list(rows))
+    assert doctor.main(types.SimpleNamespace(cpu_only=True)) == 0
+    rows.append(doctor.Check("c", "x", "y", False))
+    assert doctor.main(types.SimpleNamespace(cpu_only=True)) == 1
+    assert "1 failed" in capsys.readouterr().out
