@@ -11,7 +11,6 @@ import types
 import pytest
 import torch
 
-from probe import watch as watch_module
 from tests.sim.fixtures import simulated_cuda, simulated_nvml  # noqa: F401  (fixtures)
 from tests.sim.simulated_pynvml import SimulatedGpu
 from tui.commands import doctor
@@ -27,8 +26,9 @@ class SimDevice:
         self.cuda = cuda
 
     def attach(self, mon) -> None:
-        watcher = watch_module.watch(mon, syncs=True)
-        watcher._learn_device([types.SimpleNamespace(device=torch.device("cuda", 0), dtype=torch.bfloat16)])
+        self.model = torch.nn.Linear(8, 8)       # kept: the probe holds a watched model weakly
+        self.cuda.place(self.model)              # model.cuda(): its parameters live on the simulated GPU
+        mon.watch(model=self.model, syncs=True)
 
     def kernels(self, seconds: float) -> None:
         self.cuda.run(seconds)
@@ -172,7 +172,6 @@ def test_cpu_job_check_fails_when_the_cpu_job_reads_as_a_gpu_job(monkeypatch):
 
 
 @pytest.mark.slow
-@pytest.mark.xfail(strict=True, reason="device of the job: lands with the device-detection change")
 def test_a_cpu_job_on_a_gpu_host_gets_a_cpu_verdict(gpu_host):
     gpu_host()
     check = C.cpu_job_on_gpu_host()
