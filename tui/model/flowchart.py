@@ -44,6 +44,10 @@ LOADER_CPU_BOUND = 0.30
 # Host-device syncs: at least one per step in a job whose device idles points at .item()/.cpu() in
 # the loop (seed 001 模型写法问题: "存在D2H的同步拷贝"; analysis_anchors §8).
 SYNCS_PER_STEP_MIN = 1.0
+# The host thread is "waiting" when most of its in-step stack samples find it off CPU (its CPU clock
+# advanced by less than half the wall time since the previous sample): "most" is the majority. On a
+# CPU job the unexplained loss is off-CPU time by its definition (the share is 1).
+HOST_WAIT_MIN = 0.50
 # Llama 3 reports ">90% effective training time" (arXiv 2407.21783 §3.3.4), seed 001's ETTR status quo.
 ETTR_MIN = 0.90
 # Severe idleness: TB plugin "low GPU utilization" rule, gpu_utilization < 0.5 (analysis_anchors §2.2).
@@ -106,8 +110,13 @@ FLOWCHART: tuple[Node, ...] = (
          yes="load_imbalance", no="communication", op="<", unit="ratio"),
     Node("syncs", "The device idles with no other measured cause: does every step force a host-device sync?",
          "syncs_per_step", SYNCS_PER_STEP_MIN,
-         "seed 001 (D2H sync copies in the model code idle the GPU)", yes="host_sync", no="host_overhead",
+         "seed 001 (D2H sync copies in the model code idle the GPU)", yes="host_sync", no="host_waiting",
          unit="count"),
+    Node("host_waiting", "The host thread: is it off CPU (waiting) for most of the unexplained time?",
+         "host_wait_frac", HOST_WAIT_MIN,
+         "perfmon: in-step stack samples with the thread's CPU clock (off CPU = under half the wall time); "
+         "a CPU job's unexplained loss is off-CPU time by definition",
+         yes="host_wait", no="host_overhead"),
     Node("mfu", "Not starved: is MFU under 30% (or are the tensor cores idle)?", "mfu", MFU_MIN,
          "Llama 3 (arXiv 2407.21783) 38-43% MFU, PaLM (arXiv 2204.02311) 46%", yes="compute_efficiency",
          no="healthy",
@@ -118,7 +127,8 @@ ROOT = "memory"
 # The last questions before an outcome: when one cannot be asked, the verdict says what it cannot tell apart.
 DECIDES_BETWEEN = {"loader_cpu": "CPU-bound preprocessing from slow I/O",
                    "straggler": "a slow rank from slow communication",
-                   "syncs": "host-device syncs from launch overhead or an unmeasured loss"}
+                   "syncs": "host-device syncs from launch overhead or an unmeasured loss",
+                   "host_waiting": "a host that waits (I/O, a lock, a service) from launch overhead"}
 
 
 def compare(value: float, node: Node) -> bool:
