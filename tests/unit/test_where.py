@@ -60,13 +60,16 @@ def waiting_job(wait: float = 0.04, dur: float = 0.1, steps: int = 40, where: bo
 # -- readings ------------------------------------------------------------------------------------
 def test_where_record_is_read_and_malformed_lines_are_left_out():
     rec = where_rec(T0, T0 + 2, [(SLEEP, 30), (FORWARD, 10)], other=5)
-    rec["lines"] += [{"file": TRAIN, "line": 3, "state": "sleeping", "n": 4},      # unknown state
+    rec["lines"] += [{"file": TRAIN, "line": 3, "state": "sleeping", "n": 4},      # not a state
                      {"file": TRAIN, "line": "x", "state": "busy", "n": 4},         # no line number
                      {"file": TRAIN, "line": 9, "state": "busy", "n": 0}, "junk"]    # no samples
     iv = where_interval(rec)
     assert iv is not None and (iv.t0, iv.t1, iv.hz, iv.samples, iv.other) == (T0, T0 + 2, 20.0, 45, 5)
     assert [(c.line, c.state, c.n, c.lib) for c in iv.lines] == [(21, "waiting", 30, None),
                                                                  (30, "busy", 10, FORWARD["lib"])]
+    # the probe could read neither the thread's CPU clock nor its scheduler statistics: no state, still counted
+    unread = where_interval(where_rec(T0, T0 + 2, [({k: v for k, v in SLEEP.items() if k != "state"}, 7)]))
+    assert [(c.line, c.state, c.n) for c in unread.lines] == [(21, None, 7)]
     assert where_interval({"k": "where", "t0": T0, "lines": []}) is None     # no interval end, no count
 
 

@@ -145,14 +145,15 @@ def gpu_rows(ranks: Iterable[tuple[int, str | None, int, list[dict[str, Any]]]])
 class WhereCount:
     """One line of a ``where`` interval: the user's source line (the innermost frame outside the
     stdlib, site-packages and perfmon), the library call below it, and the in-step stack samples
-    that found the training thread there in ``state`` ("waiting": off CPU, "busy": on CPU)."""
+    that found the training thread there in ``state`` ("waiting": off CPU, "busy": on CPU, None:
+    the probe could read neither its CPU clock nor its scheduler statistics)."""
 
     file: str
     line: int
     function: str
     call: str | None
     lib: str | None
-    state: str
+    state: str | None
     n: int
 
 
@@ -183,10 +184,10 @@ def where_interval(rec: dict[str, Any]) -> WhereInterval | None:
         file, function, line, n = _text(item.get("file")), _text(item.get("function")), _int(item.get("line")), \
             _int(item.get("n"))
         state = item.get("state")
-        if file is None or line is None or n is None or n <= 0 or state not in WHERE_STATES:
+        if file is None or line is None or n is None or n <= 0 or (state is not None and state not in WHERE_STATES):
             continue
         lines.append(WhereCount(file=file, line=line, function=function or "?", call=_text(item.get("call")),
-                                lib=_text(item.get("lib")), state=str(state), n=n))
+                                lib=_text(item.get("lib")), state=state, n=n))
     return WhereInterval(t0=t0, t1=t1, hz=num(rec.get("hz")), samples=samples, lines=tuple(lines),
                          other=max(0, _int(rec.get("other")) or 0))
 

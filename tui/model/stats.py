@@ -248,7 +248,7 @@ def where_table(rank: int, intervals: Iterable[WhereInterval], win: list[StepNum
     span = sum(s.active if s.cpu_active else max(0.0, s.active - s.data) for s in win)
     span_share = span / active if active > 0 else 1.0
     total, hz = 0, None
-    counts: dict[tuple[str, int, str, str], list[Any]] = {}
+    counts: dict[tuple[str, int, str, str | None], list[Any]] = {}
     for iv in intervals:
         if iv.t1 <= win_start or iv.t0 >= end:
             continue
@@ -265,7 +265,7 @@ def where_table(rank: int, intervals: Iterable[WhereInterval], win: list[StepNum
                               samples=n, share=span_share * n / total,
                               err=span_share * wilson_half_width(n, total))
                     for (f, ln, fn, st), (n, call, libs) in counts.items()),
-                   key=lambda x: (-x.samples, x.file, x.line))
+                   key=lambda x: (-x.samples, x.file, x.line, x.state or ""))
     return WhereTable(rank=rank, samples=total, hz=hz, span_share=span_share,
                       waiting=sum(x.samples for x in lines if x.state == "waiting"),
                       busy=sum(x.samples for x in lines if x.state == "busy"), lines=tuple(lines[:WHERE_LINES]))

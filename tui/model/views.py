@@ -66,7 +66,7 @@ class WhereLine:
     function: str
     call: str | None          # the line's source text
     lib: str | None           # "module.function" of the innermost library frame below it
-    state: str                # "waiting" (off CPU) | "busy" (on CPU)
+    state: str | None         # "waiting" (off CPU) | "busy" (on CPU) | None (the probe could not tell)
     samples: int
     share: float
     err: float

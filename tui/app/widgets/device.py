@@ -12,7 +12,8 @@ from tui.model import units
 from tui.app.widgets import glyphs
 from tui.app.widgets.pane import Pane, UiState
 
-BUSY_SOURCE = {"nvml": "NVML util", "step_accounting": "not lost to a measured cause"}
+BUSY_SOURCE = {"nvml": "NVML util", "thread_cpu": "training thread CPU time",
+               "step_accounting": "not lost to a measured cause"}
 
 
 class DevicePane(Pane):
