@@ -289,6 +289,7 @@ def train_step(job: Job, sc: Scenario, batch: torch.Tensor) -> None:
     xs, ys = x.chunk(micro), y.chunk(micro)
     ddp = isinstance(model, nn.parallel.DistributedDataParallel)
     with mon.step(samples=x.shape[0], tokens=x.numel()):
+        began = time.perf_counter()
         for j, (xm, ym) in enumerate(zip(xs, ys)):
             last = j == len(xs) - 1
             sync = contextlib.nullcontext() if (last or not ddp) else model.no_sync()
@@ -296,6 +297,8 @@ def train_step(job: Job, sc: Scenario, batch: torch.Tensor) -> None:
                 with mon.phase("forward"):
                     logits = model(xm)
                     loss = F.cross_entropy(logits.reshape(-1, logits.shape[-1]), ym.reshape(-1)) / len(xs)
+                if sc.service_wait and last:
+                    report_to_metrics_service(sc.service_wait * (time.perf_counter() - began))
                 with mon.phase("backward"):
                     loss.backward()
             if sc.keep_predictions:
@@ -310,6 +313,13 @@ def train_step(job: Job, sc: Scenario, batch: torch.Tensor) -> None:
             job.optimizer.zero_grad(set_to_none=True)
     job.step += 1
     job.last_loss = loss.detach() * len(xs)
+
+
+def report_to_metrics_service(latency_s: float) -> None:
+    """The anti-pattern: a synchronous call to a remote metrics service inside the step. The sleep
+    stands for its round trip; the training thread is off CPU for all of it, and perfmon hooks
+    nothing here, so only the thread's CPU clock and its stack show the wait."""
+    time.sleep(latency_s)
 
 
 def keep_prediction(job: Job, logits: torch.Tensor) -> None:
