@@ -70,6 +70,6 @@ def test_tokenizing_in_the_step_is_busy_not_waiting(tmp_path):
     v = report["verdict"]
     assert v["bottleneck"] != "host_wait", (v["headline"], v["losses"])
     assert _loss(report, "device_idle")["share"] <= 0.1
-    lines = {(w["line"], w["state"]) for w in v["where"]}
-    assert (_line_of("# the busy Python work"), "busy") in lines, v["where"]
-    assert all(state != "waiting" for _, state in lines if _ == _line_of("# the busy Python work"))
+    busy_line = _line_of("# the busy Python work")
+    states = [w["state"] for w in v["where"] if w["line"] == busy_line]
+    assert "busy" in states and "waiting" not in states, v["where"]

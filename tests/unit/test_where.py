@@ -265,3 +265,15 @@ def test_summary_carries_the_off_cpu_share_and_leaves_the_table_out():
     assert rec["stats"]["off_cpu_frac"] == pytest.approx(0.4) and "where" not in rec["stats"]
     back = read_summary(json.loads(json.dumps(rec))).stats
     assert back.off_cpu_frac == pytest.approx(0.4) and back.where is None
+
+
+def test_a_wait_beside_a_larger_loss_is_a_finding_that_says_where():
+    # a 40 ms data wait is the largest loss; the 15 ms off CPU in the body is a finding with its line
+    r = Rank(steps=40, dur=0.1, data=0.04, data_cpu=0.0, loader_workers=2, loader_cpu=0.02, cpu=0.045,
+             extra_records=intervals(40, 0.1, [(SLEEP, 100), (FORWARD, 300)]))
+    v = V.evaluate(job(r).view())
+    assert v.bottleneck == "data_loading"
+    found = next(f for f in v.findings if f["id"] == "device_idle")
+    assert found["share"] == pytest.approx(0.15)
+    assert found["message"] == ("waiting, no measured cause also takes 15% of each step (most waiting in "
+                                "time.sleep(0.04) at train.py:21 in fetch_from_service)")

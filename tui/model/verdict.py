@@ -33,7 +33,7 @@ from tui.model.buffers import MIN_STEPS
 from tui.model.losses import STEP_LOSSES, Loss, account, by_id
 from tui.model.explain import (Explained, explain_communication, explain_compute_efficiency, explain_data_loading,
                                explain_data_preprocessing, explain_healthy, explain_host_overhead, explain_host_sync,
-                               explain_host_wait,
+                               explain_host_wait, where_text,
                                explain_load_imbalance, explain_memory, explain_stuck, explain_warming_up, gaps_lost,
                                peak_note, round4 as _round, tensor_active)
 from tui.model.explain import findings as secondary_findings  # beside the named outcome
@@ -323,7 +323,7 @@ def evaluate(view: JobView) -> Verdict:
     for node_id in undecided:
         headline += f"; cannot tell {DECIDES_BETWEEN[node_id]} ({_short_reason(undecided[node_id])})"
     evidence.update(extra)
-    found = _loss_findings(rule, losses) + secondary_findings(view)
+    found = _loss_findings(rule, losses, view.where) + secondary_findings(view)
     return Verdict(leaf, _severity(leaf, view, losses), headline, path, evidence, suggestions, straggler, found,
                    losses=losses, undecided=dict(undecided), where=view.where)
 
@@ -332,10 +332,13 @@ def _short_reason(reason: str) -> str:
     return reason.split(": cannot tell")[0]
 
 
-def _loss_findings(rule: "Rule", losses: tuple[Loss, ...]) -> list[dict[str, Any]]:
-    """Measured losses over their threshold that the outcome does not name."""
+def _loss_findings(rule: "Rule", losses: tuple[Loss, ...], where: WhereTable | None = None) -> list[dict[str, Any]]:
+    """Measured losses over their threshold that the outcome does not name; the unexplained one says
+    where the host thread waits most, when stack samples say so."""
+    wait = where.top(1, "waiting") if where is not None else ()
     return [{"id": x.id, "share": _round(x.share), "source": x.source,
-             "message": f"{x.label} also takes {_pct(x.share)} of each step"}
+             "message": f"{x.label} also takes {_pct(x.share)} of each step"
+                        + (f" (most waiting in {where_text(wait[0])})" if x.id == "device_idle" and wait else "")}
             for x in qualifying(losses) if x.id != rule.loss]
 
 
