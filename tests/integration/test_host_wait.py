@@ -22,8 +22,9 @@ PERFMON = [sys.executable, "-m", "tui.cli"]
 pytestmark = pytest.mark.slow
 
 
-def _line_of(marker: str) -> int:
-    return next(i for i, text in enumerate(SCRIPT.read_text().splitlines(), 1) if marker in text)
+def _line_of(text: str) -> int:
+    """The script's line that holds ``text`` (the report names lines by number)."""
+    return next(i for i, line in enumerate(SCRIPT.read_text().splitlines(), 1) if text in line)
 
 
 def run_loop(mode: str, tmp_path: Path) -> tuple[dict, dict]:
@@ -53,7 +54,7 @@ def test_a_wait_inside_the_step_is_a_host_wait_at_its_line(tmp_path):
     idle = _loss(report, "device_idle")
     assert idle["share"] == pytest.approx(own["extra_share"], abs=0.1), (idle, own)
     top = v["where"][0]
-    assert (Path(top["file"]).name, top["line"], top["state"]) == (SCRIPT.name, _line_of("# the wait"), "waiting")
+    assert (Path(top["file"]).name, top["line"], top["state"]) == (SCRIPT.name, _line_of("time.sleep(latency)"), "waiting")
     assert f"{SCRIPT.name}:{top['line']} in fetch_from_service" in v["headline"]
 
 
@@ -70,6 +71,6 @@ def test_tokenizing_in_the_step_is_busy_not_waiting(tmp_path):
     v = report["verdict"]
     assert v["bottleneck"] != "host_wait", (v["headline"], v["losses"])
     assert _loss(report, "device_idle")["share"] <= 0.1
-    busy_line = _line_of("# the busy Python work")
+    busy_line = _line_of("ids = [vocab.setdefault(w, len(vocab))")
     states = [w["state"] for w in v["where"] if w["line"] == busy_line]
     assert "busy" in states and "waiting" not in states, v["where"]

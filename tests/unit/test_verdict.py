@@ -375,7 +375,9 @@ def test_finding_ids_are_from_the_documented_list():
     restarted = Rank(0, pid=999, restart=1, start=T0 + 10, gpu_util=97, gap=0.05, throttle=["hw_slowdown"],
                      extra_records=[mem, {"k": "drops", "t": T0 + 12, "count": 3},
                                     {"k": "event", "t": T0 + 12, "name": "warning", "source": "perfmon",
-                                     "where": "NVML", "count": 4, "message": "perfmon NVML error"}])
+                                     "where": "NVML", "count": 4, "message": "perfmon NVML error"},
+                                    {"k": "where", "t": T0 + 12, "t0": T0 + 10, "t1": T0 + 12, "samples": 40,
+                                     "lines": [], "other": 40, "runq": 0.3}])
     for rec in records(restarted, world=1, device="cuda"):
         model.ingest("restarted", rec)
     ids = [f["id"] for f in V.evaluate(model.view()).findings]

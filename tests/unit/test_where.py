@@ -277,3 +277,25 @@ def test_a_wait_beside_a_larger_loss_is_a_finding_that_says_where():
     assert found["share"] == pytest.approx(0.15)
     assert found["message"] == ("waiting, no measured cause also takes 15% of each step (most waiting in "
                                 "time.sleep(0.04) at train.py:21 in fetch_from_service)")
+
+
+# -- CPU contention ------------------------------------------------------------------------------
+def test_time_waiting_for_a_core_is_contention_not_an_unexplained_wait():
+    # 100 ms steps: 50 ms on CPU, 20 ms runnable with no free core (runq 0.2), 30 ms asleep
+    extra = [dict(rec, runq=0.2) for rec in intervals(40, 0.1, [(SLEEP, 120), (FORWARD, 280)])]
+    view = job(Rank(steps=40, dur=0.1, cpu=0.05, extra_records=extra)).view()
+    assert view.metrics.cpu_contention_frac == pytest.approx(0.2)
+    v = V.evaluate(view)
+    idle = by_id(v.losses)["device_idle"]
+    assert idle.share == pytest.approx(0.3) and "waited for a core" in idle.source
+    found = next(f for f in v.findings if f["id"] == "cpu_contention")
+    assert found["share"] == pytest.approx(0.2) and "waits 20% of each step for a free core" in found["message"]
+
+
+def test_contention_weights_each_interval_by_its_samples_and_stays_unknown_without_scheduler_stats():
+    recs = [dict(where_rec(T0, T0 + 2, [(FORWARD, 30)]), runq=0.1),
+            dict(where_rec(T0 + 2, T0 + 4, [(FORWARD, 10)]), runq=0.5)]
+    assert job(Rank(steps=40, cpu=0.1, extra_records=recs)).view().where.runq == pytest.approx((3 + 5) / 40)
+    plain = job(Rank(steps=40, cpu=0.1, extra_records=[where_rec(T0, T0 + 2, [(FORWARD, 30)])])).view()
+    assert plain.where.runq is None and plain.metrics.cpu_contention_frac is None
+    assert "cpu_contention" not in {f["id"] for f in V.evaluate(plain).findings}

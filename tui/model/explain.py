@@ -7,7 +7,7 @@ from __future__ import annotations
 from typing import Any
 
 from tui.model import units
-from tui.model.flowchart import ETTR_MIN, FRAGMENTATION_MAX, THROTTLE_REASONS
+from tui.model.flowchart import CPU_CONTENTION_MIN, ETTR_MIN, FRAGMENTATION_MAX, THROTTLE_REASONS
 from tui.model.losses import account
 from tui.model.views import JobView, RankView, WhereLine
 
@@ -323,6 +323,10 @@ def findings(v: JobView) -> list[dict[str, Any]]:
         if frac > FRAGMENTATION_MAX:
             out.append({"id": "fragmentation", "fraction": round(frac, 4), "bytes": mem.fragmentation_bytes,
                         "message": f"{_pct(frac)} of reserved memory is fragmented: try expandable_segments:True"})
+    if m.cpu_contention_frac is not None and m.cpu_contention_frac >= CPU_CONTENTION_MIN:
+        out.append({"id": "cpu_contention", "share": round4(m.cpu_contention_frac),
+                    "message": f"the training thread waits {_pct(m.cpu_contention_frac)} of each step for a free "
+                               "core: other processes or threads compete for the CPU"})
     for r in v.ranks:
         if r.generation > 0:
             out.append({"id": "rank_restarted", "rank": r.rank, "generation": r.generation, "restart": r.restart,

@@ -48,6 +48,9 @@ SYNCS_PER_STEP_MIN = 1.0
 # advanced by less than half the wall time since the previous sample): "most" is the majority. On a
 # CPU job the unexplained loss is off-CPU time by its definition (the share is 1).
 HOST_WAIT_MIN = 0.50
+# CPU contention: the training thread runnable with no free core for 10% of the step or more, the same
+# share at which a measured loss counts (LOSS_MIN); its cause is other processes or threads, not the step.
+CPU_CONTENTION_MIN = 0.10
 # Llama 3 reports ">90% effective training time" (arXiv 2407.21783 §3.3.4), seed 001's ETTR status quo.
 ETTR_MIN = 0.90
 # Severe idleness: TB plugin "low GPU utilization" rule, gpu_utilization < 0.5 (analysis_anchors §2.2).
@@ -59,7 +62,7 @@ FRAGMENTATION_MAX = 0.20
 # (probe/gpu/nvml.py THROTTLE_BITS); idle, app_clocks, sync_boost, display_clocks are not throttling.
 THROTTLE_REASONS = frozenset({"sw_power_cap", "hw_slowdown", "sw_thermal", "hw_thermal", "hw_power_brake"})
 
-FINDINGS = ("step_gaps", "throttling", "fragmentation", "rank_restarted", "drops", "probe_warnings",
+FINDINGS = ("step_gaps", "throttling", "fragmentation", "rank_restarted", "drops", "probe_warnings", "cpu_contention",
             "data_wait", "comm_exposed", "device_idle")
 # The share at which each step loss counts as a cause (and, when not the largest, a secondary finding).
 LOSS_THRESHOLD = {"data_wait": DATA_WAIT_MIN, "comm_exposed": COMM_EXPOSED_MIN, "device_idle": LOSS_MIN}

@@ -75,7 +75,8 @@ def _device_idle(m: Metrics, device_type: str, data: Loss) -> Loss:
     """
     if device_type != "cuda":
         if m.off_cpu_frac is not None:
-            return Loss("device_idle", CPU_IDLE_LABEL, m.off_cpu_frac, CPU_IDLE_SOURCE)
+            return Loss("device_idle", CPU_IDLE_LABEL, m.off_cpu_frac,
+                        CPU_IDLE_SOURCE if m.cpu_contention_frac is None else CPU_IDLE_SOURCE_RUNQ)
         return Loss("device_idle", CPU_IDLE_LABEL, None,
                     "CPU job: the training thread's CPU time is not reported, so a wait inside the step cannot "
                     "be told from work (busy is the time not lost to a measured cause)")
@@ -89,6 +90,7 @@ def _device_idle(m: Metrics, device_type: str, data: Loss) -> Loss:
 
 CPU_IDLE_LABEL = "waiting, no measured cause"
 CPU_IDLE_SOURCE = "training thread off CPU (thread CPU time)"
+CPU_IDLE_SOURCE_RUNQ = "training thread off CPU, less the time it waited for a core (thread CPU time, scheduler)"
 
 # Sources of device busy that measure activity (never the elapsed time between two CUDA events).
 MEASURED_BUSY = {"nvml": "NVML utilization"}

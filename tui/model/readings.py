@@ -167,6 +167,7 @@ class WhereInterval:
     samples: int
     lines: tuple[WhereCount, ...]
     other: int
+    runq: float | None = None    # share of the sampled in-step time the thread was runnable, waiting for a core
 
 
 WHERE_STATES = ("waiting", "busy")
@@ -188,8 +189,10 @@ def where_interval(rec: dict[str, Any]) -> WhereInterval | None:
             continue
         lines.append(WhereCount(file=file, line=line, function=function or "?", call=_text(item.get("call")),
                                 lib=_text(item.get("lib")), state=state, n=n))
+    runq = num(rec.get("runq"))
     return WhereInterval(t0=t0, t1=t1, hz=num(rec.get("hz")), samples=samples, lines=tuple(lines),
-                         other=max(0, _int(rec.get("other")) or 0))
+                         other=max(0, _int(rec.get("other")) or 0),
+                         runq=None if runq is None else max(0.0, min(1.0, runq)))
 
 
 def step_cpu(rec: dict[str, Any]) -> tuple[float | None, bool]:

@@ -50,6 +50,7 @@ class RankStats:
     comm_delta: dict[str, tuple[int, int, float, float | None]]   # op -> (count, bytes, s, bus bytes) in the window
     off_cpu_frac: float | None = None     # step body off CPU that no other measured loss explains (thread CPU)
     where: WhereTable | None = None       # the window's in-step stack samples (a relay's summary leaves it out)
+    cpu_contention_frac: float | None = None  # active step time runnable but without a core (scheduler stats)
 
 
 def _window(nums: Deque[StepNums], max_steps: int, max_seconds: float) -> list[StepNums]:
@@ -139,6 +140,8 @@ def rank_stats(state: RankState, max_steps: int, max_seconds: float, timeline: b
 
     device = state.hello.get("device") if isinstance(state.hello.get("device"), dict) else {}
     thread_busy, off_cpu = _thread_cpu(win)
+    where = where_table(state.rank, state.where, win, win_start) if state.where else None
+    contention = where.contention if where is not None else None
     busy, busy_src = None, None
     if n and device.get("type") == "cuda":
         # measured activity only: the elapsed time between two CUDA events includes every idle gap
@@ -196,8 +199,9 @@ def rank_stats(state: RankState, max_steps: int, max_seconds: float, timeline: b
         trace=trace,
         memory=_rank_memory(state, win_start, hosts, max_steps),
         comm_delta=_comm_delta(state, win_start),
-        off_cpu_frac=off_cpu,
-        where=where_table(state.rank, state.where, win, win_start) if state.where else None,
+        off_cpu_frac=off_cpu if contention is None or off_cpu is None else max(0.0, off_cpu - contention),
+        where=where,
+        cpu_contention_frac=contention,
     )
 
 
@@ -206,7 +210,9 @@ def _thread_cpu(win: list[StepNums]) -> tuple[float | None, float | None]:
 
     busy = (body CPU + CPU inside the data wait) / active; the loss = the body's time off CPU
     that exposed communication does not explain: max(0, body - body CPU - exposed) / active,
-    summed before it is clamped, so clock noise in one step does not count as a loss."""
+    summed before it is clamped, so clock noise in one step does not count as a loss. Time the
+    thread was runnable but had no core (CPU contention, from the ``where`` records) is off its CPU
+    clock too; ``rank_stats`` takes it out, since its cause is measured."""
     known = [s for s in win if s.cpu is not None]
     active = sum(s.active for s in known)
     if not known or active <= 0:
@@ -240,20 +246,24 @@ def where_table(rank: int, intervals: Iterable[WhereInterval], win: list[StepNum
     """The window's stack samples: the intervals that overlap the window, summed per user line and
     state (the library call below a line is the one with the most samples there). A line's share
     of the active step = its samples / all in-step samples x the share of the step the samples
-    span; its error bar is the Wilson half-width of the sample proportion, scaled the same way."""
+    span; its error bar is the Wilson half-width of the sample proportion, scaled the same way.
+    ``runq``: the intervals' run-queue shares (the thread runnable, no core free), weighted by samples."""
     if not win or win_start is None:
         return None
     end = win[-1].t if win[-1].t is not None else win_start
     active = sum(s.active for s in win)
     span = sum(s.active if s.cpu_active else max(0.0, s.active - s.data) for s in win)
     span_share = span / active if active > 0 else 1.0
-    total, hz = 0, None
+    total, hz, runq, runq_samples = 0, None, 0.0, 0
     counts: dict[tuple[str, int, str, str | None], list[Any]] = {}
     for iv in intervals:
         if iv.t1 <= win_start or iv.t0 >= end:
             continue
         total += iv.samples
         hz = iv.hz if iv.hz is not None else hz
+        if iv.runq is not None and iv.samples > 0:
+            runq += iv.runq * iv.samples
+            runq_samples += iv.samples
         for c in iv.lines:
             row = counts.setdefault((c.file, c.line, c.function, c.state), [0, c.call, {}])
             row[0] += c.n
@@ -268,7 +278,8 @@ def where_table(rank: int, intervals: Iterable[WhereInterval], win: list[StepNum
                    key=lambda x: (-x.samples, x.file, x.line, x.state or ""))
     return WhereTable(rank=rank, samples=total, hz=hz, span_share=span_share,
                       waiting=sum(x.samples for x in lines if x.state == "waiting"),
-                      busy=sum(x.samples for x in lines if x.state == "busy"), lines=tuple(lines[:WHERE_LINES]))
+                      busy=sum(x.samples for x in lines if x.state == "busy"), lines=tuple(lines[:WHERE_LINES]),
+                      runq=runq / runq_samples if runq_samples else None)
 
 
 
@@ -522,6 +533,7 @@ def job_metrics(ready: list[tuple[RankState, RankStats]], ranks: list[RankView],
         syncs_per_step=_mean([x.syncs for x in st]),
         host_lead_s=_min([x.host_lead for x in st]),
         off_cpu_frac=_max([x.off_cpu_frac for x in st]),
+        cpu_contention_frac=_max([x.cpu_contention_frac for x in st]),
         host_wait_frac=where.wait_frac if where is not None else None,
         mfu=_mean([x.mfu for x in st]),
         peak_flops=next((x.peak_flops for x in st if x.peak_flops), None),

@@ -103,6 +103,12 @@ class WhereTable:
     waiting: int
     busy: int
     lines: tuple[WhereLine, ...]
+    runq: float | None = None     # share of the sampled time the thread was runnable but had no core
+
+    @property
+    def contention(self) -> float | None:
+        """Share of the active step the thread waited for a core (CPU contention), when measured."""
+        return None if self.runq is None else self.runq * self.span_share
 
     @property
     def wait_frac(self) -> float | None:
@@ -147,6 +153,7 @@ class Metrics:
     host_lead_s: float | None = None        # how far the host runs ahead of the GPU (least of the ranks)
     off_cpu_frac: float | None = None       # step body off CPU, no other measured cause (thread CPU time)
     host_wait_frac: float | None = None     # in-step stack samples off CPU / (off + on CPU)
+    cpu_contention_frac: float | None = None  # step time the training thread was runnable with no core free
     mfu: float | None = None
     peak_flops: float | None = None         # the peak the MFU divides by (FLOP/s, device and dtype in use)
     peak_source: str | None = None          # "user" | "PERFMON_PEAK_TFLOPS" | "table" | ...
@@ -171,7 +178,8 @@ _METRIC_KEYS = ("steps", "step_time_median_s", "samples_per_s", "tokens_per_s", 
                 "comm_frac", "comm_exposed_frac", "syncs_per_step", "mfu", "ettr", "loader_cpu",
                 "busbw", "comm_op", "comm_estimated", "loader_workers", "data_cpu_frac", "gap_frac",
                 "compute_ratio", "arrival_ratio", "straggler_by", "flops_per_s", "memory_headroom",
-                "device_busy_source", "peak_flops", "peak_source", "host_lead_s", "off_cpu_frac", "host_wait_frac")
+                "device_busy_source", "peak_flops", "peak_source", "host_lead_s", "off_cpu_frac", "host_wait_frac",
+                "cpu_contention_frac")
 
 
 @dataclass(frozen=True)

@@ -32,14 +32,15 @@ RATIO = 2 / 3          # extra time per unit of compute: 0.4 of the step
 
 
 def fetch_from_service(latency: float) -> None:
-    time.sleep(latency)                                     # the wait: a remote call's round trip
+    """A remote call's round trip, which the sleep stands for."""
+    time.sleep(latency)
 
 
 def tokenize(budget: float) -> None:
     vocab: dict[str, int] = {}
     deadline = time.perf_counter() + budget
     while time.perf_counter() < deadline:
-        ids = [vocab.setdefault(w, len(vocab)) for w in TEXT.split()]     # the busy Python work
+        ids = [vocab.setdefault(w, len(vocab)) for w in TEXT.split()]
         del ids
 
 
