@@ -49,7 +49,7 @@ class Scenario:
     checkpoint_mb_per_s: float = 0.0  # bandwidth of the (slow) checkpoint storage
     item_logging: bool = False        # per-parameter grad-norm .item() every step (host-device syncs)
     service_wait: float = 0.0         # a blocking metrics call between forward and backward, whose latency
-                                      # is this many times the step's compute so far (0: none)
+                                      # is this many times the previous step's compute (0: none)
     hang_after: int = 0               # the last rank stops before this step's all-reduce, for good
     stall_s: float | None = None      # PERFMON_STALL_S for the ranks (unless the user set it)
 
