@@ -9,10 +9,13 @@ from typing import Any
 
 from probe import wire
 
+CPU_SPAN_BODY = "body"      # API: __enter__ to __exit__ of step(), the loader wait before it left out
+CPU_SPAN_ACTIVE = "active"  # zero-code and trainer callbacks: the step's start to its end, loader waits in it
+
 
 def step_record(item: tuple, epoch: float) -> dict[str, Any]:
     """``item`` is the hot path's tuple (``probe.core``); ``epoch`` turns perf_counter into unix seconds."""
-    _, step_no, start, end, data, phases, samples, tokens, flops, extras, gap, data_cpu = item
+    _, step_no, start, end, data, phases, samples, tokens, flops, extras, gap, data_cpu, cpu, cpu_span = item
     dur = end - start
     phases = dict(phases)
     if data:
@@ -30,6 +33,9 @@ def step_record(item: tuple, epoch: float) -> dict[str, Any]:
         rec["flops"] = flops
     if data_cpu is not None:
         rec["data_cpu"] = data_cpu
+    if cpu is not None:
+        rec["cpu"] = cpu
+        rec["cpu_span"] = cpu_span
     if extras:
         rec.update(extras)
     return rec

@@ -13,7 +13,7 @@ import dataclasses
 import pytest
 
 from tests.unit.test_stuck import SLEEPER, WAITER
-from tests.unit.test_where import FORWARD, SLEEP, intervals
+from tests.unit.test_where_model import FORWARD, SLEEP, intervals
 from tests.unit.verdict_synth import T0, Rank, job, records
 from tui.model import explain
 from tui.model import verdict as V
