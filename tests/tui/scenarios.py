@@ -227,6 +227,7 @@ SCENARIOS: dict[str, Callable[[], dict[int, list[dict[str, Any]]]]] = {
     "healthy": healthy,
     "stuck": stuck,
     "many_nodes": many_nodes,
+    "host_wait": host_wait,
 }
 
 

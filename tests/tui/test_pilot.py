@@ -405,12 +405,9 @@ async def test_a_job_of_1024_ranks_is_a_heatmap_paged_with_brackets(tmp_path, mo
         assert app.selected_rank == 700 and f"page {700 // per_page + 1}/{count}" in screen_text(app)
 
 
-async def test_u_opens_where_the_step_goes_with_each_lines_share_and_error_bar(tmp_path):
+async def test_u_opens_where_the_step_goes_with_each_lines_share_and_error_bar(recordings):
     from tui.app.screens.where import WhereScreen
-    from tui.stream.sources import LoadedRecording
-    records = scenarios.host_wait()[0]
-    app = PerfmonApp(ReplayFeed(RunModel(), [LoadedRecording(tmp_path / "metrics-call.r0.perfmon", records, None)],
-                                speed=None), watch_terminal=False)
+    app = scenarios.replay_app(recordings["host_wait"])
     async with app.run_test(size=(120, 36)) as pilot:
         await settle(pilot)
         text = screen_text(app)
