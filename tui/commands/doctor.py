@@ -165,6 +165,14 @@ def cpu_checks() -> list[Check]:
     return checks
 
 
+def _host_work(seconds: float) -> None:
+    """Python on the host's CPU for ``seconds``: a host-bound step's overhead. (A sleep would be a
+    host that waits, which the verdict tells apart: ``host_wait``.)"""
+    end = time.perf_counter() + seconds
+    while time.perf_counter() < end:
+        sum(range(200))
+
+
 def gpu_checks(device: Device | None) -> list[Check]:
     """The GPU workloads; without a device each says why it did not run."""
     if device is None:
@@ -182,7 +190,7 @@ def gpu_checks(device: Device | None) -> list[Check]:
         for _ in _gpu_steps():
             with mon.step():
                 device.kernels(0.010)
-                time.sleep(0.020)             # host work the device does not see
+                _host_work(0.020)             # host work the device does not see
 
     view = run_job("gpu-half-idle", half_idle, device=device)
     busy = view.metrics.device_busy
