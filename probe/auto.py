@@ -77,6 +77,7 @@ class _Auto:
         self.iterators: list[weakref.ref] = []
         self.iter_id = 0
         self.cpu_timing = CpuTimingPolicy()    # when a fetch's CPU time is read (one policy with probe.loader)
+        self.first_fetch: tuple[float, float] | None = None   # (t0, thread CPU clock at t0) of a fetch between steps
 
     # -- steps ----------------------------------------------------------------------------------
     def _emit(self, start: float, end: float, phases: dict[str, float], samples: int | None,
@@ -100,8 +101,10 @@ class _Auto:
             self.probe.event("warning", message=message, source="zero-code")
 
     def _on_open(self) -> None:
+        """A step opened: its CPU time counts from its start, the first fetch's start when it opened there."""
+        first, self.first_fetch = self.first_fetch, None
         if self.probe is not None:
-            self.probe.begin_step()
+            self.probe.begin_step(first[1] if first is not None and first[0] == self.finder.start else None)
 
     # -- start at the first training step ----------------------------------------------------
     def start(self) -> None:
@@ -347,7 +350,8 @@ def _wrap_next(orig: Any) -> Any:
         t0 = _pc()
         batch = orig(self)
         t1 = _pc()
-        cpu = _tt() - c0 if single else None
+        c1 = _tt() if single else None
+        cpu = c1 - c0 if c1 is not None else None
         a.cpu_timing.fetched(t1 - t0, single)
         if a.train_thread is not None and get_ident() != a.train_thread:
             return batch                    # a prefetch thread's fetch: the training thread did not wait
@@ -361,6 +365,8 @@ def _wrap_next(orig: Any) -> Any:
                 cpu = None
             a.check_unseen_step()
             a.finder.fetch(t0, t1, _batch_size(a.torch, batch), cpu)
+            if a.probe is not None and not a.finder.is_open:   # a next step's first batch: its CPU clock at t0
+                a.first_fetch = (t0, (c1 if c1 is not None else _tt()) - (cpu or 0.0))
         except Exception as exc:
             a.fail(exc)
         return batch

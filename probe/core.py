@@ -34,12 +34,22 @@ from probe.recording import RecordingWriter
 from probe.sampler import Sampler
 from probe.server import Sender
 from probe.stall import StallWatch
+from probe.where import WhereSampler, sampling_hz
 
 __all__ = ["Probe", "StepArgs", "current", "start"]
 
 QUEUE_ITEMS = 65_536   # hot-path buffer; at 200 B a step this bounds it near 13 MB
 LOADER_ITERATORS = 16  # loaders remembered (weakly) for worker discovery; older ones are forgotten
 CLOSE_SECONDS = 2.0    # close() returns within this, whatever the threads are doing
+# step(): the training thread's CPU time costs two thread_time() syscalls (~0.3-1.7 µs each): read
+# in every step after one that took CPU_TIMED_STEP_S or longer (at most ~0.2% of such a step), and
+# in one step out of CPU_TIMED_EVERY_MASK + 1 of faster loops (a small fraction of a µs per step)
+CPU_TIMED_STEP_S = 0.002
+CPU_TIMED_EVERY_MASK = 31
+# zero-code: a step settled later than this after its end (a pending optimizer step) has no CPU
+# time: the clock ran on past the end (by at most 2% of the step when it is sent)
+LATE_END_S = 0.002
+LATE_SHARE = 0.02
 _STEP = 0
 _REC = 1
 
@@ -100,6 +110,7 @@ class _Step:
     def __enter__(self) -> "_Step":
         p = self.probe
         t = time.perf_counter()
+        p._cpu0 = time.thread_time() if p._cpu_next else None
         if p._prev_end is None:
             p._prev_end = t
             p._train_thread = threading.get_ident()
@@ -112,6 +123,7 @@ class _Step:
     def __exit__(self, et: Any, ev: Any, tb: Any) -> bool:
         p = self.probe
         t = time.perf_counter()
+        cpu = time.thread_time() - p._cpu0 if p._cpu0 is not None else None
         tokens = self.tokens
         if tokens is not None and type(tokens) is not int and type(tokens) is not float:
             self.tokens = _host_number(p, tokens)
@@ -128,7 +140,8 @@ class _Step:
         data_cpu = p._data_cpu
         p._data_cpu = None
         p._q.append((_STEP, p._step_no, p._prev_end, t, data, phases, self.samples, self.tokens, self.flops, extras,
-                     p._gap, data_cpu))
+                     p._gap, data_cpu, cpu, records.CPU_SPAN_BODY))
+        p._cpu_next = t - p._prev_end >= CPU_TIMED_STEP_S or not p._step_no & CPU_TIMED_EVERY_MASK
         p._step_no += 1
         p._prev_end = t
         p._in_step = False
@@ -183,6 +196,8 @@ class Probe:
         self._data = 0.0
         self._data_cpu: float | None = None   # main-thread CPU s in loader waits (single-process loaders)
         self._gap = 0.0
+        self._cpu0: float | None = None        # training thread's CPU clock at the open step's begin
+        self._cpu_next = True                  # read it in the next step() (CPU_TIMED_STEP_S)
         self._step_no = 0
         self._prev_end: float | None = None
         self._in_step = False                  # between a step's begin and end (the stall watch reads it)
@@ -205,6 +220,7 @@ class Probe:
         self.sender: Sender | None = None
         self.sampler: Sampler | None = None
         self.stall_watch: "StallWatch | None" = None
+        self.where: WhereSampler | None = None
         self._setup(record, serve, sample_hz)
 
     # -- public API ---------------------------------------------------------------------------
@@ -305,6 +321,9 @@ class Probe:
                 watcher.close(deadline - 1.6)     # hooks removed; a FLOP count is waited for <= 0.4 s
             if self.stall_watch is not None:
                 self.stall_watch.stop_event.set()
+            if self.where is not None:
+                self.where.stop_event.set()    # its last interval is sent on the way out
+                self.where.join(max(0.0, deadline - 1.8 - time.monotonic()))
             if self.sampler is not None:
                 self.sampler.stop_event.set()
                 # sources call into torch (memory walker); a daemon thread inside torch's C++ code
@@ -400,8 +419,12 @@ class Probe:
         from probe.requests import handle
         return handle(self, request)
 
-    def begin_step(self) -> None:
-        """Zero-code mode (``probe.auto``): hooks found a step beginning; run the step-begin hooks."""
+    def begin_step(self, cpu0: float | None = None) -> None:
+        """Zero-code mode (``probe.auto``): hooks found a step beginning; run the step-begin hooks.
+
+        ``cpu0`` is ``time.thread_time()`` at the step's start when the caller read it there (the
+        start lies before this call when the step opened with a batch fetch); else it is read now."""
+        self._cpu0 = cpu0 if cpu0 is not None else time.thread_time()
         self._in_step = True
         if self._began is None:
             self._began = time.perf_counter()
@@ -421,6 +444,10 @@ class Probe:
         """
         if tokens is not None and type(tokens) is not int and type(tokens) is not float:
             tokens = _host_number(self, tokens)
+        cpu = None
+        if self._cpu0 is not None and time.perf_counter() - end <= max(LATE_END_S, LATE_SHARE * (end - start)):
+            cpu = max(0.0, time.thread_time() - self._cpu0)
+        self._cpu0 = None
         extras: dict[str, Any] | None = None
         if self._end_hooks:
             extras = {}
@@ -436,7 +463,7 @@ class Probe:
         self._data_cpu = None
         prev = self._prev_end if self._prev_end is not None and self._prev_end <= start else start
         self._q.append((_STEP, self._step_no, prev, end, data, merged, samples, tokens, None, extras, start - prev,
-                        data_cpu))
+                        data_cpu, cpu, records.CPU_SPAN_ACTIVE))
         self._step_no += 1
         self._prev_end = end
         self._in_step = False
@@ -518,6 +545,13 @@ class Probe:
             self.stall_watch.start()
         except Exception as exc:
             self._problem(f"stall watch off: {exc!r}")
+        try:
+            where_hz = sampling_hz()
+            if where_hz > 0:
+                self.where = WhereSampler(self, self.emit, where_hz)
+                self.where.start()
+        except Exception as exc:
+            self._problem(f"where sampling off: {exc!r}")
         _register_fork_handler(self)
         atexit.register(self._join_at_exit)   # runs after close() (atexit is last-in, first-out)
         atexit.register(self.close)

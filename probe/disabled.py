@@ -61,6 +61,7 @@ class _Disabled:
         self.sender = None
         self.sampler = None
         self.stall_watch = None
+        self.where = None
 
     def loader(self, iterable: Iterable[Any]) -> Iterator[Any]:
         yield from iterable          # a generator, like Probe.loader (it has close(), send(), throw())
@@ -112,7 +113,7 @@ class _Disabled:
     def handle_request(self, request: dict[str, Any]) -> str | None:
         return "perfmon is disabled in this process"
 
-    def begin_step(self) -> None:
+    def begin_step(self, cpu0: float | None = None) -> None:
         pass
 
     def add_step(self, start: float, end: float, phases: dict[str, float] | None = None,

@@ -9,6 +9,10 @@ from typing import Any, Callable
 
 from probe import wire
 
+CPU_SPAN_BODY = "body"      # API: __enter__ to __exit__ of step(), the loader wait before it left out
+CPU_SPAN_ACTIVE = "active"  # zero-code and trainer callbacks: the step's start to its end, loader waits in it
+
+
 DEVICE_WAIT = 5.0      # seconds the sender waits for a step's device number to reach the host
 
 
@@ -81,7 +85,7 @@ class DeviceReads:
 def step_record(item: tuple, epoch: float, reads: DeviceReads | None = None) -> dict[str, Any]:
     """``item`` is the hot path's tuple (``probe.core``); ``epoch`` turns perf_counter into unix seconds;
     ``reads`` turns device numbers (``DeviceScalar``) into host ones."""
-    _, step_no, start, end, data, phases, samples, tokens, flops, extras, gap, data_cpu = item
+    _, step_no, start, end, data, phases, samples, tokens, flops, extras, gap, data_cpu, cpu, cpu_span = item
     dur = end - start
     phases = dict(phases)
     if data:
@@ -99,6 +103,9 @@ def step_record(item: tuple, epoch: float, reads: DeviceReads | None = None) -> 
         rec["flops"] = flops
     if data_cpu is not None:
         rec["data_cpu"] = data_cpu
+    if cpu is not None:
+        rec["cpu"] = cpu
+        rec["cpu_span"] = cpu_span
     if extras:
         rec.update(extras)
     if isinstance(rec.get("tokens"), DeviceScalar) or isinstance(rec.get("flops"), DeviceScalar):

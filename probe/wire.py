@@ -25,6 +25,12 @@ from __future__ import annotations
 #         data_cpu (main-thread CPU s spent inside the loader wait: num_workers=0 loading; absent
 #         with loader workers; read only while waits exceed 50 µs, shorter ones cost nothing),
 #         comm {seconds, exposed, bytes, ops, estimated (bool: exposed is an estimate)},
+#         cpu (1.3: the training thread's CPU s over the span cpu_span names; absent when not measured,
+#         e.g. a zero-code step whose end was settled late), cpu_span ("body": API mode, from
+#         step()'s __enter__ to its __exit__, the loader wait before __enter__ not in it (a loader
+#         wait inside the with block is); "active": zero-code mode and the trainer callbacks, from the
+#         step's start, its first batch fetch, to its end, so the data waits are in it and data_cpu
+#         is part of cpu),
 #         syncs (host-device syncs in the step), sync_site ("file:line" of the most frequent),
 #         samples, tokens, flops, flops_source ("user"|"counted"|"6N"), mem {allocated, peak, reserved},
 #         gpu_time (device time of the step from events), lead (host-ahead-of-device s),
@@ -103,13 +109,27 @@ from __future__ import annotations
 #         seconds] (the viewer's window, for the summaries); replaces the previous subscription. A
 #         newly subscribed rank's buffered records are sent first. Without a 1.2 viewer hello the
 #         relay forwards every record of every rank (what a 1.1 viewer reads).
+#
+# 1.3 kinds:
+# where   where the training thread's steps go (probe.where): stack samples taken inside steps,
+#         counts for the interval t0..t1 only (a viewer sums its window), at most one record every
+#         2 s while steps run. t0, t1 (unix s), hz (nominal sampling rate), samples (taken in the
+#         interval), lines [{file (as the code object has it), line, function, call (the line's
+#         source, stripped, <= 80 chars; absent if unreadable), lib ("module.qualname" of the
+#         innermost library frame below the user's line; absent when that line is innermost),
+#         state ("waiting": since the previous sample the thread was on CPU, or runnable on a run
+#         queue (Linux schedstat, where readable), for less than half the wall time | "busy"; absent
+#         when neither can be read), n (samples)}] (the 20 largest), other (samples in no listed
+#         line), runq (share of the sampled in-step time the thread was runnable but waited for a
+#         core: CPU contention; absent without schedstat). The user's line is the innermost frame
+#         outside the standard library, site-packages/dist-packages and perfmon; else the innermost.
 
 import struct
 from typing import Any, Iterator
 
 import msgpack
 
-PROTO: tuple[int, int] = (1, 2)
+PROTO: tuple[int, int] = (1, 3)
 MAX_FRAME = 1 << 20          # 1 MiB, checked before the body is read
 MAX_DEPTH = 8                # records are shallow; anything deeper is hostile
 MAX_CONTAINER = 10_000       # entries in any one map or list
@@ -124,6 +144,7 @@ KIND_MINOR: dict[str, int] = {
     "hello": 0, "step": 0, "sample": 0, "memory": 0, "comm": 0, "event": 0, "drops": 0, "bye": 0,
     "stall": 1, "resumed": 1, "request": 1, "answer": 1, "profile": 1, "capture": 1,
     "summary": 2, "subscribe": 2,
+    "where": 3,
 }
 KINDS = frozenset(KIND_MINOR)
 
@@ -147,12 +168,13 @@ REQUIRED: dict[str, dict[str, tuple[type, ...]]] = {
     "capture": {"steps": (int,)},
     "summary": {"stats": (dict,)},
     "subscribe": {"srcs": (list,)},
+    "where": {"samples": (int,), "lines": (list,)},
 }
 OPTIONAL: dict[str, dict[str, tuple[type, ...]]] = {
     "hello": {"job": (str,), "rank": (int,), "world_size": (int,), "pid": (int,), "host": (str,),
               "restart": (int,), "device": (dict,), "argv": (list,)},
     "step": {"start": _NUM, "phases": (dict,), "comm": (dict,), "mem": (dict,), "syncs": _NUM,
-             "samples": _NUM, "tokens": _NUM, "flops": _NUM},
+             "samples": _NUM, "tokens": _NUM, "flops": _NUM, "cpu": _NUM, "cpu_span": (str,)},
     "sample": {"gpus": (list,), "host": (dict,)},
     "stall": {"since": _NUM, "seconds": _NUM, "threshold": _NUM, "step": (int,), "where": (str,),
               "stack": (list,), "inflight": (list,), "seq": (dict,), "loader": (dict,), "device": (dict,),
@@ -167,6 +189,7 @@ OPTIONAL: dict[str, dict[str, tuple[type, ...]]] = {
     "summary": {"src": (str,), "memory": (dict,), "comm": (dict,), "steps": (int,), "first_start": _NUM,
                 "last_end": _NUM, "inside": _NUM, "unseen": _NUM, "loader_seen": (bool,)},
     "subscribe": {"window": (list,)},
+    "where": {"t0": _NUM, "t1": _NUM, "hz": _NUM, "other": (int,), "runq": _NUM},
 }
 
 

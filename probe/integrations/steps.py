@@ -67,7 +67,8 @@ class TrainerSteps:
                 self.between = None
             return
         self.begin, self.begin_cpu = time.perf_counter(), time.thread_time()
-        self.probe.begin_step()
+        # no pause since the previous step: it starts at that step's end, and so does its CPU time
+        self.probe.begin_step(self.prev_cpu if self.paused == 0 else None)
 
     def batch_end(self, global_step: int, samples: float | None, tokens_seen: float | None = None) -> None:
         """After every micro-batch; a step ends when the trainer's global step moved."""

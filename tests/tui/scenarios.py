@@ -191,6 +191,30 @@ def stuck() -> dict[int, list[dict[str, Any]]]:
     return out
 
 
+def host_wait() -> dict[int, list[dict[str, Any]]]:
+    """One CPU rank whose training thread sleeps 40 ms of each 100 ms step in a metrics call (wire 1.3:
+    thread CPU time per step, in-step stack samples every 2 s)."""
+    job = "metrics-call"
+    script = "/home/user/train.py"
+    steps = _steps(80, lambda i: 0.1, lambda i: _phases(0.0, 0.05, 0.04, 0.01, 0.1),
+                   lambda i: {"cpu": 0.06, "cpu_span": "body"})
+    where = []
+    t = T0 + 1.0
+    while t < steps[-1]["t"]:
+        where.append({"k": "where", "t": t + 2.0, "t0": t, "t1": t + 2.0, "hz": 20.0, "samples": 40, "other": 2,
+                      "lines": [
+                          {"file": script, "line": 21, "function": "fetch_from_service",
+                           "call": "requests.post(METRICS_URL, json=stats)", "lib": "socket.socket.recv_into",
+                           "state": "waiting", "n": 16},
+                          {"file": script, "line": 44, "function": "train", "call": "loss = model(x).sum()",
+                           "lib": "torch.nn.modules.module._call_impl", "state": "busy", "n": 12},
+                          {"file": script, "line": 46, "function": "train", "call": "loss.backward()",
+                           "lib": "torch.autograd.backward", "state": "busy", "n": 10}]})
+        t += 2.0
+    samples = _host_samples(steps[-1]["t"], 0.6)
+    return {0: _merge([_hello(job, 0, 1, CPU)], steps, samples, where)}
+
+
 def _merge(*groups: list[dict[str, Any]]) -> list[dict[str, Any]]:
     records = [r for g in groups for r in g]
     return sorted(records, key=lambda r: (r["k"] != "hello", r["t"]))
@@ -203,6 +227,7 @@ SCENARIOS: dict[str, Callable[[], dict[int, list[dict[str, Any]]]]] = {
     "healthy": healthy,
     "stuck": stuck,
     "many_nodes": many_nodes,
+    "host_wait": host_wait,
 }
 
 

@@ -403,3 +403,37 @@ async def test_a_job_of_1024_ranks_is_a_heatmap_paged_with_brackets(tmp_path, mo
         assert app.selected_rank == 0 and "page 1/" in screen_text(app)
         await pilot.press("g")                   # the slowest rank, and the page it is on
         assert app.selected_rank == 700 and f"page {700 // per_page + 1}/{count}" in screen_text(app)
+
+
+async def test_u_opens_where_the_step_goes_with_each_lines_share_and_error_bar(recordings):
+    from tui.app.screens.where import WhereScreen
+    app = scenarios.replay_app(recordings["host_wait"])
+    async with app.run_test(size=(120, 36)) as pilot:
+        await settle(pilot)
+        text = screen_text(app)
+        assert " HOST WAIT " in text and "u: where" in text
+        assert "40% of each step waiting in socket.socket.recv_into at train.py:21 in fetch_from_service" in text
+        await pilot.press("u")
+        assert isinstance(app.screen, WhereScreen)
+        text = screen_text(app)
+        # three 2 s intervals overlap the 5 s window: 48 of 120 samples in a body that is the whole step,
+        # 40% ± the Wilson half-width of 48/120 (8.6%)
+        rows = [re.sub(r"\s+", " ", line).strip() for line in text.splitlines()]
+        assert any(r.startswith("40% ± 9% waiting socket.socket.recv_into train.py:21 in fetch_from_service")
+                   for r in rows), text
+        assert any(r.startswith("30% ± 8% busy torch.nn.modules.module._call_impl train.py:44 in train")
+                   for r in rows), text
+        assert "waiting, no measured cause: 40% of the step" in text
+        await pilot.press("u")
+        assert not isinstance(app.screen, WhereScreen)
+
+
+async def test_the_where_screen_says_so_when_the_probe_sends_no_stack_samples(recordings):
+    from tui.app.screens.where import WhereScreen
+    app = scenarios.replay_app(recordings["healthy"])
+    async with app.run_test(size=(120, 36)) as pilot:
+        await settle(pilot)
+        assert "u: where" not in screen_text(app)
+        await pilot.press("u")
+        assert isinstance(app.screen, WhereScreen)
+        assert "No stack samples from this job" in screen_text(app)

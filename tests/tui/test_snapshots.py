@@ -32,6 +32,15 @@ def test_flowchart_screen(snap_compare, recordings):
                         run_before=open_chart)
 
 
+def test_where_screen(snap_compare, recordings):
+    async def open_where(pilot):
+        await scenarios.settle(pilot)
+        await pilot.press("u")
+        await pilot.pause()
+
+    assert snap_compare(scenarios.replay_app(recordings["host_wait"]), terminal_size=(120, 36), run_before=open_where)
+
+
 def test_stuck_screen(snap_compare, recordings):
     async def open_stacks(pilot):
         await scenarios.settle(pilot)

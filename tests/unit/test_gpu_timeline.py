@@ -47,10 +47,21 @@ def test_queued_kernels_run_back_to_back_and_the_host_runs_ahead(simulated_cuda)
     assert event.query() and time.perf_counter() >= event.device_t
 
 
+def _spin(seconds: float) -> None:
+    end = time.perf_counter() + seconds
+    while time.perf_counter() < end:
+        sum(range(200))
+
+
+def fetch_from_service(seconds: float) -> None:
+    time.sleep(seconds)
+
+
 def _train(cuda, tmp_path, monkeypatch, simulated_nvml, *, host_s: float, kernels_s: float, sync: bool,
-           steps: int = 90):
+           steps: int = 90, host: str = "work"):
     """A watched job on the simulated GPU; returns its view and verdict from the recording, and the
-    true busy share of the device over the last 50 steps (the verdict's window)."""
+    true busy share of the device over the last 50 steps (the verdict's window). ``host``: "work"
+    (Python on the CPU) or "wait" (a blocking call, off CPU) for ``host_s`` of each step."""
     simulated_nvml([SimulatedGpu(timeline=cuda, gpm=None)])
     model = torch.nn.Linear(4, 4)
     cuda.place(model)                      # model.cuda(): its parameters live on the simulated GPU
@@ -61,7 +72,10 @@ def _train(cuda, tmp_path, monkeypatch, simulated_nvml, *, host_s: float, kernel
         for _ in range(steps):
             starts.append(time.perf_counter())
             with mon.step():
-                time.sleep(host_s)          # Python/host work the device does not see
+                if host == "work":
+                    _spin(host_s)               # Python/host work the device does not see
+                else:
+                    fetch_from_service(host_s)  # the host waits on something the device does not see
                 cuda.run(kernels_s)
                 if sync:
                     cuda.synchronizing_op()  # loss.item(): the host waits for the kernels
@@ -81,7 +95,7 @@ def test_a_gpu_idle_half_of_each_step_reads_half_busy_and_is_host_overhead(simul
     Each 20 ms step launches 10 ms of kernels: busy 50%, although CUDA events would bracket ~100%."""
     cuda = simulated_cuda()
     view, v, truth = _train(cuda, tmp_path, monkeypatch, simulated_nvml, host_s=0.020, kernels_s=0.010, sync=False)
-    assert truth == pytest.approx(0.5, abs=0.1)        # the scenario (a loaded host oversleeps a little)
+    assert truth == pytest.approx(0.5, abs=0.1)        # the scenario (a loaded host overruns a little)
     assert view.metrics.device_busy_source == "nvml_util"
     assert view.metrics.device_busy == pytest.approx(truth, abs=0.05)
     assert v.bottleneck == "host_overhead", v.headline
@@ -91,6 +105,19 @@ def test_a_gpu_idle_half_of_each_step_reads_half_busy_and_is_host_overhead(simul
     # step ahead (the lead is the event poller's latency: about 1 ms, more on a loaded host)
     assert view.metrics.host_lead_s is not None and view.metrics.host_lead_s < view.metrics.step_time_median_s
     assert "ms ahead of it" in v.headline
+
+
+def test_a_gpu_idle_while_its_host_waits_is_host_wait_at_the_waiting_line(simulated_cuda, simulated_nvml,
+                                                                          monkeypatch, tmp_path):
+    """Relies on the same device as above; the host's 20 ms are a blocking call instead of work, and the
+    in-step stack samples find the thread off CPU there."""
+    cuda = simulated_cuda()
+    view, v, truth = _train(cuda, tmp_path, monkeypatch, simulated_nvml, host_s=0.020, kernels_s=0.010, sync=False,
+                            host="wait")
+    assert v.bottleneck == "host_wait", (v.headline, v.evidence)
+    assert v.evidence["host_wait_frac"] >= 0.5
+    top = v.where_lines()[0]
+    assert (top.function, top.state) == ("fetch_from_service", "waiting") and top.site.startswith("test_gpu_timeline")
 
 
 def test_a_host_bound_job_with_a_sync_every_step_is_host_sync(simulated_cuda, simulated_nvml, monkeypatch,

@@ -143,8 +143,9 @@ def test_each_loss_names_its_source_or_why_it_is_unknown_in_the_reports_words():
         {"id": "comm_exposed", "label": "exposed communication", "share": None,
          "why_unknown": "collectives take 0% of the step, the exposed part is not measured "
                         "(NCCL: PERFMON_NCCL_TIMING=1)"},
-        {"id": "device_idle", "label": "device idle, no other cause", "share": None,
-         "why_unknown": "CPU job: the CPU is the device, its busy share is the time not lost to a measured cause"},
+        {"id": "device_idle", "label": "waiting, no measured cause", "share": None,
+         "why_unknown": "CPU job: the training thread's CPU time is not reported, so a wait inside the step cannot "
+                        "be told from work (busy is the time not lost to a measured cause)"},
         {"id": "step_gaps", "label": "between steps", "share": None, "why_unknown": "no step timing yet"}]
     gpu_unknown = rows("cuda", device_busy=None, data_wait_frac=0.1, comm_exposed_frac=None, gap_frac=0.0)
     assert gpu_unknown[2] == {"id": "device_idle", "label": "device idle, no other cause", "share": None,

@@ -15,10 +15,12 @@ class Recorder:
 
     def __init__(self) -> None:
         self.begun = 0
+        self.cpu0: list = []
         self.steps: list[dict] = []
 
-    def begin_step(self) -> None:
+    def begin_step(self, cpu0=None) -> None:
         self.begun += 1
+        self.cpu0.append(cpu0)
 
     def add_step(self, start, end, phases=None, samples=None, data_cpu=None, tokens=None) -> None:
         self.steps.append({"start": start, "end": end, "phases": phases, "samples": samples, "data_cpu": data_cpu,
@@ -53,6 +55,7 @@ def test_the_wait_before_a_step_is_data_with_its_cpu_and_a_pause_is_not():
     steps, rec = _steps()
     steps.batch_start()
     steps.batch_end(global_step=1, samples=4, tokens_seen=100)
+    steps_cpu_at_first_end = steps.prev_cpu
     _busy(0.03)                                          # the loader, on this thread
     steps.batch_start()
     steps.batch_end(global_step=2, samples=4, tokens_seen=164)
@@ -68,6 +71,8 @@ def test_the_wait_before_a_step_is_data_with_its_cpu_and_a_pause_is_not():
     assert third["phases"]["data"] < 0.02               # ... is a pause between steps, not a data wait
     assert third["start"] - rec.steps[1]["end"] == pytest.approx(0.05, abs=0.005)
     assert third["data_cpu"] is None                     # a pause shared the interval: CPU not attributed
+    # a step's CPU time counts from its start: the previous end when no pause came between
+    assert rec.cpu0[0] is None and rec.cpu0[1] == steps_cpu_at_first_end and rec.cpu0[2] is None
 
 
 def test_under_zero_code_mode_the_callback_marks_nothing():

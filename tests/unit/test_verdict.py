@@ -61,7 +61,10 @@ LEAVES = [
      ["memory", "device_busy", "data_wait", "comm_exposed", "syncs"]),
     ("host_overhead: GPU idle, no data, comm or syncs",
      [Rank(gpu_util=40, syncs=0)], {"device": "cuda"}, "host_overhead",
-     ["memory", "device_busy", "data_wait", "comm_exposed", "syncs"]),
+     ["memory", "device_busy", "data_wait", "comm_exposed", "syncs", "host_waiting"]),
+    ("host_wait: the CPU job's training thread off CPU 40% of the step",
+     [Rank(cpu=0.06)], {}, "host_wait",
+     ["memory", "device_busy", "data_wait", "comm_exposed", "syncs", "host_waiting"]),
     ("compute_efficiency: busy GPU at 10% MFU",
      [Rank(gpu_util=97, flops=PEAK * 0.1 * 0.1)], {"device": "cuda", "peak": PEAK}, "compute_efficiency",
      ["memory", "device_busy", "mfu"]),
@@ -224,7 +227,7 @@ def test_every_threshold_is_a_named_constant_with_a_source():
     # and names where it comes from
     documented = {"memory": (">", 0.90), "device_busy": ("<", 0.70), "data_wait": (">=", 0.05),
                   "loader_cpu": (">=", 0.30), "comm_exposed": (">=", 0.10), "straggler": ("<", 0.7),
-                  "syncs": (">=", 1.0), "mfu": ("<", 0.30)}
+                  "syncs": (">=", 1.0), "host_waiting": (">=", 0.50), "mfu": ("<", 0.30)}
     assert {n.id: (n.op, n.threshold) for n in chart.FLOWCHART} == documented
     assert all(len(n.threshold_source) > 10 for n in chart.FLOWCHART)
     assert (chart.ETTR_MIN, chart.DEVICE_BUSY_CRIT, chart.FRAGMENTATION_MAX) == (0.90, 0.50, 0.20)
@@ -239,9 +242,10 @@ def test_cpu_job_skips_host_sync_and_mfu_with_a_reason():
     assert v.bottleneck == "healthy"
 
 
-def test_cpu_idle_reaches_host_sync_node_but_skips_it():
+def test_cpu_idle_passes_the_host_sync_node_as_not_applying():
     v = V.evaluate(dataclasses.replace(_idle(), device_type="cpu"))
-    assert v.path[-1] == "syncs" and "CPU job" in v.evidence["skipped"]["syncs"]
+    assert v.path[-2:] == ["syncs", "host_waiting"] and "CPU job" in v.evidence["skipped"]["syncs"]
+    assert "syncs" not in v.undecided and "host_waiting" in v.undecided    # no thread CPU time to tell
     assert v.bottleneck == "host_overhead"
 
 
@@ -373,7 +377,9 @@ def test_finding_ids_are_from_the_documented_list():
     restarted = Rank(0, pid=999, restart=1, start=T0 + 10, gpu_util=97, gap=0.05, throttle=["hw_slowdown"],
                      extra_records=[mem, {"k": "drops", "t": T0 + 12, "count": 3},
                                     {"k": "event", "t": T0 + 12, "name": "warning", "source": "perfmon",
-                                     "where": "NVML", "count": 4, "message": "perfmon NVML error"}])
+                                     "where": "NVML", "count": 4, "message": "perfmon NVML error"},
+                                    {"k": "where", "t": T0 + 12, "t0": T0 + 10, "t1": T0 + 12, "samples": 40,
+                                     "lines": [], "other": 40, "runq": 0.3}])
     for rec in records(restarted, world=1, device="cuda"):
         model.ingest("restarted", rec)
     ids = [f["id"] for f in V.evaluate(model.view()).findings]
@@ -571,7 +577,7 @@ def test_walk_on_its_own_accounts_the_losses_of_the_views_device():
     view = job(Rank(dur=0.1, gpu_util=75), device="cuda").view()   # busy over 70% but idle 25%: the loss opens the gate
     leaf, path, _ = V.walk(view)
     assert (leaf, path) == (V.evaluate(view).bottleneck, V.evaluate(view).path) == (
-        "host_overhead", ["memory", "device_busy", "data_wait", "comm_exposed", "syncs"])
+        "host_overhead", ["memory", "device_busy", "data_wait", "comm_exposed", "syncs", "host_waiting"])
 
 
 def test_a_warming_up_verdict_still_carries_the_loss_accounting():

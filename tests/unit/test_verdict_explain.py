@@ -13,6 +13,7 @@ import dataclasses
 import pytest
 
 from tests.unit.test_stuck import SLEEPER, WAITER
+from tests.unit.test_where_model import FORWARD, SLEEP, intervals
 from tests.unit.verdict_synth import T0, Rank, job, records
 from tui.model import explain
 from tui.model import verdict as V
@@ -86,6 +87,11 @@ VIEWS = {
         traces={0: RankTrace(steps=(StepBar(0, 0.1, 0.0, (), "train.py:10"), StepBar(1, 0.1, 0.0, (), "train.py:42"),
                                     StepBar(2, 0.1, 0.0, ())), data_wait=(), cpu=())}),
     "host_overhead": lambda: _idle(step_time_median_s=0.25),
+    "host_wait_cpu": lambda: job(Rank(steps=40, cpu=0.06, extra_records=intervals(40, 0.1, [(SLEEP, 160),
+                                                                                            (FORWARD, 240)]))).view(),
+    "host_wait_cpu_no_samples": lambda: job(Rank(steps=40, cpu=0.06)).view(),
+    "host_wait_gpu": lambda: job(Rank(steps=40, gpu_util=40, syncs=0, extra_records=intervals(
+        40, 0.1, [(SLEEP, 300), (FORWARD, 100)])), device="cuda").view(),
     "compute_efficiency_mfu": lambda: _view(mfu=0.12, device_busy=0.97),
     "compute_efficiency_tensor": lambda: job(Rank(gpu_util=97, tensor_active=0.004), device="cuda").view(),
     "healthy_mfu": lambda: _view(mfu=0.45, device_busy=0.97, step_time_median_s=0.1234),
@@ -96,6 +102,13 @@ VIEWS = {
     "warming_up": lambda: job(Rank(steps=3)).view(),
     "stuck": lambda: job(Rank(0, extra_records=[WAITER]), Rank(1, extra_records=[SLEEPER])).view(),
 }
+
+WAIT_FIXES = [
+    "move the call off the training thread (a background thread or process feeding a queue), so the step never waits "
+    "for it",
+    "overlap it: start the request before forward and collect its result after backward (concurrent.futures)",
+    "batch it: one call every N steps instead of one per step; cache what it returns",
+    "a lock or GIL contention with a background thread shows as waiting too: find the other holder"]
 
 SUGGEST = {
     "memory_device": [   'activation checkpointing (torch.utils.checkpoint) on the largest blocks',
@@ -301,9 +314,33 @@ EXPECTED = {
          'step_time_median_s': 0.1,
          'syncs_per_step': 1.5},
         None),
+    'host_wait_cpu': (
+        'host_wait', 'warn',
+        'Host wait: 40% of each step waiting in time.sleep(0.04) at train.py:21 in fetch_from_service (off CPU 40% '
+        'of the step, no other measured cause)',
+        ['start with time.sleep(0.04) at train.py:21 in fetch_from_service: 40% ± 3% of each step waits there '
+         '(key u: every line)', *WAIT_FIXES],
+        {'device_busy': 0.6, 'host_wait_frac': 1.0, 'step_time_median_s': 0.1, 'where_top': '/home/u/train.py:21'},
+        None),
+    'host_wait_cpu_no_samples': (
+        'host_wait', 'warn',
+        'Host wait: the training thread is off CPU 40% of each step with no other measured cause; no stack samples '
+        'say where',
+        [*WAIT_FIXES, 'py-spy dump of the training process during a step shows the call it waits in'],
+        {'device_busy': 0.6, 'host_wait_frac': 1.0},
+        None),
+    'host_wait_gpu': (
+        'host_wait', 'crit',
+        'Host wait: 75% of each step waiting in time.sleep(0.04) at train.py:21 in fetch_from_service (device idle '
+        '60% with no other cause; the host is off CPU in 75% of its in-step samples)',
+        ['start with time.sleep(0.04) at train.py:21 in fetch_from_service: 75% ± 3% of each step waits there '
+         '(key u: every line)', *WAIT_FIXES],
+        {'device_busy': 0.4, 'host_wait_frac': 0.75, 'syncs_per_step': 0.0, 'where_top': '/home/u/train.py:21'},
+        None),
     'host_overhead': (
         'host_overhead', 'crit',
-        'Host overhead: the device idles 55% of each step with no other measured cause (busy 45% of a 250 ms step); the CPU cannot feed it',
+        'Host overhead: the device idles 55% of each step with no other measured cause (busy 45% of a 250 ms step); the CPU cannot feed it'
+        '; cannot tell a host that waits (I/O, a lock, a service) from launch overhead (no stack samples of the training thread in steps)',
         ['larger batch per step',
          'torch.compile or CUDA graphs to cut launch overhead',
          'fuse small ops; avoid Python work per micro-op'],
@@ -525,7 +562,8 @@ def test_arrival_straggler_mentions_its_gaps_from_five_percent(gap, said):
 def test_unknown_step_time_and_unmeasured_loader_are_said_plainly():
     assert V.evaluate(_idle(step_time_median_s=None)).headline == (
         "Host overhead: the device idles 55% of each step with no other measured cause (busy 45% of a n/a step); "
-        "the CPU cannot feed it")
+        "the CPU cannot feed it; cannot tell a host that waits (I/O, a lock, a service) from launch overhead (no "
+        "stack samples of the training thread in steps)")
     v = V.evaluate(_idle(data_wait_frac=0.3, loader_workers=None, loader_cpu=None, data_cpu_frac=None))
     assert v.bottleneck == "data_loading" and v.undecided == {"loader_cpu": v.evidence["skipped"]["loader_cpu"]}
     assert v.headline == ("Data loading: 30% of each step waits for the loader; cannot tell CPU-bound "

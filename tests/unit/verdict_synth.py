@@ -30,6 +30,8 @@ class Rank:
     tokens: float | None = None
     gpu_time: float | None = None
     data_cpu: float | None = None
+    cpu: float | None = None       # training thread CPU s per step (wire 1.3), over ``cpu_span``
+    cpu_span: str | None = None    # "body" (API) | "active" (zero-code)
     loader_workers: int | None = None
     loader_cpu: float | None = None
     rss: int | None = 1 << 30
@@ -69,7 +71,7 @@ def records(r: Rank, world: int = 1, device: str = "cpu", peak: float | None = N
         if r.comm is not None:
             step["comm"] = {"seconds": r.comm, "exposed": r.exposed if r.exposed is not None else r.comm,
                             "bytes": 4 << 20, "ops": 1}
-        for key in ("syncs", "flops", "samples", "tokens", "gpu_time", "data_cpu"):
+        for key in ("syncs", "flops", "samples", "tokens", "gpu_time", "data_cpu", "cpu", "cpu_span"):
             if getattr(r, key) is not None:
                 step[key] = getattr(r, key)
         out.append(step)

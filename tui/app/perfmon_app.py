@@ -33,6 +33,7 @@ from tui.app.screens.asking import AskScreen
 from tui.app.screens.capture import CaptureScreen
 from tui.app.screens.profile import ProfileScreen
 from tui.app.screens.stuck import StuckScreen
+from tui.app.screens.where import WhereScreen
 from tui.model.heatmap import heatmap
 from tui.model.verdict import Verdict, VerdictTracker
 from tui.model.views import JobView
@@ -95,6 +96,7 @@ class PerfmonApp(App[int]):
         Binding("end", "to_end", "end", show=False),
         Binding("l", "log", "log", show=False),
         Binding("s", "stuck", "stacks", show=False),
+        Binding("u", "where", "where the step goes", show=False),
         Binding("m", "ask('profile')", "module profile", show=False),
         Binding("c", "ask('capture')", "torch.profiler capture", show=False),
         Binding("f8", "screenshot_svg", "screenshot", show=False),
@@ -242,6 +244,8 @@ class PerfmonApp(App[int]):
             self.screen.show(self.verdict)
         elif isinstance(self.screen, StuckScreen):
             self.screen.show(self.view.stuck)
+        elif isinstance(self.screen, WhereScreen):
+            self.screen.show(self.verdict)
         elif isinstance(self.screen, AskScreen):
             self.screen.show(self.view)
 
@@ -285,6 +289,10 @@ class PerfmonApp(App[int]):
     def action_stuck(self) -> None:
         if not isinstance(self.screen, StuckScreen):
             self.push_screen(StuckScreen(self.view.stuck if self.view is not None else None))
+
+    def action_where(self) -> None:
+        if not isinstance(self.screen, WhereScreen):
+            self.push_screen(WhereScreen(self.verdict))
 
     def action_ask(self, op: str) -> None:
         """``m`` (module profile), ``c`` (torch.profiler capture): ask the selected rank, else the lowest."""

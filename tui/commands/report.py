@@ -147,6 +147,14 @@ def render_text(report: dict, width: int = 80) -> str:
             share = _pct(loss["share"]) if loss["share"] is not None else "not measured"
             wrap(loss.get("source") or loss.get("why_unknown") or "", first=f"  {loss['label']:<30} {share:>12}  ",
                  indent=" " * 48)
+    if v.get("where") is not None:
+        lines.append("Where the unexplained time goes (in-step stack samples, share of the step ± 95%):")
+        if not v["where"]:
+            lines.append("  no stack samples inside steps in the window")
+        for w in v["where"]:
+            wrap(f"{w['state']} in {w.get('lib') or w.get('call') or w['function']} at {_site(w['file'], w['line'])} "
+                 f"in {w['function']} ({w['samples']} samples)",
+                 first=f"  {_pct(w['share']):>4} ± {_pct(w['err']):<4} ", indent=" " * 15)
     ev = {k: val for k, val in (v.get("evidence") or {}).items() if k not in ("skipped", "notes", "undecided", "stuck")}
     if ev:
         lines.append("Evidence:")
@@ -199,6 +207,11 @@ def render_text(report: dict, width: int = 80) -> str:
         lines.append("COMPUTE = step - time between steps - data wait - exposed comm")
         lines.append("COMM = exposed (blocking) share")
     return "\n".join(line[:width] for line in lines) + "\n"
+
+
+def _site(file: str, line: int) -> str:
+    """'train.py:21': the base name keeps the line short; the JSON has the full path."""
+    return f"{file.replace(chr(92), '/').rsplit('/', 1)[-1]}:{line}"
 
 
 def _gb(x: Any) -> str:

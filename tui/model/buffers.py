@@ -28,6 +28,7 @@ MEMORY_BUFFER = 32
 COMM_BUFFER = 64
 EVENT_BUFFER = 200
 TIMELINE_STEPS = 120       # steps handed to the timeline/data panes per rank
+WHERE_BUFFER = 320         # ``where`` intervals (one per 2 s at most): the longest window the TUI offers (600 s)
 
 # Events whose ``seconds`` is time the training loop was blocked between steps.
 BLOCKING_EVENTS = frozenset({"checkpoint", "eval", "evaluation", "save", "pause"})
@@ -40,7 +41,7 @@ class RankState:
     __slots__ = ("rank", "stream", "hello", "generation", "steps", "nums", "samples", "cpu", "memory", "comm", "events",
                  "drops", "ended", "version", "first_start", "last_end", "inside", "gap_total", "unseen",
                  "pending_gap", "loader_seen", "last_t", "recv_clock", "stall", "profile", "capture",
-                 "summary_steps", "totals_through", "device", "_cache")
+                 "summary_steps", "totals_through", "device", "where", "_cache")
 
     def __init__(self, rank: int, stream: str, hello: dict[str, Any], generation: int) -> None:
         self.rank = rank
@@ -74,9 +75,12 @@ class RankState:
         self.totals_through = -1     # steps up to this one are in the running totals already (a summary's)
         # the job's device now (probe.gpu.job): the hello's until a sample says otherwise
         self.device: dict[str, Any] = hello["device"] if isinstance(hello.get("device"), dict) else {}
+        # in-step stack samples, ``tui.model.readings.WhereInterval`` (readings imports this module)
+        self.where: Deque[Any] = collections.deque(maxlen=WHERE_BUFFER)
         self._cache: tuple[int, Any] | None = None
 
-    def add_step(self, rec: dict[str, Any]) -> None:
+    def add_step(self, rec: dict[str, Any], cpu: float | None = None, cpu_active: bool = False) -> None:
+        """Append a step; ``cpu``/``cpu_active``: its body's thread CPU time (``readings.step_cpu``)."""
         dur = num(rec.get("dur")) or 0.0
         end = num(rec.get("t"))
         start = num(rec.get("start"))
@@ -101,7 +105,7 @@ class RankState:
                 self.last_end = end
             self.inside += dur - gap
             self.gap_total += gap
-        nums = step_nums(rec, dur, gap, end, start)
+        nums = step_nums(rec, dur, gap, end, start, cpu, cpu_active)
         if nums.has_data:
             self.loader_seen = True
         self.steps.append(rec)
@@ -129,9 +133,12 @@ class StepNums(NamedTuple):
     data_cpu: float | None
     lead: float | None          # seconds the host finished ahead of the device (CUDA events)
     data_share: float
+    cpu: float | None = None    # training thread CPU s in the step body (active - data), loader wait excluded
+    cpu_active: bool = False    # the probe's in-step span (CPU time, stack samples) was the whole active step
 
 
-def step_nums(rec: dict[str, Any], dur: float, gap: float, end: float | None, start: float | None) -> StepNums:
+def step_nums(rec: dict[str, Any], dur: float, gap: float, end: float | None, start: float | None,
+              cpu: float | None = None, cpu_active: bool = False) -> StepNums:
     phases = rec.get("phases") if isinstance(rec.get("phases"), dict) else {}
     comm = rec.get("comm") if isinstance(rec.get("comm"), dict) else None
     data = num(phases.get("data")) or 0.0
@@ -142,7 +149,7 @@ def step_nums(rec: dict[str, Any], dur: float, gap: float, end: float | None, st
         estimated=bool(comm.get("estimated")) if comm else False, samples=num(rec.get("samples")),
         tokens=num(rec.get("tokens")), flops=num(rec.get("flops")), syncs=num(rec.get("syncs")),
         data_cpu=num(rec.get("data_cpu")), lead=num(rec.get("lead")),
-        data_share=max(0.0, min(1.0, data / active)))
+        data_share=max(0.0, min(1.0, data / active)), cpu=cpu, cpu_active=cpu_active)
 
 
 def num(value: Any) -> float | None:

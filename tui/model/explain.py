@@ -7,9 +7,9 @@ from __future__ import annotations
 from typing import Any
 
 from tui.model import units
-from tui.model.flowchart import ETTR_MIN, FRAGMENTATION_MAX, THROTTLE_REASONS
+from tui.model.flowchart import CPU_CONTENTION_MIN, ETTR_MIN, FRAGMENTATION_MAX, THROTTLE_REASONS
 from tui.model.losses import account
-from tui.model.views import JobView, RankView
+from tui.model.views import JobView, RankView, WhereLine
 
 _pct = units.pct
 
@@ -176,8 +176,16 @@ def explain_load_imbalance(v: JobView, straggler: int | None) -> Explained:
     return headline, fixes, {"straggler_rank": straggler, "compute_ratio": round4(m.compute_ratio)}
 
 
+def _idle_share(v: JobView) -> float | None:
+    return next((x.share for x in account(v.metrics, v.device_type) if x.id == "device_idle"), None)
+
+
 def _idle_text(v: JobView) -> str:
-    idle = next((x.share for x in account(v.metrics, v.device_type) if x.id == "device_idle"), None)
+    idle = _idle_share(v)
+    if v.device_type != "cuda":
+        if idle is None:
+            return "no measured loss explains the step's time"
+        return f"the training thread is off CPU {_pct(idle)} of each step with no other measured cause"
     lead = v.metrics.host_lead_s
     # the starvation signal: a host that keeps only a few ms ahead of the GPU cannot keep it fed
     ahead = f" (the host runs {lead * 1000:.1f} ms ahead of it)" if lead is not None else ""
@@ -200,6 +208,42 @@ def explain_host_overhead(v: JobView, straggler: int | None) -> Explained:
             "the CPU cannot feed it",
             ["larger batch per step", "torch.compile or CUDA graphs to cut launch overhead",
              "fuse small ops; avoid Python work per micro-op"], {})
+
+
+def where_text(line: WhereLine) -> str:
+    """'time.sleep(0.05) at train.py:21 in fetch_from_service'."""
+    return f"{line.what} at {line.site} in {line.function}"
+
+
+def _top_waiting(v: JobView) -> WhereLine | None:
+    return next(iter(v.where.top(1, "waiting")), None) if v.where is not None else None
+
+
+_WAIT_FIXES = ["move the call off the training thread (a background thread or process feeding a queue), so the "
+               "step never waits for it",
+               "overlap it: start the request before forward and collect its result after backward "
+               "(concurrent.futures)",
+               "batch it: one call every N steps instead of one per step; cache what it returns",
+               "a lock or GIL contention with a background thread shows as waiting too: find the other holder"]
+
+
+def explain_host_wait(v: JobView, straggler: int | None) -> Explained:
+    """The host thread waits off CPU inside the step: the top waiting line says where."""
+    idle = _idle_share(v)
+    line = _top_waiting(v)
+    if v.device_type != "cuda":
+        off = f"off CPU {_pct(idle)} of the step, no other measured cause"
+    else:
+        off = (f"device idle {_pct(idle)} with no other cause; the host is off CPU in "
+               f"{_pct(v.metrics.host_wait_frac)} of its in-step samples")
+    fixes = list(_WAIT_FIXES)
+    if line is None:
+        return (f"Host wait: {_idle_text(v)}; no stack samples say where",
+                fixes + ["py-spy dump of the training process during a step shows the call it waits in"], {})
+    fixes.insert(0, f"start with {where_text(line)}: {_pct(line.share)} ± {_pct(line.err)} of each step waits "
+                    "there (key u: every line)")
+    return (f"Host wait: {_pct(line.share)} of each step waiting in {where_text(line)} ({off})", fixes,
+            {"where_top": f"{line.file}:{line.line}"})
 
 
 def explain_compute_efficiency(v: JobView, straggler: int | None) -> Explained:
@@ -304,6 +348,10 @@ def findings(v: JobView) -> list[dict[str, Any]]:
         if frac > FRAGMENTATION_MAX:
             out.append({"id": "fragmentation", "fraction": round(frac, 4), "bytes": mem.fragmentation_bytes,
                         "message": f"{_pct(frac)} of reserved memory is fragmented: try expandable_segments:True"})
+    if m.cpu_contention_frac is not None and m.cpu_contention_frac >= CPU_CONTENTION_MIN:
+        out.append({"id": "cpu_contention", "share": round4(m.cpu_contention_frac),
+                    "message": f"the training thread waits {_pct(m.cpu_contention_frac)} of each step for a free "
+                               "core: other processes or threads compete for the CPU"})
     for r in v.ranks:
         if r.generation > 0:
             out.append({"id": "rank_restarted", "rank": r.rank, "generation": r.generation, "restart": r.restart,

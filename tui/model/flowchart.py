@@ -44,6 +44,13 @@ LOADER_CPU_BOUND = 0.30
 # Host-device syncs: at least one per step in a job whose device idles points at .item()/.cpu() in
 # the loop (seed 001 模型写法问题: "存在D2H的同步拷贝"; analysis_anchors §8).
 SYNCS_PER_STEP_MIN = 1.0
+# The host thread is "waiting" when most of its in-step stack samples find it off CPU (its CPU clock
+# advanced by less than half the wall time since the previous sample): "most" is the majority. On a
+# CPU job the unexplained loss is off-CPU time by its definition (the share is 1).
+HOST_WAIT_MIN = 0.50
+# CPU contention: the training thread runnable with no free core for 10% of the step or more, the same
+# share at which a measured loss counts (LOSS_MIN); its cause is other processes or threads, not the step.
+CPU_CONTENTION_MIN = 0.10
 # Llama 3 reports ">90% effective training time" (arXiv 2407.21783 §3.3.4), seed 001's ETTR status quo.
 ETTR_MIN = 0.90
 # Severe idleness: TB plugin "low GPU utilization" rule, gpu_utilization < 0.5 (analysis_anchors §2.2).
@@ -55,7 +62,7 @@ FRAGMENTATION_MAX = 0.20
 # (probe/gpu/nvml.py THROTTLE_BITS); idle, app_clocks, sync_boost, display_clocks are not throttling.
 THROTTLE_REASONS = frozenset({"sw_power_cap", "hw_slowdown", "sw_thermal", "hw_thermal", "hw_power_brake"})
 
-FINDINGS = ("step_gaps", "throttling", "fragmentation", "rank_restarted", "drops", "probe_warnings",
+FINDINGS = ("step_gaps", "throttling", "fragmentation", "rank_restarted", "drops", "probe_warnings", "cpu_contention",
             "data_wait", "comm_exposed", "device_idle")
 # The share at which each step loss counts as a cause (and, when not the largest, a secondary finding).
 LOSS_THRESHOLD = {"data_wait": DATA_WAIT_MIN, "comm_exposed": COMM_EXPOSED_MIN, "device_idle": LOSS_MIN}
@@ -106,8 +113,13 @@ FLOWCHART: tuple[Node, ...] = (
          yes="load_imbalance", no="communication", op="<", unit="ratio"),
     Node("syncs", "The device idles with no other measured cause: does every step force a host-device sync?",
          "syncs_per_step", SYNCS_PER_STEP_MIN,
-         "seed 001 (D2H sync copies in the model code idle the GPU)", yes="host_sync", no="host_overhead",
+         "seed 001 (D2H sync copies in the model code idle the GPU)", yes="host_sync", no="host_waiting",
          unit="count"),
+    Node("host_waiting", "The host thread: is it off CPU (waiting) for most of the unexplained time?",
+         "host_wait_frac", HOST_WAIT_MIN,
+         "perfmon: in-step stack samples with the thread's CPU clock (off CPU = under half the wall time); "
+         "a CPU job's unexplained loss is off-CPU time by definition",
+         yes="host_wait", no="host_overhead"),
     Node("mfu", "Not starved: is MFU under 30% (or are the tensor cores idle)?", "mfu", MFU_MIN,
          "Llama 3 (arXiv 2407.21783) 38-43% MFU, PaLM (arXiv 2204.02311) 46%", yes="compute_efficiency",
          no="healthy",
@@ -122,17 +134,19 @@ FLOWCHART: tuple[Node, ...] = (
 # * the question that tells two causes of one measured loss apart (``DECIDES_BETWEEN``) ends at the
 #   outcome that names the loss's family (data loading, communication, host overhead) and the
 #   verdict says which causes it cannot tell apart;
+#   (syncs not counted still asks whether the host waits, which the stack samples can tell);
 # * MFU unknown ends at healthy: the device is busy and no measured loss is large; efficiency is
 #   then listed as not measured.
 UNMEASURED = {"memory": "device_busy", "device_busy": "not_measured", "data_wait": "comm_exposed",
               "loader_cpu": "data_loading", "comm_exposed": "syncs", "straggler": "communication",
-              "syncs": "host_overhead", "mfu": "healthy"}
+              "syncs": "host_waiting", "host_waiting": "host_overhead", "mfu": "healthy"}
 NODES: dict[str, Node] = {n.id: n for n in FLOWCHART}
 ROOT = "memory"
 # The last questions before an outcome: when one cannot be asked, the verdict says what it cannot tell apart.
 DECIDES_BETWEEN = {"loader_cpu": "CPU-bound preprocessing from slow I/O",
                    "straggler": "a slow rank from slow communication",
-                   "syncs": "host-device syncs from launch overhead or an unmeasured loss"}
+                   "syncs": "host-device syncs from launch overhead or an unmeasured loss",
+                   "host_waiting": "a host that waits (I/O, a lock, a service) from launch overhead"}
 
 
 def compare(value: float, node: Node) -> bool:

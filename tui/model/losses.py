@@ -1,8 +1,10 @@
 """Loss accounting: where each step's wall time goes, one measured share per cause.
 
 A step's time splits into compute and losses: waiting for the next batch,
-waiting for peers (exposed communication), and, on a GPU, device idle that no
-other measured loss explains (host syncs, launch overhead). Between steps, time
+waiting for peers (exposed communication), and device idle that no other
+measured loss explains: on a GPU the device with nothing to do (host syncs,
+launch overhead, a host that waits), on a CPU the training thread off CPU
+(a sleep, a lock, a remote call, a file read inside the step). Between steps, time
 is lost to gaps (checkpoints, evaluation, stalls). Each share is measured from
 a named source or is unknown (``share is None`` with the reason), never 0
 (DESIGN §6). Pure: ``account(metrics, device_type)`` depends on its inputs only.
@@ -65,12 +67,19 @@ def _device_idle(m: Metrics, device_type: str, data: Loss) -> Loss:
     The GPU idles while the step waits for the next batch, so that share is
     subtracted; what is left is the host failing to feed the device (syncs,
     launch overhead). Exposed communication is not subtracted: NCCL's kernels
-    keep the device busy in NVML's sense while the step waits for peers. A CPU
-    job has no separate device: its busy share is what the measured losses leave.
+    keep the device busy in NVML's sense while the step waits for peers. On a
+    CPU job the CPU is the device: the loss is the step body's time the
+    training thread spent off CPU that exposed communication does not explain
+    (``off_cpu_frac``, from the thread's CPU clock); without that clock it is
+    unknown and busy is what the measured losses leave.
     """
     if device_type != "cuda":
-        return Loss("device_idle", "device idle, no other cause", None,
-                    "CPU job: the CPU is the device, its busy share is the time not lost to a measured cause")
+        if m.off_cpu_frac is not None:
+            return Loss("device_idle", CPU_IDLE_LABEL, m.off_cpu_frac,
+                        CPU_IDLE_SOURCE if m.cpu_contention_frac is None else CPU_IDLE_SOURCE_RUNQ)
+        return Loss("device_idle", CPU_IDLE_LABEL, None,
+                    "CPU job: the training thread's CPU time is not reported, so a wait inside the step cannot "
+                    "be told from work (busy is the time not lost to a measured cause)")
     if m.device_busy is None or m.device_busy_source not in MEASURED_BUSY:
         return Loss("device_idle", "device idle, no other cause", None,
                     "GPU activity not measured (neither GPM SM activity nor NVML utilization readable)")
@@ -79,11 +88,16 @@ def _device_idle(m: Metrics, device_type: str, data: Loss) -> Loss:
     return Loss("device_idle", "device idle, no other cause", max(0.0, rest), f"1 - GPU busy ({label}) - data wait")
 
 
+CPU_IDLE_LABEL = "waiting, no measured cause"
+CPU_IDLE_SOURCE = "training thread off CPU (thread CPU time)"
+CPU_IDLE_SOURCE_RUNQ = "training thread off CPU, less the time it waited for a core (thread CPU time, scheduler)"
+
 # What each ``Metrics.device_busy_source`` means (README "The verdict" says the same). The GPU
 # ones measure activity, never the elapsed time between two CUDA events (which includes idle gaps).
 BUSY_SOURCES = {
     "sm_active": "GPM SM activity: the share of SMs busy",
     "nvml_util": "NVML utilization: the share of time any kernel ran",
+    "thread_cpu": "CPU: the training thread's CPU time in the step",
     "step_accounting": "CPU: the step time not lost to a measured cause",
 }
 MEASURED_BUSY = {k: BUSY_SOURCES[k] for k in ("sm_active", "nvml_util")}

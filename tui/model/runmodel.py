@@ -23,8 +23,13 @@ Formulas (sources in the comments next to each):
 * compute time of a step = active − data − exposed comm;
 * device busy: CUDA = the mean NVML utilization of the rank's GPU in the window
   (measured activity; never the elapsed time between two CUDA events, which
-  includes idle gaps), unknown without NVML; CPU = Σ compute / Σ active, the
-  share of step time not lost to a measured cause;
+  includes idle gaps), unknown without NVML; CPU = (Σ thread CPU of the step body
+  + Σ data_cpu) / Σ active where the probe measures the training thread's CPU time
+  (step ``cpu``), else Σ compute / Σ active, the share not lost to a measured cause;
+* off-CPU share (CPU jobs' device idle) = max(0, Σ body − Σ body CPU − Σ exposed) / Σ active,
+  body = active − data;
+* where-table: in-step stack samples of the window per user line and state, share =
+  samples / in-step samples × (sampled span / active), 95% Wilson error bar;
 * busbw = bytes / seconds × nccl-tests factor of the collective;
 * MFU = Σ flops / Σ dur / peak FLOP/s of the device for the dtype in use (none without that peak);
 * ETTR = time inside steps / wall time since the first step.
@@ -37,8 +42,8 @@ from typing import Any
 
 from tui.model.buffers import (BLOCKING_EVENTS, EVENT_BUFFER, MIN_STEPS, WINDOW_SAMPLES, WINDOW_SECONDS,
                                WINDOW_STEPS, RankState, num)
-from tui.model.readings import HostReading, gpu_rows, host_reading
-from tui.model.stats import RankStats, comm_rows, job_metrics, rank_stats, rank_view, summary_stats
+from tui.model.readings import HostReading, gpu_rows, host_reading, step_cpu, where_interval
+from tui.model.stats import RankStats, comm_rows, job_metrics, job_where, rank_stats, rank_view, summary_stats
 from tui.model.capture import capture_reading
 from tui.model.profile import ModuleProfile, profile_reading, with_overhead
 from tui.model.stuck import diagnose, stall_reading
@@ -97,7 +102,7 @@ class RunModel:
                 if state.summary_steps is not None:   # followed in full again (a relay's subscription)
                     state.summary_steps = None
                     self._summaries.pop(state, None)
-                state.add_step(record)
+                state.add_step(record, *step_cpu(record))
                 if state.stall is not None and record["step"] > (state.stall.step if state.stall.step is not None
                                                                    else -1):
                     state.stall = None     # progress again (its ``resumed`` record may have been dropped)
@@ -120,6 +125,10 @@ class RunModel:
             host = record.get("host")
             if isinstance(host, dict) and host.get("loader_workers") is not None:
                 state.loader_seen = True
+        elif kind == "where":
+            interval = where_interval(record)
+            if interval is not None:
+                state.where.append(interval)
         elif kind == "memory":
             state.memory.append(record)
         elif kind == "comm":
@@ -251,6 +260,7 @@ class RunModel:
             stuck=diagnose(ranks),
             profile=_latest_profile(states),
             captures=tuple(s.capture for s in states if s.capture is not None),
+            where=job_where([st for _, st in ready]),
         )
 
     def _stats(self, state: RankState) -> "RankStats":

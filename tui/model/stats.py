@@ -8,13 +8,14 @@ from __future__ import annotations
 
 import dataclasses
 import itertools
+import math
 import statistics
 from dataclasses import dataclass
 from typing import Any, Callable, Deque, Iterable
 
 from tui.model.buffers import (MIN_STEPS, TIMELINE_STEPS, WINDOW_SAMPLES, RankState, StepNums, num)
-from tui.model.readings import RankTrace, gpu_readings, host_reading, own_gpus, step_bar
-from tui.model.views import CommOpRow, MemoryMetrics, Metrics, RankView
+from tui.model.readings import RankTrace, WhereInterval, gpu_readings, host_reading, own_gpus, step_bar
+from tui.model.views import CommOpRow, MemoryMetrics, Metrics, RankView, WhereLine, WhereTable
 
 
 # -- per-rank statistics ---------------------------------------------------------------------
@@ -47,6 +48,9 @@ class RankStats:
     trace: RankTrace
     memory: MemoryMetrics
     comm_delta: dict[str, tuple[int, int, float, float | None]]   # op -> (count, bytes, s, bus bytes) in the window
+    off_cpu_frac: float | None = None     # step body off CPU that no other measured loss explains (thread CPU)
+    where: WhereTable | None = None       # the window's in-step stack samples (a relay's summary leaves it out)
+    cpu_contention_frac: float | None = None  # active step time runnable but without a core (scheduler stats)
 
 
 def _window(nums: Deque[StepNums], max_steps: int, max_seconds: float) -> list[StepNums]:
@@ -135,14 +139,20 @@ def rank_stats(state: RankState, max_steps: int, max_seconds: float, timeline: b
     estimated = any(s.estimated for s in win) if comm_known else None
 
     device = state.device
+    thread_busy, off_cpu = _thread_cpu(win)
+    where = where_table(state.rank, state.where, win, win_start) if state.where else None
+    contention = where.contention if where is not None else None
     busy, busy_src = None, None
     if n and device.get("type") == "cuda":
         # measured activity only: the elapsed time between two CUDA events includes every idle gap;
         # a job device with a ``status`` has no GPU counters the probe could tie to it
         if not device.get("status"):
             busy, busy_src = _gpu_busy(samples, state.hello)
+    elif n and thread_busy is not None:
+        # CPU: the CPU is the device; busy is the training thread's measured CPU time in the step
+        busy, busy_src = thread_busy, "thread_cpu"
     elif n:
-        # CPU: the CPU is the device; busy is the step time not lost to a measured cause
+        # CPU without thread CPU times (an older probe): busy is the step time not lost to a measured cause
         busy, busy_src = sum(computes) / active_sum, "step_accounting"
 
     samples_sum = _sum([s.samples for s in win])
@@ -189,7 +199,87 @@ def rank_stats(state: RankState, max_steps: int, max_seconds: float, timeline: b
         trace=trace,
         memory=_rank_memory(state, win_start, hosts, max_steps),
         comm_delta=_comm_delta(state, win_start),
+        off_cpu_frac=off_cpu if contention is None or off_cpu is None else max(0.0, off_cpu - contention),
+        where=where,
+        cpu_contention_frac=contention,
     )
+
+
+def _thread_cpu(win: list[StepNums]) -> tuple[float | None, float | None]:
+    """(CPU busy, off-CPU loss) over the window's steps whose thread CPU time was measured.
+
+    busy = (body CPU + CPU inside the data wait) / active; the loss = the body's time off CPU
+    that exposed communication does not explain: max(0, body - body CPU - exposed) / active,
+    summed before it is clamped, so clock noise in one step does not count as a loss. Time the
+    thread was runnable but had no core (CPU contention, from the ``where`` records) is off its CPU
+    clock too; ``rank_stats`` takes it out, since its cause is measured."""
+    known = [s for s in win if s.cpu is not None]
+    active = sum(s.active for s in known)
+    if not known or active <= 0:
+        return None, None
+    body_cpu = sum(s.cpu or 0.0 for s in known)
+    body = sum(max(0.0, s.active - s.data) for s in known)
+    exposed = sum(s.exposed or 0.0 for s in known)
+    data_cpu = sum(s.data_cpu or 0.0 for s in known)
+    return min(1.0, (body_cpu + data_cpu) / active), max(0.0, body - body_cpu - exposed) / active
+
+
+# 95% two-sided normal quantile, for the binomial error bars of the where-table's shares.
+Z95 = 1.959964
+
+
+def wilson_half_width(n: int, total: int, z: float = Z95) -> float:
+    """Half-width of the Wilson score interval for n successes in ``total`` trials: the binomial
+    error of a sampled share. Unlike n/total ± z·sqrt(p(1-p)/total) it is not 0 at 0 or all
+    samples, where a handful of samples says little."""
+    if total <= 0:
+        return 1.0
+    p = n / total
+    return z / (1.0 + z * z / total) * math.sqrt(p * (1.0 - p) / total + z * z / (4.0 * total * total))
+
+
+WHERE_LINES = 20     # lines the view keeps (the probe lists at most 20 per interval)
+
+
+def where_table(rank: int, intervals: Iterable[WhereInterval], win: list[StepNums],
+                win_start: float | None) -> WhereTable | None:
+    """The window's stack samples: the intervals that overlap the window, summed per user line and
+    state (the library call below a line is the one with the most samples there). A line's share
+    of the active step = its samples / all in-step samples x the share of the step the samples
+    span; its error bar is the Wilson half-width of the sample proportion, scaled the same way.
+    ``runq``: the intervals' run-queue shares (the thread runnable, no core free), weighted by samples."""
+    if not win or win_start is None:
+        return None
+    end = win[-1].t if win[-1].t is not None else win_start
+    active = sum(s.active for s in win)
+    span = sum(s.active if s.cpu_active else max(0.0, s.active - s.data) for s in win)
+    span_share = span / active if active > 0 else 1.0
+    total, hz, runq, runq_samples = 0, None, 0.0, 0
+    counts: dict[tuple[str, int, str, str | None], list[Any]] = {}
+    for iv in intervals:
+        if iv.t1 <= win_start or iv.t0 >= end:
+            continue
+        total += iv.samples
+        hz = iv.hz if iv.hz is not None else hz
+        if iv.runq is not None and iv.samples > 0:
+            runq += iv.runq * iv.samples
+            runq_samples += iv.samples
+        for c in iv.lines:
+            row = counts.setdefault((c.file, c.line, c.function, c.state), [0, c.call, {}])
+            row[0] += c.n
+            row[1] = row[1] or c.call
+            row[2][c.lib] = row[2].get(c.lib, 0) + c.n
+    total = max(total, sum(row[0] for row in counts.values()))   # never a share over 1
+    lines = sorted((WhereLine(file=f, line=ln, function=fn, call=call,
+                              lib=max(libs.items(), key=lambda kv: (kv[1], kv[0] is not None))[0], state=st,
+                              samples=n, share=span_share * n / total,
+                              err=span_share * wilson_half_width(n, total))
+                    for (f, ln, fn, st), (n, call, libs) in counts.items()),
+                   key=lambda x: (-x.samples, x.file, x.line, x.state or ""))
+    return WhereTable(rank=rank, samples=total, hz=hz, span_share=span_share,
+                      waiting=sum(x.samples for x in lines if x.state == "waiting"),
+                      busy=sum(x.samples for x in lines if x.state == "busy"), lines=tuple(lines[:WHERE_LINES]),
+                      runq=runq / runq_samples if runq_samples else None)
 
 
 
@@ -434,6 +524,7 @@ def job_metrics(ready: list[tuple[RankState, RankStats]], ranks: list[RankView],
     memory = _job_memory(states, stats)
     samples = [x.samples_per_s for x in st]
     tokens = [x.tokens_per_s for x in st]
+    where = job_where(st)
     metrics = Metrics(
         steps=steps,
         step_time_median_s=_max([x.step_median for x in st]),
@@ -450,6 +541,9 @@ def job_metrics(ready: list[tuple[RankState, RankStats]], ranks: list[RankView],
         busbw=top.busbw if top else None,
         syncs_per_step=_mean([x.syncs for x in st]),
         host_lead_s=_min([x.host_lead for x in st]),
+        off_cpu_frac=_max([x.off_cpu_frac for x in st]),
+        cpu_contention_frac=_max([x.cpu_contention_frac for x in st]),
+        host_wait_frac=where.wait_frac if where is not None else None,
         mfu=_mean([x.mfu for x in st]),
         peak_flops=next((x.peak_flops for x in st if x.peak_flops), None),
         peak_source=next((x.peak_source for x in st if x.peak_flops), None),
@@ -467,6 +561,15 @@ def job_metrics(ready: list[tuple[RankState, RankStats]], ranks: list[RankView],
     return metrics, straggler
 
 
+
+
+def job_where(stats: list[RankStats]) -> WhereTable | None:
+    """The stack samples shown for the job: the rank with the most unexplained off-CPU time (in a
+    synchronous job the others wait for it), else the one with the most samples."""
+    tables = [x for x in stats if x.where is not None]
+    best = max(tables, key=lambda x: (x.off_cpu_frac if x.off_cpu_frac is not None else -1.0, x.where.samples),
+               default=None)   # type: ignore[union-attr]
+    return best.where if best is not None else None
 
 
 def _job_memory(states: list[RankState], stats: list[RankStats]) -> MemoryMetrics:

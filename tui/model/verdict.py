@@ -33,13 +33,16 @@ from tui.model.buffers import MIN_STEPS
 from tui.model.losses import STEP_LOSSES, Loss, account, by_id
 from tui.model.explain import (Explained, explain_communication, explain_compute_efficiency, explain_data_loading,
                                explain_data_preprocessing, explain_healthy, explain_host_overhead, explain_host_sync,
-                               explain_load_imbalance, explain_memory, explain_not_measured, explain_stuck,
-                               explain_warming_up, gaps_lost, peak_note, round4 as _round, tensor_active)
+                               explain_host_wait, explain_load_imbalance, explain_memory, explain_not_measured,
+                               explain_stuck, explain_warming_up, gaps_lost, peak_note, round4 as _round,
+                               tensor_active, where_text)
 from tui.model.explain import findings as secondary_findings  # beside the named outcome
 from tui.model.flowchart import (DECIDES_BETWEEN, DEVICE_BUSY_CRIT, LOSS_MIN, LOSS_THRESHOLD, NODES, ROOT,
                                  TENSOR_ACTIVE_MIN, UNMEASURED, Node, compare)
 from tui.model.stuck import StuckDiagnosis
-from tui.model.views import JobView
+from tui.model.views import JobView, WhereLine, WhereTable
+
+WHERE_TOP = 5     # lines of ``verdict.where`` in the report
 
 @dataclass(frozen=True)
 class PathStep:
@@ -60,7 +63,8 @@ class Verdict:
     the outcome's own question could not be asked (the verdict names the loss, not
     its cause); ``findings``: secondary findings, each a dict with ``id`` (see
     FINDINGS); ``pending``: a different bottleneck seen once, waiting for
-    confirmation (tracker only).
+    confirmation (tracker only); ``where``: the window's in-step stack samples
+    per user line (None when no rank sent any).
     """
 
     bottleneck: str
@@ -76,6 +80,7 @@ class Verdict:
     undecided: dict[str, str] = field(default_factory=dict)
     stuck: StuckDiagnosis | None = None
     straggler_host: str | None = None    # the node of ``straggler_rank`` (DESIGN §7)
+    where: WhereTable | None = None
 
     @property
     def rule(self) -> "Rule":
@@ -112,7 +117,17 @@ class Verdict:
                 "straggler_host": self.straggler_host,
                 "losses": [x.as_json() for x in self.losses], "undecided": dict(self.undecided),
                 "unknown": {NODES[n].quantity: why for n, why in skipped.items() if n in NODES},
-                "stuck": self.stuck.as_json() if self.stuck is not None else None}
+                "stuck": self.stuck.as_json() if self.stuck is not None else None,
+                "where": [x.as_json() for x in self.where_lines()[:WHERE_TOP]] if self.where is not None else None}
+
+    def where_lines(self) -> tuple[WhereLine, ...]:
+        """The window's sampled lines, largest first; a host wait puts its waiting lines first, since
+        the time off CPU is the time it names."""
+        if self.where is None:
+            return ()
+        if self.bottleneck != "host_wait":
+            return self.where.lines
+        return tuple(sorted(self.where.lines, key=lambda x: x.state != "waiting"))
 
 
 # -- measuring each node -----------------------------------------------------------------------
@@ -214,14 +229,27 @@ def _ask_straggler(v: JobView, node: Node, losses: tuple[Loss, ...]) -> _Answer:
 
 
 def _ask_host_sync(v: JobView, node: Node, losses: tuple[Loss, ...]) -> _Answer:
-    if v.device_type != "cuda":   # reached only when no measured loss explains a low busy share
-        return _Answer(None, None, "CPU job: there is no host-device sync to find")
+    if v.device_type != "cuda":
+        return _Answer(None, None, "CPU job: there is no host-device sync to find", applies=False)
     s = v.metrics.syncs_per_step
     if s is None:
         return _Answer(None, None, "syncs not counted (opt-in: watch(syncs=True) or PERFMON_SYNCS=1)")
     if not compare(s, node) and by_id(losses)["device_idle"].share is None:
         return _Answer(None, None, "no measured loss explains the low busy share (device idle not measured)")
     return _Answer(s, compare(s, node))
+
+
+def _ask_host_waiting(v: JobView, node: Node, losses: tuple[Loss, ...]) -> _Answer:
+    if v.device_type != "cuda":
+        if by_id(losses)["device_idle"].share is None:
+            return _Answer(None, None, "the training thread's CPU time is not reported")
+        return _Answer(1.0, compare(1.0, node), "CPU job: the unexplained loss is the training thread's time "
+                                                "off CPU")
+    frac = v.metrics.host_wait_frac
+    if frac is None:
+        return _Answer(None, None, "no stack samples of the training thread in steps")
+    n = (v.where.waiting + v.where.busy) if v.where is not None else 0
+    return _Answer(frac, compare(frac, node), f"{n} stack samples")
 
 
 def _ask_mfu(v: JobView, node: Node, losses: tuple[Loss, ...]) -> _Answer:
@@ -239,7 +267,7 @@ def _ask_mfu(v: JobView, node: Node, losses: tuple[Loss, ...]) -> _Answer:
 _ASK: dict[str, Callable[[JobView, Node, tuple[Loss, ...]], _Answer]] = {
     "memory": _ask_memory, "device_busy": _ask_device_busy, "data_wait": _ask_data_wait,
     "loader_cpu": _ask_loader_cpu, "comm_exposed": _ask_comm_exposed, "straggler": _ask_straggler,
-    "syncs": _ask_host_sync, "mfu": _ask_mfu,
+    "syncs": _ask_host_sync, "host_waiting": _ask_host_waiting, "mfu": _ask_mfu,
 }
 
 
@@ -291,11 +319,12 @@ def evaluate(view: JobView) -> Verdict:
         culprits = view.stuck.culprit_ranks
         culprit = culprits[0] if len(culprits) == 1 else None
         return Verdict("stuck", "crit", headline, [], extra, suggestions, culprit, secondary_findings(view),
-                       losses=losses, stuck=view.stuck, straggler_host=_host_of(view, culprit))
+                       losses=losses, stuck=view.stuck, straggler_host=_host_of(view, culprit), where=view.where)
     if view.warming_up:
         steps = max((r.window_steps for r in view.ranks), default=0)
         return Verdict("warming_up", "info", f"Warming up: {steps} of {MIN_STEPS} steps seen, no verdict yet",
-                       [], {"steps": view.metrics.steps}, [], None, secondary_findings(view), losses=losses)
+                       [], {"steps": view.metrics.steps}, [], None, secondary_findings(view), losses=losses,
+                       where=view.where)
     leaf, path, evidence = walk(view, losses)
     m = view.metrics
     straggler = view.straggler_rank if leaf == "load_imbalance" else None
@@ -308,9 +337,10 @@ def evaluate(view: JobView) -> Verdict:
     for node_id in undecided:
         headline += f"; cannot tell {DECIDES_BETWEEN[node_id]} ({_short_reason(undecided[node_id])})"
     evidence.update(extra)
-    found = _loss_findings(rule, losses) + secondary_findings(view)
+    found = _loss_findings(rule, losses, view.where) + secondary_findings(view)
     return Verdict(leaf, _severity(leaf, view, losses), headline, path, evidence, suggestions, straggler, found,
-                   losses=losses, undecided=dict(undecided), straggler_host=_host_of(view, straggler))
+                   losses=losses, undecided=dict(undecided), straggler_host=_host_of(view, straggler),
+                   where=view.where)
 
 
 def _host_of(view: JobView, rank: int | None) -> str | None:
@@ -322,10 +352,13 @@ def _short_reason(reason: str) -> str:
     return reason.split(": cannot tell")[0]
 
 
-def _loss_findings(rule: "Rule", losses: tuple[Loss, ...]) -> list[dict[str, Any]]:
-    """Measured losses over their threshold that the outcome does not name."""
+def _loss_findings(rule: "Rule", losses: tuple[Loss, ...], where: WhereTable | None = None) -> list[dict[str, Any]]:
+    """Measured losses over their threshold that the outcome does not name; the unexplained one says
+    where the host thread waits most, when stack samples say so."""
+    wait = where.top(1, "waiting") if where is not None else ()
     return [{"id": x.id, "share": _round(x.share), "source": x.source,
-             "message": f"{x.label} also takes {_pct(x.share)} of each step"}
+             "message": f"{x.label} also takes {_pct(x.share)} of each step"
+                        + (f" (most waiting in {where_text(wait[0])})" if x.id == "device_idle" and wait else "")}
             for x in qualifying(losses) if x.id != rule.loss]
 
 
@@ -377,7 +410,9 @@ RULES_TABLE: tuple[Rule, ...] = (
     Rule("load_imbalance", "LOAD IMBALANCE", "straggler", "yes", "ranks", explain_load_imbalance,
          loss="comm_exposed"),
     Rule("host_sync", "HOST-DEVICE SYNC", "syncs", "yes", "timeline", explain_host_sync, loss="device_idle"),
-    Rule("host_overhead", "HOST OVERHEAD", "syncs", "no", "timeline", explain_host_overhead, loss="device_idle"),
+    Rule("host_wait", "HOST WAIT", "host_waiting", "yes", "timeline", explain_host_wait, loss="device_idle"),
+    Rule("host_overhead", "HOST OVERHEAD", "host_waiting", "no", "timeline", explain_host_overhead,
+         loss="device_idle"),
     Rule("compute_efficiency", "COMPUTE EFFICIENCY", "mfu", "yes", "device", explain_compute_efficiency),
     Rule("healthy", "HEALTHY", "mfu", "no", None, explain_healthy),
     Rule("not_measured", "NOT MEASURED", "device_busy", None, "device", explain_not_measured),

@@ -56,6 +56,71 @@ class MemoryMetrics:
 
 
 @dataclass(frozen=True)
+class WhereLine:
+    """One user source line over the window: where the training thread was during in-step stack
+    samples. ``share`` is of the active step time (samples here / in-step samples x the share of
+    the step the samples cover); ``err`` the 95% half-width of ``share`` from the sample count."""
+
+    file: str
+    line: int
+    function: str
+    call: str | None          # the line's source text
+    lib: str | None           # "module.function" of the innermost library frame below it
+    state: str | None         # "waiting" (off CPU) | "busy" (on CPU) | None (the probe could not tell)
+    samples: int
+    share: float
+    err: float
+
+    @property
+    def site(self) -> str:
+        """'train.py:21': the file's base name and the line."""
+        return f"{self.file.replace(chr(92), '/').rsplit('/', 1)[-1]}:{self.line}"
+
+    @property
+    def what(self) -> str:
+        """The call the line makes: the library function, else the line's text, else its function."""
+        return self.lib or self.call or self.function
+
+    def as_json(self) -> dict[str, Any]:
+        """One entry of the report's ``verdict.where``."""
+        return {"file": self.file, "line": self.line, "function": self.function, "call": self.call,
+                "lib": self.lib, "state": self.state, "share": round(self.share, 4), "err": round(self.err, 4),
+                "samples": self.samples}
+
+
+@dataclass(frozen=True)
+class WhereTable:
+    """The window's in-step stack samples of one rank (the one with the most unexplained time).
+
+    ``samples``: all in-step samples in the window (listed lines and the rest); ``span_share``: the
+    share of the active step the sampled span covers (the step body, or the whole active step in
+    zero-code mode); ``lines``: the largest first."""
+
+    rank: int
+    samples: int
+    hz: float | None
+    span_share: float
+    waiting: int
+    busy: int
+    lines: tuple[WhereLine, ...]
+    runq: float | None = None     # share of the sampled time the thread was runnable but had no core
+
+    @property
+    def contention(self) -> float | None:
+        """Share of the active step the thread waited for a core (CPU contention), when measured."""
+        return None if self.runq is None else self.runq * self.span_share
+
+    @property
+    def wait_frac(self) -> float | None:
+        """Waiting samples / (waiting + busy samples); None without any."""
+        n = self.waiting + self.busy
+        return self.waiting / n if n else None
+
+    def top(self, n: int = 5, state: str | None = None) -> tuple[WhereLine, ...]:
+        return tuple(x for x in self.lines if state is None or x.state == state)[:n]
+
+
+@dataclass(frozen=True)
 class Metrics:
     """Job-level numbers. Field names equal the report JSON ``metrics`` keys (DESIGN §7).
 
@@ -67,7 +132,8 @@ class Metrics:
     pace); throughputs are summed; the rest are means over ranks.
     Extra keys beyond DESIGN §7: busbw, comm_op, comm_estimated, loader_workers,
     data_cpu_frac, gap_frac, compute_ratio, arrival_ratio, straggler_by, flops_per_s,
-    memory_headroom, device_busy_source, peak_flops, peak_source, host_lead_s.
+    memory_headroom, device_busy_source, peak_flops, peak_source, host_lead_s, off_cpu_frac (the
+    highest), host_wait_frac (of the rank whose stack samples are shown).
     """
 
     steps: int = 0
@@ -85,6 +151,9 @@ class Metrics:
     busbw: float | None = None              # bytes/s of comm_op (nccl-tests definition)
     syncs_per_step: float | None = None
     host_lead_s: float | None = None        # how far the host runs ahead of the GPU (least of the ranks)
+    off_cpu_frac: float | None = None       # step body off CPU, no other measured cause (thread CPU time)
+    host_wait_frac: float | None = None     # in-step stack samples off CPU / (off + on CPU)
+    cpu_contention_frac: float | None = None  # step time the training thread was runnable with no core free
     mfu: float | None = None
     peak_flops: float | None = None         # the peak the MFU divides by (FLOP/s, device and dtype in use)
     peak_source: str | None = None          # "user" | "PERFMON_PEAK_TFLOPS" | "table" | ...
@@ -109,7 +178,8 @@ _METRIC_KEYS = ("steps", "step_time_median_s", "samples_per_s", "tokens_per_s", 
                 "comm_frac", "comm_exposed_frac", "syncs_per_step", "mfu", "ettr", "loader_cpu",
                 "busbw", "comm_op", "comm_estimated", "loader_workers", "data_cpu_frac", "gap_frac",
                 "compute_ratio", "arrival_ratio", "straggler_by", "flops_per_s", "memory_headroom",
-                "device_busy_source", "peak_flops", "peak_source", "host_lead_s")
+                "device_busy_source", "peak_flops", "peak_source", "host_lead_s", "off_cpu_frac", "host_wait_frac",
+                "cpu_contention_frac")
 
 
 @dataclass(frozen=True)
@@ -208,3 +278,4 @@ class JobView:
     stuck: StuckDiagnosis | None = None   # some rank stalled or went silent (tui.model.stuck)
     profile: ModuleProfile | None = None  # the newest module profile of any rank (tui.model.profile)
     captures: tuple[CaptureSummary, ...] = ()   # each rank's latest torch.profiler capture (by rank)
+    where: WhereTable | None = None       # in-step stack samples (wire 1.3), None when no rank sent any

@@ -25,6 +25,8 @@ KEYS: list[tuple[str, str]] = [
     ("end", "replay: jump to the end"),
     ("l", "job output (when started by `perfmon run`)"),
     ("s", "stuck job: each rank's part, what it waits for and its stack (d there: py-spy reads a silent rank's stack)"),
+    ("u", "where the step's unexplained time goes: the training thread's in-step stack samples by source line, "
+          "waiting (off CPU) or busy, each share with its 95% error bar"),
     ("m", "module profile: time each module of the selected rank for 5 steps (params, FLOPs, FLOP/s; m again)"),
     ("c", "torch.profiler capture of the selected rank's next 3 steps: trace path and top operators (c again)"),
     ("F8", "save an SVG screenshot in the current directory"),

@@ -14,6 +14,7 @@ from tui.app.widgets.pane import Pane, UiState
 
 # short forms of tui.model.losses.BUSY_SOURCES for the pane
 BUSY_SOURCE = {"sm_active": "SM activity (GPM)", "nvml_util": "NVML util: a kernel ran",
+               "thread_cpu": "training thread CPU time",
                "step_accounting": "not lost to a measured cause"}
 
 

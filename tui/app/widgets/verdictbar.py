@@ -15,7 +15,8 @@ from tui.model import units
 from tui.app.widgets import glyphs
 
 SHORT_NODE = {"memory": "mem", "device_busy": "busy", "data_wait": "data", "loader_cpu": "loader",
-              "comm_exposed": "comm", "straggler": "balance", "syncs": "syncs", "mfu": "MFU"}
+              "comm_exposed": "comm", "straggler": "balance", "syncs": "syncs", "host_waiting": "wait",
+              "mfu": "MFU"}
 
 
 def format_value(node: Node, value: float | None) -> str:
@@ -73,6 +74,8 @@ class VerdictBar(Widget):
             line3.append(f" ⇒ {v.bottleneck}", style=f"bold {colour}")
         elif v.bottleneck == "stuck":
             line3.append("press s: each rank's part and stack", style=f"bold {colour}")
+        if v.where is not None and v.path:
+            line3.append("  u: where", style=f"bold {glyphs.ACCENT}")
         findings = v.finding_ids
         if findings:
             line3.append("   also: " + ", ".join(findings), style=glyphs.WARN)

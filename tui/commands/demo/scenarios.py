@@ -3,7 +3,8 @@
 Every bottleneck comes from a real mechanism in a real training job (pure
 Python tokenisation in the loader workers, storage latency on reads, a large
 gradient all-reduce, uneven shards, predictions kept for an epoch metric,
-blocking checkpoints, ``.item()`` logging); nothing fakes a record. Sizes are
+blocking checkpoints, ``.item()`` logging, a blocking call to a metrics service inside the
+step); nothing fakes a record. Sizes are
 chosen so the verdict is unambiguous on two CPU cores within ~10 s. This module
 is pure Python: the launcher reads it without importing torch.
 """
@@ -47,6 +48,8 @@ class Scenario:
     checkpoint_every: int = 0         # blocking checkpoint every N steps (all ranks at the same step)
     checkpoint_mb_per_s: float = 0.0  # bandwidth of the (slow) checkpoint storage
     item_logging: bool = False        # per-parameter grad-norm .item() every step (host-device syncs)
+    service_wait: float = 0.0         # a blocking metrics call between forward and backward, whose latency
+                                      # is this many times the previous step's compute (0: none)
     hang_after: int = 0               # the last rank stops before this step's all-reduce, for good
     stall_s: float | None = None      # PERFMON_STALL_S for the ranks (unless the user set it)
 
@@ -78,6 +81,9 @@ SCENARIOS: dict[str, Scenario] = {s.name: s for s in (
     Scenario("step_gaps", "every 15 steps the job blocks on a checkpoint of model and optimizer "
              "written to slow storage (16 MB/s)", expect="healthy", finding="step_gaps",
              checkpoint_every=15, checkpoint_mb_per_s=16.0),
+    Scenario("host_wait", "between forward and backward, every step reports to a metrics service and "
+             "blocks until it answers: the training thread waits off CPU ~40% of each step",
+             expect="host_wait", service_wait=0.67),
     Scenario("stuck", "2 ranks (gloo): after 30 steps the last rank blocks before its all-reduce "
              "(a lock that is never released) and the other waits in it for ever",
              expect="stuck", ranks=2, batch=4, seq=32, workers=0, hang_after=30, stall_s=5.0),
@@ -111,6 +117,7 @@ def tour(ranks: int) -> tuple[Scenario, ...]:
         replace(SCENARIOS["healthy"], accumulate=4),
         replace(SCENARIOS["data_preprocessing"], accumulate=4),
         replace(SCENARIOS["data_loading"], accumulate=4),
+        replace(SCENARIOS["host_wait"], accumulate=4),
     )
     peers = (
         replace(SCENARIOS["communication"], model=SMALL, batch=2, seq=64,

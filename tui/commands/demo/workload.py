@@ -224,6 +224,7 @@ class Job:
     floor: int = 0                    # memory in use at the start of the step (memory scenario)
     floor_limit: int | None = None
     grad_norms: dict[str, float] = field(default_factory=dict)
+    compute_s: float = 0.0          # the previous step's time outside the metrics call (host_wait)
 
 
 def setup_distributed(world: int) -> torch.device:
@@ -289,6 +290,7 @@ def train_step(job: Job, sc: Scenario, batch: torch.Tensor) -> None:
     xs, ys = x.chunk(micro), y.chunk(micro)
     ddp = isinstance(model, nn.parallel.DistributedDataParallel)
     with mon.step(samples=x.shape[0], tokens=x.numel()):
+        began, waited = time.perf_counter(), 0.0
         for j, (xm, ym) in enumerate(zip(xs, ys)):
             last = j == len(xs) - 1
             sync = contextlib.nullcontext() if (last or not ddp) else model.no_sync()
@@ -296,6 +298,10 @@ def train_step(job: Job, sc: Scenario, batch: torch.Tensor) -> None:
                 with mon.phase("forward"):
                     logits = model(xm)
                     loss = F.cross_entropy(logits.reshape(-1, logits.shape[-1]), ym.reshape(-1)) / len(xs)
+                if sc.service_wait and last:
+                    called = time.perf_counter()
+                    report_to_metrics_service(sc.service_wait * (job.compute_s or called - began))
+                    waited = time.perf_counter() - called
                 with mon.phase("backward"):
                     loss.backward()
             if sc.keep_predictions:
@@ -308,8 +314,16 @@ def train_step(job: Job, sc: Scenario, batch: torch.Tensor) -> None:
         with mon.phase("optimizer"):
             job.optimizer.step()
             job.optimizer.zero_grad(set_to_none=True)
+        job.compute_s = time.perf_counter() - began - waited
     job.step += 1
     job.last_loss = loss.detach() * len(xs)
+
+
+def report_to_metrics_service(latency_s: float) -> None:
+    """The anti-pattern: a synchronous call to a remote metrics service inside the step. The sleep
+    stands for its round trip; the training thread is off CPU for all of it, and perfmon hooks
+    nothing here, so only the thread's CPU clock and its stack show the wait."""
+    time.sleep(latency_s)
 
 
 def keep_prediction(job: Job, logits: torch.Tensor) -> None:

@@ -1,0 +1,76 @@
+"""Issue 27's acceptance: real CPU loops nobody shaped for perfmon, under ``perfmon run``, judged by
+``perfmon report --json``. A loop that waits ~40% of each step on an unhooked call is not healthy,
+its off-CPU loss matches the script's own clock within 0.1 and the top line is the wait's line; a
+compute-bound loop stays healthy; pure-Python tokenizing in the step is busy work, not a wait.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import jsonschema
+import pytest
+
+ROOT = Path(__file__).parents[2]
+SCRIPT = Path(__file__).parent / "scripts" / "inloop_work.py"
+SCHEMA = json.loads((ROOT / "tui" / "schemas" / "report.schema.json").read_text())
+PERFMON = [sys.executable, "-m", "tui.cli"]
+
+pytestmark = pytest.mark.slow
+
+
+def _line_of(text: str) -> int:
+    """The script's line that holds ``text`` (the report names lines by number)."""
+    return next(i for i, line in enumerate(SCRIPT.read_text().splitlines(), 1) if text in line)
+
+
+def run_loop(mode: str, tmp_path: Path) -> tuple[dict, dict]:
+    """(the script's own numbers, the report JSON) for one loop run under ``perfmon run``."""
+    rec = tmp_path / mode
+    run = subprocess.run(PERFMON + ["run", "--no-tui", "--record", str(rec), "--", sys.executable, str(SCRIPT),
+                                    "--mode", mode], capture_output=True, text=True, timeout=180, cwd=ROOT)
+    assert run.returncode == 0, run.stderr[-3000:]
+    own = json.loads([line for line in run.stdout.splitlines() if line.startswith("{")][-1])
+    out = subprocess.run(PERFMON + ["report", str(rec), "--json"], capture_output=True, text=True, timeout=60,
+                         cwd=ROOT)
+    assert out.returncode == 0, out.stderr
+    report = json.loads(out.stdout)
+    jsonschema.validate(report, SCHEMA)
+    return own, report
+
+
+def _loss(report: dict, loss_id: str) -> dict:
+    return next(x for x in report["verdict"]["losses"] if x["id"] == loss_id)
+
+
+def test_a_wait_inside_the_step_is_a_host_wait_at_its_line(tmp_path):
+    own, report = run_loop("wait", tmp_path)
+    v = report["verdict"]
+    assert 0.3 <= own["extra_share"] <= 0.45, own
+    assert v["bottleneck"] == "host_wait", (v["headline"], v["losses"])
+    idle = _loss(report, "device_idle")
+    assert idle["share"] == pytest.approx(own["extra_share"], abs=0.1), (idle, own)
+    top = v["where"][0]
+    assert (Path(top["file"]).name, top["line"], top["state"]) == (SCRIPT.name, _line_of("time.sleep(latency)"), "waiting")
+    assert f"{SCRIPT.name}:{top['line']} in fetch_from_service" in v["headline"]
+
+
+def test_a_compute_bound_loop_stays_healthy(tmp_path):
+    own, report = run_loop("compute", tmp_path)
+    v = report["verdict"]
+    assert v["bottleneck"] == "healthy", (v["headline"], v["losses"])
+    assert _loss(report, "device_idle")["share"] <= 0.05
+    assert report["metrics"]["device_busy_source"] == "thread_cpu"
+
+
+def test_tokenizing_in_the_step_is_busy_not_waiting(tmp_path):
+    own, report = run_loop("tokenize", tmp_path)
+    v = report["verdict"]
+    assert v["bottleneck"] != "host_wait", (v["headline"], v["losses"])
+    assert _loss(report, "device_idle")["share"] <= 0.1
+    busy_line = _line_of("ids = [vocab.setdefault(w, len(vocab))")
+    states = [w["state"] for w in v["where"] if w["line"] == busy_line]
+    assert "busy" in states and "waiting" not in states, v["where"]

@@ -1,0 +1,316 @@
+"""Where the steps go (issue 27, probe side): the training thread's CPU time in step records, and
+the ``where`` sampler's attribution of step time to the user's lines, with real threads."""
+
+from __future__ import annotations
+
+import os
+import sysconfig
+import threading
+import time
+import types
+
+import pytest
+
+import probe
+from probe import records, where, wire
+from tests.integration.streamutil import connect, read_until, step_seen, wait_for
+
+
+class FakeProbe:
+    """The part of ``Probe`` the sampler reads: the training thread, always inside a step."""
+
+    def __init__(self, thread_id: int) -> None:
+        self.thread_id = thread_id
+        self.in_step = True
+        self.errors: list = []
+
+    def progress(self):
+        return 0, 0.0, self.in_step, self.thread_id, None
+
+    def report_error(self, where_, exc):
+        self.errors.append((where_, exc))
+
+
+def sleeper(stop: threading.Event) -> None:
+    while not stop.is_set():
+        time.sleep(0.005)                                                  # SLEEP_LINE
+
+
+def spinner(stop: threading.Event) -> None:
+    x = 0
+    while not stop.is_set():
+        x += 1                                                             # SPIN_LINE
+
+
+def event_waiter(stop: threading.Event) -> None:
+    while not stop.is_set():
+        stop.wait(0.005)                                                   # EVENT_LINE
+
+
+def _line_of(marker: str) -> int:
+    with open(__file__) as f:
+        return next(i for i, text in enumerate(f, 1) if text.rstrip().endswith(marker) and "def " not in text)
+
+
+def _sample(target, looks: int = 30) -> dict:
+    """Run ``target`` in a real thread, look ``looks`` times, return the interval's record."""
+    stop = threading.Event()
+    thread = threading.Thread(target=target, args=(stop,), daemon=True)
+    thread.start()
+    out: list = []
+    fake = FakeProbe(thread.ident)
+    sampler = where.WhereSampler(fake, out.append, hz=19.0)
+    try:
+        for _ in range(looks):
+            sampler.tick()
+            time.sleep(0.003)
+    finally:
+        stop.set()
+        thread.join()
+    record = sampler.flush()
+    assert fake.errors == []
+    assert out == [record]
+    return record
+
+
+def test_a_sleeping_thread_is_waiting_at_its_sleep_line_and_a_spinning_one_busy_at_its_loop():
+    slept = _sample(sleeper)
+    assert slept["samples"] == 30 and slept["hz"] == 19.0 and slept["t0"] <= slept["t1"]
+    top = slept["lines"][0]
+    assert (top["file"], top["line"], top["function"], top["state"]) == (__file__, _line_of("# SLEEP_LINE"),
+                                                                        "sleeper", "waiting")
+    assert top["call"] == "time.sleep(0.005)                                                  # SLEEP_LINE"[:80]
+    assert "lib" not in top                 # time.sleep is C: the user's line is the innermost frame
+    assert top["n"] >= 24                   # the rest: the loop's other line
+    spun = _sample(spinner)
+    busy = sum(line["n"] for line in spun["lines"] if line["function"] == "spinner" and line["state"] == "busy")
+    assert busy >= 0.8 * spun["samples"]
+    assert spun["lines"][0]["line"] in (_line_of("# SPIN_LINE"), _line_of("# SPIN_LINE") - 1)
+
+
+def test_library_frames_fold_under_the_users_line_and_name_the_innermost_library_call():
+    got = _sample(event_waiter)
+    top = got["lines"][0]
+    assert (top["line"], top["function"], top["state"]) == (_line_of("# EVENT_LINE"), "event_waiter", "waiting")
+    # Event.wait -> Condition.wait (threading.py, stdlib): folded under the user's line
+    assert top["lib"] == "threading.Condition.wait"
+    assert top["call"].startswith("stop.wait(0.005)")
+
+
+def test_places_tell_the_users_files_from_the_stdlib_installed_packages_and_perfmon():
+    places = where.Places()
+    assert places.is_user(__file__)
+    assert not places.is_user(threading.__file__)
+    assert not places.is_user(os.path.join(sysconfig.get_paths()["purelib"], "torch", "nn", "modules", "linear.py"))
+    assert not places.is_user("/opt/x/lib/python3.11/dist-packages/numpy/core/fromnumeric.py")
+    assert not places.is_user(where.__file__) and not places.is_user(records.__file__)
+    assert not places.is_user("<frozen importlib._bootstrap>")
+    assert places.is_user("<string>") and places.is_user("/home/me/train.py")
+
+
+def _frame(filename: str, line: int, function: str, back=None, module: str = "user"):
+    return types.SimpleNamespace(f_code=types.SimpleNamespace(co_filename=filename, co_name=function,
+                                                              co_qualname=function),
+                                 f_lineno=line, f_back=back, f_globals={"__name__": module})
+
+
+def test_a_record_lists_the_twenty_largest_lines_and_the_rest_as_other():
+    places = where.Places(roots=("/lib/",))
+    tally = where.Tally(0.0)
+    for i in range(30):                       # line i sampled i + 1 times
+        for _ in range(i + 1):
+            tally.add(_frame("/u/train.py", 100 + i, "step"), "busy", places)
+    rec = tally.record(1.0, 19.0)
+    assert rec["samples"] == sum(range(1, 31))
+    assert [line["line"] for line in rec["lines"]] == [129 - i for i in range(20)]
+    assert rec["other"] == sum(range(1, 11))           # lines 100..109: 1 + ... + 10 samples
+    assert rec["other"] + sum(line["n"] for line in rec["lines"]) == rec["samples"]
+    wire.validate(rec)
+
+
+def test_the_most_frequent_library_call_of_a_line_is_named_and_the_keys_are_bounded():
+    places = where.Places(roots=("/lib/",))
+    tally = where.Tally(0.0)
+    user = _frame("/u/train.py", 21, "fetch_from_service")
+    for i in range(5):
+        tally.add(_frame("/lib/requests/api.py", 9, "get", user, module="requests.api"), "waiting", places)
+    tally.add(_frame("/lib/json/decoder.py", 3, "decode", user, module="json.decoder"), "waiting", places)
+    tally.add(_frame("/lib/x.py", 1, "f", _frame("/lib/y.py", 2, "g")), None, places)   # no user frame at all
+    rec = tally.record(1.0, 19.0)
+    first, second = rec["lines"]
+    assert (first["file"], first["line"], first["n"], first["lib"], first["state"]) == \
+        ("/u/train.py", 21, 6, "requests.api.get", "waiting")
+    assert (second["file"], second["line"], "lib" in second, "state" in second) == ("/lib/x.py", 1, False, False)
+    bounded = where.Tally(0.0)
+    for i in range(where.MAX_KEYS + 10):
+        bounded.add(_frame("/u/train.py", i, "step"), "busy", places)
+    assert len(bounded.lines) == where.MAX_KEYS and bounded.other == 10 and bounded.samples == where.MAX_KEYS + 10
+
+
+def test_no_sample_is_taken_outside_a_step_and_an_empty_interval_sends_nothing():
+    stop = threading.Event()
+    thread = threading.Thread(target=sleeper, args=(stop,), daemon=True)
+    thread.start()
+    out: list = []
+    fake = FakeProbe(thread.ident)
+    fake.in_step = False
+    sampler = where.WhereSampler(fake, out.append, hz=19.0)
+    try:
+        for _ in range(5):
+            sampler.tick()
+    finally:
+        stop.set()
+        thread.join()
+    assert sampler.tally.samples == 0 and sampler.flush() is None and out == []
+
+
+def test_the_sampling_rate_comes_from_the_environment_zero_is_off(monkeypatch):
+    monkeypatch.delenv("PERFMON_WHERE_HZ", raising=False)
+    assert where.sampling_hz() == where.DEFAULT_HZ
+    for value, hz in (("0", 0.0), ("7.5", 7.5), ("1e9", where.MAX_HZ), ("-1", where.DEFAULT_HZ),
+                      ("fast", where.DEFAULT_HZ), ("nan", where.DEFAULT_HZ)):
+        monkeypatch.setenv("PERFMON_WHERE_HZ", value)
+        assert where.sampling_hz() == hz
+    monkeypatch.setenv("PERFMON_WHERE_HZ", "0")
+    mon = probe.start(job="where-off", serve=False)
+    try:
+        assert mon.where is None
+    finally:
+        mon.close()
+
+
+def _cpu_spin(seconds: float) -> None:
+    c0 = time.thread_time()
+    while time.thread_time() - c0 < seconds:
+        pass
+
+
+def test_a_steps_cpu_is_the_training_threads_cpu_time_near_zero_asleep_and_all_of_a_spin():
+    mon = probe.start(job="step-cpu", serve=False)
+    try:
+        q = mon._q
+        with mon.step():
+            time.sleep(0.05)
+        with mon.step():
+            _cpu_spin(0.03)
+        steps = [records.step_record(item, mon._epoch) for item in list(q) if item[0] == 0]
+    finally:
+        mon.close()
+    slept, spun = steps[-2:]
+    assert slept["cpu_span"] == spun["cpu_span"] == "body"
+    assert slept["cpu"] < 0.01 <= 0.05 <= slept["dur"]
+    assert 0.03 <= spun["cpu"] <= spun["dur"] + 1e-3
+    wire.validate(slept)
+
+
+def test_fast_steps_read_the_cpu_clock_on_one_step_in_32_and_long_ones_on_every_step():
+    mon = probe.start(job="step-cpu-policy", serve=False)
+    try:
+        for _ in range(64):
+            with mon.step():
+                pass
+        for _ in range(3):
+            with mon.step():
+                time.sleep(0.003)
+        steps = [records.step_record(item, mon._epoch) for item in list(mon._q) if item[0] == 0]
+    finally:
+        mon.close()
+    timed = [s["step"] for s in steps if "cpu" in s]
+    fast = [n for n in timed if n < 64]
+    # the first step, then the one after each 32nd (0, 32); a step preempted past 2 ms times its next
+    assert {0, 1, 33} <= set(fast) and len(fast) <= 8
+    assert {65, 66} <= set(timed)      # after a step of 2 ms or more, the next one is timed
+
+
+def test_zero_code_steps_count_cpu_from_the_start_given_and_a_step_settled_late_has_none():
+    mon = probe.start(job="zero-code-cpu", serve=False)
+    try:
+        c0 = time.thread_time()
+        t0 = time.perf_counter()
+        _cpu_spin(0.02)                   # the first fetch's work, before begin_step
+        mon.begin_step(c0)
+        time.sleep(0.25)                  # a long step: a preempted add_step is still in time (LATE_SHARE)
+        mon.add_step(t0, time.perf_counter(), {"data": 0.0})
+        mon.begin_step()
+        t1 = time.perf_counter()
+        end = time.perf_counter()
+        time.sleep(0.02)                  # the end is settled later (a pending optimizer step)
+        mon.add_step(t1, end)
+        steps = [records.step_record(item, mon._epoch) for item in list(mon._q) if item[0] == 0]
+    finally:
+        mon.close()
+    assert steps[0]["cpu_span"] == "active" and 0.02 <= steps[0]["cpu"] < 0.035, steps
+    assert "cpu" not in steps[1] and "cpu_span" not in steps[1]
+
+
+def test_where_records_reach_only_viewers_that_announced_1_3():
+    mon = probe.start(job="where-minor")
+    old, new = connect(mon.socket_path), connect(mon.socket_path)
+    hello = {"k": "hello", "t": 0.0}
+    try:
+        old.sendall(wire.encode({**hello, "proto": [1, 2]}))
+        new.sendall(wire.encode({**hello, "proto": [1, 3]}))
+        wait_for(lambda: sorted(v.minor for v in mon.sender.viewers.values()) == [2, 3], what="both hellos read")
+        mon.emit({"k": "where", "t": time.time(), "t0": time.time() - 2, "t1": time.time(), "hz": 19.0,
+                  "samples": 3, "lines": [], "other": 3})
+        with mon.step():
+            pass
+        got_new = read_until(new, lambda rs: any(r["k"] == "where" for r in rs) and step_seen(0)(rs))
+        got_old = read_until(old, step_seen(0))
+        assert [r["k"] for r in got_new].count("where") == 1
+        assert "where" not in [r["k"] for r in got_old]
+    finally:
+        old.close()
+        new.close()
+        mon.close()
+
+
+@pytest.mark.slow
+def test_a_real_job_that_sleeps_in_its_steps_is_named_waiting_at_the_sleep_line(tmp_path):
+    """A CPU torch job under the API, 40 ms of each ~100 ms step in ``time.sleep`` between forward and
+    backward, 60 ms (wall) of model calls: the sleep's line is the top waiting line, with its share."""
+    import subprocess
+    import sys
+    from probe.recording import read_recording
+    script = tmp_path / "train.py"
+    script.write_text(
+        "import time, torch, probe\n"
+        "mon = probe.start(job='sleepy')\n"
+        "model = torch.nn.Linear(256, 256)\n"
+        "opt = torch.optim.SGD(model.parameters(), lr=0.01)\n"
+        "x = torch.randn(64, 256)\n"
+        "def fetch_from_service():\n"
+        "    time.sleep(0.04)\n"
+        "t_end = time.time() + 6\n"
+        "while time.time() < t_end:\n"
+        "    with mon.step():\n"
+        "        t0 = time.perf_counter()\n"
+        "        loss = model(x).square().mean()\n"
+        "        fetch_from_service()\n"
+        "        while time.perf_counter() - t0 < 0.1:\n"
+        "            model(x).detach()\n"
+        "        loss.backward()\n"
+        "        opt.step()\n"
+        "        opt.zero_grad()\n"
+        "mon.close()\n")
+    env = {**os.environ, "PERFMON_RECORD": str(tmp_path / "rec"), "PERFMON_DIR": str(tmp_path / "sock")}
+    (tmp_path / "sock").mkdir(mode=0o700)
+    subprocess.run([sys.executable, str(script)], env=env, check=True, timeout=120)
+    recs = read_recording(next((tmp_path / "rec").iterdir())).records
+    found = [r for r in recs if r["k"] == "where"]
+    assert len(found) >= 2
+    counts: dict = {}
+    for rec in found:
+        for line in rec["lines"]:
+            key = (os.path.basename(line["file"]), line["line"], line["function"], line.get("state"))
+            counts[key] = counts.get(key, 0) + line["n"]
+    waiting = {k: n for k, n in counts.items() if k[3] == "waiting"}
+    assert max(waiting, key=waiting.get) == ("train.py", 7, "fetch_from_service", "waiting")
+    at_sleep = sum(n for k, n in counts.items() if k[:3] == ("train.py", 7, "fetch_from_service"))
+    assert waiting[("train.py", 7, "fetch_from_service", "waiting")] >= 0.8 * at_sleep
+    samples = sum(r["samples"] for r in found)
+    assert 0.25 <= at_sleep / samples <= 0.6          # 40% of the step, within the sampling error
+    steps = [r for r in recs if r["k"] == "step" and "cpu" in r]
+    assert steps and all(r["cpu_span"] == "body" for r in steps)
+    off_cpu = sum(r["dur"] - r["gap"] - r["cpu"] for r in steps) / sum(r["dur"] for r in steps)
+    assert off_cpu >= 0.3                             # the sleep, and any time another process had the core

@@ -1,0 +1,86 @@
+"""Where screen (``u``): where the step's unexplained time goes, from the training thread's in-step
+stack samples: each user line with its share of the step ± its 95% error bar, waiting (off CPU)
+or busy (on CPU), and the library call below it. It formats the verdict's table; nothing is
+measured here."""
+
+from __future__ import annotations
+
+from rich.console import Group
+from rich.table import Table
+from rich.text import Text
+from textual.app import ComposeResult
+from textual.binding import Binding
+from textual.containers import VerticalScroll
+from textual.screen import Screen
+from textual.widgets import Footer, Static
+
+from tui.app.widgets import glyphs
+from tui.model import units
+from tui.model.losses import by_id
+from tui.model.verdict import Verdict
+
+_STATE_STYLE = {"waiting": glyphs.WARN, "busy": glyphs.OK}
+
+
+def where_text(verdict: Verdict | None) -> Group:
+    """The screen's body (pure: the tests read it as text)."""
+    table = verdict.where if verdict is not None else None
+    if verdict is None or table is None:
+        return Group(Text("No stack samples from this job: the probe samples the training thread inside steps "
+                          "from wire 1.3 on (an older probe, or no step has run yet).", style=glyphs.DIM))
+    idle = by_id(verdict.losses).get("device_idle")
+    parts: list[Text | Table] = []
+    head = Text(f"rank {table.rank}: {table.samples} samples inside steps in the window"
+                f"{f' at {table.hz:g} Hz' if table.hz else ''}, covering {units.pct(table.span_share)} of the step",
+                style="bold")
+    parts.append(head)
+    if idle is not None:
+        parts.append(Text(f"{idle.label}: {units.pct(idle.share) if idle.known else 'not measured'} of the step "
+                          f"({idle.source})", style=glyphs.DIM))
+    if table.wait_frac is not None:
+        parts.append(Text(f"off CPU in {units.pct(table.wait_frac)} of the samples with a state", style=glyphs.DIM))
+    parts.append(Text(""))
+    lines = verdict.where_lines()
+    if not lines:
+        parts.append(Text("No stack samples inside steps in the window.", style=glyphs.DIM))
+        return Group(*parts)
+    grid = Table.grid(padding=(0, 2))
+    for _ in range(5):
+        grid.add_column()
+    grid.add_row(*(Text(h, style="bold") for h in ("share ± 95%", "state", "call", "line", "samples")))
+    for x in lines:
+        grid.add_row(Text(f"{units.pct(x.share):>4} ± {units.pct(x.err)}"),
+                     Text(x.state or units.NA, style=_STATE_STYLE.get(x.state or "", glyphs.DIM)),
+                     Text(x.what[:60]), Text(f"{x.site} in {x.function}"), Text(str(x.samples), style=glyphs.DIM))
+    parts.append(grid)
+    parts.append(Text(""))
+    parts.append(Text("waiting: the thread's CPU clock advanced under half the wall time since the previous "
+                      "sample (I/O, a lock, a sleep, a remote call); busy: on CPU (Python or native work). "
+                      "Shares are of the active step.", style=glyphs.DIM))
+    return Group(*parts)
+
+
+class WhereScreen(Screen[None]):
+    """Redrawn by the app's refresh timer while it is on top (``show``)."""
+
+    BINDINGS = [
+        Binding("escape,u", "app.pop_screen", "back"),
+        Binding("q", "app.quit", "quit"),
+    ]
+
+    def __init__(self, verdict: Verdict | None) -> None:
+        super().__init__()
+        self._verdict = verdict
+
+    def compose(self) -> ComposeResult:
+        yield Static(Text("Where the unexplained step time goes: in-step stack samples by source line   "
+                          "(u or Esc: back)", style="bold"), id="where-title")
+        with VerticalScroll():
+            yield Static(where_text(self._verdict), id="where-body")
+        yield Footer(compact=True)
+
+    def show(self, verdict: Verdict | None) -> None:
+        if verdict != self._verdict:
+            self._verdict = verdict
+            for body in self.query("#where-body").results(Static):   # none until the screen is composed
+                body.update(where_text(verdict))
