@@ -5,8 +5,10 @@
    fast step in 32), every step (two ``thread_time()`` reads each), never.
 2. A real CPU training step (torch Linear forward/backward/SGD, ~10 ms, plus a little Python) with
    the ``where`` sampler on (default rate) and off, in alternating blocks of the same process.
+3. Attribution: steps of 30 ms busy work then a 20 ms sleep, the busy part either pure Python
+   (holds the GIL) or torch calls (release it): the sleep line's share of the samples vs 40%.
 
-    python bench/bench_where.py [--steps 100000] [--repeats 5] [--blocks 8] [--block-steps 100]
+    python bench/bench_where.py [--steps 100000] [--repeats 5] [--blocks 8] [--block-steps 100] [--seconds 20]
 """
 
 from __future__ import annotations
@@ -100,6 +102,38 @@ def training(mon, blocks: int, block_steps: int) -> dict[str, list[float]]:
     return per_step
 
 
+def accuracy(mon, seconds: float) -> dict[str, float]:
+    import torch
+    model = torch.nn.Linear(256, 256)
+    x = torch.randn(64, 256)
+
+    def python_work(until: float) -> None:
+        while time.perf_counter() < until:
+            sorted(str(i) for i in range(200))
+
+    def torch_work(until: float) -> None:
+        while time.perf_counter() < until:
+            model(x).detach()
+
+    shares = {}
+    for name, work in (("pure Python", python_work), ("torch calls", torch_work)):
+        out: list[dict] = []
+        sampler = where.WhereSampler(mon, out.append, where.DEFAULT_HZ)
+        sampler.start()
+        end = time.perf_counter() + seconds
+        while time.perf_counter() < end:
+            with mon.step():
+                work(time.perf_counter() + 0.03)
+                time.sleep(0.02)
+        sampler.stop_event.set()
+        sampler.join()
+        samples = sum(r["samples"] for r in out)
+        asleep = sum(line["n"] for r in out for line in r["lines"] if line.get("call", "").startswith("time.sleep(0.02)"))
+        waiting = sum(line["n"] for r in out for line in r["lines"] if line.get("state") == "waiting")
+        shares[name] = (asleep / samples, waiting / samples, samples)
+    return shares
+
+
 def _row(name: str, values: list[float], unit: str) -> str:
     return (f"| {name} | {statistics.median(values):.2f} {unit} | {min(values):.2f} | {max(values):.2f} | "
             f"{len(values)} |")
@@ -111,6 +145,7 @@ def main() -> None:
     ap.add_argument("--repeats", type=int, default=5)
     ap.add_argument("--blocks", type=int, default=8)
     ap.add_argument("--block-steps", type=int, default=100)
+    ap.add_argument("--seconds", type=float, default=20.0)
     args = ap.parse_args()
     os.environ.setdefault("PERFMON_DIR", tempfile.mkdtemp(prefix="pm-bench-"))
     os.chmod(os.environ["PERFMON_DIR"], 0o700)
@@ -129,6 +164,9 @@ def main() -> None:
     results = training(mon, args.blocks, args.block_steps)
     for mode, values in results.items():
         print(_row(mode, values, "ms"))
+    print("\n| busy part of the step | sleep line's share (truth 0.40) | waiting share | samples |\n|---|---|---|---|")
+    for name, (asleep, waiting, samples) in accuracy(mon, args.seconds).items():
+        print(f"| {name} | {asleep:.2f} | {waiting:.2f} | {samples} |")
     mon.close()
 
 
