@@ -1,4 +1,4 @@
-"""Cost of issue 27's probe side: the step's CPU clock reads and the ``where`` sampler.
+"""Cost of knowing where steps go: the step's CPU clock reads and the ``where`` sampler.
 
 1. Hot path, µs/step: ``loader()`` + empty ``step()`` minus the bare loop, interleaved in one
    process for three CPU-clock policies: as shipped (every step after one of 2 ms or more, one
