@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import os
+import sys
 
 import pytest
 
@@ -57,3 +58,43 @@ def test_a_real_job_that_sleeps_in_its_steps_is_named_waiting_at_the_sleep_line(
     assert steps and all(r["cpu_span"] == "body" for r in steps)
     off_cpu = sum(r["dur"] - r["gap"] - r["cpu"] for r in steps) / sum(r["dur"] for r in steps)
     assert off_cpu >= 0.3                             # the sleep, and any time another process had the core
+
+
+@pytest.mark.slow
+def test_zero_code_steps_carry_cpu_over_their_whole_span_and_where_names_the_sleep(tmp_path):
+    """``perfmon run`` on a script that knows nothing of perfmon: a DataLoader loop whose step
+    sleeps 20 ms after the forward. Steps count CPU from their first fetch ("active")."""
+    from probe.recording import read_recording
+    from tests.integration.streamutil import perfmon
+    script = tmp_path / "zc.py"
+    script.write_text(
+        "import time, torch\n"
+        "model = torch.nn.Linear(128, 128)\n"
+        "opt = torch.optim.SGD(model.parameters(), lr=0.01)\n"
+        "data = torch.utils.data.DataLoader(torch.utils.data.TensorDataset(torch.randn(2048, 128)), batch_size=32)\n"
+        "t_end = time.time() + 4\n"
+        "while time.time() < t_end:\n"
+        "    for (x,) in data:\n"
+        "        loss = model(x).square().mean()\n"
+        "        time.sleep(0.02)\n"
+        "        loss.backward()\n"
+        "        opt.step()\n"
+        "        opt.zero_grad()\n")
+    (tmp_path / "sock").mkdir(mode=0o700)
+    done = perfmon("run", "--no-tui", "--record", str(tmp_path / "rec"), "--", sys.executable, str(script),
+                   env={"PERFMON_DIR": str(tmp_path / "sock")}, timeout=120)
+    assert done.returncode == 0, done.stderr
+    recs = read_recording(next((tmp_path / "rec").iterdir())).records
+    steps = [r for r in recs if r["k"] == "step" and "cpu" in r]
+    assert len(steps) >= 20 and all(r["cpu_span"] == "active" for r in steps)
+    body = sum(r["dur"] - r["gap"] for r in steps)
+    off_cpu = (body - sum(r["cpu"] for r in steps)) / body
+    assert 0.3 <= off_cpu <= 1.0               # the 20 ms sleep of each ~22-35 ms step is off CPU
+    assert all(r["cpu"] <= r["dur"] - r["gap"] + 1e-3 for r in steps)
+    waiting: dict = {}
+    for rec in (r for r in recs if r["k"] == "where"):
+        for line in rec["lines"]:
+            if line.get("state") == "waiting":
+                key = (os.path.basename(line["file"]), line["line"])
+                waiting[key] = waiting.get(key, 0) + line["n"]
+    assert max(waiting, key=waiting.get) == ("zc.py", 9)
