@@ -177,6 +177,14 @@ def test_the_sampling_rate_comes_from_the_environment_zero_is_off(monkeypatch):
         mon.close()
 
 
+def _tapped(job: str) -> tuple:
+    """A probe and the step records its sender thread builds (the hot path's queue drains concurrently)."""
+    mon = probe.start(job=job, serve=False)
+    steps: list = []
+    mon.add_tap(lambda rec: steps.append(rec) if rec.get("k") == "step" else None)
+    return mon, steps
+
+
 def _cpu_spin(seconds: float) -> None:
     c0 = time.thread_time()
     while time.thread_time() - c0 < seconds:
@@ -184,14 +192,13 @@ def _cpu_spin(seconds: float) -> None:
 
 
 def test_a_steps_cpu_is_the_training_threads_cpu_time_near_zero_asleep_and_all_of_a_spin():
-    mon = probe.start(job="step-cpu", serve=False)
+    mon, steps = _tapped("step-cpu")
     try:
-        q = mon._q
         with mon.step():
             time.sleep(0.05)
         with mon.step():
             _cpu_spin(0.03)
-        steps = [records.step_record(item, mon._epoch) for item in list(q) if item[0] == 0]
+        wait_for(lambda: len(steps) == 2, what="two step records")
     finally:
         mon.close()
     slept, spun = steps[-2:]
@@ -202,7 +209,7 @@ def test_a_steps_cpu_is_the_training_threads_cpu_time_near_zero_asleep_and_all_o
 
 
 def test_fast_steps_read_the_cpu_clock_on_one_step_in_32_and_long_ones_on_every_step():
-    mon = probe.start(job="step-cpu-policy", serve=False)
+    mon, steps = _tapped("step-cpu-policy")
     try:
         for _ in range(64):
             with mon.step():
@@ -210,7 +217,7 @@ def test_fast_steps_read_the_cpu_clock_on_one_step_in_32_and_long_ones_on_every_
         for _ in range(3):
             with mon.step():
                 time.sleep(0.003)
-        steps = [records.step_record(item, mon._epoch) for item in list(mon._q) if item[0] == 0]
+        wait_for(lambda: len(steps) == 67, what="67 step records")
     finally:
         mon.close()
     timed = [s["step"] for s in steps if "cpu" in s]
@@ -221,7 +228,7 @@ def test_fast_steps_read_the_cpu_clock_on_one_step_in_32_and_long_ones_on_every_
 
 
 def test_zero_code_steps_count_cpu_from_the_start_given_and_a_step_settled_late_has_none():
-    mon = probe.start(job="zero-code-cpu", serve=False)
+    mon, steps = _tapped("zero-code-cpu")
     try:
         c0 = time.thread_time()
         t0 = time.perf_counter()
@@ -234,7 +241,7 @@ def test_zero_code_steps_count_cpu_from_the_start_given_and_a_step_settled_late_
         end = time.perf_counter()
         time.sleep(0.02)                  # the end is settled later (a pending optimizer step)
         mon.add_step(t1, end)
-        steps = [records.step_record(item, mon._epoch) for item in list(mon._q) if item[0] == 0]
+        wait_for(lambda: len(steps) == 2, what="two step records")
     finally:
         mon.close()
     assert steps[0]["cpu_span"] == "active" and 0.02 <= steps[0]["cpu"] < 0.035, steps
