@@ -107,11 +107,8 @@ class _Auto:
         there, the previous step's end when it opened there (a backward with no forward seen)."""
         first, self.first_fetch = self.first_fetch, None
         finder = self.finder
-        cpu0 = None
-        if first is not None and first[0] == finder.start:
-            cpu0 = first[1]
-        elif finder.prev_end is not None and finder.start == finder.prev_end:
-            cpu0 = self.end_cpu
+        cpu0 = first[1] if first is not None and first[0] == finder.start else \
+            self.end_cpu if finder.prev_end is not None and finder.start == finder.prev_end else None
         if self.probe is not None:
             self.probe.begin_step(cpu0)
 
