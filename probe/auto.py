@@ -78,6 +78,7 @@ class _Auto:
         self.iter_id = 0
         self.cpu_timing = CpuTimingPolicy()    # when a fetch's CPU time is read (one policy with probe.loader)
         self.first_fetch: tuple[float, float] | None = None   # (t0, thread CPU clock at t0) of a fetch between steps
+        self.end_cpu: float | None = None        # thread CPU clock at the last step's end
 
     # -- steps ----------------------------------------------------------------------------------
     def _emit(self, start: float, end: float, phases: dict[str, float], samples: int | None,
@@ -94,6 +95,7 @@ class _Auto:
             self.hidden.step(phases, ("forward", "backward", "optimizer") if self.finder.optimizers
                              else ("forward", "backward"))
         mon.add_step(start, end, phases, samples=samples, data_cpu=data_cpu)
+        self.end_cpu = _tt()
         self.emitted += 1
 
     def _say(self, message: str) -> None:
@@ -101,10 +103,14 @@ class _Auto:
             self.probe.event("warning", message=message, source="zero-code")
 
     def _on_open(self) -> None:
-        """A step opened: its CPU time counts from its start, the first fetch's start when it opened there."""
+        """A step opened: its CPU time counts from its start: the first fetch's start when it opened
+        there, the previous step's end when it opened there (a backward with no forward seen)."""
         first, self.first_fetch = self.first_fetch, None
+        finder = self.finder
+        cpu0 = first[1] if first is not None and first[0] == finder.start else \
+            self.end_cpu if finder.prev_end is not None and finder.start == finder.prev_end else None
         if self.probe is not None:
-            self.probe.begin_step(first[1] if first is not None and first[0] == self.finder.start else None)
+            self.probe.begin_step(cpu0)
 
     # -- start at the first training step ----------------------------------------------------
     def start(self) -> None:

@@ -8,17 +8,24 @@ it off) and, while the training thread is inside a step, takes one sample:
 * the user's line: the innermost frame whose file is not in the standard library,
   site-packages/dist-packages or perfmon's own packages (else the innermost frame), and the
   innermost library frame below it (``lib``, "module.qualname"), folded under that line;
-* the state: "busy" when the training thread's CPU clock (``time.pthread_getcpuclockid``,
-  read from this thread) advanced by at least half the wall time since the previous look,
-  else "waiting" (off CPU: sleeping, blocked on I/O, a lock, a service). Where that clock
-  cannot be read the state is left out (unknown).
+* the state over the ``WINDOW_S`` after the sample: "busy" when the training thread was on
+  CPU, or runnable and waiting for a core (Linux schedstat: a loaded machine does not turn
+  compute into waiting), for at least half of it; else "waiting" (off CPU: sleeping, blocked on
+  I/O, a lock, a service, the GIL). Without schedstat, the thread's CPU clock
+  (``time.pthread_getcpuclockid``) alone; where neither can be read, no state (unknown).
+
+A sample is a Python-level look, so it needs the GIL: while the training thread runs Python
+(holding it) the look waits up to the switch interval (5 ms) for it, or until the thread
+releases it in a blocking call. Busy Python that ends in a blocking call therefore loses up to
+one switch interval of its samples to that call (measured in bench/RESULTS.md); torch ops and
+I/O release the GIL, so their samples land where they are taken.
 
 Every ``INTERVAL_S`` with samples taken, one ``where`` record (wire 1.3) carries that interval's
 counts: the ``MAX_LINES`` largest (line, state) pairs and the rest as ``other``. A separate
 thread rather than the stall watch's: that one ticks every 0.5 s on purpose (its tests drive
 its clock), this one needs a jittered ~50 ms period, is absent when switched off, and a
-failure here cannot delay a stall report. One sample costs one ``sys._current_frames()`` and
-a walk up to the user's frame under the GIL (tens of µs; see bench/RESULTS.md).
+failure here cannot delay a stall report. One sample costs one ``sys._current_frames()``, a
+walk up to the user's frame and two schedstat reads (~20 µs of CPU on this thread).
 """
 
 from __future__ import annotations
@@ -42,7 +49,7 @@ MAX_DEPTH = 256         # frames walked looking for the user's line
 MAX_FILES = 4096        # file classifications remembered
 CALL_CHARS = 80
 BUSY_SHARE = 0.5        # CPU time over wall time at or above which a sample is "busy"
-WINDOW_S = 0.004        # the state is read over this window ending at the sample: a step's parts are longer
+WINDOW_S = 0.004        # the state is read over this window from the sample on: a step's parts are longer
 
 BUSY = "busy"
 WAITING = "waiting"
@@ -107,20 +114,12 @@ class Tally:
 
     def add(self, frame: Any, state: str | None, places: Places) -> None:
         """Count one sample of a stack whose innermost frame is ``frame``."""
-        innermost = frame
-        user = None
-        depth = 0
-        while frame is not None and depth < MAX_DEPTH:
-            if places.is_user(frame.f_code.co_filename):
-                user = frame
-                break
-            frame = frame.f_back
-            depth += 1
-        if user is None:
-            user = innermost
-        lib = None if user is innermost else _qualified(innermost)
-        code = user.f_code
-        key = (code.co_filename, user.f_lineno or 0, code.co_name, state)
+        self.count(place(frame, places), state)
+
+    def count(self, where_: tuple[str, int, str, str | None], state: str | None) -> None:
+        """Count one sample at ``where_`` (``place()``) in ``state``."""
+        filename, lineno, function, lib = where_
+        key = (filename, lineno, function, state)
         self.samples += 1
         entry = self.lines.get(key)
         if entry is None:
@@ -151,6 +150,24 @@ class Tally:
         listed = sum(line["n"] for line in lines)
         return {"k": "where", "t": t1, "t0": self.t0, "t1": t1, "hz": hz, "samples": self.samples,
                 "lines": lines, "other": self.samples - listed}
+
+
+def place(frame: Any, places: Places) -> tuple[str, int, str, str | None]:
+    """(file, line, function) of the user's line in the stack whose innermost frame is ``frame``,
+    and the innermost library call below it ("module.qualname"; None when that line is innermost)."""
+    innermost = frame
+    user = None
+    depth = 0
+    while frame is not None and depth < MAX_DEPTH:
+        if places.is_user(frame.f_code.co_filename):
+            user = frame
+            break
+        frame = frame.f_back
+        depth += 1
+    if user is None:
+        user = innermost
+    code = user.f_code
+    return code.co_filename, user.f_lineno or 0, code.co_name, None if user is innermost else _qualified(innermost)
 
 
 def _qualified(frame: Any) -> str:
@@ -270,14 +287,16 @@ class WhereSampler(threading.Thread):
         _, _, in_step, thread_id, _ = self.probe.progress()
         if in_step and thread_id is not None:
             clock = self.clock
-            clock.state(thread_id, clock.known or thread_id in sys._current_frames())
-            self.stop_event.wait(WINDOW_S)     # the state is the thread's over this window, just before the sample
-            state = clock.state(thread_id, False, count=True)
-            _, _, in_step, now_id, _ = self.probe.progress()
-            frame = sys._current_frames().get(thread_id) if in_step and now_id == thread_id else None
-            if frame is not None and (state is not None or not clock.known):
-                self.tally.add(frame, state, self.places)
+            frame = sys._current_frames().get(thread_id)
+            # the stack as soon as this thread holds the GIL: a thread running Python gives it up only
+            # every switch interval (5 ms), so a second wait for it would land samples later still
+            at = place(frame, self.places) if frame is not None else None
             del frame
+            clock.state(thread_id, at is not None)
+            self.stop_event.wait(WINDOW_S)     # the state: the thread's over this window, from the sample on
+            state = clock.state(thread_id, False, count=True)
+            if at is not None and (state is not None or not clock.known):
+                self.tally.count(at, state)
         if time.time() - self.tally.t0 >= INTERVAL_S:
             return self.flush()
         return None

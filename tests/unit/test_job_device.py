@@ -82,7 +82,7 @@ def test_a_cpu_model_on_a_gpu_host_is_a_cpu_job(simulated_cuda, simulated_nvml, 
     assert all(r["device"]["type"] == "cpu" for r in records if r["k"] == "sample")
     view = run.view()
     verdict = V.evaluate(view)
-    assert view.device_type == "cpu" and view.metrics.device_busy_source == "step_accounting"
+    assert view.device_type == "cpu" and view.metrics.device_busy_source == "thread_cpu"
     assert verdict.bottleneck == "healthy", verdict.headline
 
 
