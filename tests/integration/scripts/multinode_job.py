@@ -3,8 +3,9 @@
     torchrun --nnodes 2 --nproc-per-node 2 --rdzv-backend c10d --rdzv-endpoint 127.0.0.1:PORT \
         multinode_job.py --steps N --slow-rank R
 
-Every rank trains a tiny model with DDP over gloo; rank R's step holds 3x the "compute" (a sleep
-standing in for device work, so timings hold on a busy CPU) and the others wait for it in the
+Every rank trains a tiny model with DDP over gloo; rank R's step holds 3x the "compute" (Python
+on the CPU until a wall-clock deadline, standing in for device work, so timings hold on a busy
+CPU; a sleep would be a wait, which perfmon tells apart) and the others wait for it in the
 all-reduce. Uses the probe's API (each launcher's PERFMON_DIR is that node's socket directory).
 """
 
@@ -34,11 +35,19 @@ opt = torch.optim.SGD(model.parameters(), lr=0.01)
 mon = probe.start()
 mon.watch(model=model, optimizer=opt)
 x = torch.randn(16, 64)
+
+
+def compute(seconds: float) -> None:
+    end = time.perf_counter() + seconds
+    while time.perf_counter() < end:
+        sum(range(200))
+
+
 for _ in range(args.steps):
     with mon.step(samples=16):
         with mon.phase("forward"):
             loss = model(x).square().mean()
-            time.sleep(args.work * (3 if rank == args.slow_rank else 1))
+            compute(args.work * (3 if rank == args.slow_rank else 1))
         with mon.phase("backward"):
             loss.backward()
         opt.step()
