@@ -110,7 +110,10 @@ class _Step:
     def __enter__(self) -> "_Step":
         p = self.probe
         t = time.perf_counter()
-        p._cpu0 = time.thread_time() if p._cpu_next else None
+        if p._cpu_next:
+            p._cpu0, p._proc0 = time.thread_time(), time.process_time()
+        else:
+            p._cpu0 = None
         if p._prev_end is None:
             p._prev_end = t
             p._train_thread = threading.get_ident()
@@ -124,12 +127,13 @@ class _Step:
         p = self.probe
         t = time.perf_counter()
         cpu = time.thread_time() - p._cpu0 if p._cpu0 is not None else None
+        others = _other_threads_cpu(p._proc0, cpu) if cpu is not None else None
         tokens = self.tokens
         if tokens is not None and type(tokens) is not int and type(tokens) is not float:
             self.tokens = _host_number(p, tokens)
-        extras: dict[str, Any] | None = None
+        extras: dict[str, Any] | None = others
         if p._end_hooks:
-            extras = {}
+            extras = extras or {}
             p._run_hooks(p._end_hooks, extras, p._phases)
         if et is not None:
             p._on_step_exception(et, ev)
@@ -197,6 +201,7 @@ class Probe:
         self._data_cpu: float | None = None   # main-thread CPU s in loader waits (single-process loaders)
         self._gap = 0.0
         self._cpu0: float | None = None        # training thread's CPU clock at the open step's begin
+        self._proc0 = 0.0                      # the process's CPU clock there (all its threads)
         self._cpu_next = True                  # read it in the next step() (CPU_TIMED_STEP_S)
         self._step_no = 0
         self._prev_end: float | None = None
@@ -425,6 +430,7 @@ class Probe:
         ``cpu0`` is ``time.thread_time()`` at the step's start when the caller read it there (the
         start lies before this call when the step opened with a batch fetch); else it is read now."""
         self._cpu0 = cpu0 if cpu0 is not None else time.thread_time()
+        self._proc0 = time.process_time()
         self._in_step = True
         if self._began is None:
             self._began = time.perf_counter()
@@ -445,12 +451,14 @@ class Probe:
         if tokens is not None and type(tokens) is not int and type(tokens) is not float:
             tokens = _host_number(self, tokens)
         cpu = None
+        others = None
         if self._cpu0 is not None and time.perf_counter() - end <= max(LATE_END_S, LATE_SHARE * (end - start)):
             cpu = max(0.0, time.thread_time() - self._cpu0)
+            others = _other_threads_cpu(self._proc0, cpu)
         self._cpu0 = None
-        extras: dict[str, Any] | None = None
+        extras: dict[str, Any] | None = others
         if self._end_hooks:
-            extras = {}
+            extras = extras or {}
             self._run_hooks(self._end_hooks, extras, self._phases)
         merged = self._phases
         self._phases = {}
@@ -643,6 +651,22 @@ def start(job: str | None = None, *, record: str | os.PathLike | None = None, ra
         except (OSError, ValueError):
             pass
         return _Disabled()
+
+
+def _other_threads_cpu(proc0: float, cpu: float) -> dict[str, Any] | None:
+    """A timed step's ``cpu_others`` (CPU s of the process's other threads over the step) and
+    ``intra_threads`` (torch's intra-op thread count, read on the training thread, where a
+    ``torch.set_num_threads`` applies): on CPU, torch's intra-op threads do part of each op while
+    the training thread waits for them off its CPU, which is work, not an unexplained wait
+    (``tui.model.readings.step_cpu``). One more clock read and a torch call, on timed steps only."""
+    try:
+        out: dict[str, Any] = {"cpu_others": max(0.0, time.process_time() - proc0 - cpu)}
+        torch = sys.modules.get("torch")
+        if torch is not None:
+            out["intra_threads"] = int(torch.get_num_threads())
+        return out
+    except Exception:
+        return None
 
 
 def current() -> Probe | None:

@@ -30,7 +30,9 @@ from __future__ import annotations
 #         step()'s __enter__ to its __exit__, the loader wait before __enter__ not in it (a loader
 #         wait inside the with block is); "active": zero-code mode and the trainer callbacks, from the
 #         step's start, its first batch fetch, to its end, so the data waits are in it and data_cpu
-#         is part of cpu),
+#         is part of cpu), cpu_others (1.3, with cpu: the CPU s of the process's other threads
+#         over the step, torch's intra-op threads among them), intra_threads (torch.get_num_threads()
+#         on the training thread),
 #         syncs (host-device syncs in the step), sync_site ("file:line" of the most frequent),
 #         samples, tokens, flops, flops_source ("user"|"counted"|"6N"), mem {allocated, peak, reserved},
 #         gpu_time (device time of the step from events), lead (host-ahead-of-device s),
@@ -174,7 +176,8 @@ OPTIONAL: dict[str, dict[str, tuple[type, ...]]] = {
     "hello": {"job": (str,), "rank": (int,), "world_size": (int,), "pid": (int,), "host": (str,),
               "restart": (int,), "device": (dict,), "argv": (list,)},
     "step": {"start": _NUM, "phases": (dict,), "comm": (dict,), "mem": (dict,), "syncs": _NUM,
-             "samples": _NUM, "tokens": _NUM, "flops": _NUM, "cpu": _NUM, "cpu_span": (str,)},
+             "samples": _NUM, "tokens": _NUM, "flops": _NUM, "cpu": _NUM, "cpu_span": (str,),
+             "cpu_others": _NUM, "intra_threads": (int,)},
     "sample": {"gpus": (list,), "host": (dict,)},
     "stall": {"since": _NUM, "seconds": _NUM, "threshold": _NUM, "step": (int,), "where": (str,),
               "stack": (list,), "inflight": (list,), "seq": (dict,), "loader": (dict,), "device": (dict,),

@@ -268,3 +268,26 @@ def test_where_records_reach_only_viewers_that_announced_1_3():
         old.close()
         new.close()
         mon.close()
+
+
+def test_a_timed_step_carries_its_other_threads_cpu_and_torchs_thread_count():
+    """A helper thread spins through the step while the training thread sleeps: its CPU is the
+    step's ``cpu_others``, read from the process clock, not the training thread's."""
+    import torch
+    steps: list[dict] = []
+    mon = probe.start(job="step-others", serve=False)
+    stop = threading.Event()
+    try:
+        mon.add_tap(lambda rec: steps.append(rec) if rec.get("k") == "step" else None)
+        helper = threading.Thread(target=lambda: [sum(range(1000)) for _ in iter(lambda: stop.is_set(), True)])
+        with mon.step():
+            helper.start()
+            time.sleep(0.1)
+            stop.set()
+            helper.join()
+    finally:
+        stop.set()
+        mon.close()
+    step = steps[-1]
+    assert step["cpu"] < 0.02 and step["cpu_others"] >= 0.03          # the helper ran for most of 100 ms
+    assert step["intra_threads"] == torch.get_num_threads()

@@ -299,3 +299,19 @@ def test_contention_weights_each_interval_by_its_samples_and_stays_unknown_witho
     plain = job(Rank(steps=40, cpu=0.1, extra_records=[where_rec(T0, T0 + 2, [(FORWARD, 30)])])).view()
     assert plain.where.runq is None and plain.metrics.cpu_contention_frac is None
     assert "cpu_contention" not in {f["id"] for f in V.evaluate(plain).findings}
+
+
+@pytest.mark.parametrize("rec,body_cpu", [
+    # the training thread waited 60 ms for its intra-op thread, which worked the whole 80 ms op
+    ({"cpu": 0.020, "cpu_span": "body", "cpu_others": 0.080, "intra_threads": 2}, 0.080),
+    # a sleep: the other thread was as idle as the training thread
+    ({"cpu": 0.020, "cpu_span": "body", "cpu_others": 0.020, "intra_threads": 2}, 0.020),
+    # four intra-op threads: 90 ms of their CPU is 30 ms of the op each
+    ({"cpu": 0.010, "cpu_span": "body", "cpu_others": 0.090, "intra_threads": 4}, 0.030),
+    # one intra-op thread: the others are perfmon's and the user's threads, never the step's work
+    ({"cpu": 0.010, "cpu_span": "body", "cpu_others": 0.090, "intra_threads": 1}, 0.010),
+    ({"cpu": 0.010, "cpu_span": "body"}, 0.010),
+])
+def test_a_steps_work_counts_the_intra_op_threads_per_thread(rec, body_cpu):
+    from tui.model.readings import step_cpu
+    assert step_cpu(rec)[0] == pytest.approx(body_cpu)

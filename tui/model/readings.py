@@ -196,13 +196,19 @@ def where_interval(rec: dict[str, Any]) -> WhereInterval | None:
 
 
 def step_cpu(rec: dict[str, Any]) -> tuple[float | None, bool]:
-    """(CPU seconds of the training thread in the step's body, whether the probe's span was the
-    whole active step). ``cpu`` covers the step body in API mode (``cpu_span`` "body": the loader
+    """(CPU seconds of work in the step's body: the training thread's, or its intra-op threads' per
+    thread where more, and whether the probe's span was the whole active step). ``cpu`` covers the step body in API mode (``cpu_span`` "body": the loader
     wait is before it) and the active step in zero-code mode ("active": the loader wait is inside,
     so its ``data_cpu`` is taken out). None: not measured."""
     cpu = num(rec.get("cpu"))
     if cpu is None or cpu < 0:
         return None, False
-    if rec.get("cpu_span") == "active":
-        return max(0.0, cpu - (num(rec.get("data_cpu")) or 0.0)), True
-    return cpu, False
+    active = rec.get("cpu_span") == "active"
+    if active:
+        cpu = max(0.0, cpu - (num(rec.get("data_cpu")) or 0.0))
+    # torch's intra-op threads share each CPU op with the training thread, which waits for the
+    # slowest off its CPU: while they run, the step works. Their CPU per thread is the op's length.
+    others, threads = num(rec.get("cpu_others")), num(rec.get("intra_threads"))
+    if others is not None and threads is not None and threads > 1:
+        cpu = max(cpu, others / (threads - 1))
+    return cpu, active
