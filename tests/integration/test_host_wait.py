@@ -72,5 +72,7 @@ def test_tokenizing_in_the_step_is_busy_not_waiting(tmp_path):
     assert v["bottleneck"] != "host_wait", (v["headline"], v["losses"])
     assert _loss(report, "device_idle")["share"] <= 0.1
     busy_line = _line_of("ids = [vocab.setdefault(w, len(vocab))")
-    states = [w["state"] for w in v["where"] if w["line"] == busy_line]
-    assert "busy" in states and "waiting" not in states, v["where"]
+    share = {state: sum(w["share"] for w in v["where"] if w["line"] == busy_line and w["state"] == state)
+             for state in ("busy", "waiting")}
+    # mostly busy: a sample may land while the thread is descheduled on a loaded machine, never most
+    assert share["busy"] >= 0.1 and share["waiting"] <= share["busy"] / 3, v["where"]

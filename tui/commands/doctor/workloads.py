@@ -118,9 +118,13 @@ class Mlp:
 
 
 class TorchCudaDevice:
-    """The real GPU: ``torch.cuda._sleep`` spins a kernel for a number of clock cycles, calibrated
-    on the host clock across a synchronize (not with the events the doctor checks); ``.item()`` is
-    the sync."""
+    """The real GPU. Its kernels are bf16 matmuls that fill every SM, so both busy sources read
+    them as busy: NVML utilization (any kernel running) and GPM SM activity (the share of SMs
+    busy; a one-block spin kernel such as ``torch.cuda._sleep`` would read under 1% of an H100).
+    Their length is calibrated on the host clock across a synchronize, never with the CUDA events
+    the doctor checks; ``.item()`` is the sync."""
+
+    SIDE = 4096          # ~0.2 ms per matmul on an H100, ~0.5 ms on an A100: fine-grained lengths
 
     def __init__(self) -> None:
         import torch
@@ -128,27 +132,34 @@ class TorchCudaDevice:
         self.torch = torch
         self.name = torch.cuda.get_device_name()
         self.scratch = torch.zeros(1, device="cuda")
-        self.cycles_per_s = self._calibrate()
+        self.a = torch.randn(self.SIDE, self.SIDE, device="cuda", dtype=torch.bfloat16)
+        self.b = torch.randn(self.SIDE, self.SIDE, device="cuda", dtype=torch.bfloat16)
+        self.out = torch.empty_like(self.a)
+        self.matmul_s = self._calibrate()
 
     def _calibrate(self) -> float:
-        self.torch.cuda._sleep(1000)     # the first launch loads the kernel: not part of its length
-        cycles = 1_000_000
-        while True:                      # grow the kernel until launch costs vanish beside it (>= 50 ms)
+        """Seconds per matmul: a batch long enough (>= 50 ms) that launch costs vanish beside it."""
+        torch = self.torch
+        torch.matmul(self.a, self.b, out=self.out)     # the first launch loads the kernel (cuBLAS)
+        n = 8
+        while True:
             self.synchronize()
             t0 = time.perf_counter()
-            self.torch.cuda._sleep(cycles)
+            for _ in range(n):
+                torch.matmul(self.a, self.b, out=self.out)
             self.synchronize()
             took = time.perf_counter() - t0
             if took >= 0.05:
-                return cycles / took
-            cycles *= 4
+                return took / n
+            n *= 4
 
     def attach(self, mon: Any) -> None:
         self.model = self.torch.nn.Linear(8, 8).cuda()      # kept: the probe holds a watched model weakly
         mon.watch(model=self.model, syncs=True)
 
     def kernels(self, seconds: float) -> None:
-        self.torch.cuda._sleep(int(seconds * self.cycles_per_s))
+        for _ in range(max(1, round(seconds / self.matmul_s))):
+            self.torch.matmul(self.a, self.b, out=self.out)
 
     def tiny_kernels(self, n: int) -> None:
         for _ in range(n):
