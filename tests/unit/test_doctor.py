@@ -86,7 +86,7 @@ def _metric(**values):
 def test_compute_check_passes_for_training_and_fails_for_a_loop_that_only_sleeps():
     good = C.compute_bound()
     assert good.ok is True, good
-    # The probe counts an unexplained in-step wait as CPU busy; the thread's CPU clock says ~0
+    # a loop that only sleeps: the training thread's CPU clock says ~0, so "healthy, busy" cannot pass
     sleeping = C.compute_bound(work=lambda: time.sleep(0.005))
     assert sleeping.ok is False and sleeping.verdict == "FAIL", sleeping
 
@@ -107,6 +107,15 @@ def test_starved_loader_check_fails_when_the_loader_wait_is_not_measured(monkeyp
     _skewed(monkeypatch, _metric(data_wait_frac=0.0))
     blind = C.loader_wait("loop starved by its loader", 3.0)
     assert blind.ok is False, blind
+
+
+@pytest.mark.slow
+def test_wait_in_step_check_reads_the_planted_share_and_fails_when_the_wait_is_read_as_work(monkeypatch):
+    good = C.wait_in_step()
+    assert good.ok is True and good.measured.startswith("host_wait"), good
+    _skewed(monkeypatch, lambda v: _metric(off_cpu_frac=max(0.0, v.metrics.off_cpu_frac - 0.2))(v))
+    off = C.wait_in_step()
+    assert off.ok is False, off
 
 
 @pytest.mark.slow

@@ -131,6 +131,38 @@ def loader_wait(name: str, ratio: float) -> Check:
                  f"{leaf}, data wait {_pct(share)}", ok)
 
 
+def wait_in_step(ratio: float = 0.6) -> Check:
+    """The loop with an unhooked wait inside each step (a call to a slow service, standing in for an
+    RPC, a lock, a file read): ``ratio`` times the step's compute asleep between forward and the
+    rest. The off-CPU loss must be the share the loop's own clock planted, named ``host_wait``."""
+    mlp = Mlp()
+    slept: list[float] = []
+    spans: list[float] = []
+
+    def body(mon: Any) -> None:
+        wait = ratio * _watched(mon, mlp)
+        for _ in range(STEPS):
+            t0 = time.perf_counter()
+            with mon.step(samples=len(mlp.x)):
+                mlp.work()
+                t1 = time.perf_counter()
+                time.sleep(wait)              # the service answers: no CPU used, nothing perfmon hooks
+                slept.append(time.perf_counter() - t1)
+            spans.append(time.perf_counter() - t0)
+
+    with one_thread():
+        view = run_job("wait-in-step", body)
+    planted = sum(slept[-WINDOW:]) / sum(spans[-WINDOW:])
+    share, leaf = _share(view, "device_idle"), _leaf(view)
+    # a sleep's wall time includes the wake-up's wait for a core, which perfmon measures apart as
+    # CPU contention: the two together are the thread's time off CPU that the sleep planted
+    queued = view.metrics.cpu_contention_frac or 0.0
+    off = share + queued if share is not None else None
+    ok = leaf == "host_wait" and off is not None and abs(off - planted) <= SHARE_TOL
+    return Check("unhooked wait in each step", f"host_wait, off CPU {_pct(planted)} ± {_pts(SHARE_TOL)}",
+                 f"{leaf}, off CPU {_pct(share)} + waiting for a core {_pct(queued)}", ok)
+
+
 def between_steps(ratio: float = 1.0) -> Check:
     """The loop with ``ratio`` times its step's compute spent between steps (a checkpoint, an
     evaluation): ETTR is the share of wall time inside steps by the loop's own clock."""
@@ -161,7 +193,7 @@ def between_steps(ratio: float = 1.0) -> Check:
 def cpu_checks() -> list[Check]:
     """The workloads every machine can run."""
     return [compute_bound(), loader_wait("known wait in each step", 0.5),
-            loader_wait("loop starved by its loader", 3.0), between_steps()]
+            loader_wait("loop starved by its loader", 3.0), wait_in_step(), between_steps()]
 
 
 # -- with a GPU ------------------------------------------------------------------------------------
