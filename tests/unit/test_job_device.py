@@ -63,6 +63,19 @@ def _view(path) -> tuple[RunModel, list[dict]]:
     return model, records
 
 
+def _cuda_job(name: str, cuda, tmp_path) -> tuple[RunModel, list[dict]]:
+    """A watched model placed on the simulated GPU, trained and sampled; its recording read back."""
+    model, opt = _model()
+    cuda.place(model)
+    mon = probe.start(job=name, record=tmp_path, serve=False, sample_hz=20)
+    try:
+        mon.watch(model=model, optimizer=opt)
+        _train(mon, model, opt, 30, cuda, 0.001)
+    finally:
+        mon.close()
+    return _view(mon.record_path)
+
+
 def test_a_cpu_model_on_a_gpu_host_is_a_cpu_job(simulated_cuda, simulated_nvml, tmp_path):
     """The host's GPU idles (0% busy); the job trains on the CPU. Judging the host's GPU would read
     0% busy and call the job host-bound; the job's device is the CPU."""
@@ -129,15 +142,7 @@ def test_a_cuda_job_whose_utilization_is_not_supported_is_never_healthy(simulate
     cuda = simulated_cuda()
     simulated_nvml([SimulatedGpu(timeline=cuda, gpm=None,
                                  errors={"nvmlDeviceGetUtilizationRates": NVML_ERROR_NOT_SUPPORTED})])
-    model, opt = _model()
-    cuda.place(model)
-    mon = probe.start(job="util-not-supported", record=tmp_path, serve=False, sample_hz=20)
-    try:
-        mon.watch(model=model, optimizer=opt)
-        _train(mon, model, opt, 30, cuda, 0.001)
-    finally:
-        mon.close()
-    run, _ = _view(mon.record_path)
+    run, _ = _cuda_job("util-not-supported", cuda, tmp_path)
     view = run.view()
     verdict = V.evaluate(view)
     assert view.device_type == "cuda" and view.metrics.device_busy is None
@@ -159,15 +164,7 @@ def test_two_gpus_and_a_failing_uuid_lookup_leave_busy_unmeasured(simulated_cuda
         raise RuntimeError("device properties unavailable")
 
     monkeypatch.setattr(cuda, "device_uuid", no_uuid)
-    model, opt = _model()
-    cuda.place(model)
-    mon = probe.start(job="uuid-fails", record=tmp_path, serve=False, sample_hz=20)
-    try:
-        mon.watch(model=model, optimizer=opt)
-        _train(mon, model, opt, 30, cuda, 0.001)
-    finally:
-        mon.close()
-    run, records = _view(mon.record_path)
+    run, records = _cuda_job("uuid-fails", cuda, tmp_path)
     device = [r for r in records if r["k"] == "sample"][-1]["device"]
     assert device["type"] == "cuda" and "not measured" in device["status"]
     view = run.view()
