@@ -149,8 +149,10 @@ def rank_stats(state: RankState, max_steps: int, max_seconds: float, timeline: b
         if not device.get("status"):
             busy, busy_src = _gpu_busy(samples, state.hello)
     elif n and thread_busy is not None:
-        # CPU: the CPU is the device; busy is the training thread's measured CPU time in the step
-        busy, busy_src = thread_busy, "thread_cpu"
+        # CPU: the CPU is the device; busy is the training thread's measured CPU time in the step,
+        # plus the time it was ready to run but other processes held the cores: that time had work
+        # to do (its cause, contention, is a finding of its own), so it never opens the starved gate
+        busy, busy_src = min(1.0, thread_busy + (contention or 0.0)), "thread_cpu"
     elif n:
         # CPU without thread CPU times (an older probe): busy is the step time not lost to a measured cause
         busy, busy_src = sum(computes) / active_sum, "step_accounting"
