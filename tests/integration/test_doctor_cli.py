@@ -9,7 +9,8 @@ import sys
 
 import pytest
 
-CPU_CHECKS = ("compute-bound loop", "known wait in each step", "loop starved by its loader", "time between steps")
+CPU_CHECKS = ("compute-bound loop", "known wait in each step", "loop starved by its loader",
+              "unhooked wait in each step", "time between steps")
 
 
 @pytest.mark.slow
@@ -22,4 +23,4 @@ def test_doctor_cpu_only_passes_on_a_cpu_machine_and_prints_its_table():
     for name in CPU_CHECKS:
         assert "  ok  " in rows[name], rows[name]
     assert "not run: --cpu-only" in rows["a sync every step"]
-    assert out.stdout.splitlines()[-1] == "10 checks: 4 ok, 0 failed, 6 not run here"
+    assert out.stdout.splitlines()[-1] == "11 checks: 5 ok, 0 failed, 6 not run here"
