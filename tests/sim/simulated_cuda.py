@@ -28,6 +28,8 @@ import warnings
 import weakref
 from typing import Any
 
+import torch
+
 BUSY_HISTORY = 10_000     # kernel intervals kept for busy_fraction
 
 
@@ -227,3 +229,17 @@ def memory_stats(*, allocated: int, reserved: int, peak: int, peak_reserved: int
         "num_device_alloc": 12,
         "num_device_free": 3,
     }
+
+
+class SimulatedKernel(torch.nn.Module):
+    """A module whose forward enqueues ``seconds`` of work on the simulated device and returns at
+    once, as a CUDA kernel launch does (a model "on the GPU" for module profiles)."""
+
+    def __init__(self, device: SimulatedCuda, seconds: float) -> None:
+        super().__init__()
+        self.device, self.seconds = device, seconds
+        self.weight = torch.nn.Parameter(torch.ones(4))
+
+    def forward(self, x: Any) -> Any:
+        self.device.run(self.seconds)
+        return x * self.weight

@@ -16,7 +16,7 @@ import probe
 from probe import flops, records
 from probe.gpu.cuda import EventPool, Poller, StepTimer
 from probe.recording import read_recording
-from tests.sim.simulated_cuda import SimulatedCuda, SimulatedDeviceTensor
+from tests.sim.simulated_cuda import SimulatedCuda, SimulatedDeviceTensor, SimulatedKernel
 
 
 def _wait_for(condition, seconds: float = 10.0) -> None:
@@ -159,17 +159,6 @@ def test_the_step_timer_asks_for_its_first_look_at_half_the_previous_lead():
 
 # -- module profile events come from a pool ------------------------------------------------------
 
-class _Kernel(nn.Module):
-    def __init__(self, device: SimulatedCuda, seconds: float) -> None:
-        super().__init__()
-        self.device, self.seconds = device, seconds
-        self.weight = nn.Parameter(torch.ones(4))
-
-    def forward(self, x):
-        self.device.run(self.seconds)
-        return x * self.weight
-
-
 def _profile(mon, model, opt, request_id: int) -> dict:
     got: list[dict] = []
     emit = mon.emit
@@ -192,7 +181,7 @@ def test_a_second_profile_reuses_the_first_ones_cuda_events(simulated_cuda):
     device = simulated_cuda()
     mon = probe.start(job="profile-pool", serve=False)
     try:
-        model = nn.Sequential(_Kernel(device, 0.002), _Kernel(device, 0.001))
+        model = nn.Sequential(SimulatedKernel(device, 0.002), SimulatedKernel(device, 0.001))
         opt = torch.optim.SGD(model.parameters(), lr=0.1)
         mon.watch(model, opt)
         mon.attached.watcher.device_type = "cuda"        # the model stands for a CUDA one

@@ -14,19 +14,7 @@ import torch.nn as nn
 import probe
 from probe.gpu.cuda import EventPool
 from probe.module_profile import _EventClock
-
-
-class Kernel(nn.Module):
-    """Enqueues ``seconds`` of device work and returns at once, as a CUDA kernel launch does."""
-
-    def __init__(self, device, seconds: float) -> None:
-        super().__init__()
-        self.device, self.seconds = device, seconds
-        self.weight = nn.Parameter(torch.ones(4))
-
-    def forward(self, x):
-        self.device.run(self.seconds)
-        return x * self.weight
+from tests.sim.simulated_cuda import SimulatedKernel
 
 
 def test_an_event_span_is_the_device_time_between_two_marks(simulated_cuda):
@@ -42,7 +30,7 @@ def test_a_profile_on_a_cuda_job_times_modules_on_the_device_timeline(simulated_
     device = simulated_cuda()
     mon = probe.start(job="sim-gpu", serve=False)
     try:
-        model = nn.Sequential(Kernel(device, 0.020), Kernel(device, 0.005))
+        model = nn.Sequential(SimulatedKernel(device, 0.020), SimulatedKernel(device, 0.005))
         device.place(model)                              # model.cuda() on the simulated device
         opt = torch.optim.SGD(model.parameters(), lr=0.1)
         mon.watch(model, opt)
