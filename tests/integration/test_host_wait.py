@@ -1,8 +1,7 @@
-"""Issue 27's acceptance: real CPU loops nobody shaped for perfmon, under ``perfmon run``, judged by
-``perfmon report --json``. A loop that waits ~40% of each step on an unhooked call is not healthy,
-its off-CPU loss matches the script's own clock within 0.1 and the top line is the wait's line; a
-compute-bound loop stays healthy; pure-Python tokenizing in the step is busy work, not a wait.
-"""
+"""Where unexplained step time goes: real CPU loops nobody shaped for perfmon, under ``perfmon run``,
+judged by ``perfmon report --json``. A loop that waits ~40% of each step on an unhooked call is not
+healthy, its off-CPU loss matches the script's own clock within 0.1 and the top line is the wait's line;
+a compute-bound loop stays healthy; pure-Python tokenizing in the step is busy work, not a wait."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""The probe's failures that used to pass silently now reach the stream as ``warning`` events, and
+"""The probe's own failures that a training loop would never notice reach the stream as ``warning`` events, and
 ``close()`` takes a last sample. Each case plants the failure through the code a user runs (a
 sampler source, a torch API that raises, a tensor the meter cannot size, a CUDA UUID lookup that
 fails on the SIMULATED device layer) and reads the warning back from the recording."""

@@ -79,7 +79,7 @@ class Verdict:
     losses: tuple[Loss, ...] = ()
     undecided: dict[str, str] = field(default_factory=dict)
     stuck: StuckDiagnosis | None = None
-    straggler_host: str | None = None    # the node of ``straggler_rank`` (DESIGN §7)
+    straggler_host: str | None = None    # the node of ``straggler_rank`` (the report's verdict.straggler_host)
     where: WhereTable | None = None
 
     @property
