@@ -97,7 +97,10 @@ def missing_steps_announced(first: int, last: int):
     return done
 
 
-def test_stalled_viewer_does_not_slow_the_loop_and_its_losses_are_counted():
+def test_stalled_viewer_does_not_slow_the_loop_and_its_losses_are_counted(monkeypatch):
+    # this test is about drops, not eviction: a slow machine may take longer than the stall limit to
+    # emit the steps that overflow the viewer's queue, so the limit is lifted out of its way
+    monkeypatch.setattr(server, "STALL_SECONDS", 3600.0)
     mon = probe.start(job="stalled")
     try:
         n = 60_000
