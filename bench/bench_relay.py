@@ -56,7 +56,7 @@ def self_cpu() -> float:
 async def view(base: Path, job: str, nodes: int, ranks: int, seconds: float, warmup: float,
                profile: str | None = None) -> dict:
     from tui.app.perfmon_app import PerfmonApp
-    from tui.model.runmodel import RunModel
+    from perfmon_analysis.runmodel import RunModel
     from tui.stream.remote import RelayFeed
 
     hosts = [f"node{k + 1:02d}" for k in range(nodes)]

@@ -7,8 +7,8 @@ from __future__ import annotations
 
 import time
 
-from tui.model.runmodel import RunModel
-from tui.model.verdict import evaluate
+from perfmon_analysis.runmodel import RunModel
+from perfmon_analysis.verdict import evaluate
 
 RANKS = 64
 T0 = 1_700_000_000.0

@@ -61,8 +61,8 @@ def job(seconds: float, rate: float, out: str) -> None:
 
 
 def viewer(socket_path: str, out: str) -> None:
-    from tui.model.runmodel import RunModel
-    from tui.model.verdict import evaluate
+    from perfmon_analysis.runmodel import RunModel
+    from perfmon_analysis.verdict import evaluate
     from tui.stream.discovery import resolve_live
     from tui.stream.feed import LiveFeed, follow
 

@@ -658,7 +658,7 @@ def _other_threads_cpu(proc0: float, cpu: float) -> dict[str, Any] | None:
     ``intra_threads`` (torch's intra-op thread count, read on the training thread, where a
     ``torch.set_num_threads`` applies): on CPU, torch's intra-op threads do part of each op while
     the training thread waits for them off its CPU, which is work, not an unexplained wait
-    (``tui.model.readings.step_cpu``). One more clock read and a torch call, on timed steps only."""
+    (``perfmon_analysis.readings.step_cpu``). One more clock read and a torch call, on timed steps only."""
     try:
         out: dict[str, Any] = {"cpu_others": max(0.0, time.process_time() - proc0 - cpu)}
         torch = sys.modules.get("torch")

@@ -21,7 +21,7 @@ the model (FSDP, DTensor) or its replay fails (a model that calls ``.item()`` in
 the hooks stay for one more step, which is counted live on the training thread with a
 thread-local dispatch mode (that step is slower, and not among the timed ones). The ``profile``
 record carries raw per-step seconds and FLOPs; shares, rates and the marked row are the viewer's
-(``tui.model.profile``).
+(``perfmon_analysis.profile``).
 """
 
 from __future__ import annotations

@@ -102,7 +102,7 @@ from __future__ import annotations
 # 1.2 kinds (a relay and its viewer: ``perfmon relay``, ``tui.stream.remote``):
 # summary (relay -> viewer, per rank the viewer does not follow in full, once a second, only when it
 #         changed) src, stats {the rank's window statistics: the scalar fields of
-#         ``tui.model.stats.RankStats``}, memory {``MemoryMetrics`` fields}, comm {op: [count, bytes,
+#         ``perfmon_analysis.stats.RankStats``}, memory {``MemoryMetrics`` fields}, comm {op: [count, bytes,
 #         seconds, busbytes]} (the window's collectives), steps (steps done), first_start, last_end,
 #         inside, unseen (the rank's running totals for ETTR), loader_seen (bool); computed over
 #         the window the viewer's subscribe gave

@@ -28,16 +28,16 @@ from pathlib import Path
 
 # The modules mutated when none are given: the pure core (run model, verdict) and the wire.
 DEFAULT_MODULES = [
-    "tui/model/runmodel.py",
-    "tui/model/stats.py",
-    "tui/model/buffers.py",
-    "tui/model/readings.py",
-    "tui/model/losses.py",
-    "tui/model/flowchart.py",
-    "tui/model/verdict.py",
-    "tui/model/explain.py",
-    "tui/model/summary.py",
-    "tui/model/heatmap.py",
+    "perfmon_analysis/runmodel.py",
+    "perfmon_analysis/stats.py",
+    "perfmon_analysis/buffers.py",
+    "perfmon_analysis/readings.py",
+    "perfmon_analysis/losses.py",
+    "perfmon_analysis/flowchart.py",
+    "perfmon_analysis/verdict.py",
+    "perfmon_analysis/explain.py",
+    "perfmon_analysis/summary.py",
+    "perfmon_analysis/heatmap.py",
     "probe/wire.py",
     "probe/recording.py",
 ]
@@ -111,7 +111,7 @@ def results(dest: Path) -> dict[str, str]:
 
 
 def module_of(name: str, modules: list[str]) -> str:
-    """``tui.model.verdict.x__explain__mutmut_3`` -> ``tui/model/verdict.py``."""
+    """``perfmon_analysis.verdict.x__explain__mutmut_3`` -> ``perfmon_analysis/verdict.py``."""
     for m in modules:
         if name.startswith(m[:-3].replace("/", ".") + ".x"):
             return m

@@ -16,8 +16,8 @@ PREFIX = "perfmon/"
 
 class LiveNumbers:
     def __init__(self, probe: Any) -> None:
-        from tui.model.runmodel import RunModel
-        from tui.model.verdict import VerdictTracker
+        from perfmon_analysis.runmodel import RunModel
+        from perfmon_analysis.verdict import VerdictTracker
 
         self.model = RunModel()
         self.tracker = VerdictTracker()

@@ -153,7 +153,7 @@ async def test_a_profile_of_a_rank_on_another_node_goes_through_its_relay(two_no
     profile comes back with the rank's stream; a bad rank name is refused by the relay."""
     import asyncio
 
-    from tui.model.runmodel import RunModel
+    from perfmon_analysis.runmodel import RunModel
     from tui.stream.remote import RelayFeed
     from tui.stream.requests import ask
     from tui.errors import UserError
@@ -277,7 +277,7 @@ async def test_a_view_through_relays_has_every_rank_summarised_and_the_followed_
     step records (the timeline) only of the rank it follows; following another rank moves them."""
     import asyncio
 
-    from tui.model.runmodel import RunModel
+    from perfmon_analysis.runmodel import RunModel
     from tui.stream.remote import RelayFeed
 
     monkeypatch.setenv("PATH", two_nodes["PATH"])

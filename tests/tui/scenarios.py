@@ -253,7 +253,7 @@ def replay_app(recording: Path):
     """The app replaying ``recording`` ingested at once (the clock is the recording's)."""
     from tui.app.perfmon_app import PerfmonApp
     from tui.stream.feed import ReplayFeed
-    from tui.model.runmodel import RunModel
+    from perfmon_analysis.runmodel import RunModel
     from tui.stream.sources import load_recordings
     return PerfmonApp(ReplayFeed(RunModel(), load_recordings(recording), speed=None), watch_terminal=False)
 

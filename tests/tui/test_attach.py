@@ -139,7 +139,7 @@ def test_a_hung_up_terminal_is_detected(monkeypatch):
 
 def test_every_verdict_leads_with_a_pane_the_layout_knows_and_it_is_kept():
     from tui.app.widgets.layout import PANE_ORDER
-    from tui.model.verdict import RULES_TABLE
+    from perfmon_analysis.verdict import RULES_TABLE
 
     panes = {r.pane for r in RULES_TABLE if r.pane is not None}
     assert panes <= set(PANE_ORDER)

@@ -19,13 +19,13 @@ from tui.stream import discovery
 from tui.app.perfmon_app import WINDOWS, PerfmonApp
 from tui.stream.discovery import read_token
 from tui.stream.feed import LiveFeed, ReplayFeed, TcpFeed
-from tui.model.runmodel import RunModel
+from perfmon_analysis.runmodel import RunModel
 from tui.app.screens.flowchart import FlowchartScreen
 from tui.app.screens.help import HelpScreen
 from tui.app.screens.log import LogScreen
 from tui.app.screens.picker import JobChoice, PickerScreen
 from tui.stream.sources import load_recordings
-from tui.model.flowchart import NODES
+from perfmon_analysis.flowchart import NODES
 from tui.app.widgets.memory import MemoryPane
 
 API_JOB = Path(__file__).resolve().parents[1] / "integration" / "jobs" / "api_job.py"

@@ -1,4 +1,4 @@
-"""Per-rank buffers (``tui.model.buffers``): what one step record adds to a rank's running totals
+"""Per-rank buffers (``perfmon_analysis.buffers``): what one step record adds to a rank's running totals
 and window numbers, seen through ``RunModel.view``."""
 
 from __future__ import annotations
@@ -6,8 +6,8 @@ from __future__ import annotations
 import pytest
 
 from tests.unit.verdict_synth import T0, Rank, records
-from tui.model.buffers import STEP_BUFFER
-from tui.model.runmodel import RunModel
+from perfmon_analysis.buffers import STEP_BUFFER
+from perfmon_analysis.runmodel import RunModel
 
 
 def feed(recs: list[dict], model: RunModel | None = None, received: float | None = None) -> RunModel:

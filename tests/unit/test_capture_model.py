@@ -1,10 +1,10 @@
-"""A ``capture`` record as the viewer reads it (tui.model.capture) and how the report prints it."""
+"""A ``capture`` record as the viewer reads it (perfmon_analysis.capture) and how the report prints it."""
 
 from __future__ import annotations
 
 from tui.commands.report import build_report, render_text
-from tui.model.capture import capture_reading
-from tui.model.runmodel import RunModel
+from perfmon_analysis.capture import capture_reading
+from perfmon_analysis.runmodel import RunModel
 
 RECORD = {"k": "capture", "t": 5.0, "id": 1, "steps": 3, "first_step": 10, "last_step": 12, "wall_s": 0.5,
           "path": "/r/x.capture-10.pt.trace.json.gz", "device_busy": 0.62,

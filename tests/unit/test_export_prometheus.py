@@ -12,7 +12,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from tests.unit.test_verdict_explain import VIEWS
 from tui.export.prometheus import Snapshot, _Holder, registry_for
-from tui.model.verdict import evaluate
+from perfmon_analysis.verdict import evaluate
 
 DASHBOARD = Path(__file__).resolve().parents[2] / "docs" / "grafana-perfmon.json"
 

@@ -12,7 +12,7 @@ import pytest
 
 import probe
 from probe import wire
-from tui.model.runmodel import RunModel
+from perfmon_analysis.runmodel import RunModel
 from tui.stream.discovery import Endpoint, resolve_live
 from tui.stream.feed import LiveFeed, follow
 from tui.stream.sources import StreamError

@@ -15,8 +15,8 @@ import probe
 from probe.recording import read_recording
 from tests.sim.fixtures import simulated_cuda, simulated_nvml  # noqa: F401  (fixtures)
 from tests.sim.simulated_pynvml import SimulatedGpu
-from tui.model import verdict as V
-from tui.model.runmodel import RunModel
+from perfmon_analysis import verdict as V
+from perfmon_analysis.runmodel import RunModel
 
 
 def test_event_elapsed_time_includes_the_idle_gap_as_real_cuda_events_do(simulated_cuda):

@@ -7,7 +7,7 @@ import dataclasses
 import pytest
 
 from tests.unit.verdict_synth import Rank, job
-from tui.model.heatmap import RATIO_BANDS, SHARE_BANDS, heatmap, level
+from perfmon_analysis.heatmap import RATIO_BANDS, SHARE_BANDS, heatmap, level
 
 
 def _job(n: int, per_node: int, slow: int | None = None, data_rank: int | None = None):

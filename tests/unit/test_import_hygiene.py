@@ -1,6 +1,7 @@
-"""Each room imports only what it may: the probe never pulls in the UI, the viewer never
-pulls in torch, the stream readers never pull in Textual, and the model (tui.model)
-pulls in neither Textual, torch nor socket/asyncio I/O.
+"""Each room imports only what it may: the probe never pulls in the viewer (``tui``), the viewer
+never pulls in torch, the stream readers never pull in Textual, and the analysis core
+(``perfmon_analysis``, shared by the viewer and the probe's trainer callbacks) pulls in neither
+the viewer, Textual, torch nor socket/asyncio I/O.
 
 Checked in a fresh interpreter, because only a subprocess proves that an import
 is really absent (Harlequin's approach).
@@ -16,17 +17,17 @@ from pathlib import Path
 import pytest
 
 VIEWER_MODULES = ["tui.cli", "tui.stream.discovery", "tui.stream.sources", "tui.stream.feed", "tui.commands.ls",
-                  "tui.commands.record", "tui.commands.report", "tui.model.runmodel", "tui.model.verdict",
+                  "tui.commands.record", "tui.commands.report", "perfmon_analysis.runmodel", "perfmon_analysis.verdict",
                   "tui.commands.attach", "tui.app.perfmon_app", "tui.commands.relay", "tui.stream.remote"]
 ROOT = Path(__file__).resolve().parents[2]
-MODEL_MODULES = ["tui.model.runmodel", "tui.model.verdict", "tui.model.readings", "tui.model.flowchart",
-                 "tui.model.explain", "tui.model.units", "tui.model.losses", "tui.model.stuck"]
+MODEL_MODULES = ["perfmon_analysis.runmodel", "perfmon_analysis.verdict", "perfmon_analysis.readings", "perfmon_analysis.flowchart",
+                 "perfmon_analysis.explain", "perfmon_analysis.units", "perfmon_analysis.losses", "perfmon_analysis.stuck"]
 STREAM_MODULES = ["tui.stream.discovery", "tui.stream.sources", "tui.stream.feed", "tui.stream.native",
                   "tui.stream.hosts", "tui.stream.remote", "tui.commands.relay"]
 UI = ("textual", "rich")
 # Checked in the model's own source: importing ``probe.wire`` runs ``probe/__init__``, which
 # loads the probe's socket code, so sys.modules cannot tell whether the model itself does I/O.
-MODEL_SOURCE_FORBIDDEN = (*UI, "torch", "asyncio", "socket", "selectors", "tui.stream", "tui.commands", "tui.app")
+MODEL_SOURCE_FORBIDDEN = (*UI, "torch", "asyncio", "socket", "selectors", "tui")
 
 
 def modules_after(code: str) -> set[str]:
@@ -58,15 +59,27 @@ def test_model_imports_no_ui_or_torch():
     assert not {m for m in loaded if m.split(".")[0] in (*UI, "torch")}
 
 
-def test_model_source_imports_no_io_ui_or_other_rooms():
+def imports_in(package: str, forbidden: tuple[str, ...]) -> set[tuple[str, str]]:
+    """(file, module) for every import statement in ``package``'s source, lazy ones included, of a
+    module in ``forbidden`` (or under one)."""
     found = set()
-    for path in (ROOT / "tui" / "model").rglob("*.py"):
+    for path in (ROOT / package).rglob("*.py"):
         for node in ast.walk(ast.parse(path.read_text())):
             names = [a.name for a in node.names] if isinstance(node, ast.Import) else \
-                [node.module or ""] if isinstance(node, ast.ImportFrom) else []
-            found |= {(path.name, n) for n in names
-                      if any(n == bad or n.startswith(bad + ".") for bad in MODEL_SOURCE_FORBIDDEN)}
-    assert not found
+                [node.module or ""] if isinstance(node, ast.ImportFrom) and not node.level else []
+            found |= {(str(path.relative_to(ROOT)), n) for n in names
+                      if any(n == bad or n.startswith(bad + ".") for bad in forbidden)}
+    return found
+
+
+def test_model_source_imports_no_io_ui_or_viewer():
+    assert imports_in("perfmon_analysis", MODEL_SOURCE_FORBIDDEN) == set()
+
+
+def test_probe_source_never_imports_the_viewer():
+    """The arrow goes one way: the viewer reads the probe's wire schema; the probe (trainer callbacks
+    included) gets its numbers from the analysis core, never from ``tui``."""
+    assert imports_in("probe", ("tui", *UI)) == set()
 
 
 def test_stream_imports_no_textual():

@@ -19,8 +19,8 @@ from probe.recording import read_recording
 from tests.sim.fixtures import simulated_cuda, simulated_nvml  # noqa: F401  (fixtures)
 from tests.sim.simulated_pynvml import NVML_ERROR_NOT_SUPPORTED, SimulatedGpu
 from tests.unit.verdict_synth import Rank, records
-from tui.model import verdict as V
-from tui.model.runmodel import RunModel
+from perfmon_analysis import verdict as V
+from perfmon_analysis.runmodel import RunModel
 
 
 def _model() -> tuple[torch.nn.Module, torch.optim.Optimizer]:

@@ -9,10 +9,10 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from tests.unit.verdict_synth import T0, Rank, job
-from tui.model import flowchart as chart
-from tui.model import verdict as V
-from tui.model.losses import account, by_id
-from tui.model.views import Metrics
+from perfmon_analysis import flowchart as chart
+from perfmon_analysis import verdict as V
+from perfmon_analysis.losses import account, by_id
+from perfmon_analysis.views import Metrics
 
 GB = 1 << 30
 

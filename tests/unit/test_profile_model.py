@@ -1,12 +1,12 @@
-"""The module profile as the viewer reads it (tui.model.profile): shares, rates, the marked row,
+"""The module profile as the viewer reads it (perfmon_analysis.profile): shares, rates, the marked row,
 the cost measured from the rank's own steps, and the text every surface prints."""
 
 from __future__ import annotations
 
 import pytest
 
-from tui.model.profile import MARK_MIN_SHARE, profile_lines, profile_reading, with_overhead
-from tui.model.runmodel import RunModel
+from perfmon_analysis.profile import MARK_MIN_SHARE, profile_lines, profile_reading, with_overhead
+from perfmon_analysis.runmodel import RunModel
 
 
 def _module(name, depth, fwd_s, bwd_s, flops=None, fwd_flops=None, type_="Linear", params=100):
@@ -123,7 +123,7 @@ def test_the_compute_efficiency_verdict_cites_the_marked_module():
     from dataclasses import replace
 
     from tests.unit.test_verdict_explain import VIEWS
-    from tui.model.verdict import evaluate
+    from perfmon_analysis.verdict import evaluate
 
     view = replace(VIEWS["compute_efficiency_mfu"](), profile=profile_reading(_record(MODULES), rank=0))
     v = evaluate(view)

@@ -1,12 +1,12 @@
-"""Typed readings (tui.model.readings): each wire key parsed once, unknown kept unknown, a
+"""Typed readings (perfmon_analysis.readings): each wire key parsed once, unknown kept unknown, a
 rank's own GPU chosen by its local rank, and each GPU listed once per host."""
 
 from __future__ import annotations
 
 import pytest
 
-from tui.model.readings import GpuReading, gpu_reading, gpu_rows, host_reading, own_gpus, step_bar
-from tui.model.runmodel import RunModel
+from perfmon_analysis.readings import GpuReading, gpu_reading, gpu_rows, host_reading, own_gpus, step_bar
+from perfmon_analysis.runmodel import RunModel
 
 FULL_GPU = {"index": 1, "name": "H100", "uuid": "GPU-5fd2", "util": 0.87, "sm_active": 0.5, "tensor_active": 0.25,
             "mem_used": 40e9, "mem_total": 80e9, "power_w": 512.5, "power_limit_w": 700.0, "sm_clock": 1980,

@@ -34,7 +34,7 @@ JOBS = {
 
 
 def _hello_only():
-    from tui.model.runmodel import RunModel
+    from perfmon_analysis.runmodel import RunModel
     model = RunModel()
     model.ingest("s", {"k": "hello", "t": T0, "proto": [1, 0]})
     return model

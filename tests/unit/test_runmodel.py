@@ -6,8 +6,8 @@ import pytest
 
 from tests.unit.verdict_synth import T0, Rank, job, records
 from probe.wire import busbw_factor
-from tui.model.runmodel import MIN_STEPS, RunModel
-from tui.model.stats import RECENT_SECONDS
+from perfmon_analysis.runmodel import MIN_STEPS, RunModel
+from perfmon_analysis.stats import RECENT_SECONDS
 
 GB = 1 << 30
 
@@ -393,7 +393,7 @@ def test_report_memory_object_carries_every_documented_key_with_the_model_number
 def test_memory_as_json_maps_each_field_to_its_own_key():
     from dataclasses import fields
 
-    from tui.model.views import MemoryMetrics
+    from perfmon_analysis.views import MemoryMetrics
     values = {f.name: f"v-{f.name}" for f in fields(MemoryMetrics)}
     out = MemoryMetrics(**values).as_json()
     assert out == {key: f"v-{key}" for key in out} and "allocated_bytes" not in out
@@ -439,7 +439,7 @@ def test_same_pid_with_another_restart_count_or_host_is_another_process(changed)
 
 
 def test_ranks_with_zero_compute_time_are_even():
-    from tui.model.stats import _relative
+    from perfmon_analysis.stats import _relative
     assert _relative([(0, 0.0), (1, 0.0)])[0] == 1.0
     assert _relative([(0, 0.05), (1, 0.1)]) == (0.5, 1)
 

@@ -1,4 +1,4 @@
-"""Window statistics (``tui.model.stats``) seen through ``RunModel.view``: each rank's row, the
+"""Window statistics (``perfmon_analysis.stats``) seen through ``RunModel.view``: each rank's row, the
 samples and records a window takes, memory against its limit, collectives as window deltas."""
 
 from __future__ import annotations
@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from tests.unit.verdict_synth import T0, Rank, job, records
-from tui.model.runmodel import RunModel
+from perfmon_analysis.runmodel import RunModel
 
 GB = 1 << 30
 

@@ -12,9 +12,9 @@ import pytest
 from probe import flight as F
 from tests.unit.verdict_synth import T0, Rank, job
 from tui.commands.report import build_report
-from tui.model import verdict as V
-from tui.model.runmodel import RunModel
-from tui.model.stuck import (CALL_STATES, HEARTBEAT_S, NO_HELLO_S, FlightEntry, InFlight, LoaderWorker, diagnose,
+from perfmon_analysis import verdict as V
+from perfmon_analysis.runmodel import RunModel
+from perfmon_analysis.stuck import (CALL_STATES, HEARTBEAT_S, NO_HELLO_S, FlightEntry, InFlight, LoaderWorker, diagnose,
                              is_library, stall_reading, user_frame)
 
 SCHEMA = json.loads((Path(__file__).parents[2] / "tui" / "schemas" / "report.schema.json").read_text())

@@ -10,11 +10,11 @@ import pytest
 from probe import wire
 from tests.unit.verdict_synth import T0, Rank, job, records
 from tui.commands.relay import StdoutRelay
-from tui.model.buffers import MIN_STEPS
-from tui.model.runmodel import RunModel
-from tui.model.summary import read_summary
-from tui.model.verdict import evaluate
-from tui.model.views import MemoryMetrics
+from perfmon_analysis.buffers import MIN_STEPS
+from perfmon_analysis.runmodel import RunModel
+from perfmon_analysis.summary import read_summary
+from perfmon_analysis.verdict import evaluate
+from perfmon_analysis.views import MemoryMetrics
 
 def _comm_records(rank: int, steps: int, dur: float) -> list[dict]:
     """Cumulative all_reduce totals every 10 steps, as the probe's ``comm`` records."""

@@ -8,11 +8,11 @@ import dataclasses
 import pytest
 
 from tests.unit.verdict_synth import T0, Rank, job, records
-from tui.model import flowchart as chart
-from tui.model import verdict as V
-from tui.model.runmodel import RunModel
-from tui.model.readings import GpuReading, GpuRow
-from tui.model.views import JobView, MemoryMetrics
+from perfmon_analysis import flowchart as chart
+from perfmon_analysis import verdict as V
+from perfmon_analysis.runmodel import RunModel
+from perfmon_analysis.readings import GpuReading, GpuRow
+from perfmon_analysis.views import JobView, MemoryMetrics
 
 GB = 1 << 30
 PEAK = 100e12

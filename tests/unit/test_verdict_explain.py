@@ -15,11 +15,11 @@ import pytest
 from tests.unit.test_stuck import SLEEPER, WAITER
 from tests.unit.test_where_model import FORWARD, SLEEP, intervals
 from tests.unit.verdict_synth import T0, Rank, job, records
-from tui.model import explain
-from tui.model import verdict as V
-from tui.model.readings import GpuRow, RankTrace, StepBar, gpu_reading
-from tui.model.runmodel import RunModel
-from tui.model.views import MemoryMetrics
+from perfmon_analysis import explain
+from perfmon_analysis import verdict as V
+from perfmon_analysis.readings import GpuRow, RankTrace, StepBar, gpu_reading
+from perfmon_analysis.runmodel import RunModel
+from perfmon_analysis.views import MemoryMetrics
 
 GB = 1 << 30
 PEAK = 100e12
@@ -615,7 +615,7 @@ def test_ettr_of_exactly_ninety_percent_is_reported_through_recent_gaps():
 
 
 def test_an_empty_model_is_warming_up_with_zero_steps():
-    from tui.model.runmodel import RunModel
+    from perfmon_analysis.runmodel import RunModel
     assert V.evaluate(RunModel().view()).headline == "Warming up: 0 of 5 steps seen, no verdict yet"
 
 

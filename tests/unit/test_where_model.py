@@ -16,11 +16,11 @@ import pytest
 
 from tests.unit.verdict_synth import T0, Rank, job
 from tui.commands.report import build_report, render_text
-from tui.model import verdict as V
-from tui.model.losses import by_id
-from tui.model.readings import step_cpu, where_interval
-from tui.model.stats import wilson_half_width
-from tui.model.summary import read_summary, summary_record
+from perfmon_analysis import verdict as V
+from perfmon_analysis.losses import by_id
+from perfmon_analysis.readings import step_cpu, where_interval
+from perfmon_analysis.stats import wilson_half_width
+from perfmon_analysis.summary import read_summary, summary_record
 
 SCHEMA = json.loads((Path(__file__).parents[2] / "tui" / "schemas" / "report.schema.json").read_text())
 VALIDATOR = jsonschema.Draft202012Validator(SCHEMA)
@@ -313,5 +313,5 @@ def test_contention_weights_each_interval_by_its_samples_and_stays_unknown_witho
     ({"cpu": 0.010, "cpu_span": "body"}, 0.010),
 ])
 def test_a_steps_work_counts_the_intra_op_threads_per_thread(rec, body_cpu):
-    from tui.model.readings import step_cpu
+    from perfmon_analysis.readings import step_cpu
     assert step_cpu(rec)[0] == pytest.approx(body_cpu)

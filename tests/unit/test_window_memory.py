@@ -1,4 +1,4 @@
-"""The CUDA memory the window counts (tui.model.stats._window_reserved): the highest sampled
+"""The CUDA memory the window counts (perfmon_analysis.stats._window_reserved): the highest sampled
 ``reserved``, the allocator's ``peak_reserved`` only if it rose inside the window, else the
 allocated ``peak``."""
 
@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import collections
 
-from tui.model.stats import _window_reserved
+from perfmon_analysis.stats import _window_reserved
 
 G = 1 << 30
 

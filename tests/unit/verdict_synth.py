@@ -10,7 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from tui.model.runmodel import RunModel
+from perfmon_analysis.runmodel import RunModel
 
 T0 = 1_700_000_000.0
 

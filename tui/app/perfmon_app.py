@@ -24,7 +24,7 @@ from textual.binding import Binding
 from textual.containers import Grid
 
 from tui.stream.feed import Feed, LiveFeed, ReplayFeed
-from tui.model.runmodel import RunModel
+from perfmon_analysis.runmodel import RunModel
 from tui.app.screens.flowchart import FlowchartScreen
 from tui.app.screens.help import HelpScreen
 from tui.app.screens.log import LogScreen
@@ -34,9 +34,9 @@ from tui.app.screens.capture import CaptureScreen
 from tui.app.screens.profile import ProfileScreen
 from tui.app.screens.stuck import StuckScreen
 from tui.app.screens.where import WhereScreen
-from tui.model.heatmap import heatmap
-from tui.model.verdict import Verdict, VerdictTracker
-from tui.model.views import JobView
+from perfmon_analysis.heatmap import heatmap
+from perfmon_analysis.verdict import Verdict, VerdictTracker
+from perfmon_analysis.views import JobView
 from tui.app.widgets.comm import CommPane
 from tui.app.widgets.data import DataPane, worst_data_rank
 from tui.app.widgets.device import DevicePane

@@ -30,7 +30,7 @@ def build_app(target: str | None, *, token: str | None = None, speed: float | No
     """The app for TARGET, or UserError. Imports Textual only once the target makes sense."""
     from tui.stream.discovery import parse_host_port, read_token
     from tui.stream.feed import LiveFeed, ReplayFeed, TcpFeed
-    from tui.model.runmodel import RunModel
+    from perfmon_analysis.runmodel import RunModel
     from tui.stream.sources import is_recording_target, load_recordings
 
     if target is not None and is_recording_target(target):
@@ -67,7 +67,7 @@ def remote_feed(args):
         return None
     if not args.target:
         raise UserError("name the job to follow on those hosts (perfmon ls on a node lists them)")
-    from tui.model.runmodel import RunModel
+    from perfmon_analysis.runmodel import RunModel
     from tui.stream.remote import RelayFeed
     via = args.via or os.environ.get("PERFMON_VIA") or hosts.DEFAULT_VIA
     port = getattr(args, "relay_port", None)
@@ -97,7 +97,7 @@ def run_tui(target_job: str, log_path: Path | None = None,
     """
     _needs_terminal()
     from tui.stream.feed import LiveFeed
-    from tui.model.runmodel import RunModel
+    from perfmon_analysis.runmodel import RunModel
     if feed is None:
         endpoints = discovery.jobs(discovery.list_endpoints()).get(paths.safe_job(target_job), [])
         feed = LiveFeed(RunModel(), paths.safe_job(target_job), endpoints)

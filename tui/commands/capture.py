@@ -13,7 +13,7 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Callable
 
 from tui.errors import UserError
-from tui.model.capture import capture_reading
+from perfmon_analysis.capture import capture_reading
 
 
 def main(args: Any) -> int:

@@ -21,7 +21,7 @@ def main(args: Any) -> int:
 def _prometheus(args: Any) -> int:
     from tui.commands.attach import remote_feed
     from tui.export import prometheus
-    from tui.model.runmodel import RunModel
+    from perfmon_analysis.runmodel import RunModel
     from tui.stream import discovery
     from tui.stream.feed import LiveFeed
 

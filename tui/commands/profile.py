@@ -2,7 +2,7 @@
 
 Asks one rank's probe (``profile`` request, DESIGN §4) and follows that same connection while
 it works, so the profile is judged against the rank's own steps before it (its overhead). The
-table is ``tui.model.profile.profile_lines`` over the report's ``profile`` JSON, shared with
+table is ``perfmon_analysis.profile.profile_lines`` over the report's ``profile`` JSON, shared with
 ``perfmon report`` and the TUI's profile screen.
 """
 
@@ -13,8 +13,8 @@ import sys
 from typing import Any
 
 from tui.errors import UserError
-from tui.model.profile import profile_lines
-from tui.model.runmodel import RunModel
+from perfmon_analysis.profile import profile_lines
+from perfmon_analysis.runmodel import RunModel
 
 DEFAULT_STEPS = 5
 DEFAULT_DEPTH = 3

@@ -16,7 +16,7 @@ from probe import paths, wire
 from probe.recording import RecordingWriter
 from tui.stream.discovery import Endpoint, resolve_live
 from tui.errors import UserError
-from tui.model.runmodel import RunModel
+from perfmon_analysis.runmodel import RunModel
 from tui.stream.feed import Feed, LiveFeed, follow
 from tui.stream.sources import StreamError
 

@@ -37,7 +37,7 @@ from typing import Any, BinaryIO
 
 from probe import paths, wire
 from tui.errors import UserError
-from tui.model.runmodel import RunModel
+from perfmon_analysis.runmodel import RunModel
 from tui.stream import discovery
 
 FLUSH_S = 0.05

@@ -17,10 +17,10 @@ from typing import Any
 
 from probe.paths import RECORD_SUFFIX, SOCKET_SUFFIX
 from tui.errors import UserError
-from tui.model import units
-from tui.model.runmodel import RunModel
-from tui.model.views import JobView
-from tui.model.verdict import Verdict, evaluate, label as outcome_label
+from perfmon_analysis import units
+from perfmon_analysis.runmodel import RunModel
+from perfmon_analysis.views import JobView
+from perfmon_analysis.verdict import Verdict, evaluate, label as outcome_label
 
 SCHEMA = "perfmon.report/1"
 
@@ -185,7 +185,7 @@ def render_text(report: dict, width: int = 80) -> str:
         lines.append("")
         lines.extend(profile_lines(report["profile"], width=width, top=12))
     if report.get("captures"):
-        from tui.model.capture import capture_reading
+        from perfmon_analysis.capture import capture_reading
         lines.append("")
         lines.append("torch.profiler captures (open the traces in Perfetto or HTA):")
         for c in report["captures"]:

@@ -22,8 +22,8 @@ from typing import Any, Iterator
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, InfoMetricFamily
 from prometheus_client.registry import Collector, CollectorRegistry
 
-from tui.model.verdict import Verdict, VerdictTracker
-from tui.model.views import JobView, RankView
+from perfmon_analysis.verdict import Verdict, VerdictTracker
+from perfmon_analysis.views import JobView, RankView
 from tui.stream.feed import Feed
 
 REFRESH_SECONDS = 1.0

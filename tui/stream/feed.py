@@ -23,7 +23,7 @@ from typing import Any, Callable, Iterable
 from probe import paths
 from tui.stream import discovery
 from tui.errors import UserError
-from tui.model.runmodel import RunModel
+from perfmon_analysis.runmodel import RunModel
 from tui.stream.requests import Target
 from tui.stream.sources import LiveStream, LoadedRecording, StreamError, viewer_hello
 

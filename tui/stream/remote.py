@@ -28,7 +28,7 @@ from typing import Any
 
 from probe import wire
 from tui.errors import UserError
-from tui.model.runmodel import RunModel
+from perfmon_analysis.runmodel import RunModel
 from tui.stream.feed import READ_CHUNK, Feed, StreamStatus
 from tui.stream.hosts import RELAY_ARGV, via_argv
 from tui.stream.sources import viewer_hello

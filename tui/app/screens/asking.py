@@ -17,7 +17,7 @@ from textual.widgets import Footer, Static
 
 from tui.app.widgets import glyphs
 from tui.errors import UserError
-from tui.model.views import JobView
+from perfmon_analysis.views import JobView
 from tui.stream.requests import Target, ask
 
 TIMEOUT = 120.0

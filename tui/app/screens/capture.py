@@ -9,7 +9,7 @@ from textual.binding import Binding
 
 from tui.app.screens.asking import AskScreen
 from tui.app.widgets import glyphs
-from tui.model.views import JobView
+from perfmon_analysis.views import JobView
 
 
 class CaptureScreen(AskScreen):

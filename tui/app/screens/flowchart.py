@@ -12,8 +12,8 @@ from textual.containers import VerticalScroll
 from textual.screen import Screen
 from textual.widgets import Footer, Static
 
-from tui.model.flowchart import NODES, ROOT
-from tui.model.verdict import RULES, Verdict, label as outcome_label
+from perfmon_analysis.flowchart import NODES, ROOT
+from perfmon_analysis.verdict import RULES, Verdict, label as outcome_label
 from tui.app.widgets import glyphs
 from tui.app.widgets.verdictbar import format_value
 

@@ -12,7 +12,7 @@ from textual.binding import Binding
 from textual.screen import Screen
 from textual.widgets import Footer, Log, Static
 
-from tui.model import units
+from perfmon_analysis import units
 
 TAIL_BYTES = 64 * 1024     # how much of an existing log is shown on open
 READ_BYTES = 256 * 1024    # at most this much new output per poll

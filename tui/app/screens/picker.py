@@ -11,7 +11,7 @@ from textual.screen import Screen
 from textual.widgets import DataTable, Static
 
 from tui.stream.discovery import Endpoint
-from tui.model import units
+from perfmon_analysis import units
 
 
 @dataclass(frozen=True)

@@ -9,8 +9,8 @@ from textual.binding import Binding
 
 from tui.app.screens.asking import AskScreen
 from tui.app.widgets import glyphs
-from tui.model.profile import ModuleProfile, profile_lines
-from tui.model.views import JobView
+from perfmon_analysis.profile import ModuleProfile, profile_lines
+from perfmon_analysis.views import JobView
 
 
 def profile_text(profile: ModuleProfile | None, width: int = 100) -> list[Text]:

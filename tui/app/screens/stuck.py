@@ -16,8 +16,8 @@ from textual.screen import Screen
 from textual.widgets import Footer, Static
 
 from tui.app.widgets import glyphs
-from tui.model import units
-from tui.model.stuck import StuckDiagnosis, is_library
+from perfmon_analysis import units
+from perfmon_analysis.stuck import StuckDiagnosis, is_library
 from tui.stream import native
 
 FRAMES = 12        # innermost frames shown per rank

@@ -15,9 +15,9 @@ from textual.screen import Screen
 from textual.widgets import Footer, Static
 
 from tui.app.widgets import glyphs
-from tui.model import units
-from tui.model.losses import by_id
-from tui.model.verdict import Verdict
+from perfmon_analysis import units
+from perfmon_analysis.losses import by_id
+from perfmon_analysis.verdict import Verdict
 
 _STATE_STYLE = {"waiting": glyphs.WARN, "busy": glyphs.OK}
 

@@ -6,13 +6,13 @@ from __future__ import annotations
 from rich.console import RenderableType
 from rich.text import Text
 
-from tui.model.views import JobView
-from tui.model.verdict import Verdict
-from tui.model import units
+from perfmon_analysis.views import JobView
+from perfmon_analysis.verdict import Verdict
+from perfmon_analysis import units
 from tui.app.widgets import glyphs
 from tui.app.widgets.pane import Pane, UiState
 
-# short forms of tui.model.losses.BUSY_SOURCES for the pane
+# short forms of perfmon_analysis.losses.BUSY_SOURCES for the pane
 BUSY_SOURCE = {"sm_active": "SM activity (GPM)", "nvml_util": "NVML util: a kernel ran",
                "thread_cpu": "training thread CPU time",
                "step_accounting": "not lost to a measured cause"}

@@ -12,8 +12,8 @@ from typing import Callable, Iterable, Sequence
 
 from rich.text import Text
 
-from tui.model.flowchart import NODES, Node, compare
-from tui.model.verdict import Verdict
+from perfmon_analysis.flowchart import NODES, Node, compare
+from perfmon_analysis.verdict import Verdict
 
 # Severity colours (the verdict bar, judged numbers, straggler rows).
 OK = "green"
@@ -134,7 +134,7 @@ def over(value: float | None, node_id: str) -> bool:
 def judged(value: float | None, node_id: str, fmt: Callable[[float | None], str], verdict: Verdict | None = None) -> Text:
     """``38% ! (≥5%)``: the value, ``!`` when it takes the flowchart's problem exit, and the threshold.
 
-    The thresholds come from ``tui.model.verdict.NODES`` so a pane can never disagree with the verdict.
+    The thresholds come from ``perfmon_analysis.verdict.NODES`` so a pane can never disagree with the verdict.
     Colour is kept for questions on the verdict's live path; off the path the marker stays but is
     dimmed, so a number that did not decide anything does not shout.
     """

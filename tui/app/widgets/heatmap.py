@@ -1,4 +1,4 @@
-"""Drawing of the ranks pane's heatmap (``tui.model.heatmap``): one column per rank, grouped by
+"""Drawing of the ranks pane's heatmap (``perfmon_analysis.heatmap``): one column per rank, grouped by
 node, a row per quantity, a page at a time when the job has more ranks than fit.
 
 The level is a fill character as well as a colour, so the map reads the same under NO_COLOR.
@@ -10,7 +10,7 @@ from dataclasses import dataclass
 
 from rich.text import Text
 
-from tui.model.heatmap import METRICS, HeatMap
+from perfmon_analysis.heatmap import METRICS, HeatMap
 from tui.app.widgets import glyphs
 
 FILL = "·░▒▓█"                 # level 0 (cool) .. 4 (hot)

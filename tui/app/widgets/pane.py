@@ -16,8 +16,8 @@ from textual.widget import Widget
 from tui.app.widgets.layout import pane_key
 
 if TYPE_CHECKING:
-    from tui.model.verdict import Verdict
-    from tui.model.views import JobView
+    from perfmon_analysis.verdict import Verdict
+    from perfmon_analysis.views import JobView
 
 
 @dataclass(frozen=True)

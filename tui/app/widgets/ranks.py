@@ -7,10 +7,10 @@ from __future__ import annotations
 
 from rich.text import Text
 
-from tui.model.heatmap import heatmap
-from tui.model.views import JobView, RankView
-from tui.model.verdict import Verdict
-from tui.model import units
+from perfmon_analysis.heatmap import heatmap
+from perfmon_analysis.views import JobView, RankView
+from perfmon_analysis.verdict import Verdict
+from perfmon_analysis import units
 from tui.app.widgets import glyphs, heatmap as heat
 from tui.app.widgets.layout import HEATMAP_RANKS
 from tui.app.widgets.pane import Pane, UiState

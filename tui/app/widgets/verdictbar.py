@@ -9,9 +9,9 @@ from __future__ import annotations
 from rich.text import Text
 from textual.widget import Widget
 
-from tui.model.flowchart import Node
-from tui.model.verdict import Verdict, label as outcome_label
-from tui.model import units
+from perfmon_analysis.flowchart import Node
+from perfmon_analysis.verdict import Verdict, label as outcome_label
+from perfmon_analysis import units
 from tui.app.widgets import glyphs
 
 SHORT_NODE = {"memory": "mem", "device_busy": "busy", "data_wait": "data", "loader_cpu": "loader",

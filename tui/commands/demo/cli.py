@@ -207,7 +207,7 @@ class DemoFailed(Exception):
 def headless(ranks: Ranks, count: int, seconds: float, source: dict[str, Any]) -> dict:
     """Follow the live ranks for ``seconds`` and build the report from that run model."""
     from tui.commands.report import build_report
-    from tui.model.runmodel import RunModel
+    from perfmon_analysis.runmodel import RunModel
     from tui.stream.feed import LiveFeed, follow
     from tui.stream.sources import StreamError
 
@@ -269,7 +269,7 @@ def main(args: Any) -> int:
             report = headless(ranks, count, seconds, source)
         else:
             from tui.commands.attach import run_tui
-            from tui.model.runmodel import RunModel
+            from perfmon_analysis.runmodel import RunModel
             rc = run_tui(job, log_path=ranks.log_path, feed=relay_feed(ranks, RunModel()) if nodes > 1 else None)
     except DemoFailed as exc:
         failure = exc

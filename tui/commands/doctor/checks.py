@@ -13,7 +13,7 @@ from typing import Any, Callable, Iterator
 from tui.commands.doctor.table import Check
 from tui.commands.doctor.workloads import (STEPS, WINDOW, Device, Mlp, gpu_steps, one_thread, run_job,
                                            run_queue_wait)
-from tui.model import units
+from perfmon_analysis import units
 
 # The probe counts a step's time as CPU busy unless a measured cause took it. The kernel's clocks say
 # how much of it the training thread wanted a CPU: on one (its CPU clock) or waiting for one on a
@@ -28,13 +28,13 @@ KERNEL_S = 0.020
 
 
 def _leaf(view: Any) -> str:
-    from tui.model.verdict import evaluate
+    from perfmon_analysis.verdict import evaluate
 
     return evaluate(view).bottleneck
 
 
 def _share(view: Any, loss_id: str) -> float | None:
-    from tui.model.losses import account
+    from perfmon_analysis.losses import account
 
     return next((loss.share for loss in account(view.metrics, view.device_type) if loss.id == loss_id), None)
 

@@ -47,7 +47,7 @@ def run_job(name: str, body: Callable[[Any], None], *, device: Device | None = N
     ``JobView`` of its recording over the last ``WINDOW`` steps, as ``perfmon report`` would see it."""
     import probe
     from probe.recording import read_recording
-    from tui.model.runmodel import RunModel
+    from perfmon_analysis.runmodel import RunModel
 
     with tempfile.TemporaryDirectory(prefix="perfmon-doctor-") as tmp:
         mon = probe.start(job=f"doctor-{name}", record=Path(tmp), serve=False, sample_hz=20)

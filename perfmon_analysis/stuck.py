@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
-from tui.model import units
+from perfmon_analysis import units
 
 HEARTBEAT_S = 10.0        # live rank silent this long: unresponsive (samples arrive at 1-2 Hz)
 NO_HELLO_S = 3.0          # a probe's sender answers a connect within one 50 ms tick: no hello this long is silence
@@ -31,7 +31,7 @@ IDLE_CPU = 0.05           # a loader worker under 5% of a core is not working on
 WHERE_FRAMES = 5          # innermost frames per rank in the report's ``where``
 
 _LIBRARY_MARKS = ("/site-packages/", "/dist-packages/", "/lib/python", "<frozen ", "<string>")
-_PROBE_DIR = str(Path(__file__).resolve().parents[2] / "probe") + os.sep
+_PROBE_DIR = str(Path(__file__).resolve().parents[1] / "probe") + os.sep
 
 
 @dataclass(frozen=True)
@@ -140,7 +140,7 @@ def stall_reading(rec: dict[str, Any]) -> StallReading | None:
 
 
 class RankLike(Protocol):
-    """What the diagnosis reads of a rank (``tui.model.views.RankView``)."""
+    """What the diagnosis reads of a rank (``perfmon_analysis.views.RankView``)."""
 
     rank: int
     host: str | None

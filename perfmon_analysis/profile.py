@@ -20,7 +20,7 @@ import textwrap
 from dataclasses import dataclass, replace
 from typing import Any, Iterable
 
-from tui.model import units
+from perfmon_analysis import units
 
 DEFAULT_TOP = 25
 

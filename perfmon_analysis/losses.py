@@ -15,7 +15,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from tui.model.views import Metrics
+from perfmon_analysis.views import Metrics
 
 # The ids, in the order the verdict's flowchart asks about them.
 STEP_LOSSES = ("data_wait", "comm_exposed", "device_idle")

@@ -1,6 +1,6 @@
 """Window statistics: per-rank numbers over the current window, then the job's.
 
-Formulas and their sources are listed in ``tui.model.runmodel``'s docstring and next to
+Formulas and their sources are listed in ``perfmon_analysis.runmodel``'s docstring and next to
 each function. Input: ``RankState`` buffers; output: ``RankStats`` and the view types.
 """
 
@@ -13,9 +13,9 @@ import statistics
 from dataclasses import dataclass
 from typing import Any, Callable, Deque, Iterable
 
-from tui.model.buffers import (MIN_STEPS, TIMELINE_STEPS, WINDOW_SAMPLES, RankState, StepNums, num)
-from tui.model.readings import RankTrace, WhereInterval, gpu_readings, host_reading, own_gpus, step_bar
-from tui.model.views import CommOpRow, MemoryMetrics, Metrics, RankView, WhereLine, WhereTable
+from perfmon_analysis.buffers import (MIN_STEPS, TIMELINE_STEPS, WINDOW_SAMPLES, RankState, StepNums, num)
+from perfmon_analysis.readings import RankTrace, WhereInterval, gpu_readings, host_reading, own_gpus, step_bar
+from perfmon_analysis.views import CommOpRow, MemoryMetrics, Metrics, RankView, WhereLine, WhereTable
 
 
 # -- per-rank statistics ---------------------------------------------------------------------
@@ -287,7 +287,7 @@ def where_table(rank: int, intervals: Iterable[WhereInterval], win: list[StepNum
 
 
 def summary_stats(state: RankState, st: RankStats) -> RankStats:
-    """A summarised rank's statistics ``st`` (``tui.model.summary``), with the CPU history of the
+    """A summarised rank's statistics ``st`` (``perfmon_analysis.summary``), with the CPU history of the
     samples, which still come in full."""
     return dataclasses.replace(st, trace=RankTrace(steps=(), data_wait=(), cpu=_cpu_trace(state)))
 
@@ -475,7 +475,7 @@ def _ettr(state: RankState, now: float, step_median: float | None) -> float | No
 
 
 # -- job level -------------------------------------------------------------------------------
-# Straggler rule, shared with tui.model.verdict (which cites it): NVIDIA Resiliency Extension relative
+# Straggler rule, shared with perfmon_analysis.verdict (which cites it): NVIDIA Resiliency Extension relative
 # score = best rank / this rank, default threshold gpu_relative_perf_threshold = 0.7.
 STRAGGLER_RATIO = 0.7
 

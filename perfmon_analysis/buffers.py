@@ -2,7 +2,7 @@
 
 ``RankState`` holds one rank's recent records in deques (ingest is O(1));
 ``StepNums`` is the handful of numbers of one step the statistics need, parsed once
-at ingest. Wire keys are read here and in ``tui.model.stats``, nowhere past the model.
+at ingest. Wire keys are read here and in ``perfmon_analysis.stats``, nowhere past the model.
 """
 
 from __future__ import annotations
@@ -10,11 +10,11 @@ from __future__ import annotations
 import collections
 from typing import TYPE_CHECKING, Any, Deque, NamedTuple
 
-from tui.model.stuck import StallReading
+from perfmon_analysis.stuck import StallReading
 
 if TYPE_CHECKING:
-    from tui.model.capture import CaptureSummary
-    from tui.model.profile import ModuleProfile
+    from perfmon_analysis.capture import CaptureSummary
+    from perfmon_analysis.profile import ModuleProfile
 
 
 # -- window and buffer sizes -----------------------------------------------------------------
@@ -75,7 +75,7 @@ class RankState:
         self.totals_through = -1     # steps up to this one are in the running totals already (a summary's)
         # the job's device now (probe.gpu.job): the hello's until a sample says otherwise
         self.device: dict[str, Any] = hello["device"] if isinstance(hello.get("device"), dict) else {}
-        # in-step stack samples, ``tui.model.readings.WhereInterval`` (readings imports this module)
+        # in-step stack samples, ``perfmon_analysis.readings.WhereInterval`` (readings imports this module)
         self.where: Deque[Any] = collections.deque(maxlen=WHERE_BUFFER)
         self._cache: tuple[int, Any] | None = None
 

@@ -3,7 +3,7 @@
 The chart follows the seed 000_774f81674ee2bc74 (常见瓶颈识别流程: GPU
 utilization, memory, communication, data loading) in the order DESIGN §6
 fixes: memory first; then "is the device starved?", which fires when busy is
-under 70% or when any single measured loss (``tui.model.losses``) takes 10% of
+under 70% or when any single measured loss (``perfmon_analysis.losses``) takes 10% of
 the step; then the largest measured loss names the bottleneck (the others that
 fired become secondary findings); then compute efficiency.
 
@@ -16,7 +16,7 @@ loss and says which causes it cannot tell apart (``Verdict.undecided``).
 Each outcome is one ``Rule`` (id, label, the question and exit that lead to it,
 the pane holding its evidence, headline and fixes); the TUI, the report and the
 flowchart screen read that one table. The questions and thresholds live in
-``tui.model.flowchart``, the wording of each outcome in ``tui.model.explain``.
+``perfmon_analysis.flowchart``, the wording of each outcome in ``perfmon_analysis.explain``.
 
 Pure: ``evaluate(view)`` depends only on the ``JobView``; ``VerdictTracker``
 adds the two-agreeing-evaluations rule on top.
@@ -28,19 +28,19 @@ import dataclasses
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
-from tui.model import units
-from tui.model.buffers import MIN_STEPS
-from tui.model.losses import STEP_LOSSES, Loss, account, by_id
-from tui.model.explain import (Explained, explain_communication, explain_compute_efficiency, explain_data_loading,
+from perfmon_analysis import units
+from perfmon_analysis.buffers import MIN_STEPS
+from perfmon_analysis.losses import STEP_LOSSES, Loss, account, by_id
+from perfmon_analysis.explain import (Explained, explain_communication, explain_compute_efficiency, explain_data_loading,
                                explain_data_preprocessing, explain_healthy, explain_host_overhead, explain_host_sync,
                                explain_host_wait, explain_load_imbalance, explain_memory, explain_not_measured,
                                explain_stuck, explain_warming_up, gaps_lost, peak_note, round4 as _round,
                                tensor_active, where_text)
-from tui.model.explain import findings as secondary_findings  # beside the named outcome
-from tui.model.flowchart import (DECIDES_BETWEEN, DEVICE_BUSY_CRIT, LOSS_MIN, LOSS_THRESHOLD, NODES, ROOT,
+from perfmon_analysis.explain import findings as secondary_findings  # beside the named outcome
+from perfmon_analysis.flowchart import (DECIDES_BETWEEN, DEVICE_BUSY_CRIT, LOSS_MIN, LOSS_THRESHOLD, NODES, ROOT,
                                  TENSOR_ACTIVE_MIN, UNMEASURED, Node, compare)
-from tui.model.stuck import StuckDiagnosis
-from tui.model.views import JobView, WhereLine, WhereTable
+from perfmon_analysis.stuck import StuckDiagnosis
+from perfmon_analysis.views import JobView, WhereLine, WhereTable
 
 WHERE_TOP = 5     # lines of ``verdict.where`` in the report
 
@@ -385,7 +385,7 @@ class Rule:
 
     ``node``/``exit``: the question and answer that lead here (the question's
     quantity, threshold and source are the rule's test); ``loss``: the loss in
-    ``tui.model.losses`` it names, if any; ``pane``: the pane that shows its
+    ``perfmon_analysis.losses`` it names, if any; ``pane``: the pane that shows its
     evidence (highlighted in the TUI); ``explain``: headline, fixes and extra
     evidence from the view.
     """

@@ -6,10 +6,10 @@ from __future__ import annotations
 
 from typing import Any
 
-from tui.model import units
-from tui.model.flowchart import CPU_CONTENTION_MIN, ETTR_MIN, FRAGMENTATION_MAX, THROTTLE_REASONS
-from tui.model.losses import account
-from tui.model.views import JobView, RankView, WhereLine
+from perfmon_analysis import units
+from perfmon_analysis.flowchart import CPU_CONTENTION_MIN, ETTR_MIN, FRAGMENTATION_MAX, THROTTLE_REASONS
+from perfmon_analysis.losses import account
+from perfmon_analysis.views import JobView, RankView, WhereLine
 
 _pct = units.pct
 

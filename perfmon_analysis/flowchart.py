@@ -1,15 +1,15 @@
 """The diagnosis flowchart: its questions, thresholds (each with its source) and exits.
 
-Data only, plus ``compare``: ``tui.model.verdict`` walks it, ``tui.model.explain`` words its
+Data only, plus ``compare``: ``perfmon_analysis.verdict`` walks it, ``perfmon_analysis.explain`` words its
 outcomes, the flowchart screen draws it. The chart follows seed 000_774f81674ee2bc74 in the
-order DESIGN §6 fixes (see ``tui.model.verdict``).
+order DESIGN §6 fixes (see ``perfmon_analysis.verdict``).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-from tui.model.stats import STRAGGLER_RATIO
+from perfmon_analysis.stats import STRAGGLER_RATIO
 
 # -- thresholds (each with its source) ---------------------------------------------------------
 # Seed 000 (常见瓶颈识别流程 step 1): "低利用率(<70%) → 可能是通信或数据加载瓶颈"; DESIGN §6.
@@ -24,7 +24,7 @@ LOSS_MIN = 0.10
 # TB plugin communication rule (analysis_anchors §11 step 3: C/T > 0.10); DESIGN §6: exposed comm >= 10%.
 COMM_EXPOSED_MIN = 0.10
 # NVIDIA Resiliency Extension straggler detection, gpu_relative_perf_threshold = 0.7 (relative score =
-# fastest rank / this rank), analysis_anchors §7; defined in tui.model.stats so the view marks the rank.
+# fastest rank / this rank), analysis_anchors §7; defined in perfmon_analysis.stats so the view marks the rank.
 STRAGGLER_RATIO_MAX = STRAGGLER_RATIO
 # TB plugin memory rule: peak_mem > totalGlobalMem * 0.9 (analysis_anchors §2.2); DESIGN §6 applies it to
 # the window's peak, never the lifetime one.

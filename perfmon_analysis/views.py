@@ -1,6 +1,6 @@
 """The view types the run model hands out: frozen snapshots of one instant of a job.
 
-Built by ``tui.model.runmodel.RunModel.view``; read by the verdict rules, the report and
+Built by ``perfmon_analysis.runmodel.RunModel.view``; read by the verdict rules, the report and
 the panes. None means unknown, never 0.
 """
 
@@ -9,10 +9,10 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from tui.model.readings import GpuRow, HostReading, RankTrace
-from tui.model.capture import CaptureSummary
-from tui.model.profile import ModuleProfile
-from tui.model.stuck import StallReading, StuckDiagnosis
+from perfmon_analysis.readings import GpuRow, HostReading, RankTrace
+from perfmon_analysis.capture import CaptureSummary
+from perfmon_analysis.profile import ModuleProfile
+from perfmon_analysis.stuck import StallReading, StuckDiagnosis
 
 
 @dataclass(frozen=True)
@@ -141,7 +141,7 @@ class Metrics:
     samples_per_s: float | None = None
     tokens_per_s: float | None = None
     device_busy: float | None = None
-    device_busy_source: str | None = None   # a key of tui.model.losses.BUSY_SOURCES
+    device_busy_source: str | None = None   # a key of perfmon_analysis.losses.BUSY_SOURCES
     data_wait_frac: float | None = None
     data_cpu_frac: float | None = None      # main-thread CPU share of the data wait (num_workers=0)
     comm_frac: float | None = None
@@ -241,7 +241,7 @@ class CommOpRow:
 class JobView:
     """Everything a pane or the verdict needs, derived from the buffers at one instant.
 
-    No field holds a wire dict: per-rank history is typed (``tui.model.readings``), so a
+    No field holds a wire dict: per-rank history is typed (``perfmon_analysis.readings``), so a
     pane formats values and never parses a record.
     * ``traces[r]``: the last ``TIMELINE_STEPS`` steps of rank r as ``StepBar``s, the data-wait
       share of each, and the process CPU of its recent samples;
@@ -275,7 +275,7 @@ class JobView:
     straggler_rank: int | None       # see stats._straggler: slowest compute, or last to arrive at the collective
     restarted: list[int]
     problems: list[str]
-    stuck: StuckDiagnosis | None = None   # some rank stalled or went silent (tui.model.stuck)
-    profile: ModuleProfile | None = None  # the newest module profile of any rank (tui.model.profile)
+    stuck: StuckDiagnosis | None = None   # some rank stalled or went silent (perfmon_analysis.stuck)
+    profile: ModuleProfile | None = None  # the newest module profile of any rank (perfmon_analysis.profile)
     captures: tuple[CaptureSummary, ...] = ()   # each rank's latest torch.profiler capture (by rank)
     where: WhereTable | None = None       # in-step stack samples (wire 1.3), None when no rank sent any

@@ -5,8 +5,8 @@ appends to bounded deques (O(1)); ``RunModel.view`` derives a frozen
 ``JobView`` from the buffers. Per-rank window statistics are cached by a
 version counter, so a view of a 64-rank job where nothing changed costs a few
 dictionary look-ups and a view after new steps recomputes only those ranks.
-Buffers live in ``tui.model.buffers``, the window statistics in ``tui.model.stats``, the
-view dataclasses in ``tui.model.views``. No Textual, no torch, no I/O.
+Buffers live in ``perfmon_analysis.buffers``, the window statistics in ``perfmon_analysis.stats``, the
+view dataclasses in ``perfmon_analysis.views``. No Textual, no torch, no I/O.
 
 Window (DESIGN §6): the last ``window_steps`` steps or the steps that ended in
 the last ``window_seconds`` (measured back from the rank's latest step, so a
@@ -40,15 +40,15 @@ from __future__ import annotations
 import time
 from typing import Any
 
-from tui.model.buffers import (BLOCKING_EVENTS, EVENT_BUFFER, MIN_STEPS, WINDOW_SAMPLES, WINDOW_SECONDS,
+from perfmon_analysis.buffers import (BLOCKING_EVENTS, EVENT_BUFFER, MIN_STEPS, WINDOW_SAMPLES, WINDOW_SECONDS,
                                WINDOW_STEPS, RankState, num)
-from tui.model.readings import HostReading, gpu_rows, host_reading, step_cpu, where_interval
-from tui.model.stats import RankStats, comm_rows, job_metrics, job_where, rank_stats, rank_view, summary_stats
-from tui.model.capture import capture_reading
-from tui.model.profile import ModuleProfile, profile_reading, with_overhead
-from tui.model.stuck import diagnose, stall_reading
-from tui.model.summary import apply_summary, summary_record
-from tui.model.views import JobView
+from perfmon_analysis.readings import HostReading, gpu_rows, host_reading, step_cpu, where_interval
+from perfmon_analysis.stats import RankStats, comm_rows, job_metrics, job_where, rank_stats, rank_view, summary_stats
+from perfmon_analysis.capture import capture_reading
+from perfmon_analysis.profile import ModuleProfile, profile_reading, with_overhead
+from perfmon_analysis.stuck import diagnose, stall_reading
+from perfmon_analysis.summary import apply_summary, summary_record
+from perfmon_analysis.views import JobView
 
 
 class RunModel:

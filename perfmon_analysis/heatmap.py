@@ -14,7 +14,7 @@ import statistics
 from dataclasses import dataclass
 from typing import Callable
 
-from tui.model.views import JobView, RankView
+from perfmon_analysis.views import JobView, RankView
 
 RATIO_BANDS = (1.1, 1.25, 1.5, 2.0)       # x the fastest rank: levels 1..4
 SHARE_BANDS = (0.05, 0.15, 0.30, 0.50)    # share of the step: levels 1..4

@@ -10,7 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Iterable
 
-from tui.model.buffers import num
+from perfmon_analysis.buffers import num
 
 
 @dataclass(frozen=True)

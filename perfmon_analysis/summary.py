@@ -13,10 +13,10 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
-from tui.model.buffers import RankState, num
-from tui.model.readings import RankTrace
-from tui.model.stats import RankStats
-from tui.model.views import MemoryMetrics
+from perfmon_analysis.buffers import RankState, num
+from perfmon_analysis.readings import RankTrace
+from perfmon_analysis.stats import RankStats
+from perfmon_analysis.views import MemoryMetrics
 
 _SKIP = ("trace", "memory", "comm_delta")
 _CASTS = {"int": int, "float": float, "bool": bool, "str": str}
