@@ -1,11 +1,23 @@
-"""Shared fixtures: every test gets its own private socket directory."""
+"""Shared fixtures (every test gets its own private socket directory) and the two test tiers.
+
+The fast tier (``python -m pytest -m "not slow"``) is the unit and TUI tests that run inside the
+pytest process. Every test that starts a process is ``slow``: by path (``SLOW_DIRS``: real jobs,
+tmux, the compatibility matrix) or by its own marker; a test outside those that starts a process
+without the marker fails, naming the marker (``_no_process_in_fast_tests``), so the fast tier
+stays fast as tests are added.
+"""
 
 from __future__ import annotations
 
+import multiprocessing.process
 import os
+import subprocess
 from pathlib import Path
 
 import pytest
+
+SLOW_DIRS = ("integration", "e2e", "compat")
+TESTS = Path(__file__).resolve().parent
 
 # the simulated device layer (simulated pynvml / CUDA) as fixtures for any test that asks for them
 pytest_plugins = ["tests.sim.fixtures"]
@@ -21,7 +33,12 @@ def perfmon_dir(tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.Mo
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """``gpu`` tests run only where CUDA is; elsewhere they are skipped, saying so."""
+    """Tests under ``SLOW_DIRS`` are ``slow``; ``gpu`` tests run only where CUDA is, and elsewhere are
+    skipped, saying so."""
+    for item in items:
+        parts = Path(str(item.path)).resolve().relative_to(TESTS).parts
+        if parts and parts[0] in SLOW_DIRS:
+            item.add_marker(pytest.mark.slow)
     gpu_items = [item for item in items if item.get_closest_marker("gpu")]
     if not gpu_items:
         return
@@ -60,3 +77,25 @@ def no_coverage_tracer():
     finally:
         if cov is not None:
             cov.start()
+
+
+class ProcessInFastTest(AssertionError):
+    """A test not marked ``slow`` started a process."""
+
+
+@pytest.fixture(autouse=True)
+def _no_process_in_fast_tests(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Fail a test that is not ``slow`` as soon as it starts a process (a subprocess, a fork or a
+    multiprocessing child): starting interpreters is what makes a tier slow."""
+    if request.node.get_closest_marker("slow"):
+        return
+    name = request.node.nodeid
+
+    def refuse(what: str):
+        def start(*args, **kwargs):
+            raise ProcessInFastTest(f"{name} starts a process ({what}): mark it @pytest.mark.slow")
+        return start
+
+    monkeypatch.setattr(subprocess.Popen, "_execute_child", refuse("subprocess"))
+    monkeypatch.setattr(os, "fork", refuse("os.fork"))
+    monkeypatch.setattr(multiprocessing.process.BaseProcess, "start", refuse("multiprocessing"))

@@ -84,6 +84,7 @@ def test_one_job_attaches_all_its_ranks(monkeypatch):
     assert isinstance(app.feed, LiveFeed) and app.feed.job == "a" and len(app.feed._initial) == 3
 
 
+@pytest.mark.slow
 def test_cli_without_a_terminal_is_one_line_not_a_traceback(recordings):
     out = subprocess.run([sys.executable, "-m", "tui.cli", "attach", str(recordings["healthy"])],
                          capture_output=True, text=True, stdin=subprocess.DEVNULL, timeout=30)

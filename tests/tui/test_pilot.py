@@ -12,6 +12,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 
 from tests.tui import scenarios
 from tests.tui.scenarios import screen_text, settle, wait_until
@@ -193,6 +195,7 @@ async def test_replay_plays_pauses_speeds_up_and_jumps_to_end(recordings):
 
 # -- picker -----------------------------------------------------------------------------------
 
+@pytest.mark.slow
 async def test_picker_lists_jobs_and_attaches_to_the_chosen_one():
     procs = [start_api_job(name, 2000, "--linger") for name in ("job-a", "job-b")]
     try:
@@ -214,6 +217,7 @@ async def test_picker_lists_jobs_and_attaches_to_the_chosen_one():
 
 # -- live jobs: exit, loss, restart, TCP ------------------------------------------------------
 
+@pytest.mark.slow
 async def test_job_exit_is_shown_and_last_data_kept():
     proc = start_api_job("short", 60, "--wait")
     try:
@@ -235,6 +239,7 @@ async def test_job_exit_is_shown_and_last_data_kept():
         proc.wait()
 
 
+@pytest.mark.slow
 async def test_killed_probe_is_shown_as_lost():
     proc = start_api_job("doomed", 100000, "--linger")
     try:
@@ -250,6 +255,7 @@ async def test_killed_probe_is_shown_as_lost():
         proc.wait()
 
 
+@pytest.mark.slow
 async def test_restarted_rank_is_reattached():
     first = start_api_job("elastic", 100000, "--linger", env={"TORCHELASTIC_RESTART_COUNT": "0"})
     second = None
@@ -274,6 +280,7 @@ async def test_restarted_rank_is_reattached():
                 proc.wait()
 
 
+@pytest.mark.slow
 async def test_tcp_with_token_streams_and_a_wrong_token_is_refused(perfmon_dir):
     import socket
     with socket.socket() as s:

@@ -100,6 +100,7 @@ def test_disabled(perfmon_dir, monkeypatch, ops):
     assert _leftovers(before, str(perfmon_dir)) == ([], [])
 
 
+@pytest.mark.slow
 @pytest.mark.usefixtures("no_coverage_tracer")
 @settings(max_examples=10, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(ops=OPS, parent_started=st.booleans())

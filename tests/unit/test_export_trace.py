@@ -8,6 +8,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from probe import paths, wire
 from probe.recording import RecordingWriter
 from tests.tui import scenarios
@@ -46,6 +48,7 @@ def _write(directory: Path, ranks: int, steps: int) -> Path:
     return directory
 
 
+@pytest.mark.slow
 def test_a_two_rank_recording_becomes_a_process_per_rank_with_steps_and_phases(tmp_path):
     out = tmp_path / "trace.json"
     result = subprocess.run([sys.executable, "-m", "tui.cli", "export", "--trace", str(out),

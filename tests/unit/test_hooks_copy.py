@@ -9,6 +9,7 @@ import pickle
 import subprocess
 import sys
 
+import pytest
 import torch
 import torch.nn as nn
 
@@ -57,6 +58,7 @@ def test_a_watched_model_deep_copies_into_an_uninstrumented_model(tmp_path):
         mon.close()
 
 
+@pytest.mark.slow
 def test_a_model_saved_whole_while_watched_loads_without_perfmon(tmp_path):
     mon = probe.start(job="save", serve=False)
     try:

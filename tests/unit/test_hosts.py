@@ -51,6 +51,7 @@ def fake_scontrol(directory, script: str) -> None:
     exe.chmod(exe.stat().st_mode | stat.S_IXUSR)
 
 
+@pytest.mark.slow
 def test_slurm_inside_the_allocation_reads_the_nodelist_with_or_without_scontrol(monkeypatch, tmp_path):
     monkeypatch.setenv("PATH", str(tmp_path))
     monkeypatch.setenv("SLURM_JOB_NODELIST", "gpu[3-4]")
@@ -62,6 +63,7 @@ def test_slurm_inside_the_allocation_reads_the_nodelist_with_or_without_scontrol
         H.slurm_hosts()
 
 
+@pytest.mark.slow
 def test_slurm_job_id_asks_scontrol_for_the_jobs_nodes(monkeypatch, tmp_path):
     monkeypatch.setenv("PATH", str(tmp_path))
     fake_scontrol(tmp_path, 'case "$1 $2" in\n'

@@ -37,6 +37,7 @@ def modules_after(code: str) -> set[str]:
     return set(out.stdout.split())
 
 
+@pytest.mark.slow
 def test_probe_import_and_start_do_not_import_textual_or_rich(tmp_path):
     loaded = modules_after(f"import probe\nmon = probe.start(job='hygiene', record={str(tmp_path)!r})\n"
                            "with mon.step():\n    pass\nmon.close()")
@@ -44,6 +45,7 @@ def test_probe_import_and_start_do_not_import_textual_or_rich(tmp_path):
     assert not {m for m in loaded if m.split(".")[0] in UI}
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("module", VIEWER_MODULES)
 def test_viewer_modules_do_not_import_torch(module):
     loaded = modules_after(f"import importlib.util\n"
@@ -53,6 +55,7 @@ def test_viewer_modules_do_not_import_torch(module):
     assert not {m for m in loaded if m.split(".")[0] == "torch"}
 
 
+@pytest.mark.slow
 def test_model_imports_no_ui_or_torch():
     loaded = modules_after("\n".join(f"import {m}" for m in MODEL_MODULES))
     assert set(MODEL_MODULES) <= loaded
@@ -82,6 +85,7 @@ def test_probe_source_never_imports_the_viewer():
     assert imports_in("probe", ("tui", *UI)) == set()
 
 
+@pytest.mark.slow
 def test_stream_imports_no_textual():
     loaded = modules_after("\n".join(f"import {m}" for m in STREAM_MODULES))
     assert set(STREAM_MODULES) <= loaded

@@ -7,6 +7,8 @@ import os
 import stat
 from pathlib import Path
 
+import pytest
+
 from tui.stream import native
 
 
@@ -22,6 +24,7 @@ def test_without_py_spy_it_is_not_offered_and_says_how_to_get_it(monkeypatch, tm
     assert native.dump(123) == "py-spy is not installed (pip install py-spy) to read a stack from outside the process"
 
 
+@pytest.mark.slow
 def test_the_dump_is_py_spys_nonblocking_output_for_that_pid(monkeypatch, tmp_path):
     fake_pyspy(tmp_path, 'echo "args: $*"; echo "Thread 1 (idle): MainThread"')
     monkeypatch.setenv("PATH", f"{tmp_path}{os.pathsep}{os.environ['PATH']}")
@@ -29,6 +32,7 @@ def test_the_dump_is_py_spys_nonblocking_output_for_that_pid(monkeypatch, tmp_pa
     assert native.dump(4711) == "args: dump --nonblocking --pid 4711\nThread 1 (idle): MainThread"
 
 
+@pytest.mark.slow
 def test_a_failing_py_spy_gives_its_last_error_line(monkeypatch, tmp_path):
     fake_pyspy(tmp_path, 'echo "Error: first" >&2; echo "Error: Permission denied (os error 13)" >&2; exit 1')
     monkeypatch.setenv("PATH", str(tmp_path))
