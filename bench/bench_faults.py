@@ -1,4 +1,4 @@
-"""The fault suite of issue 12 at full size (the CI-sized runs are tests/integration/test_faults.py;
+"""The fault suite at full size (the CI-sized runs are tests/integration/test_faults.py;
 both call tests/integration/faults.py). Prints one JSON line of figures per fault.
 
     python bench/bench_faults.py kill9 [--points 1000]     # perfmon report on every file, in-process

@@ -1,4 +1,4 @@
-"""A job across nodes at scale (issue 13): NODES simulated nodes x RANKS ranks at RATE steps/s per
+"""A job across nodes at scale: NODES simulated nodes x RANKS ranks at RATE steps/s per
 rank, each node read by a real ``perfmon relay --stdio`` (started through a local transport, as
 ``attach --hosts`` starts them through ssh), all of them viewed by the real TUI (``PerfmonApp``
 headless at 120x36: feed, run model, verdict and rendering at 4 Hz).

@@ -1,4 +1,4 @@
-"""How long after a rank stops does the live ``perfmon report`` name it (issue 14)?
+"""How long after a rank stops does the live ``perfmon report`` name it?
 
 A real 2-rank gloo job (tests/integration/scripts/stuck_jobs.py): rank 1 sleeps before its
 20th all-reduce, with the default stall threshold (10x the median step, at least 15 s). The

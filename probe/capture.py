@@ -1,4 +1,4 @@
-"""On-demand ``torch.profiler`` capture of the next N steps (``capture`` request, DESIGN §4).
+"""On-demand ``torch.profiler`` capture of the next N steps (a ``capture`` request; its form is in ``probe/wire.py``).
 
 The profiler starts at the end of the step during which the request arrived and stops at the
 end of the N-th step after it, both on the training thread (``probe.step_window``); nothing

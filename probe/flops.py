@@ -11,8 +11,8 @@ matmuls, convolutions and attention, not elementwise ops: the MFU convention.
 
 Peak: a device-name × dtype table of dense (not sparse) tensor-core numbers merged
 from torchtitan ``get_peak_flops``, Lightning ``_CUDA_FLOPS``, Composer
-``GPU_AVAILABLE_FLOPS`` and NVIDIA datasheets divided by two for sparsity (see
-research/analysis_anchors.md §3.3). Names are matched GB200 before B200, H200
+``GPU_AVAILABLE_FLOPS`` and NVIDIA datasheets divided by two for sparsity.
+Names are matched GB200 before B200, H200
 before H20, L40S before L40 before L4, A100 before A10. No entry, no MFU: a peak
 is never invented (CPU included), but the user may give one.
 """
@@ -311,7 +311,7 @@ class LiveCount:
     """FLOPs of one real step, for models a meta replay cannot stand for (FSDP, DTensor).
 
     Entered in a forward pre-hook and left at the step's end on the same thread.
-    Costs that one step roughly +40% (measured on CPU, research §7.2). Never used
+    Costs that one step roughly +40% (measured on CPU). Never used
     around compiled code: an active dispatch mode changes what dynamo traces.
     """
 

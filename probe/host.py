@@ -1,6 +1,6 @@
 """Host numbers for the ``sample`` record: process and system CPU, RSS, memory limit.
 
-The memory limit is what a CPU job is judged against (DESIGN §6):
+The memory limit is what a CPU job is judged against:
 ``PERFMON_MEMORY_LIMIT`` if set, else the cgroup's, else the machine's.
 """
 

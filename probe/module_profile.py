@@ -1,4 +1,4 @@
-"""Per-module profile of a few steps, on request (``profile`` request, DESIGN §4; seed 002).
+"""Per-module profile of a few steps, on request (a ``profile`` request; its form is in ``probe/wire.py``).
 
 A viewer asks for N steps to depth D. At the end of the step during which the request
 arrived, the training thread puts a forward pre/post hook on every module of the watched

@@ -1,4 +1,4 @@
-"""Viewer→probe requests (DESIGN §4), answered on the sender thread.
+"""Viewer→probe requests (their form: ``probe/wire.py``), answered on the sender thread.
 
 The sender accepts a ``request`` only from an authenticated viewer (SO_PEERCRED same user, or
 the TCP token) that announced protocol 1.1, at most ``RATE`` per ``RATE_SECONDS`` per viewer,

@@ -8,10 +8,10 @@ Frames travel in batches: the frames of one tick are joined once into chunks of 
 ``CHUNK_BYTES`` and those ``bytes`` are shared by every viewer's queue; the backfill keeps step
 frames as chunks too. A viewer's queue or a connect's backfill is then a few large allocations
 instead of thousands of small ones, so the sender holds the GIL for less and the memory of a queue
-goes back to the allocator whole when the viewer leaves (issue 12: a storm of stalled viewers left
-the job's RSS tens of MB higher when each viewer held its own thousands of small frames). Chunks,
-not whole ticks: a queue drops at the grain of what it holds, never the batch in flight, so with a
-tick of 20,000 steps (~3 MB) in flight a stalled viewer lost the newest steps, not the oldest.
+goes back to the allocator whole when the viewer leaves (a storm of stalled viewers each holding
+thousands of small frames would leave the job's RSS tens of MB higher). Chunks, not whole ticks: a
+queue drops at the grain of what it holds, never the batch in flight, so a stalled viewer loses the
+oldest steps, not the newest.
 """
 
 from __future__ import annotations

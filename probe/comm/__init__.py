@@ -1,8 +1,8 @@
 """Collective communication: count, bytes, seconds, bus bandwidth, and the exposed part.
 
 Sources of collectives:
-* DDP: its C++ reducer calls the process group directly, invisible to Python
-  (research §2.5), so ``attach_ddp`` registers a comm hook that does what DDP's
+* DDP: its C++ reducer calls the process group directly, invisible to Python,
+  so ``attach_ddp`` registers a comm hook that does what DDP's
   default does (divide by the group size, all-reduce on DDP's process group, return
   the bucket) and times it. If the script already registered a hook, DDP allows no second one: we say so
   in the stream and rely on the eager patch (most Python hooks call

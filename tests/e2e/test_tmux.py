@@ -126,7 +126,7 @@ def test_closing_the_terminal_ends_the_viewer(training_job, tmux):
 
 
 def test_attach_to_a_stuck_job_names_the_culprit_and_s_shows_where_each_rank_is(tmp_path, tmux):
-    """Issue 14: 2 gloo ranks, rank 1 asleep before its 20th all-reduce; the same diagnosis as
+    """2 gloo ranks, rank 1 asleep before its 20th all-reduce; the same diagnosis as
     ``perfmon report`` on the screen, and each rank's stack behind ``s``."""
     script = Path(__file__).parents[1] / "integration" / "scripts" / "stuck_jobs.py"
     sock_dir = tmp_path / "sock"

@@ -1,4 +1,4 @@
-"""The fault suite (issue 12), sized by its arguments: CI sizes in tests/integration/test_faults.py,
+"""The fault suite, sized by its arguments: CI sizes in tests/integration/test_faults.py,
 the long runs in bench/bench_faults.py. Each function returns a dict of figures; the callers assert.
 """
 

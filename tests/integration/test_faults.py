@@ -1,4 +1,4 @@
-"""The fault suite at CI size (issue 12); bench/bench_faults.py runs the same functions long.
+"""The fault suite at CI size; bench/bench_faults.py runs the same functions long.
 
 Each test prints its figures (``pytest -s`` shows them)."""
 

@@ -1,4 +1,4 @@
-"""Moderate losses are named, not called healthy (issue 11): plain PyTorch scripts under ``perfmon run``,
+"""Moderate losses are named, not called healthy: plain PyTorch scripts under ``perfmon run``,
 judged by ``perfmon report --json`` on the recording.
 
 Before loss accounting, a job only left `healthy` when its busy share fell under 70%: a

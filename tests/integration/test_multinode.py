@@ -1,4 +1,4 @@
-"""A job across nodes (issue 13): two torchrun "nodes" on this machine (c10d rendezvous on
+"""A job across nodes: two torchrun "nodes" on this machine (c10d rendezvous on
 localhost, one socket directory each), reached through an ssh stand-in that runs
 ``perfmon relay --stdio`` with that node's directory; one view of the 4 ranks."""
 

@@ -1,4 +1,4 @@
-"""A job that stopped: real CPU jobs (gloo) judged live by ``perfmon report --json`` (issue 14).
+"""A job that stopped: real CPU jobs (gloo) judged live by ``perfmon report --json``.
 
 Each job writes a mark file when its stall begins; the test then asks the live job for a
 report until it says ``stuck`` or the deadline passes, and checks who is named and where.

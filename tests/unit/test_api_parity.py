@@ -1,6 +1,6 @@
 """One public surface: the disabled probe (PERFMON_DISABLE=1, DataLoader workers, a failed start)
 has every public method and attribute of ``Probe``, with the same signatures, so a script that
-runs with monitoring on runs unchanged with it off (issue 12)."""
+runs with monitoring on runs unchanged with it off."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Property test of the probe API (issue 12): random sequences of start/watch/loader/step/phase/
+"""Property test of the probe API: random sequences of start/watch/loader/step/phase/
 event/close, nested or out of order, in the main process, in a forked child and disabled, never
 raise and never leave a thread or a socket behind."""
 

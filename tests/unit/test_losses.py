@@ -47,7 +47,7 @@ def test_comm_time_without_its_exposed_part_is_unknown_and_says_so():
 
 
 def test_a_loss_under_the_busy_gate_still_names_the_bottleneck():
-    """Busy 80% (over 70%) yet 20% of each step waits for data: not healthy (issue 11's demo case)."""
+    """Busy 80% (over 70%) yet 20% of each step waits for data: not healthy (the demo's case)."""
     v = V.evaluate(_view(device="cpu", device_busy=0.8, device_busy_source="step_accounting", data_wait_frac=0.2,
                          comm_exposed_frac=0.0, loader_workers=2, loader_cpu=0.02))
     assert v.bottleneck == "data_loading" and v.path[:3] == ["memory", "device_busy", "data_wait"]

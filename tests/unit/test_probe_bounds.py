@@ -1,5 +1,5 @@
 """Every container the probe keeps is bounded and released at close(); close() returns within
-2 s in every state; counted internal failures become rate-limited warning events (issue 12)."""
+2 s in every state; counted internal failures become rate-limited warning events."""
 
 from __future__ import annotations
 

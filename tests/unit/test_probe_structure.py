@@ -1,4 +1,4 @@
-"""probe/ without back doors (issue 10): no import cycle (lazy imports included), no module
+"""probe/ without back doors: no import cycle (lazy imports included), no module
 writing a Probe's private attributes, no module over ~500 lines without a stated reason."""
 
 from __future__ import annotations

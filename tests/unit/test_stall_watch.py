@@ -1,4 +1,4 @@
-"""The probe's stall watch (issue 14): when no progress is a stall, what a stall record holds, and
+"""The probe's stall watch: when no progress is a stall, what a stall record holds, and
 the collective ledger and flight-recorder reading it draws on. Driven with an explicit clock."""
 
 from __future__ import annotations

@@ -1,5 +1,5 @@
 """The stuck diagnosis: stall records and silence in, the culprit rank, the waiters, the call and
-where each rank is out, through the run model, the verdict and the report JSON (issue 14)."""
+where each rank is out, through the run model, the verdict and the report JSON."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Sync counting and the user's warnings filters (issue 12), against the SIMULATED CUDA backend
+"""Sync counting and the user's warnings filters, against the SIMULATED CUDA backend
 (tests/sim: its ``synchronizing_op`` raises the sync ``TORCH_WARN`` as a Python UserWarning from
 the caller's line when the debug mode is "warn", as torch's warning handler does)."""
 

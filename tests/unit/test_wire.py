@@ -80,7 +80,7 @@ def test_hostile_bodies_raise_protocol_error_only(body, why):
 
 
 def test_a_newer_minor_versions_kind_is_skipped_and_counted_not_fatal():
-    """1.1 readers skip well-formed records of kinds they do not know (DESIGN §4: minor versions
+    """1.1 readers skip well-formed records of kinds they do not know (minor versions
     add kinds); the records around them still arrive."""
     stream = frame_of({"k": "bye", "t": 1.0}) + frame_of({"k": "from_1_9", "t": 2.0, "x": 1}) + \
         frame_of({"k": "bye", "t": 3.0})

@@ -1,4 +1,4 @@
-"""Asking a probe for something (DESIGN §4 requests): one request, its answer, its result.
+"""Asking a probe for something (their form: ``probe/wire.py``): one request, its answer, its result.
 
 ``ask(target, ...)`` works on any target: a ``Target`` (a rank's Unix socket, or host:port with
 its token) opens one connection of its own with blocking sockets and deadlines, so the TUI's

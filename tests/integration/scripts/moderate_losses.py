@@ -1,6 +1,6 @@
 """A plain PyTorch job (no perfmon API) that loses a moderate share of each step to one cause.
 
-The losses issue 11 found called healthy: not enough to push "busy" under 70%, enough to
+Losses a busy-only verdict would call healthy: not enough to push "busy" under 70%, enough to
 matter. Run under ``perfmon run``; the verdict must name the cause.
 
 * ``comm``    2-rank gloo DDP (torchrun), a 1024-wide MLP on a batch of 128, plus a second

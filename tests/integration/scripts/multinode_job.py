@@ -1,4 +1,4 @@
-"""One rank of a DDP job launched as several "nodes" on this machine (issue 13).
+"""One rank of a DDP job launched as several "nodes" on this machine.
 
     torchrun --nnodes 2 --nproc-per-node 2 --rdzv-backend c10d --rdzv-endpoint 127.0.0.1:PORT \
         multinode_job.py --steps N --slow-rank R

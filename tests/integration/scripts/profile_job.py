@@ -1,4 +1,4 @@
-"""A CPU training job for ``perfmon profile`` (issue 16): four efficient blocks and one that
+"""A CPU training job for ``perfmon profile``: four efficient blocks and one that
 computes the same math as its neighbours (a Linear) as many tiny matmuls in a Python loop.
 
     python profile_job.py MODE OUT_DIR SECONDS

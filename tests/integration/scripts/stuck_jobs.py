@@ -1,4 +1,4 @@
-"""Jobs that stop making progress, for the stuck diagnosis (issue 14).
+"""Jobs that stop making progress, for the stuck diagnosis.
 
     stuck_jobs.py collective MARK   # under torchrun, 2 ranks: rank 1 sleeps before its 20th all-reduce
     stuck_jobs.py gil MARK          # under torchrun, 2 ranks: rank 1 holds the GIL in C before it

@@ -1,5 +1,5 @@
 """Real Lightning and Hugging Face trainers with a slow (CPU-bound) collate, for the framework
-callbacks (issue 15).
+callbacks.
 
     python trainers.py lightning|hf callback|bare OUT.json [STEPS]
 ``callback``: with perfmon's callback for that framework; ``bare``: without (run it under
