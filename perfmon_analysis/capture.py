@@ -5,6 +5,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from perfmon_analysis.readings import num
+
 
 @dataclass(frozen=True)
 class OpTime:
@@ -50,19 +52,15 @@ class CaptureSummary:
 
 
 def capture_reading(rec: dict[str, Any], rank: int) -> CaptureSummary:
-    top = tuple(OpTime(str(o.get("name"))[:120], _num(o.get("self_s")) or 0.0, _int(o.get("calls")) or 0)
+    top = tuple(OpTime(str(o.get("name"))[:120], num(o.get("self_s")) or 0.0, _int(o.get("calls")) or 0)
                 for o in rec.get("top") or [] if isinstance(o, dict))
-    gaps = tuple((_num(g.get("seconds")) or 0.0, _num(g.get("at_s")) or 0.0)
+    gaps = tuple((num(g.get("seconds")) or 0.0, num(g.get("at_s")) or 0.0)
                  for g in rec.get("gaps") or [] if isinstance(g, dict))
-    return CaptureSummary(rank=rank, t=_num(rec.get("t")) or 0.0, steps=_int(rec.get("steps")) or 0,
+    return CaptureSummary(rank=rank, t=num(rec.get("t")) or 0.0, steps=_int(rec.get("steps")) or 0,
                           first_step=_int(rec.get("first_step")), last_step=_int(rec.get("last_step")),
-                          wall_s=_num(rec.get("wall_s")), path=rec.get("path") if isinstance(rec.get("path"), str) else None,
-                          top=top, device_busy=_num(rec.get("device_busy")), gaps=gaps,
+                          wall_s=num(rec.get("wall_s")), path=rec.get("path") if isinstance(rec.get("path"), str) else None,
+                          top=top, device_busy=num(rec.get("device_busy")), gaps=gaps,
                           error=rec.get("error") if isinstance(rec.get("error"), str) else None)
-
-
-def _num(x: Any) -> float | None:
-    return None if isinstance(x, bool) or not isinstance(x, (int, float)) else float(x)
 
 
 def _int(x: Any) -> int | None:

@@ -21,6 +21,7 @@ from dataclasses import dataclass, replace
 from typing import Any, Iterable
 
 from perfmon_analysis import units
+from perfmon_analysis.readings import num
 
 DEFAULT_TOP = 25
 
@@ -128,7 +129,7 @@ def profile_reading(rec: dict[str, Any], rank: int) -> ModuleProfile:
         if flops is not None and fwd_flops is not None and bwd_s:
             bwd_rate = (flops - fwd_flops) / bwd_s
     return ModuleProfile(
-        rank=rank, t=_num(rec.get("t")) or 0.0, steps=_int(rec.get("steps")) or 0,
+        rank=rank, t=num(rec.get("t")) or 0.0, steps=_int(rec.get("steps")) or 0,
         first_step=_int(rec.get("first_step")), last_step=_int(rec.get("last_step")),
         depth=_int(rec.get("depth")) or 0, step_s=step_s, timer=_str(rec.get("timer")), peak_flops=peak,
         peak_source=_str(rec.get("peak_source")), fwd_flops_per_s=fwd_rate, bwd_flops_per_s=bwd_rate,
@@ -307,17 +308,14 @@ def _r(x: Any) -> Any:
     return round(x, 6) if isinstance(x, float) else x
 
 
-def _num(x: Any) -> float | None:
-    return None if isinstance(x, bool) or not isinstance(x, (int, float)) else float(x)
-
 
 def _pos(x: Any) -> float | None:
-    v = _num(x)
+    v = num(x)
     return v if v is not None and v > 0 else None
 
 
 def _nonneg(x: Any) -> float | None:
-    v = _num(x)
+    v = num(x)
     return v if v is not None and v >= 0 else None
 
 

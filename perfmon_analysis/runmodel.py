@@ -40,9 +40,8 @@ from __future__ import annotations
 import time
 from typing import Any
 
-from perfmon_analysis.buffers import (BLOCKING_EVENTS, EVENT_BUFFER, MIN_STEPS, WINDOW_SAMPLES, WINDOW_SECONDS,
-                               WINDOW_STEPS, RankState, num)
-from perfmon_analysis.readings import HostReading, gpu_rows, host_reading, step_cpu, where_interval
+from perfmon_analysis.buffers import EVENT_BUFFER, MIN_STEPS, WINDOW_SAMPLES, WINDOW_SECONDS, WINDOW_STEPS, RankState
+from perfmon_analysis.readings import HostReading, event_reading, gpu_rows, host_reading, num, where_interval
 from perfmon_analysis.stats import RankStats, comm_rows, job_metrics, job_where, rank_stats, rank_view, summary_stats
 from perfmon_analysis.capture import capture_reading
 from perfmon_analysis.profile import ModuleProfile, profile_reading, with_overhead
@@ -98,13 +97,13 @@ class RunModel:
             state.last_t = t
             state.recv_clock = received
         if kind == "step":
-            if isinstance(record.get("step"), int) and num(record.get("dur")) is not None:
+            step = state.parser.step(record)
+            if step is not None:
                 if state.summary_steps is not None:   # followed in full again (a relay's subscription)
                     state.summary_steps = None
                     self._summaries.pop(state, None)
-                state.add_step(record, *step_cpu(record))
-                if state.stall is not None and record["step"] > (state.stall.step if state.stall.step is not None
-                                                                   else -1):
+                state.add_step(record, step)
+                if state.stall is not None and step.step > (state.stall.step if state.stall.step is not None else -1):
                     state.stall = None     # progress again (its ``resumed`` record may have been dropped)
         elif kind == "summary":
             self._summaries[state] = apply_summary(state, record)
@@ -134,13 +133,11 @@ class RunModel:
         elif kind == "comm":
             state.comm.append(record)
         elif kind == "event":
-            state.events.append(record)
-            name = record.get("name")
-            if name == "first_batch":
+            event = event_reading(record)
+            state.events.append(event)
+            if event.name == "first_batch":
                 state.loader_seen = True
-            secs = num(record.get("seconds"))
-            if name in BLOCKING_EVENTS and secs is not None and secs > 0:
-                state.pending_gap += secs
+            state.parser.event(event)
         elif kind == "drops":
             count = record.get("count")
             if isinstance(count, int) and count > 0:
@@ -233,7 +230,8 @@ class RunModel:
         window = {"steps": max((st.n for st in stats), default=0),
                   "seconds": round(max((st.span for st in stats), default=0.0), 3)}
         comm_ops = comm_rows([(s, st) for s, st in zip(states, stats)])
-        events = sorted((dict(e, rank=s.rank) for s in states for e in s.events), key=lambda e: e.get("t") or 0.0)
+        events = [dict(e.record, rank=s.rank)
+                  for s, e in sorted(((s, e) for s in states for e in s.events), key=lambda se: se[1].t or 0.0)]
         return JobView(
             job=hello0.get("job") if states else None,
             world_size=world,
@@ -305,7 +303,7 @@ def _latest_profile(states: list[RankState]) -> ModuleProfile | None:
     newest = max((s for s in states if s.profile is not None), key=lambda s: s.profile.t, default=None)  # type: ignore[union-attr]
     if newest is None or newest.profile is None:
         return None
-    return with_overhead(newest.profile, ((n.step, n.dur) for n in newest.nums))
+    return with_overhead(newest.profile, ((n.step, n.dur) for n in newest.readings))
 
 
 def _same_process(a: dict[str, Any], b: dict[str, Any]) -> bool:

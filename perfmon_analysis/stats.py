@@ -13,8 +13,8 @@ import statistics
 from dataclasses import dataclass
 from typing import Any, Callable, Deque, Iterable
 
-from perfmon_analysis.buffers import (MIN_STEPS, TIMELINE_STEPS, WINDOW_SAMPLES, RankState, StepNums, num)
-from perfmon_analysis.readings import RankTrace, WhereInterval, gpu_readings, host_reading, own_gpus, step_bar
+from perfmon_analysis.buffers import MIN_STEPS, TIMELINE_STEPS, WINDOW_SAMPLES, RankState
+from perfmon_analysis.readings import RankTrace, StepReading, WhereInterval, gpu_readings, host_reading, num, own_gpus
 from perfmon_analysis.views import CommOpRow, MemoryMetrics, Metrics, RankView, WhereLine, WhereTable
 
 
@@ -53,7 +53,7 @@ class RankStats:
     cpu_contention_frac: float | None = None  # active step time runnable but without a core (scheduler stats)
 
 
-def _window(nums: Deque[StepNums], max_steps: int, max_seconds: float) -> list[StepNums]:
+def _window(nums: Deque[StepReading], max_steps: int, max_seconds: float) -> list[StepReading]:
     if not nums:
         return []
     tail = list(itertools.islice(reversed(nums), max_steps + 1))[::-1]
@@ -107,16 +107,16 @@ def _min(values: Iterable[float | None]) -> float | None:
 def rank_stats(state: RankState, max_steps: int, max_seconds: float, timeline: bool = True) -> RankStats:
     """The rank's window statistics; ``timeline=False`` leaves out the step bars of its trace (a
     relay's summary has no use for them, and they are the costliest part)."""
-    win = _window(state.nums, max_steps, max_seconds)
+    win = _window(state.readings, max_steps, max_seconds)
     n = len(win)
     durs = [s.dur for s in win]
     actives = [s.active for s in win]
     data = [s.data for s in win]
-    secs_known = any(s.secs is not None for s in win)
+    secs_known = any(s.comm_s is not None for s in win)
     comm_known = any(s.exposed is not None for s in win)    # the flowchart needs the exposed part
     world = state.hello.get("world_size")
     single = isinstance(world, int) and world <= 1
-    secs_sum = sum(s.secs or 0.0 for s in win)
+    secs_sum = sum(s.comm_s or 0.0 for s in win)
     exposed = [s.exposed or 0.0 for s in win]
     active_sum = sum(actives)
     dur_sum = sum(durs)
@@ -166,11 +166,11 @@ def rank_stats(state: RankState, max_steps: int, max_seconds: float, timeline: b
     loader_cpus = [v for v in (num(h.get("loader_cpu")) for h in hosts) if v is not None]
     workers = next((h.get("loader_workers") for h in reversed(hosts) if isinstance(h.get("loader_workers"), int)),
                    None)
-    bars = itertools.islice(reversed(state.steps), TIMELINE_STEPS if timeline else 0)
+    bars = itertools.islice(reversed(state.readings), TIMELINE_STEPS if timeline else 0)
     trace = RankTrace(
-        steps=tuple(step_bar(rec) for rec in bars)[::-1],
-        data_wait=tuple(s.data_share for s in itertools.islice(state.nums, max(0, len(state.nums) - TIMELINE_STEPS),
-                                                               None)),
+        steps=tuple(s.bar() for s in bars)[::-1],
+        data_wait=tuple(s.data_share for s in itertools.islice(state.readings,
+                                                               max(0, len(state.readings) - TIMELINE_STEPS), None)),
         cpu=_cpu_trace(state))
 
     return RankStats(
@@ -207,7 +207,7 @@ def rank_stats(state: RankState, max_steps: int, max_seconds: float, timeline: b
     )
 
 
-def _thread_cpu(win: list[StepNums]) -> tuple[float | None, float | None]:
+def _thread_cpu(win: list[StepReading]) -> tuple[float | None, float | None]:
     """(CPU busy, off-CPU loss) over the window's steps whose thread CPU time was measured.
 
     busy = (body CPU + CPU inside the data wait) / active; the loss = the body's time off CPU
@@ -243,7 +243,7 @@ def wilson_half_width(n: int, total: int, z: float = Z95) -> float:
 WHERE_LINES = 20     # lines the view keeps (the probe lists at most 20 per interval)
 
 
-def where_table(rank: int, intervals: Iterable[WhereInterval], win: list[StepNums],
+def where_table(rank: int, intervals: Iterable[WhereInterval], win: list[StepReading],
                 win_start: float | None) -> WhereTable | None:
     """The window's stack samples: the intervals that overlap the window, summed per user line and
     state (the library call below a line is the one with the most samples there). A line's share
@@ -331,8 +331,7 @@ def _rank_memory(state: RankState, win_start: float | None, hosts: list[dict[str
                  max_steps: int) -> MemoryMetrics:
     """Memory against its limit. ``peak_bytes`` is the number compared with the limit, over the window
     only (DESIGN §6: lifetime peaks never count): CUDA the allocator's reserved bytes, CPU the RSS."""
-    ooms = sum(1 for e in state.events if e.get("name") == "oom"
-               and (win_start is None or (num(e.get("t")) or 0.0) >= win_start))
+    ooms = sum(1 for e in state.events if e.name == "oom" and (win_start is None or (e.t or 0.0) >= win_start))
     device = state.device
     host_rss = [_int(h.get("rss")) for h in hosts]
     host_limit = next((_int(h.get("mem_limit")) for h in reversed(hosts) if _int(h.get("mem_limit"))), None)
@@ -364,11 +363,9 @@ def _rank_memory(state: RankState, win_start: float | None, hosts: list[dict[str
             allocated_bytes=_int(mem.get("allocated")), alloc_retries=retries, alloc_retries_rising=rising,
             ooms=ooms + max(0, alloc_ooms))
     if device.get("type") == "cuda":
-        recent = itertools.islice(reversed(state.steps), max_steps)   # the current window, not the default
-        steps_mem = [s.get("mem") for s in recent if isinstance(s.get("mem"), dict)]
+        recent = itertools.islice(reversed(state.readings), max_steps)   # the current window, not the default
         limit = _int(device.get("memory_total"))
-        peaks = [_int(m.get("reserved")) or _int(m.get("peak")) for m in steps_mem]
-        peak = max((p for p in peaks if p is not None), default=None)
+        peak = max((s.mem_peak for s in recent if s.mem_peak is not None), default=None)
         return MemoryMetrics(source="device" if peak is not None else None, rank=state.rank, limit_bytes=limit,
                              limit_source="device" if limit else None, peak_bytes=peak,
                              peak_frac=peak / limit if peak is not None and limit else None, ooms=ooms)
@@ -440,8 +437,8 @@ def _busbytes(op: dict[str, Any]) -> float | None:
 def rank_view(state: RankState, st: RankStats, now: float, silent_s: float | None = None) -> RankView:
     h = state.hello
     host = state.samples[-1].get("host") if state.samples and isinstance(state.samples[-1].get("host"), dict) else {}
-    last = state.steps[-1] if state.steps else None
-    steps = state.summary_steps if state.summary_steps is not None else (last["step"] + 1) if last is not None else 0
+    last = state.readings[-1] if state.readings else None
+    steps = state.summary_steps if state.summary_steps is not None else (last.step + 1) if last is not None else 0
     return RankView(
         rank=state.rank, stream=state.stream, host=h.get("host"), pid=h.get("pid"),
         restart=h.get("restart") if isinstance(h.get("restart"), int) else 0, generation=state.generation,

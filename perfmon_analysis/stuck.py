@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from perfmon_analysis import units
+from perfmon_analysis.readings import num
 
 HEARTBEAT_S = 10.0        # live rank silent this long: unresponsive (samples arrive at 1-2 Hz)
 NO_HELLO_S = 3.0          # a probe's sender answers a connect within one 50 ms tick: no hello this long is silence
@@ -105,11 +106,11 @@ class StallReading:
 
 def stall_reading(rec: dict[str, Any]) -> StallReading | None:
     """Parse a validated ``stall`` record; None if it lacks its time or duration."""
-    t, seconds = _num(rec.get("t")), _num(rec.get("seconds"))
+    t, seconds = num(rec.get("t")), num(rec.get("seconds"))
     if t is None or seconds is None:
         return None
     inflight = tuple(InFlight(str(c.get("op") or "collective"), str(c.get("group") or "world"), _int(c.get("seq")),
-                              _num(c.get("since")))
+                              num(c.get("since")))
                      for c in _dicts(rec.get("inflight")))
     seq = {str(k): v for k, v in (rec.get("seq") or {}).items() if isinstance(v, int) and not isinstance(v, bool)} \
         if isinstance(rec.get("seq"), dict) else {}
@@ -117,12 +118,12 @@ def stall_reading(rec: dict[str, Any]) -> StallReading | None:
     device = rec.get("device") if isinstance(rec.get("device"), dict) else {}
     flight = rec.get("flight") if isinstance(rec.get("flight"), dict) else {}
     return StallReading(
-        t=t, seconds=seconds, threshold=_num(rec.get("threshold")), step=_int(rec.get("step")),
+        t=t, seconds=seconds, threshold=num(rec.get("threshold")), step=_int(rec.get("step")),
         where=str(rec.get("where") or "step"),
         stack=tuple(str(f) for f in rec.get("stack") or () if isinstance(f, str)),
         inflight=inflight, seq=seq, loader_waiting=bool(loader.get("waiting")),
         awaited_pid=_int(loader.get("awaited_pid")),
-        workers=tuple(LoaderWorker(_int(w.get("pid")), bool(w.get("alive")), _num(w.get("cpu")))
+        workers=tuple(LoaderWorker(_int(w.get("pid")), bool(w.get("alive")), num(w.get("cpu")))
                       for w in _dicts(loader.get("workers"))),
         device_pending=device.get("pending") if isinstance(device.get("pending"), bool) else None,
         flight_source=str(flight["source"]) if flight.get("source") else None,
@@ -422,9 +423,6 @@ def _count(ranks: tuple[int, ...]) -> str:
 def _dicts(value: Any) -> list[dict[str, Any]]:
     return [v for v in value if isinstance(v, dict)] if isinstance(value, list) else []
 
-
-def _num(value: Any) -> float | None:
-    return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else None
 
 
 def _int(value: Any) -> int | None:

@@ -13,8 +13,8 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
-from perfmon_analysis.buffers import RankState, num
-from perfmon_analysis.readings import RankTrace
+from perfmon_analysis.buffers import RankState
+from perfmon_analysis.readings import RankTrace, num
 from perfmon_analysis.stats import RankStats
 from perfmon_analysis.views import MemoryMetrics
 
@@ -48,13 +48,13 @@ MEMORY_FIELDS = _field_types(MemoryMetrics)
 
 def summary_record(state: RankState, st: RankStats, t: float) -> dict[str, Any]:
     """The ``summary`` record of ``state`` with its window statistics ``st`` (relay side)."""
-    last = state.steps[-1] if state.steps else None
+    last = state.readings[-1] if state.readings else None
     return {
         "k": "summary", "t": t,
         "stats": _known(st, STATS_FIELDS),          # unknown (None) fields left out: smaller frames
         "memory": _known(st.memory, MEMORY_FIELDS),
         "comm": {op: list(v) for op, v in st.comm_delta.items()},
-        "steps": (last["step"] + 1) if last is not None else 0,
+        "steps": (last.step + 1) if last is not None else 0,
         "first_start": state.first_start, "last_end": state.last_end, "inside": state.inside,
         "unseen": state.unseen, "loader_seen": state.loader_seen,
     }
@@ -110,7 +110,7 @@ def apply_summary(state: RankState, rec: dict[str, Any]) -> RankStats:
     summary = read_summary(rec)
     state.summary_steps = summary.steps
     state.steps.clear()
-    state.nums.clear()
+    state.readings.clear()
     state.first_start = num(rec.get("first_start"))
     state.last_end = num(rec.get("last_end"))
     state.inside = num(rec.get("inside")) or 0.0

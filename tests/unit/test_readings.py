@@ -5,7 +5,8 @@ from __future__ import annotations
 
 import pytest
 
-from perfmon_analysis.readings import GpuReading, gpu_reading, gpu_rows, host_reading, own_gpus, step_bar
+from perfmon_analysis.readings import (GpuReading, gpu_reading, gpu_rows, host_reading, num, own_gpus,
+                                       step_reading)
 from perfmon_analysis.runmodel import RunModel
 
 FULL_GPU = {"index": 1, "name": "H100", "uuid": "GPU-5fd2", "util": 0.87, "sm_active": 0.5, "tensor_active": 0.25,
@@ -37,14 +38,33 @@ def test_host_reading_and_its_unknowns():
     assert host_reading({"host": "broken"}).cpu is None
 
 
-def test_step_bar_keeps_the_wire_order_and_reads_unknown_phases_as_zero():
-    bar = step_bar({"step": 7, "dur": 0.5, "gap": 0.1, "phases": {"data": 0.1, "forward": None, "other": 0.3},
-                    "sync_site": "train.py:9"})
+def test_a_steps_bar_keeps_the_wire_order_and_reads_unknown_phases_as_zero():
+    bar = step_reading({"step": 7, "dur": 0.5, "gap": 0.1, "phases": {"data": 0.1, "forward": None, "other": 0.3},
+                        "sync_site": "train.py:9"}).bar()
     assert (bar.step, bar.dur, bar.gap, bar.sync_site) == (7, 0.5, 0.1, "train.py:9")
     assert bar.phases == (("data", 0.1), ("forward", 0.0), ("other", 0.3))
     assert bar.phase("other") == 0.3 and bar.phase("backward") is None
-    empty = step_bar({"phases": "bad", "sync_site": ""})
+    empty = step_reading({"step": 0, "dur": 0.0, "phases": "bad", "sync_site": ""}).bar()
     assert (empty.step, empty.dur, empty.gap, empty.phases, empty.sync_site) == (0, 0.0, 0.0, (), None)
+
+
+def test_a_step_without_its_number_or_duration_is_no_step():
+    assert step_reading({"dur": 0.5}) is None
+    assert step_reading({"step": True, "dur": 0.5}) is None
+    assert step_reading({"step": 3, "dur": "0.5"}) is None
+
+
+def test_a_step_without_gap_takes_the_blocking_seconds_before_it_up_to_its_duration():
+    told = step_reading({"step": 1, "t": 10.0, "dur": 3.0, "gap": 0.5}, pending_gap=2.0)
+    assert (told.gap, told.gap_inferred) == (0.5, False)          # the probe's own gap wins
+    inferred = step_reading({"step": 1, "t": 10.0, "dur": 3.0}, pending_gap=2.0)
+    assert (inferred.gap, inferred.gap_inferred, inferred.start) == (2.0, True, 7.0)
+    assert step_reading({"step": 1, "t": 10.0, "dur": 1.5}, pending_gap=2.0).gap == 1.5
+    assert step_reading({"step": 1, "t": 10.0, "dur": 1.5}).gap_inferred is False
+
+
+def test_num_reads_numbers_only():
+    assert [num(x) for x in (1, 2.5, True, "3", None, [1])] == [1.0, 2.5, None, None, None, None]
 
 
 def test_a_rank_uses_the_gpu_of_its_local_rank_else_every_gpu_it_lists():
