@@ -1,7 +1,7 @@
 """Bounded per-rank buffers of wire records and the window and buffer sizes.
 
-``RankState`` holds one rank's recent records in deques (ingest is O(1)), each step parsed
-once at ingest (``perfmon_analysis.readings.StepReading``) by the rank's ``StepParser``.
+``RankState`` holds one rank's recent records in deques (ingest is O(1)), each parsed once at
+ingest into its typed reading (``perfmon_analysis.readings``), its steps by the rank's ``StepParser``.
 """
 
 from __future__ import annotations
@@ -9,8 +9,8 @@ from __future__ import annotations
 import collections
 from typing import TYPE_CHECKING, Any, Deque
 
-from perfmon_analysis.readings import EventReading, StepReading, step_reading
-from perfmon_analysis.stuck import StallReading
+from perfmon_analysis.readings import (CommReading, DeviceReading, EventReading, MemoryReading, SampleReading,
+                                       StallReading, StepReading, WhereInterval, hello_reading, step_reading)
 
 if TYPE_CHECKING:
     from perfmon_analysis.capture import CaptureSummary
@@ -59,24 +59,24 @@ class StepParser:
 
 # -- buffers ---------------------------------------------------------------------------------
 class RankState:
-    """Ring buffers of one process (one generation of one rank)."""
+    """Ring buffers of one process (one generation of one rank), each record parsed once."""
 
-    __slots__ = ("rank", "stream", "hello", "generation", "steps", "readings", "samples", "cpu", "memory", "comm", "events",
-                 "drops", "ended", "version", "first_start", "last_end", "inside", "gap_total", "unseen",
+    __slots__ = ("rank", "stream", "hello", "info", "generation", "steps", "samples", "cpu", "memory", "comm",
+                 "events", "drops", "ended", "version", "first_start", "last_end", "inside", "gap_total", "unseen",
                  "parser", "loader_seen", "last_t", "recv_clock", "stall", "profile", "capture",
                  "summary_steps", "totals_through", "device", "where", "_cache")
 
     def __init__(self, rank: int, stream: str, hello: dict[str, Any], generation: int) -> None:
         self.rank = rank
         self.stream = stream
-        self.hello = hello
+        self.hello = hello               # the record, as ``RunModel.retired`` hands it out
+        self.info = hello_reading(hello)
         self.generation = generation
-        self.steps: Deque[dict[str, Any]] = collections.deque(maxlen=STEP_BUFFER)
-        self.readings: Deque[StepReading] = collections.deque(maxlen=STEP_BUFFER)   # parallel to steps
-        self.samples: Deque[dict[str, Any]] = collections.deque(maxlen=SAMPLE_BUFFER)
+        self.steps: Deque[StepReading] = collections.deque(maxlen=STEP_BUFFER)
+        self.samples: Deque[SampleReading] = collections.deque(maxlen=SAMPLE_BUFFER)
         self.cpu: Deque[float | None] = collections.deque(maxlen=SAMPLE_BUFFER)   # each sample's CPU, at ingest
-        self.memory: Deque[dict[str, Any]] = collections.deque(maxlen=MEMORY_BUFFER)
-        self.comm: Deque[dict[str, Any]] = collections.deque(maxlen=COMM_BUFFER)
+        self.memory: Deque[MemoryReading] = collections.deque(maxlen=MEMORY_BUFFER)
+        self.comm: Deque[CommReading] = collections.deque(maxlen=COMM_BUFFER)
         self.events: Deque[EventReading] = collections.deque(maxlen=EVENT_BUFFER)
         self.drops = 0
         self.ended = False
@@ -97,14 +97,19 @@ class RankState:
         self.summary_steps: int | None = None   # steps done, while a relay summarises the rank (no step records)
         self.totals_through = -1     # steps up to this one are in the running totals already (a summary's)
         # the job's device now (probe.gpu.job): the hello's until a sample says otherwise
-        self.device: dict[str, Any] = hello["device"] if isinstance(hello.get("device"), dict) else {}
-        # in-step stack samples, ``perfmon_analysis.readings.WhereInterval`` (readings imports this module)
-        self.where: Deque[Any] = collections.deque(maxlen=WHERE_BUFFER)
+        self.device: DeviceReading = self.info.device
+        self.where: Deque[WhereInterval] = collections.deque(maxlen=WHERE_BUFFER)   # in-step stack samples
         self._cache: tuple[int, Any] | None = None
 
-    def add_step(self, rec: dict[str, Any], step: StepReading) -> None:
-        """Append a step record and its reading (``parser.step(rec)``) and count it in the totals."""
-        prev = self.readings[-1] if self.readings else None
+    def set_hello(self, hello: dict[str, Any]) -> None:
+        """A hello for this process (its first, or a repeat on re-attach)."""
+        self.hello = hello
+        self.info = hello_reading(hello)
+        self.version += 1
+
+    def add_step(self, step: StepReading) -> None:
+        """Append a step (``parser.step(rec)``) and count it in the running totals."""
+        prev = self.steps[-1] if self.steps else None
         new = step.step > self.totals_through     # not already counted by a summary
         if self.first_start is None and step.start is not None:
             self.first_start = step.start
@@ -118,6 +123,4 @@ class RankState:
             self.gap_total += step.gap
         if step.has_data:
             self.loader_seen = True
-        # a viewer that follows the rank in full later gets the gap with the record (not the events)
-        self.steps.append(dict(rec, gap=step.gap) if step.gap_inferred else rec)
-        self.readings.append(step)
+        self.steps.append(step)

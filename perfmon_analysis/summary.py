@@ -99,7 +99,7 @@ MEMORY_NOT_SENT: dict[str, str] = {}
 
 def summary_record(state: RankState, st: RankStats, t: float) -> dict[str, Any]:
     """The ``summary`` record of ``state`` with its window statistics ``st`` (relay side)."""
-    last = state.readings[-1] if state.readings else None
+    last = state.steps[-1] if state.steps else None
     return {
         "k": "summary", "t": t, "v": SUMMARY_VERSION,
         "stats": _known(st, STATS_PAYLOAD),          # unknown (None) values left out: smaller frames
@@ -165,7 +165,7 @@ def apply_summary(state: RankState, rec: dict[str, Any]) -> RankStats:
     summary = read_summary(rec)
     state.summary_steps = summary.steps
     state.steps.clear()
-    state.readings.clear()
+    state.steps.clear()
     state.first_start = num(rec.get("first_start"))
     state.last_end = num(rec.get("last_end"))
     state.inside = num(rec.get("inside")) or 0.0

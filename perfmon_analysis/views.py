@@ -9,10 +9,10 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from perfmon_analysis.readings import GpuRow, HostReading, RankTrace
+from perfmon_analysis.readings import GpuRow, HostReading, RankTrace, StallReading
 from perfmon_analysis.capture import CaptureSummary
 from perfmon_analysis.profile import ModuleProfile
-from perfmon_analysis.stuck import StallReading, StuckDiagnosis
+from perfmon_analysis.stuck import StuckDiagnosis
 
 
 @dataclass(frozen=True)

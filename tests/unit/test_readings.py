@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import pytest
 
-from perfmon_analysis.readings import (GpuReading, gpu_reading, gpu_rows, host_reading, num, own_gpus,
-                                       step_reading)
+from perfmon_analysis.readings import (GpuReading, SampleReading, gpu_reading, gpu_rows, host_reading, num,
+                                       own_gpus, sample_reading, step_reading)
 from perfmon_analysis.runmodel import RunModel
 
 FULL_GPU = {"index": 1, "name": "H100", "uuid": "GPU-5fd2", "util": 0.87, "sm_active": 0.5, "tensor_active": 0.25,
@@ -73,8 +73,8 @@ def test_a_rank_uses_the_gpu_of_its_local_rank_else_every_gpu_it_lists():
     assert own_gpus(two, 5) == two
 
 
-def _sample(*gpus: dict) -> dict:
-    return {"k": "sample", "gpus": list(gpus)}
+def _sample(*gpus: dict) -> SampleReading:
+    return sample_reading({"k": "sample", "gpus": list(gpus)})
 
 
 def test_gpu_rows_list_each_gpu_once_per_host_with_its_history():
