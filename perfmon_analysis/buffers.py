@@ -18,9 +18,9 @@ if TYPE_CHECKING:
 
 
 # -- window and buffer sizes -----------------------------------------------------------------
-WINDOW_STEPS = 50          # DESIGN §6: last 50 steps ...
+WINDOW_STEPS = 50          # the window: the last 50 steps ...
 WINDOW_SECONDS = 30.0      # ... or 30 s, whichever is shorter
-MIN_STEPS = 5              # DESIGN §6: fewer steps -> warming_up
+MIN_STEPS = 5              # fewer steps in the window -> warming_up
 STEP_BUFFER = 2048         # the probe backfills ~2000 steps on attach (probe.server.BACKFILL_STEPS)
 SAMPLE_BUFFER = 120        # ~2 min of 1 Hz samples
 WINDOW_SAMPLES = 60        # samples averaged for loader CPU / NVML utilization

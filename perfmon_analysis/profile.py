@@ -1,7 +1,7 @@
 """A module profile read from a ``profile`` record: the tree, shares, rates and the marked row.
 
 Pure. The probe sends raw per-step seconds and FLOPs per module (``probe.module_profile``);
-here they become what the seed's FLOPs-profiler output shows (seed 002): per row params, FLOPs
+here they become what a FLOPs profiler (DeepSpeed's) shows: per row params, FLOPs
 and their share of the model's, forward and backward time and their share of the step,
 achieved FLOP/s and its fraction of peak; forward and backward FLOP/s of the whole model.
 
@@ -93,7 +93,7 @@ class ModuleProfile:
         return f"{row.name}: {row.time_share * 100:.0f}% of the step at {rate}{peak}"
 
     def as_json(self) -> dict[str, Any]:
-        """The report's ``profile`` object (issue 16)."""
+        """The report's ``profile`` object."""
         return {
             "rank": self.rank, "steps": self.steps, "first_step": self.first_step, "last_step": self.last_step,
             "depth": self.depth, "step_s": _r(self.step_s), "timer": self.timer,

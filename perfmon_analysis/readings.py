@@ -190,7 +190,7 @@ def event_reading(rec: dict[str, Any]) -> EventReading:
 
 
 def _frac(value: Any) -> float | None:
-    """0..1 utilisation; old probes sent percent."""
+    """0..1 utilisation; a value over 1 is a percent."""
     v = num(value)
     return None if v is None else v / 100.0 if v > 1.0 else v
 

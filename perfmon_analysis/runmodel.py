@@ -8,7 +8,7 @@ dictionary look-ups and a view after new steps recomputes only those ranks.
 Buffers live in ``perfmon_analysis.buffers``, the window statistics in ``perfmon_analysis.stats``, the
 view dataclasses in ``perfmon_analysis.views``. No Textual, no torch, no I/O.
 
-Window (DESIGN §6): the last ``window_steps`` steps or the steps that ended in
+Window: the last ``window_steps`` steps or the steps that ended in
 the last ``window_seconds`` (measured back from the rank's latest step, so a
 replayed recording has a window too), whichever is fewer, but never fewer than
 ``MIN_STEPS``; a rank with fewer steps is warming up. The first step a rank
@@ -41,7 +41,7 @@ import time
 from typing import Any
 
 from perfmon_analysis.buffers import EVENT_BUFFER, MIN_STEPS, WINDOW_SAMPLES, WINDOW_SECONDS, WINDOW_STEPS, RankState
-from perfmon_analysis.readings import (HelloReading, HostReading, comm_reading, dropped, event_reading, gpu_rows,
+from perfmon_analysis.readings import (HostReading, comm_reading, dropped, event_reading, gpu_rows,
                                        hello_reading, memory_reading, record_time, sample_reading, stall_reading,
                                        where_interval)
 from perfmon_analysis.stats import RankStats, comm_rows, job_metrics, job_where, rank_stats, rank_view, summary_stats

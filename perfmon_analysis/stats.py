@@ -70,8 +70,8 @@ def _window(nums: Deque[StepReading], max_steps: int, max_seconds: float) -> lis
 
 # Sampled states (loader worker CPU, host RSS) are judged on the window's last 5 s of samples (each
 # sample already averages its own second): they describe the job now, and a state the job has left must
-# stop deciding within the 15 s the verdict is given to follow a change (issue 11; with 10 s the demo
-# tour's memory -> healthy switch took 13-17 s, bench/bench_tour.py). Step quantities use the window.
+# stop deciding within the 15 s the verdict is given to follow a change (with 10 s the demo tour's
+# memory -> healthy switch took 13-17 s, bench/bench_tour.py). Step quantities use the window.
 RECENT_SECONDS = 5.0
 
 
@@ -156,7 +156,7 @@ def rank_stats(state: RankState, max_steps: int, max_seconds: float, timeline: b
         # to do (its cause, contention, is a finding of its own), so it never opens the starved gate
         busy, busy_src = min(1.0, thread_busy + (contention or 0.0)), "thread_cpu"
     elif n:
-        # CPU without thread CPU times (an older probe): busy is the step time not lost to a measured cause
+        # CPU without thread CPU times (a probe that cannot read them): busy is the step time not lost to a measured cause
         busy, busy_src = sum(computes) / active_sum, "step_accounting"
 
     samples_sum = _sum([s.samples for s in win])
@@ -433,7 +433,7 @@ def rank_view(state: RankState, st: RankStats, now: float, silent_s: float | Non
 
 
 def _ettr(state: RankState, now: float, step_median: float | None) -> float | None:
-    """Time inside steps / wall time since the first step (seed 001; Meta ETTR, Google goodput).
+    """Time inside steps / wall time since the first step (Meta ETTR, Google goodput).
 
     While the rank is live, wall time runs to ``now`` less one typical step: the
     step in progress is not lost time, but a stall longer than a step lowers

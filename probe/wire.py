@@ -3,7 +3,7 @@
 The probe (producer) owns the format; the viewer, the recorder reader and the
 report import it from here so that both sides can never drift apart.
 
-Frame = u32 big-endian payload length + one msgpack map (DESIGN §4). The length
+Frame = u32 big-endian payload length + one msgpack map. The length
 is checked against ``MAX_FRAME`` before any body byte is buffered, the body is
 decoded with ``unpackb`` (whose internal limits then collapse to the frame
 length) and the result is schema-checked before anyone sees it.
