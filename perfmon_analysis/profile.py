@@ -153,7 +153,8 @@ def _row(m: ModuleTimes, step_s: float | None, root_flops: float | None, peak: f
     rate = m.flops / seconds if m.flops is not None and seconds else None
     return ProfileRow(
         name=m.name or m.type or "model", type=m.type or "?", depth=m.depth, params=m.params, calls=m.calls or 0.0,
-        flops=m.flops, fwd_s=m.fwd_s, bwd_s=m.bwd_s, time_share=seconds / step_s if seconds is not None and step_s else None,
+        flops=m.flops, fwd_s=m.fwd_s, bwd_s=m.bwd_s,
+        time_share=seconds / step_s if seconds is not None and step_s else None,
         flop_share=m.flops / root_flops if m.flops is not None and root_flops else None, flops_per_s=rate,
         peak_frac=rate / peak if rate is not None and peak else None)
 

@@ -222,7 +222,8 @@ def gpu_readings(sample: dict[str, Any]) -> tuple[GpuReading, ...]:
 def host_reading(sample: dict[str, Any]) -> HostReading:
     host = sample.get("host") if isinstance(sample.get("host"), dict) else {}
     return HostReading(cpu=num(host.get("cpu")), cpu_count=_int(host.get("cpu_count")) or None,
-                       sys_cpu=num(host.get("sys_cpu")), rss=_int(host.get("rss")), loader_cpu=num(host.get("loader_cpu")),
+                       sys_cpu=num(host.get("sys_cpu")), rss=_int(host.get("rss")),
+                       loader_cpu=num(host.get("loader_cpu")),
                        loader_workers=_whole(host.get("loader_workers")), mem_limit=_int(host.get("mem_limit")) or None,
                        mem_limit_source=_text(host.get("mem_limit_source")))
 
@@ -631,9 +632,8 @@ def capture_record(rec: dict[str, Any]) -> CaptureRecord:
     gaps = tuple((num(g.get("seconds")) or 0.0, num(g.get("at_s")) or 0.0) for g in _dicts(rec.get("gaps")))
     return CaptureRecord(t=num(rec.get("t")) or 0.0, steps=_whole(rec.get("steps")) or 0,
                          first_step=_whole(rec.get("first_step")), last_step=_whole(rec.get("last_step")),
-                         wall_s=num(rec.get("wall_s")), path=rec.get("path") if isinstance(rec.get("path"), str) else None,
-                         top=top, device_busy=num(rec.get("device_busy")), gaps=gaps,
-                         error=rec.get("error") if isinstance(rec.get("error"), str) else None)
+                         wall_s=num(rec.get("wall_s")), path=_text(rec.get("path")), top=top,
+                         device_busy=num(rec.get("device_busy")), gaps=gaps, error=_text(rec.get("error")))
 
 
 # -- module profiles (``probe.module_profile``) ---------------------------------------------
@@ -674,14 +674,16 @@ class ProfileRecord:
 def profile_record(rec: dict[str, Any]) -> ProfileRecord:
     """A ``profile`` record (validated by the wire; odd values become unknown)."""
     modules = tuple(ModuleTimes(
-        name=m["name"], type=_text(m.get("type")), depth=_whole(m.get("depth")) or 0, params=_whole(m.get("params")) or 0,
+        name=m["name"], type=_text(m.get("type")), depth=_whole(m.get("depth")) or 0,
+        params=_whole(m.get("params")) or 0,
         calls=_nonneg(m.get("calls")), flops=_nonneg(m.get("flops")), fwd_flops=_nonneg(m.get("fwd_flops")),
         fwd_s=_nonneg(m.get("fwd_s")), bwd_s=_nonneg(m.get("bwd_s")))
         for m in _dicts(rec.get("modules")) if isinstance(m.get("name"), str))
     return ProfileRecord(
         t=num(rec.get("t")) or 0.0, steps=_whole(rec.get("steps")) or 0, first_step=_whole(rec.get("first_step")),
         last_step=_whole(rec.get("last_step")), depth=_whole(rec.get("depth")) or 0, step_s=_pos(rec.get("step_s")),
-        timer=_text(rec.get("timer")), peak_flops=_pos(rec.get("peak_flops")), peak_source=_text(rec.get("peak_source")),
+        timer=_text(rec.get("timer")), peak_flops=_pos(rec.get("peak_flops")),
+        peak_source=_text(rec.get("peak_source")),
         modules=modules, flops_note=_text(rec.get("flops_note")), error=_text(rec.get("error")),
         truncated=rec.get("truncated") is True)
 

@@ -156,7 +156,8 @@ def rank_stats(state: RankState, max_steps: int, max_seconds: float, timeline: b
         # to do (its cause, contention, is a finding of its own), so it never opens the starved gate
         busy, busy_src = min(1.0, thread_busy + (contention or 0.0)), "thread_cpu"
     elif n:
-        # CPU without thread CPU times (a probe that cannot read them): busy is the step time not lost to a measured cause
+        # CPU without thread CPU times (a probe that cannot read them): busy is the step time not lost
+        # to a measured cause
         busy, busy_src = sum(computes) / active_sum, "step_accounting"
 
     samples_sum = _sum([s.samples for s in win])
