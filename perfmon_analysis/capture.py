@@ -2,32 +2,17 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from typing import Any
 
-
-@dataclass(frozen=True)
-class OpTime:
-    name: str
-    self_s: float
-    calls: int
+from perfmon_analysis.readings import CaptureRecord, capture_record
 
 
-@dataclass(frozen=True)
-class CaptureSummary:
+@dataclass(frozen=True, kw_only=True)
+class CaptureSummary(CaptureRecord):
     """The latest capture of one rank: where its trace is and what it says in brief."""
 
     rank: int
-    t: float
-    steps: int
-    first_step: int | None
-    last_step: int | None
-    wall_s: float | None
-    path: str | None               # on the rank's host
-    top: tuple[OpTime, ...]        # by self time (device time on GPU)
-    device_busy: float | None      # GPU only: kernel time over the captured wall time
-    gaps: tuple[tuple[float, float], ...]   # GPU only: (idle seconds, at seconds from the first kernel)
-    error: str | None = None
 
     def as_json(self) -> dict[str, Any]:
         return {"rank": self.rank, "steps": self.steps, "first_step": self.first_step, "last_step": self.last_step,
@@ -50,20 +35,6 @@ class CaptureSummary:
 
 
 def capture_reading(rec: dict[str, Any], rank: int) -> CaptureSummary:
-    top = tuple(OpTime(str(o.get("name"))[:120], _num(o.get("self_s")) or 0.0, _int(o.get("calls")) or 0)
-                for o in rec.get("top") or [] if isinstance(o, dict))
-    gaps = tuple((_num(g.get("seconds")) or 0.0, _num(g.get("at_s")) or 0.0)
-                 for g in rec.get("gaps") or [] if isinstance(g, dict))
-    return CaptureSummary(rank=rank, t=_num(rec.get("t")) or 0.0, steps=_int(rec.get("steps")) or 0,
-                          first_step=_int(rec.get("first_step")), last_step=_int(rec.get("last_step")),
-                          wall_s=_num(rec.get("wall_s")), path=rec.get("path") if isinstance(rec.get("path"), str) else None,
-                          top=top, device_busy=_num(rec.get("device_busy")), gaps=gaps,
-                          error=rec.get("error") if isinstance(rec.get("error"), str) else None)
-
-
-def _num(x: Any) -> float | None:
-    return None if isinstance(x, bool) or not isinstance(x, (int, float)) else float(x)
-
-
-def _int(x: Any) -> int | None:
-    return x if isinstance(x, int) and not isinstance(x, bool) else None
+    """The capture ``rec`` of ``rank`` (a ``capture`` record, or the report's ``captures`` entry)."""
+    reading = capture_record(rec)
+    return CaptureSummary(rank=rank, **{f.name: getattr(reading, f.name) for f in fields(reading)})

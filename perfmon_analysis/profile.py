@@ -1,7 +1,7 @@
 """A module profile read from a ``profile`` record: the tree, shares, rates and the marked row.
 
 Pure. The probe sends raw per-step seconds and FLOPs per module (``probe.module_profile``);
-here they become what the seed's FLOPs-profiler output shows (seed 002): per row params, FLOPs
+here they become what a FLOPs profiler (DeepSpeed's) shows: per row params, FLOPs
 and their share of the model's, forward and backward time and their share of the step,
 achieved FLOP/s and its fraction of peak; forward and backward FLOP/s of the whole model.
 
@@ -21,6 +21,7 @@ from dataclasses import dataclass, replace
 from typing import Any, Iterable
 
 from perfmon_analysis import units
+from perfmon_analysis.readings import ModuleTimes, profile_record
 
 DEFAULT_TOP = 25
 
@@ -92,7 +93,7 @@ class ModuleProfile:
         return f"{row.name}: {row.time_share * 100:.0f}% of the step at {rate}{peak}"
 
     def as_json(self) -> dict[str, Any]:
-        """The report's ``profile`` object (issue 16)."""
+        """The report's ``profile`` object."""
         return {
             "rank": self.rank, "steps": self.steps, "first_step": self.first_step, "last_step": self.last_step,
             "depth": self.depth, "step_s": _r(self.step_s), "timer": self.timer,
@@ -110,30 +111,24 @@ class ModuleProfile:
 
 
 def profile_reading(rec: dict[str, Any], rank: int) -> ModuleProfile:
-    """Parse a ``profile`` record (validated by the wire; odd values become unknown)."""
-    step_s = _pos(rec.get("step_s"))
-    peak = _pos(rec.get("peak_flops"))
-    raw = _containers_filled([m for m in rec.get("modules") or []
-                              if isinstance(m, dict) and isinstance(m.get("name"), str)])
-    root = next((m for m in raw if m.get("name") == ""), None)
-    root_flops = _nonneg(root.get("flops")) if root else None
-    rows = [_row(m, step_s, root_flops, peak) for m in raw]
+    """The module profile a ``profile`` record of ``rank`` says, ready to show."""
+    prof = profile_record(rec)
+    step_s, peak = prof.step_s, prof.peak_flops
+    raw = _containers_filled(list(prof.modules))
+    root = next((m for m in raw if m.name == ""), None)
+    rows = [_row(m, step_s, root.flops if root else None, peak) for m in raw]
     rows = _mark(_tree_order(rows), step_s)
     fwd_rate = bwd_rate = None
     if root is not None:
-        fwd_flops, flops, fwd_s, bwd_s = (_nonneg(root.get("fwd_flops")), _nonneg(root.get("flops")),
-                                          _pos(root.get("fwd_s")), _pos(root.get("bwd_s")))
-        if fwd_flops is not None and fwd_s:
-            fwd_rate = fwd_flops / fwd_s
-        if flops is not None and fwd_flops is not None and bwd_s:
-            bwd_rate = (flops - fwd_flops) / bwd_s
+        if root.fwd_flops is not None and root.fwd_s:
+            fwd_rate = root.fwd_flops / root.fwd_s
+        if root.flops is not None and root.fwd_flops is not None and root.bwd_s:
+            bwd_rate = (root.flops - root.fwd_flops) / root.bwd_s
     return ModuleProfile(
-        rank=rank, t=_num(rec.get("t")) or 0.0, steps=_int(rec.get("steps")) or 0,
-        first_step=_int(rec.get("first_step")), last_step=_int(rec.get("last_step")),
-        depth=_int(rec.get("depth")) or 0, step_s=step_s, timer=_str(rec.get("timer")), peak_flops=peak,
-        peak_source=_str(rec.get("peak_source")), fwd_flops_per_s=fwd_rate, bwd_flops_per_s=bwd_rate,
-        rows=tuple(rows), flops_note=_str(rec.get("flops_note")), error=_str(rec.get("error")),
-        truncated=rec.get("truncated") is True)
+        rank=rank, t=prof.t, steps=prof.steps, first_step=prof.first_step, last_step=prof.last_step,
+        depth=prof.depth, step_s=step_s, timer=prof.timer, peak_flops=peak, peak_source=prof.peak_source,
+        fwd_flops_per_s=fwd_rate, bwd_flops_per_s=bwd_rate, rows=tuple(rows), flops_note=prof.flops_note,
+        error=prof.error, truncated=prof.truncated)
 
 
 def with_overhead(profile: ModuleProfile, steps: Iterable[tuple[int, float]]) -> ModuleProfile:
@@ -153,17 +148,14 @@ def with_overhead(profile: ModuleProfile, steps: Iterable[tuple[int, float]]) ->
     return replace(profile, overhead=overhead, baseline_step_s=base, profiled_step_s=mean)
 
 
-def _row(m: dict[str, Any], step_s: float | None, root_flops: float | None, peak: float | None) -> ProfileRow:
-    name = m["name"] or (_str(m.get("type")) or "model")
-    fwd_s, bwd_s = _nonneg(m.get("fwd_s")), _nonneg(m.get("bwd_s"))
-    flops = _nonneg(m.get("flops"))
-    seconds = fwd_s + bwd_s if fwd_s is not None and bwd_s is not None else None
-    rate = flops / seconds if flops is not None and seconds else None
+def _row(m: ModuleTimes, step_s: float | None, root_flops: float | None, peak: float | None) -> ProfileRow:
+    seconds = m.fwd_s + m.bwd_s if m.fwd_s is not None and m.bwd_s is not None else None
+    rate = m.flops / seconds if m.flops is not None and seconds else None
     return ProfileRow(
-        name=name, type=_str(m.get("type")) or "?", depth=_int(m.get("depth")) or 0, params=_int(m.get("params")) or 0,
-        calls=_nonneg(m.get("calls")) or 0.0, flops=flops, fwd_s=fwd_s,
-        bwd_s=bwd_s, time_share=seconds / step_s if seconds is not None and step_s else None,
-        flop_share=flops / root_flops if flops is not None and root_flops else None, flops_per_s=rate,
+        name=m.name or m.type or "model", type=m.type or "?", depth=m.depth, params=m.params, calls=m.calls or 0.0,
+        flops=m.flops, fwd_s=m.fwd_s, bwd_s=m.bwd_s,
+        time_share=seconds / step_s if seconds is not None and step_s else None,
+        flop_share=m.flops / root_flops if m.flops is not None and root_flops else None, flops_per_s=rate,
         peak_frac=rate / peak if rate is not None and peak else None)
 
 
@@ -221,28 +213,30 @@ def _top(rows: list[dict[str, Any]], k: int | None) -> list[dict[str, Any]]:
     return [r for r in rows if r["name"] in names or r["depth"] == 0]
 
 
-def _containers_filled(raw: list[dict[str, Any]]) -> list[dict[str, Any]]:
+def _containers_filled(raw: list[ModuleTimes]) -> list[ModuleTimes]:
     """A container its parent never calls (``nn.ModuleList``, ``ModuleDict``: the parent calls the
     children directly) has no time of its own; it gets the sums of its children's, so the tree
     adds up and the parent's own part is not blamed for them."""
-    by_name = {m["name"]: m for m in raw}
-    kids: dict[str, list[dict[str, Any]]] = {}
+    kids: dict[str, list[ModuleTimes]] = {}
     for m in raw:
-        if m["name"]:
-            kids.setdefault(m["name"].rpartition(".")[0], []).append(m)
-    out = dict(by_name)
-    ran = {m["name"] for m in raw if _nonneg(m.get("calls"))}     # filled containers join it, deepest first
-    for m in sorted(raw, key=lambda m: -(_int(m.get("depth")) or 0)):
-        children = [out[c["name"]] for c in kids.get(m["name"], [])]
-        if m["name"] in ran or not any(c["name"] in ran for c in children):
+        if m.name:
+            kids.setdefault(m.name.rpartition(".")[0], []).append(m)
+    out = {m.name: m for m in raw}
+    ran = {m.name for m in raw if m.calls}     # filled containers join it, deepest first
+    for m in sorted(raw, key=lambda m: -m.depth):
+        children = [out[c.name] for c in kids.get(m.name, [])]
+        if m.name in ran or not any(c.name in ran for c in children):
             continue
-        ran.add(m["name"])
-        filled = dict(m)
-        for key in ("fwd_s", "bwd_s", "flops", "fwd_flops"):
-            values = [_nonneg(c.get(key)) for c in children]
-            filled[key] = None if any(v is None for v in values) else sum(v for v in values if v is not None)
-        out[m["name"]] = filled
-    return [out[m["name"]] for m in raw]
+        ran.add(m.name)
+        out[m.name] = replace(m, fwd_s=_total(c.fwd_s for c in children), bwd_s=_total(c.bwd_s for c in children),
+                              flops=_total(c.flops for c in children), fwd_flops=_total(c.fwd_flops for c in children))
+    return [out[m.name] for m in raw]
+
+
+def _total(values: Iterable[float | None]) -> float | None:
+    """The sum, unknown when any part is."""
+    values = list(values)
+    return None if any(v is None for v in values) else sum(v for v in values if v is not None)
 
 
 def _flops_rate(value: float | None) -> str:
@@ -307,23 +301,3 @@ def _r(x: Any) -> Any:
     return round(x, 6) if isinstance(x, float) else x
 
 
-def _num(x: Any) -> float | None:
-    return None if isinstance(x, bool) or not isinstance(x, (int, float)) else float(x)
-
-
-def _pos(x: Any) -> float | None:
-    v = _num(x)
-    return v if v is not None and v > 0 else None
-
-
-def _nonneg(x: Any) -> float | None:
-    v = _num(x)
-    return v if v is not None and v >= 0 else None
-
-
-def _int(x: Any) -> int | None:
-    return x if isinstance(x, int) and not isinstance(x, bool) else None
-
-
-def _str(x: Any) -> str | None:
-    return x if isinstance(x, str) and x else None

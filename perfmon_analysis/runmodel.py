@@ -8,7 +8,7 @@ dictionary look-ups and a view after new steps recomputes only those ranks.
 Buffers live in ``perfmon_analysis.buffers``, the window statistics in ``perfmon_analysis.stats``, the
 view dataclasses in ``perfmon_analysis.views``. No Textual, no torch, no I/O.
 
-Window (DESIGN §6): the last ``window_steps`` steps or the steps that ended in
+Window: the last ``window_steps`` steps or the steps that ended in
 the last ``window_seconds`` (measured back from the rank's latest step, so a
 replayed recording has a window too), whichever is fewer, but never fewer than
 ``MIN_STEPS``; a rank with fewer steps is warming up. The first step a rank
@@ -40,13 +40,14 @@ from __future__ import annotations
 import time
 from typing import Any
 
-from perfmon_analysis.buffers import (BLOCKING_EVENTS, EVENT_BUFFER, MIN_STEPS, WINDOW_SAMPLES, WINDOW_SECONDS,
-                               WINDOW_STEPS, RankState, num)
-from perfmon_analysis.readings import HostReading, gpu_rows, host_reading, step_cpu, where_interval
+from perfmon_analysis.buffers import EVENT_BUFFER, MIN_STEPS, WINDOW_SAMPLES, WINDOW_SECONDS, WINDOW_STEPS, RankState
+from perfmon_analysis.readings import (HostReading, comm_reading, dropped, event_reading, gpu_rows,
+                                       hello_reading, memory_reading, record_time, sample_reading, stall_reading,
+                                       where_interval)
 from perfmon_analysis.stats import RankStats, comm_rows, job_metrics, job_where, rank_stats, rank_view, summary_stats
 from perfmon_analysis.capture import capture_reading
 from perfmon_analysis.profile import ModuleProfile, profile_reading, with_overhead
-from perfmon_analysis.stuck import diagnose, stall_reading
+from perfmon_analysis.stuck import diagnose
 from perfmon_analysis.summary import apply_summary, summary_record
 from perfmon_analysis.views import JobView
 
@@ -80,7 +81,7 @@ class RunModel:
         ``received``: the viewer's monotonic clock when a live record arrived; with it, time
         judgements run on the probe's clock (see ``view``)."""
         kind = record.get("k")
-        t = num(record.get("t"))
+        t = record_time(record)
         if t is not None and (self.last_t is None or t > self.last_t):
             self.last_t = t
         if kind == "hello":
@@ -98,13 +99,13 @@ class RunModel:
             state.last_t = t
             state.recv_clock = received
         if kind == "step":
-            if isinstance(record.get("step"), int) and num(record.get("dur")) is not None:
+            step = state.parser.step(record)
+            if step is not None:
                 if state.summary_steps is not None:   # followed in full again (a relay's subscription)
                     state.summary_steps = None
                     self._summaries.pop(state, None)
-                state.add_step(record, *step_cpu(record))
-                if state.stall is not None and record["step"] > (state.stall.step if state.stall.step is not None
-                                                                   else -1):
+                state.add_step(step)
+                if state.stall is not None and step.step > (state.stall.step if state.stall.step is not None else -1):
                     state.stall = None     # progress again (its ``resumed`` record may have been dropped)
         elif kind == "summary":
             self._summaries[state] = apply_summary(state, record)
@@ -117,34 +118,30 @@ class RunModel:
         elif kind == "capture":
             state.capture = capture_reading(record, state.rank)
         elif kind == "sample":
-            state.samples.append(record)
-            if isinstance(record.get("device"), dict):      # the job's device now (probe.gpu.job)
-                state.device = record["device"]
-            reading = self._hosts[state] = host_reading(record)
-            state.cpu.append(reading.cpu)
-            host = record.get("host")
-            if isinstance(host, dict) and host.get("loader_workers") is not None:
+            sample = sample_reading(record)
+            state.samples.append(sample)
+            if sample.device is not None:      # the job's device now (probe.gpu.job)
+                state.device = sample.device
+            self._hosts[state] = sample.host
+            state.cpu.append(sample.host.cpu)
+            if sample.host.loader_workers is not None:
                 state.loader_seen = True
         elif kind == "where":
             interval = where_interval(record)
             if interval is not None:
                 state.where.append(interval)
         elif kind == "memory":
-            state.memory.append(record)
+            state.memory.append(memory_reading(record))
         elif kind == "comm":
-            state.comm.append(record)
+            state.comm.append(comm_reading(record))
         elif kind == "event":
-            state.events.append(record)
-            name = record.get("name")
-            if name == "first_batch":
+            event = event_reading(record)
+            state.events.append(event)
+            if event.name == "first_batch":
                 state.loader_seen = True
-            secs = num(record.get("seconds"))
-            if name in BLOCKING_EVENTS and secs is not None and secs > 0:
-                state.pending_gap += secs
+            state.parser.event(event)
         elif kind == "drops":
-            count = record.get("count")
-            if isinstance(count, int) and count > 0:
-                state.drops += count
+            state.drops += dropped(record)
         elif kind == "bye":
             state.ended = True
 
@@ -179,19 +176,17 @@ class RunModel:
             state._cache = None
 
     def _hello(self, stream_id: str, hello: dict[str, Any]) -> None:
-        rank = hello.get("rank")
-        rank = rank if isinstance(rank, int) and not isinstance(rank, bool) else 0
+        info = hello_reading(hello)
+        rank = info.rank
         cur = self._ranks.get(rank)
-        if cur is not None and cur.stream == stream_id and "k" not in cur.hello:   # the place ``expect`` held
-            cur.hello = hello
-            cur.version += 1
+        if cur is not None and cur.stream == stream_id and not cur.info.answered:   # the place ``expect`` held
+            cur.set_hello(hello)
             return
-        if cur is not None and cur.stream == stream_id and _same_process(cur.hello, hello):
-            cur.hello = hello           # a repeated hello (re-attach): update only
-            cur.version += 1
+        if cur is not None and cur.stream == stream_id and cur.info.same_process(info):
+            cur.set_hello(hello)        # a repeated hello (re-attach): update only
             return
-        if cur is not None and not _same_process(cur.hello, hello):
-            if (num(hello.get("t")) or 0.0) < (num(cur.hello.get("t")) or 0.0):
+        if cur is not None and not cur.info.same_process(info):
+            if (info.t or 0.0) < (cur.info.t or 0.0):
                 # an older generation read after the newer one (recording order): keep it aside
                 old = RankState(rank, stream_id, hello, max(0, cur.generation - 1))
                 self._retired.append(old)
@@ -203,8 +198,7 @@ class RunModel:
             state = RankState(rank, stream_id, hello, cur.generation + 1)
         elif cur is not None:
             cur.stream = stream_id
-            cur.hello = hello
-            cur.version += 1
+            cur.set_hello(hello)
             self._streams[stream_id] = cur
             return
         else:
@@ -223,9 +217,7 @@ class RunModel:
             now = self.last_t if self.last_t is not None else time.time()
         states = [self._ranks[r] for r in sorted(self._ranks)]
         stats = [self._stats(s) for s in states]
-        hello0 = states[0].hello if states else {}
-        device = states[0].device if states else {}
-        device_type = str(device.get("type") or "cpu")
+        device = states[0].device if states else None
         world = _world_size(states)
         ranks = [rank_view(s, st, _probe_now(s, now, clock), _silence(s, clock)) for s, st in zip(states, stats)]
         ready = [(s, st) for s, st in zip(states, stats) if not st.warming_up]
@@ -233,12 +225,13 @@ class RunModel:
         window = {"steps": max((st.n for st in stats), default=0),
                   "seconds": round(max((st.span for st in stats), default=0.0), 3)}
         comm_ops = comm_rows([(s, st) for s, st in zip(states, stats)])
-        events = sorted((dict(e, rank=s.rank) for s in states for e in s.events), key=lambda e: e.get("t") or 0.0)
+        events = [dict(e.record, rank=s.rank)
+                  for s, e in sorted(((s, e) for s in states for e in s.events), key=lambda se: se[1].t or 0.0)]
         return JobView(
-            job=hello0.get("job") if states else None,
+            job=states[0].info.job if states else None,
             world_size=world,
-            device_type=device_type,
-            device_name=device.get("name"),
+            device_type=(device.type if device is not None else None) or "cpu",
+            device_name=device.name if device is not None else None,
             now=now,
             ranks=ranks,
             metrics=metrics,
@@ -248,11 +241,11 @@ class RunModel:
             drops_total=sum(s.drops for s in states),
             traces={s.rank: st.trace for s, st in zip(states, stats)},
             comm_ops=comm_ops,
-            gpus=gpu_rows((s.rank, s.hello.get("host"), _local_rank(s.hello), list(s.samples)[-WINDOW_SAMPLES:])
+            gpus=gpu_rows((s.rank, s.info.host, s.info.local_rank, list(s.samples)[-WINDOW_SAMPLES:])
                           for s in states),
             hosts={s.rank: self._hosts[s] for s in states if s in self._hosts},
             device_status=_device_status(states),
-            started=min((t for t in (num(s.hello.get("t")) for s in states) if t is not None), default=None),
+            started=min((s.info.t for s in states if s.info.t is not None), default=None),
             events=events[-EVENT_BUFFER:],
             straggler_rank=straggler,
             restarted=sorted(s.rank for s in states if s.generation > 0),
@@ -280,7 +273,7 @@ class RunModel:
         """(version, ``summary`` record) of the rank behind ``stream_id``, or None when it has not
         said hello or has not changed since version ``after``."""
         state = self._streams.get(stream_id)
-        if state is None or state.version == after or "k" not in state.hello:
+        if state is None or state.version == after or not state.info.answered:
             return None
         stats = rank_stats(state, self.window_steps, self.window_seconds, timeline=False)
         return state.version, summary_record(state, stats, t)
@@ -291,8 +284,8 @@ class RunModel:
         state = self._streams.get(stream_id)
         if state is None:
             return []
-        records = [*state.memory, *state.comm, *state.steps]
-        return sorted(records, key=lambda r: num(r.get("t")) or 0.0)
+        readings = sorted([*state.memory, *state.comm, *state.steps], key=lambda r: r.t or 0.0)
+        return [r.record for r in readings]
 
     @property
     def retired(self) -> list[tuple[int, dict[str, Any]]]:
@@ -305,11 +298,7 @@ def _latest_profile(states: list[RankState]) -> ModuleProfile | None:
     newest = max((s for s in states if s.profile is not None), key=lambda s: s.profile.t, default=None)  # type: ignore[union-attr]
     if newest is None or newest.profile is None:
         return None
-    return with_overhead(newest.profile, ((n.step, n.dur) for n in newest.nums))
-
-
-def _same_process(a: dict[str, Any], b: dict[str, Any]) -> bool:
-    return a.get("pid") == b.get("pid") and a.get("restart") == b.get("restart") and a.get("host") == b.get("host")
+    return with_overhead(newest.profile, ((n.step, n.dur) for n in newest.steps))
 
 
 def _probe_now(state: RankState, now: float, clock: float | None) -> float:
@@ -327,27 +316,21 @@ def _silence(state: RankState, clock: float | None) -> float | None:
     return max(0.0, clock - state.recv_clock)
 
 
-def _local_rank(hello: dict[str, Any]) -> int:
-    local = hello.get("local_rank")
-    return local if isinstance(local, int) and not isinstance(local, bool) else 0
-
-
 def _device_status(states: list[RankState]) -> str | None:
     """Why there are no GPU readings: the first rank's job device ``status``, else its hello's
     ``gpus.status`` (the host's GPUs), else the newest sample's ``gpu_status`` (the probe's own words)."""
     for s in states:
-        if s.device.get("status"):
-            return str(s.device["status"])
-        gpus = s.hello.get("gpus")
-        if isinstance(gpus, dict) and gpus.get("status"):
-            return str(gpus["status"])
+        if s.device.status:
+            return s.device.status
+        if s.info.gpus_status:
+            return s.info.gpus_status
     for s in states:
-        status = next((x.get("gpu_status") for x in reversed(s.samples) if x.get("gpu_status")), None)
+        status = next((x.gpu_status for x in reversed(s.samples) if x.gpu_status), None)
         if status:
-            return str(status)
+            return status
     return None
 
 
 def _world_size(states: list[RankState]) -> int:
-    sizes = [s.hello.get("world_size") for s in states if isinstance(s.hello.get("world_size"), int)]
+    sizes = [s.info.world_size for s in states if s.info.world_size is not None]
     return max(sizes + [len(states), 1])

@@ -13,8 +13,9 @@ import statistics
 from dataclasses import dataclass
 from typing import Any, Callable, Deque, Iterable
 
-from perfmon_analysis.buffers import (MIN_STEPS, TIMELINE_STEPS, WINDOW_SAMPLES, RankState, StepNums, num)
-from perfmon_analysis.readings import RankTrace, WhereInterval, gpu_readings, host_reading, own_gpus, step_bar
+from perfmon_analysis.buffers import MIN_STEPS, TIMELINE_STEPS, WINDOW_SAMPLES, RankState
+from perfmon_analysis.readings import (CommOp, DeviceReading, HostReading, MemoryReading, RankTrace, SampleReading,
+                                       StepReading, WhereInterval, own_gpus)
 from perfmon_analysis.views import CommOpRow, MemoryMetrics, Metrics, RankView, WhereLine, WhereTable
 
 
@@ -53,7 +54,7 @@ class RankStats:
     cpu_contention_frac: float | None = None  # active step time runnable but without a core (scheduler stats)
 
 
-def _window(nums: Deque[StepNums], max_steps: int, max_seconds: float) -> list[StepNums]:
+def _window(nums: Deque[StepReading], max_steps: int, max_seconds: float) -> list[StepReading]:
     if not nums:
         return []
     tail = list(itertools.islice(reversed(nums), max_steps + 1))[::-1]
@@ -69,16 +70,17 @@ def _window(nums: Deque[StepNums], max_steps: int, max_seconds: float) -> list[S
 
 # Sampled states (loader worker CPU, host RSS) are judged on the window's last 5 s of samples (each
 # sample already averages its own second): they describe the job now, and a state the job has left must
-# stop deciding within the 15 s the verdict is given to follow a change (issue 11; with 10 s the demo
-# tour's memory -> healthy switch took 13-17 s, bench/bench_tour.py). Step quantities use the window.
+# stop deciding within the 15 s the verdict is given to follow a change (with 10 s the demo tour's
+# memory -> healthy switch took 13-17 s, bench/bench_tour.py). Step quantities use the window.
 RECENT_SECONDS = 5.0
 
 
-def _recent(samples: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    last = next((num(s.get("t")) for s in reversed(samples) if num(s.get("t")) is not None), None)
+def _recent(records: list[Any]) -> list[Any]:
+    """The records (samples, memory readings: each with its time ``t``) of the last ``RECENT_SECONDS``."""
+    last = next((s.t for s in reversed(records) if s.t is not None), None)
     if last is None:
-        return samples
-    return [s for s in samples if (num(s.get("t")) or last) >= last - RECENT_SECONDS] or samples[-1:]
+        return records
+    return [s for s in records if (s.t or last) >= last - RECENT_SECONDS] or records[-1:]
 
 
 # -- statistics over values that may be unknown (None) -----------------------------------------
@@ -107,16 +109,16 @@ def _min(values: Iterable[float | None]) -> float | None:
 def rank_stats(state: RankState, max_steps: int, max_seconds: float, timeline: bool = True) -> RankStats:
     """The rank's window statistics; ``timeline=False`` leaves out the step bars of its trace (a
     relay's summary has no use for them, and they are the costliest part)."""
-    win = _window(state.nums, max_steps, max_seconds)
+    win = _window(state.steps, max_steps, max_seconds)
     n = len(win)
     durs = [s.dur for s in win]
     actives = [s.active for s in win]
     data = [s.data for s in win]
-    secs_known = any(s.secs is not None for s in win)
+    secs_known = any(s.comm_s is not None for s in win)
     comm_known = any(s.exposed is not None for s in win)    # the flowchart needs the exposed part
-    world = state.hello.get("world_size")
-    single = isinstance(world, int) and world <= 1
-    secs_sum = sum(s.secs or 0.0 for s in win)
+    world = state.info.world_size
+    single = world is not None and world <= 1
+    secs_sum = sum(s.comm_s or 0.0 for s in win)
     exposed = [s.exposed or 0.0 for s in win]
     active_sum = sum(actives)
     dur_sum = sum(durs)
@@ -126,9 +128,9 @@ def rank_stats(state: RankState, max_steps: int, max_seconds: float, timeline: b
     win_start = None
     if win:
         win_start = win[0].start if win[0].start is not None else (win[0].t or 0.0) - win[0].dur
-    samples = [s for s in state.samples if win_start is None or (num(s.get("t")) or 0.0) >= win_start]
+    samples = [s for s in state.samples if win_start is None or (s.t or 0.0) >= win_start]
     samples = samples[-WINDOW_SAMPLES:] or list(state.samples)[-1:]
-    hosts = [s.get("host") for s in _recent(samples) if isinstance(s.get("host"), dict)]
+    hosts = [s.host for s in _recent(samples)]
 
     data_frac = data_sum / active_sum if n and data_known else None
     data_cpu = _sum([s.data_cpu for s in win])
@@ -143,18 +145,19 @@ def rank_stats(state: RankState, max_steps: int, max_seconds: float, timeline: b
     where = where_table(state.rank, state.where, win, win_start) if state.where else None
     contention = where.contention if where is not None else None
     busy, busy_src = None, None
-    if n and device.get("type") == "cuda":
+    if n and device.type == "cuda":
         # measured activity only: the elapsed time between two CUDA events includes every idle gap;
         # a job device with a ``status`` has no GPU counters the probe could tie to it
-        if not device.get("status"):
-            busy, busy_src = _gpu_busy(samples, state.hello)
+        if not device.status:
+            busy, busy_src = _gpu_busy(samples, state.info.local_rank)
     elif n and thread_busy is not None:
         # CPU: the CPU is the device; busy is the training thread's measured CPU time in the step,
         # plus the time it was ready to run but other processes held the cores: that time had work
         # to do (its cause, contention, is a finding of its own), so it never opens the starved gate
         busy, busy_src = min(1.0, thread_busy + (contention or 0.0)), "thread_cpu"
     elif n:
-        # CPU without thread CPU times (an older probe): busy is the step time not lost to a measured cause
+        # CPU without thread CPU times (a probe that cannot read them): busy is the step time not lost
+        # to a measured cause
         busy, busy_src = sum(computes) / active_sum, "step_accounting"
 
     samples_sum = _sum([s.samples for s in win])
@@ -163,13 +166,12 @@ def rank_stats(state: RankState, max_steps: int, max_seconds: float, timeline: b
     flops_per_s = flops_sum / dur_sum if flops_sum is not None and dur_sum > 0 else None
     peak, peak_source = _peak_flops(device, state.samples)
     syncs = _sum([s.syncs for s in win])
-    loader_cpus = [v for v in (num(h.get("loader_cpu")) for h in hosts) if v is not None]
-    workers = next((h.get("loader_workers") for h in reversed(hosts) if isinstance(h.get("loader_workers"), int)),
-                   None)
+    loader_cpus = [h.loader_cpu for h in hosts if h.loader_cpu is not None]
+    workers = next((h.loader_workers for h in reversed(hosts) if h.loader_workers is not None), None)
     bars = itertools.islice(reversed(state.steps), TIMELINE_STEPS if timeline else 0)
     trace = RankTrace(
-        steps=tuple(step_bar(rec) for rec in bars)[::-1],
-        data_wait=tuple(s.data_share for s in itertools.islice(state.nums, max(0, len(state.nums) - TIMELINE_STEPS),
+        steps=tuple(s.bar() for s in bars)[::-1],
+        data_wait=tuple(s.data_share for s in itertools.islice(state.steps, max(0, len(state.steps) - TIMELINE_STEPS),
                                                                None)),
         cpu=_cpu_trace(state))
 
@@ -207,7 +209,7 @@ def rank_stats(state: RankState, max_steps: int, max_seconds: float, timeline: b
     )
 
 
-def _thread_cpu(win: list[StepNums]) -> tuple[float | None, float | None]:
+def _thread_cpu(win: list[StepReading]) -> tuple[float | None, float | None]:
     """(CPU busy, off-CPU loss) over the window's steps whose thread CPU time was measured.
 
     busy = (body CPU + CPU inside the data wait) / active; the loss = the body's time off CPU
@@ -243,7 +245,7 @@ def wilson_half_width(n: int, total: int, z: float = Z95) -> float:
 WHERE_LINES = 20     # lines the view keeps (the probe lists at most 20 per interval)
 
 
-def where_table(rank: int, intervals: Iterable[WhereInterval], win: list[StepNums],
+def where_table(rank: int, intervals: Iterable[WhereInterval], win: list[StepReading],
                 win_start: float | None) -> WhereTable | None:
     """The window's stack samples: the intervals that overlap the window, summed per user line and
     state (the library call below a line is the one with the most samples there). A line's share
@@ -296,15 +298,14 @@ def _cpu_trace(state: RankState) -> tuple[float | None, ...]:
     return tuple(itertools.islice(state.cpu, max(0, len(state.cpu) - WINDOW_SAMPLES), None))
 
 
-def _gpu_busy(samples: list[dict[str, Any]], hello: dict[str, Any]) -> tuple[float | None, str | None]:
+def _gpu_busy(samples: list[SampleReading], local_rank: int) -> tuple[float | None, str | None]:
     """(busy, source) of this rank's GPU (index = local_rank when listed) over the samples.
 
     GPM SM activity where the device has it: the share of SMs busy, averaged over time, so one
     small kernel on a large GPU reads near 0. Else NVML utilization: the share of time any kernel
     ran, which reads 100% for that same small kernel (``nvidia-smi``'s number). ``losses.BUSY_SOURCES``
     names both; neither is ever replaced by the time between two CUDA events."""
-    local = hello.get("local_rank") if isinstance(hello.get("local_rank"), int) else 0
-    own = [g for s in samples for g in own_gpus(gpu_readings(s), local)[:1]]
+    own = [g for s in samples for g in own_gpus(s.gpus, local_rank)[:1]]
     for source, values in (("sm_active", [g.sm_active for g in own]), ("nvml_util", [g.util for g in own])):
         known = [v for v in values if v is not None]
         if known:
@@ -312,63 +313,58 @@ def _gpu_busy(samples: list[dict[str, Any]], hello: dict[str, Any]) -> tuple[flo
     return None, None
 
 
-def _peak_flops(device: dict[str, Any], samples: Deque[dict[str, Any]]) -> tuple[float | None, str | None]:
+def _peak_flops(device: DeviceReading, samples: Deque[SampleReading]) -> tuple[float | None, str | None]:
     """(peak FLOP/s, where it came from) for the dtype in use: the sampler's ``compute.peak_flops``
     (after watch(): the user's, $PERFMON_PEAK_TFLOPS, or the table), else hello ``device.peak_flops``
-    for the compute dtype. No peak for the dtype in use means no MFU: another dtype's peak is never
-    substituted (DESIGN §6)."""
-    compute = next((s["compute"] for s in reversed(samples) if isinstance(s.get("compute"), dict)), {})
-    if num(compute.get("peak_flops")):
-        return num(compute.get("peak_flops")), str(compute.get("peak_source") or "table")
-    peaks = device.get("peak_flops")
-    dtype = compute.get("dtype") or device.get("dtype")
-    if not isinstance(peaks, dict) or not isinstance(dtype, str) or not num(peaks.get(dtype)):
+    for the compute dtype. No peak for the dtype in use means no MFU: another dtype's peak would
+    make the MFU a wrong number, not a rough one."""
+    compute = next((s.compute for s in reversed(samples) if s.compute is not None), None)
+    if compute is not None and compute.peak_flops:
+        return compute.peak_flops, compute.peak_source or "table"
+    dtype = (compute.dtype if compute is not None else None) or device.dtype
+    peak = device.peak(dtype) if dtype is not None else None
+    if not peak:
         return None, None
-    return num(peaks[dtype]), f"device table, {dtype}"
+    return peak, f"device table, {dtype}"
 
 
-def _rank_memory(state: RankState, win_start: float | None, hosts: list[dict[str, Any]],
+def _rank_memory(state: RankState, win_start: float | None, hosts: list[HostReading],
                  max_steps: int) -> MemoryMetrics:
     """Memory against its limit. ``peak_bytes`` is the number compared with the limit, over the window
-    only (DESIGN §6: lifetime peaks never count): CUDA the allocator's reserved bytes, CPU the RSS."""
-    ooms = sum(1 for e in state.events if e.get("name") == "oom"
-               and (win_start is None or (num(e.get("t")) or 0.0) >= win_start))
+    only (a peak from before the window describes a job that has moved on): CUDA the allocator's
+    reserved bytes, CPU the RSS."""
+    ooms = sum(1 for e in state.events if e.name == "oom" and (win_start is None or (e.t or 0.0) >= win_start))
     device = state.device
-    host_rss = [_int(h.get("rss")) for h in hosts]
-    host_limit = next((_int(h.get("mem_limit")) for h in reversed(hosts) if _int(h.get("mem_limit"))), None)
-    host_limit_source = next((h.get("mem_limit_source") for h in reversed(hosts) if h.get("mem_limit_source")), None)
+    host_rss = [h.rss for h in hosts]
+    host_limit = next((h.mem_limit for h in reversed(hosts) if h.mem_limit), None)
+    host_limit_source = next((h.mem_limit_source for h in reversed(hosts) if h.mem_limit_source), None)
     mem = state.memory[-1] if state.memory else None
     if mem is not None:
-        in_win = [m for m in state.memory if win_start is None or (num(m.get("t")) or 0.0) >= win_start]
+        in_win = [m for m in state.memory if win_start is None or (m.t or 0.0) >= win_start]
         first = in_win[0] if in_win else mem
-        retries = _int(mem.get("alloc_retries"))
-        rising = retries is not None and (_int(first.get("alloc_retries")) or 0) < retries and len(in_win) > 1
-        alloc_ooms = (_int(mem.get("ooms")) or 0) - (_int(first.get("ooms")) or 0) if len(in_win) > 1 else 0
-        on_host = mem.get("device") == "cpu"
-        if on_host:
-            used = max((r for r in [_int(m.get("rss")) for m in _recent(in_win)] + host_rss if r is not None),
-                       default=_int(mem.get("rss")) or _int(mem.get("peak")))
-            limit = _int(mem.get("limit")) or host_limit
-            limit_source = mem.get("limit_source") or host_limit_source
+        retries = mem.alloc_retries
+        rising = retries is not None and (first.alloc_retries or 0) < retries and len(in_win) > 1
+        alloc_ooms = (mem.ooms or 0) - (first.ooms or 0) if len(in_win) > 1 else 0
+        if mem.on_host:
+            used = max((r for r in [m.rss for m in _recent(in_win)] + host_rss if r is not None),
+                       default=mem.rss or mem.peak)
+            limit = mem.limit or host_limit
+            limit_source = mem.limit_source or host_limit_source
         else:
             used = _window_reserved(state.memory, in_win or [mem], win_start)
-            limit = _int(mem.get("limit")) or _int(device.get("memory_total"))
+            limit = mem.limit or device.memory_total
             limit_source = "device"
         return MemoryMetrics(
-            source="host" if on_host else "device", rank=state.rank, limit_bytes=limit, limit_source=limit_source,
+            source="host" if mem.on_host else "device", rank=state.rank, limit_bytes=limit, limit_source=limit_source,
             peak_bytes=used, peak_frac=used / limit if used is not None and limit else None,
-            params_bytes=_int(mem.get("params")), grads_bytes=_int(mem.get("grads")),
-            optimizer_bytes=_int(mem.get("optimizer")), activations_bytes=_int(mem.get("activations")),
-            cache_bytes=_int(mem.get("cache")), other_bytes=_int(mem.get("other")),
-            fragmentation_bytes=_int(mem.get("fragmentation")), reserved_bytes=_int(mem.get("reserved")),
-            allocated_bytes=_int(mem.get("allocated")), alloc_retries=retries, alloc_retries_rising=rising,
-            ooms=ooms + max(0, alloc_ooms))
-    if device.get("type") == "cuda":
+            params_bytes=mem.params, grads_bytes=mem.grads, optimizer_bytes=mem.optimizer,
+            activations_bytes=mem.activations, cache_bytes=mem.cache, other_bytes=mem.other,
+            fragmentation_bytes=mem.fragmentation, reserved_bytes=mem.reserved, allocated_bytes=mem.allocated,
+            alloc_retries=retries, alloc_retries_rising=rising, ooms=ooms + max(0, alloc_ooms))
+    if device.type == "cuda":
         recent = itertools.islice(reversed(state.steps), max_steps)   # the current window, not the default
-        steps_mem = [s.get("mem") for s in recent if isinstance(s.get("mem"), dict)]
-        limit = _int(device.get("memory_total"))
-        peaks = [_int(m.get("reserved")) or _int(m.get("peak")) for m in steps_mem]
-        peak = max((p for p in peaks if p is not None), default=None)
+        limit = device.memory_total
+        peak = max((s.mem_peak for s in recent if s.mem_peak is not None), default=None)
         return MemoryMetrics(source="device" if peak is not None else None, rank=state.rank, limit_bytes=limit,
                              limit_source="device" if limit else None, peak_bytes=peak,
                              peak_frac=peak / limit if peak is not None and limit else None, ooms=ooms)
@@ -378,86 +374,67 @@ def _rank_memory(state: RankState, win_start: float | None, hosts: list[dict[str
                          peak_frac=rss / host_limit if rss is not None and host_limit else None, ooms=ooms)
 
 
-def _window_reserved(records: Deque[dict[str, Any]], in_win: list[dict[str, Any]],
+def _window_reserved(records: Deque[MemoryReading], in_win: list[MemoryReading],
                      win_start: float | None) -> int | None:
     """The most the CUDA allocator held during the window: the highest sampled ``reserved``, and the
     allocator's lifetime ``peak_reserved`` when it rose inside the window (a spike between two
     samples). A spike from before the window has left it and no longer counts."""
-    sampled = [_int(m.get("reserved")) for m in in_win]
-    used = max((r for r in sampled if r is not None), default=None)
-    before = [m for m in records if win_start is not None and (num(m.get("t")) or 0.0) < win_start]
-    base = _int(before[-1].get("peak_reserved")) if before else None
-    peak_now = _int(in_win[-1].get("peak_reserved")) if in_win else None
+    used = max((m.reserved for m in in_win if m.reserved is not None), default=None)
+    before = [m for m in records if win_start is not None and (m.t or 0.0) < win_start]
+    base = before[-1].peak_reserved if before else None
+    peak_now = in_win[-1].peak_reserved if in_win else None
     if peak_now is not None and (base is None or peak_now > base):
         used = max(used or 0, peak_now)
     if used is None and in_win:
-        used = _int(in_win[-1].get("peak"))
+        used = in_win[-1].peak
     return used
-
-
-def _int(value: Any) -> int | None:
-    v = num(value)
-    return int(v) if v is not None else None
 
 
 def _comm_delta(state: RankState, win_start: float | None) -> dict[str, tuple[int, int, float, float | None]]:
     """Per-op (count, bytes, seconds, bus bytes) during the window from the cumulative ``comm`` records.
 
-    Bus bytes carry each call's own group size (the probe's ``busbytes``); a record without them
-    (older probes) gives them from its cumulative busbw x seconds. None: busbw unknown."""
+    Bus bytes carry each call's own group size (``CommOp.busbytes``). None: busbw unknown."""
     if not state.comm:
         return {}
     last = state.comm[-1]
     base = None
     for rec in itertools.islice(state.comm, len(state.comm) - 1):
-        if win_start is None or (num(rec.get("t")) or 0.0) <= win_start:
+        if win_start is None or (rec.t or 0.0) <= win_start:
             base = rec      # the newest record from before the window
     if base is None and len(state.comm) > 1:
         base = state.comm[-2]   # window shorter than the record period: the latest period stands in
-    base_ops = {o.get("op"): o for o in (base.get("ops") or []) if isinstance(o, dict)} if base else {}
     out = {}
-    for op in last.get("ops") or []:
-        if not isinstance(op, dict) or not isinstance(op.get("op"), str):
-            continue
-        prev = base_ops.get(op["op"], {})
-        count = (_int(op.get("count")) or 0) - (_int(prev.get("count")) or 0)
-        nbytes = (_int(op.get("bytes")) or 0) - (_int(prev.get("bytes")) or 0)
-        secs = (num(op.get("seconds")) or 0.0) - (num(prev.get("seconds")) or 0.0)
-        bus_now, bus_before = _busbytes(op), _busbytes(prev) if prev else 0.0
-        bus = bus_now - bus_before if bus_now is not None and bus_before is not None else None
+    for op in last.ops:
+        prev = (base.op(op.op) if base is not None else None) or CommOp(op.op, 0, 0, 0.0, 0.0)
+        count = (op.count or 0) - (prev.count or 0)
+        nbytes = (op.bytes or 0) - (prev.bytes or 0)
+        secs = (op.seconds or 0.0) - (prev.seconds or 0.0)
+        bus = op.busbytes - prev.busbytes if op.busbytes is not None and prev.busbytes is not None else None
         if count > 0 or secs > 0:
-            out[op["op"]] = (count, nbytes, secs, bus)
+            out[op.op] = (count, nbytes, secs, bus)
     return out
 
 
-def _busbytes(op: dict[str, Any]) -> float | None:
-    if num(op.get("busbytes")) is not None:
-        return num(op.get("busbytes"))
-    busbw, secs = num(op.get("busbw")), num(op.get("seconds"))
-    return busbw * secs if busbw is not None and secs is not None else None
-
-
 def rank_view(state: RankState, st: RankStats, now: float, silent_s: float | None = None) -> RankView:
-    h = state.hello
-    host = state.samples[-1].get("host") if state.samples and isinstance(state.samples[-1].get("host"), dict) else {}
+    h = state.info
+    host = state.samples[-1].host if state.samples else None
     last = state.steps[-1] if state.steps else None
-    steps = state.summary_steps if state.summary_steps is not None else (last["step"] + 1) if last is not None else 0
+    steps = state.summary_steps if state.summary_steps is not None else (last.step + 1) if last is not None else 0
     return RankView(
-        rank=state.rank, stream=state.stream, host=h.get("host"), pid=h.get("pid"),
-        restart=h.get("restart") if isinstance(h.get("restart"), int) else 0, generation=state.generation,
-        steps=steps, window_steps=st.n, warming_up=st.warming_up,
+        rank=state.rank, stream=state.stream, host=h.host, pid=h.pid, restart=h.restart or 0,
+        generation=state.generation, steps=steps, window_steps=st.n, warming_up=st.warming_up,
         step_time_median_s=st.step_median, compute_s=st.compute_median, device_busy=st.device_busy,
         data_wait_frac=st.data_frac, comm_frac=st.comm_frac, comm_exposed_frac=st.exposed_frac,
         samples_per_s=st.samples_per_s, tokens_per_s=st.tokens_per_s, syncs_per_step=st.syncs, mfu=st.mfu,
         ettr=_ettr(state, now, st.step_median), loader_cpu=st.loader_cpu, loader_workers=st.loader_workers,
-        cpu=num(host.get("cpu")), rss=_int(host.get("rss")), ended=state.ended,
+        cpu=host.cpu if host else None, rss=host.rss if host else None, ended=state.ended,
         since_last_step_s=max(0.0, now - state.last_end) if state.last_end is not None and not state.ended else None,
         drops=state.drops, stall=state.stall, stalled_s=state.stall.lasted(now) if state.stall else None,
-        silent_s=silent_s, answered="k" in h)
+        silent_s=silent_s, answered=h.answered)
 
 
 def _ettr(state: RankState, now: float, step_median: float | None) -> float | None:
-    """Time inside steps / wall time since the first step (seed 001; Meta ETTR, Google goodput).
+    """Time inside steps / wall time since the first step (Meta ETTR, Google goodput).
 
     While the rank is live, wall time runs to ``now`` less one typical step: the
     step in progress is not lost time, but a stall longer than a step lowers

@@ -5,7 +5,8 @@ its viewer does not follow in full, the rank's ``RankStats`` and the running tot
 once a second. The viewer's model then holds that rank as a summary instead of its step
 records: every number the ranks pane, the heatmap, the straggler rule and the verdict read comes
 from it, at a cost that does not grow with the job's step rate. Written and read here, so both
-sides agree on the form; a field that is absent or of the wrong type is unknown (None).
+sides agree on the form: the payload's keys are tables written by hand (``STATS_PAYLOAD``,
+``MEMORY_PAYLOAD``) under a version ``v``; a value that is absent or of the wrong type is unknown.
 """
 
 from __future__ import annotations
@@ -13,55 +14,111 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
-from perfmon_analysis.buffers import RankState, num
-from perfmon_analysis.readings import RankTrace
+from perfmon_analysis.buffers import RankState
+from perfmon_analysis.readings import RankTrace, num
 from perfmon_analysis.stats import RankStats
 from perfmon_analysis.views import MemoryMetrics
 
-_SKIP = ("trace", "memory", "comm_delta")
-_CASTS = {"int": int, "float": float, "bool": bool, "str": str}
+SUMMARY_VERSION = 1     # a newer payload may add keys; a key keeps its meaning, so readers read what they know
 
 
-def _field_types(cls: type) -> dict[str, tuple[type, Any]]:
-    """name -> (type, value when unknown) for a dataclass's scalar fields (annotations are strings
-    here). Unknown is None where the field allows it, else the field's default, else the value that
-    decides nothing (``warming_up`` True, a count 0)."""
-    out = {}
-    for f in dataclasses.fields(cls):
-        parts = [p.strip() for p in str(f.type).split("|")]
-        if f.name in _SKIP or parts[0] not in _CASTS:
-            continue
-        kind = _CASTS[parts[0]]
-        if "None" in parts:
-            unknown = None
-        elif f.default is not dataclasses.MISSING:
-            unknown = f.default
-        else:
-            unknown = True if kind is bool else kind()
-        out[f.name] = (kind, unknown)
-    return out
+@dataclasses.dataclass(frozen=True)
+class PayloadKey:
+    """One key of the summary payload: the value of attribute ``attr``, of type ``kind`` (an int
+    stands for a float), read as ``unknown`` when absent or of another type. Written by hand: a
+    renamed attribute never renames a key on the wire."""
+
+    key: str
+    kind: type
+    attr: str
+    unknown: Any = None
 
 
-STATS_FIELDS = _field_types(RankStats)
-MEMORY_FIELDS = _field_types(MemoryMetrics)
+# ``RankStats`` -> the payload's ``stats``. Unknown is None where the field allows it, else the value
+# that decides nothing (a rank still warming up, no steps in its window).
+STATS_PAYLOAD: tuple[PayloadKey, ...] = (
+    PayloadKey("n", int, "n", 0),
+    PayloadKey("span", float, "span", 0.0),
+    PayloadKey("warming_up", bool, "warming_up", True),
+    PayloadKey("step_median", float, "step_median"),
+    PayloadKey("gap_frac", float, "gap_frac"),
+    PayloadKey("compute_median", float, "compute_median"),
+    PayloadKey("arrive_median", float, "arrive_median"),
+    PayloadKey("data_frac", float, "data_frac"),
+    PayloadKey("data_cpu_frac", float, "data_cpu_frac"),
+    PayloadKey("comm_frac", float, "comm_frac"),
+    PayloadKey("exposed_frac", float, "exposed_frac"),
+    PayloadKey("comm_estimated", bool, "comm_estimated"),
+    PayloadKey("device_busy", float, "device_busy"),
+    PayloadKey("busy_source", str, "busy_source"),
+    PayloadKey("samples_per_s", float, "samples_per_s"),
+    PayloadKey("tokens_per_s", float, "tokens_per_s"),
+    PayloadKey("flops_per_s", float, "flops_per_s"),
+    PayloadKey("mfu", float, "mfu"),
+    PayloadKey("peak_flops", float, "peak_flops"),
+    PayloadKey("peak_source", str, "peak_source"),
+    PayloadKey("syncs", float, "syncs"),
+    PayloadKey("host_lead", float, "host_lead"),
+    PayloadKey("loader_cpu", float, "loader_cpu"),
+    PayloadKey("loader_workers", int, "loader_workers"),
+    PayloadKey("off_cpu_frac", float, "off_cpu_frac"),
+    PayloadKey("cpu_contention_frac", float, "cpu_contention_frac"),
+)
+
+# ``RankStats`` fields the payload does not carry as scalars, and why.
+STATS_NOT_SENT: dict[str, str] = {
+    "trace": "the step history comes with the rank's steps, when the viewer follows it in full",
+    "memory": "sent as the payload's own ``memory`` table",
+    "comm_delta": "sent as the payload's ``comm``",
+    "where": "the stack-sample table is the costliest part; the viewer asks for the rank in full to see it",
+}
+
+# ``MemoryMetrics`` -> the payload's ``memory``.
+MEMORY_PAYLOAD: tuple[PayloadKey, ...] = (
+    PayloadKey("source", str, "source"),
+    PayloadKey("rank", int, "rank"),
+    PayloadKey("limit_bytes", int, "limit_bytes"),
+    PayloadKey("limit_source", str, "limit_source"),
+    PayloadKey("peak_bytes", int, "peak_bytes"),
+    PayloadKey("peak_frac", float, "peak_frac"),
+    PayloadKey("params_bytes", int, "params_bytes"),
+    PayloadKey("grads_bytes", int, "grads_bytes"),
+    PayloadKey("optimizer_bytes", int, "optimizer_bytes"),
+    PayloadKey("activations_bytes", int, "activations_bytes"),
+    PayloadKey("cache_bytes", int, "cache_bytes"),
+    PayloadKey("other_bytes", int, "other_bytes"),
+    PayloadKey("fragmentation_bytes", int, "fragmentation_bytes"),
+    PayloadKey("reserved_bytes", int, "reserved_bytes"),
+    PayloadKey("allocated_bytes", int, "allocated_bytes"),
+    PayloadKey("alloc_retries", int, "alloc_retries"),
+    PayloadKey("alloc_retries_rising", bool, "alloc_retries_rising", False),
+    PayloadKey("ooms", int, "ooms", 0),
+)
+MEMORY_NOT_SENT: dict[str, str] = {}
 
 
 def summary_record(state: RankState, st: RankStats, t: float) -> dict[str, Any]:
     """The ``summary`` record of ``state`` with its window statistics ``st`` (relay side)."""
     last = state.steps[-1] if state.steps else None
     return {
-        "k": "summary", "t": t,
-        "stats": _known(st, STATS_FIELDS),          # unknown (None) fields left out: smaller frames
-        "memory": _known(st.memory, MEMORY_FIELDS),
+        "k": "summary", "t": t, "v": SUMMARY_VERSION,
+        "stats": _known(st, STATS_PAYLOAD),          # unknown (None) values left out: smaller frames
+        "memory": _known(st.memory, MEMORY_PAYLOAD),
         "comm": {op: list(v) for op, v in st.comm_delta.items()},
-        "steps": (last["step"] + 1) if last is not None else 0,
+        "steps": (last.step + 1) if last is not None else 0,
         "first_start": state.first_start, "last_end": state.last_end, "inside": state.inside,
         "unseen": state.unseen, "loader_seen": state.loader_seen,
     }
 
 
-def _known(obj: Any, names: dict[str, Any]) -> dict[str, Any]:
-    return {name: v for name in names if (v := getattr(obj, name)) is not None}
+def _known(obj: Any, payload: tuple[PayloadKey, ...]) -> dict[str, Any]:
+    return {p.key: v for p in payload if (v := getattr(obj, p.attr)) is not None}
+
+
+def _read(values: Any, payload: tuple[PayloadKey, ...]) -> dict[str, Any]:
+    """Attribute -> value of each key of ``payload`` in ``values``; keys it does not know are ignored."""
+    values = values if isinstance(values, dict) else {}
+    return {p.attr: _typed(values.get(p.key), p.kind, p.unknown) for p in payload}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -73,12 +130,10 @@ class RankSummary:
 
 
 def read_summary(rec: dict[str, Any]) -> RankSummary:
-    """The viewer's reading of a ``summary`` record (wire-checked: ``stats`` is a dict)."""
-    stats_in = rec.get("stats") if isinstance(rec.get("stats"), dict) else {}
-    values = {name: _typed(stats_in.get(name), kind, unknown) for name, (kind, unknown) in STATS_FIELDS.items()}
-    mem_in = rec.get("memory") if isinstance(rec.get("memory"), dict) else {}
-    memory = MemoryMetrics(**{name: _typed(mem_in.get(name), kind, unknown)
-                              for name, (kind, unknown) in MEMORY_FIELDS.items()})
+    """The viewer's reading of a ``summary`` record (wire-checked: ``stats`` is a dict) of any payload
+    version: the keys it knows, each of the type it expects."""
+    values = _read(rec.get("stats"), STATS_PAYLOAD)
+    memory = MemoryMetrics(**_read(rec.get("memory"), MEMORY_PAYLOAD))
     comm: dict[str, tuple[int, int, float, float | None]] = {}
     for op, row in (rec.get("comm") if isinstance(rec.get("comm"), dict) else {}).items():
         if isinstance(op, str) and isinstance(row, list) and len(row) == 4:
@@ -110,7 +165,7 @@ def apply_summary(state: RankState, rec: dict[str, Any]) -> RankStats:
     summary = read_summary(rec)
     state.summary_steps = summary.steps
     state.steps.clear()
-    state.nums.clear()
+    state.steps.clear()
     state.first_start = num(rec.get("first_start"))
     state.last_end = num(rec.get("last_end"))
     state.inside = num(rec.get("inside")) or 0.0

@@ -9,10 +9,10 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from perfmon_analysis.readings import GpuRow, HostReading, RankTrace
+from perfmon_analysis.readings import GpuRow, HostReading, RankTrace, StallReading
 from perfmon_analysis.capture import CaptureSummary
 from perfmon_analysis.profile import ModuleProfile
-from perfmon_analysis.stuck import StallReading, StuckDiagnosis
+from perfmon_analysis.stuck import StuckDiagnosis
 
 
 @dataclass(frozen=True)
@@ -43,7 +43,7 @@ class MemoryMetrics:
     ooms: int = 0                   # OOM events + allocator OOM count increase, in the window
 
     def as_json(self) -> dict[str, Any]:
-        """The report's ``metrics.memory`` object (DESIGN §7 keys first)."""
+        """The report's ``metrics.memory`` object (the schema's keys first)."""
         return {
             "limit_bytes": self.limit_bytes, "peak_bytes": self.peak_bytes, "params_bytes": self.params_bytes,
             "grads_bytes": self.grads_bytes, "optimizer_bytes": self.optimizer_bytes,
@@ -122,7 +122,7 @@ class WhereTable:
 
 @dataclass(frozen=True)
 class Metrics:
-    """Job-level numbers. Field names equal the report JSON ``metrics`` keys (DESIGN §7).
+    """Job-level numbers. Field names equal the report JSON ``metrics`` keys (tui/schemas/report.schema.json).
 
     Aggregation across ranks: the flowchart quantities take the worst rank,
     because in a synchronous job one rank's idle or waiting time is lost by
@@ -130,7 +130,7 @@ class Metrics:
     ``comm_exposed_frac`` and ``loader_cpu`` the highest; ``ettr`` the least
     productive rank; ``step_time_median_s`` the slowest rank (it sets the
     pace); throughputs are summed; the rest are means over ranks.
-    Extra keys beyond DESIGN §7: busbw, comm_op, comm_estimated, loader_workers,
+    Keys besides the flowchart quantities: busbw, comm_op, comm_estimated, loader_workers,
     data_cpu_frac, gap_frac, compute_ratio, arrival_ratio, straggler_by, flops_per_s,
     memory_headroom, device_busy_source, peak_flops, peak_source, host_lead_s, off_cpu_frac (the
     highest), host_wait_frac (of the rank whose stack samples are shown).

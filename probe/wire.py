@@ -3,7 +3,7 @@
 The probe (producer) owns the format; the viewer, the recorder reader and the
 report import it from here so that both sides can never drift apart.
 
-Frame = u32 big-endian payload length + one msgpack map (DESIGN §4). The length
+Frame = u32 big-endian payload length + one msgpack map. The length
 is checked against ``MAX_FRAME`` before any body byte is buffered, the body is
 decoded with ``unpackb`` (whose internal limits then collapse to the frame
 length) and the result is schema-checked before anyone sees it.
@@ -101,8 +101,9 @@ from __future__ import annotations
 #
 # 1.2 kinds (a relay and its viewer: ``perfmon relay``, ``tui.stream.remote``):
 # summary (relay -> viewer, per rank the viewer does not follow in full, once a second, only when it
-#         changed) src, stats {the rank's window statistics: the scalar fields of
-#         ``perfmon_analysis.stats.RankStats``}, memory {``MemoryMetrics`` fields}, comm {op: [count, bytes,
+#         changed) src, v (the payload's version, ``perfmon_analysis.summary.SUMMARY_VERSION``: a newer
+#         one may add keys, never changes one's meaning), stats {the rank's window statistics, keys
+#         ``perfmon_analysis.summary.STATS_PAYLOAD``}, memory {keys ``MEMORY_PAYLOAD``}, comm {op: [count, bytes,
 #         seconds, busbytes]} (the window's collectives), steps (steps done), first_start, last_end,
 #         inside, unseen (the rank's running totals for ETTR), loader_seen (bool); computed over
 #         the window the viewer's subscribe gave
@@ -189,7 +190,7 @@ OPTIONAL: dict[str, dict[str, tuple[type, ...]]] = {
                 "step_s": _NUM, "peak_flops": _NUM, "truncated": (bool,), "error": (str,)},
     "capture": {"id": (int,), "first_step": (int,), "last_step": (int,), "wall_s": _NUM, "path": (str,),
                 "top": (list,), "device_busy": _NUM, "gaps": (list,), "error": (str,)},
-    "summary": {"src": (str,), "memory": (dict,), "comm": (dict,), "steps": (int,), "first_start": _NUM,
+    "summary": {"src": (str,), "v": (int,), "memory": (dict,), "comm": (dict,), "steps": (int,), "first_start": _NUM,
                 "last_end": _NUM, "inside": _NUM, "unseen": _NUM, "loader_seen": (bool,)},
     "subscribe": {"window": (list,)},
     "where": {"t0": _NUM, "t1": _NUM, "hz": _NUM, "other": (int,), "runq": _NUM},

@@ -89,3 +89,44 @@ def test_a_long_pause_between_steps_is_a_slice_and_short_ones_are_not(tmp_path):
     pauses = [e for e in events if e["ph"] == "X" and e["name"] == "between steps"]
     assert [(p["dur"]) for p in pauses] == [2_500_000]
     assert DETAIL_STEPS >= 3
+
+
+def _checkpointed(directory: Path) -> Path:
+    """One rank: steps without ``gap``, a 2.5 s checkpoint before step 3 and a 4 s one (longer
+    than the step after it) before step 6."""
+    records = [{"k": "hello", "t": 1000.0, "proto": [1, 1], "job": "ckpt", "rank": 0, "host": "n1", "pid": 7,
+                "restart": 0}]
+    t = 1000.0
+    for i in range(8):
+        seconds = {3: 2.5, 6: 4.0}.get(i)
+        if seconds:
+            records.append({"k": "event", "t": t, "name": "checkpoint", "seconds": seconds})
+        dur = 0.1 + (seconds or 0.0) if i != 6 else 3.0     # step 6 reports less than the pause before it
+        records.append({"k": "step", "t": t + dur, "step": i, "start": t, "dur": dur,
+                        "phases": {"forward": 0.04, "backward": 0.06}})
+        t += dur
+    encoder = wire.Encoder()
+    writer = RecordingWriter(directory / f"ckpt.r0.x0.p7{paths.RECORD_SUFFIX}")
+    writer.write(b"".join(RecordingWriter.wrap(encoder.frame(r)) for r in records))
+    writer.close()
+    return directory
+
+
+def test_a_steps_gap_in_the_trace_is_the_run_models_gap_after_a_checkpoint(tmp_path):
+    from perfmon_analysis.runmodel import RunModel
+    loaded = load_recordings(_checkpointed(tmp_path))
+    model = RunModel()
+    for rec in loaded:
+        for r in rec.records:
+            model.ingest(str(rec.path), r)
+    bars = {b.step: b.gap for b in model.view().traces[0].steps}
+    assert bars[3] == 2.5 and bars[6] == 3.0 and bars[2] == 0.0      # the model's own gaps (clamped to dur)
+    events = trace_events(loaded)
+    pauses = {e["ts"]: e["dur"] for e in events if e["name"] == "between steps"}
+    steps = {int(e["name"].split()[1]): e for e in events if e["ph"] == "X" and e["name"].startswith("step ")}
+    starts = sorted(e["ts"] for e in events if e["ph"] == "C")
+    assert sorted(pauses.values()) == [round(bars[3] * 1e6), round(bars[6] * 1e6)]
+    for step, gap in bars.items():   # each step's slice starts after its gap, ends with the step
+        assert steps[step]["ts"] - starts[step] == round(gap * 1e6)
+    counters = [e["args"].get("gap") for e in events if e["ph"] == "C"]
+    assert counters[3] == 2500 and counters[6] == 3000 and counters[2] is None

@@ -5,7 +5,8 @@ from __future__ import annotations
 
 import pytest
 
-from perfmon_analysis.readings import GpuReading, gpu_reading, gpu_rows, host_reading, own_gpus, step_bar
+from perfmon_analysis.readings import (GpuReading, SampleReading, gpu_reading, gpu_rows, host_reading, num,
+                                       own_gpus, sample_reading, step_reading)
 from perfmon_analysis.runmodel import RunModel
 
 FULL_GPU = {"index": 1, "name": "H100", "uuid": "GPU-5fd2", "util": 0.87, "sm_active": 0.5, "tensor_active": 0.25,
@@ -37,14 +38,33 @@ def test_host_reading_and_its_unknowns():
     assert host_reading({"host": "broken"}).cpu is None
 
 
-def test_step_bar_keeps_the_wire_order_and_reads_unknown_phases_as_zero():
-    bar = step_bar({"step": 7, "dur": 0.5, "gap": 0.1, "phases": {"data": 0.1, "forward": None, "other": 0.3},
-                    "sync_site": "train.py:9"})
+def test_a_steps_bar_keeps_the_wire_order_and_reads_unknown_phases_as_zero():
+    bar = step_reading({"step": 7, "dur": 0.5, "gap": 0.1, "phases": {"data": 0.1, "forward": None, "other": 0.3},
+                        "sync_site": "train.py:9"}).bar()
     assert (bar.step, bar.dur, bar.gap, bar.sync_site) == (7, 0.5, 0.1, "train.py:9")
     assert bar.phases == (("data", 0.1), ("forward", 0.0), ("other", 0.3))
     assert bar.phase("other") == 0.3 and bar.phase("backward") is None
-    empty = step_bar({"phases": "bad", "sync_site": ""})
+    empty = step_reading({"step": 0, "dur": 0.0, "phases": "bad", "sync_site": ""}).bar()
     assert (empty.step, empty.dur, empty.gap, empty.phases, empty.sync_site) == (0, 0.0, 0.0, (), None)
+
+
+def test_a_step_without_its_number_or_duration_is_no_step():
+    assert step_reading({"dur": 0.5}) is None
+    assert step_reading({"step": True, "dur": 0.5}) is None
+    assert step_reading({"step": 3, "dur": "0.5"}) is None
+
+
+def test_a_step_without_gap_takes_the_blocking_seconds_before_it_up_to_its_duration():
+    told = step_reading({"step": 1, "t": 10.0, "dur": 3.0, "gap": 0.5}, pending_gap=2.0)
+    assert (told.gap, told.gap_inferred) == (0.5, False)          # the probe's own gap wins
+    inferred = step_reading({"step": 1, "t": 10.0, "dur": 3.0}, pending_gap=2.0)
+    assert (inferred.gap, inferred.gap_inferred, inferred.start) == (2.0, True, 7.0)
+    assert step_reading({"step": 1, "t": 10.0, "dur": 1.5}, pending_gap=2.0).gap == 1.5
+    assert step_reading({"step": 1, "t": 10.0, "dur": 1.5}).gap_inferred is False
+
+
+def test_num_reads_numbers_only():
+    assert [num(x) for x in (1, 2.5, True, "3", None, [1])] == [1.0, 2.5, None, None, None, None]
 
 
 def test_a_rank_uses_the_gpu_of_its_local_rank_else_every_gpu_it_lists():
@@ -53,8 +73,8 @@ def test_a_rank_uses_the_gpu_of_its_local_rank_else_every_gpu_it_lists():
     assert own_gpus(two, 5) == two
 
 
-def _sample(*gpus: dict) -> dict:
-    return {"k": "sample", "gpus": list(gpus)}
+def _sample(*gpus: dict) -> SampleReading:
+    return sample_reading({"k": "sample", "gpus": list(gpus)})
 
 
 def test_gpu_rows_list_each_gpu_once_per_host_with_its_history():
@@ -113,3 +133,42 @@ def test_a_rank_without_samples_yet_does_not_hide_the_gpus_of_the_ranks_after_it
 
 def test_an_old_probes_utilization_over_1_percent_is_a_percent():
     assert gpu_reading({"index": 0, "util": 1.5}).util == pytest.approx(0.015)
+
+
+def test_a_hello_with_odd_values_reads_them_as_unknown_and_its_device_peaks_as_numbers_only():
+    from perfmon_analysis.readings import hello_reading
+    h = hello_reading({"k": "hello", "t": 5.0, "rank": True, "world_size": 4, "local_rank": "1", "pid": 9.5,
+                       "host": "", "restart": 2, "job": "j", "gpus": {"status": "no NVML"},
+                       "device": {"type": "cuda", "memory_total": 80e9, "peak_flops": {"bf16": 1e15, "fp8": "x"},
+                                  "dtype": "bf16"}})
+    assert (h.rank, h.world_size, h.local_rank, h.pid, h.host, h.restart, h.job) == (0, 4, 0, None, None, 2, "j")
+    assert (h.gpus_status, h.answered, h.device.type) == ("no NVML", True, "cuda")
+    assert h.device.memory_total == 80_000_000_000
+    assert h.device.peak("bf16") == 1e15 and h.device.peak("fp8") is None
+    held = hello_reading({"rank": 3, "pid": 7, "restart": 0})      # the place a live stream holds before its hello
+    assert not held.answered and held.device.type is None
+    assert held.same_process(hello_reading({"k": "hello", "rank": 3, "pid": 7, "restart": 0}))
+    assert not held.same_process(hello_reading({"k": "hello", "rank": 3, "pid": 7, "restart": 1}))
+
+
+def test_comm_bus_bytes_are_the_probes_else_busbw_times_seconds_else_unknown():
+    from perfmon_analysis.readings import comm_reading
+    c = comm_reading({"k": "comm", "t": 1.0, "ops": [
+        {"op": "all_reduce", "count": 2, "bytes": 8, "seconds": 0.5, "busbytes": 12, "busbw": 1.0},
+        {"op": "all_gather", "count": 1, "bytes": 4, "seconds": 2.0, "busbw": 3.0},
+        {"op": "broadcast", "count": 1, "bytes": 4, "seconds": 1.0}, {"op": 7}, "x"]})
+    assert [(o.op, o.busbytes) for o in c.ops] == [("all_reduce", 12.0), ("all_gather", 6.0), ("broadcast", None)]
+    assert c.op("all_gather").count == 1 and c.op("reduce") is None
+
+
+def test_a_sample_reads_its_host_gpus_device_and_compute():
+    s = sample_reading({"k": "sample", "t": 3.0, "host": {"cpu": 1.5, "loader_workers": 4, "loader_cpu": 0.3,
+                                                        "mem_limit": 0, "mem_limit_source": "cgroup"},
+                        "gpus": [{"index": 0, "util": 50}], "device": {"type": "cuda", "status": "MIG"},
+                        "gpu_status": "", "compute": {"dtype": "bf16", "peak_flops": True}})
+    assert (s.t, s.host.cpu, s.host.loader_workers, s.host.loader_cpu) == (3.0, 1.5, 4, 0.3)
+    assert (s.host.mem_limit, s.host.mem_limit_source) == (None, "cgroup")   # a 0 limit is no limit
+    assert s.gpus[0].util == 0.5 and s.device.status == "MIG" and s.gpu_status is None
+    assert (s.compute.dtype, s.compute.peak_flops) == ("bf16", None)
+    bare = sample_reading({"k": "sample"})
+    assert bare.device is None and bare.compute is None and bare.gpus == () and bare.host.cpu is None

@@ -14,8 +14,8 @@ from tests.unit.verdict_synth import T0, Rank, job
 from tui.commands.report import build_report
 from perfmon_analysis import verdict as V
 from perfmon_analysis.runmodel import RunModel
-from perfmon_analysis.stuck import (CALL_STATES, HEARTBEAT_S, NO_HELLO_S, FlightEntry, InFlight, LoaderWorker, diagnose,
-                             is_library, stall_reading, user_frame)
+from perfmon_analysis.readings import FlightEntry, InFlight, LoaderWorker, stall_reading
+from perfmon_analysis.stuck import CALL_STATES, HEARTBEAT_S, NO_HELLO_S, diagnose, is_library, user_frame
 
 SCHEMA = json.loads((Path(__file__).parents[2] / "tui" / "schemas" / "report.schema.json").read_text())
 END = T0 + 30 * 0.1          # the synthetic ranks' last step ends here
@@ -285,7 +285,7 @@ def test_inside_a_step_without_a_step_number_and_between_steps_name_the_rank_and
 def test_on_several_nodes_the_culprit_is_named_with_its_node():
     model = job(Rank(0, extra_records=[WAITER]), Rank(1, extra_records=[SLEEPER]))
     for state in model._streams.values():
-        state.hello = dict(state.hello, host=f"n0{state.rank + 1}")
+        state.set_hello(dict(state.hello, host=f"n0{state.rank + 1}"))
     assert model.view().stuck.headline.startswith("rank 1 on n02 never reached all_reduce #20")
 
 

@@ -206,3 +206,57 @@ def test_a_relay_summarises_a_warming_rank_on_every_flush_until_it_has_a_window(
     out.summarize(model, streams)
     out.flush()
     assert [r["steps"] for r in _sent(buf)] == [MIN_STEPS + 2]
+
+
+def _undecided(cls: type, payload: tuple, not_sent: dict[str, str]) -> set[str]:
+    """Fields of ``cls`` neither sent in ``payload`` nor listed as deliberately not sent."""
+    return {f.name for f in dataclasses.fields(cls)} - {p.attr for p in payload} - set(not_sent)
+
+
+def test_every_stats_and_memory_field_is_sent_or_deliberately_not():
+    from perfmon_analysis.stats import RankStats
+    from perfmon_analysis.summary import MEMORY_NOT_SENT, MEMORY_PAYLOAD, STATS_NOT_SENT, STATS_PAYLOAD
+    assert _undecided(RankStats, STATS_PAYLOAD, STATS_NOT_SENT) == set()
+    assert _undecided(MemoryMetrics, MEMORY_PAYLOAD, MEMORY_NOT_SENT) == set()
+    assert not {p.attr for p in STATS_PAYLOAD} & set(STATS_NOT_SENT)
+    for payload in (STATS_PAYLOAD, MEMORY_PAYLOAD):
+        assert len({p.key for p in payload}) == len(payload) and len({p.attr for p in payload}) == len(payload)
+    # a field added without deciding is caught
+    grown = dataclasses.make_dataclass("Grown", [("straggle_frac", float | None, None)], bases=(RankStats,),
+                                       frozen=True)
+    assert _undecided(grown, STATS_PAYLOAD, STATS_NOT_SENT) == {"straggle_frac"}
+
+
+def _planted(payload: tuple, seed: int) -> dict:
+    """A distinct value of each key's type, so a key read into the wrong attribute shows."""
+    values = {}
+    for i, p in enumerate(payload):
+        values[p.attr] = {int: seed + i, float: seed + i + 0.25, bool: not p.unknown if p.unknown is not None
+                          else (i % 2 == 0), str: f"s{seed + i}"}[p.kind]
+    return values
+
+
+def test_each_sent_field_comes_back_under_its_own_name_through_the_wire():
+    from perfmon_analysis.readings import RankTrace
+    from perfmon_analysis.stats import RankStats
+    from perfmon_analysis.summary import MEMORY_PAYLOAD, STATS_PAYLOAD, SUMMARY_VERSION, summary_record
+    stats_in, mem_in = _planted(STATS_PAYLOAD, 10), _planted(MEMORY_PAYLOAD, 100)
+    st = RankStats(**stats_in, trace=RankTrace((), (), ()), memory=MemoryMetrics(**mem_in),
+                   comm_delta={"all_reduce": (3, 4, 0.5, 6.0)})
+    model = RunModel()
+    model.ingest(stream(0), records(Rank(0, steps=3), world=1)[0])
+    rec = summary_record(model._streams[stream(0)], st, T0)
+    assert rec["v"] == SUMMARY_VERSION == 1
+    back = read_summary(_wire(rec)).stats
+    assert {a: getattr(back, a) for a in stats_in} == stats_in
+    assert {a: getattr(back.memory, a) for a in mem_in} == mem_in
+    assert back.comm_delta == {"all_reduce": (3, 4, 0.5, 6.0)}
+
+
+def test_a_newer_payload_keeps_what_this_viewer_knows_and_ignores_the_rest():
+    rec = {"k": "summary", "t": T0, "v": 2, "stats": {"n": 12, "data_frac": 0.3, "queue_frac": 0.2},
+           "memory": {"peak_bytes": 5, "pinned_bytes": 9}, "spill": [1, 2], "steps": 40}
+    s = read_summary(_wire(rec))
+    assert (s.stats.n, s.stats.data_frac, s.stats.memory.peak_bytes, s.steps) == (12, 0.3, 5, 40)
+    with pytest.raises(wire.ProtocolError):     # the version is declared on the wire: an int
+        list(wire.FrameDecoder().feed(wire.encode(dict(rec, v="2"))))

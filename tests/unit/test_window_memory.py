@@ -6,13 +6,14 @@ from __future__ import annotations
 
 import collections
 
+from perfmon_analysis.readings import MemoryReading, memory_reading
 from perfmon_analysis.stats import _window_reserved
 
 G = 1 << 30
 
 
-def _mem(t: float, **values: int) -> dict:
-    return {"k": "memory", "t": t, **values}
+def _mem(t: float, **values: int) -> MemoryReading:
+    return memory_reading({"k": "memory", "t": t, **values})
 
 
 def test_a_spike_inside_the_window_counts_one_before_it_does_not():

@@ -13,7 +13,9 @@ rank gets:
 * a ``pauses`` thread with a slice for every gap between steps of ``PAUSE_S`` or more
   (checkpoints, evaluation) and for every stall, and an instant event per ``event`` record.
 
-Timestamps are integer microseconds from the earliest record. ``trace_events`` is pure.
+Steps are read as the run model reads them (``perfmon_analysis.buffers.StepParser``), so a
+step's gap here is the one the TUI shows, a checkpoint's seconds included when the step did not
+say. Timestamps are integer microseconds from the earliest record. ``trace_events`` is pure.
 """
 
 from __future__ import annotations
@@ -23,6 +25,8 @@ import json
 from pathlib import Path
 from typing import Any, Iterable
 
+from perfmon_analysis.buffers import StepParser
+from perfmon_analysis.readings import StepReading, event_reading, num
 from tui.stream.sources import LoadedRecording
 
 DETAIL_STEPS = 2000
@@ -35,11 +39,12 @@ STEPS_TID, PAUSES_TID = 1, 2
 def trace_events(recordings: Iterable[LoadedRecording]) -> list[dict[str, Any]]:
     """The trace's events for every rank in ``recordings`` (pure)."""
     recordings = list(recordings)
+    steps_of = [_steps(rec.records) for rec in recordings]
     times = [r["t"] for rec in recordings for r in rec.records[:1] + rec.records[-1:]]
-    starts = [r["start"] for rec in recordings for r in rec.records if r["k"] == "step" and _num(r.get("start"))]
+    starts = [s.start for steps in steps_of for s in steps if s.start]
     origin = min(times + starts, default=0.0)
     events: list[dict[str, Any]] = []
-    for pid, rec in enumerate(recordings):
+    for pid, (rec, steps) in enumerate(zip(recordings, steps_of)):
         hello = next((r for r in rec.records if r["k"] == "hello"), {})
         rank = hello.get("rank", pid)
         label = f"rank {rank}" + (f" ({hello['host']})" if isinstance(hello.get("host"), str) else "")
@@ -47,7 +52,6 @@ def trace_events(recordings: Iterable[LoadedRecording]) -> list[dict[str, Any]]:
             label += f" restart {hello['restart']}"
         events.append({"ph": "M", "pid": pid, "tid": 0, "name": "process_name", "args": {"name": label}})
         events.append({"ph": "M", "pid": pid, "tid": 0, "name": "process_sort_index", "args": {"sort_index": pid}})
-        steps = [r for r in rec.records if r["k"] == "step"]
         detail = len(steps) <= DETAIL_STEPS
         if detail:
             events.append({"ph": "M", "pid": pid, "tid": STEPS_TID, "name": "thread_name", "args": {"name": "steps"}})
@@ -63,7 +67,7 @@ def trace_events(recordings: Iterable[LoadedRecording]) -> list[dict[str, Any]]:
                 events.append({"ph": "i", "s": "p", "pid": pid, "tid": PAUSES_TID, "ts": _us(r["t"], origin),
                                "name": str(r.get("name")), "args": _event_args(r)})
             elif r["k"] == "stall" and r.get("n") == 1:
-                since = _num(r.get("since")) or r["t"]
+                since = num(r.get("since")) or r["t"]
                 events.append({"ph": "B", "pid": pid, "tid": PAUSES_TID, "ts": _us(since, origin), "name": "stall",
                                "args": {"where": r.get("where"), "stack": (r.get("stack") or [])[-3:]}})
             elif r["k"] == "resumed":
@@ -71,21 +75,30 @@ def trace_events(recordings: Iterable[LoadedRecording]) -> list[dict[str, Any]]:
     return events
 
 
-def _step_events(step: dict[str, Any], pid: int, origin: float, detail: bool) -> list[dict[str, Any]]:
-    dur = _num(step.get("dur")) or 0.0
+def _steps(records: list[dict[str, Any]]) -> list[StepReading]:
+    """A rank's steps, in order, as the run model parses them (blocking events give a gap)."""
+    parser = StepParser()
+    steps = []
+    for r in records:
+        if r["k"] == "event":
+            parser.event(event_reading(r))
+        elif r["k"] == "step" and (step := parser.step(r)) is not None:
+            steps.append(step)
+    return steps
+
+
+def _step_events(step: StepReading, pid: int, origin: float, detail: bool) -> list[dict[str, Any]]:
     begin = _begin(step)        # ``start``: the previous step's end
-    gap = _num(step.get("gap")) or 0.0
-    parts = {"gap": gap, **{p: _phase(step, p) for p in PHASES}}
     out: list[dict[str, Any]] = []
-    if gap >= PAUSE_S:
-        out.append({"ph": "X", "pid": pid, "tid": PAUSES_TID, "ts": _us(begin, origin), "dur": _us(gap, 0.0),
+    if step.gap >= PAUSE_S:
+        out.append({"ph": "X", "pid": pid, "tid": PAUSES_TID, "ts": _us(begin, origin), "dur": _us(step.gap, 0.0),
                     "name": "between steps"})
     if detail:                   # the gap, then the data wait, then the phases: they add up to ``dur``
-        t = begin + gap
-        out.append({"ph": "X", "pid": pid, "tid": STEPS_TID, "ts": _us(t, origin), "dur": _us(dur - gap, 0.0),
-                    "name": f"step {step['step']}"})
+        t = begin + step.gap
+        out.append({"ph": "X", "pid": pid, "tid": STEPS_TID, "ts": _us(t, origin),
+                    "dur": _us(step.dur - step.gap, 0.0), "name": f"step {step.step}"})
         for phase in PHASES:
-            seconds = parts[phase]
+            seconds = _phase(step, phase)
             if seconds > 0:
                 out.append({"ph": "X", "pid": pid, "tid": STEPS_TID, "ts": _us(t, origin), "dur": _us(seconds, 0.0),
                             "name": phase})
@@ -93,22 +106,20 @@ def _step_events(step: dict[str, Any], pid: int, origin: float, detail: bool) ->
     return out
 
 
-def _begin(step: dict[str, Any]) -> float:
-    start = _num(step.get("start"))
-    return start if start is not None else (_num(step.get("t")) or 0.0) - (_num(step.get("dur")) or 0.0)
+def _begin(step: StepReading) -> float:
+    return step.start if step.start is not None else -step.dur
 
 
-def _counter(steps: list[dict[str, Any]], pid: int, origin: float) -> dict[str, Any]:
+def _counter(steps: list[StepReading], pid: int, origin: float) -> dict[str, Any]:
     """One ``step ms`` sample: the mean parts of ``steps`` (consecutive), at the first one's start."""
     sums: dict[str, float] = {}
     comm: list[float] = []
     for step in steps:
         for part in ("gap", *PHASES):
-            value = (_num(step.get("gap")) or 0.0) if part == "gap" else _phase(step, part)
+            value = step.gap if part == "gap" else _phase(step, part)
             sums[part] = sums.get(part, 0.0) + value
-        exposed = _num(step.get("comm", {}).get("exposed")) if isinstance(step.get("comm"), dict) else None
-        if exposed is not None:
-            comm.append(exposed)
+        if step.exposed is not None:
+            comm.append(step.exposed)
     args = {k: _ms(v / len(steps)) for k, v in sums.items() if v > 0}
     if len(comm) == len(steps):
         args["comm"] = _ms(sum(comm) / len(comm))
@@ -132,10 +143,8 @@ def write_trace(recordings: Iterable[LoadedRecording], out: str | Path) -> tuple
     return len(events), len(data)
 
 
-def _phase(step: dict[str, Any], name: str) -> float:
-    phases = step.get("phases") if isinstance(step.get("phases"), dict) else {}
-    value = _num(phases.get(name))
-    return value if value is not None and value > 0 else 0.0
+def _phase(step: StepReading, name: str) -> float:
+    return max(0.0, step.phase(name) or 0.0)
 
 
 def _event_args(r: dict[str, Any]) -> dict[str, Any]:
@@ -145,6 +154,3 @@ def _event_args(r: dict[str, Any]) -> dict[str, Any]:
 def _us(t: float, origin: float) -> int:
     return int(round((t - origin) * 1e6))
 
-
-def _num(x: Any) -> float | None:
-    return None if isinstance(x, bool) or not isinstance(x, (int, float)) else float(x)

@@ -1,0 +1,85 @@
+"""A wire key is read in ``perfmon_analysis.readings`` only: every other module of the analysis
+core reads typed readings, so a key is spelled in the wire schema and one parser, and a renamed
+key cannot leave a second reader behind. ``summary.py`` writes and reads its own payload."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import perfmon_analysis
+
+PACKAGE = Path(perfmon_analysis.__file__).parent
+PARSERS = {"readings.py", "summary.py"}
+
+# Literal keys read outside the parsers on purpose, per module and function (None: any function).
+ALLOWED: dict[tuple[str, str | None], tuple[frozenset[str] | None, str]] = {
+    ("runmodel.py", "ingest"): (frozenset({"k"}), "ingest dispatches on the record's kind"),
+    ("profile.py", "profile_lines"): (None, "the report's profile JSON (ModuleProfile.as_json), not a record"),
+    ("profile.py", "_top"): (None, "rows of the report's profile JSON, not a record"),
+    ("verdict.py", None): (frozenset({"data_wait", "comm_exposed", "device_idle", "skipped", "undecided", "id"}),
+                           "the verdict's own loss table, evidence and findings"),
+    ("explain.py", None): (frozenset({"name", "source", "rank", "count", "where"}),
+                           "JobView.events: event records as the log pane lists them"),
+}
+TYPE_NAMES = {"list", "dict", "tuple", "set", "frozenset", "type"}     # list["Name"]: an annotation
+
+
+def literal_key_reads(source: str) -> list[tuple[str | None, str, int]]:
+    """(enclosing function, key, line) of each ``x.get("key")`` and ``x["key"]`` read in ``source``."""
+    tree = ast.parse(source)
+    owner: dict[int, str] = {}
+    for fn in ast.walk(tree):
+        if isinstance(fn, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            for node in ast.walk(fn):
+                owner[id(node)] = fn.name        # ast.walk is breadth first: the innermost function wins
+    found = []
+    for node in ast.walk(tree):
+        key = None
+        if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr == "get" \
+                and node.args and isinstance(node.args[0], ast.Constant) and isinstance(node.args[0].value, str):
+            key = node.args[0].value
+        elif isinstance(node, ast.Subscript) and isinstance(node.ctx, ast.Load) \
+                and isinstance(node.slice, ast.Constant) and isinstance(node.slice.value, str) \
+                and not (isinstance(node.value, ast.Name) and node.value.id in TYPE_NAMES):
+            key = node.slice.value
+        if key is not None:
+            found.append((owner.get(id(node)), key, node.lineno))
+    return found
+
+
+def offences(module: str, source: str) -> list[str]:
+    out = []
+    for function, key, line in literal_key_reads(source):
+        allowed = ALLOWED.get((module, function)) or ALLOWED.get((module, None))
+        if allowed is None or (allowed[0] is not None and key not in allowed[0]):
+            out.append(f"{module}:{line} {function or '<module>'} reads {key!r}")
+    return out
+
+
+def test_no_module_past_the_parsers_reads_a_record_key():
+    modules = sorted(p for p in PACKAGE.glob("*.py") if p.name not in PARSERS)
+    assert len(modules) > 8
+    found = [o for path in modules for o in offences(path.name, path.read_text())]
+    assert found == []
+
+
+def test_the_check_finds_a_planted_key_read_in_either_form():
+    planted = '''
+def window(state):
+    first = state.steps[0]
+    return first.get("dur"), first["gap"]
+
+
+def ingest(self, record):
+    kind = record.get("k")
+    return record["t"]
+'''
+    assert sorted(offences("stats.py", planted)) == ["stats.py:4 window reads 'dur'", "stats.py:4 window reads 'gap'",
+                                                     "stats.py:8 ingest reads 'k'", "stats.py:9 ingest reads 't'"]
+    # ingest may dispatch on the kind, and read nothing else
+    assert sorted(offences("runmodel.py", planted)) == ["runmodel.py:4 window reads 'dur'",
+                                                       "runmodel.py:4 window reads 'gap'",
+                                                       "runmodel.py:9 ingest reads 't'"]
+    # an annotation's string is no key
+    assert offences("views.py", "def f() -> list['Row']:\n    return []\n") == []
