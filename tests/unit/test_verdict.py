@@ -132,7 +132,7 @@ def test_communication_headline_quotes_exposed_share_and_busbw():
     v = V.evaluate(model.view())
     assert v.bottleneck == "communication"
     # no comm record before the window: all 30 calls of 8 MiB in 1.5 s; factor 2(n-1)/n = 1 for n=2
-    assert "exposed all-reduce is 45% of the step at 167.8 MB/s busbw" in v.headline
+    assert "exposed all-reduce is 45% of the step at 168MB/s busbw" in v.headline
     assert v.evidence["busbw"] == pytest.approx(30 * (8 << 20) / 1.5, rel=1e-3)
 
 
@@ -570,7 +570,7 @@ def test_a_second_rank_still_warming_up_leaves_the_straggler_question_undecided_
 def test_the_mfu_question_notes_the_peak_it_divided_by():
     v = V.evaluate(job(Rank(dur=0.1, flops=5e12, gpu_util=95), device="cuda", peak=100e12).view())
     assert v.bottleneck == "healthy"
-    assert v.evidence["notes"]["mfu"] == "of a 100 TFLOP/s peak (device table, bf16)"
+    assert v.evidence["notes"]["mfu"] == "of a 100TFLOP/s peak (device table, bf16)"
 
 
 def test_walk_on_its_own_accounts_the_losses_of_the_views_device():

@@ -15,7 +15,7 @@ import pytest
 from tests.unit.test_stuck import SLEEPER, WAITER
 from tests.unit.test_where_model import FORWARD, SLEEP, intervals
 from tests.unit.verdict_synth import T0, Rank, job, records
-from perfmon_analysis import explain
+from perfmon_analysis import explain, units
 from perfmon_analysis import verdict as V
 from perfmon_analysis.readings import GpuRow, RankTrace, StepBar, gpu_reading
 from perfmon_analysis.runmodel import RunModel
@@ -123,7 +123,7 @@ EXPECTED = {
     'not_measured': (
         'not_measured', 'warn',
         "Not measured: CUDA busy is unknown (no utilization samples for this job's GPU), so whether the device "
-        "is starved cannot be told; measured: exposed communication 0%, 100 ms steps; MFU 50%",
+        "is starved cannot be told; measured: exposed communication 0%, 100ms steps; MFU 50%",
         ['GPU busy comes from NVML (GPM SM activity, else utilization): `nvidia-smi -q -d UTILIZATION` as this '
          'user shows whether the driver reports it; MIG slices and many vGPUs report no utilization',
          "if NVML cannot be loaded (no libnvidia-ml in the container), mount the driver's libraries (NVIDIA "
@@ -156,7 +156,7 @@ EXPECTED = {
         None),
     'memory_peak_host': (
         'memory', 'warn',
-        'Memory, host RSS: recent peak 16.1 GB is 94% of the 17.2 GB limit',
+        'Memory, host RSS: recent peak 16.1GB is 94% of the 17.2GB limit',
         ['activation checkpointing (torch.utils.checkpoint) on the largest blocks',
          'mixed precision (bf16 autocast) to halve activations',
          'smaller micro-batch with gradient accumulation to keep the global batch',
@@ -235,7 +235,7 @@ EXPECTED = {
         None),
     'communication': (
         'communication', 'warn',
-        'Communication: exposed all-reduce is 25% of the step at 2.5 GB/s busbw (estimated)',
+        'Communication: exposed all-reduce is 25% of the step at 2.5GB/s busbw (estimated)',
         ['overlap all-reduce with backward (DDP bucket_cap_mb; no sync inside backward)',
          'gradient accumulation with no_sync() to communicate every N micro-batches',
          'gradient compression hooks (bf16/fp16 compress, PowerSGD)',
@@ -266,7 +266,7 @@ EXPECTED = {
         None),
     'load_imbalance_compute': (
         'load_imbalance', 'crit',
-        'Load imbalance: rank 1 computes 100 ms/step vs 50 ms on rank 0; the others wait 50% in collective',
+        'Load imbalance: rank 1 computes 100ms/step vs 50ms on rank 0; the others wait 50% in collective',
         ['find what makes rank 1 slower: its data shard, sequence lengths, host load',
          'balance work per rank (bucket samples by length, even shards)',
          "check rank 1's host for other processes or throttling"],
@@ -294,7 +294,7 @@ EXPECTED = {
         0),
     'host_sync': (
         'host_sync', 'crit',
-        'Host-device sync: the device idles 60% of each step with no other measured cause; 3.0 syncs per step',
+        'Host-device sync: the device idles 60% of each step with no other measured cause; 3 syncs per step',
         ['remove .item() / .cpu() / print(tensor) from the step; log every N steps',
          'keep metrics on the device and read them asynchronously (non_blocking=True into pinned memory)'],
         {'comm_exposed_frac': 0.0,
@@ -339,7 +339,7 @@ EXPECTED = {
         None),
     'host_overhead': (
         'host_overhead', 'crit',
-        'Host overhead: the device idles 55% of each step with no other measured cause (busy 45% of a 250 ms step); the CPU cannot feed it'
+        'Host overhead: the device idles 55% of each step with no other measured cause (busy 45% of a 250ms step); the CPU cannot feed it'
         '; cannot tell a host that waits (I/O, a lock, a service) from launch overhead (no stack samples of the training thread in steps)',
         ['larger batch per step',
          'torch.compile or CUDA graphs to cut launch overhead',
@@ -352,7 +352,7 @@ EXPECTED = {
         None),
     'compute_efficiency_mfu': (
         'compute_efficiency', 'info',
-        'Compute efficiency: device busy 97% but MFU 12% of a 100 TFLOP/s peak (device table, bf16)',
+        'Compute efficiency: device busy 97% but MFU 12% of a 100TFLOP/s peak (device table, bf16)',
         ["bf16 autocast (torch.autocast('cuda', dtype=torch.bfloat16))",
          'torch.backends.cuda.matmul.allow_tf32 = True for fp32 matmuls',
          'fused kernels (fused AdamW, flash attention) and torch.compile',
@@ -380,7 +380,7 @@ EXPECTED = {
         None),
     'healthy_mfu': (
         'healthy', 'ok',
-        'Healthy: CUDA busy 97% of a 123 ms step, no measured loss of 10% or more, MFU 45% of a 100 TFLOP/s '
+        'Healthy: CUDA busy 97% of a 123ms step, no measured loss of 10% or more, MFU 45% of a 100TFLOP/s '
         'peak (device table, bf16)',
         [],
         {'comm_exposed_frac': 0.0,
@@ -391,7 +391,7 @@ EXPECTED = {
         None),
     'healthy_cpu': (
         'healthy', 'ok',
-        'Healthy: CPU busy 100% of a 100 ms step, no measured loss of 10% or more',
+        'Healthy: CPU busy 100% of a 100ms step, no measured loss of 10% or more',
         [],
         {'comm_exposed_frac': 0.0,
          'data_wait_frac': None,
@@ -408,7 +408,7 @@ EXPECTED = {
         None),
     'healthy_steps_recent_gaps': (
         'healthy', 'warn',
-        'Healthy steps (CPU busy 100% of a 100 ms step, no measured loss of 10% or more), but 10% of recent time '
+        'Healthy steps (CPU busy 100% of a 100ms step, no measured loss of 10% or more), but 10% of recent time '
         'passes between steps',
         GAP_FIXES,
         {'device_busy': 1.0, 'step_time_median_s': 0.1},
@@ -519,8 +519,8 @@ def test_tracker_shows_warm_up_at_once_and_a_placeholder_while_the_first_verdict
     assert (shown.bottleneck, shown.pending) == ("healthy", None)
 
 
-@pytest.mark.parametrize("busbw,shown", [(999.0, "999 B/s"), (1000.0, "1.0 kB/s"), (1500.0, "1.5 kB/s"),
-                                         (1e6, "1.0 MB/s"), (2.5e8, "250.0 MB/s"), (1e9, "1.0 GB/s")])
+@pytest.mark.parametrize("busbw,shown", [(999.0, "999B/s"), (1000.0, "1kB/s"), (1500.0, "1.5kB/s"),
+                                         (1e6, "1MB/s"), (2.5e8, "250MB/s"), (1e9, "1GB/s")])
 def test_busbw_in_the_headline_uses_the_largest_unit_it_reaches(busbw, shown):
     v = V.evaluate(_comm(comm_exposed_frac=0.25, compute_ratio=0.95, comm_op="all_reduce", busbw=busbw))
     assert v.headline == f"Communication: exposed all-reduce is 25% of the step at {shown} busbw"
@@ -573,7 +573,7 @@ def test_unknown_step_time_and_unmeasured_loader_are_said_plainly():
 
 def test_rate_formatter_says_unknown_for_no_bandwidth():
     # the headline only quotes busbw when it is known; the formatter still says "unknown" for None
-    assert explain._rate(None) == "n/a" and explain._rate(0.0) == "0 B/s"
+    assert units.bandwidth(None) == "n/a" and units.bandwidth(0.0) == "0B/s"
 
 
 def test_unknown_device_busy_is_never_healthy_and_says_what_is_missing():
@@ -663,7 +663,7 @@ def test_a_straggler_on_a_multi_node_job_is_named_with_its_host():
             model.ingest(f"s{rank}", r)
     v = V.evaluate(model.view())
     assert v.bottleneck == "load_imbalance" and v.straggler_rank == 1
-    assert v.headline.startswith("Load imbalance: rank 1 on node2 computes 96 ms/step vs 60 ms on rank 0")
+    assert v.headline.startswith("Load imbalance: rank 1 on node2 computes 96ms/step vs 60ms on rank 0")
 
 
 def test_host_overhead_quotes_how_far_the_host_runs_ahead_of_the_gpu():
@@ -677,14 +677,14 @@ def test_host_overhead_quotes_how_far_the_host_runs_ahead_of_the_gpu():
     v = V.evaluate(model.view())
     assert v.bottleneck == "host_overhead"
     assert v.headline.startswith("Host overhead: the device idles 45% of each step with no other measured cause "
-                                 "(the host runs 99.9 ms ahead of it)")
+                                 "(the host runs 99.9ms ahead of it)")
 
 
 def test_a_device_memory_verdict_speaks_of_the_windows_peak():
     mem = {"k": "memory", "t": T0 + 2.0, "reserved": 76 * GB, "peak_reserved": 76 * GB, "limit": 80 * GB}
     v = V.evaluate(job(Rank(gpu_util=97, extra_records=[mem]), device="cuda").view())
     assert v.bottleneck == "memory"
-    assert v.headline == "Memory, device memory: window peak 81.6 GB is 95% of the 85.9 GB limit"
+    assert v.headline == "Memory, device memory: window peak 81.6GB is 95% of the 85.9GB limit"
 
 
 def test_compute_efficiency_with_a_module_profile_cites_the_slowest_module_for_its_flops():
@@ -695,7 +695,7 @@ def test_compute_efficiency_with_a_module_profile_cites_the_slowest_module_for_i
     v = V.evaluate(view)
     cited = "slow: 60% of the step at 500GFLOP/s (0% of peak)"
     assert v.bottleneck == "compute_efficiency"
-    assert v.headline == ("Compute efficiency: device busy 97% but MFU 20% of a 100 TFLOP/s peak (device table, "
+    assert v.headline == ("Compute efficiency: device busy 97% but MFU 20% of a 100TFLOP/s peak (device table, "
                           f"bf16); slowest for its FLOPs: {cited}")
     assert v.suggestions[0] == ("start with slow (Linear): batch its small ops into large matmuls, or fuse them "
                                 "(torch.compile)")

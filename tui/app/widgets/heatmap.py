@@ -10,6 +10,7 @@ from dataclasses import dataclass
 
 from rich.text import Text
 
+from perfmon_analysis import units
 from perfmon_analysis.heatmap import METRICS, HeatMap
 from tui.app.widgets import glyphs
 
@@ -85,12 +86,13 @@ def _headline(hm: HeatMap, width: int) -> Text:
     if hm.slowest_rank is not None and hm.slowest_ratio is not None:
         where = f" on {hm.slowest_rank_host}" if hm.slowest_rank_host and len(hm.nodes) > 1 else ""
         style = glyphs.BAD if hm.slowest_ratio >= 1.25 else ""
-        line.append(f"slowest rank {hm.slowest_rank}{where}: {hm.slowest_by} {hm.slowest_ratio:.2f}x the fastest",
+        line.append(f"slowest rank {hm.slowest_rank}{where}: {hm.slowest_by} {units.ratio(hm.slowest_ratio)}x "
+                    "the fastest",
                     style=style)
         line.append(" (g)", style=glyphs.DIM)
     if hm.slowest_node is not None and hm.slowest_node_ratio is not None:
         line.append(" · " if line.plain else "")
-        line.append(f"slowest node {hm.slowest_node} {hm.slowest_node_ratio:.2f}x",
+        line.append(f"slowest node {hm.slowest_node} {units.ratio(hm.slowest_node_ratio)}x",
                     style=glyphs.BAD if hm.slowest_node_ratio >= 1.25 else "")
     if not line.plain:
         line.append("no step times yet", style=glyphs.DIM)
