@@ -143,9 +143,9 @@ def judged(verdict: Verdict | None, node_id: str, fmt: Callable[[float | None], 
     Value, marker and threshold all come from the verdict's ``Answer`` (``!`` for its "yes",
     ``·`` for its "no", none where it could not ask), so a pane never judges a number itself
     and cannot disagree with the verdict; where the answer was not the value against the
-    threshold (a larger loss, an OOM) the bracket says what decided instead. Colour is kept for questions on the verdict's live
-    path; off the path the marker stays but is dimmed, so a number that did not decide
-    anything does not shout.
+    threshold (a larger loss, an OOM) the bracket says what decided instead. Colour is kept
+    for questions on the verdict's live path; off the path the marker stays but is dimmed, so
+    a number that did not decide anything does not shout.
     """
     node = NODES[node_id]
     got = answer(verdict, node_id)
@@ -156,9 +156,10 @@ def judged(verdict: Verdict | None, node_id: str, fmt: Callable[[float | None], 
         if live:
             text.stylize(BAD if yes else OK)
         text.append(" !" if yes else " ·", style=(BAD if yes else DIM) if live else DIM)
-    test = got.decided_by if got is not None and got.decided_by else \
-        threshold_text(node, fmt, got.threshold if got is not None else None)
-    text.append(f" ({test})", style=DIM)
+    if got is not None and got.decided_by:
+        text.append(f" ({got.decided_by})", style=DIM)
+    else:
+        text.append(f" ({threshold_text(node, fmt, got.threshold if got is not None else None)})", style=DIM)
     return text
 
 
