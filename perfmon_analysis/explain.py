@@ -6,11 +6,12 @@ every number goes through ``perfmon_analysis.units``."""
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Callable
 
 from perfmon_analysis import units
 from perfmon_analysis.buffers import BLOCKING_EVENTS
-from perfmon_analysis.flowchart import CPU_CONTENTION_MIN, ETTR_MIN, FRAGMENTATION_MAX, THROTTLE_REASONS
+from perfmon_analysis.flowchart import (CPU_CONTENTION_MIN, ETTR_MIN, FRAGMENTATION_MAX, LOADER_MAIN, THROTTLE_REASONS,
+                                        Answer)
 from perfmon_analysis.losses import Loss, by_id
 from perfmon_analysis.views import JobView, RankView, WhereLine
 
@@ -41,9 +42,13 @@ def _step(m: Any) -> str:
 
 # -- the outcomes: headline and fixes that quote the job's own numbers --------------------------
 Explained = tuple[str, list[str], dict[str, Any]]
+# Each outcome's words from the view, the verdict's losses and its answers to the chart's questions.
+Losses = tuple[Loss, ...]
+Answers = dict[str, Answer]
+Explain = Callable[[JobView, int | None, Losses, Answers], Explained]
 
 
-def explain_warming_up(v: JobView, straggler: int | None, losses: tuple[Loss, ...]) -> Explained:
+def explain_warming_up(v: JobView, straggler: int | None, losses: Losses, answers: Answers) -> Explained:
     return "Warming up", [], {}
 
 
@@ -66,14 +71,14 @@ _STUCK_FIXES = {
 }
 
 
-def explain_stuck(v: JobView, straggler: int | None, losses: tuple[Loss, ...]) -> Explained:
+def explain_stuck(v: JobView, straggler: int | None, losses: Losses, answers: Answers) -> Explained:
     stuck = v.stuck
     if stuck is None:
         return "Stuck", [], {}
     return f"Stuck: {stuck.headline}", list(_STUCK_FIXES.get(stuck.kind, [])), {"stuck": stuck.as_json()}
 
 
-def explain_memory(v: JobView, straggler: int | None, losses: tuple[Loss, ...]) -> Explained:
+def explain_memory(v: JobView, straggler: int | None, losses: Losses, answers: Answers) -> Explained:
     mem = v.metrics.memory
     what = (f"{mem.ooms} out-of-memory error(s)" if mem.ooms else
             "allocator retries rising" if mem.alloc_retries_rising else
@@ -89,12 +94,14 @@ def explain_memory(v: JobView, straggler: int | None, losses: tuple[Loss, ...]) 
     return f"Memory, {where}: {what}", fixes, {"memory_rank": mem.rank}
 
 
-def explain_data_preprocessing(v: JobView, straggler: int | None, losses: tuple[Loss, ...]) -> Explained:
+def explain_data_preprocessing(v: JobView, straggler: int | None, losses: Losses, answers: Answers) -> Explained:
     m = v.metrics
     w = m.loader_workers
-    who = (f"the main process spends {_pct(m.data_cpu_frac)} of the wait on CPU (num_workers=0)"
-           if not w else f"its {w} workers are CPU-bound ({_pct(m.loader_cpu)} of a core each)" if w > 1
-           else f"its worker is CPU-bound ({_pct(m.loader_cpu)} of a core)")
+    cpu = answers["loader_cpu"]
+    workers = f"its {w} workers" if w else "its workers"
+    who = (f"the main process spends {_pct(cpu.value)} of the wait on CPU (num_workers=0)" if cpu.measure == LOADER_MAIN
+           else f"its worker is CPU-bound ({_pct(cpu.value)} of a core)" if w == 1
+           else f"{workers} are CPU-bound ({_pct(cpu.value)} of a core each)")
     fixes = ([f"raise num_workers from {w} (up to the free cores)"] if w else
              ["use DataLoader(num_workers=N): loading runs in the training process now"])
     fixes += ["move per-sample transforms to the device or batch them",
@@ -103,20 +110,20 @@ def explain_data_preprocessing(v: JobView, straggler: int | None, losses: tuple[
     return f"Data preprocessing: {_pct(m.data_wait_frac)} of each step waits for the loader; {who}", fixes, {}
 
 
-def explain_data_loading(v: JobView, straggler: int | None, losses: tuple[Loss, ...]) -> Explained:
+def explain_data_loading(v: JobView, straggler: int | None, losses: Losses, answers: Answers) -> Explained:
     m = v.metrics
     w = m.loader_workers
     fixes = [f"raise num_workers from {w} and prefetch_factor to hide read latency" if w is not None
              else "raise num_workers and prefetch_factor to hide read latency",
              "pin_memory=True and non_blocking copies",
              "persistent_workers=True", "faster or local storage; cache the dataset in RAM or on local SSD"]
-    measured = m.loader_cpu is not None or m.data_cpu_frac is not None
-    cpu = f"; not CPU-bound (workers at {_pct(m.loader_cpu)} CPU)" if m.loader_cpu is not None else \
-        "; not CPU-bound" if measured else ""
-    return f"Data loading: {_pct(m.data_wait_frac)} of each step waits for the loader{cpu}", fixes, {}
+    cpu = answers["loader_cpu"]
+    said = "" if not cpu.asked else "; not CPU-bound" if cpu.measure == LOADER_MAIN else \
+        f"; not CPU-bound (workers at {_pct(cpu.value)} CPU)"
+    return f"Data loading: {_pct(m.data_wait_frac)} of each step waits for the loader{said}", fixes, {}
 
 
-def explain_communication(v: JobView, straggler: int | None, losses: tuple[Loss, ...]) -> Explained:
+def explain_communication(v: JobView, straggler: int | None, losses: Losses, answers: Answers) -> Explained:
     m = v.metrics
     op = (m.comm_op or "collective").replace("_", "-")
     bw = f" at {units.bandwidth(m.busbw)} busbw" if m.busbw else ""
@@ -141,7 +148,7 @@ def who(v: JobView, rank: int | None) -> str:
     return f"rank {rank} on {host}" if host and len(hosts) > 1 else f"rank {rank}"
 
 
-def explain_load_imbalance(v: JobView, straggler: int | None, losses: tuple[Loss, ...]) -> Explained:
+def explain_load_imbalance(v: JobView, straggler: int | None, losses: Losses, answers: Answers) -> Explained:
     m = v.metrics
     op = (m.comm_op or "collective").replace("_", "-")
     row = _rank_row(v.ranks, straggler) if straggler is not None else None
@@ -165,7 +172,7 @@ def explain_load_imbalance(v: JobView, straggler: int | None, losses: tuple[Loss
     return headline, fixes, {"straggler_rank": straggler, "compute_ratio": round4(m.compute_ratio)}
 
 
-def _idle_text(v: JobView, losses: tuple[Loss, ...]) -> str:
+def _idle_text(v: JobView, losses: Losses) -> str:
     idle = by_id(losses)["device_idle"].share
     if v.device_type != "cuda":
         if idle is None:
@@ -177,7 +184,7 @@ def _idle_text(v: JobView, losses: tuple[Loss, ...]) -> str:
     return f"the device idles {_pct(idle)} of each step with no other measured cause{ahead}"
 
 
-def explain_host_sync(v: JobView, straggler: int | None, losses: tuple[Loss, ...]) -> Explained:
+def explain_host_sync(v: JobView, straggler: int | None, losses: Losses, answers: Answers) -> Explained:
     m = v.metrics
     site = next((s.sync_site for t in v.traces.values() for s in reversed(t.steps) if s.sync_site), None)
     where = f" (most at {site})" if site else ""
@@ -187,7 +194,7 @@ def explain_host_sync(v: JobView, straggler: int | None, losses: tuple[Loss, ...
             {"syncs_per_step": round4(m.syncs_per_step)})
 
 
-def explain_host_overhead(v: JobView, straggler: int | None, losses: tuple[Loss, ...]) -> Explained:
+def explain_host_overhead(v: JobView, straggler: int | None, losses: Losses, answers: Answers) -> Explained:
     m = v.metrics
     return (f"Host overhead: {_idle_text(v, losses)} (busy {_pct(m.device_busy)} of a {_step(m)} step); "
             "the CPU cannot feed it",
@@ -212,7 +219,7 @@ _WAIT_FIXES = ["move the call off the training thread (a background thread or pr
                "a lock or GIL contention with a background thread shows as waiting too: find the other holder"]
 
 
-def explain_host_wait(v: JobView, straggler: int | None, losses: tuple[Loss, ...]) -> Explained:
+def explain_host_wait(v: JobView, straggler: int | None, losses: Losses, answers: Answers) -> Explained:
     """The host thread waits off CPU inside the step: the top waiting line says where."""
     idle = by_id(losses)["device_idle"].share
     line = _top_waiting(v)
@@ -231,7 +238,7 @@ def explain_host_wait(v: JobView, straggler: int | None, losses: tuple[Loss, ...
             {"where_top": f"{line.file}:{line.line}"})
 
 
-def explain_compute_efficiency(v: JobView, straggler: int | None, losses: tuple[Loss, ...]) -> Explained:
+def explain_compute_efficiency(v: JobView, straggler: int | None, losses: Losses, answers: Answers) -> Explained:
     m = v.metrics
     if m.mfu is not None:
         what = f"MFU {_pct(m.mfu)}" + (f" {peak_note(v)}" if m.peak_flops else "")
@@ -269,7 +276,7 @@ def gaps_lost(m: Any) -> str | None:
     return None
 
 
-def explain_healthy(v: JobView, straggler: int | None, losses: tuple[Loss, ...]) -> Explained:
+def explain_healthy(v: JobView, straggler: int | None, losses: Losses, answers: Answers) -> Explained:
     """Healthy steps; the time between them is outside the step's accounting, so the headline says it too."""
     m = v.metrics
     busy = f"{v.device_type.upper()} busy {_pct(m.device_busy)}"
@@ -293,7 +300,7 @@ _BUSY_FIXES = {
 }
 
 
-def explain_not_measured(v: JobView, straggler: int | None, losses: tuple[Loss, ...]) -> Explained:
+def explain_not_measured(v: JobView, straggler: int | None, losses: Losses, answers: Answers) -> Explained:
     """The starved question could not be asked: busy is unknown and no measured loss is large.
     Says what is missing and what the measured numbers still say; never a healthy verdict."""
     m = v.metrics

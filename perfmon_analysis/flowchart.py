@@ -41,6 +41,9 @@ TENSOR_ACTIVE_MIN = 0.01
 # host gets well under a full core (measured: 42-96% for the heavy-transform workload on 2 cores shared
 # with other jobs), so "≈100%" (analysis_anchors §11.2) would miss it. Chosen here; tests pin both sides.
 LOADER_CPU_BOUND = 0.30
+# What the loader question measures: without workers the loading runs in the training process.
+LOADER_MAIN = "main process (num_workers=0)"
+LOADER_WORKERS = "of a core per worker"
 # Host-device syncs: at least one per step in a job whose device idles points at .item()/.cpu() in
 # the loop (seed 001 模型写法问题: "存在D2H的同步拷贝"; analysis_anchors §8).
 SYNCS_PER_STEP_MIN = 1.0
@@ -86,6 +89,34 @@ class Node:
     no: str
     op: str = ">="
     unit: str = "frac"
+
+
+@dataclass(frozen=True)
+class Answer:
+    """One flowchart question as the verdict's rule answered it: the one judgement of that number,
+    which the verdict bar, the flowchart screen and every pane marker display.
+
+    ``answer``: "yes" (the node's problem exit), "no", or None when the question could not be
+    asked (not measured; or, with ``applies`` False, it does not apply to this job and the walk
+    takes "no"). ``value`` and ``threshold``: the number judged and the line it was judged
+    against; ``measure``: what ``value`` is, where the question measures it more than one way;
+    ``decided_by``: the test that decided, where it was not ``value`` against ``threshold``
+    alone (a larger loss, an OOM, a late rank), so a pane never shows a bare comparison
+    that the answer contradicts.
+    """
+
+    node: Node
+    answer: str | None
+    value: float | None
+    threshold: float
+    reason: str = ""
+    applies: bool = True
+    measure: str = ""
+    decided_by: str = ""
+
+    @property
+    def asked(self) -> bool:
+        return self.answer is not None
 
 
 FLOWCHART: tuple[Node, ...] = (

@@ -31,46 +31,19 @@ from typing import Any, Callable
 from perfmon_analysis import units
 from perfmon_analysis.buffers import MIN_STEPS
 from perfmon_analysis.losses import STEP_LOSSES, Loss, account, by_id
-from perfmon_analysis.explain import (Explained, explain_communication, explain_compute_efficiency, explain_data_loading,
+from perfmon_analysis.explain import (Explain, explain_communication, explain_compute_efficiency, explain_data_loading,
                                explain_data_preprocessing, explain_healthy, explain_host_overhead, explain_host_sync,
                                explain_host_wait, explain_load_imbalance, explain_memory, explain_not_measured,
                                explain_stuck, explain_warming_up, gaps_lost, peak_note, round4 as _round,
                                tensor_active, where_text)
 from perfmon_analysis.explain import findings as secondary_findings  # beside the named outcome
-from perfmon_analysis.flowchart import (DECIDES_BETWEEN, DEVICE_BUSY_CRIT, LOSS_MIN, LOSS_THRESHOLD, NODES, ROOT,
-                                 TENSOR_ACTIVE_MIN, UNMEASURED, Node, compare)
+from perfmon_analysis.flowchart import (DECIDES_BETWEEN, DEVICE_BUSY_CRIT, LOADER_MAIN, LOADER_WORKERS, LOSS_MIN,
+                                        LOSS_THRESHOLD, NODES, ROOT, TENSOR_ACTIVE_MIN, UNMEASURED, Answer, Node,
+                                        compare)
 from perfmon_analysis.stuck import StuckDiagnosis
 from perfmon_analysis.views import JobView, WhereLine, WhereTable
 
 WHERE_TOP = 5     # lines of ``verdict.where`` in the report
-
-@dataclass(frozen=True)
-class Answer:
-    """One flowchart question as the verdict's rule answered it: the one judgement of that number,
-    which the verdict bar, the flowchart screen and every pane marker display.
-
-    ``answer``: "yes" (the node's problem exit), "no", or None when the question could not be
-    asked (not measured; or, with ``applies`` False, it does not apply to this job and the walk
-    takes "no"). ``value`` and ``threshold``: the number judged and the line it was judged
-    against; ``measure``: what ``value`` is, where the question measures it more than one way;
-    ``decided_by``: the test that decided, where it was not ``value`` against ``threshold``
-    alone (a larger loss, an OOM, a late rank), so a pane never shows a bare comparison
-    that the answer contradicts.
-    """
-
-    node: Node
-    answer: str | None
-    value: float | None
-    threshold: float
-    reason: str = ""
-    applies: bool = True
-    measure: str = ""
-    decided_by: str = ""
-
-    @property
-    def asked(self) -> bool:
-        return self.answer is not None
-
 
 @dataclass(frozen=True)
 class Verdict:
@@ -215,16 +188,14 @@ def _ask_loader_cpu(v: JobView, node: Node, losses: tuple[Loss, ...]) -> Answer:
     is the measure; with workers, their CPU per worker."""
     m = v.metrics
     if m.loader_workers == 0 or (m.loader_workers is None and m.loader_cpu is None):
-        main = "main process (num_workers=0)"
         if m.data_cpu_frac is not None:
             return _judged(node, m.data_cpu_frac, compare(m.data_cpu_frac, node),
-                           "num_workers=0: main-process CPU share of the data wait", main)
-        return _unasked(node, "loader CPU not measured: cannot tell preprocessing from I/O", measure=main)
-    per_worker = "of a core per worker"
+                           "num_workers=0: main-process CPU share of the data wait", LOADER_MAIN)
+        return _unasked(node, "loader CPU not measured: cannot tell preprocessing from I/O", measure=LOADER_MAIN)
     if m.loader_cpu is None:
         return _unasked(node, "loader worker CPU not measured: cannot tell preprocessing from I/O",
-                        measure=per_worker)
-    return _judged(node, m.loader_cpu, compare(m.loader_cpu, node), f"{m.loader_workers} workers", per_worker)
+                        measure=LOADER_WORKERS)
+    return _judged(node, m.loader_cpu, compare(m.loader_cpu, node), f"{m.loader_workers} workers", LOADER_WORKERS)
 
 
 def _ask_comm_exposed(v: JobView, node: Node, losses: tuple[Loss, ...]) -> Answer:
@@ -348,7 +319,7 @@ def evaluate(view: JobView) -> Verdict:
     losses = account(view.metrics, view.device_type)
     answers = ask(view, losses)
     if view.stuck is not None:     # before everything, warming up included: a stopped job has no steps to judge
-        headline, suggestions, extra = explain_stuck(view, None, losses)
+        headline, suggestions, extra = explain_stuck(view, None, losses, answers)
         culprits = view.stuck.culprit_ranks
         culprit = culprits[0] if len(culprits) == 1 else None
         return Verdict("stuck", "crit", headline, [], extra, suggestions, culprit, secondary_findings(view),
@@ -366,7 +337,7 @@ def evaluate(view: JobView) -> Verdict:
                        ("data_wait_frac", m.data_wait_frac), ("comm_exposed_frac", m.comm_exposed_frac)):
         evidence.setdefault(key, _round(value))
     rule = RULES[leaf]
-    headline, suggestions, extra = rule.explain(view, straggler, losses)
+    headline, suggestions, extra = rule.explain(view, straggler, losses, answers)
     undecided = evidence.get("undecided", {})
     for node_id in undecided:
         headline += f"; cannot tell {DECIDES_BETWEEN[node_id]} ({_short_reason(undecided[node_id])})"
@@ -429,7 +400,7 @@ class Rule:
     node: str | None
     exit: str | None
     pane: str | None
-    explain: Callable[[JobView, int | None, tuple[Loss, ...]], Explained]
+    explain: Explain
     loss: str | None = None
 
 

@@ -16,6 +16,8 @@ from tests.unit.test_stuck import SLEEPER, WAITER
 from tests.unit.test_where_model import FORWARD, SLEEP, intervals
 from tests.unit.verdict_synth import T0, Rank, job, records
 from perfmon_analysis import explain, units
+from perfmon_analysis.buffers import BLOCKING_EVENTS
+from perfmon_analysis.losses import Loss
 from perfmon_analysis import verdict as V
 from perfmon_analysis.readings import GpuRow, RankTrace, StepBar, gpu_reading
 from perfmon_analysis.runmodel import RunModel
@@ -602,7 +604,7 @@ def test_evidence_numbers_are_rounded_to_four_places():
     assert frag[0]["fraction"] == 0.3333
 
 
-@pytest.mark.parametrize("name", ["checkpoint", "eval", "evaluation", "save", "pause"])
+@pytest.mark.parametrize("name", sorted(BLOCKING_EVENTS))
 def test_each_blocking_event_name_counts_as_a_pause(name):
     view = dataclasses.replace(_view(ettr=0.5), events=[{"name": name}, {"name": "warning"}])
     (gaps,) = [f for f in V.evaluate(view).findings if f["id"] == "step_gaps"]
@@ -700,3 +702,29 @@ def test_compute_efficiency_with_a_module_profile_cites_the_slowest_module_for_i
     assert v.suggestions[0] == ("start with slow (Linear): batch its small ops into large matmuls, or fuse them "
                                 "(torch.compile)")
     assert v.evidence["profile_marked"] == cited
+
+
+def test_headlines_quote_the_verdicts_own_loss_accounting_not_a_second_one():
+    """The explanation is handed the verdict's losses: a planted device idle share is what it quotes."""
+    view = _idle(step_time_median_s=0.25)
+    verdict = V.evaluate(view)
+    planted = tuple(Loss(x.id, x.label, 0.33, "planted") if x.id == "device_idle" else x for x in verdict.losses)
+    headline, _, _ = explain.explain_host_overhead(view, None, planted, verdict.answers)
+    assert headline.startswith("Host overhead: the device idles 33% of each step")
+    assert verdict.headline.startswith("Host overhead: the device idles 55% of each step")
+
+
+def test_the_loader_headline_names_the_cpu_figure_the_verdict_judged():
+    """Workers of unknown number, their CPU measured: the workers are CPU-bound, not the main process."""
+    busy = V.evaluate(_idle(data_wait_frac=0.3, loader_workers=None, loader_cpu=0.5, data_cpu_frac=None))
+    assert busy.bottleneck == "data_preprocessing"
+    assert busy.headline == ("Data preprocessing: 30% of each step waits for the loader; its workers are CPU-bound "
+                             "(50% of a core each)")
+    # num_workers=0: the main process's CPU inside the wait is judged, whatever a worker figure says
+    main = V.evaluate(_idle(data_wait_frac=0.3, loader_workers=0, loader_cpu=0.9, data_cpu_frac=0.1))
+    assert main.bottleneck == "data_loading"
+    assert main.headline == "Data loading: 30% of each step waits for the loader; not CPU-bound"
+    # workers whose CPU is unknown: nothing is said about CPU but that it cannot be told
+    unknown = V.evaluate(_idle(data_wait_frac=0.3, loader_workers=4, loader_cpu=None, data_cpu_frac=0.1))
+    assert unknown.headline == ("Data loading: 30% of each step waits for the loader; cannot tell CPU-bound "
+                                "preprocessing from slow I/O (loader worker CPU not measured)")

@@ -12,8 +12,8 @@ from typing import Callable, Iterable, Sequence
 
 from rich.text import Text
 
-from perfmon_analysis.flowchart import NODES, Node
-from perfmon_analysis.verdict import Answer, Verdict
+from perfmon_analysis.flowchart import NODES, Answer, Node
+from perfmon_analysis.verdict import Verdict
 
 # Severity colours (the verdict bar, judged numbers, straggler rows).
 OK = "green"
