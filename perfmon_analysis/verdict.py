@@ -1,11 +1,15 @@
 """The verdict: loss accounting walked through the diagnosis flowchart, one rule per outcome.
 
-The chart follows the seed 000_774f81674ee2bc74 (常见瓶颈识别流程: GPU
-utilization, memory, communication, data loading) in the order DESIGN §6
-fixes: memory first; then "is the device starved?", which fires when busy is
-under 70% or when any single measured loss (``perfmon_analysis.losses``) takes 10% of
-the step; then the largest measured loss names the bottleneck (the others that
-fired become secondary findings); then compute efficiency.
+The chart asks the usual triage questions (memory, GPU utilization, data loading,
+communication) in this order (docs/verdict.md): memory first; then "is the device
+starved?", which fires when busy is under 70% or when any single measured loss
+(``perfmon_analysis.losses``) takes 10% of the step; then the largest measured loss
+names the bottleneck (the others that fired become secondary findings); then compute
+efficiency.
+
+Every question is answered once per evaluation (``ask``), on the walk's path or not;
+``Verdict.answers`` is that one judgement of each number, which the panes draw
+instead of comparing numbers with thresholds themselves.
 
 Unknown is unknown: a quantity that was not measured never picks an exit. A
 question that cannot be asked is recorded with the reason; the walk goes on
@@ -89,8 +93,7 @@ class Verdict:
         return [str(f["id"]) for f in self.findings if f.get("id")]
 
     def as_json(self) -> dict[str, Any]:
-        """The report's ``verdict`` object (DESIGN §7); ``unknown`` maps each quantity that was not
-        measured to why."""
+        """The report's ``verdict`` object; ``unknown`` maps each quantity that was not measured to why."""
         skipped = self.evidence.get("skipped", {}) if isinstance(self.evidence, dict) else {}
         return {"bottleneck": self.bottleneck, "label": RULES[self.bottleneck].label, "severity": self.severity,
                 "headline": self.headline, "path": list(self.path), "evidence": dict(self.evidence),
