@@ -223,8 +223,8 @@ def test_device_busy_crit_edge():
 
 
 def test_every_threshold_is_a_named_constant_with_a_source():
-    # each node's threshold is the documented number (docs/verdict.md, "Thresholds and their sources"), compared the
-    # documented way, and names where it comes from
+    # each node's threshold is the number docs/verdict.md gives, compared the way it says,
+    # and names where it comes from
     documented = {"memory": (">", 0.90), "device_busy": ("<", 0.70), "data_wait": (">=", 0.05),
                   "loader_cpu": (">=", 0.30), "comm_exposed": (">=", 0.10), "straggler": ("<", 0.7),
                   "syncs": (">=", 1.0), "host_waiting": (">=", 0.50), "mfu": ("<", 0.30)}
