@@ -1,14 +1,18 @@
 """What the verdict says about each outcome: a headline and fixes that quote the job's own
 numbers, and the secondary findings (gaps, throttling, fragmentation, restarts, drops, the
-probe's own failures). Pure: everything comes from the ``JobView``."""
+probe's own failures). Pure: everything comes from the ``JobView`` and the verdict's own loss
+accounting (passed in, never recomputed, so a headline quotes the shares the verdict judged);
+every number goes through ``perfmon_analysis.units``."""
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Callable
 
 from perfmon_analysis import units
-from perfmon_analysis.flowchart import CPU_CONTENTION_MIN, ETTR_MIN, FRAGMENTATION_MAX, THROTTLE_REASONS
-from perfmon_analysis.losses import account
+from perfmon_analysis.buffers import BLOCKING_EVENTS
+from perfmon_analysis.flowchart import (CPU_CONTENTION_MIN, ETTR_MIN, FRAGMENTATION_MAX, LOADER_MAIN, THROTTLE_REASONS,
+                                        Answer)
+from perfmon_analysis.losses import Loss, by_id
 from perfmon_analysis.views import JobView, RankView, WhereLine
 
 _pct = units.pct
@@ -19,11 +23,11 @@ def round4(x: Any) -> Any:
 
 
 def peak_note(v: JobView) -> str:
-    """'of a 989 TFLOP/s peak (device table, bf16)': the number the MFU divides by, and whence."""
+    """'of a 989TFLOP/s peak (device table, bf16)': the number the MFU divides by, and whence."""
     m = v.metrics
     if m.peak_flops is None:
         return ""
-    return f"of a {m.peak_flops / 1e12:.3g} TFLOP/s peak ({m.peak_source or 'source unknown'})"
+    return f"of a {units.rate(m.peak_flops, 'FLOP')} peak ({m.peak_source or 'source unknown'})"
 
 
 def tensor_active(v: JobView) -> float | None:
@@ -31,30 +35,20 @@ def tensor_active(v: JobView) -> float | None:
     return sum(vals) / len(vals) if vals else None
 
 
-def _gb(nbytes: float | None) -> str:
-    return units.NA if nbytes is None else f"{nbytes / 1e9:.1f} GB"
-
-
-def _rate(bps: float | None) -> str:
-    if bps is None:
-        return units.NA
-    for unit, scale in (("GB/s", 1e9), ("MB/s", 1e6), ("kB/s", 1e3)):
-        if bps >= scale:
-            return f"{bps / scale:.1f} {unit}"
-    return f"{bps:.0f} B/s"
-
-
 def _step(m: Any) -> str:
-    """'123 ms'; a step under a millisecond (a tiny model) in µs, never '0 ms'."""
-    s = m.step_time_median_s
-    return units.NA if not s else f"{s * 1000:.0f} ms" if s >= 1e-3 else units.seconds(s)
+    """The window's median step; unknown when no step was timed (never '0ms')."""
+    return units.seconds(m.step_time_median_s or None)
 
 
 # -- the outcomes: headline and fixes that quote the job's own numbers --------------------------
 Explained = tuple[str, list[str], dict[str, Any]]
+# Each outcome's words from the view, the verdict's losses and its answers to the chart's questions.
+Losses = tuple[Loss, ...]
+Answers = dict[str, Answer]
+Explain = Callable[[JobView, int | None, Losses, Answers], Explained]
 
 
-def explain_warming_up(v: JobView, straggler: int | None) -> Explained:
+def explain_warming_up(v: JobView, straggler: int | None, losses: Losses, answers: Answers) -> Explained:
     return "Warming up", [], {}
 
 
@@ -77,19 +71,19 @@ _STUCK_FIXES = {
 }
 
 
-def explain_stuck(v: JobView, straggler: int | None) -> Explained:
+def explain_stuck(v: JobView, straggler: int | None, losses: Losses, answers: Answers) -> Explained:
     stuck = v.stuck
     if stuck is None:
         return "Stuck", [], {}
     return f"Stuck: {stuck.headline}", list(_STUCK_FIXES.get(stuck.kind, [])), {"stuck": stuck.as_json()}
 
 
-def explain_memory(v: JobView, straggler: int | None) -> Explained:
+def explain_memory(v: JobView, straggler: int | None, losses: Losses, answers: Answers) -> Explained:
     mem = v.metrics.memory
     what = (f"{mem.ooms} out-of-memory error(s)" if mem.ooms else
             "allocator retries rising" if mem.alloc_retries_rising else
-            f"{'window' if mem.source == 'device' else 'recent'} peak {_gb(mem.peak_bytes)} is "
-            f"{_pct(mem.peak_frac)} of the {_gb(mem.limit_bytes)} limit")
+            f"{'window' if mem.source == 'device' else 'recent'} peak {units.nbytes(mem.peak_bytes)} is "
+            f"{_pct(mem.peak_frac)} of the {units.nbytes(mem.limit_bytes)} limit")
     where = "device memory" if mem.source == "device" else "host RSS"
     fixes = ["activation checkpointing (torch.utils.checkpoint) on the largest blocks",
              "mixed precision (bf16 autocast) to halve activations",
@@ -100,12 +94,14 @@ def explain_memory(v: JobView, straggler: int | None) -> Explained:
     return f"Memory, {where}: {what}", fixes, {"memory_rank": mem.rank}
 
 
-def explain_data_preprocessing(v: JobView, straggler: int | None) -> Explained:
+def explain_data_preprocessing(v: JobView, straggler: int | None, losses: Losses, answers: Answers) -> Explained:
     m = v.metrics
     w = m.loader_workers
-    who = (f"the main process spends {_pct(m.data_cpu_frac)} of the wait on CPU (num_workers=0)"
-           if not w else f"its {w} workers are CPU-bound ({_pct(m.loader_cpu)} of a core each)" if w > 1
-           else f"its worker is CPU-bound ({_pct(m.loader_cpu)} of a core)")
+    cpu = answers["loader_cpu"]
+    workers = f"its {w} workers" if w else "its workers"
+    who = (f"the main process spends {_pct(cpu.value)} of the wait on CPU (num_workers=0)" if cpu.measure == LOADER_MAIN
+           else f"its worker is CPU-bound ({_pct(cpu.value)} of a core)" if w == 1
+           else f"{workers} are CPU-bound ({_pct(cpu.value)} of a core each)")
     fixes = ([f"raise num_workers from {w} (up to the free cores)"] if w else
              ["use DataLoader(num_workers=N): loading runs in the training process now"])
     fixes += ["move per-sample transforms to the device or batch them",
@@ -114,30 +110,30 @@ def explain_data_preprocessing(v: JobView, straggler: int | None) -> Explained:
     return f"Data preprocessing: {_pct(m.data_wait_frac)} of each step waits for the loader; {who}", fixes, {}
 
 
-def explain_data_loading(v: JobView, straggler: int | None) -> Explained:
+def explain_data_loading(v: JobView, straggler: int | None, losses: Losses, answers: Answers) -> Explained:
     m = v.metrics
     w = m.loader_workers
     fixes = [f"raise num_workers from {w} and prefetch_factor to hide read latency" if w is not None
              else "raise num_workers and prefetch_factor to hide read latency",
              "pin_memory=True and non_blocking copies",
              "persistent_workers=True", "faster or local storage; cache the dataset in RAM or on local SSD"]
-    measured = m.loader_cpu is not None or m.data_cpu_frac is not None
-    cpu = f"; not CPU-bound (workers at {_pct(m.loader_cpu)} CPU)" if m.loader_cpu is not None else \
-        "; not CPU-bound" if measured else ""
-    return f"Data loading: {_pct(m.data_wait_frac)} of each step waits for the loader{cpu}", fixes, {}
+    cpu = answers["loader_cpu"]
+    said = "" if not cpu.asked else "; not CPU-bound" if cpu.measure == LOADER_MAIN else \
+        f"; not CPU-bound (workers at {_pct(cpu.value)} CPU)"
+    return f"Data loading: {_pct(m.data_wait_frac)} of each step waits for the loader{said}", fixes, {}
 
 
-def explain_communication(v: JobView, straggler: int | None) -> Explained:
+def explain_communication(v: JobView, straggler: int | None, losses: Losses, answers: Answers) -> Explained:
     m = v.metrics
     op = (m.comm_op or "collective").replace("_", "-")
-    bw = f" at {_rate(m.busbw)} busbw" if m.busbw else ""
+    bw = f" at {units.bandwidth(m.busbw)} busbw" if m.busbw else ""
     est = " (estimated)" if m.comm_estimated else ""
     fixes = [f"overlap {op} with backward (DDP bucket_cap_mb; no sync inside backward)",
              "gradient accumulation with no_sync() to communicate every N micro-batches",
              "gradient compression hooks (bf16/fp16 compress, PowerSGD)"]
     if m.samples_per_s is not None and m.step_time_median_s:
         per_step = m.samples_per_s * m.step_time_median_s / max(1, v.world_size)
-        fixes.append(f"larger per-rank batch (about {per_step:.0f} samples per rank per step now)")
+        fixes.append(f"larger per-rank batch (about {units.count(per_step)} samples per rank per step now)")
     fixes.append("check the interconnect: busbw should approach the link's bandwidth")
     return (f"Communication: exposed {op} is {_pct(m.comm_exposed_frac)} of the step{bw}{est}", fixes,
             {"busbw": round4(m.busbw), "comm_op": m.comm_op})
@@ -152,7 +148,7 @@ def who(v: JobView, rank: int | None) -> str:
     return f"rank {rank} on {host}" if host and len(hosts) > 1 else f"rank {rank}"
 
 
-def explain_load_imbalance(v: JobView, straggler: int | None) -> Explained:
+def explain_load_imbalance(v: JobView, straggler: int | None, losses: Losses, answers: Answers) -> Explained:
     m = v.metrics
     op = (m.comm_op or "collective").replace("_", "-")
     row = _rank_row(v.ranks, straggler) if straggler is not None else None
@@ -166,9 +162,9 @@ def explain_load_imbalance(v: JobView, straggler: int | None) -> Explained:
                  f"check rank {straggler}'s host for other processes or throttling"]
         return headline, fixes, {"straggler_rank": straggler, "arrival_ratio": round4(m.arrival_ratio)}
     fast = min((r for r in v.ranks if r.compute_s is not None), key=lambda r: r.compute_s, default=None)
-    slow_ms = f"{row.compute_s * 1000:.0f} ms" if row and row.compute_s else units.NA
-    fast_ms = f"{fast.compute_s * 1000:.0f} ms" if fast and fast.compute_s else units.NA
-    headline = (f"Load imbalance: {who(v, straggler)} computes {slow_ms}/step vs {fast_ms} on rank "
+    slow = units.seconds(row.compute_s if row else None)
+    quick = units.seconds(fast.compute_s if fast else None)
+    headline = (f"Load imbalance: {who(v, straggler)} computes {slow}/step vs {quick} on rank "
                 f"{fast.rank if fast else units.NA}; the others wait {_pct(m.comm_exposed_frac)} in {op}")
     fixes = [f"find what makes rank {straggler} slower: its data shard, sequence lengths, host load",
              "balance work per rank (bucket samples by length, even shards)",
@@ -176,35 +172,31 @@ def explain_load_imbalance(v: JobView, straggler: int | None) -> Explained:
     return headline, fixes, {"straggler_rank": straggler, "compute_ratio": round4(m.compute_ratio)}
 
 
-def _idle_share(v: JobView) -> float | None:
-    return next((x.share for x in account(v.metrics, v.device_type) if x.id == "device_idle"), None)
-
-
-def _idle_text(v: JobView) -> str:
-    idle = _idle_share(v)
+def _idle_text(v: JobView, losses: Losses) -> str:
+    idle = by_id(losses)["device_idle"].share
     if v.device_type != "cuda":
         if idle is None:
             return "no measured loss explains the step's time"
         return f"the training thread is off CPU {_pct(idle)} of each step with no other measured cause"
     lead = v.metrics.host_lead_s
     # the starvation signal: a host that keeps only a few ms ahead of the GPU cannot keep it fed
-    ahead = f" (the host runs {lead * 1000:.1f} ms ahead of it)" if lead is not None else ""
+    ahead = f" (the host runs {units.seconds(lead)} ahead of it)" if lead is not None else ""
     return f"the device idles {_pct(idle)} of each step with no other measured cause{ahead}"
 
 
-def explain_host_sync(v: JobView, straggler: int | None) -> Explained:
+def explain_host_sync(v: JobView, straggler: int | None, losses: Losses, answers: Answers) -> Explained:
     m = v.metrics
     site = next((s.sync_site for t in v.traces.values() for s in reversed(t.steps) if s.sync_site), None)
     where = f" (most at {site})" if site else ""
-    return (f"Host-device sync: {_idle_text(v)}; {m.syncs_per_step:.1f} syncs per step{where}",
+    return (f"Host-device sync: {_idle_text(v, losses)}; {units.number(m.syncs_per_step, 2)} syncs per step{where}",
             ["remove .item() / .cpu() / print(tensor) from the step; log every N steps",
              "keep metrics on the device and read them asynchronously (non_blocking=True into pinned memory)"],
             {"syncs_per_step": round4(m.syncs_per_step)})
 
 
-def explain_host_overhead(v: JobView, straggler: int | None) -> Explained:
+def explain_host_overhead(v: JobView, straggler: int | None, losses: Losses, answers: Answers) -> Explained:
     m = v.metrics
-    return (f"Host overhead: {_idle_text(v)} (busy {_pct(m.device_busy)} of a {_step(m)} step); "
+    return (f"Host overhead: {_idle_text(v, losses)} (busy {_pct(m.device_busy)} of a {_step(m)} step); "
             "the CPU cannot feed it",
             ["larger batch per step", "torch.compile or CUDA graphs to cut launch overhead",
              "fuse small ops; avoid Python work per micro-op"], {})
@@ -227,9 +219,9 @@ _WAIT_FIXES = ["move the call off the training thread (a background thread or pr
                "a lock or GIL contention with a background thread shows as waiting too: find the other holder"]
 
 
-def explain_host_wait(v: JobView, straggler: int | None) -> Explained:
+def explain_host_wait(v: JobView, straggler: int | None, losses: Losses, answers: Answers) -> Explained:
     """The host thread waits off CPU inside the step: the top waiting line says where."""
-    idle = _idle_share(v)
+    idle = by_id(losses)["device_idle"].share
     line = _top_waiting(v)
     if v.device_type != "cuda":
         off = f"off CPU {_pct(idle)} of the step, no other measured cause"
@@ -238,7 +230,7 @@ def explain_host_wait(v: JobView, straggler: int | None) -> Explained:
                f"{_pct(v.metrics.host_wait_frac)} of its in-step samples")
     fixes = list(_WAIT_FIXES)
     if line is None:
-        return (f"Host wait: {_idle_text(v)}; no stack samples say where",
+        return (f"Host wait: {_idle_text(v, losses)}; no stack samples say where",
                 fixes + ["py-spy dump of the training process during a step shows the call it waits in"], {})
     fixes.insert(0, f"start with {where_text(line)}: {_pct(line.share)} ± {_pct(line.err)} of each step waits "
                     "there (key u: every line)")
@@ -246,7 +238,7 @@ def explain_host_wait(v: JobView, straggler: int | None) -> Explained:
             {"where_top": f"{line.file}:{line.line}"})
 
 
-def explain_compute_efficiency(v: JobView, straggler: int | None) -> Explained:
+def explain_compute_efficiency(v: JobView, straggler: int | None, losses: Losses, answers: Answers) -> Explained:
     m = v.metrics
     if m.mfu is not None:
         what = f"MFU {_pct(m.mfu)}" + (f" {peak_note(v)}" if m.peak_flops else "")
@@ -284,7 +276,7 @@ def gaps_lost(m: Any) -> str | None:
     return None
 
 
-def explain_healthy(v: JobView, straggler: int | None) -> Explained:
+def explain_healthy(v: JobView, straggler: int | None, losses: Losses, answers: Answers) -> Explained:
     """Healthy steps; the time between them is outside the step's accounting, so the headline says it too."""
     m = v.metrics
     busy = f"{v.device_type.upper()} busy {_pct(m.device_busy)}"
@@ -308,11 +300,11 @@ _BUSY_FIXES = {
 }
 
 
-def explain_not_measured(v: JobView, straggler: int | None) -> Explained:
+def explain_not_measured(v: JobView, straggler: int | None, losses: Losses, answers: Answers) -> Explained:
     """The starved question could not be asked: busy is unknown and no measured loss is large.
     Says what is missing and what the measured numbers still say; never a healthy verdict."""
     m = v.metrics
-    known = [x for x in account(m, v.device_type) if x.id != "step_gaps" and x.share is not None]
+    known = [x for x in losses if x.id != "step_gaps" and x.share is not None]
     said = ", ".join(f"{x.label} {_pct(x.share)}" for x in known) or "no loss measured"
     mfu = f"; MFU {_pct(m.mfu)}" if m.mfu is not None else ""
     why = v.device_status or "no utilization samples for this job's GPU"
@@ -330,7 +322,7 @@ def findings(v: JobView) -> list[dict[str, Any]]:
     out: list[dict[str, Any]] = []
     m = v.metrics
     if gaps_lost(m) is not None:
-        pauses = [e for e in v.events if e.get("name") in ("checkpoint", "eval", "evaluation", "save", "pause")]
+        pauses = [e for e in v.events if e.get("name") in BLOCKING_EVENTS]
         lost = f"ETTR {_pct(m.ettr)}" if m.ettr is not None and m.ettr < ETTR_MIN else \
             f"{_pct(m.gap_frac)} of recent time"
         out.append({"id": "step_gaps", "ettr": round4(m.ettr), "gap_frac": round4(m.gap_frac),

@@ -1,8 +1,8 @@
 """The diagnosis flowchart: its questions, thresholds (each with its source) and exits.
 
-Data only, plus ``compare``: ``perfmon_analysis.verdict`` walks it, ``perfmon_analysis.explain`` words its
-outcomes, the flowchart screen draws it. The chart follows seed 000_774f81674ee2bc74 in the
-order DESIGN §6 fixes (see ``perfmon_analysis.verdict``).
+Data only, plus ``compare`` and the ``Answer`` type: ``perfmon_analysis.verdict`` asks and walks
+it, ``perfmon_analysis.explain`` words its outcomes, the flowchart screen and the panes draw its
+answers. The order and every threshold's source: docs/verdict.md.
 """
 
 from __future__ import annotations
@@ -12,37 +12,40 @@ from dataclasses import dataclass
 from perfmon_analysis.stats import STRAGGLER_RATIO
 
 # -- thresholds (each with its source) ---------------------------------------------------------
-# Seed 000 (常见瓶颈识别流程 step 1): "低利用率(<70%) → 可能是通信或数据加载瓶颈"; DESIGN §6.
+# The usual first triage step: GPU utilization under 70% points at communication or data loading.
 DEVICE_BUSY_MIN = 0.70
 # PyTorch Profiler TB plugin DataLoader rule: DataLoader_avg / Total_avg > 0.05 (kineto tb_plugin
-# profiler/data.py, see research/analysis_anchors.md §2.2); DESIGN §6 uses >= 5%.
+# profiler/data.py); perfmon counts the edge, >= 5%.
 DATA_WAIT_MIN = 0.05
-# DESIGN §6 (issue 11): one measured loss of 10% of the step opens the "starved" gate whatever busy says:
-# a job losing a tenth of its time to one cause is never healthy. Same figure as the TB plugin
+# One measured loss of 10% of the step opens the "starved" gate whatever busy says: a job losing a
+# tenth of its time to one cause is never healthy. Same figure as the TB plugin
 # communication rule below; device idle with no other cause qualifies from it too.
 LOSS_MIN = 0.10
-# TB plugin communication rule (analysis_anchors §11 step 3: C/T > 0.10); DESIGN §6: exposed comm >= 10%.
+# TB plugin communication rule (communication / total > 0.10); perfmon judges the exposed part, >= 10%.
 COMM_EXPOSED_MIN = 0.10
 # NVIDIA Resiliency Extension straggler detection, gpu_relative_perf_threshold = 0.7 (relative score =
-# fastest rank / this rank), analysis_anchors §7; defined in perfmon_analysis.stats so the view marks the rank.
+# fastest rank / this rank); defined in perfmon_analysis.stats so the view marks the rank.
 STRAGGLER_RATIO_MAX = STRAGGLER_RATIO
-# TB plugin memory rule: peak_mem > totalGlobalMem * 0.9 (analysis_anchors §2.2); DESIGN §6 applies it to
-# the window's peak, never the lifetime one.
+# TB plugin memory rule: peak_mem > totalGlobalMem * 0.9, applied to the window's peak, never the
+# lifetime one (a peak long gone says nothing about the job now).
 MEMORY_PEAK_MAX = 0.90
-# DESIGN §6 [proposal in analysis_anchors §11.6]: MFU below 30% with the device busy is inefficient
-# compute; reference bands Llama 3 38–43%, PaLM 46%.
+# MFU below 30% with the device busy is inefficient compute: well under the reference bands of
+# large training runs (Llama 3 38–43%, PaLM 46%).
 MFU_MIN = 0.30
-# TB plugin AMP rule fires when the tensor-core time share is 0 (analysis_anchors §2.2); a small
-# tolerance for sampling noise of the GPM counter.
+# TB plugin AMP rule fires when the tensor-core time share is 0; a small tolerance for sampling noise
+# of the GPM counter.
 TENSOR_ACTIVE_MIN = 0.01
 # Loader workers (or the main thread inside the data wait when num_workers=0) on CPU for at least 30%
 # of the wall time are computing, not waiting. An I/O-bound worker sits blocked in read() near 0
 # (measured: 1% for the slow-read workload of tests/integration), while a CPU-bound one on a contended
 # host gets well under a full core (measured: 42-96% for the heavy-transform workload on 2 cores shared
-# with other jobs), so "≈100%" (analysis_anchors §11.2) would miss it. Chosen here; tests pin both sides.
+# with other jobs), so "≈100%" would miss it. Chosen here; tests pin both sides.
 LOADER_CPU_BOUND = 0.30
+# What the loader question measures: without workers the loading runs in the training process.
+LOADER_MAIN = "main process (num_workers=0)"
+LOADER_WORKERS = "of a core per worker"
 # Host-device syncs: at least one per step in a job whose device idles points at .item()/.cpu() in
-# the loop (seed 001 模型写法问题: "存在D2H的同步拷贝"; analysis_anchors §8).
+# the loop (synchronous device-to-host copies written into the model code).
 SYNCS_PER_STEP_MIN = 1.0
 # The host thread is "waiting" when most of its in-step stack samples find it off CPU (its CPU clock
 # advanced by less than half the wall time since the previous sample): "most" is the majority. On a
@@ -51,12 +54,12 @@ HOST_WAIT_MIN = 0.50
 # CPU contention: the training thread runnable with no free core for 10% of the step or more, the same
 # share at which a measured loss counts (LOSS_MIN); its cause is other processes or threads, not the step.
 CPU_CONTENTION_MIN = 0.10
-# Llama 3 reports ">90% effective training time" (arXiv 2407.21783 §3.3.4), seed 001's ETTR status quo.
+# Llama 3 reports ">90% effective training time" (arXiv 2407.21783 §3.3.4): less is time worth finding.
 ETTR_MIN = 0.90
-# Severe idleness: TB plugin "low GPU utilization" rule, gpu_utilization < 0.5 (analysis_anchors §2.2).
+# Severe idleness: TB plugin "low GPU utilization" rule, gpu_utilization < 0.5.
 DEVICE_BUSY_CRIT = 0.50
-# Fragmentation finding: inactive-split bytes over 20% of reserved [proposal: analysis_anchors §11.1
-# suggests 10–20%; the upper end keeps it quiet on healthy allocators].
+# Fragmentation finding: inactive-split bytes over 20% of reserved (10–20% is the usual range; the upper
+# end keeps it quiet on healthy allocators).
 FRAGMENTATION_MAX = 0.20
 # NVML clock-event reasons that slow the clocks for power or heat, by their wire names
 # (probe/gpu/nvml.py THROTTLE_BITS); idle, app_clocks, sync_boost, display_clocks are not throttling.
@@ -88,6 +91,34 @@ class Node:
     unit: str = "frac"
 
 
+@dataclass(frozen=True)
+class Answer:
+    """One flowchart question as the verdict's rule answered it: the one judgement of that number,
+    which the verdict bar, the flowchart screen and every pane marker display.
+
+    ``answer``: "yes" (the node's problem exit), "no", or None when the question could not be
+    asked (not measured; or, with ``applies`` False, it does not apply to this job and the walk
+    takes "no"). ``value`` and ``threshold``: the number judged and the line it was judged
+    against; ``measure``: what ``value`` is, where the question measures it more than one way;
+    ``decided_by``: the test that decided, where it was not ``value`` against ``threshold``
+    alone (a larger loss, an OOM, a late rank), so a pane never shows a bare comparison
+    that the answer contradicts.
+    """
+
+    node: Node
+    answer: str | None
+    value: float | None
+    threshold: float
+    reason: str = ""
+    applies: bool = True
+    measure: str = ""
+    decided_by: str = ""
+
+    @property
+    def asked(self) -> bool:
+        return self.answer is not None
+
+
 FLOWCHART: tuple[Node, ...] = (
     Node("memory", "OOM or allocator retries in the window, or the window's peak over 90% of the limit?",
          "memory_peak_frac", MEMORY_PEAK_MAX,
@@ -95,8 +126,8 @@ FLOWCHART: tuple[Node, ...] = (
          yes="memory", no="device_busy", op=">"),
     Node("device_busy", "Is the device starved: busy under 70%, or one measured loss 10% or more of the step?",
          "device_busy", DEVICE_BUSY_MIN,
-         "seed 000 flowchart step 1 (GPU utilization < 70%); one loss >= 10%: perfmon loss accounting "
-         "(docs/verdict.md)",
+         "common triage: GPU utilization < 70% points at communication or data loading; one loss >= 10%: "
+         "perfmon loss accounting (docs/verdict.md)",
          yes="data_wait", no="mfu", op="<"),
     Node("data_wait", "Is waiting for the next batch the largest loss, at 5% or more of the step?",
          "data_wait_frac", DATA_WAIT_MIN, "PyTorch Profiler TB plugin DataLoader rule (> 5% of step time)",
@@ -113,7 +144,8 @@ FLOWCHART: tuple[Node, ...] = (
          yes="load_imbalance", no="communication", op="<", unit="ratio"),
     Node("syncs", "The device idles with no other measured cause: does every step force a host-device sync?",
          "syncs_per_step", SYNCS_PER_STEP_MIN,
-         "seed 001 (D2H sync copies in the model code idle the GPU)", yes="host_sync", no="host_waiting",
+         "synchronous device-to-host copies in the model code (.item(), .cpu()) idle the GPU", yes="host_sync",
+         no="host_waiting",
          unit="count"),
     Node("host_waiting", "The host thread: is it off CPU (waiting) for most of the unexplained time?",
          "host_wait_frac", HOST_WAIT_MIN,

@@ -6,8 +6,10 @@ measured loss explains: on a GPU the device with nothing to do (host syncs,
 launch overhead, a host that waits), on a CPU the training thread off CPU
 (a sleep, a lock, a remote call, a file read inside the step). Between steps, time
 is lost to gaps (checkpoints, evaluation, stalls). Each share is measured from
-a named source or is unknown (``share is None`` with the reason), never 0
-(DESIGN §6). Pure: ``account(metrics, device_type)`` depends on its inputs only.
+a named source or is unknown (``share is None`` with the reason), never 0: a zero
+would say "nothing lost" about time nobody measured. Pure: ``account(metrics,
+device_type)`` depends on its inputs only; the verdict accounts once and hands the result
+to everything that quotes a share.
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from perfmon_analysis import units
 from perfmon_analysis.views import Metrics
 
 # The ids, in the order the verdict's flowchart asks about them.
@@ -50,7 +53,7 @@ def account(m: Metrics, device_type: str) -> tuple[Loss, ...]:
         comm = Loss("comm_exposed", "exposed communication", m.comm_exposed_frac, how)
     elif m.comm_frac is not None:
         comm = Loss("comm_exposed", "exposed communication", None,
-                    f"collectives take {100 * m.comm_frac:.0f}% of the step, the exposed part is not measured "
+                    f"collectives take {units.pct(m.comm_frac)} of the step, the exposed part is not measured "
                     "(NCCL: PERFMON_NCCL_TIMING=1)")
     else:
         comm = Loss("comm_exposed", "exposed communication", None,

@@ -1,4 +1,5 @@
-"""Number formatting shared by every pane, so a unit reads the same everywhere.
+"""Number formatting for every number a person reads (panes, verdict, report), so a unit reads
+the same everywhere: SI prefixes written against the unit, no space ('3.2GB', '12.3GB/s').
 
 Unknown values (``None``) print as ``n/a``: a pane never invents a number.
 """
@@ -77,7 +78,7 @@ def bandwidth(value: float | None) -> str:
     """Bytes per second in decimal units, as nccl-tests prints busbw: '12.3GB/s'."""
     if value is None:
         return NA
-    v, prefix = _si(float(value), ("", "K", "M", "G", "T"))
+    v, prefix = _si(float(value), ("", "k", "M", "G", "T"))
     return f"{v:.3g}{prefix}B/s"
 
 
@@ -85,3 +86,13 @@ def number(value: float | None, digits: int = 3) -> str:
     if value is None:
         return NA
     return f"{value:.{digits}g}"
+
+
+def ratio(value: float | None, digits: int = 2) -> str:
+    """Ratios to a fixed number of places, so a column of them lines up: 0.5 -> '0.50'."""
+    return NA if value is None else f"{value:.{digits}f}"
+
+
+def fixed(value: float | None, unit: str = "", digits: int = 0) -> str:
+    """A reading in a unit without prefixes (watts, MHz, °C, cores): 349.6, 'W' -> '350W'."""
+    return NA if value is None else f"{value:.{digits}f}{unit}"

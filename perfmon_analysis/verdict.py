@@ -1,11 +1,15 @@
 """The verdict: loss accounting walked through the diagnosis flowchart, one rule per outcome.
 
-The chart follows the seed 000_774f81674ee2bc74 (常见瓶颈识别流程: GPU
-utilization, memory, communication, data loading) in the order DESIGN §6
-fixes: memory first; then "is the device starved?", which fires when busy is
-under 70% or when any single measured loss (``perfmon_analysis.losses``) takes 10% of
-the step; then the largest measured loss names the bottleneck (the others that
-fired become secondary findings); then compute efficiency.
+The chart asks the usual triage questions (memory, GPU utilization, data loading,
+communication) in this order (docs/verdict.md): memory first; then "is the device
+starved?", which fires when busy is under 70% or when any single measured loss
+(``perfmon_analysis.losses``) takes 10% of the step; then the largest measured loss
+names the bottleneck (the others that fired become secondary findings); then compute
+efficiency.
+
+Every question is answered once per evaluation (``ask``), on the walk's path or not;
+``Verdict.answers`` is that one judgement of each number, which the panes draw
+instead of comparing numbers with thresholds themselves.
 
 Unknown is unknown: a quantity that was not measured never picks an exit. A
 question that cannot be asked is recorded with the reason; the walk goes on
@@ -31,33 +35,26 @@ from typing import Any, Callable
 from perfmon_analysis import units
 from perfmon_analysis.buffers import MIN_STEPS
 from perfmon_analysis.losses import STEP_LOSSES, Loss, account, by_id
-from perfmon_analysis.explain import (Explained, explain_communication, explain_compute_efficiency, explain_data_loading,
+from perfmon_analysis.explain import (Explain, explain_communication, explain_compute_efficiency, explain_data_loading,
                                explain_data_preprocessing, explain_healthy, explain_host_overhead, explain_host_sync,
                                explain_host_wait, explain_load_imbalance, explain_memory, explain_not_measured,
                                explain_stuck, explain_warming_up, gaps_lost, peak_note, round4 as _round,
                                tensor_active, where_text)
 from perfmon_analysis.explain import findings as secondary_findings  # beside the named outcome
-from perfmon_analysis.flowchart import (DECIDES_BETWEEN, DEVICE_BUSY_CRIT, LOSS_MIN, LOSS_THRESHOLD, NODES, ROOT,
-                                 TENSOR_ACTIVE_MIN, UNMEASURED, Node, compare)
+from perfmon_analysis.flowchart import (DECIDES_BETWEEN, DEVICE_BUSY_CRIT, LOADER_MAIN, LOADER_WORKERS, LOSS_MIN,
+                                        LOSS_THRESHOLD, NODES, ROOT, TENSOR_ACTIVE_MIN, UNMEASURED, Answer, Node,
+                                        compare)
 from perfmon_analysis.stuck import StuckDiagnosis
 from perfmon_analysis.views import JobView, WhereLine, WhereTable
 
 WHERE_TOP = 5     # lines of ``verdict.where`` in the report
 
 @dataclass(frozen=True)
-class PathStep:
-    """One flowchart question as this verdict answered it; ``answer`` None = skipped (not measured)."""
-
-    node: Node
-    value: float | None
-    answer: str | None
-
-
-@dataclass(frozen=True)
 class Verdict:
     """The answer for one view.
 
-    ``path``: node ids walked; ``evidence``: the numbers behind each answer, plus
+    ``path``: node ids walked; ``answers``: every question's answer (on the path or not), the
+    judgement the panes show; ``evidence``: the numbers behind each answer, plus
     ``skipped`` {node: reason} for questions that could not be asked;
     ``losses``: the window's loss accounting; ``undecided``: {node: reason} where
     the outcome's own question could not be asked (the verdict names the loss, not
@@ -81,35 +78,22 @@ class Verdict:
     stuck: StuckDiagnosis | None = None
     straggler_host: str | None = None    # the node of ``straggler_rank`` (the report's verdict.straggler_host)
     where: WhereTable | None = None
+    answers: dict[str, Answer] = field(default_factory=dict)
 
     @property
     def rule(self) -> "Rule":
         return RULES[self.bottleneck]
 
-    def steps(self) -> list["PathStep"]:
-        """Each question on the path with its measured value and the exit taken."""
-        skipped = self.evidence.get("skipped", {})
-        out = []
-        for i, node_id in enumerate(self.path):
-            node = NODES.get(node_id)
-            if node is None:
-                continue
-            if node_id in skipped:
-                out.append(PathStep(node, None, None))
-                continue
-            nxt = self.path[i + 1] if i + 1 < len(self.path) else self.bottleneck
-            value = self.evidence.get(node.quantity)
-            known = isinstance(value, (int, float)) and not isinstance(value, bool)
-            out.append(PathStep(node, float(value) if known else None, "yes" if nxt == node.yes else "no"))
-        return out
+    def steps(self) -> list[Answer]:
+        """Each question on the path as the walk answered it."""
+        return [self.answers[n] for n in self.path if n in self.answers]
 
     @property
     def finding_ids(self) -> list[str]:
         return [str(f["id"]) for f in self.findings if f.get("id")]
 
     def as_json(self) -> dict[str, Any]:
-        """The report's ``verdict`` object (DESIGN §7); ``unknown`` maps each quantity that was not
-        measured to why."""
+        """The report's ``verdict`` object; ``unknown`` maps each quantity that was not measured to why."""
         skipped = self.evidence.get("skipped", {}) if isinstance(self.evidence, dict) else {}
         return {"bottleneck": self.bottleneck, "label": RULES[self.bottleneck].label, "severity": self.severity,
                 "headline": self.headline, "path": list(self.path), "evidence": dict(self.evidence),
@@ -131,12 +115,14 @@ class Verdict:
 
 
 # -- measuring each node -----------------------------------------------------------------------
-@dataclass(frozen=True)
-class _Answer:
-    value: Any             # the quantity (None when unknown)
-    fired: bool | None     # None = could not be asked
-    reason: str = ""       # why it was skipped, or a detail for the evidence
-    applies: bool = True   # False: the question does not apply to this job (its "no" exit is the answer)
+def _judged(node: Node, value: float | None, fired: bool, reason: str = "", measure: str = "",
+            threshold: float | None = None, decided_by: str = "") -> Answer:
+    return Answer(node, "yes" if fired else "no", value, node.threshold if threshold is None else threshold,
+                  reason, measure=measure, decided_by=decided_by)
+
+
+def _unasked(node: Node, reason: str, applies: bool = True, measure: str = "") -> Answer:
+    return Answer(node, None, None, node.threshold, reason, applies, measure)
 
 
 _pct = units.pct
@@ -148,24 +134,29 @@ def qualifying(losses: tuple[Loss, ...]) -> list[Loss]:
     return sorted(out, key=lambda x: -(x.share or 0.0))
 
 
-def _largest(loss: Loss, losses: tuple[Loss, ...]) -> bool:
+def _ask_largest(node: Node, loss: Loss, losses: tuple[Loss, ...], reason: str = "") -> Answer:
     """Is this measured loss over its threshold and at least as large as every other one that is?"""
     fired = qualifying(losses)
-    return loss in fired and all((loss.share or 0.0) >= (x.share or 0.0) for x in fired)
+    larger = next((x for x in fired if (x.share or 0.0) > (loss.share or 0.0)), None)
+    if loss in fired and larger is not None:
+        return _judged(node, loss.share, False, reason, decided_by=f"{larger.label} {_pct(larger.share)} is larger")
+    return _judged(node, loss.share, loss in fired, reason)
 
 
-def _ask_memory(v: JobView, node: Node, losses: tuple[Loss, ...]) -> _Answer:
+def _ask_memory(v: JobView, node: Node, losses: tuple[Loss, ...]) -> Answer:
     m = v.metrics.memory
     if m.ooms:
-        return _Answer(m.peak_frac, True, f"{m.ooms} out-of-memory error(s) in the window")
+        return _judged(node, m.peak_frac, True, f"{m.ooms} out-of-memory error(s) in the window",
+                       decided_by=f"{m.ooms} OOM")
     if m.alloc_retries_rising:
-        return _Answer(m.peak_frac, True, f"allocator retries rising ({m.alloc_retries} so far)")
+        return _judged(node, m.peak_frac, True, f"allocator retries rising ({m.alloc_retries} so far)",
+                       decided_by="allocator retries rising")
     if m.peak_frac is None:
-        return _Answer(None, None, "memory limit or peak not reported")
-    return _Answer(m.peak_frac, compare(m.peak_frac, node))
+        return _unasked(node, "memory limit or peak not reported")
+    return _judged(node, m.peak_frac, compare(m.peak_frac, node))
 
 
-def _ask_device_busy(v: JobView, node: Node, losses: tuple[Loss, ...]) -> _Answer:
+def _ask_device_busy(v: JobView, node: Node, losses: tuple[Loss, ...]) -> Answer:
     """Starved when busy is low or one measured loss is 10% or more. "Not starved" needs busy
     measured: small or zero measured losses say nothing about the time they do not cover."""
     busy = v.metrics.device_busy
@@ -174,10 +165,11 @@ def _ask_device_busy(v: JobView, node: Node, losses: tuple[Loss, ...]) -> _Answe
     low = busy is not None and compare(busy, node)
     lossy = big is not None and (big.share or 0.0) >= LOSS_MIN
     if lossy and not low:
-        return _Answer(busy, True, f"{big.label} is {_pct(big.share)} of the step (>= {_pct(LOSS_MIN)})")
+        return _judged(node, busy, True, f"{big.label} is {_pct(big.share)} of the step (>= {_pct(LOSS_MIN)})",
+                       decided_by=f"a loss of {_pct(big.share)} ≥{_pct(LOSS_MIN)}")
     if busy is None:
-        return _Answer(None, None, f"{v.device_type.upper()} busy not measured ({_busy_missing(v)})")
-    return _Answer(busy, low, v.metrics.device_busy_source or "")
+        return _unasked(node, f"{v.device_type.upper()} busy not measured ({_busy_missing(v)})")
+    return _judged(node, busy, low, v.metrics.device_busy_source or "")
 
 
 def _busy_missing(v: JobView) -> str:
@@ -187,84 +179,89 @@ def _busy_missing(v: JobView) -> str:
     return "no step timing yet"
 
 
-def _ask_data_wait(v: JobView, node: Node, losses: tuple[Loss, ...]) -> _Answer:
+def _ask_data_wait(v: JobView, node: Node, losses: tuple[Loss, ...]) -> Answer:
     d = by_id(losses)["data_wait"]
     if d.share is None:
-        return _Answer(None, None, "loader wait not measured (wrap the loader: mon.loader(...))")
-    return _Answer(d.share, _largest(d, losses))
+        return _unasked(node, "loader wait not measured (wrap the loader: mon.loader(...))")
+    return _ask_largest(node, d, losses)
 
 
-def _ask_loader_cpu(v: JobView, node: Node, losses: tuple[Loss, ...]) -> _Answer:
+def _ask_loader_cpu(v: JobView, node: Node, losses: tuple[Loss, ...]) -> Answer:
+    """Without workers the loading runs in the training process: its CPU share inside the data wait
+    is the measure; with workers, their CPU per worker."""
     m = v.metrics
     if m.loader_workers == 0 or (m.loader_workers is None and m.loader_cpu is None):
         if m.data_cpu_frac is not None:
-            return _Answer(m.data_cpu_frac, compare(m.data_cpu_frac, node),
-                           "num_workers=0: main-process CPU share of the data wait")
-        return _Answer(None, None, "loader CPU not measured: cannot tell preprocessing from I/O")
+            return _judged(node, m.data_cpu_frac, compare(m.data_cpu_frac, node),
+                           "num_workers=0: main-process CPU share of the data wait", LOADER_MAIN)
+        return _unasked(node, "loader CPU not measured: cannot tell preprocessing from I/O", measure=LOADER_MAIN)
     if m.loader_cpu is None:
-        return _Answer(None, None, "loader worker CPU not measured: cannot tell preprocessing from I/O")
-    return _Answer(m.loader_cpu, compare(m.loader_cpu, node), f"{m.loader_workers} workers")
+        return _unasked(node, "loader worker CPU not measured: cannot tell preprocessing from I/O",
+                        measure=LOADER_WORKERS)
+    return _judged(node, m.loader_cpu, compare(m.loader_cpu, node), f"{m.loader_workers} workers", LOADER_WORKERS)
 
 
-def _ask_comm_exposed(v: JobView, node: Node, losses: tuple[Loss, ...]) -> _Answer:
+def _ask_comm_exposed(v: JobView, node: Node, losses: tuple[Loss, ...]) -> Answer:
     c = by_id(losses)["comm_exposed"]
     if c.share is None:
         if v.metrics.comm_frac is not None:
-            return _Answer(None, None, f"communication takes {_pct(v.metrics.comm_frac)} of the step but its "
-                                       "exposed part is not measured (NCCL: PERFMON_NCCL_TIMING=1)")
-        return _Answer(None, None, "collectives not measured (mon.watch(model=ddp_model) measures them)")
-    return _Answer(c.share, _largest(c, losses), "estimated" if v.metrics.comm_estimated else "")
+            return _unasked(node, f"communication takes {_pct(v.metrics.comm_frac)} of the step but its "
+                                  "exposed part is not measured (NCCL: PERFMON_NCCL_TIMING=1)")
+        return _unasked(node, "collectives not measured (mon.watch(model=ddp_model) measures them)")
+    return _ask_largest(node, c, losses, "estimated" if v.metrics.comm_estimated else "")
 
 
-def _ask_straggler(v: JobView, node: Node, losses: tuple[Loss, ...]) -> _Answer:
+def _ask_straggler(v: JobView, node: Node, losses: tuple[Loss, ...]) -> Answer:
     m = v.metrics
     if m.compute_ratio is None:
         if v.world_size <= 1 and len(v.ranks) <= 1:
-            return _Answer(None, None, "one rank: there is no peer to wait for", applies=False)
-        return _Answer(None, None, "needs compute time of two or more ranks")
+            return _unasked(node, "one rank: there is no peer to wait for", applies=False)
+        return _unasked(node, "needs compute time of two or more ranks")
     if m.straggler_by == "arrival":
-        return _Answer(m.compute_ratio, True, f"compute is even, but rank {v.straggler_rank} reaches the "
-                                              f"collective last (arrival ratio {m.arrival_ratio:.2f})")
-    return _Answer(m.compute_ratio, compare(m.compute_ratio, node))
+        return _judged(node, m.compute_ratio, True, f"compute is even, but rank {v.straggler_rank} reaches the "
+                                                    f"collective last (arrival ratio {units.ratio(m.arrival_ratio)})",
+                       decided_by=f"rank {v.straggler_rank} arrives last")
+    return _judged(node, m.compute_ratio, compare(m.compute_ratio, node))
 
 
-def _ask_host_sync(v: JobView, node: Node, losses: tuple[Loss, ...]) -> _Answer:
+def _ask_host_sync(v: JobView, node: Node, losses: tuple[Loss, ...]) -> Answer:
     if v.device_type != "cuda":
-        return _Answer(None, None, "CPU job: there is no host-device sync to find", applies=False)
+        return _unasked(node, "CPU job: there is no host-device sync to find", applies=False)
     s = v.metrics.syncs_per_step
     if s is None:
-        return _Answer(None, None, "syncs not counted (opt-in: watch(syncs=True) or PERFMON_SYNCS=1)")
+        return _unasked(node, "syncs not counted (opt-in: watch(syncs=True) or PERFMON_SYNCS=1)")
     if not compare(s, node) and by_id(losses)["device_idle"].share is None:
-        return _Answer(None, None, "no measured loss explains the low busy share (device idle not measured)")
-    return _Answer(s, compare(s, node))
+        return _unasked(node, "no measured loss explains the low busy share (device idle not measured)")
+    return _judged(node, s, compare(s, node))
 
 
-def _ask_host_waiting(v: JobView, node: Node, losses: tuple[Loss, ...]) -> _Answer:
+def _ask_host_waiting(v: JobView, node: Node, losses: tuple[Loss, ...]) -> Answer:
     if v.device_type != "cuda":
         if by_id(losses)["device_idle"].share is None:
-            return _Answer(None, None, "the training thread's CPU time is not reported")
-        return _Answer(1.0, compare(1.0, node), "CPU job: the unexplained loss is the training thread's time "
-                                                "off CPU")
+            return _unasked(node, "the training thread's CPU time is not reported")
+        return _judged(node, 1.0, compare(1.0, node),
+                       "CPU job: the unexplained loss is the training thread's time off CPU")
     frac = v.metrics.host_wait_frac
     if frac is None:
-        return _Answer(None, None, "no stack samples of the training thread in steps")
+        return _unasked(node, "no stack samples of the training thread in steps")
     n = (v.where.waiting + v.where.busy) if v.where is not None else 0
-    return _Answer(frac, compare(frac, node), f"{n} stack samples")
+    return _judged(node, frac, compare(frac, node), f"{n} stack samples")
 
 
-def _ask_mfu(v: JobView, node: Node, losses: tuple[Loss, ...]) -> _Answer:
+def _ask_mfu(v: JobView, node: Node, losses: tuple[Loss, ...]) -> Answer:
     mfu = v.metrics.mfu
     if mfu is not None:
-        return _Answer(mfu, compare(mfu, node), peak_note(v))
+        return _judged(node, mfu, compare(mfu, node), peak_note(v))
     tensor = tensor_active(v) if v.device_type == "cuda" else None
     if tensor is not None:
-        return _Answer(tensor, tensor < TENSOR_ACTIVE_MIN, "tensor-core activity (MFU unknown)")
+        return _judged(node, tensor, tensor < TENSOR_ACTIVE_MIN, "tensor-core activity (MFU unknown)",
+                       "tensor-core activity", TENSOR_ACTIVE_MIN)
     if v.device_type != "cuda":
-        return _Answer(None, None, "CPU job: no peak FLOP/s known (set PERFMON_PEAK_TFLOPS for an MFU)")
-    return _Answer(None, None, "MFU unknown: pass flops= to mon.step() or mon.watch(model=...)")
+        return _unasked(node, "CPU job: no peak FLOP/s known (set PERFMON_PEAK_TFLOPS for an MFU)")
+    return _unasked(node, "MFU unknown: pass flops= to mon.step() or mon.watch(model=...)")
 
 
-_ASK: dict[str, Callable[[JobView, Node, tuple[Loss, ...]], _Answer]] = {
+_ASK: dict[str, Callable[[JobView, Node, tuple[Loss, ...]], Answer]] = {
     "memory": _ask_memory, "device_busy": _ask_device_busy, "data_wait": _ask_data_wait,
     "loader_cpu": _ask_loader_cpu, "comm_exposed": _ask_comm_exposed, "straggler": _ask_straggler,
     "syncs": _ask_host_sync, "host_waiting": _ask_host_waiting, "mfu": _ask_mfu,
@@ -272,14 +269,22 @@ _ASK: dict[str, Callable[[JobView, Node, tuple[Loss, ...]], _Answer]] = {
 
 
 # -- evaluation --------------------------------------------------------------------------------
-def walk(view: JobView, losses: tuple[Loss, ...] | None = None) -> tuple[str, list[str], dict[str, Any]]:
-    """Walk the chart: (outcome, node ids visited, evidence).
+def ask(view: JobView, losses: tuple[Loss, ...]) -> dict[str, Answer]:
+    """Every question of the chart answered once, on the walk's path or not: the one judgement of
+    each number, which the walk follows and the panes display."""
+    return {node_id: _ASK[node_id](view, node, losses) for node_id, node in NODES.items()}
+
+
+def walk(view: JobView, losses: tuple[Loss, ...] | None = None,
+         answers: dict[str, Answer] | None = None) -> tuple[str, list[str], dict[str, Any]]:
+    """Walk the chart by the answers: (outcome, node ids visited, evidence).
 
     A question that cannot be asked is listed under ``evidence["skipped"]`` and
     the walk goes on with what is known; when it was the outcome's own question
     (``DECIDES_BETWEEN``), ``evidence["undecided"]`` says what is left open.
     """
     losses = account(view.metrics, view.device_type) if losses is None else losses
+    answers = ask(view, losses) if answers is None else answers
     path: list[str] = []
     evidence: dict[str, Any] = {}
     skipped: dict[str, str] = {}
@@ -288,8 +293,8 @@ def walk(view: JobView, losses: tuple[Loss, ...] | None = None) -> tuple[str, li
     while True:
         node = NODES[node_id]
         path.append(node_id)
-        ans = _ASK[node_id](view, node, losses)
-        if ans.fired is None:
+        ans = answers[node_id]
+        if ans.answer is None:
             skipped[node_id] = ans.reason
             if not ans.applies:           # the question does not apply to this job: its "no" is the answer
                 node_id = node.no
@@ -301,7 +306,7 @@ def walk(view: JobView, losses: tuple[Loss, ...] | None = None) -> tuple[str, li
             evidence[node.quantity] = _round(ans.value)
             if ans.reason:
                 evidence.setdefault("notes", {})[node_id] = ans.reason
-            node_id = node.yes if ans.fired else node.no
+            node_id = node.yes if ans.answer == "yes" else node.no
         if node_id in RULES:
             break
     if skipped:
@@ -312,27 +317,30 @@ def walk(view: JobView, losses: tuple[Loss, ...] | None = None) -> tuple[str, li
 
 
 def evaluate(view: JobView) -> Verdict:
-    """The verdict for one view (pure)."""
+    """The verdict for one view (pure). Every question is answered even when the walk stops
+    before it (stuck, warming up), so a pane always shows the verdict's judgement, never its own."""
     losses = account(view.metrics, view.device_type)
-    if view.stuck is not None:     # DESIGN §6 step 0: before everything, warming up included
-        headline, suggestions, extra = explain_stuck(view, None)
+    answers = ask(view, losses)
+    if view.stuck is not None:     # before everything, warming up included: a stopped job has no steps to judge
+        headline, suggestions, extra = explain_stuck(view, None, losses, answers)
         culprits = view.stuck.culprit_ranks
         culprit = culprits[0] if len(culprits) == 1 else None
         return Verdict("stuck", "crit", headline, [], extra, suggestions, culprit, secondary_findings(view),
-                       losses=losses, stuck=view.stuck, straggler_host=_host_of(view, culprit), where=view.where)
+                       losses=losses, stuck=view.stuck, straggler_host=_host_of(view, culprit), where=view.where,
+                       answers=answers)
     if view.warming_up:
         steps = max((r.window_steps for r in view.ranks), default=0)
         return Verdict("warming_up", "info", f"Warming up: {steps} of {MIN_STEPS} steps seen, no verdict yet",
                        [], {"steps": view.metrics.steps}, [], None, secondary_findings(view), losses=losses,
-                       where=view.where)
-    leaf, path, evidence = walk(view, losses)
+                       where=view.where, answers=answers)
+    leaf, path, evidence = walk(view, losses, answers)
     m = view.metrics
     straggler = view.straggler_rank if leaf == "load_imbalance" else None
     for key, value in (("step_time_median_s", m.step_time_median_s), ("device_busy", m.device_busy),
                        ("data_wait_frac", m.data_wait_frac), ("comm_exposed_frac", m.comm_exposed_frac)):
         evidence.setdefault(key, _round(value))
     rule = RULES[leaf]
-    headline, suggestions, extra = rule.explain(view, straggler)
+    headline, suggestions, extra = rule.explain(view, straggler, losses, answers)
     undecided = evidence.get("undecided", {})
     for node_id in undecided:
         headline += f"; cannot tell {DECIDES_BETWEEN[node_id]} ({_short_reason(undecided[node_id])})"
@@ -340,7 +348,7 @@ def evaluate(view: JobView) -> Verdict:
     found = _loss_findings(rule, losses, view.where) + secondary_findings(view)
     return Verdict(leaf, _severity(leaf, view, losses), headline, path, evidence, suggestions, straggler, found,
                    losses=losses, undecided=dict(undecided), straggler_host=_host_of(view, straggler),
-                   where=view.where)
+                   where=view.where, answers=answers)
 
 
 def _host_of(view: JobView, rank: int | None) -> str | None:
@@ -395,7 +403,7 @@ class Rule:
     node: str | None
     exit: str | None
     pane: str | None
-    explain: Callable[[JobView, int | None], Explained]
+    explain: Explain
     loss: str | None = None
 
 

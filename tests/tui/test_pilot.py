@@ -317,8 +317,8 @@ async def test_a_stuck_job_names_the_culprit_in_the_bar_and_s_shows_each_ranks_p
         await pilot.press("s")
         assert isinstance(app.screen, StuckScreen)
         text = screen_text(app)
-        assert "rank 1  culprit  45s  train.py:30 in load_shard" in text
-        assert "rank 0  waiting  45s  in all_reduce #41" in text
+        assert "rank 1 · culprit · 45s · train.py:30 in load_shard · node-a pid 4001" in text
+        assert "rank 0 · waiting · 45s · in all_reduce #41 · node-a pid 4000" in text
         assert "/home/user/train.py:30 in load_shard" in text and "distributed_c10d.py:3252 in all_reduce" in text
         await pilot.press("s")
         assert not isinstance(app.screen, StuckScreen)

@@ -132,7 +132,7 @@ def test_communication_headline_quotes_exposed_share_and_busbw():
     v = V.evaluate(model.view())
     assert v.bottleneck == "communication"
     # no comm record before the window: all 30 calls of 8 MiB in 1.5 s; factor 2(n-1)/n = 1 for n=2
-    assert "exposed all-reduce is 45% of the step at 167.8 MB/s busbw" in v.headline
+    assert "exposed all-reduce is 45% of the step at 168MB/s busbw" in v.headline
     assert v.evidence["busbw"] == pytest.approx(30 * (8 << 20) / 1.5, rel=1e-3)
 
 
@@ -570,7 +570,7 @@ def test_a_second_rank_still_warming_up_leaves_the_straggler_question_undecided_
 def test_the_mfu_question_notes_the_peak_it_divided_by():
     v = V.evaluate(job(Rank(dur=0.1, flops=5e12, gpu_util=95), device="cuda", peak=100e12).view())
     assert v.bottleneck == "healthy"
-    assert v.evidence["notes"]["mfu"] == "of a 100 TFLOP/s peak (device table, bf16)"
+    assert v.evidence["notes"]["mfu"] == "of a 100TFLOP/s peak (device table, bf16)"
 
 
 def test_walk_on_its_own_accounts_the_losses_of_the_views_device():
@@ -602,3 +602,30 @@ def test_a_stuck_verdict_keeps_the_findings_and_the_loss_accounting():
     v = V.evaluate(view)
     assert v.bottleneck == "stuck" and "drops" in v.finding_ids
     assert [x["id"] for x in v.as_json()["losses"]] == ["data_wait", "comm_exposed", "device_idle", "step_gaps"]
+
+
+def test_every_question_is_answered_once_on_the_path_or_not_and_the_walk_follows_those_answers():
+    v = V.evaluate(job(Rank(dur=0.1, data=0.04, loader_workers=2, loader_cpu=0.05)).view())
+    assert set(v.answers) == set(chart.NODES)
+    assert v.steps() == [v.answers[n] for n in v.path]
+    for step, nxt in zip(v.steps(), v.path[1:] + [v.bottleneck]):
+        assert nxt == (step.node.yes if step.answer == "yes" else step.node.no)
+    off = v.answers["comm_exposed"]       # off the path: still judged, by the same rule
+    assert "comm_exposed" not in v.path and (off.answer, off.value) == ("no", 0.0)
+    assert v.answers["mfu"].answer is None and v.answers["mfu"].reason.startswith("CPU job: no peak FLOP/s")
+
+
+def test_a_stuck_or_warming_up_verdict_still_carries_every_answer():
+    warming = V.evaluate(job(Rank(steps=3)).view())
+    assert warming.bottleneck == "warming_up" and warming.path == [] and set(warming.answers) == set(chart.NODES)
+
+
+def test_an_answer_decided_by_more_than_its_threshold_says_what_decided():
+    both = V.evaluate(_comm(data_wait_frac=0.08, comm_exposed_frac=0.2, compute_ratio=0.95))
+    data = both.answers["data_wait"]
+    assert (data.answer, data.value, data.threshold) == ("no", 0.08, chart.DATA_WAIT_MIN)
+    assert data.decided_by == "exposed communication 20% is larger"
+    assert both.answers["comm_exposed"].answer == "yes" and both.answers["comm_exposed"].decided_by == ""
+    lossy = V.evaluate(_comm(data_wait_frac=0.12, loader_workers=4, loader_cpu=0.05))
+    assert lossy.answers["device_busy"].answer == "yes" and lossy.answers["device_busy"].value == 0.9
+    assert lossy.answers["device_busy"].decided_by == "a loss of 12% ≥10%"

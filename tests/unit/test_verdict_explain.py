@@ -15,7 +15,9 @@ import pytest
 from tests.unit.test_stuck import SLEEPER, WAITER
 from tests.unit.test_where_model import FORWARD, SLEEP, intervals
 from tests.unit.verdict_synth import T0, Rank, job, records
-from perfmon_analysis import explain
+from perfmon_analysis import explain, units
+from perfmon_analysis.buffers import BLOCKING_EVENTS
+from perfmon_analysis.losses import Loss
 from perfmon_analysis import verdict as V
 from perfmon_analysis.readings import GpuRow, RankTrace, StepBar, gpu_reading
 from perfmon_analysis.runmodel import RunModel
@@ -123,7 +125,7 @@ EXPECTED = {
     'not_measured': (
         'not_measured', 'warn',
         "Not measured: CUDA busy is unknown (no utilization samples for this job's GPU), so whether the device "
-        "is starved cannot be told; measured: exposed communication 0%, 100 ms steps; MFU 50%",
+        "is starved cannot be told; measured: exposed communication 0%, 100ms steps; MFU 50%",
         ['GPU busy comes from NVML (GPM SM activity, else utilization): `nvidia-smi -q -d UTILIZATION` as this '
          'user shows whether the driver reports it; MIG slices and many vGPUs report no utilization',
          "if NVML cannot be loaded (no libnvidia-ml in the container), mount the driver's libraries (NVIDIA "
@@ -156,7 +158,7 @@ EXPECTED = {
         None),
     'memory_peak_host': (
         'memory', 'warn',
-        'Memory, host RSS: recent peak 16.1 GB is 94% of the 17.2 GB limit',
+        'Memory, host RSS: recent peak 16.1GB is 94% of the 17.2GB limit',
         ['activation checkpointing (torch.utils.checkpoint) on the largest blocks',
          'mixed precision (bf16 autocast) to halve activations',
          'smaller micro-batch with gradient accumulation to keep the global batch',
@@ -235,7 +237,7 @@ EXPECTED = {
         None),
     'communication': (
         'communication', 'warn',
-        'Communication: exposed all-reduce is 25% of the step at 2.5 GB/s busbw (estimated)',
+        'Communication: exposed all-reduce is 25% of the step at 2.5GB/s busbw (estimated)',
         ['overlap all-reduce with backward (DDP bucket_cap_mb; no sync inside backward)',
          'gradient accumulation with no_sync() to communicate every N micro-batches',
          'gradient compression hooks (bf16/fp16 compress, PowerSGD)',
@@ -266,7 +268,7 @@ EXPECTED = {
         None),
     'load_imbalance_compute': (
         'load_imbalance', 'crit',
-        'Load imbalance: rank 1 computes 100 ms/step vs 50 ms on rank 0; the others wait 50% in collective',
+        'Load imbalance: rank 1 computes 100ms/step vs 50ms on rank 0; the others wait 50% in collective',
         ['find what makes rank 1 slower: its data shard, sequence lengths, host load',
          'balance work per rank (bucket samples by length, even shards)',
          "check rank 1's host for other processes or throttling"],
@@ -294,7 +296,7 @@ EXPECTED = {
         0),
     'host_sync': (
         'host_sync', 'crit',
-        'Host-device sync: the device idles 60% of each step with no other measured cause; 3.0 syncs per step',
+        'Host-device sync: the device idles 60% of each step with no other measured cause; 3 syncs per step',
         ['remove .item() / .cpu() / print(tensor) from the step; log every N steps',
          'keep metrics on the device and read them asynchronously (non_blocking=True into pinned memory)'],
         {'comm_exposed_frac': 0.0,
@@ -339,7 +341,7 @@ EXPECTED = {
         None),
     'host_overhead': (
         'host_overhead', 'crit',
-        'Host overhead: the device idles 55% of each step with no other measured cause (busy 45% of a 250 ms step); the CPU cannot feed it'
+        'Host overhead: the device idles 55% of each step with no other measured cause (busy 45% of a 250ms step); the CPU cannot feed it'
         '; cannot tell a host that waits (I/O, a lock, a service) from launch overhead (no stack samples of the training thread in steps)',
         ['larger batch per step',
          'torch.compile or CUDA graphs to cut launch overhead',
@@ -352,7 +354,7 @@ EXPECTED = {
         None),
     'compute_efficiency_mfu': (
         'compute_efficiency', 'info',
-        'Compute efficiency: device busy 97% but MFU 12% of a 100 TFLOP/s peak (device table, bf16)',
+        'Compute efficiency: device busy 97% but MFU 12% of a 100TFLOP/s peak (device table, bf16)',
         ["bf16 autocast (torch.autocast('cuda', dtype=torch.bfloat16))",
          'torch.backends.cuda.matmul.allow_tf32 = True for fp32 matmuls',
          'fused kernels (fused AdamW, flash attention) and torch.compile',
@@ -380,7 +382,7 @@ EXPECTED = {
         None),
     'healthy_mfu': (
         'healthy', 'ok',
-        'Healthy: CUDA busy 97% of a 123 ms step, no measured loss of 10% or more, MFU 45% of a 100 TFLOP/s '
+        'Healthy: CUDA busy 97% of a 123ms step, no measured loss of 10% or more, MFU 45% of a 100TFLOP/s '
         'peak (device table, bf16)',
         [],
         {'comm_exposed_frac': 0.0,
@@ -391,7 +393,7 @@ EXPECTED = {
         None),
     'healthy_cpu': (
         'healthy', 'ok',
-        'Healthy: CPU busy 100% of a 100 ms step, no measured loss of 10% or more',
+        'Healthy: CPU busy 100% of a 100ms step, no measured loss of 10% or more',
         [],
         {'comm_exposed_frac': 0.0,
          'data_wait_frac': None,
@@ -408,7 +410,7 @@ EXPECTED = {
         None),
     'healthy_steps_recent_gaps': (
         'healthy', 'warn',
-        'Healthy steps (CPU busy 100% of a 100 ms step, no measured loss of 10% or more), but 10% of recent time '
+        'Healthy steps (CPU busy 100% of a 100ms step, no measured loss of 10% or more), but 10% of recent time '
         'passes between steps',
         GAP_FIXES,
         {'device_busy': 1.0, 'step_time_median_s': 0.1},
@@ -519,8 +521,8 @@ def test_tracker_shows_warm_up_at_once_and_a_placeholder_while_the_first_verdict
     assert (shown.bottleneck, shown.pending) == ("healthy", None)
 
 
-@pytest.mark.parametrize("busbw,shown", [(999.0, "999 B/s"), (1000.0, "1.0 kB/s"), (1500.0, "1.5 kB/s"),
-                                         (1e6, "1.0 MB/s"), (2.5e8, "250.0 MB/s"), (1e9, "1.0 GB/s")])
+@pytest.mark.parametrize("busbw,shown", [(999.0, "999B/s"), (1000.0, "1kB/s"), (1500.0, "1.5kB/s"),
+                                         (1e6, "1MB/s"), (2.5e8, "250MB/s"), (1e9, "1GB/s")])
 def test_busbw_in_the_headline_uses_the_largest_unit_it_reaches(busbw, shown):
     v = V.evaluate(_comm(comm_exposed_frac=0.25, compute_ratio=0.95, comm_op="all_reduce", busbw=busbw))
     assert v.headline == f"Communication: exposed all-reduce is 25% of the step at {shown} busbw"
@@ -573,7 +575,7 @@ def test_unknown_step_time_and_unmeasured_loader_are_said_plainly():
 
 def test_rate_formatter_says_unknown_for_no_bandwidth():
     # the headline only quotes busbw when it is known; the formatter still says "unknown" for None
-    assert explain._rate(None) == "n/a" and explain._rate(0.0) == "0 B/s"
+    assert units.bandwidth(None) == "n/a" and units.bandwidth(0.0) == "0B/s"
 
 
 def test_unknown_device_busy_is_never_healthy_and_says_what_is_missing():
@@ -602,7 +604,7 @@ def test_evidence_numbers_are_rounded_to_four_places():
     assert frag[0]["fraction"] == 0.3333
 
 
-@pytest.mark.parametrize("name", ["checkpoint", "eval", "evaluation", "save", "pause"])
+@pytest.mark.parametrize("name", sorted(BLOCKING_EVENTS))
 def test_each_blocking_event_name_counts_as_a_pause(name):
     view = dataclasses.replace(_view(ettr=0.5), events=[{"name": name}, {"name": "warning"}])
     (gaps,) = [f for f in V.evaluate(view).findings if f["id"] == "step_gaps"]
@@ -663,7 +665,7 @@ def test_a_straggler_on_a_multi_node_job_is_named_with_its_host():
             model.ingest(f"s{rank}", r)
     v = V.evaluate(model.view())
     assert v.bottleneck == "load_imbalance" and v.straggler_rank == 1
-    assert v.headline.startswith("Load imbalance: rank 1 on node2 computes 96 ms/step vs 60 ms on rank 0")
+    assert v.headline.startswith("Load imbalance: rank 1 on node2 computes 96ms/step vs 60ms on rank 0")
 
 
 def test_host_overhead_quotes_how_far_the_host_runs_ahead_of_the_gpu():
@@ -677,14 +679,14 @@ def test_host_overhead_quotes_how_far_the_host_runs_ahead_of_the_gpu():
     v = V.evaluate(model.view())
     assert v.bottleneck == "host_overhead"
     assert v.headline.startswith("Host overhead: the device idles 45% of each step with no other measured cause "
-                                 "(the host runs 99.9 ms ahead of it)")
+                                 "(the host runs 99.9ms ahead of it)")
 
 
 def test_a_device_memory_verdict_speaks_of_the_windows_peak():
     mem = {"k": "memory", "t": T0 + 2.0, "reserved": 76 * GB, "peak_reserved": 76 * GB, "limit": 80 * GB}
     v = V.evaluate(job(Rank(gpu_util=97, extra_records=[mem]), device="cuda").view())
     assert v.bottleneck == "memory"
-    assert v.headline == "Memory, device memory: window peak 81.6 GB is 95% of the 85.9 GB limit"
+    assert v.headline == "Memory, device memory: window peak 81.6GB is 95% of the 85.9GB limit"
 
 
 def test_compute_efficiency_with_a_module_profile_cites_the_slowest_module_for_its_flops():
@@ -695,8 +697,34 @@ def test_compute_efficiency_with_a_module_profile_cites_the_slowest_module_for_i
     v = V.evaluate(view)
     cited = "slow: 60% of the step at 500GFLOP/s (0% of peak)"
     assert v.bottleneck == "compute_efficiency"
-    assert v.headline == ("Compute efficiency: device busy 97% but MFU 20% of a 100 TFLOP/s peak (device table, "
+    assert v.headline == ("Compute efficiency: device busy 97% but MFU 20% of a 100TFLOP/s peak (device table, "
                           f"bf16); slowest for its FLOPs: {cited}")
     assert v.suggestions[0] == ("start with slow (Linear): batch its small ops into large matmuls, or fuse them "
                                 "(torch.compile)")
     assert v.evidence["profile_marked"] == cited
+
+
+def test_headlines_quote_the_verdicts_own_loss_accounting_not_a_second_one():
+    """The explanation is handed the verdict's losses: a planted device idle share is what it quotes."""
+    view = _idle(step_time_median_s=0.25)
+    verdict = V.evaluate(view)
+    planted = tuple(Loss(x.id, x.label, 0.33, "planted") if x.id == "device_idle" else x for x in verdict.losses)
+    headline, _, _ = explain.explain_host_overhead(view, None, planted, verdict.answers)
+    assert headline.startswith("Host overhead: the device idles 33% of each step")
+    assert verdict.headline.startswith("Host overhead: the device idles 55% of each step")
+
+
+def test_the_loader_headline_names_the_cpu_figure_the_verdict_judged():
+    """Workers of unknown number, their CPU measured: the workers are CPU-bound, not the main process."""
+    busy = V.evaluate(_idle(data_wait_frac=0.3, loader_workers=None, loader_cpu=0.5, data_cpu_frac=None))
+    assert busy.bottleneck == "data_preprocessing"
+    assert busy.headline == ("Data preprocessing: 30% of each step waits for the loader; its workers are CPU-bound "
+                             "(50% of a core each)")
+    # num_workers=0: the main process's CPU inside the wait is judged, whatever a worker figure says
+    main = V.evaluate(_idle(data_wait_frac=0.3, loader_workers=0, loader_cpu=0.9, data_cpu_frac=0.1))
+    assert main.bottleneck == "data_loading"
+    assert main.headline == "Data loading: 30% of each step waits for the loader; not CPU-bound"
+    # workers whose CPU is unknown: nothing is said about CPU but that it cannot be told
+    unknown = V.evaluate(_idle(data_wait_frac=0.3, loader_workers=4, loader_cpu=None, data_cpu_frac=0.1))
+    assert unknown.headline == ("Data loading: 30% of each step waits for the loader; cannot tell CPU-bound "
+                                "preprocessing from slow I/O (loader worker CPU not measured)")

@@ -21,9 +21,7 @@ from tui.app.widgets.verdictbar import format_value
 def chart(verdict: Verdict | None, mono: bool = False) -> Group:
     """The chart as a tree; nodes and exits on the live path are bold and marked ▶."""
     on_path = set(verdict.path) if verdict else set()
-    answers = {step.node.id: (format_value(step.node, step.value), step.answer)
-               for step in verdict.steps()} if verdict else {}
-    skipped = verdict.evidence.get("skipped", {}) if verdict else {}
+    answers = {step.node.id: step for step in verdict.steps()} if verdict else {}
     hot = glyphs.SEVERITY.get(verdict.severity, glyphs.ACCENT) if verdict else glyphs.ACCENT
 
     def label(node_id: str) -> Text:
@@ -34,11 +32,12 @@ def chart(verdict: Verdict | None, mono: bool = False) -> Group:
         text.append(f"  [{node.quantity} {glyphs.threshold_text(node, lambda v, n=node: format_value(n, v))}]",
                     style=glyphs.DIM)
         if node_id in answers:
-            value, answer = answers[node_id]
-            if answer is None:
-                text.append(f"  skipped: {skipped.get(node_id, '')}", style=glyphs.WARN)
+            said = answers[node_id]
+            if said.answer is None:
+                text.append(f"  skipped: {said.reason}", style=glyphs.WARN)
             else:
-                text.append(f"  now {value} → {answer}", style=f"bold {glyphs.BAD if answer == 'yes' else glyphs.OK}")
+                text.append(f"  now {format_value(node, said.value)} → {said.answer}",
+                            style=f"bold {glyphs.BAD if said.answer == 'yes' else glyphs.OK}")
         text.append(f"\n    source: {node.threshold_source}", style=glyphs.DIM)
         return text
 

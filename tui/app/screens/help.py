@@ -61,7 +61,8 @@ class HelpScreen(ModalScreen[None]):
         for name, what in PANES:
             panes.add_row(name, what)
         notes = Text.from_markup(
-            "Numbers judged against a threshold show it in brackets, with [bold]![/] when it is crossed. "
+            "A judged number shows the verdict's answer to its question: [bold]![/] a problem, [bold]·[/] not, and "
+            "in brackets the threshold, or what decided when it was more than the threshold (a larger loss). "
             "n/a means the probe does not measure it here (for example GPU numbers on a CPU job). "
             "The verdict changes only when the new answer holds for two refreshes in a row.")
         with VerticalScroll(id="help-body"):

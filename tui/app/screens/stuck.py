@@ -17,11 +17,24 @@ from textual.widgets import Footer, Static
 
 from tui.app.widgets import glyphs
 from perfmon_analysis import units
-from perfmon_analysis.stuck import StuckDiagnosis, is_library
+from perfmon_analysis.stuck import RankStuck, StuckDiagnosis, is_library
 from tui.stream import native
 
 FRAMES = 12        # innermost frames shown per rank
 _ROLE_STYLE = {"culprit": glyphs.BAD, "unresponsive": glyphs.BAD, "waiting": glyphs.WARN, "other": glyphs.DIM}
+
+
+def rank_line(r: RankStuck) -> Text:
+    """'rank 0 · waiting · 45s · in all_reduce #41 · node-a pid 4000'. The fields are styled apart,
+    so each separator is a visible character inside the line: whitespace at the edge of a styled
+    run is lost wherever the runs are read one by one (a screenshot's text), which ran the rank
+    into its role."""
+    sep = (" · ", glyphs.DIM)
+    line = Text.assemble((f"rank {r.rank}", "bold"), sep, (r.role, f"bold {_ROLE_STYLE.get(r.role, glyphs.DIM)}"),
+                         sep, f"{units.age(r.seconds)} · {r.doing}")
+    if r.host or r.pid:
+        line.append_text(Text.assemble(sep, (f"{r.host or '?'} pid {r.pid or '?'}", glyphs.DIM)))
+    return line
 
 
 def stuck_text(stuck: StuckDiagnosis | None, native_stacks: dict[int, str] | None = None) -> Group:
@@ -31,12 +44,7 @@ def stuck_text(stuck: StuckDiagnosis | None, native_stacks: dict[int, str] | Non
                           "(PERFMON_STALL_S, else 10x its median step, at least 15 s).", style=glyphs.OK))
     parts: list[Text] = [Text(f"STUCK: {stuck.headline}", style=f"bold {glyphs.BAD}"), Text("")]
     for r in stuck.ranks:
-        head = Text(f"rank {r.rank}", style="bold")
-        head.append(f"  {r.role}", style=f"bold {_ROLE_STYLE.get(r.role, glyphs.DIM)}")
-        head.append(f"  {units.age(r.seconds)}  {r.doing}")
-        if r.host or r.pid:
-            head.append(f"  ({r.host or '?'} pid {r.pid or '?'})", style=glyphs.DIM)
-        parts.append(head)
+        parts.append(rank_line(r))
         if r.call and stuck.op:
             parts.append(Text(f"    {stuck.op} #{stuck.seq}: {r.call}"))
         if r.flight:

@@ -31,7 +31,7 @@ def where_text(verdict: Verdict | None) -> Group:
     idle = by_id(verdict.losses).get("device_idle")
     parts: list[Text | Table] = []
     head = Text(f"rank {table.rank}: {table.samples} samples inside steps in the window"
-                f"{f' at {table.hz:g} Hz' if table.hz else ''}, covering {units.pct(table.span_share)} of the step",
+                f"{f' at {units.number(table.hz)}Hz' if table.hz else ''}, covering {units.pct(table.span_share)} of the step",
                 style="bold")
     parts.append(head)
     if idle is not None:

@@ -1,5 +1,6 @@
 """Data pane: how long each step waits for its batch (history), that share of the step,
-loader CPU and worker count: the numbers behind data_loading vs data_preprocessing."""
+loader CPU and worker count: the numbers behind data_loading vs data_preprocessing, each
+judged as the verdict answered it (which loader CPU to read, too, is the verdict's choice)."""
 
 from __future__ import annotations
 
@@ -20,7 +21,7 @@ class DataPane(Pane):
         m = view.metrics
         lines: list[Text] = []
         wait = Text.assemble(("wait ", "bold"))
-        wait.append_text(glyphs.judged(m.data_wait_frac, "data_wait", units.pct, verdict))
+        wait.append_text(glyphs.judged(verdict, "data_wait", units.pct))
         wait.append(" of step", style=glyphs.DIM)
         rank = worst_data_rank(view) if ui.selected_rank is None else focus_rank(view, ui, verdict)
         if len(view.ranks) > 1:
@@ -47,12 +48,10 @@ class DataPane(Pane):
         elif m.data_wait_frac is None:
             lines.append(Text("loader wait not measured: wrap the loader in mon.loader(...)", style=glyphs.DIM))
         cpu = Text.assemble(("loader CPU ", "bold"))
-        if m.loader_workers == 0 or (m.loader_workers is None and m.loader_cpu is None):
-            cpu.append_text(glyphs.judged(m.data_cpu_frac, "loader_cpu", units.pct, verdict))
-            cpu.append(" main process (num_workers=0)", style=glyphs.DIM)
-        else:
-            cpu.append_text(glyphs.judged(m.loader_cpu, "loader_cpu", units.pct, verdict))
-            cpu.append(" of a core per worker", style=glyphs.DIM)
+        cpu.append_text(glyphs.judged(verdict, "loader_cpu", units.pct))
+        loader = glyphs.answer(verdict, "loader_cpu")
+        if loader is not None and loader.measure:
+            cpu.append(f" {loader.measure}", style=glyphs.DIM)
         lines.append(cpu)
         lines.append(Text(f"workers {m.loader_workers if m.loader_workers is not None else units.NA}"))
         return lines[:height]

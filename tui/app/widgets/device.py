@@ -25,7 +25,7 @@ class DevicePane(Pane):
         m = view.metrics
         lines: list[Text] = []
         busy = Text("busy ")
-        busy.append_text(glyphs.judged(m.device_busy, "device_busy", units.pct, verdict))
+        busy.append_text(glyphs.judged(verdict, "device_busy", units.pct))
         if m.device_busy_source:
             busy.append(f"  {BUSY_SOURCE.get(m.device_busy_source, m.device_busy_source)}", style=glyphs.DIM)
         elif view.device_type == "cuda":
@@ -34,7 +34,7 @@ class DevicePane(Pane):
         if m.mfu is not None:
             mfu = Text.assemble("MFU ", (units.pct(m.mfu), "bold"))
             if m.peak_flops:
-                mfu.append(f"  of {m.peak_flops / 1e12:.3g} TFLOP/s ({m.peak_source})", style=glyphs.DIM)
+                mfu.append(f"  of {units.rate(m.peak_flops, 'FLOP')} ({m.peak_source})", style=glyphs.DIM)
             lines.append(mfu)
         if view.device_type == "cuda":
             lines.extend(_draw_gpus(view, width, height - len(lines)))
@@ -62,13 +62,14 @@ def _draw_gpus(view: JobView, width: int, height: int) -> list[Text]:
             if value is not None:
                 detail.append(f"{label} {units.pct(value)}  ")
         if gpu.power_w is not None:
-            detail.append(f"{gpu.power_w:.0f}" + (f"/{gpu.power_limit_w:.0f}W  " if gpu.power_limit_w else "W  "))
+            limit = f"/{units.fixed(gpu.power_limit_w)}" if gpu.power_limit_w else ""
+            detail.append(f"{units.fixed(gpu.power_w)}{limit}W  ")
         if gpu.sm_clock_mhz is not None:
-            detail.append(f"{gpu.sm_clock_mhz:.0f}MHz  ")
+            detail.append(f"{units.fixed(gpu.sm_clock_mhz, 'MHz')}  ")
         if gpu.mem_used is not None and gpu.mem_total:
             detail.append(f"mem {units.nbytes(gpu.mem_used)}/{units.nbytes(gpu.mem_total)}  ")
         if gpu.temp_c is not None:
-            detail.append(f"{gpu.temp_c:.0f}°C  ")
+            detail.append(f"{units.fixed(gpu.temp_c, '°C')}  ")
         if gpu.throttle:
             detail.append("throttled: " + ",".join(gpu.throttle), style=glyphs.BAD)
         lines.append(detail)
@@ -95,7 +96,7 @@ def _draw_cpu(view: JobView, width: int, height: int) -> list[Text]:
         trace = view.traces.get(rank)
         hist = list(trace.cpu) if trace is not None else []
         row = Text.assemble((f"r{rank} cpu ", "bold"))
-        row.append(f"{cpu:4.1f} " if cpu is not None else f"{units.NA:>4} ")
+        row.append(f"{units.fixed(cpu, digits=1):>4} ")
         row.append("cores ", style=glyphs.DIM)
         top = float(cpu_count or max([v for v in hist if v is not None] + [1.0]))
         row.append(glyphs.sparkline(hist, max(4, width - len(row.plain)), 0.0, top), style=glyphs.ACCENT)

@@ -1,8 +1,8 @@
 """Drawing helpers shared by the panes: one palette, bars, sparklines and judged numbers.
 
-Every judged number is drawn with its threshold beside it and a text marker
-(``!`` over, ``·`` fine) so the meaning survives ``NO_COLOR``; colours only
-repeat what the text already says. In monochrome mode stacked bars switch to
+A judged number is the verdict's answer to one flowchart question, drawn with its
+threshold beside it and a text marker (``!`` the problem exit, ``·`` the other) so the
+meaning survives ``NO_COLOR``; colours only repeat what the text already says. In monochrome mode stacked bars switch to
 distinct fill characters so the categories stay apart.
 """
 
@@ -12,7 +12,7 @@ from typing import Callable, Iterable, Sequence
 
 from rich.text import Text
 
-from perfmon_analysis.flowchart import NODES, Node, compare
+from perfmon_analysis.flowchart import NODES, Answer, Node
 from perfmon_analysis.verdict import Verdict
 
 # Severity colours (the verdict bar, judged numbers, straggler rows).
@@ -120,35 +120,46 @@ def stacked_bar(parts: Iterable[tuple[str, float]], total: float, width: int, mo
     return text
 
 
-def threshold_text(node: Node, fmt: Callable[[float | None], str]) -> str:
+def threshold_text(node: Node, fmt: Callable[[float | None], str], threshold: float | None = None) -> str:
     """'≥5%', '<70%', '>90%': the flowchart node's test as the panes print it."""
     sign = {"<": "<", ">": ">"}.get(node.op, "≥")
-    return sign + fmt(node.threshold)
+    return sign + fmt(node.threshold if threshold is None else threshold)
 
 
-def over(value: float | None, node_id: str) -> bool:
-    """Does a known value take the flowchart node's problem exit (the verdict's own test)?"""
-    return value is not None and compare(value, NODES[node_id])
+def answer(verdict: Verdict | None, node_id: str) -> Answer | None:
+    """The verdict's answer to one question; None before the first verdict."""
+    return verdict.answers.get(node_id) if verdict is not None else None
 
 
-def judged(value: float | None, node_id: str, fmt: Callable[[float | None], str], verdict: Verdict | None = None) -> Text:
-    """``38% ! (≥5%)``: the value, ``!`` when it takes the flowchart's problem exit, and the threshold.
+def says_yes(verdict: Verdict | None, node_id: str) -> bool:
+    """Did the verdict take the question's problem exit?"""
+    got = answer(verdict, node_id)
+    return got is not None and got.answer == "yes"
 
-    The thresholds come from ``perfmon_analysis.verdict.NODES`` so a pane can never disagree with the verdict.
-    Colour is kept for questions on the verdict's live path; off the path the marker stays but is
-    dimmed, so a number that did not decide anything does not shout.
+
+def judged(verdict: Verdict | None, node_id: str, fmt: Callable[[float | None], str]) -> Text:
+    """``38% ! (≥5%)``: the verdict's answer to a flowchart question, as every pane draws it.
+
+    Value, marker and threshold all come from the verdict's ``Answer`` (``!`` for its "yes",
+    ``·`` for its "no", none where it could not ask), so a pane never judges a number itself
+    and cannot disagree with the verdict; where the answer was not the value against the
+    threshold (a larger loss, an OOM) the bracket says what decided instead. Colour is kept
+    for questions on the verdict's live path; off the path the marker stays but is dimmed, so
+    a number that did not decide anything does not shout.
     """
-    text = Text.assemble((fmt(value), "bold"))
-    node = NODES.get(node_id)
-    if node is None:
-        return text
-    if value is not None:
-        over = compare(value, node)
-        live = verdict is None or node_id in getattr(verdict, "path", ())
+    node = NODES[node_id]
+    got = answer(verdict, node_id)
+    text = Text.assemble((fmt(got.value if got is not None else None), "bold"))
+    if got is not None and got.answer is not None:
+        yes = got.answer == "yes"
+        live = verdict is not None and node_id in verdict.path
         if live:
-            text.stylize(BAD if over else OK)
-        text.append(" !" if over else " ·", style=(BAD if over else DIM) if live else DIM)
-    text.append(f" ({threshold_text(node, fmt)})", style=DIM)
+            text.stylize(BAD if yes else OK)
+        text.append(" !" if yes else " ·", style=(BAD if yes else DIM) if live else DIM)
+    if got is not None and got.decided_by:
+        text.append(f" ({got.decided_by})", style=DIM)
+    else:
+        text.append(f" ({threshold_text(node, fmt, got.threshold if got is not None else None)})", style=DIM)
     return text
 
 

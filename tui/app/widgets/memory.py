@@ -35,7 +35,7 @@ class MemoryPane(Pane):
         if mem.rank is not None and len(view.ranks) > 1:
             head.append(f"(fullest: rank {mem.rank}) ", style=glyphs.DIM)
         head.append("peak ")
-        head.append_text(glyphs.judged(mem.peak_frac, "memory", units.pct, verdict))
+        head.append_text(glyphs.judged(verdict, "memory", units.pct))
         lines.append(head)
         parts = [(name, float(getattr(mem, f"{name}_bytes") or 0)) for name in CATEGORIES]
         known = sum(v for _, v in parts)
@@ -45,7 +45,7 @@ class MemoryPane(Pane):
             lines.append(glyphs.stacked_bar(parts, limit, bar_w, ui.mono))
             lines.append(glyphs.legend([n for n, v in parts if v > 0] + ["free"], ui.mono, SHORT))
         elif limit > 0 and mem.peak_bytes is not None:
-            style = glyphs.BAD if glyphs.over(mem.peak_frac, "memory") else glyphs.ACCENT
+            style = glyphs.BAD if glyphs.says_yes(verdict, "memory") else glyphs.ACCENT
             lines.append(glyphs.hbar(mem.peak_bytes / limit, bar_w, style=style))
         amounts = Text(f"{units.nbytes(mem.peak_bytes)} of {units.nbytes(mem.limit_bytes)}")
         if mem.limit_source:
