@@ -137,6 +137,17 @@ def test_report_on_a_multi_rank_dir_with_a_restarted_worker(tmp_path, capsys):
     assert max(map(len, text.splitlines())) <= 80
 
 
+def test_the_facade_over_the_records_gives_the_report_the_command_prints(tmp_path, capsys):
+    recs = {0: records(Rank(0, comm=0.052, exposed=0.05), world=2, bye=True),
+            1: records(Rank(1, comm=0.002, exposed=0.0), world=2, bye=True)}
+    paths = {rank: _write_recording(tmp_path, r) for rank, r in recs.items()}
+    assert cli.main(["report", str(tmp_path), "--json"]) == 0
+    printed = json.loads(capsys.readouterr().out)
+    direct = Analysis.of_records([(str(paths[rank]), r) for rank, r in sorted(recs.items())]).report(
+        source=printed["source"])
+    assert direct == printed and direct["verdict"]["bottleneck"] == "load_imbalance"
+
+
 def test_torn_recording_reports_the_intact_part_and_one_line_on_stderr(tmp_path, capsys):
     path = _write_recording(tmp_path, records(Rank(0, steps=30)), tear=7)
     assert cli.main(["report", str(path), "--json"]) == 0
