@@ -226,3 +226,18 @@ def callback_values(view: "JobView") -> dict[str, float]:
         if value is not None:
             out[m.callback] = float(value)
     return out
+
+
+def markdown() -> str:
+    """The table as docs/metrics.md lists it (``python -m perfmon_analysis.metrics``)."""
+    rows = ["| report key | unit | scope | Prometheus | callbacks | meaning |", "|---|---|---|---|---|---|"]
+    for m in METRICS:
+        scope = "/".join(s for s, fn in (("job", m.job), ("rank", m.rank)) if fn is not None)
+        prom = f"`{m.prometheus}`" + (" (counter)" if m.counter else "") if Surface.PROMETHEUS in m.surfaces else ""
+        callback = f"`{m.callback}`" if Surface.CALLBACKS in m.surfaces else ""
+        rows.append(f"| `{m.name}` | {m.unit.name.lower()} | {scope} | {prom} | {callback} | {m.help} |")
+    return "\n".join(rows) + "\n"
+
+
+if __name__ == "__main__":
+    print(markdown(), end="")

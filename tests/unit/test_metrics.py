@@ -136,3 +136,8 @@ def test_each_loss_is_the_share_the_verdict_judged():
         assert entry["id"] == loss.id
         assert report["metrics"][entry["metric"]] == M.rounded(loss.share)
     assert report["metrics"]["device_idle_frac"] is not None
+
+
+def test_the_metrics_page_lists_the_table_as_it_is():
+    page = (Path(__file__).parents[2] / "docs" / "metrics.md").read_text()
+    assert page.endswith(M.markdown())

@@ -1,6 +1,6 @@
-"""``perfmon profile TARGET``: time each module of a live job for a few steps (issue 16).
+"""``perfmon profile TARGET``: time each module of a live job for a few steps.
 
-Asks one rank's probe (``profile`` request, DESIGN §4) and follows that same connection while
+Asks one rank's probe (a ``profile`` request) and follows that same connection while
 it works, so the profile is judged against the rank's own steps before it (its overhead). The
 table is ``perfmon_analysis.profile.profile_lines`` over the report's ``profile`` JSON, shared with
 ``perfmon report`` and the TUI's profile screen.

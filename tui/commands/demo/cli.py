@@ -5,7 +5,7 @@ Ctrl-C in the terminal reaches only this launcher, which then stops every rank:
 SIGTERM to each group, SIGKILL after a grace period, and removal of any socket a
 killed rank left behind. With ``--headless`` the launcher follows the ranks' live
 streams into a ``RunModel`` for ``--seconds`` once they are all up, and prints the
-report JSON (DESIGN §7); otherwise it opens the TUI on the job until ``q``.
+report JSON (docs/report.md); otherwise it opens the TUI on the job until ``q``.
 """
 
 from __future__ import annotations
