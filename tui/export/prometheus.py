@@ -6,8 +6,10 @@ rank's GPU the dcgm-exporter labels ``Hostname``, ``UUID``, ``modelName``, so a 
 join perfmon's series with DCGM's. Nothing is per step: the series count is ranks x metrics.
 An unknown value is left out of the scrape (never exported as 0).
 
-``families`` is pure over a ``JobView`` and its ``Verdict`` (what the TUI and the report read);
-``serve`` refreshes one snapshot a second on the feed's asyncio loop and the HTTP thread of
+The per-rank series are the metric table's Prometheus metrics (``perfmon_analysis.metrics``, listed
+in docs/metrics.md), the same numbers as the report's rank rows. ``families`` is pure over a
+``JobView`` and its ``Verdict`` (what the TUI and the report read); ``serve`` refreshes one
+snapshot a second through the feed's ``Analysis`` on its asyncio loop, and the HTTP thread of
 ``prometheus_client`` only reads that snapshot, never the model.
 """
 
