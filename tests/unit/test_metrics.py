@@ -98,6 +98,8 @@ def test_exported_names_follow_the_units():
     assert by["device_busy"].prometheus == "perfmon_device_busy_ratio"
     assert by["syncs_per_step"].prometheus == "perfmon_syncs_per_step"
     assert len({m.name for m in M.METRICS}) == len({m.prometheus for m in M.METRICS}) == len(M.METRICS)
+    # a scrape and a scalar logger take numbers only: labels and flags stay in the report
+    assert all(m.unit.numeric for m in (*M.on(M.Surface.PROMETHEUS), *M.on(M.Surface.CALLBACKS)))
 
 
 def test_renaming_a_metric_in_the_table_renames_it_on_every_surface(monkeypatch):
