@@ -84,7 +84,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     report = sub.add_parser("report", help="summary with the verdict, from a recording or a live job")
     report.add_argument("target", help="recording file or directory, or a live job (name, pid, socket)")
-    report.add_argument("--json", action="store_true", help="print the report JSON (schema perfmon.report/1)")
+    report.add_argument("--json", action="store_true", help="print the report JSON (schema perfmon.report/2)")
     report.add_argument("--seconds", type=float, default=5.0, help="for a live job: how long to gather")
     _hosts_options(report)
 

@@ -127,7 +127,7 @@ def _check_killed_file(d: Path, figures: dict[str, Any], run_report: bool, subpr
         if not run_report:
             continue
         rep = _perfmon("report", str(path), "--json") if subprocess_report else _report_in_process(str(path))
-        if rep.returncode == 0 and json.loads(rep.stdout)["schema"] == "perfmon.report/1":
+        if rep.returncode == 0 and json.loads(rep.stdout)["schema"] == "perfmon.report/2":
             figures["report_ok"] += 1
         elif rep.returncode != 0 and len(rep.stderr.strip().splitlines()) <= 2 and "Traceback" not in rep.stderr \
                 and not steps:

@@ -35,7 +35,7 @@ def _ranks_scraped(port: int) -> dict[str, list] | None:
         metrics = _scrape(port)
     except OSError:
         return None
-    ranks = {s.labels["rank"] for s in metrics.get("perfmon_step_seconds", [])}
+    ranks = {s.labels["rank"] for s in metrics.get("perfmon_step_time_median_seconds", [])}
     return metrics if ranks == {"0", "1"} else None
 
 
@@ -61,7 +61,7 @@ def test_the_endpoint_of_a_live_job_agrees_with_its_report():
     by_rank = {name: {s.labels["rank"]: s for s in samples if "rank" in s.labels} for name, samples in metrics.items()}
     for r in report["ranks"]:
         rank = str(r["rank"])
-        step = by_rank["perfmon_step_seconds"][rank]
+        step = by_rank["perfmon_step_time_median_seconds"][rank]
         assert step.labels["job"] == job and step.labels["Hostname"] == r["host"]
         assert step.value == pytest.approx(r["step_time_median_s"], rel=0.2)
         assert by_rank["perfmon_data_wait_ratio"][rank].value == pytest.approx(r["data_wait_frac"], abs=0.1)

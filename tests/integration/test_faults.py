@@ -62,7 +62,7 @@ def test_another_user_is_refused_with_one_line(other_user):
     results = faults.other_user(other_user)
     print(results)
     control = results["control"]
-    assert control["rc"] == 0 and control["schema"] == "perfmon.report/1", control   # the client works
+    assert control["rc"] == 0 and control["schema"] == "perfmon.report/2", control   # the client works
     for name, (target, r) in results["refused"].items():
         assert r["rc"] != 0, name
         assert r["stdout"] == "", name                       # nothing of the job is shown

@@ -42,7 +42,9 @@ def run_loop(mode: str, tmp_path: Path) -> tuple[dict, dict]:
 
 
 def _loss(report: dict, loss_id: str) -> dict:
-    return next(x for x in report["verdict"]["losses"] if x["id"] == loss_id)
+    """The verdict's loss with its share, the value of the metric it names."""
+    loss = next(x for x in report["verdict"]["losses"] if x["id"] == loss_id)
+    return {**loss, "share": report["metrics"][loss["metric"]]}
 
 
 def test_a_wait_inside_the_step_is_a_host_wait_at_its_line(tmp_path):

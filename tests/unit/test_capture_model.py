@@ -2,9 +2,15 @@
 
 from __future__ import annotations
 
-from tui.commands.report import build_report, render_text
+from perfmon_analysis.analysis import Analysis, render_text
 from perfmon_analysis.capture import capture_reading
 from perfmon_analysis.runmodel import RunModel
+
+
+def report_of(model):
+    """The report ``perfmon report`` prints for this model."""
+    return Analysis(model).report()
+
 
 RECORD = {"k": "capture", "t": 5.0, "id": 1, "steps": 3, "first_step": 10, "last_step": 12, "wall_s": 0.5,
           "path": "/r/x.capture-10.pt.trace.json.gz", "device_busy": 0.62,
@@ -33,7 +39,7 @@ def test_the_report_lists_each_ranks_latest_capture():
             model.ingest(f"s{rank}", {"k": "step", "t": 1.0 + step, "step": step, "dur": 1.0})
     model.ingest("s1", dict(RECORD, t=2.0, path="/old"))
     model.ingest("s1", RECORD)
-    report = build_report(model)
+    report = report_of(model)
     assert [(c["rank"], c["path"]) for c in report["captures"]] == [(1, RECORD["path"])]
     assert "rank 1: steps 10-12 -> /r/x.capture-10.pt.trace.json.gz" in render_text(report)
 

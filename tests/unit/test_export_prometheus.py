@@ -27,7 +27,7 @@ def _scrape(view) -> tuple[str, dict]:
 def test_units_ratios_and_unknowns_follow_prometheus_conventions():
     view = VIEWS["compute_efficiency_mfu"]()
     text, families = _scrape(view)
-    ranks = {s.labels["rank"]: s for s in families["perfmon_step_seconds"].samples}
+    ranks = {s.labels["rank"]: s for s in families["perfmon_step_time_median_seconds"].samples}
     assert set(ranks) == {str(r.rank) for r in view.ranks}
     for r in view.ranks:
         assert ranks[str(r.rank)].value == r.step_time_median_s

@@ -23,7 +23,7 @@ ROOT = Path(__file__).resolve().parents[2]
 MODEL_MODULES = ["perfmon_analysis.runmodel", "perfmon_analysis.verdict", "perfmon_analysis.readings", "perfmon_analysis.flowchart",
                  "perfmon_analysis.explain", "perfmon_analysis.units", "perfmon_analysis.losses", "perfmon_analysis.stuck"]
 STREAM_MODULES = ["tui.stream.discovery", "tui.stream.sources", "tui.stream.feed", "tui.stream.native",
-                  "tui.stream.hosts", "tui.stream.remote", "tui.commands.relay"]
+                  "tui.stream.hosts", "tui.stream.remote", "tui.stream.connect", "tui.commands.relay"]
 UI = ("textual", "rich")
 # Checked in the model's own source: importing ``probe.wire`` runs ``probe/__init__``, which
 # loads the probe's socket code, so sys.modules cannot tell whether the model itself does I/O.

@@ -14,7 +14,13 @@ from probe.paths import base_name
 from probe.recording import RecordingWriter
 from tests.unit.verdict_synth import T0, Rank, job, records
 from tui import cli
-from tui.commands.report import build_report, render_text
+from perfmon_analysis.analysis import Analysis, render_text
+
+
+def report_of(model):
+    """The report ``perfmon report`` prints for this model."""
+    return Analysis(model).report()
+
 
 SCHEMA = json.loads((Path(__file__).parents[2] / "tui" / "schemas" / "report.schema.json").read_text())
 VALIDATOR = jsonschema.Draft202012Validator(SCHEMA)
@@ -42,41 +48,44 @@ def _hello_only():
 
 @pytest.mark.parametrize("name", sorted(JOBS))
 def test_report_validates_against_the_schema(name):
-    report = build_report(JOBS[name]())
+    report = report_of(JOBS[name]())
     errors = sorted(VALIDATOR.iter_errors(report), key=str)
     assert not errors, [e.message for e in errors]
     json.dumps(report, allow_nan=False)
 
 
 def test_schema_rejects_a_broken_report():
-    report = build_report(JOBS["healthy-cpu"]())
+    report = report_of(JOBS["healthy-cpu"]())
     report["metrics"]["data_wait_frac"] = 1.5
     report["verdict"]["bottleneck"] = "slow"
     assert len(list(VALIDATOR.iter_errors(report))) == 2
 
 
-def test_report_fields_follow_design_7():
-    report = build_report(JOBS["data-preprocessing"]())
-    assert report["schema"] == "perfmon.report/1" and report["job"] == "synth"
+def test_report_fields_follow_the_documented_contract():
+    report = report_of(JOBS["data-preprocessing"]())
+    assert report["schema"] == "perfmon.report/2" and report["job"] == "synth"
     v = report["verdict"]
+    m = report["metrics"]
     assert v["bottleneck"] == "data_preprocessing" and v["path"] == ["memory", "device_busy", "data_wait",
                                                                      "loader_cpu"]
-    assert v["evidence"]["data_wait_frac"] == pytest.approx(0.4) and v["evidence"]["loader_cpu"] == 0.9
-    m = report["metrics"]
+    # the evidence names the metrics it rests on; their values are stated once, in ``metrics``
+    assert {"memory.peak_frac", "device_busy", "data_wait_frac", "loader_cpu"} <= set(v["evidence_metrics"])
+    assert not {"data_wait_frac", "loader_cpu", "memory_peak_frac"} & set(v["evidence"])
+    assert m["data_wait_frac"] == pytest.approx(0.4) and m["loader_cpu"] == 0.9
     assert m["mfu"] is None and m["tokens_per_s"] is None      # unknown is null
     assert m["memory"]["peak_bytes"] == GB and m["memory"]["params_bytes"] is None
     assert report["ranks"][0]["rank"] == 0 and report["ranks"][0]["steps"] == 30
 
 
 def test_straggler_marked_in_rank_rows():
-    report = build_report(JOBS["imbalance"]())
+    report = report_of(JOBS["imbalance"]())
     assert report["verdict"]["straggler_rank"] == 1
     assert [r["straggler"] for r in report["ranks"]] == [False, True]
 
 
 @pytest.mark.parametrize("name", sorted(JOBS))
 def test_text_form_fits_80_columns_and_leads_with_the_verdict(name):
-    report = build_report(JOBS[name]())
+    report = report_of(JOBS[name]())
     text = render_text(report)
     lines = text.splitlines()
     assert max(len(line) for line in lines) <= 80
@@ -85,7 +94,7 @@ def test_text_form_fits_80_columns_and_leads_with_the_verdict(name):
 
 
 def test_text_shows_evidence_path_findings_and_rank_rows():
-    text = render_text(build_report(job(Rank(0, comm=0.052, exposed=0.05, gap=0.02),
+    text = render_text(report_of(job(Rank(0, comm=0.052, exposed=0.05, gap=0.02),
                                         Rank(1, comm=0.002, exposed=0.0, gap=0.02))))
     assert "LOAD IMBALANCE" in text and "Evidence:" in text
     flat = " ".join(text.split())
@@ -126,6 +135,17 @@ def test_report_on_a_multi_rank_dir_with_a_restarted_worker(tmp_path, capsys):
     text = capsys.readouterr().out
     assert "rank 1 had an earlier process (pid 501" in text
     assert max(map(len, text.splitlines())) <= 80
+
+
+def test_the_facade_over_the_records_gives_the_report_the_command_prints(tmp_path, capsys):
+    recs = {0: records(Rank(0, comm=0.052, exposed=0.05), world=2, bye=True),
+            1: records(Rank(1, comm=0.002, exposed=0.0), world=2, bye=True)}
+    paths = {rank: _write_recording(tmp_path, r) for rank, r in recs.items()}
+    assert cli.main(["report", str(tmp_path), "--json"]) == 0
+    printed = json.loads(capsys.readouterr().out)
+    direct = Analysis.of_records([(str(paths[rank]), r) for rank, r in sorted(recs.items())]).report(
+        source=printed["source"])
+    assert direct == printed and direct["verdict"]["bottleneck"] == "load_imbalance"
 
 
 def test_torn_recording_reports_the_intact_part_and_one_line_on_stderr(tmp_path, capsys):
@@ -170,7 +190,7 @@ def test_corrupt_recording_reports_what_came_before_the_damage(tmp_path, capsys)
 
 def test_sub_millisecond_steps_with_most_time_between_them_are_not_plainly_healthy():
     """pytorch/examples regression/main.py: a tiny model, batches built in the loop between 0.2 ms steps."""
-    report = build_report(job(Rank(steps=60, dur=0.0005, gap=0.0003)))
+    report = report_of(job(Rank(steps=60, dur=0.0005, gap=0.0003)))
     v = report["verdict"]
     assert (v["bottleneck"], v["severity"]) == ("healthy", "warn")
     assert v["headline"].startswith("Healthy steps (CPU busy 100% of a 500µs step") and "(ETTR)" in v["headline"]

@@ -11,11 +11,17 @@ import pytest
 
 from probe import flight as F
 from tests.unit.verdict_synth import T0, Rank, job
-from tui.commands.report import build_report
+from perfmon_analysis.analysis import Analysis
 from perfmon_analysis import verdict as V
 from perfmon_analysis.runmodel import RunModel
 from perfmon_analysis.readings import FlightEntry, InFlight, LoaderWorker, stall_reading
 from perfmon_analysis.stuck import CALL_STATES, HEARTBEAT_S, NO_HELLO_S, diagnose, is_library, user_frame
+
+
+def report_of(model):
+    """The report ``perfmon report`` prints for this model."""
+    return Analysis(model).report()
+
 
 SCHEMA = json.loads((Path(__file__).parents[2] / "tui" / "schemas" / "report.schema.json").read_text())
 END = T0 + 30 * 0.1          # the synthetic ranks' last step ends here
@@ -156,12 +162,12 @@ def test_resumed_or_a_later_step_ends_the_stall_and_a_stall_lasts_on_the_probes_
 
 
 def test_the_report_json_carries_the_diagnosis_and_validates():
-    report = build_report(two_ranks([WAITER], [SLEEPER]))
+    report = report_of(two_ranks([WAITER], [SLEEPER]))
     jsonschema.validate(report, SCHEMA)
     assert report["verdict"]["bottleneck"] == "stuck"
     assert report["verdict"]["stuck"]["culprit_ranks"] == [1]
     assert report["verdict"]["stuck"]["calls"] == {"0": "enqueued", "1": "never_enqueued"}
-    healthy = build_report(two_ranks())
+    healthy = report_of(two_ranks())
     jsonschema.validate(healthy, SCHEMA)
     assert healthy["verdict"]["stuck"] is None
 

@@ -15,12 +15,18 @@ import jsonschema
 import pytest
 
 from tests.unit.verdict_synth import T0, Rank, job
-from tui.commands.report import build_report, render_text
+from perfmon_analysis.analysis import Analysis, render_text
 from perfmon_analysis import verdict as V
 from perfmon_analysis.losses import by_id
 from perfmon_analysis.readings import step_cpu, where_interval
 from perfmon_analysis.stats import wilson_half_width
 from perfmon_analysis.summary import read_summary, summary_record
+
+
+def report_of(model):
+    """The report ``perfmon report`` prints for this model."""
+    return Analysis(model).report()
+
 
 SCHEMA = json.loads((Path(__file__).parents[2] / "tui" / "schemas" / "report.schema.json").read_text())
 VALIDATOR = jsonschema.Draft202012Validator(SCHEMA)
@@ -145,15 +151,15 @@ def test_top_lines_are_the_largest_and_the_report_keeps_five():
     r = Rank(steps=40, dur=0.1, cpu=0.1, extra_records=[where_rec(T0, T0 + 4, lines)])
     model = job(r)
     assert [x.line for x in model.view().where.lines] == [107, 106, 105, 104, 103, 102, 101, 100]
-    report = build_report(model)
+    report = report_of(model)
     assert [w["line"] for w in report["verdict"]["where"]] == [107, 106, 105, 104, 103]
     assert report["verdict"]["where"][0]["samples"] == 17
 
 
 def test_no_where_records_is_null_and_an_empty_window_is_an_empty_list():
-    assert build_report(job(Rank(steps=40, cpu=0.1)))["verdict"]["where"] is None
+    assert report_of(job(Rank(steps=40, cpu=0.1)))["verdict"]["where"] is None
     stale = Rank(steps=400, dur=0.1, cpu=0.1, extra_records=[where_rec(T0, T0 + 2, [(SLEEP, 9)])])
-    report = build_report(job(stale))
+    report = report_of(job(stale))
     assert report["verdict"]["where"] == []
     assert VALIDATOR.is_valid(report)
 
@@ -194,7 +200,7 @@ def test_cpu_job_waiting_forty_percent_in_step_is_host_wait_naming_the_line():
     assert idle.share == pytest.approx(0.4) and idle.source == "training thread off CPU (thread CPU time)"
     assert "40% of each step waiting in time.sleep(0.04) at train.py:21 in fetch_from_service" in v.headline
     assert any("train.py:21" in s for s in v.suggestions)
-    report = build_report(model)
+    report = report_of(model)
     VALIDATOR.validate(report)
     top, second = report["verdict"]["where"]       # a host wait lists its waiting lines first
     assert (top["file"], top["line"], top["state"]) == (TRAIN, 21, "waiting")
@@ -223,7 +229,7 @@ def test_busy_python_in_the_step_is_told_apart_from_waiting():
     model = job(r)
     v = V.evaluate(model.view())
     assert v.bottleneck != "host_wait" and by_id(v.losses)["device_idle"].share < 0.05
-    where = build_report(model)["verdict"]["where"]
+    where = report_of(model)["verdict"]["where"]
     assert [(w["line"], w["state"]) for w in where] == [(12, "busy"), (30, "busy")]
     assert model.view().metrics.host_wait_frac == 0.0
 

@@ -24,7 +24,6 @@ from textual.binding import Binding
 from textual.containers import Grid
 
 from tui.stream.feed import Feed, LiveFeed, ReplayFeed
-from perfmon_analysis.runmodel import RunModel
 from tui.app.screens.flowchart import FlowchartScreen
 from tui.app.screens.help import HelpScreen
 from tui.app.screens.log import LogScreen
@@ -35,7 +34,8 @@ from tui.app.screens.profile import ProfileScreen
 from tui.app.screens.stuck import StuckScreen
 from tui.app.screens.where import WhereScreen
 from perfmon_analysis.heatmap import heatmap
-from perfmon_analysis.verdict import Verdict, VerdictTracker
+from perfmon_analysis.analysis import Analysis
+from perfmon_analysis.verdict import Verdict
 from perfmon_analysis.views import JobView
 from tui.app.widgets.comm import CommPane
 from tui.app.widgets.data import DataPane, worst_data_rank
@@ -114,7 +114,7 @@ class PerfmonApp(App[int]):
         self.log_path = log_path
         self.refresh_hz = refresh_hz
         self.watch_terminal = watch_terminal
-        self.tracker = VerdictTracker()
+        self.analysis: Analysis | None = None     # the feed's model, judged with hysteresis
         self.view: JobView | None = None
         self.verdict: Verdict | None = None
         self.selected_rank: int | None = None
@@ -216,7 +216,9 @@ class PerfmonApp(App[int]):
         if choice is None:
             self.exit(0)
             return
-        self._start_feed(LiveFeed(RunModel(*WINDOWS[self.window_index]), choice.job, list(choice.endpoints)))
+        steps, seconds = WINDOWS[self.window_index]
+        model = Analysis(window_steps=steps, window_seconds=seconds).model
+        self._start_feed(LiveFeed(model, choice.job, list(choice.endpoints)))
 
     def _tick(self) -> None:
         """The refresh timer (``refresh_hz``), thinned by what the last refresh cost (``ticks_to_skip``)."""
@@ -235,8 +237,10 @@ class PerfmonApp(App[int]):
         feed = self.feed
         if feed is None or (self.display_paused and not feed.is_replay):
             return
-        self.view = feed.model.view(now=feed.now(), clock=feed.clock())
-        self.verdict = self.tracker.update(self.view)
+        if self.analysis is None or self.analysis.model is not feed.model:
+            self.analysis = Analysis(feed.model, steady=True)
+        snap = self.analysis.snapshot(feed.now(), clock=feed.clock())
+        self.view, self.verdict = snap.view, snap.verdict
         feed.follow(self._followed(self.view))
         self._relayout()
         self._draw()

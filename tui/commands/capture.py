@@ -17,7 +17,7 @@ from perfmon_analysis.capture import capture_reading
 
 
 def main(args: Any) -> int:
-    from tui.commands.attach import remote_feed
+    from tui.stream.connect import remote_feed
     from tui.stream import discovery
     from tui.stream.requests import Target, ask
 

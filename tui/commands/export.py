@@ -19,10 +19,10 @@ def main(args: Any) -> int:
 
 
 def _prometheus(args: Any) -> int:
-    from tui.commands.attach import remote_feed
+    from perfmon_analysis.analysis import Analysis
     from tui.export import prometheus
-    from perfmon_analysis.runmodel import RunModel
     from tui.stream import discovery
+    from tui.stream.connect import remote_feed
     from tui.stream.feed import LiveFeed
 
     host, port = _listen_address(args.prometheus)
@@ -31,7 +31,7 @@ def _prometheus(args: Any) -> int:
     feed = remote_feed(args)
     if feed is None:
         endpoints = discovery.resolve_live(target)
-        feed = LiveFeed(RunModel(), endpoints[0].job, endpoints)
+        feed = LiveFeed(Analysis().model, endpoints[0].job, endpoints)
     print(f"perfmon export: serving {feed.description} on http://{host or '0.0.0.0'}:{port}/metrics "
           "until the job ends", file=sys.stderr)
     try:

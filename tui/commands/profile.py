@@ -1,6 +1,6 @@
-"""``perfmon profile TARGET``: time each module of a live job for a few steps (issue 16).
+"""``perfmon profile TARGET``: time each module of a live job for a few steps.
 
-Asks one rank's probe (``profile`` request, DESIGN §4) and follows that same connection while
+Asks one rank's probe (a ``profile`` request) and follows that same connection while
 it works, so the profile is judged against the rank's own steps before it (its overhead). The
 table is ``perfmon_analysis.profile.profile_lines`` over the report's ``profile`` JSON, shared with
 ``perfmon report`` and the TUI's profile screen.
@@ -14,14 +14,14 @@ from typing import Any
 
 from tui.errors import UserError
 from perfmon_analysis.profile import profile_lines
-from perfmon_analysis.runmodel import RunModel
+from perfmon_analysis.analysis import Analysis
 
 DEFAULT_STEPS = 5
 DEFAULT_DEPTH = 3
 
 
 def main(args: Any) -> int:
-    from tui.commands.attach import remote_feed
+    from tui.stream.connect import remote_feed
     from tui.stream import discovery
     from tui.stream.requests import Target, ask
 
@@ -40,12 +40,12 @@ def main(args: Any) -> int:
             raise UserError(f"job {endpoints[0].job} has no rank {rank} here (ranks on this host: "
                             f"{', '.join(map(str, ranks))})")
         target = Target(path=chosen[0].socket, label=f"{chosen[0].job} rank {rank}")
-    model = RunModel()
+    analysis = Analysis()
     stream = target.label
     print(f"profiling {target.label}: the next {args.steps} steps to depth {args.depth} ...", file=sys.stderr)
     ask(target, "profile", {"steps": args.steps, "depth": args.depth}, args.timeout, "profile",
-        on_record=lambda record: model.ingest(stream, record))
-    return _show(args, model.view().profile, target.label)
+        on_record=lambda record: analysis.ingest(stream, record))
+    return _show(args, analysis.view().profile, target.label)
 
 
 def _across_hosts(args: Any, feed: Any) -> int:

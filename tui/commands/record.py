@@ -16,7 +16,8 @@ from probe import paths, wire
 from probe.recording import RecordingWriter
 from tui.stream.discovery import Endpoint, resolve_live
 from tui.errors import UserError
-from perfmon_analysis.runmodel import RunModel
+from perfmon_analysis.analysis import Analysis
+from tui.stream.connect import remote_feed
 from tui.stream.feed import Feed, LiveFeed, follow
 from tui.stream.sources import StreamError
 
@@ -47,7 +48,7 @@ def record(endpoints: list[Endpoint], out_dir: Path, seconds: float | None = Non
         counts[str(writer.path)] = counts.get(str(writer.path), 0) + 1
 
     remote = feed is not None
-    feed = feed or LiveFeed(RunModel(), endpoints[0].job if endpoints else None, endpoints, rescan=False)
+    feed = feed or LiveFeed(Analysis().model, endpoints[0].job if endpoints else None, endpoints, rescan=False)
     feed.tap = write
     try:
         follow(feed, seconds)
@@ -62,7 +63,6 @@ def record(endpoints: list[Endpoint], out_dir: Path, seconds: float | None = Non
 
 
 def main(args) -> int:
-    from tui.commands.attach import remote_feed
     remote = remote_feed(args)
     out = Path(args.output)
     if remote is not None:

@@ -37,6 +37,7 @@ from typing import Any, BinaryIO
 
 from probe import paths, wire
 from tui.errors import UserError
+from perfmon_analysis.analysis import Analysis
 from perfmon_analysis.runmodel import RunModel
 from tui.stream import discovery
 
@@ -209,7 +210,9 @@ async def serve(job: str, out: StdoutRelay, stdin_fd: int | None, greeting: dict
             stdin_fd = None
     if stdin_fd is not None:
         await asyncio.wait([viewer.greeted], timeout=HELLO_WAIT_S)
-    model = RunModel(*(out.window or ()))
+    analysis = Analysis() if out.window is None else Analysis(window_steps=out.window[0],
+                                                               window_seconds=out.window[1])
+    model = analysis.model
     feed = LiveFeed(model, endpoints[0].job, endpoints, rescan=True)
     feed.tap = out.forward
     streams = list(feed.streams)             # the feed's own dict's keys, kept current below

@@ -86,14 +86,14 @@ def _log_file(job: str, record: Path | None) -> tuple[int, Path]:
 
 
 def _tui_runner(no_tui: bool) -> Callable[[str, Path | None], int] | None:
-    """``tui.commands.attach.run_tui`` when the TUI can open here; None (with one line saying why) otherwise."""
+    """``tui.app.launch.run_tui`` when the TUI can open here; None (with one line saying why) otherwise."""
     if no_tui:
         return None
     if not (sys.stdin.isatty() and sys.stdout.isatty()):
         _say("no terminal for the TUI; running as with --no-tui (output passes through)")
         return None
     try:
-        from tui.commands.attach import run_tui
+        from tui.app.launch import run_tui
     except ImportError as exc:
         _say(f"the TUI cannot start ({exc}); running as with --no-tui")
         return None

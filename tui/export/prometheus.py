@@ -6,8 +6,10 @@ rank's GPU the dcgm-exporter labels ``Hostname``, ``UUID``, ``modelName``, so a 
 join perfmon's series with DCGM's. Nothing is per step: the series count is ranks x metrics.
 An unknown value is left out of the scrape (never exported as 0).
 
-``families`` is pure over a ``JobView`` and its ``Verdict`` (what the TUI and the report read);
-``serve`` refreshes one snapshot a second on the feed's asyncio loop and the HTTP thread of
+The per-rank series are the metric table's Prometheus metrics (``perfmon_analysis.metrics``, listed
+in docs/metrics.md), the same numbers as the report's rank rows. ``families`` is pure over a
+``JobView`` and its ``Verdict`` (what the TUI and the report read); ``serve`` refreshes one
+snapshot a second through the feed's ``Analysis`` on its asyncio loop, and the HTTP thread of
 ``prometheus_client`` only reads that snapshot, never the model.
 """
 
@@ -16,58 +18,37 @@ from __future__ import annotations
 import asyncio
 import threading
 import time
-from dataclasses import dataclass
 from typing import Any, Iterator
 
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, InfoMetricFamily
 from prometheus_client.registry import Collector, CollectorRegistry
 
-from perfmon_analysis.verdict import Verdict, VerdictTracker
+from perfmon_analysis.analysis import Analysis, Snapshot
+from perfmon_analysis.metrics import Surface, on
+from perfmon_analysis.verdict import Verdict
 from perfmon_analysis.views import JobView, RankView
 from tui.stream.feed import Feed
 
 REFRESH_SECONDS = 1.0
 RANK_LABELS = ("job", "rank", "Hostname", "UUID", "modelName")
 
-# (name, help, RankView attribute): per-rank gauges
-RANK_GAUGES = (
-    ("perfmon_step_seconds", "Median step time over the window (data wait included)", "step_time_median_s"),
-    ("perfmon_data_wait_ratio", "Share of step time spent waiting for the next batch", "data_wait_frac"),
-    ("perfmon_comm_ratio", "Share of step time in collectives", "comm_frac"),
-    ("perfmon_comm_exposed_ratio", "Share of step time blocked on collectives (not overlapped)", "comm_exposed_frac"),
-    ("perfmon_device_busy_ratio", "Device busy share: GPM SM activity, else NVML utilization, on GPU; step time not lost on CPU", "device_busy"),
-    ("perfmon_mfu_ratio", "Model FLOPs utilization: achieved FLOP/s over the device's peak for the dtype", "mfu"),
-    ("perfmon_ettr_ratio", "Effective training time ratio: time inside steps over wall time", "ettr"),
-    ("perfmon_samples_per_second", "Samples per second over the window", "samples_per_s"),
-    ("perfmon_tokens_per_second", "Tokens per second over the window", "tokens_per_s"),
-    ("perfmon_host_syncs_per_step", "Host-device synchronisations per step", "syncs_per_step"),
-)
 MEMORY_KINDS = ("params", "grads", "optimizer", "activations", "cache", "other", "fragmentation", "reserved",
                 "allocated", "peak", "limit")
 
 
-@dataclass(frozen=True)
-class Snapshot:
-    view: JobView
-    verdict: Verdict
-
-
 def families(view: JobView, verdict: Verdict) -> list[Any]:
-    """Every metric family of one snapshot (pure)."""
+    """Every metric family of one snapshot (pure); the per-rank ones are the table's Prometheus metrics."""
     job = view.job or ""
     labels = {r.rank: _rank_labels(view, r) for r in view.ranks}
     out: list[Any] = []
-    for name, text, attr in RANK_GAUGES:
-        family = GaugeMetricFamily(name, text, labels=RANK_LABELS)
+    for metric in on(Surface.PROMETHEUS):
+        kind = CounterMetricFamily if metric.counter else GaugeMetricFamily
+        family = kind(metric.prometheus, metric.help, labels=RANK_LABELS)
         for r in view.ranks:
-            value = getattr(r, attr)
+            value = metric.rank_value(r)
             if value is not None:
                 family.add_metric(labels[r.rank], float(value))
         out.append(family)
-    steps = CounterMetricFamily("perfmon_steps", "Steps the rank has completed", labels=RANK_LABELS)
-    for r in view.ranks:
-        steps.add_metric(labels[r.rank], float(r.steps))
-    out.append(steps)
     mem = view.metrics.memory
     memory = GaugeMetricFamily("perfmon_memory_bytes", "Memory of the fullest rank by kind (device, else host)",
                                labels=("job", "rank", "kind", "source"))
@@ -85,7 +66,7 @@ def families(view: JobView, verdict: Verdict) -> list[Any]:
             busbw.add_metric([job, op.op], op.busbw)
         comm_seconds.add_metric([job, op.op], op.seconds)
     out += [busbw, comm_seconds]
-    info = InfoMetricFamily("perfmon_verdict", "The verdict: the job's bottleneck now (DESIGN 6)",
+    info = InfoMetricFamily("perfmon_verdict", "The verdict: the job's bottleneck now",
                             labels=("job",))
     info.add_metric([job], {"bottleneck": verdict.bottleneck, "severity": verdict.severity,
                             "straggler_rank": "" if verdict.straggler_rank is None else str(verdict.straggler_rank)})
@@ -133,13 +114,12 @@ def serve(feed: Feed, host: str, port: int, ready: threading.Event | None = None
 
 
 async def _refresh(feed: Feed, holder: _Holder, ready: threading.Event | None) -> None:
-    tracker = VerdictTracker()
+    analysis = Analysis(feed.model, steady=True)
     task = asyncio.ensure_future(feed.run())
     try:
         await feed.first_data.wait()
         while True:
-            view = feed.model.view(now=time.time(), clock=feed.clock())
-            holder.snapshot = Snapshot(view, tracker.update(view))
+            holder.snapshot = analysis.snapshot(time.time(), clock=feed.clock())
             if ready is not None:
                 ready.set()
             if feed.ended:

@@ -5,7 +5,7 @@ Ctrl-C in the terminal reaches only this launcher, which then stops every rank:
 SIGTERM to each group, SIGKILL after a grace period, and removal of any socket a
 killed rank left behind. With ``--headless`` the launcher follows the ranks' live
 streams into a ``RunModel`` for ``--seconds`` once they are all up, and prints the
-report JSON (DESIGN §7); otherwise it opens the TUI on the job until ``q``.
+report JSON (docs/report.md); otherwise it opens the TUI on the job until ``q``.
 """
 
 from __future__ import annotations
@@ -206,13 +206,13 @@ class DemoFailed(Exception):
 
 def headless(ranks: Ranks, count: int, seconds: float, source: dict[str, Any]) -> dict:
     """Follow the live ranks for ``seconds`` and build the report from that run model."""
-    from tui.commands.report import build_report
-    from perfmon_analysis.runmodel import RunModel
+    from perfmon_analysis.analysis import Analysis
     from tui.stream.feed import LiveFeed, follow
     from tui.stream.sources import StreamError
 
     endpoints = wait_for_ranks(ranks, count)
-    model = RunModel()
+    analysis = Analysis()
+    model = analysis.model
     feed = relay_feed(ranks, model) if ranks.nodes > 1 else LiveFeed(model, endpoints[0].job, endpoints, rescan=False)
     try:
         follow(feed, seconds)
@@ -222,7 +222,7 @@ def headless(ranks: Ranks, count: int, seconds: float, source: dict[str, Any]) -
         p.poll()
     if ranks.failed():
         raise DemoFailed(ranks)
-    return build_report(model, time.time(), source=source)
+    return analysis.report(time.time(), source=source)
 
 
 def _raise_exit(signum: int, frame: Any) -> None:
@@ -268,9 +268,9 @@ def main(args: Any) -> int:
             source = {"kind": "demo", "scenario": name, "ranks": count, "seconds": seconds, "nodes": nodes}
             report = headless(ranks, count, seconds, source)
         else:
-            from tui.commands.attach import run_tui
-            from perfmon_analysis.runmodel import RunModel
-            rc = run_tui(job, log_path=ranks.log_path, feed=relay_feed(ranks, RunModel()) if nodes > 1 else None)
+            from perfmon_analysis.analysis import Analysis
+            from tui.app.launch import run_tui
+            rc = run_tui(job, log_path=ranks.log_path, feed=relay_feed(ranks, Analysis().model) if nodes > 1 else None)
     except DemoFailed as exc:
         failure = exc
     finally:

@@ -47,7 +47,7 @@ def run_job(name: str, body: Callable[[Any], None], *, device: Device | None = N
     ``JobView`` of its recording over the last ``WINDOW`` steps, as ``perfmon report`` would see it."""
     import probe
     from probe.recording import read_recording
-    from perfmon_analysis.runmodel import RunModel
+    from perfmon_analysis.analysis import Analysis
 
     with tempfile.TemporaryDirectory(prefix="perfmon-doctor-") as tmp:
         mon = probe.start(job=f"doctor-{name}", record=Path(tmp), serve=False, sample_hz=20)
@@ -57,11 +57,11 @@ def run_job(name: str, body: Callable[[Any], None], *, device: Device | None = N
             body(mon)
         finally:
             mon.close()
-        model = RunModel(window_steps=WINDOW)
+        analysis = Analysis(window_steps=WINDOW)
         if mon.record_path is not None:
             for rec in read_recording(mon.record_path).records:
-                model.ingest(name, rec)
-        return model.view()
+                analysis.ingest(name, rec)
+        return analysis.view()
 
 
 @contextlib.contextmanager

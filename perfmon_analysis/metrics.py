@@ -1,0 +1,243 @@
+"""Every number perfmon exports, named once: the report JSON, the Prometheus gauges and the
+trainer callbacks' ``perfmon/...`` keys all derive from ``METRICS``.
+
+A ``Metric`` has one ``name`` (its key in the report JSON). The exported names follow from it
+and its ``Unit``: the report suffix (``_frac``, ``_s``, ``_per_s``) is replaced by the Prometheus
+base-unit suffix (``_ratio``, ``_seconds``, ``_per_second``), so ``data_wait_frac`` is
+``perfmon_data_wait_ratio`` on a scrape and ``perfmon/data_wait_ratio`` in a trainer's logs.
+Renaming a metric here renames it on every surface.
+
+Each metric says how it is computed: ``job`` from the window's ``JobView`` (the report's
+``metrics`` object, the callbacks), ``rank`` from one rank's ``RankView`` (the report's per-rank
+rows, the per-rank Prometheus gauges). Values are rounded once, here
+(``DECIMALS``), so every surface shows the same number. None (unknown) stays None: a surface
+leaves it out or writes null, never 0.
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Callable
+
+from perfmon_analysis.losses import account, by_id
+
+if TYPE_CHECKING:
+    from perfmon_analysis.views import JobView, RankView
+
+DECIMALS = 6          # one precision for every exported float: a microsecond, a millionth of a step
+
+
+class Surface(enum.Flag):
+    """Where a metric is exported."""
+
+    REPORT = enum.auto()          # ``perfmon report --json``: ``metrics`` (job) and ``ranks[]`` (rank)
+    PROMETHEUS = enum.auto()      # ``perfmon export --prometheus``: one series per rank
+    CALLBACKS = enum.auto()       # Lightning / HF callbacks, ``perfmon/<name>``: this rank's job numbers
+
+
+ALL = Surface.REPORT | Surface.PROMETHEUS | Surface.CALLBACKS
+
+
+class Unit(enum.Enum):
+    """A metric's unit: ``(report suffix, Prometheus suffix, numeric)``."""
+
+    RATIO = ("_frac", "_ratio", True)                 # 0..1 share
+    CORES = ("", "_cores", True)                      # share of one CPU core (can pass 1)
+    SECONDS = ("_s", "_seconds", True)
+    PER_SECOND = ("_per_s", "_per_second", True)
+    PER_STEP = ("_per_step", "_per_step", True)
+    BYTES_PER_SECOND = ("", "_bytes_per_second", True)
+    FLOPS = ("", "_flops_per_second", True)           # FLOP/s
+    COUNT = ("", "", True)
+    LABEL = ("", "", False)                           # a string, a flag or a category: report only
+
+    @property
+    def report_suffix(self) -> str:
+        return self.value[0]
+
+    @property
+    def prometheus_suffix(self) -> str:
+        return self.value[1]
+
+    @property
+    def numeric(self) -> bool:
+        return self.value[2]
+
+
+JobFn = Callable[["JobView"], Any]
+RankFn = Callable[["RankView"], Any]
+
+
+@dataclass(frozen=True)
+class Metric:
+    """One exported number. ``job``/``rank``: how it is computed (None: not at that scope);
+    ``loss``: the verdict's loss (``perfmon_analysis.losses``) whose share this metric is."""
+
+    name: str
+    unit: Unit
+    help: str
+    job: JobFn | None = None
+    rank: RankFn | None = None
+    surfaces: Surface = Surface.REPORT
+    counter: bool = False         # Prometheus counter (``_total``) rather than gauge
+    loss: str | None = None
+
+    @property
+    def stem(self) -> str:
+        """The name without its report unit suffix: ``data_wait_frac`` -> ``data_wait``."""
+        suffix = self.unit.report_suffix
+        return self.name[: -len(suffix)] if suffix and self.name.endswith(suffix) else self.name
+
+    @property
+    def exported(self) -> str:
+        """The unit-explicit name the scrape and the callbacks use: ``data_wait_ratio``."""
+        suffix = self.unit.prometheus_suffix
+        return self.stem if not suffix or self.stem.endswith(suffix) else self.stem + suffix
+
+    @property
+    def prometheus(self) -> str:
+        return f"perfmon_{self.exported}"
+
+    @property
+    def callback(self) -> str:
+        return f"perfmon/{self.exported}"
+
+    def job_value(self, view: "JobView") -> Any:
+        return rounded(self.job(view)) if self.job is not None else None
+
+    def rank_value(self, rank: "RankView") -> Any:
+        return rounded(self.rank(rank)) if self.rank is not None else None
+
+
+def rounded(x: Any) -> Any:
+    """The one precision of exported floats (bools and ints pass unchanged)."""
+    return round(x, DECIMALS) if isinstance(x, float) else x
+
+
+def _idle(view: "JobView") -> float | None:
+    """The device-idle loss of the view's accounting, the share the verdict judges."""
+    return by_id(account(view.metrics, view.device_type))["device_idle"].share
+
+
+_RP = Surface.REPORT | Surface.PROMETHEUS
+
+METRICS: tuple[Metric, ...] = (
+    Metric("steps", Unit.COUNT, "Steps the rank has completed",
+           job=lambda v: v.metrics.steps, rank=lambda r: r.steps, surfaces=_RP, counter=True),
+    Metric("step_time_median_s", Unit.SECONDS, "Median step time over the window (data wait included)",
+           job=lambda v: v.metrics.step_time_median_s, rank=lambda r: r.step_time_median_s, surfaces=ALL),
+    Metric("compute_s", Unit.SECONDS, "Median compute time per step: step - gaps - data wait - exposed comm",
+           rank=lambda r: r.compute_s),
+    Metric("samples_per_s", Unit.PER_SECOND, "Samples per second over the window",
+           job=lambda v: v.metrics.samples_per_s, rank=lambda r: r.samples_per_s, surfaces=ALL),
+    Metric("tokens_per_s", Unit.PER_SECOND, "Tokens per second over the window",
+           job=lambda v: v.metrics.tokens_per_s, rank=lambda r: r.tokens_per_s, surfaces=ALL),
+    Metric("device_busy", Unit.RATIO, "Device busy share: GPM SM activity, else NVML utilization, on GPU; "
+           "step time not lost on CPU",
+           job=lambda v: v.metrics.device_busy, rank=lambda r: r.device_busy, surfaces=ALL),
+    Metric("data_wait_frac", Unit.RATIO, "Share of step time blocked waiting for the next batch",
+           job=lambda v: v.metrics.data_wait_frac, rank=lambda r: r.data_wait_frac, surfaces=ALL,
+           loss="data_wait"),
+    Metric("comm_frac", Unit.RATIO, "Share of step time in collectives",
+           job=lambda v: v.metrics.comm_frac, rank=lambda r: r.comm_frac, surfaces=_RP),
+    Metric("comm_exposed_frac", Unit.RATIO, "Share of step time blocked on collectives (not overlapped)",
+           job=lambda v: v.metrics.comm_exposed_frac, rank=lambda r: r.comm_exposed_frac, surfaces=ALL,
+           loss="comm_exposed"),
+    Metric("device_idle_frac", Unit.RATIO, "Share of step time idle with no other measured cause "
+           "(the verdict's device-idle loss)", job=_idle, loss="device_idle"),
+    Metric("syncs_per_step", Unit.PER_STEP, "Host-device synchronisations per step",
+           job=lambda v: v.metrics.syncs_per_step, rank=lambda r: r.syncs_per_step, surfaces=_RP),
+    Metric("mfu", Unit.RATIO, "Model FLOPs utilization: achieved FLOP/s over the device's peak for the dtype",
+           job=lambda v: v.metrics.mfu, rank=lambda r: r.mfu, surfaces=ALL),
+    Metric("ettr", Unit.RATIO, "Effective training time ratio: time inside steps over wall time",
+           job=lambda v: v.metrics.ettr, rank=lambda r: r.ettr, surfaces=ALL),
+    Metric("loader_cpu", Unit.CORES, "Mean share of one core per loader worker",
+           job=lambda v: v.metrics.loader_cpu, rank=lambda r: r.loader_cpu),
+    Metric("loader_workers", Unit.COUNT, "DataLoader worker processes",
+           job=lambda v: v.metrics.loader_workers, rank=lambda r: r.loader_workers),
+    Metric("busbw", Unit.BYTES_PER_SECOND, "Bus bandwidth of the busiest collective (nccl-tests busbw)",
+           job=lambda v: v.metrics.busbw),
+    Metric("comm_op", Unit.LABEL, "The collective with the most time in the window",
+           job=lambda v: v.metrics.comm_op),
+    Metric("comm_estimated", Unit.LABEL, "Exposed communication is estimated from collective times",
+           job=lambda v: v.metrics.comm_estimated),
+    Metric("data_cpu_frac", Unit.CORES, "Main-thread CPU share of the data wait (num_workers=0)",
+           job=lambda v: v.metrics.data_cpu_frac),
+    Metric("gap_frac", Unit.RATIO, "Share of window wall time lost between steps",
+           job=lambda v: v.metrics.gap_frac, loss="step_gaps"),
+    Metric("compute_ratio", Unit.RATIO, "Fastest over slowest rank compute time (1 = balanced)",
+           job=lambda v: v.metrics.compute_ratio),
+    Metric("arrival_ratio", Unit.RATIO, "First over last rank to reach the collective",
+           job=lambda v: v.metrics.arrival_ratio),
+    Metric("straggler_by", Unit.LABEL, "Which rule named the straggler: compute or arrival",
+           job=lambda v: v.metrics.straggler_by),
+    Metric("flops_per_s", Unit.FLOPS, "Achieved FLOP/s per rank (mean)",
+           job=lambda v: v.metrics.flops_per_s),
+    Metric("memory_headroom", Unit.RATIO, "1 - peak memory over the limit (fullest rank)",
+           job=lambda v: v.metrics.memory_headroom),
+    Metric("device_busy_source", Unit.LABEL, "What device_busy measures (perfmon_analysis.losses.BUSY_SOURCES)",
+           job=lambda v: v.metrics.device_busy_source),
+    Metric("peak_flops", Unit.FLOPS, "The peak FLOP/s the MFU divides by",
+           job=lambda v: v.metrics.peak_flops),
+    Metric("peak_source", Unit.LABEL, "Where the peak FLOP/s came from",
+           job=lambda v: v.metrics.peak_source),
+    Metric("host_lead_s", Unit.SECONDS, "How far the host runs ahead of the GPU (least of the ranks)",
+           job=lambda v: v.metrics.host_lead_s),
+    Metric("off_cpu_frac", Unit.RATIO, "Share of the step body off CPU with no other measured cause",
+           job=lambda v: v.metrics.off_cpu_frac),
+    Metric("host_wait_frac", Unit.RATIO, "In-step stack samples off CPU over all in-step samples",
+           job=lambda v: v.metrics.host_wait_frac),
+    Metric("cpu_contention_frac", Unit.RATIO, "Step time the training thread was runnable with no core free",
+           job=lambda v: v.metrics.cpu_contention_frac),
+)
+
+
+
+def on(surface: Surface) -> tuple[Metric, ...]:
+    """The metrics exported on ``surface``, in table order (the table read at call time)."""
+    return tuple(m for m in METRICS if surface in m.surfaces)
+
+
+def by_name(name: str) -> Metric | None:
+    return next((m for m in METRICS if m.name == name), None)
+
+
+def loss_metrics() -> dict[str, str]:
+    """Loss id -> the name of the metric that states its share."""
+    return {m.loss: m.name for m in METRICS if m.loss is not None}
+
+
+def job_values(view: "JobView") -> dict[str, Any]:
+    """The report's ``metrics`` numbers: every job-scope metric of the table, None when unknown."""
+    return {m.name: m.job_value(view) for m in on(Surface.REPORT) if m.job is not None}
+
+
+def rank_values(rank: "RankView") -> dict[str, Any]:
+    """One rank's row numbers for the report."""
+    return {m.name: m.rank_value(rank) for m in on(Surface.REPORT) if m.rank is not None}
+
+
+def callback_values(view: "JobView") -> dict[str, float]:
+    """``perfmon/<name>`` -> value for the callbacks' scalar loggers; unknown values are left out."""
+    out = {}
+    for m in on(Surface.CALLBACKS):
+        value = m.job_value(view)
+        if value is not None:
+            out[m.callback] = float(value)
+    return out
+
+
+def markdown() -> str:
+    """The table as docs/metrics.md lists it (``python -m perfmon_analysis.metrics``)."""
+    rows = ["| report key | unit | scope | Prometheus | callbacks | meaning |", "|---|---|---|---|---|---|"]
+    for m in METRICS:
+        scope = "/".join(s for s, fn in (("job", m.job), ("rank", m.rank)) if fn is not None)
+        prom = f"`{m.prometheus}`" + (" (counter)" if m.counter else "") if Surface.PROMETHEUS in m.surfaces else ""
+        callback = f"`{m.callback}`" if Surface.CALLBACKS in m.surfaces else ""
+        rows.append(f"| `{m.name}` | {m.unit.name.lower()} | {scope} | {prom} | {callback} | {m.help} |")
+    return "\n".join(rows) + "\n"
+
+
+if __name__ == "__main__":
+    print(markdown(), end="")

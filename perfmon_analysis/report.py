@@ -1,0 +1,234 @@
+"""The report: a window's view and verdict as JSON, and that JSON as 80-column text (both pure).
+
+``build`` assembles the report dict (``tui/schemas/report.schema.json``) from a ``JobView`` and its
+``Verdict``; every number in ``metrics`` and the per-rank rows comes from the metric table
+(``perfmon_analysis.metrics``), once, at one precision. The verdict's losses and evidence point at
+those metrics by name instead of repeating their values. ``render_text`` reads only the dict, so
+the text and the JSON cannot disagree; its numbers go through ``perfmon_analysis.units``.
+"""
+
+from __future__ import annotations
+
+import textwrap
+from typing import Any, Iterable
+
+from perfmon_analysis import units
+from perfmon_analysis.capture import capture_reading
+from perfmon_analysis.metrics import Metric, Unit, by_name, job_values, loss_metrics, rank_values, rounded
+from perfmon_analysis.profile import profile_lines
+from perfmon_analysis.verdict import Verdict, label as outcome_label
+from perfmon_analysis.views import JobView
+
+SCHEMA = "perfmon.report/2"
+# A verdict's evidence key that is a metric under another name.
+EVIDENCE_METRIC = {"memory_peak_frac": "memory.peak_frac"}
+_SAME = 5e-5          # evidence rounded to 4 places still names the metric's own value
+
+
+def build(view: JobView, verdict: Verdict, *, retired: Iterable[tuple[int, dict[str, Any]]] = (),
+          source: dict[str, Any] | None = None) -> dict[str, Any]:
+    """The report JSON for one view and its verdict. ``retired``: earlier processes of a rank
+    (``RunModel.retired``); ``source``: where the records came from."""
+    metrics = job_values(view)
+    metrics["memory"] = {k: rounded(v) for k, v in view.metrics.memory.as_json().items()}
+    ranks = [{"rank": r.rank, "host": r.host, "pid": r.pid, "restart": r.restart, "generation": r.generation,
+              **rank_values(r), "straggler": r.rank == verdict.straggler_rank, "ended": r.ended, "drops": r.drops}
+             for r in view.ranks]
+    return {
+        "schema": SCHEMA,
+        "job": view.job,
+        "world_size": view.world_size,
+        "device": {"type": view.device_type, "name": view.device_name},
+        "ranks": ranks,
+        "window": {"steps": int(view.window["steps"]), "seconds": view.window["seconds"]},
+        "metrics": metrics,
+        "verdict": _verdict_json(verdict, metrics),
+        "findings": _jsonable(verdict.findings),
+        "comm_ops": [{"op": c.op, "count": c.count, "bytes": c.bytes, "seconds": rounded(c.seconds),
+                      "busbw": rounded(c.busbw), "algbw": rounded(c.algbw)} for c in view.comm_ops],
+        "ended": view.ended,
+        "drops": view.drops_total,
+        "previous_generations": [{"rank": rank, "pid": hello.get("pid"), "restart": hello.get("restart")}
+                                 for rank, hello in retired],
+        "problems": list(view.problems),
+        "profile": view.profile.as_json() if view.profile is not None else None,
+        "captures": [c.as_json() for c in view.captures],
+        "source": source or {},
+        "as_of": round(view.now, 3),     # the instant the window ends (newest record, or now when live)
+    }
+
+
+def _verdict_json(verdict: Verdict, metrics: dict[str, Any]) -> dict[str, Any]:
+    """The verdict's JSON with each loss and each evidence number that is a metric named, not repeated."""
+    out = _jsonable(verdict.as_json())
+    named_by = loss_metrics()
+    out["losses"] = [{"id": x.id, "label": x.label, "metric": named_by[x.id],
+                      "source" if x.known else "why_unknown": x.source} for x in verdict.losses]
+    evidence, named = {}, []
+    for key, value in out["evidence"].items():
+        path = EVIDENCE_METRIC.get(key, key)
+        if _is_metric_value(metrics, path, value):
+            named.append(path)
+        else:
+            evidence[key] = value
+    out["evidence"] = evidence
+    out["evidence_metrics"] = named
+    return out
+
+
+def metric_at(metrics: dict[str, Any], path: str) -> Any:
+    """``metrics`` value at ``name`` or ``memory.key``."""
+    head, _, rest = path.partition(".")
+    value = metrics.get(head)
+    return value.get(rest) if rest and isinstance(value, dict) else value
+
+
+def _is_metric_value(metrics: dict[str, Any], path: str, value: Any) -> bool:
+    """Is ``value`` the metric at ``path`` (both unknown, or equal up to the evidence's rounding)?"""
+    if path.partition(".")[0] not in metrics:
+        return False
+    known = metric_at(metrics, path)
+    if value is None or known is None:
+        return value is None and known is None
+    numbers = all(isinstance(x, (int, float)) and not isinstance(x, bool) for x in (known, value))
+    return numbers and abs(known - value) <= _SAME
+
+
+def _jsonable(obj: Any) -> Any:
+    """Evidence may hold tuples or odd numbers; make it plain JSON at the report's precision."""
+    if isinstance(obj, dict):
+        return {str(k): _jsonable(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [_jsonable(v) for v in obj]
+    if isinstance(obj, float):
+        return rounded(obj)
+    if obj is None or isinstance(obj, (str, int, bool)):
+        return obj
+    return str(obj)
+
+
+# -- text ---------------------------------------------------------------------------------------
+_pct = units.pct
+_FORMAT = {Unit.RATIO: units.pct, Unit.CORES: units.pct, Unit.SECONDS: units.seconds, Unit.PER_SECOND: units.rate,
+           Unit.PER_STEP: units.number, Unit.BYTES_PER_SECOND: units.bandwidth,
+           Unit.FLOPS: lambda x: units.rate(x, "FLOP"), Unit.COUNT: units.count}
+
+
+def formatted(metric: Metric | None, value: Any) -> str:
+    """A metric's value for a person, in its unit; a number of no known metric in 3 figures."""
+    if value is None:
+        return units.NA
+    if isinstance(value, (str, bool)):
+        return str(value)
+    fmt = _FORMAT.get(metric.unit) if metric is not None else None
+    return fmt(value) if fmt is not None else units.number(value)
+
+
+def _evidence_text(key: str, value: Any) -> str:
+    if key.endswith("_frac") and isinstance(value, float):
+        return units.pct(value)
+    return formatted(by_name(key), value)
+
+
+def render_text(report: dict[str, Any], width: int = 80) -> str:
+    """Readable form: verdict first, then evidence and the path, metrics, findings, per-rank rows."""
+    width = max(40, width)
+    lines: list[str] = []
+
+    def wrap(text: str, indent: str = "", first: str | None = None) -> None:
+        lines.extend(textwrap.wrap(text, width, initial_indent=first if first is not None else indent,
+                                   subsequent_indent=indent, break_long_words=True, break_on_hyphens=False)
+                     or [first or indent])
+
+    v = report["verdict"]
+    m = report["metrics"]
+    job = report.get("job") or units.NA
+    wrap(f"perfmon report: {job}, {report.get('world_size', 1)} rank(s), {report['device']['type']}")
+    wrap(f"{outcome_label(v['bottleneck'])} [{v['severity']}]", first="VERDICT  ", indent="         ")
+    wrap(v["headline"], indent="  ")
+    if v.get("suggestions"):
+        lines.append("Fixes:")
+        for s in v["suggestions"]:
+            wrap(s, first="  - ", indent="    ")
+    stuck = v.get("stuck")
+    if stuck:
+        lines.append("Where each rank is (innermost frame last):")
+        roles = {**{r: "waiting" for r in stuck["waiting_ranks"]}, **{r: "culprit" for r in stuck["culprit_ranks"]},
+                 **{r: "unresponsive" for r in stuck.get("unresponsive_ranks", [])}}
+        for rank, role in sorted(roles.items()):
+            frames = stuck["where"].get(str(rank)) or ["(no stack: it sent nothing)"]
+            lines.append(f"  rank {rank} ({role})")
+            for frame in frames:
+                wrap(frame, first="    ", indent="      ")
+    if v.get("losses"):
+        lines.append("Where the step goes:")
+        for loss in v["losses"]:
+            share = metric_at(m, loss["metric"])
+            shown = _pct(share) if share is not None else "not measured"
+            wrap(loss.get("source") or loss.get("why_unknown") or "", first=f"  {loss['label']:<30} {shown:>12}  ",
+                 indent=" " * 48)
+    if v.get("where") is not None:
+        lines.append("Where the unexplained time goes (in-step stack samples, share of the step ± 95%):")
+        if not v["where"]:
+            lines.append("  no stack samples inside steps in the window")
+        for w in v["where"]:
+            wrap(f"{w['state']} in {w.get('lib') or w.get('call') or w['function']} at {_site(w['file'], w['line'])} "
+                 f"in {w['function']} ({w['samples']} samples)",
+                 first=f"  {_pct(w['share']):>4} ± {_pct(w['err']):<4} ", indent=" " * 15)
+    shown_ev = [f"{p}={_evidence_text(p.rpartition('.')[2], metric_at(m, p))}" for p in v.get("evidence_metrics", [])]
+    shown_ev += [f"{k}={_evidence_text(k, val)}" for k, val in (v.get("evidence") or {}).items()
+                 if k not in ("skipped", "notes", "undecided", "stuck")]
+    if shown_ev:
+        lines.append("Evidence:")
+        wrap(", ".join(shown_ev), indent="  ")
+    if v.get("path"):
+        wrap(" > ".join(v["path"]) + f" > {v['bottleneck']}", first="Path: ", indent="  ")
+    skipped = (v.get("evidence") or {}).get("skipped") or {}
+    for node, reason in skipped.items():
+        wrap(f"{node}: {reason}", first="  skipped ", indent="    ")
+    w = report["window"]
+    lines.append("")
+    wrap(f"Window: {w['steps']} steps, {units.seconds(w['seconds'])}. Steps {m['steps']}, step "
+         f"{units.seconds(m['step_time_median_s'])} median, {units.rate(m['samples_per_s'], ' samples')}")
+    busy_source = f" ({m['device_busy_source']})" if m.get("device_busy_source") else ""
+    wrap(f"Busy {_pct(m['device_busy'])}{busy_source}  data wait {_pct(m['data_wait_frac'])}  comm {_pct(m['comm_frac'])}"
+         f" (exposed {_pct(m['comm_exposed_frac'])})  MFU {_pct(m['mfu'])}  ETTR {_pct(m['ettr'])}"
+         f"  loader CPU {_pct(m['loader_cpu'])}")
+    mem = m.get("memory") or {}
+    if mem.get("peak_bytes") is not None:
+        wrap(f"Memory ({mem.get('source')}): peak {units.nbytes(mem['peak_bytes'])} of "
+             f"{units.nbytes(mem.get('limit_bytes'))} ({_pct(mem.get('peak_frac'))})")
+    for f in report.get("findings") or []:
+        wrap(f.get("message") or f["id"], first=f"Finding {f['id']}: ", indent="  ")
+    for p in report.get("problems") or []:
+        wrap(p, first="Problem: ", indent="  ")
+    if report.get("profile"):
+        lines.append("")
+        lines.extend(profile_lines(report["profile"], width=width, top=12))
+    if report.get("captures"):
+        lines.append("")
+        lines.append("torch.profiler captures (open the traces in Perfetto or HTA):")
+        for c in report["captures"]:
+            lines.extend(capture_reading(c, c["rank"]).lines(width))
+    for g in report.get("previous_generations") or []:
+        wrap(f"rank {g['rank']} had an earlier process (pid {g['pid']}, restart {g['restart']}); "
+             "rows show the newest generation", first="Note: ", indent="  ")
+    if report["ranks"]:
+        lines.append("")
+        lines.append(f"{'RANK':>4} {'GEN':>3} {'PID':>8} {'STEPS':>6} {'STEP':>7} {'COMPUTE':>7} {'BUSY':>5} "
+                     f"{'DATA':>5} {'COMM':>5} {'ETTR':>5}  NOTE")
+        for r in report["ranks"]:
+            note = "straggler" if r.get("straggler") else ("ended" if r.get("ended") else "")
+            row = (f"{r['rank']:>4} {r.get('generation', 0):>3} {str(r.get('pid') or units.NA):>8} {r['steps']:>6} "
+                   f"{units.seconds(r['step_time_median_s']):>7} {units.seconds(r.get('compute_s')):>7} "
+                   f"{_pct(r.get('device_busy')):>5} {_pct(r.get('data_wait_frac')):>5} "
+                   f"{_pct(r.get('comm_exposed_frac')):>5} {_pct(r.get('ettr')):>5}  {note}")
+            lines.append(row[:width])
+        lines.append("COMPUTE = step - time between steps - data wait - exposed comm")
+        lines.append("COMM = exposed (blocking) share")
+    return "\n".join(line[:width] for line in lines) + "\n"
+
+
+def _site(file: str, line: int) -> str:
+    """'train.py:21': the base name keeps the line short; the JSON has the full path."""
+    return f"{file.replace(chr(92), '/').rsplit('/', 1)[-1]}:{line}"

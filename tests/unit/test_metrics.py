@@ -1,0 +1,145 @@
+"""One metric table (perfmon_analysis.metrics) behind every surface: the report JSON, the Prometheus
+scrape and the trainer callbacks each show exactly the table's metrics for them, with the same
+value for the same records, and a name changed in the table changes on every surface."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from pathlib import Path
+
+import jsonschema
+import pytest
+from prometheus_client import generate_latest
+from prometheus_client.parser import text_string_to_metric_families
+
+from perfmon_analysis import metrics as M
+from perfmon_analysis.analysis import Analysis
+from probe.integrations import live
+from tests.unit.verdict_synth import Rank, job, records
+from tui.export.prometheus import _Holder, registry_for
+
+SCHEMA = json.loads((Path(__file__).parents[2] / "tui" / "schemas" / "report.schema.json").read_text())
+# Two GPU ranks with every exported number measured (so "absent" can only mean "not exported there").
+BUSY = Rank(0, data=0.012, comm=0.021, exposed=0.0123, syncs=1.0, flops=2.2e12, tokens=4096, gpu_util=83,
+            loader_workers=2, loader_cpu=0.43, gap=0.002)
+PEER = dataclasses.replace(BUSY, rank=1, data=0.017, exposed=0.0031, gpu_util=79, flops=2.1e12)
+PEAK = 100e12
+
+
+def _report() -> dict:
+    return Analysis(job(BUSY, PEER, device="cuda", peak=PEAK)).report()
+
+
+def _scrape() -> dict[str, dict[str, float]]:
+    """Prometheus family name -> {rank: value}, as ``perfmon export --prometheus`` serves them."""
+    holder = _Holder()
+    holder.snapshot = Analysis(job(BUSY, PEER, device="cuda", peak=PEAK)).snapshot()
+    text = generate_latest(registry_for(holder)).decode()
+    return {f.name: {s.labels.get("rank"): s.value for s in f.samples if not s.name.endswith("_created")}
+            for f in text_string_to_metric_families(text)}
+
+
+class _Probe:
+    def add_tap(self, fn):
+        self.tap = fn
+
+
+def _callbacks(monkeypatch) -> tuple[dict[str, float], dict]:
+    """What the trainer callbacks log on rank 0, and the report of the same records."""
+    monkeypatch.setattr(live, "EVERY_SECONDS", 0.0)        # a fresh reading at every step
+    recs = records(BUSY, device="cuda", peak=PEAK)
+    upto = max(i for i, r in enumerate(recs) if r["k"] == "step") + 1     # the last reading's records
+    probe = _Probe()
+    numbers = live.LiveNumbers(probe)
+    for rec in recs[:upto]:
+        probe.tap(rec)
+    return numbers.metrics(), Analysis.of_records([("self", recs[:upto])]).report()
+
+
+def test_every_metric_is_in_the_report_where_its_scope_says_and_nowhere_else():
+    report = _report()
+    assert set(report["metrics"]) - {"memory"} == {m.name for m in M.METRICS if m.job is not None}
+    for row in report["ranks"]:
+        rank_metrics = {k for k in row if k in {m.name for m in M.METRICS}}
+        assert rank_metrics == {m.name for m in M.METRICS if m.rank is not None}
+    assert not list(jsonschema.Draft202012Validator(SCHEMA).iter_errors(report))
+
+
+def test_the_prometheus_scrape_has_exactly_the_tables_prometheus_metrics_with_the_reports_values():
+    report, scraped = _report(), _scrape()
+    exported = M.on(M.Surface.PROMETHEUS)
+    assert exported and all(m.rank is not None for m in exported)
+    for m in exported:
+        values = scraped[m.prometheus]
+        assert values == {str(r["rank"]): r[m.name] for r in report["ranks"]}, m.name
+    for m in M.METRICS:
+        if m not in exported:
+            assert m.prometheus not in scraped, m.name
+    per_rank = {name for name, values in scraped.items() if set(values) == {"0", "1"}}
+    assert per_rank == {m.prometheus for m in exported}
+
+
+def test_the_callbacks_log_exactly_the_tables_callback_metrics_with_the_reports_values(monkeypatch):
+    logged, report = _callbacks(monkeypatch)
+    numbers = {k: v for k, v in logged.items() if not k.startswith(live.BOTTLENECK_PREFIX)}
+    wanted = M.on(M.Surface.CALLBACKS)
+    assert numbers == {m.callback: report["metrics"][m.name] for m in wanted}
+    assert all(report["metrics"][m.name] is not None for m in wanted)      # each one measured here
+    assert logged[live.BOTTLENECK_PREFIX + report["verdict"]["bottleneck"]] == 1.0
+
+
+def test_exported_names_follow_the_units():
+    by = {m.name: m for m in M.METRICS}
+    assert by["data_wait_frac"].prometheus == "perfmon_data_wait_ratio"
+    assert by["data_wait_frac"].callback == "perfmon/data_wait_ratio"
+    assert by["step_time_median_s"].prometheus == "perfmon_step_time_median_seconds"
+    assert by["samples_per_s"].prometheus == "perfmon_samples_per_second"
+    assert by["device_busy"].prometheus == "perfmon_device_busy_ratio"
+    assert by["syncs_per_step"].prometheus == "perfmon_syncs_per_step"
+    assert len({m.name for m in M.METRICS}) == len({m.prometheus for m in M.METRICS}) == len(M.METRICS)
+    # a scrape and a scalar logger take numbers only: labels and flags stay in the report
+    assert all(m.unit.numeric for m in (*M.on(M.Surface.PROMETHEUS), *M.on(M.Surface.CALLBACKS)))
+
+
+def test_renaming_a_metric_in_the_table_renames_it_on_every_surface(monkeypatch):
+    renamed = tuple(dataclasses.replace(m, name="input_stall_frac") if m.name == "data_wait_frac" else m
+                    for m in M.METRICS)
+    monkeypatch.setattr(M, "METRICS", renamed)
+    report = _report()
+    assert "input_stall_frac" in report["metrics"] and "data_wait_frac" not in report["metrics"]
+    assert all("input_stall_frac" in r and "data_wait_frac" not in r for r in report["ranks"])
+    loss = next(x for x in report["verdict"]["losses"] if x["id"] == "data_wait")
+    assert loss["metric"] == "input_stall_frac"
+    scraped = _scrape()
+    assert "perfmon_input_stall_ratio" in scraped and "perfmon_data_wait_ratio" not in scraped
+    logged, _ = _callbacks(monkeypatch)
+    assert "perfmon/input_stall_ratio" in logged and "perfmon/data_wait_ratio" not in logged
+
+
+def test_data_wait_is_stated_once_at_one_precision():
+    """The loss and the evidence name the metric; the value lives only in ``metrics`` (and per rank)."""
+    report = _report()
+    m, v = report["metrics"], report["verdict"]
+    assert m["data_wait_frac"] == pytest.approx(0.017 / (0.1 - 0.002), abs=1e-6)     # the worst rank, of its step
+    assert all("share" not in loss for loss in v["losses"])
+    assert "data_wait_frac" not in v["evidence"] and "data_wait_frac" in v["evidence_metrics"]
+    text = json.dumps({k: val for k, val in report.items() if k not in ("metrics", "ranks")})
+    assert str(m["data_wait_frac"]) not in text
+    floats = [x for x in [*m.values(), *(x for r in report["ranks"] for x in r.values())] if isinstance(x, float)]
+    assert floats and all(x == round(x, M.DECIMALS) for x in floats)
+
+
+def test_each_loss_is_the_share_the_verdict_judged():
+    analysis = Analysis(job(BUSY, PEER, device="cuda", peak=PEAK))
+    snap = analysis.snapshot()
+    report = analysis.report(snapshot=snap)
+    for loss, entry in zip(snap.verdict.losses, report["verdict"]["losses"]):
+        assert entry["id"] == loss.id
+        assert report["metrics"][entry["metric"]] == M.rounded(loss.share)
+    assert report["metrics"]["device_idle_frac"] is not None
+
+
+def test_the_metrics_page_lists_the_table_as_it_is():
+    page = (Path(__file__).parents[2] / "docs" / "metrics.md").read_text()
+    assert page.endswith(M.markdown())

@@ -1,0 +1,83 @@
+"""What the commands share to reach a job's records: the relay feed for ``--hosts`` and the
+one-shot load of recordings or a live window into an ``Analysis``.
+
+Kept on the stream side so no command imports another: ``attach``, ``record``, ``report``,
+``export``, ``capture`` and ``profile`` all name a job the same way.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from typing import Any
+
+from probe.paths import RECORD_SUFFIX, SOCKET_SUFFIX
+from perfmon_analysis.analysis import Analysis
+from tui.errors import UserError
+
+
+def remote_feed(args: Any, analysis: Analysis | None = None) -> Any:
+    """A ``RelayFeed`` (into ``analysis``'s model, else a new one) when ``--hosts``/``--hostfile``/
+    ``--slurm`` name the job's nodes, else None."""
+    from tui.stream import hosts
+    found = hosts.choose_hosts(getattr(args, "hosts", None), getattr(args, "hostfile", None),
+                               getattr(args, "slurm", None))
+    if found is None:
+        return None
+    if not args.target:
+        raise UserError("name the job to follow on those hosts (perfmon ls on a node lists them)")
+    from tui.stream.remote import RelayFeed
+    model = (analysis or Analysis()).model
+    via = args.via or os.environ.get("PERFMON_VIA") or hosts.DEFAULT_VIA
+    port = getattr(args, "relay_port", None)
+    if port is None:
+        return RelayFeed(model, args.target, found, via)
+    if not 0 < port < 65536:
+        raise UserError(f"--relay-port {port}: must be 1..65535")
+    token = getattr(args, "token", None) or os.environ.get("PERFMON_TOKEN")
+    if not token:
+        raise UserError("--relay-port needs the relays' token: --token TOKEN or PERFMON_TOKEN "
+                        "(set the same PERFMON_TOKEN for 'perfmon relay --tcp' on every host)")
+    return RelayFeed(model, args.target, found, via, port=port, token=token)
+
+
+def load(target: str, seconds: float, args: Any = None, *, prog: str = "perfmon report") -> tuple[Analysis, dict[str, Any]]:
+    """An ``Analysis`` of recording files, of a live job followed for ``seconds``, or (``args``
+    naming hosts) of the job's ranks on several hosts through their relays; and the source it
+    came from. Each stream problem (torn tail, corruption, a failed host) is one line on stderr:
+    what was intact is still analysed."""
+    from tui.stream import sources
+    from tui.stream.feed import follow
+
+    analysis = Analysis()
+    remote = remote_feed(args, analysis) if args is not None else None
+    if remote is not None:
+        try:
+            follow(remote, seconds)
+        except sources.StreamError as exc:    # a host that failed: the others' ranks still make a report
+            if not analysis.view().ranks:
+                raise UserError(str(exc)) from None
+        for problem in analysis.problems:
+            print(f"{prog}: {problem}", file=sys.stderr)
+        return analysis, {"kind": "live", "hosts": remote.hosts, "seconds": seconds}
+    looks_like_file = target.endswith(RECORD_SUFFIX) or ("/" in target and not target.endswith(SOCKET_SUFFIX))
+    if sources.is_recording_target(target) or looks_like_file:
+        loaded = sources.load_recordings(target)
+        for rec in loaded:
+            stream = str(rec.path)
+            for record in rec.records:
+                analysis.ingest(stream, record)
+            analysis.end_stream(stream)
+            if rec.problem:
+                analysis.add_problem(rec.problem)
+                print(f"{prog}: {rec.problem}", file=sys.stderr)
+        return analysis, {"kind": "recording", "paths": [str(r.path) for r in loaded]}
+    from tui.stream import discovery
+    from tui.stream.feed import LiveFeed
+
+    endpoints = discovery.resolve_live(target)
+    try:
+        follow(LiveFeed(analysis.model, endpoints[0].job, endpoints, rescan=False), seconds)
+    except sources.StreamError as exc:
+        raise UserError(str(exc)) from None
+    return analysis, {"kind": "live", "paths": [ep.socket for ep in endpoints], "seconds": seconds}
