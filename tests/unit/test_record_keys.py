@@ -19,8 +19,14 @@ ALLOWED: dict[tuple[str, str | None], tuple[frozenset[str] | None, str]] = {
     ("profile.py", "_top"): (None, "rows of the report's profile JSON, not a record"),
     ("verdict.py", None): (frozenset({"data_wait", "comm_exposed", "device_idle", "skipped", "undecided", "id"}),
                            "the verdict's own loss table, evidence and findings"),
-    ("explain.py", None): (frozenset({"name", "source", "rank", "count", "where"}),
-                           "JobView.events: event records as the log pane lists them"),
+    ("explain.py", None): (frozenset({"name", "source", "rank", "count", "where", "loader_cpu", "device_idle"}),
+                           "JobView.events: event records as the log pane lists them; the verdict's answers "
+                           "and losses by node and loss id"),
+    ("metrics.py", "_idle"): (frozenset({"device_idle"}), "the loss accounting by loss id"),
+    ("report.py", "render_text"): (None, "the report dict ``build`` made, not a record"),
+    ("report.py", "_verdict_json"): (frozenset({"evidence"}), "the verdict's JSON, not a record"),
+    ("report.py", "build"): (frozenset({"seconds", "steps", "pid", "restart"}),
+                             "the view's window, and the hellos of retired processes the run model keeps"),
 }
 TYPE_NAMES = {"list", "dict", "tuple", "set", "frozenset", "type"}     # list["Name"]: an annotation
 
