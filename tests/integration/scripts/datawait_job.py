@@ -11,6 +11,7 @@ step the job "logs" for ``LOG_S``. ``api``: a plain loop with ``mon.loader()`` a
 after perfmon's (``hf bare``: the Hugging Face trainer without it, for ``perfmon run``).
 """
 
+import contextlib
 import sys
 import time
 
@@ -56,7 +57,7 @@ def loop(steps: int, api: bool) -> None:
         mon = probe.start(job="datawait-api")
     batches = mon.loader(loader) if mon is not None else iter(loader)
     for _ in range(steps):
-        with mon.step(samples=BATCH * ACCUM) if mon is not None else _nothing():
+        with mon.step(samples=BATCH * ACCUM) if mon is not None else contextlib.nullcontext():
             for _ in range(ACCUM):
                 model(**next(batches))["loss"].backward()
             opt.step()
@@ -64,14 +65,6 @@ def loop(steps: int, api: bool) -> None:
         log()
     if mon is not None:
         mon.close()
-
-
-class _nothing:
-    def __enter__(self) -> None:
-        return None
-
-    def __exit__(self, *exc: object) -> None:
-        return None
 
 
 def lightning(steps: int) -> None:
