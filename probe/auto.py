@@ -8,7 +8,8 @@ socket, no thread, no file; only hooks that stamp ``perf_counter`` and feed
 * global optimizer step pre/post hooks (``register_optimizer_step_*_hook``) and a
   wrapper on ``Optimizer.__init__`` (a process with no optimizer is in backward mode);
 * a wrapper on ``torch.autograd.backward`` (``Tensor.backward`` calls it);
-* a wrapper on the DataLoader iterator's ``__next__`` (data wait, batch size);
+* the batch-fetch clock on the DataLoader iterator's ``__next__`` (``probe.fetches``: data wait,
+  batch size; the trainer callbacks time their data wait with the same clock);
 * forward hooks: global ones while dormant, to find the root modules of the
   training forward; then only on those roots (global hooks put every module call
   on PyTorch's slow path).
@@ -35,7 +36,7 @@ import weakref
 from _thread import get_ident
 from typing import Any
 
-from probe.loader_policy import CpuTimingPolicy
+from probe import fetches
 from probe.hooks import Hook, remove_all
 from probe.stepfinder import StepFinder
 from probe.tracing import HiddenPhases, compiling_check, dynamo_has_compiled, run_eagerly
@@ -76,8 +77,6 @@ class _Auto:
         self.first_batch: float | None = None
         self.iterators: list[weakref.ref] = []
         self.iter_id = 0
-        self.cpu_timing = CpuTimingPolicy()    # when a fetch's CPU time is read (one policy with probe.loader)
-        self.first_fetch: tuple[float, float] | None = None   # (t0, thread CPU clock at t0) of a fetch between steps
         self.end_cpu: float | None = None        # thread CPU clock at the last step's end
 
     # -- steps ----------------------------------------------------------------------------------
@@ -105,9 +104,8 @@ class _Auto:
     def _on_open(self) -> None:
         """A step opened: its CPU time counts from its start: the first fetch's start when it opened
         there, the previous step's end when it opened there (a backward with no forward seen)."""
-        first, self.first_fetch = self.first_fetch, None
         finder = self.finder
-        cpu0 = first[1] if first is not None and first[0] == finder.start else \
+        cpu0 = finder.start_cpu if finder.start_cpu is not None else \
             self.end_cpu if finder.prev_end is not None and finder.start == finder.prev_end else None
         if self.probe is not None:
             self.probe.begin_step(cpu0)
@@ -205,6 +203,25 @@ class _Auto:
                 self.optimizer_ref = self.built_ref
             self.finder.optimizer_unseen(_pc())
 
+    def fetched(self, it: Any, batch: Any, t0: float, t1: float, c0: float | None, c1: float | None) -> None:
+        """A DataLoader fetch (``probe.fetches``), on whichever thread made it."""
+        if self.off or (self.train_thread is not None and get_ident() != self.train_thread):
+            return                          # a prefetch thread's fetch: the training thread did not wait
+        try:
+            if id(it) != self.iter_id:
+                self.iter_id = id(it)
+                _register_iterator(self, it)
+            cpu = c1 - c0 if c0 is not None and c1 is not None else None
+            if self.first_batch is None:    # worker start-up: reported apart, as probe.loader() does
+                self.first_batch = t1 - t0
+                t0, c0, cpu = t1, c1, None
+            if c0 is None and self.probe is not None:   # the clock a step opening at this fetch counts from
+                c0 = _tt()
+            self.check_unseen_step()
+            self.finder.fetch(t0, t1, _batch_size(self.torch, batch), cpu, id(it), c0)
+        except Exception as exc:
+            self.fail(exc)
+
     def note_root(self, module: Any) -> None:
         if self.probe is None and not any(r() is module for r in self.roots) and len(self.roots) < 16:
             self.roots.append(weakref.ref(module))
@@ -235,6 +252,7 @@ class _Auto:
     def turn_off(self) -> None:
         """Stand aside for good: the hooks that cost something are removed, the wrappers pass through."""
         self.off = True
+        fetches.unlisten(self.fetched)
         remove_all(self.global_handles)
         remove_all(self.root_handles)
         remove_all(self.opt_handles)
@@ -343,42 +361,6 @@ def _wrap_backward(orig: Any) -> Any:
     return backward
 
 
-def _wrap_next(orig: Any) -> Any:
-    @functools.wraps(orig)
-    def __next__(self: Any) -> Any:
-        a = _auto
-        if _is_compiling() or a is None or a.off:
-            return orig(self)
-        # single-process loader: this thread loads, and its CPU time tells preprocessing from I/O;
-        # read only while waits matter, as probe.loader() does
-        single = a.cpu_timing.left > 0 and getattr(self, "_num_workers", 1) == 0
-        c0 = _tt() if single else 0.0
-        t0 = _pc()
-        batch = orig(self)
-        t1 = _pc()
-        c1 = _tt() if single else None
-        cpu = c1 - c0 if c1 is not None else None
-        a.cpu_timing.fetched(t1 - t0, single)
-        if a.train_thread is not None and get_ident() != a.train_thread:
-            return batch                    # a prefetch thread's fetch: the training thread did not wait
-        try:
-            if id(self) != a.iter_id:
-                a.iter_id = id(self)
-                _register_iterator(a, self)
-            if a.first_batch is None:       # worker start-up: reported apart, as probe.loader() does
-                a.first_batch = t1 - t0
-                t0 = t1
-                cpu = None
-            a.check_unseen_step()
-            a.finder.fetch(t0, t1, _batch_size(a.torch, batch), cpu)
-            if a.probe is not None and not a.finder.is_open:   # a next step's first batch: its CPU clock at t0
-                a.first_fetch = (t0, (c1 if c1 is not None else _tt()) - (cpu or 0.0))
-        except Exception as exc:
-            a.fail(exc)
-        return batch
-    return __next__
-
-
 def _wrap_optimizer_init(orig: Any) -> Any:
     @functools.wraps(orig)
     def __init__(self: Any, *args: Any, **kwargs: Any) -> None:
@@ -478,7 +460,6 @@ def install() -> None:
     import torch
 
     _is_compiling = compiling_check()
-    import torch.utils.data.dataloader as dataloader
     from torch.optim import optimizer as optim_mod
 
     a = _auto = _Auto(torch)
@@ -487,12 +468,11 @@ def install() -> None:
                      optim_mod.register_optimizer_step_post_hook(_opt_post)]
     torch.optim.Optimizer.__init__ = _wrap_optimizer_init(torch.optim.Optimizer.__init__)
     torch.autograd.backward = _wrap_backward(torch.autograd.backward)
-    it_cls = dataloader._BaseDataLoaderIter
-    it_cls.__next__ = _wrap_next(it_cls.__next__)
+    fetches.listen(a.fetched)
     # never compiled as frames of their own (probe.tracing); the wrappers only at their own level
-    run_eagerly(_fwd_pre, _fwd_post, _opt_pre, _opt_post, _Auto.start, _Auto.flush, _Auto.fail,
+    run_eagerly(_fwd_pre, _fwd_post, _opt_pre, _opt_post, _Auto.start, _Auto.flush, _Auto.fail, _Auto.fetched,
                 _Auto.check_unseen_step, _Auto.track_versions, _Auto.arm_global_hooks, _register_iterator, _batch_size)
-    run_eagerly(torch.optim.Optimizer.__init__, torch.autograd.backward, it_cls.__next__, recursive=False)
+    run_eagerly(torch.optim.Optimizer.__init__, torch.autograd.backward, recursive=False)
     a.arm_global_hooks()
     if hasattr(os, "register_at_fork"):
         os.register_at_fork(after_in_child=_after_fork_in_child)

@@ -10,6 +10,10 @@ loading, for single-process loaders; None when unknown). The rules:
   previous step ended (a backward or an optimizer step with neither before it
   starts one too), so the time between steps (checkpoints, evaluation, logging)
   stays outside every step and counts as lost time in ETTR;
+* its data wait is the time its batches took to fetch: the fetches since the
+  previous step ended (an accumulation window fetched before its first forward
+  included; an evaluation loader's fetches are not, ``fetches.before_step``) and
+  those inside it;
 * it ends when its optimizer step returns. Several backwards before one
   optimizer step (gradient accumulation) are therefore one step, and optimizers
   stepped back to back (e.g. Muon for matrices + AdamW for the rest) are one step
@@ -26,6 +30,8 @@ loading, for single-process loaders; None when unknown). The rules:
 from __future__ import annotations
 
 from typing import Callable
+
+from probe.fetches import Waits, before_step
 
 EmitFn = Callable[[float, float, "dict[str, float]", "int | None", "float | None"], None]
 
@@ -46,15 +52,18 @@ class StepFinder:
         self.samples = 0
         self.data_cpu: float | None = None
         self.prev_end: float | None = None
-        self._candidate: tuple[float, float, int, float | None] | None = None  # last fetch while closed
+        self.start_cpu: float | None = None      # the fetching thread's CPU clock at the open step's first fetch
+        self._waiting: Waits | None = None       # fetches while closed: the next step's batches
         self._pending: tuple[float, int] | None = None          # (end, optimizer) of a step not yet settled
         self._fwd_t0: float | None = None
         self._bwd_t0: float | None = None
         self._opt_t0: float | None = None
 
     # -- events (outermost calls only; the caller filters nesting) --------------------------
-    def fetch(self, t0: float, t1: float, samples: int = 0, cpu: float | None = None) -> None:
-        """A batch fetch took t0..t1; ``cpu``: this thread's CPU seconds in it (single-process loader)."""
+    def fetch(self, t0: float, t1: float, samples: int = 0, cpu: float | None = None, source: int | None = None,
+              cpu0: float | None = None) -> None:
+        """A batch fetch took t0..t1 from iterator ``source``; ``cpu``: this thread's CPU seconds in it
+        (single-process loader), ``cpu0``: its CPU clock at t0 (None: not read)."""
         self._settle()
         if self.is_open:
             ph = self.phases
@@ -63,7 +72,8 @@ class StepFinder:
             if cpu is not None:
                 self.data_cpu = (self.data_cpu or 0.0) + cpu
         else:
-            self._candidate = (t0, t1, samples, cpu)
+            self._waiting = before_step(self._waiting, source, t0, cpu0)
+            self._waiting.add(t1 - t0, samples, cpu)
 
     def forward_begin(self, t: float) -> None:
         self._settle()
@@ -124,15 +134,15 @@ class StepFinder:
 
     # -- internals ----------------------------------------------------------------------------
     def _open(self, t: float) -> None:
-        cand = self._candidate
-        if cand is not None:
-            t = cand[0]
-            if cand[1] > cand[0]:
-                self.phases["data"] = self.phases.get("data", 0.0) + (cand[1] - cand[0])
-            self.samples += cand[2]
-            if cand[3] is not None:
-                self.data_cpu = (self.data_cpu or 0.0) + cand[3]
-            self._candidate = None
+        waits, self._waiting = self._waiting, None
+        self.start_cpu = None
+        if waits is not None:
+            t, self.start_cpu = waits.start, waits.cpu0
+            if waits.seconds > 0:
+                self.phases["data"] = self.phases.get("data", 0.0) + waits.seconds
+            self.samples += waits.samples
+            if waits.cpu is not None:
+                self.data_cpu = (self.data_cpu or 0.0) + waits.cpu
         self.is_open = True
         self.start = t
         if self.on_open is not None:

@@ -4,15 +4,15 @@
     probe.integrations.hf.attach(trainer)      # or Trainer(callbacks=[PerfmonCallback()])
 
 Steps are the trainer's optimizer steps (``state.global_step``, gradient accumulation included),
-tokens come from ``state.num_input_tokens_seen`` when the trainer counts them, evaluation and
-checkpoint time are pauses between steps, and perfmon's numbers are added to every ``on_log``
+tokens come from ``state.num_input_tokens_seen`` when the trainer counts them, data wait is the
+time spent fetching the steps' batches (``probe.integrations.steps``): logging, evaluation and
+checkpoints are time between steps, and perfmon's numbers are added to every ``on_log``
 as ``perfmon/...`` (in ``state.log_history`` too). Callbacks run in order and the reporting ones
 (W&B, TensorBoard, MLflow) come first in a ``Trainer``, so ``attach`` puts this one before them.
 """
 
 from __future__ import annotations
 
-import time
 from typing import Any
 
 from transformers import TrainerCallback
@@ -23,11 +23,13 @@ from probe.integrations.steps import TrainerSteps
 class PerfmonCallback(TrainerCallback):
     def __init__(self, job: str | None = None) -> None:
         self.steps = TrainerSteps(job)
-        self._mark: float | None = None     # the later of the last step's end and the last pause's end
 
     def on_train_begin(self, args: Any, state: Any, control: Any, model: Any = None, optimizer: Any = None,
                        **kwargs: Any) -> None:
         self.steps.attach(model, optimizer, state.global_step)
+
+    def on_train_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        self.steps.detach()
 
     def on_step_begin(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
         self.steps.batch_start()
@@ -35,13 +37,6 @@ class PerfmonCallback(TrainerCallback):
     def on_step_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
         samples = args.per_device_train_batch_size * args.gradient_accumulation_steps
         self.steps.batch_end(state.global_step, samples, getattr(state, "num_input_tokens_seen", None) or None)
-        self._mark = time.perf_counter()
-
-    def on_evaluate(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
-        self._paused()
-
-    def on_save(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
-        self._paused()
 
     def on_log(self, args: Any, state: Any, control: Any, logs: dict | None = None, **kwargs: Any) -> None:
         metrics = self.steps.metrics()
@@ -50,12 +45,6 @@ class PerfmonCallback(TrainerCallback):
         logs.update(metrics)
         if state.log_history and state.log_history[-1].get("step") == state.global_step:
             state.log_history[-1].update(metrics)
-
-    def _paused(self) -> None:
-        if self._mark is not None:
-            now = time.perf_counter()
-            self.steps.pause(now - self._mark)
-            self._mark = now
 
 
 def attach(trainer: Any, job: str | None = None) -> PerfmonCallback:

@@ -16,10 +16,10 @@ class Loop:
         self.f = StepFinder(lambda s, e, ph, n, cpu: self.steps.append((s, e, ph, n)))
         self.f.optimizers = optimizers
 
-    def fetch(self, secs: float = 0.01, samples: int = 8) -> None:
+    def fetch(self, secs: float = 0.01, samples: int = 8, source: int = 1) -> None:
         t0 = self.t
         self.t += secs
-        self.f.fetch(t0, self.t, samples)
+        self.f.fetch(t0, self.t, samples, source=source)
 
     def forward(self, secs: float = 0.02) -> None:
         self.f.forward_begin(self.t)
@@ -139,16 +139,33 @@ def test_raw_tensor_step_without_forward_or_fetch_starts_at_the_previous_end():
     assert loop.steps[1][0] == pytest.approx(loop.steps[0][1])
 
 
-def test_the_last_fetch_before_training_starts_the_step():
+def test_an_evaluation_loaders_fetches_between_steps_are_not_the_next_steps_data():
     loop = Loop()
     loop.fetch(); loop.forward(); loop.backward(); loop.opt()
-    loop.fetch(samples=4)                        # evaluation batches (their forwards run under no_grad)
-    loop.fetch(samples=4)
+    loop.fetch(samples=4, source=2)              # evaluation batches (their forwards run under no_grad)
+    loop.fetch(samples=4, source=2)
     train_fetch = loop.t
     loop.fetch()
     loop.forward(); loop.backward(); loop.opt()
     loop.f.flush()
     assert loop.steps[1][0] == pytest.approx(train_fetch) and loop.steps[1][3] == 8
+    assert loop.steps[1][2]["data"] == pytest.approx(0.01)
+
+
+def test_an_accumulation_window_fetched_before_its_first_forward_is_all_the_steps_data():
+    """A trainer (Hugging Face) fetches every micro-batch of the window, then runs them."""
+    loop = Loop()
+    for _ in range(3):
+        loop.idle(0.05)                          # logging between steps: not data wait
+        loop.fetch(0.01); loop.fetch(0.02)
+        for _ in range(2):
+            loop.forward(); loop.backward()
+        loop.opt()
+    loop.f.flush()
+    assert len(loop.steps) == 3
+    start, end, phases, samples = loop.steps[2]
+    assert phases["data"] == pytest.approx(0.03) and samples == 16
+    assert start - loop.steps[1][1] == pytest.approx(0.05)     # the step starts at its first fetch
 
 
 def test_flush_settles_a_pending_last_step():
