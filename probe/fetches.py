@@ -85,11 +85,11 @@ def _wrap_next(orig: Any) -> Any:
         if not listeners or _is_compiling():
             return orig(self)
         single = _cpu_timing.left > 0 and getattr(self, "_num_workers", 1) == 0   # this thread loads
+        t0 = _pc()                          # the wall clock brackets the CPU clock: CPU in a wait never exceeds it
         c0 = _tt() if single else None
-        t0 = _pc()
         batch = orig(self)
-        t1 = _pc()
         c1 = _tt() if single else None
+        t1 = _pc()
         _cpu_timing.fetched(t1 - t0, single)
         for listener in listeners:
             try:
