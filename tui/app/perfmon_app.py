@@ -50,7 +50,7 @@ from tui.app.widgets.timeline import TimelinePane
 from tui.app.widgets.verdictbar import VerdictBar
 
 PANE_CLASSES: tuple[type[Pane], ...] = (DevicePane, MemoryPane, CommPane, DataPane, TimelinePane, RanksPane)
-# (steps, seconds) windows the ``w`` key cycles through; the first is DESIGN §6's default.
+# (steps, seconds) windows the ``w`` key cycles through; the first is the run model's default window.
 WINDOWS = ((50, 30.0), (200, 120.0), (1000, 600.0))
 TERMINAL_CHECK_SECONDS = 1.0
 FORCED_EXIT_SECONDS = 3.0      # if a clean exit hangs on a dead terminal, leave anyway
@@ -58,7 +58,7 @@ FEED_CLOSE_SECONDS = 5.0       # q: at most this long to stop the relays a feed 
 FIRST_SCREEN_TRIES = 60        # at most 60 tries after the first records arrive...
 FIRST_SCREEN_PAUSE = 4.0       # ...each after a pause of 50 ms or 4x the last one's cost
 REFRESH_BUDGET = 0.10          # share of a core the timer's refreshes may take before it refreshes less often
-SLOWEST_REFRESH_S = 0.5        # ...but at least twice a second (DESIGN: widgets refresh at 2-4 Hz)
+SLOWEST_REFRESH_S = 0.5        # ...but at least twice a second: a live view that lags its job by more than that reads as frozen
 
 
 def ticks_to_skip(cost_s: float, tick_s: float) -> int:
