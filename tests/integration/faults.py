@@ -430,15 +430,20 @@ def warnings_runs() -> dict[str, Any]:
             "probe+sim-cuda -W error": (["-W", "error"], {}, ["--probe", "--sim-cuda"]),
             "probe+sim-cuda PYTHONWARNINGS=error": ([], {"PYTHONWARNINGS": "error"}, ["--probe", "--sim-cuda"])}
     out: dict[str, Any] = {}
-    for name, (flags, extra_env, args) in runs.items():
+    started = {}
+    for name, (flags, extra_env, args) in runs.items():      # the runs are independent: all at once
         rec = Path(tempfile.mkdtemp(prefix="perfmon-werror-"))
         sock_dir = Path(tempfile.mkdtemp(prefix="perfmon-werror-sock-"))
         os.chmod(sock_dir, 0o700)
-        r = subprocess.run([sys.executable, *flags, str(JOB), "train", *args], capture_output=True, text=True,
-                           timeout=300, env=_env(FAULT_RECORD=str(rec), PERFMON_DIR=str(sock_dir), **extra_env))
-        entry: dict[str, Any] = {"rc": r.returncode, "stderr": r.stderr[-1500:]}
-        if r.returncode == 0:
-            entry.update(json.loads(r.stdout.strip().splitlines()[-1]))
+        proc = subprocess.Popen([sys.executable, *flags, str(JOB), "train", *args], stdout=subprocess.PIPE,
+                                stderr=subprocess.PIPE, text=True,
+                                env=_env(FAULT_RECORD=str(rec), PERFMON_DIR=str(sock_dir), **extra_env))
+        started[name] = (proc, rec, sock_dir)
+    for name, (proc, rec, sock_dir) in started.items():
+        stdout, stderr = proc.communicate(timeout=300)
+        entry: dict[str, Any] = {"rc": proc.returncode, "stderr": stderr[-1500:]}
+        if proc.returncode == 0:
+            entry.update(json.loads(stdout.strip().splitlines()[-1]))
             files = sorted(rec.glob("*.pmrec"))
             if files:
                 steps = [x for x in read_recording(files[0]).records if x["k"] == "step"]
