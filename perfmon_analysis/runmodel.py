@@ -47,6 +47,7 @@ from perfmon_analysis.readings import (HostReading, comm_reading, dropped, event
 from perfmon_analysis.stats import RankStats, comm_rows, job_metrics, job_where, rank_stats, rank_view, summary_stats
 from perfmon_analysis.capture import capture_reading
 from perfmon_analysis.profile import ModuleProfile, profile_reading, with_overhead
+from perfmon_analysis.overhead import worst
 from perfmon_analysis.stuck import diagnose
 from perfmon_analysis.summary import apply_summary, summary_record
 from perfmon_analysis.views import JobView
@@ -254,6 +255,7 @@ class RunModel:
             profile=_latest_profile(states),
             captures=tuple(s.capture for s in states if s.capture is not None),
             where=job_where([st for _, st in ready]),
+            overhead=worst(st.overhead for st in stats),
         )
 
     def _stats(self, state: RankState) -> "RankStats":

@@ -24,6 +24,7 @@ ALLOWED: dict[tuple[str, str | None], tuple[frozenset[str] | None, str]] = {
                            "and losses by node and loss id"),
     ("metrics.py", "_idle"): (frozenset({"device_idle"}), "the loss accounting by loss id"),
     ("report.py", "render_text"): (None, "the report dict ``build`` made, not a record"),
+    ("overhead.py", "text_lines"): (None, "the report's overhead JSON (Overhead.as_json), not a record"),
     ("report.py", "_verdict_json"): (frozenset({"evidence"}), "the verdict's JSON, not a record"),
     ("report.py", "build"): (frozenset({"seconds", "steps", "pid", "restart"}),
                              "the view's window, and the hellos of retired processes the run model keeps"),
