@@ -672,6 +672,7 @@ class CaptureRecord:
     device_busy: float | None      # GPU only: kernel time over the captured wall time
     gaps: tuple[tuple[float, float], ...]   # GPU only: (idle seconds, at seconds from the first kernel)
     error: str | None = None
+    thread_cpu_s: float | None = None      # CPU s of the thread that wrote it (wire 1.4 ``cost``)
 
 
 def capture_record(rec: dict[str, Any]) -> CaptureRecord:
@@ -681,7 +682,14 @@ def capture_record(rec: dict[str, Any]) -> CaptureRecord:
     return CaptureRecord(t=num(rec.get("t")) or 0.0, steps=_whole(rec.get("steps")) or 0,
                          first_step=_whole(rec.get("first_step")), last_step=_whole(rec.get("last_step")),
                          wall_s=num(rec.get("wall_s")), path=_text(rec.get("path")), top=top,
-                         device_busy=num(rec.get("device_busy")), gaps=gaps, error=_text(rec.get("error")))
+                         device_busy=num(rec.get("device_busy")), gaps=gaps, error=_text(rec.get("error")),
+                         thread_cpu_s=window_cpu(rec))
+
+
+def window_cpu(rec: dict[str, Any]) -> float | None:
+    """A profile's or capture's own thread CPU s (its ``cost``, wire 1.4)."""
+    cost = rec.get("cost")
+    return _nonneg(cost.get("thread_cpu_s")) if isinstance(cost, dict) else None
 
 
 # -- module profiles (``probe.module_profile``) ---------------------------------------------
@@ -717,6 +725,7 @@ class ProfileRecord:
     flops_note: str | None
     error: str | None
     truncated: bool
+    thread_cpu_s: float | None = None    # CPU s of the thread that built it (wire 1.4 ``cost``)
 
 
 def profile_record(rec: dict[str, Any]) -> ProfileRecord:
@@ -733,7 +742,7 @@ def profile_record(rec: dict[str, Any]) -> ProfileRecord:
         timer=_text(rec.get("timer")), peak_flops=_pos(rec.get("peak_flops")),
         peak_source=_text(rec.get("peak_source")),
         modules=modules, flops_note=_text(rec.get("flops_note")), error=_text(rec.get("error")),
-        truncated=rec.get("truncated") is True)
+        truncated=rec.get("truncated") is True, thread_cpu_s=window_cpu(rec))
 
 
 def _pos(value: Any) -> float | None:

@@ -136,6 +136,8 @@ from __future__ import annotations
 #         process_cpu (the whole process's CPU s, the denominator of the threads' share),
 #         queue_items (hot-path queue), viewer_bytes (queued for viewers), backfill_bytes,
 #         sent_bytes, recorded_bytes, why {part: why it is not measured}}
+# profile, capture: cost {thread_cpu_s (CPU s of the probe thread that built the result)}; their
+#         training-thread cost is the window's steps against the steps before, from the step records
 
 import struct
 from typing import Any, Iterator
@@ -197,9 +199,9 @@ OPTIONAL: dict[str, dict[str, tuple[type, ...]]] = {
     "request": {"steps": (int,), "depth": (int,)},
     "answer": {"ok": (bool,), "reason": (str,), "op": (str,)},
     "profile": {"id": (int,), "steps": (int,), "first_step": (int,), "last_step": (int,), "depth": (int,),
-                "step_s": _NUM, "peak_flops": _NUM, "truncated": (bool,), "error": (str,)},
+                "step_s": _NUM, "peak_flops": _NUM, "truncated": (bool,), "error": (str,), "cost": (dict,)},
     "capture": {"id": (int,), "first_step": (int,), "last_step": (int,), "wall_s": _NUM, "path": (str,),
-                "top": (list,), "device_busy": _NUM, "gaps": (list,), "error": (str,)},
+                "top": (list,), "device_busy": _NUM, "gaps": (list,), "error": (str,), "cost": (dict,)},
     "summary": {"src": (str,), "v": (int,), "memory": (dict,), "comm": (dict,), "steps": (int,), "first_start": _NUM,
                 "last_end": _NUM, "inside": _NUM, "unseen": _NUM, "loader_seen": (bool,)},
     "subscribe": {"window": (list,)},

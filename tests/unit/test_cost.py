@@ -20,6 +20,7 @@ from perfmon_analysis.overhead import STEP_BUDGET, STEP_CALLS, finding, overhead
 from perfmon_analysis.readings import CostReading, cost_reading
 from probe import core, cost, wire
 from probe.recording import read_recording
+from tests.unit.verdict_synth import T0, Rank, records
 
 ROOT = Path(__file__).resolve().parents[2]
 SCHEMA = json.loads((ROOT / "tui" / "schemas" / "report.schema.json").read_text())
@@ -113,9 +114,26 @@ def test_unmeasured_parts_are_unknown_with_why_never_zero():
 
 def test_a_thread_over_the_cpu_budget_is_named():
     before = _reading(10.0, 0.0, 0, {"sender": 0.0, "where": 1.0})
-    after = _reading(12.0, 0.0001, 100, {"sender": 0.01, "where": 1.5}) # where: 0.5 of 4 process CPU s
+    after = _reading(12.0, 0.0001, 100, {"sender": 0.01, "where": 1.5})   # where: 0.5 of 4 process CPU s
     found = finding(overhead(0, [before, after], 0.02))
     assert found is not None and found["part"] == "where" and found["kind"] == "thread"
+
+
+def test_profile_and_capture_windows_report_their_cost_in_the_same_terms():
+    recs = records(Rank(steps=40, dur=0.1))
+    for rec in recs:     # steps 30-32 ran under the window: 50 ms slower each
+        if rec["k"] == "step" and 30 <= rec["step"] <= 32:
+            rec["dur"] = 0.15
+    window = {"t": T0 + 4.5, "id": 1, "steps": 3, "first_step": 30, "last_step": 32, "cost": {"thread_cpu_s": 0.25}}
+    recs += [{"k": "capture", **window, "wall_s": 0.45, "path": "/tmp/trace.json.gz", "top": [], "gaps": []},
+             {"k": "profile", **window, "depth": 1, "step_s": 0.15, "modules": []}]
+    report = Analysis.of_records([("s", recs)]).report()
+    jsonschema.validate(report, SCHEMA)
+    for shown in (report["captures"][0], report["profile"]):
+        assert shown["train_per_step_s"] == pytest.approx(0.05)
+        assert shown["overhead"] == pytest.approx(0.5)
+        assert shown["thread_cpu_s"] == 0.25
+    assert "its own thread used 250ms CPU" in render_text(report)
 
 
 def test_the_cost_rides_in_samples_of_wire_1_4():
