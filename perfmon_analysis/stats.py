@@ -293,9 +293,12 @@ def where_table(rank: int, intervals: Iterable[WhereInterval], win: list[StepRea
 
 
 def summary_stats(state: RankState, st: RankStats) -> RankStats:
-    """A summarised rank's statistics ``st`` (``perfmon_analysis.summary``), with the CPU history of the
-    samples, which still come in full."""
-    return dataclasses.replace(st, trace=RankTrace(steps=(), data_wait=(), cpu=_cpu_trace(state)))
+    """A summarised rank's statistics ``st`` (``perfmon_analysis.summary``), with the CPU history and the
+    probe's own cost of the samples, which still come in full."""
+    samples = itertools.islice(state.samples, max(0, len(state.samples) - WINDOW_SAMPLES), None)
+    return dataclasses.replace(st, trace=RankTrace(steps=(), data_wait=(), cpu=_cpu_trace(state)),
+                               overhead=overhead(state.rank, [s.cost for s in samples if s.cost is not None],
+                                                 st.step_median))
 
 
 def _cpu_trace(state: RankState) -> tuple[float | None, ...]:
