@@ -20,7 +20,7 @@ from perfmon_analysis.overhead import STEP_BUDGET, STEP_CALLS, finding, overhead
 from perfmon_analysis.readings import CostReading, cost_reading
 from probe import core, cost, wire
 from probe.recording import read_recording
-from tests.unit.verdict_synth import T0, Rank, records
+from tests.unit.verdict_synth import T0, Rank, job, records
 
 ROOT = Path(__file__).resolve().parents[2]
 SCHEMA = json.loads((ROOT / "tui" / "schemas" / "report.schema.json").read_text())
@@ -134,6 +134,26 @@ def test_profile_and_capture_windows_report_their_cost_in_the_same_terms():
         assert shown["overhead"] == pytest.approx(0.5)
         assert shown["thread_cpu_s"] == 0.25
     assert "its own thread used 250ms CPU" in render_text(report)
+
+
+def _header(rank: Rank) -> tuple[str, set[str]]:
+    """The header's text for a job of ``rank``, and the styles of its "perfmon cost" value."""
+    from tui.app.widgets.header import HeaderBar
+    bar = HeaderBar()
+    bar._view = job(rank).view()
+    text = bar.render()
+    at = text.plain.find("perfmon cost ")
+    styles = {str(s.style) for s in text.spans if at >= 0 and s.start >= at + len("perfmon cost ") and s.start < at + 30}
+    return text.plain, styles
+
+
+def test_the_header_shows_the_cost_warned_over_budget_and_nothing_when_unknown():
+    from tui.app.widgets import glyphs
+    within, styles = _header(Rank(steps=30, probe_step_s=20e-6, probe_cores=0.004))
+    assert "perfmon cost 0.02% step 0.42% CPU" in within and not any(glyphs.WARN in s for s in styles)
+    over, styles = _header(Rank(steps=30, probe_step_s=0.005, probe_cores=0.004))
+    assert "perfmon cost 5.00% step" in over and any(glyphs.WARN in s for s in styles)
+    assert "perfmon cost" not in _header(Rank(steps=30))[0]      # an older probe: not shown, never 0
 
 
 def test_the_cost_rides_in_samples_of_wire_1_4():
