@@ -6,7 +6,7 @@ machine. Four parts, each a running total so a viewer takes any two samples' dif
 * ``train``: seconds the training thread spent inside the probe's step calls (``step()``'s
   enter and exit, the zero-code ``begin_step``/``add_step``), the step hooks included and also
   listed by hook name. Counted from clock reads those calls make anyway plus one at each exit,
-  so the count costs about 0.1 µs a step. ``loader()`` and ``phase()`` wrappers (a clock read or
+  so the count costs about 0.2 µs a step. ``loader()`` and ``phase()`` wrappers (a clock read or
   two each) and the zero-code module hooks that find the step boundaries are not in it.
 * ``threads``: CPU seconds of each of the probe's threads (named ``perfmon-*``), read from the
   kernel's per-thread CPU clock (Linux: the thread's id names its clock; elsewhere unknown). A

@@ -192,6 +192,28 @@ def test_the_reported_step_cost_is_the_order_of_the_measured_one():
     assert m / 4 <= r <= m * 1.5, (m, r)
 
 
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="per-thread CPU clocks are Linux's")
+def test_a_finished_thread_keeps_its_cpu_in_its_names_total():
+    import threading
+    spun, done = threading.Event(), threading.Event()
+
+    def work() -> None:
+        _spin(0.05)          # busy: ~50 ms of CPU on this thread's clock
+        spun.set()
+        done.wait(10)
+
+    totals = cost.ThreadTotals()
+    thread = threading.Thread(target=work, name="perfmon-test-window")
+    thread.start()
+    spun.wait(10)
+    while_alive = totals.read()["test-window"]
+    done.set()
+    thread.join()
+    assert while_alive >= 0.005
+    assert totals.read()["test-window"] == while_alive          # kept after it exits, never dropped
+    assert cost.thread_cpu(thread.native_id) is None            # its clock is gone: an error, not a crash
+
+
 def _proc_cpu(pid: int, tid: int) -> float:
     fields = Path(f"/proc/{pid}/task/{tid}/stat").read_text().rsplit(")", 1)[1].split()
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
