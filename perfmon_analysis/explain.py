@@ -13,6 +13,7 @@ from perfmon_analysis.buffers import BLOCKING_EVENTS
 from perfmon_analysis.flowchart import (CPU_CONTENTION_MIN, ETTR_MIN, FRAGMENTATION_MAX, LOADER_MAIN, THROTTLE_REASONS,
                                         Answer)
 from perfmon_analysis.losses import Loss, by_id
+from perfmon_analysis.overhead import finding as overhead_finding
 from perfmon_analysis.views import JobView, RankView, WhereLine
 
 _pct = units.pct
@@ -351,6 +352,9 @@ def findings(v: JobView) -> list[dict[str, Any]]:
     if v.drops_total:
         out.append({"id": "drops", "count": v.drops_total,
                     "message": f"{v.drops_total} records dropped on the way; numbers may have holes"})
+    cost = overhead_finding(v.overhead)
+    if cost is not None:
+        out.append(cost)
     probe_warning = _probe_warnings(v.events)
     if probe_warning is not None:
         out.append(probe_warning)

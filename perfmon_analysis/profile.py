@@ -78,6 +78,14 @@ class ModuleProfile:
     overhead: float | None = None          # profiled steps' mean time / the steps before, − 1
     baseline_step_s: float | None = None   # median step before the profile
     profiled_step_s: float | None = None   # mean step time of the profiled steps (step records)
+    thread_cpu_s: float | None = None      # CPU s of the probe thread that built the result
+
+    @property
+    def train_per_step_s(self) -> float | None:
+        """The profile's training-thread cost per step: profiled steps' mean - the median before."""
+        if self.profiled_step_s is None or self.baseline_step_s is None:
+            return None
+        return self.profiled_step_s - self.baseline_step_s
 
     @property
     def marked(self) -> ProfileRow | None:
@@ -100,6 +108,7 @@ class ModuleProfile:
             "fwd_flops_per_s": _r(self.fwd_flops_per_s), "bwd_flops_per_s": _r(self.bwd_flops_per_s),
             "peak_flops": self.peak_flops, "peak_source": self.peak_source, "overhead": _r(self.overhead),
             "baseline_step_s": _r(self.baseline_step_s), "profiled_step_s": _r(self.profiled_step_s),
+            "train_per_step_s": _r(self.train_per_step_s), "thread_cpu_s": _r(self.thread_cpu_s),
             "marked": self.marked.name if self.marked else None, "flops_note": self.flops_note,
             "error": self.error, "truncated": self.truncated,
             "modules": [{"name": r.name, "type": r.type, "depth": r.depth, "params": r.params, "calls": _r(r.calls),
@@ -128,24 +137,34 @@ def profile_reading(rec: dict[str, Any], rank: int) -> ModuleProfile:
         rank=rank, t=prof.t, steps=prof.steps, first_step=prof.first_step, last_step=prof.last_step,
         depth=prof.depth, step_s=step_s, timer=prof.timer, peak_flops=peak, peak_source=prof.peak_source,
         fwd_flops_per_s=fwd_rate, bwd_flops_per_s=bwd_rate, rows=tuple(rows), flops_note=prof.flops_note,
-        error=prof.error, truncated=prof.truncated)
+        error=prof.error, truncated=prof.truncated, thread_cpu_s=prof.thread_cpu_s)
 
 
 def with_overhead(profile: ModuleProfile, steps: Iterable[tuple[int, float]]) -> ModuleProfile:
     """The profile with its measured cost: the profiled steps' mean time (from the step records)
     against the median of the ``OVERHEAD_BASELINE_STEPS`` steps before it. Unknown when either
     side is not in ``steps`` (step number, seconds)."""
-    if profile.first_step is None or profile.last_step is None:
+    cost = window_cost(profile.first_step, profile.last_step, steps)
+    if cost is None:
         return profile
+    overhead, base, mean = cost
+    return replace(profile, overhead=overhead, baseline_step_s=base, profiled_step_s=mean)
+
+
+def window_cost(first: int | None, last: int | None,
+                steps: Iterable[tuple[int, float]]) -> tuple[float | None, float, float] | None:
+    """(the window's steps' mean time / the median before it - 1, that median, that mean) for steps
+    ``first``..``last`` (a profile's or a capture's); None when either side is not in ``steps``."""
+    if first is None or last is None:
+        return None
     steps = list(steps)
-    before = [d for s, d in steps if profile.first_step - OVERHEAD_BASELINE_STEPS <= s < profile.first_step]
-    inside = [d for s, d in steps if profile.first_step <= s <= profile.last_step]
-    if not before or len(inside) < profile.last_step - profile.first_step + 1:
-        return profile
+    before = [d for s, d in steps if first - OVERHEAD_BASELINE_STEPS <= s < first]
+    inside = [d for s, d in steps if first <= s <= last]
+    if not before or len(inside) < last - first + 1:
+        return None
     base = statistics.median(before)
     mean = sum(inside) / len(inside)
-    overhead = mean / base - 1.0 if base > 0 else None
-    return replace(profile, overhead=overhead, baseline_step_s=base, profiled_step_s=mean)
+    return (mean / base - 1.0 if base > 0 else None), base, mean
 
 
 def _row(m: ModuleTimes, step_s: float | None, root_flops: float | None, peak: float | None) -> ProfileRow:
@@ -173,7 +192,9 @@ def profile_lines(p: dict[str, Any], width: int = 80, top: int | None = DEFAULT_
     if p.get("overhead") is not None:
         lines.append(f"Cost: profiled steps took {units.seconds(p.get('profiled_step_s'))} against "
                      f"{units.seconds(p.get('baseline_step_s'))} before ({p['overhead'] * 100:+.0f}%); "
-                     "steps outside the profile run no hook")
+                     "steps outside the profile run no hook"
+                     + (f"; its own thread used {units.seconds(p['thread_cpu_s'])} CPU"
+                        if p.get("thread_cpu_s") is not None else ""))
     if p.get("flops_note"):
         lines.append(f"FLOPs: {p['flops_note']}")
     if p.get("marked"):

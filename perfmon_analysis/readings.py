@@ -304,6 +304,52 @@ class ComputeReading:
 
 
 @dataclass(frozen=True)
+class CostReading:
+    """The probe's own cost (a ``sample``'s ``cost``, wire 1.4): running totals since it started.
+
+    ``threads`` is None when no thread CPU clock could be read; ``why`` says, per part, why it
+    is not measured."""
+
+    t: float | None
+    train_s: float | None                        # training-thread s inside the probe's step calls
+    train_steps: int | None                      # the steps ``train_s`` covers
+    hooks: tuple[tuple[str, float], ...]         # step hook name -> its s (part of ``train_s``)
+    threads: tuple[tuple[str, float], ...] | None   # perfmon thread name -> CPU s
+    process_cpu: float | None                    # the process's CPU s (all threads)
+    queue_items: int | None
+    viewer_bytes: int | None
+    backfill_bytes: int | None
+    sent_bytes: int | None
+    recorded_bytes: int | None
+    why: tuple[tuple[str, str], ...] = ()
+
+    def unmeasured(self, part: str, default: str) -> str:
+        """Why the probe did not measure ``part`` (its own words), else ``default``."""
+        return next((why for name, why in self.why if name == part), default)
+
+
+def cost_reading(cost: Any, t: float | None) -> CostReading | None:
+    if not isinstance(cost, dict):
+        return None
+    threads = cost.get("threads")
+    why = cost.get("why")
+    return CostReading(
+        t=t, train_s=_nonneg(cost.get("train_s")), train_steps=_whole(cost.get("train_steps")),
+        hooks=_seconds_by_name(cost.get("hooks")) or (),
+        threads=_seconds_by_name(threads) if isinstance(threads, dict) else None,
+        process_cpu=_nonneg(cost.get("process_cpu")), queue_items=_whole(cost.get("queue_items")),
+        viewer_bytes=_whole(cost.get("viewer_bytes")), backfill_bytes=_whole(cost.get("backfill_bytes")),
+        sent_bytes=_whole(cost.get("sent_bytes")), recorded_bytes=_whole(cost.get("recorded_bytes")),
+        why=tuple((str(k), str(v)) for k, v in why.items()) if isinstance(why, dict) else ())
+
+
+def _seconds_by_name(value: Any) -> tuple[tuple[str, float], ...] | None:
+    if not isinstance(value, dict):
+        return None
+    return tuple((str(k), float(v)) for k, v in value.items() if num(v) is not None and v >= 0)
+
+
+@dataclass(frozen=True)
 class SampleReading:
     """One ``sample`` record (about one a second)."""
 
@@ -313,6 +359,7 @@ class SampleReading:
     device: DeviceReading | None         # the job's device when the sample says it
     gpu_status: str | None               # why there are no GPU readings, in the probe's words
     compute: ComputeReading | None
+    cost: CostReading | None = None      # the probe's own cost (wire 1.4)
 
 
 def sample_reading(rec: dict[str, Any]) -> SampleReading:
@@ -323,7 +370,8 @@ def sample_reading(rec: dict[str, Any]) -> SampleReading:
         gpu_status=str(status) if status else None,
         compute=ComputeReading(dtype=_text(compute.get("dtype")), peak_flops=num(compute.get("peak_flops")),
                                peak_source=_text(compute.get("peak_source")))
-        if isinstance(compute, dict) else None)
+        if isinstance(compute, dict) else None,
+        cost=cost_reading(rec.get("cost"), num(rec.get("t"))))
 
 
 @dataclass(frozen=True, slots=True)
@@ -624,6 +672,7 @@ class CaptureRecord:
     device_busy: float | None      # GPU only: kernel time over the captured wall time
     gaps: tuple[tuple[float, float], ...]   # GPU only: (idle seconds, at seconds from the first kernel)
     error: str | None = None
+    thread_cpu_s: float | None = None      # CPU s of the thread that wrote it (wire 1.4 ``cost``)
 
 
 def capture_record(rec: dict[str, Any]) -> CaptureRecord:
@@ -633,7 +682,14 @@ def capture_record(rec: dict[str, Any]) -> CaptureRecord:
     return CaptureRecord(t=num(rec.get("t")) or 0.0, steps=_whole(rec.get("steps")) or 0,
                          first_step=_whole(rec.get("first_step")), last_step=_whole(rec.get("last_step")),
                          wall_s=num(rec.get("wall_s")), path=_text(rec.get("path")), top=top,
-                         device_busy=num(rec.get("device_busy")), gaps=gaps, error=_text(rec.get("error")))
+                         device_busy=num(rec.get("device_busy")), gaps=gaps, error=_text(rec.get("error")),
+                         thread_cpu_s=window_cpu(rec))
+
+
+def window_cpu(rec: dict[str, Any]) -> float | None:
+    """A profile's or capture's own thread CPU s (its ``cost``, wire 1.4)."""
+    cost = rec.get("cost")
+    return _nonneg(cost.get("thread_cpu_s")) if isinstance(cost, dict) else None
 
 
 # -- module profiles (``probe.module_profile``) ---------------------------------------------
@@ -669,6 +725,7 @@ class ProfileRecord:
     flops_note: str | None
     error: str | None
     truncated: bool
+    thread_cpu_s: float | None = None    # CPU s of the thread that built it (wire 1.4 ``cost``)
 
 
 def profile_record(rec: dict[str, Any]) -> ProfileRecord:
@@ -685,7 +742,7 @@ def profile_record(rec: dict[str, Any]) -> ProfileRecord:
         timer=_text(rec.get("timer")), peak_flops=_pos(rec.get("peak_flops")),
         peak_source=_text(rec.get("peak_source")),
         modules=modules, flops_note=_text(rec.get("flops_note")), error=_text(rec.get("error")),
-        truncated=rec.get("truncated") is True)
+        truncated=rec.get("truncated") is True, thread_cpu_s=window_cpu(rec))
 
 
 def _pos(value: Any) -> float | None:

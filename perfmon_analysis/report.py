@@ -15,6 +15,7 @@ from typing import Any, Iterable
 from perfmon_analysis import units
 from perfmon_analysis.capture import capture_reading
 from perfmon_analysis.metrics import Metric, Unit, by_name, job_values, loss_metrics, rank_values, rounded
+from perfmon_analysis.overhead import text_lines as overhead_lines
 from perfmon_analysis.profile import profile_lines
 from perfmon_analysis.verdict import Verdict, label as outcome_label
 from perfmon_analysis.views import JobView
@@ -53,6 +54,7 @@ def build(view: JobView, verdict: Verdict, *, retired: Iterable[tuple[int, dict[
         "problems": list(view.problems),
         "profile": view.profile.as_json() if view.profile is not None else None,
         "captures": [c.as_json() for c in view.captures],
+        "overhead": view.overhead.as_json() if view.overhead is not None else None,
         "source": source or {},
         "as_of": round(view.now, 3),     # the instant the window ends (newest record, or now when live)
     }
@@ -210,6 +212,10 @@ def render_text(report: dict[str, Any], width: int = 80) -> str:
         lines.append("torch.profiler captures (open the traces in Perfetto or HTA):")
         for c in report["captures"]:
             lines.extend(capture_reading(c, c["rank"]).lines(width))
+    if "overhead" in report:
+        lines.append("")
+        for line in overhead_lines(report["overhead"]):
+            wrap(line.strip(), first=line[:len(line) - len(line.lstrip())], indent="    ")
     for g in report.get("previous_generations") or []:
         wrap(f"rank {g['rank']} had an earlier process (pid {g['pid']}, restart {g['restart']}); "
              "rows show the newest generation", first="Note: ", indent="  ")

@@ -45,8 +45,9 @@ from perfmon_analysis.readings import (HostReading, comm_reading, dropped, event
                                        hello_reading, memory_reading, record_time, sample_reading, stall_reading,
                                        where_interval)
 from perfmon_analysis.stats import RankStats, comm_rows, job_metrics, job_where, rank_stats, rank_view, summary_stats
-from perfmon_analysis.capture import capture_reading
+from perfmon_analysis.capture import capture_reading, with_cost
 from perfmon_analysis.profile import ModuleProfile, profile_reading, with_overhead
+from perfmon_analysis.overhead import worst
 from perfmon_analysis.stuck import diagnose
 from perfmon_analysis.summary import apply_summary, summary_record
 from perfmon_analysis.views import JobView
@@ -252,8 +253,10 @@ class RunModel:
             problems=list(self.problems),
             stuck=diagnose(ranks),
             profile=_latest_profile(states),
-            captures=tuple(s.capture for s in states if s.capture is not None),
+            captures=tuple(with_cost(s.capture, ((n.step, n.dur) for n in s.steps))
+                           for s in states if s.capture is not None),
             where=job_where([st for _, st in ready]),
+            overhead=worst(st.overhead for st in stats),
         )
 
     def _stats(self, state: RankState) -> "RankStats":

@@ -13,6 +13,7 @@ import statistics
 from dataclasses import dataclass
 from typing import Any, Callable, Deque, Iterable
 
+from perfmon_analysis.overhead import Overhead, overhead, worst
 from perfmon_analysis.buffers import MIN_STEPS, TIMELINE_STEPS, WINDOW_SAMPLES, RankState
 from perfmon_analysis.readings import (CommOp, DeviceReading, HostReading, MemoryReading, RankTrace, SampleReading,
                                        StepReading, WhereInterval, own_gpus)
@@ -52,6 +53,7 @@ class RankStats:
     off_cpu_frac: float | None = None     # step body off CPU that no other measured loss explains (thread CPU)
     where: WhereTable | None = None       # the window's in-step stack samples (a relay's summary leaves it out)
     cpu_contention_frac: float | None = None  # active step time runnable but without a core (scheduler stats)
+    overhead: Overhead | None = None      # the probe's own cost over the window's samples (wire 1.4)
 
 
 def _window(nums: Deque[StepReading], max_steps: int, max_seconds: float) -> list[StepReading]:
@@ -206,6 +208,8 @@ def rank_stats(state: RankState, max_steps: int, max_seconds: float, timeline: b
         off_cpu_frac=off_cpu if contention is None or off_cpu is None else max(0.0, off_cpu - contention),
         where=where,
         cpu_contention_frac=contention,
+        overhead=overhead(state.rank, [s.cost for s in samples if s.cost is not None],
+                          statistics.median(durs) if n else None),
     )
 
 
@@ -289,9 +293,12 @@ def where_table(rank: int, intervals: Iterable[WhereInterval], win: list[StepRea
 
 
 def summary_stats(state: RankState, st: RankStats) -> RankStats:
-    """A summarised rank's statistics ``st`` (``perfmon_analysis.summary``), with the CPU history of the
-    samples, which still come in full."""
-    return dataclasses.replace(st, trace=RankTrace(steps=(), data_wait=(), cpu=_cpu_trace(state)))
+    """A summarised rank's statistics ``st`` (``perfmon_analysis.summary``), with the CPU history and the
+    probe's own cost of the samples, which still come in full."""
+    samples = itertools.islice(state.samples, max(0, len(state.samples) - WINDOW_SAMPLES), None)
+    return dataclasses.replace(st, trace=RankTrace(steps=(), data_wait=(), cpu=_cpu_trace(state)),
+                               overhead=overhead(state.rank, [s.cost for s in samples if s.cost is not None],
+                                                 st.step_median))
 
 
 def _cpu_trace(state: RankState) -> tuple[float | None, ...]:
@@ -430,7 +437,9 @@ def rank_view(state: RankState, st: RankStats, now: float, silent_s: float | Non
         cpu=host.cpu if host else None, rss=host.rss if host else None, ended=state.ended,
         since_last_step_s=max(0.0, now - state.last_end) if state.last_end is not None and not state.ended else None,
         drops=state.drops, stall=state.stall, stalled_s=state.stall.lasted(now) if state.stall else None,
-        silent_s=silent_s, answered=h.answered)
+        silent_s=silent_s, answered=h.answered,
+        overhead_step_frac=st.overhead.step_frac if st.overhead is not None else None,
+        overhead_cpu_frac=st.overhead.cpu_frac if st.overhead is not None else None)
 
 
 def _ettr(state: RankState, now: float, step_median: float | None) -> float | None:
@@ -493,9 +502,12 @@ def _relative(times: list[tuple[int, float]]) -> tuple[float, int]:
 def job_metrics(ready: list[tuple[RankState, RankStats]], ranks: list[RankView], states: list[RankState],
                  stats: list[RankStats]) -> tuple[Metrics, int | None]:
     steps = max((r.steps for r in ranks), default=0)
+    cost = worst(x.overhead for x in stats)
+    cost_step = cost.step_frac if cost is not None else None
+    cost_cpu = cost.cpu_frac if cost is not None else None
     if not ready:
-        return Metrics(steps=steps, ettr=_min([r.ettr for r in ranks]),
-                       memory=_job_memory(states, stats)), None
+        return Metrics(steps=steps, ettr=_min([r.ettr for r in ranks]), memory=_job_memory(states, stats),
+                       overhead_step_frac=cost_step, overhead_cpu_frac=cost_cpu), None
     st = [x[1] for x in ready]
     ratio, arrival_ratio, straggler, straggler_by = _straggler(ready)
     rows = comm_rows(ready)
@@ -535,6 +547,8 @@ def job_metrics(ready: list[tuple[RankState, RankStats]], ranks: list[RankView],
         arrival_ratio=arrival_ratio,
         straggler_by=straggler_by,
         memory_headroom=1.0 - memory.peak_frac if memory.peak_frac is not None else None,
+        overhead_step_frac=cost_step,
+        overhead_cpu_frac=cost_cpu,
         memory=memory,
     )
     return metrics, straggler

@@ -71,6 +71,7 @@ STATS_NOT_SENT: dict[str, str] = {
     "memory": "sent as the payload's own ``memory`` table",
     "comm_delta": "sent as the payload's ``comm``",
     "where": "the stack-sample table is the costliest part; the viewer asks for the rank in full to see it",
+    "overhead": "the viewer computes it from the rank's samples, which come in full",
 }
 
 # ``MemoryMetrics`` -> the payload's ``memory``.

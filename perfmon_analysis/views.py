@@ -11,6 +11,7 @@ from typing import Any
 
 from perfmon_analysis.readings import GpuRow, HostReading, RankTrace, StallReading
 from perfmon_analysis.capture import CaptureSummary
+from perfmon_analysis.overhead import Overhead
 from perfmon_analysis.profile import ModuleProfile
 from perfmon_analysis.stuck import StuckDiagnosis
 
@@ -166,6 +167,8 @@ class Metrics:
     arrival_ratio: float | None = None      # first / last rank to reach the collective (step - exposed wait)
     straggler_by: str | None = None         # "compute" | "arrival": which rule named the straggler
     memory_headroom: float | None = None    # 1 - memory.peak_frac
+    overhead_step_frac: float | None = None  # perfmon's training-thread time per step / the step (worst rank)
+    overhead_cpu_frac: float | None = None   # perfmon's CPU / the process's CPU (that rank)
     memory: MemoryMetrics = field(default_factory=MemoryMetrics)
 
     def as_json(self) -> dict[str, Any]:
@@ -179,7 +182,7 @@ _METRIC_KEYS = ("steps", "step_time_median_s", "samples_per_s", "tokens_per_s", 
                 "busbw", "comm_op", "comm_estimated", "loader_workers", "data_cpu_frac", "gap_frac",
                 "compute_ratio", "arrival_ratio", "straggler_by", "flops_per_s", "memory_headroom",
                 "device_busy_source", "peak_flops", "peak_source", "host_lead_s", "off_cpu_frac", "host_wait_frac",
-                "cpu_contention_frac")
+                "cpu_contention_frac", "overhead_step_frac", "overhead_cpu_frac")
 
 
 @dataclass(frozen=True)
@@ -222,6 +225,8 @@ class RankView:
     stalled_s: float | None = None      # how long that stall has lasted now
     silent_s: float | None = None       # live: seconds since the rank's newest record arrived
     answered: bool = True               # its hello arrived (False: a connected socket that never spoke)
+    overhead_step_frac: float | None = None   # perfmon's own cost: share of the step (perfmon_analysis.overhead)
+    overhead_cpu_frac: float | None = None    # ... and of the process's CPU
 
 
 @dataclass(frozen=True)
@@ -279,3 +284,4 @@ class JobView:
     profile: ModuleProfile | None = None  # the newest module profile of any rank (perfmon_analysis.profile)
     captures: tuple[CaptureSummary, ...] = ()   # each rank's latest torch.profiler capture (by rank)
     where: WhereTable | None = None       # in-step stack samples (wire 1.3), None when no rank sent any
+    overhead: Overhead | None = None      # perfmon's own cost on the rank where it is highest (wire 1.4)

@@ -26,6 +26,7 @@ from typing import Any, Callable, Iterable, Iterator
 
 from probe import paths, records
 from probe.attachments import Attachments
+from probe.cost import CostSource
 from probe.disabled import _Disabled
 from probe.endpoints import cpu_name, listen_tcp, listen_unix
 from probe.health import FailureReporter, HealthSource
@@ -121,6 +122,7 @@ class _Step:
         p._gap = t - p._prev_end - p._data   # between steps, outside the loader wait
         if p._begin_hooks:
             p._run_hooks(p._begin_hooks)
+        p._own_s += time.perf_counter() - t
         return self
 
     def __exit__(self, et: Any, ev: Any, tb: Any) -> bool:
@@ -151,6 +153,8 @@ class _Step:
         p._in_step = False
         if p._first_end is None:
             p._first_end = t
+        p._own_s += time.perf_counter() - t
+        p._own_steps += 1
         return False
 
 
@@ -211,6 +215,12 @@ class Probe:
         self._first_end: float | None = None   # end of the first step: with the latest, the mean step
         self._phase_ctx: dict[str, _Phase] = {}
         self._step_ctx = _Step(self)
+        # the probe's own time on the training thread (probe.cost): seconds inside step()'s enter and
+        # exit and the zero-code step calls, hooks included, over ``_own_steps`` steps; by hook name
+        self._own_s = 0.0
+        self._own_steps = 0
+        self._hook_s: dict[str, float] = {}
+        self._hook_names: dict[Callable[..., Any], str] = {}
         # step hooks: one pair per instrumentation module (watch), bounded by the number of modules
         self._begin_hooks: list[Callable[..., Any]] = []
         self._end_hooks: list[Callable[..., Any]] = []
@@ -401,8 +411,10 @@ class Probe:
         """Register callables run at step begin / end. ``end(extras, phases)`` fills extra step-record
         keys and may add phases (seconds by name) when the script timed none."""
         if begin is not None:
+            self._hook_names[begin] = _hook_name(begin)
             self._begin_hooks = self._begin_hooks + [begin]
         if end is not None:
+            self._hook_names[end] = _hook_name(end)
             self._end_hooks = self._end_hooks + [end]
 
     def remove_step_hooks(self, begin: Callable[[], None] | None = None,
@@ -412,6 +424,9 @@ class Probe:
             self._begin_hooks = [h for h in self._begin_hooks if h != begin]
         if end is not None:
             self._end_hooks = [h for h in self._end_hooks if h != end]
+        for hook in (begin, end):
+            if hook is not None and hook not in self._begin_hooks and hook not in self._end_hooks:
+                self._hook_names.pop(hook, None)
 
     def add_tap(self, tap: Callable[[dict[str, Any]], None]) -> None:
         """Have ``tap(record)`` called on the sender thread with the hello, then every record this
@@ -429,6 +444,7 @@ class Probe:
 
         ``cpu0`` is ``time.thread_time()`` at the step's start when the caller read it there (the
         start lies before this call when the step opened with a batch fetch); else it is read now."""
+        t = time.perf_counter()
         self._cpu0 = cpu0 if cpu0 is not None else time.thread_time()
         self._proc0 = time.process_time()
         self._in_step = True
@@ -437,6 +453,7 @@ class Probe:
             self._train_thread = threading.get_ident()
         if self._begin_hooks:
             self._run_hooks(self._begin_hooks)
+        self._own_s += time.perf_counter() - t
 
     def add_step(self, start: float, end: float, phases: dict[str, float] | None = None,
                  samples: float | None = None, data_cpu: float | None = None, tokens: float | None = None) -> None:
@@ -448,6 +465,7 @@ class Probe:
         ``data_cpu`` is the training thread's CPU time inside the loader waits; ``tokens`` the
         step's tokens where a trainer counts them.
         """
+        t = time.perf_counter()
         if tokens is not None and type(tokens) is not int and type(tokens) is not float:
             tokens = _host_number(self, tokens)
         cpu = None
@@ -479,13 +497,22 @@ class Probe:
             self._train_thread = threading.get_ident()
         if self._first_end is None:
             self._first_end = end
+        self._own_s += time.perf_counter() - t
+        self._own_steps += 1
 
     def _run_hooks(self, hooks: list[Callable[..., Any]], *args: Any) -> None:
+        """Run step hooks, adding each one's seconds to ``_hook_s`` by name (one clock read a hook)."""
+        spent, names = self._hook_s, self._hook_names
+        t0 = time.perf_counter()
         for hook in hooks:
             try:
                 hook(*args)
             except Exception as exc:
                 self.failures.failed("step hook", exc)
+            t1 = time.perf_counter()
+            name = names.get(hook, "step hook")
+            spent[name] = spent.get(name, 0.0) + (t1 - t0)
+            t0 = t1
 
     def _on_step_exception(self, et: Any, ev: Any) -> None:
         name = getattr(et, "__name__", "Exception")
@@ -546,6 +573,7 @@ class Probe:
             self._problem(f"loader worker sampling off: {exc!r}")
         sources.extend(self.attached.sources)
         sources.append(HealthSource(self))
+        sources.append(CostSource(self))
         self.sampler = Sampler(sources, self.emit, hz=sample_hz, on_error=self.report_error)
         self.sampler.start()
         try:
@@ -667,6 +695,14 @@ def _other_threads_cpu(proc0: float, cpu: float) -> dict[str, Any] | None:
         return out
     except Exception:
         return None
+
+
+def _hook_name(hook: Callable[..., Any]) -> str:
+    """A step hook's name in the probe's cost: its module and qualified name (``probe.watch.Watcher.begin``)."""
+    func = getattr(hook, "__func__", hook)
+    module = getattr(func, "__module__", None) or ""
+    name = getattr(func, "__qualname__", None) or type(hook).__qualname__
+    return f"{module}.{name}" if module else name
 
 
 def current() -> Probe | None:

@@ -125,6 +125,7 @@ class Sender(threading.Thread):
         self.stop_event = threading.Event()
         self.stopped = threading.Event()
         self.frames_out = 0
+        self.bytes_sent = 0            # to all viewers since start (probe.cost)
         self.recorder_failed = False
         self.last_step = -1   # steps are numbered from 0
         self.buffer_lost = 0
@@ -402,6 +403,7 @@ class Sender(threading.Thread):
                 return
             viewer.last_progress = time.monotonic()
             viewer.head_sent += n
+            self.bytes_sent += n
             if viewer.head_sent >= len(head):
                 viewer.sent_head()
         self._watch_writable(viewer)
@@ -462,8 +464,7 @@ _MSG_FLAGS = getattr(socket, "MSG_NOSIGNAL", 0)
 
 
 def chunks(frames: list[bytes]) -> list[tuple[bytes, int]]:
-    """``frames`` joined in order into (batch, frame count) of at most CHUNK_BYTES each; a frame
-    larger than that is a batch of its own."""
+    """``frames`` joined in order into (batch, frame count) of at most CHUNK_BYTES; a larger frame alone."""
     if len(frames) <= 1:
         return [(frames[0], 1)] if frames else []
     ends = list(itertools.accumulate(map(len, frames)))

@@ -107,6 +107,7 @@ class StepWindow:
         except Exception as exc:
             record = {"k": self.what, "t": time.time(), "id": self.request_id, "steps": self.done,
                       "error": f"{self.what} failed: {exc!r}"[:300], **self.empty}
+        record["cost"] = {"thread_cpu_s": time.thread_time()}   # this thread's CPU: it ran only this
         self.probe.emit(record)
         self.state = "idle"
 

@@ -126,13 +126,25 @@ from __future__ import annotations
 #         line), runq (share of the sampled in-step time the thread was runnable but waited for a
 #         core: CPU contention; absent without schedstat). The user's line is the innermost frame
 #         outside the standard library, site-packages/dist-packages and perfmon; else the innermost.
+#
+# 1.4 keys (no new kinds: a 1.3 reader ignores them):
+# sample  cost (the probe's own cost, probe/cost.py; running totals since the probe started, so a
+#         reader differences two samples) {train_s (training-thread s inside the probe's step calls,
+#         hooks included), train_steps (the steps train_s covers), hooks {name: s} (the step hooks'
+#         part of train_s), threads {name: CPU s} (each perfmon thread by name: sender, sampler, stall,
+#         where, poller, flops, profile, capture, ...; null when no thread CPU clock is readable),
+#         process_cpu (the whole process's CPU s, the denominator of the threads' share),
+#         queue_items (hot-path queue), viewer_bytes (queued for viewers), backfill_bytes,
+#         sent_bytes, recorded_bytes, why {part: why it is not measured}}
+# profile, capture: cost {thread_cpu_s (CPU s of the probe thread that built the result)}; their
+#         training-thread cost is the window's steps against the steps before, from the step records
 
 import struct
 from typing import Any, Iterator
 
 import msgpack
 
-PROTO: tuple[int, int] = (1, 3)
+PROTO: tuple[int, int] = (1, 4)
 MAX_FRAME = 1 << 20          # 1 MiB, checked before the body is read
 MAX_DEPTH = 8                # records are shallow; anything deeper is hostile
 MAX_CONTAINER = 10_000       # entries in any one map or list
@@ -179,7 +191,7 @@ OPTIONAL: dict[str, dict[str, tuple[type, ...]]] = {
     "step": {"start": _NUM, "phases": (dict,), "comm": (dict,), "mem": (dict,), "syncs": _NUM,
              "samples": _NUM, "tokens": _NUM, "flops": _NUM, "cpu": _NUM, "cpu_span": (str,),
              "cpu_others": _NUM, "intra_threads": (int,)},
-    "sample": {"gpus": (list,), "host": (dict,)},
+    "sample": {"gpus": (list,), "host": (dict,), "cost": (dict,)},
     "stall": {"since": _NUM, "seconds": _NUM, "threshold": _NUM, "step": (int,), "where": (str,),
               "stack": (list,), "inflight": (list,), "seq": (dict,), "loader": (dict,), "device": (dict,),
               "flight": (dict,), "moving": (bool,)},
@@ -187,9 +199,9 @@ OPTIONAL: dict[str, dict[str, tuple[type, ...]]] = {
     "request": {"steps": (int,), "depth": (int,)},
     "answer": {"ok": (bool,), "reason": (str,), "op": (str,)},
     "profile": {"id": (int,), "steps": (int,), "first_step": (int,), "last_step": (int,), "depth": (int,),
-                "step_s": _NUM, "peak_flops": _NUM, "truncated": (bool,), "error": (str,)},
+                "step_s": _NUM, "peak_flops": _NUM, "truncated": (bool,), "error": (str,), "cost": (dict,)},
     "capture": {"id": (int,), "first_step": (int,), "last_step": (int,), "wall_s": _NUM, "path": (str,),
-                "top": (list,), "device_busy": _NUM, "gaps": (list,), "error": (str,)},
+                "top": (list,), "device_busy": _NUM, "gaps": (list,), "error": (str,), "cost": (dict,)},
     "summary": {"src": (str,), "v": (int,), "memory": (dict,), "comm": (dict,), "steps": (int,), "first_start": _NUM,
                 "last_end": _NUM, "inside": _NUM, "unseen": _NUM, "loader_seen": (bool,)},
     "subscribe": {"window": (list,)},

@@ -50,7 +50,8 @@ def test_the_json_carries_every_field_and_odd_values_read_as_unknown():
         "rank": 2, "steps": 3, "first_step": 10, "last_step": 12, "wall_s": 0.5,
         "path": "/r/x.capture-10.pt.trace.json.gz", "device_busy": 0.62, "error": None,
         "top": [{"name": "aten::mm", "self_s": 0.2, "calls": 12}, {"name": "aten::add_", "self_s": 0.01, "calls": 3}],
-        "gaps": [{"seconds": 0.004, "at_s": 0.1}]}
+        "gaps": [{"seconds": 0.004, "at_s": 0.1}], "overhead": None, "baseline_step_s": None,
+        "captured_step_s": None, "train_per_step_s": None, "thread_cpu_s": None}
     odd = capture_reading({"k": "capture", "t": True, "steps": True, "first_step": "1", "wall_s": "x", "path": 5,
                            "device_busy": False, "error": 3, "top": [{"name": "x" * 200, "self_s": "1",
                                                                       "calls": 2.5}],

@@ -126,6 +126,7 @@ def test_a_profile_times_each_module_for_n_steps_and_removes_every_hook(mon):
     assert all(m["fwd_s"] > 0 and m["bwd_s"] > 0 and m["calls"] == 1.0 for m in result["modules"])
     assert rows[""]["fwd_s"] >= rows["a"]["fwd_s"] + rows["b"]["fwd_s"]
     assert hooks_after == before and end_hooks == 1                 # the watcher's own hooks only
+    assert result["cost"]["thread_cpu_s"] > 0                       # its own thread's CPU, in its result
 
 
 def test_the_client_says_when_the_request_is_refused_or_the_probe_too_old(mon, tmp_path):

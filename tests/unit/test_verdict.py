@@ -375,6 +375,7 @@ def test_finding_ids_are_from_the_documented_list():
     mem["fragmentation"] = 3 * GB
     model = job(Rank(gpu_util=97), device="cuda")
     restarted = Rank(0, pid=999, restart=1, start=T0 + 10, gpu_util=97, gap=0.05, throttle=["hw_slowdown"],
+                     probe_step_s=0.005,
                      extra_records=[mem, {"k": "drops", "t": T0 + 12, "count": 3},
                                     {"k": "event", "t": T0 + 12, "name": "warning", "source": "perfmon",
                                      "where": "NVML", "count": 4, "message": "perfmon NVML error"},

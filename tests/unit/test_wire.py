@@ -94,7 +94,7 @@ def test_a_newer_minor_versions_kind_is_skipped_and_counted_not_fatal():
 
 def test_every_kind_names_the_minor_version_that_introduced_it():
     assert wire.KINDS == set(wire.KIND_MINOR)
-    assert max(wire.KIND_MINOR.values()) == wire.PROTO[1]
+    assert max(wire.KIND_MINOR.values()) <= wire.PROTO[1]     # a minor version adds kinds or only keys
     assert {k for k, m in wire.KIND_MINOR.items() if m == 0} == {
         "hello", "step", "sample", "memory", "comm", "event", "drops", "bye"}
 

@@ -41,6 +41,8 @@ class Rank:
     throttle: list[str] = field(default_factory=list)
     pid: int | None = None
     restart: int = 0
+    probe_step_s: float | None = None    # the probe's own training-thread s per step (wire 1.4 ``cost``)
+    probe_cores: float | None = None     # its threads' CPU, in cores, beside the process's 1 core
     start: float = T0
     extra_records: list[dict[str, Any]] = field(default_factory=list)
 
@@ -87,6 +89,10 @@ def records(r: Rank, world: int = 1, device: str = "cpu", peak: float | None = N
         if r.loader_cpu is not None:
             host["loader_cpu"] = r.loader_cpu
         sample: dict[str, Any] = {"k": "sample", "t": t, "host": host}
+        if r.probe_step_s is not None:
+            sample["cost"] = {"train_s": r.probe_step_s * (i + 1), "train_steps": i + 1, "hooks": {},
+                              "threads": {"sender": (r.probe_cores or 0.0) * (t - r.start)},
+                              "process_cpu": t - r.start, "queue_items": 0, "sent_bytes": 1000 * (i + 1), "why": {}}
         if peak is not None:   # what watch() reports: the compute dtype (the peak comes from hello's table)
             sample["compute"] = {"dtype": "bf16", "peak_flops": None, "peak_source": None}
         if r.gpu_util is not None or r.tensor_active is not None or r.throttle:

@@ -33,7 +33,8 @@ KEYS: list[tuple[str, str]] = [
 ]
 
 PANES: list[tuple[str, str]] = [
-    ("header", "job, ranks, step, median step time, throughput, MFU, ETTR, uptime, stream state, drops"),
+    ("header", "job, ranks, step, median step time, throughput, MFU, ETTR, perfmon's own cost (share of the step "
+               "and of the CPU), uptime, stream state, drops"),
     ("device", "per-GPU utilisation history, SM/tensor activity, power, clocks, throttling; CPU use for CPU jobs"),
     ("memory", "params, grads, optimizer, activations, cache, other against the limit; peak, fragmentation, OOMs"),
     ("comm", "communication share of the step, exposed share, collectives with bus bandwidth, wait per rank"),

@@ -1,5 +1,5 @@
 """Header: what is being watched and how it is going (job, ranks, step, step time,
-throughput, MFU, ETTR, uptime), plus the stream state and drop count."""
+throughput, MFU, ETTR, uptime), plus the stream state, drop count and perfmon's own cost."""
 
 from __future__ import annotations
 
@@ -8,6 +8,7 @@ from textual.widget import Widget
 
 from perfmon_analysis.views import JobView
 from perfmon_analysis import units
+from perfmon_analysis.overhead import CPU_BUDGET, STEP_BUDGET
 from tui.app.widgets import glyphs
 from tui.app.widgets.pane import UiState
 
@@ -56,6 +57,13 @@ class HeaderBar(Widget):
                              ("MFU", units.pct(m.mfu)), ("ETTR", units.pct(m.ettr))):
             line2.append(f"{label} ", style=glyphs.DIM)
             line2.append(value, style="bold")
+            line2.append("  ")
+        cost = view.overhead
+        if cost is not None:    # sent by wire 1.4 probes: an older probe's cost is not shown, not 0
+            over = (cost.step_frac or 0.0) > STEP_BUDGET or (cost.cpu_frac or 0.0) > CPU_BUDGET
+            line2.append("perfmon cost ", style=glyphs.DIM)
+            line2.append(f"{units.pct(cost.step_frac, 2)} step {units.pct(cost.cpu_frac, 2)} CPU",
+                         style=f"bold {glyphs.WARN}" if over else "bold")
             line2.append("  ")
         line2.append(f"window {int(view.window.get('steps', 0))} steps/{units.seconds(view.window.get('seconds'))}",
                      style=glyphs.DIM)
