@@ -79,8 +79,8 @@ def copy_tree(dest: Path) -> None:
 
 def configure(dest: Path, modules: list[str], tests: list[str]) -> None:
     """Append a [tool.mutmut] table to the scratch copy's pyproject.toml."""
-    # both packages go to mutmut's copy (the tests import both); only the given modules are mutated
-    packages = sorted({"probe", "tui"} | {m.split("/")[0] for m in modules})
+    # the three packages go to mutmut's copy (the tests import them); only the given modules are mutated
+    packages = sorted({"probe", "perfmon_analysis", "tui"} | {m.split("/")[0] for m in modules})
     data = subprocess.run(["git", "ls-files", *packages], cwd=ROOT, check=True, capture_output=True,
                           text=True).stdout.split()
     data = [f for f in data if not f.endswith(".py")]       # mutmut copies only Python files itself

@@ -301,7 +301,7 @@ def storm(cycles: int, stalled: int, block_seconds: float = 3.0, blocks: int = 3
 
 # What the other user's perfmon imports on the refused paths (report, ls, record): our two packages and
 # msgpack (its pure-Python fallback loads where the copied C extension does not fit the interpreter).
-CLIENT_PACKAGES = ("probe", "tui", "msgpack")
+CLIENT_PACKAGES = ("probe", "perfmon_analysis", "tui", "msgpack")
 _SHOW_PREFIX = "import sys; print(sys.prefix, sys.version_info >= (3, 10))"
 
 

@@ -83,7 +83,7 @@ def test_the_other_user_test_passes_from_a_private_checkout(other_user, tmp_path
     os.chmod(private, 0o700)
     checkout = private / "perfmon"
     checkout.mkdir()
-    for name in ("pyproject.toml", "probe", "tui", "tests"):
+    for name in ("pyproject.toml", "probe", "perfmon_analysis", "tui", "tests"):
         src = faults.ROOT / name
         if src.is_dir():
             shutil.copytree(src, checkout / name, ignore=shutil.ignore_patterns("__pycache__"))
