@@ -79,6 +79,20 @@ class Overhead:
     train_per_step_s: float | None
     parts: tuple[CostPart, ...]
 
+    @property
+    def step_over(self) -> bool:
+        return self.step_frac is not None and self.step_frac > STEP_BUDGET
+
+    @property
+    def cpu_over(self) -> bool:
+        return self.cpu_frac is not None and self.cpu_frac > CPU_BUDGET
+
+    @property
+    def over_budget(self) -> bool:
+        """The probe costs more than its budget: the ``perfmon_cost`` finding's question, which the
+        header shows and does not ask again."""
+        return self.step_over or self.cpu_over
+
     def worst(self) -> tuple[CostPart | None, CostPart | None]:
         """(the training-thread part, the thread) that costs the most."""
         train = [p for p in self.parts if p.kind == "train" and p.value is not None]
@@ -156,12 +170,12 @@ def finding(view_overhead: Overhead | None) -> dict[str, Any] | None:
     if o is None:
         return None
     train, thread = o.worst()
-    if o.step_frac is not None and o.step_frac > STEP_BUDGET and train is not None:
+    if o.step_over and train is not None:
         return {"id": "perfmon_cost", "share": _round(o.step_frac), "part": train.name, "kind": "train",
                 "rank": o.rank,
                 "message": f"perfmon costs {units.pct(o.step_frac, 1)} of each step on rank {o.rank} "
                            f"(budget {units.pct(STEP_BUDGET)}), most in {train.name} ({train.shown})"}
-    if o.cpu_frac is not None and o.cpu_frac > CPU_BUDGET and thread is not None:
+    if o.cpu_over and thread is not None:
         return {"id": "perfmon_cost", "share": _round(o.cpu_frac), "part": thread.name, "kind": "thread",
                 "rank": o.rank,
                 "message": f"perfmon uses {units.pct(o.cpu_frac, 1)} of the process's CPU on rank {o.rank} "

@@ -150,9 +150,9 @@ def _header(rank: Rank) -> tuple[str, set[str]]:
 def test_the_header_shows_the_cost_warned_over_budget_and_nothing_when_unknown():
     from tui.app.widgets import glyphs
     within, styles = _header(Rank(steps=30, probe_step_s=20e-6, probe_cores=0.004))
-    assert "perfmon cost 0.02% step 0.42% CPU" in within and not any(glyphs.WARN in s for s in styles)
+    assert "perfmon cost 0.02% of step, 0.42% of CPU" in within and not any(glyphs.WARN in s for s in styles)
     over, styles = _header(Rank(steps=30, probe_step_s=0.005, probe_cores=0.004))
-    assert "perfmon cost 5.00% step" in over and any(glyphs.WARN in s for s in styles)
+    assert "perfmon cost 5.00% of step" in over and any(glyphs.WARN in s for s in styles)
     assert "perfmon cost" not in _header(Rank(steps=30))[0]      # an older probe: not shown, never 0
 
 

@@ -8,7 +8,6 @@ from textual.widget import Widget
 
 from perfmon_analysis.views import JobView
 from perfmon_analysis import units
-from perfmon_analysis.overhead import CPU_BUDGET, STEP_BUDGET
 from tui.app.widgets import glyphs
 from tui.app.widgets.pane import UiState
 
@@ -60,11 +59,12 @@ class HeaderBar(Widget):
             line2.append("  ")
         cost = view.overhead
         if cost is not None:    # sent by wire 1.4 probes: an older probe's cost is not shown, not 0
-            over = (cost.step_frac or 0.0) > STEP_BUDGET or (cost.cpu_frac or 0.0) > CPU_BUDGET
+            style = f"bold {glyphs.WARN}" if cost.over_budget else "bold"
             line2.append("perfmon cost ", style=glyphs.DIM)
-            line2.append(f"{units.pct(cost.step_frac, 2)} step {units.pct(cost.cpu_frac, 2)} CPU",
-                         style=f"bold {glyphs.WARN}" if over else "bold")
-            line2.append("  ")
+            line2.append(units.pct(cost.step_frac, 2), style=style)
+            line2.append(" of step, ", style=glyphs.DIM)
+            line2.append(units.pct(cost.cpu_frac, 2), style=style)
+            line2.append(" of CPU  ", style=glyphs.DIM)
         line2.append(f"window {int(view.window.get('steps', 0))} steps/{units.seconds(view.window.get('seconds'))}",
                      style=glyphs.DIM)
         if ui.window_label:
