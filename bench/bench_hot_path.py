@@ -3,7 +3,7 @@
 Measured in one run, probe vs no probe, on the same loop so machine noise hits
 both alike: (time with probe - time without) / steps. Repeated and the median
 taken. Cases: no viewer, and one viewer (a separate process reading the stream).
-Budget (issue #2): under 2 µs per step. Beside it, what the probe reports of itself for the
+Budget: under 2 µs per step. Beside it, what the probe reports of itself for the
 same loop (``probe.cost``: its training-thread time in ``step()``, the ``loader()`` wrapper not
 counted), which a viewer shows as the header's "perfmon cost".
 

@@ -165,33 +165,6 @@ def test_the_cost_rides_in_samples_of_wire_1_4():
     assert by_name("overhead_step_frac").prometheus == "perfmon_overhead_step_ratio"
 
 
-@pytest.mark.slow
-def test_the_reported_step_cost_is_the_order_of_the_measured_one():
-    """bench_hot_path's measure (a loop with step() - the bare loop) against the probe's own report of
-    the same loop: the report leaves out the call and ``with`` protocol around its clock reads and
-    the GIL waits on the sender (bench/RESULTS.md: 1.7-2.4x below), never more than the loop costs."""
-    mon = core.Probe(job="order", rank=0, local_rank=0, world_size=1, restart=0, record=None, serve=False,
-                     sample_hz=0.1)
-    n, measured, reported = 20_000, [], []
-    try:
-        for _ in range(5):
-            t0 = time.perf_counter()
-            for _ in range(n):
-                pass
-            bare = time.perf_counter() - t0
-            own, steps = mon._own_s, mon._own_steps
-            t0 = time.perf_counter()
-            for _ in range(n):
-                with mon.step():
-                    pass
-            measured.append((time.perf_counter() - t0 - bare) / n)
-            reported.append((mon._own_s - own) / (mon._own_steps - steps))
-    finally:
-        mon.close()
-    m, r = sorted(measured)[2], sorted(reported)[2]
-    assert m / 4 <= r <= m * 1.5, (m, r)
-
-
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="per-thread CPU clocks are Linux's")
 def test_a_finished_thread_keeps_its_cpu_in_its_names_total():
     import threading
