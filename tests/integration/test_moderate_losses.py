@@ -52,7 +52,7 @@ def test_two_rank_job_waiting_on_peers_is_communication(tmp_path):
 
 @pytest.mark.slow
 def test_a_loader_costing_a_part_of_each_step_is_data_loading(tmp_path):
-    rep = _report(tmp_path, PY, SCRIPT, "loader", "--steps", "300", "--read-s", "0.01")
+    rep = _report(tmp_path, PY, SCRIPT, "loader", "--steps", "300", "--wait-share", "0.25")
     v = rep["verdict"]
     data = _loss(rep, "data_wait")
     assert v["bottleneck"] in ("data_loading", "data_preprocessing"), (v["headline"], data)

@@ -6,7 +6,7 @@ matter. Run under ``perfmon run``; the verdict must name the cause.
 * ``comm``    2-rank gloo DDP (torchrun), a 1024-wide MLP on a batch of 128, plus a second
               all-reduce of 1M floats after backward: the step waits ~25-35% on peers.
 * ``loader``  one DataLoader worker whose samples sleep on simulated storage reads: the
-              step waits ~20-25% for the next batch.
+              step waits ``--wait-share`` (25%) for the next batch.
 * ``compute`` in-memory batches, compute-bound.
 """
 
@@ -45,11 +45,25 @@ class SlowStorage(Dataset):
         return self.x.clone(), self.y.clone()
 
 
+def compute_step_s(model: nn.Module, width: int, steps: int = 20) -> float:
+    """The median time of a forward and backward on an in-memory batch: the step's compute, timed
+    without an optimizer step (which zero-code mode would count as a training step)."""
+    x, y = torch.randn(256, width), torch.randn(256, 1)
+    times = []
+    for _ in range(steps):
+        t0 = time.perf_counter()
+        nn.functional.mse_loss(model(x), y).backward()
+        times.append(time.perf_counter() - t0)
+    model.zero_grad(set_to_none=True)
+    return sorted(times)[len(times) // 2]
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("scenario", choices=["comm", "loader", "compute"])
     ap.add_argument("--steps", type=int, default=60)
-    ap.add_argument("--read-s", type=float, default=0.01)
+    ap.add_argument("--wait-share", type=float, default=0.25,
+                    help="loader: the share of each step planted as the wait for the next batch")
     args = ap.parse_args()
     width = 512
     model: nn.Module = mlp(width)
@@ -63,9 +77,11 @@ def main() -> None:
         extra = torch.zeros(1 << 15)          # a metrics/EMA all-reduce the job does after backward
     opt = torch.optim.SGD(model.parameters(), lr=1e-3)
     if args.scenario == "loader":
-        # the worker delivers a batch every `read_s`, a little slower than the step computes one:
-        # the step waits for the rest (read_s is set per machine by the test from a timed compute step)
-        batches = iter(DataLoader(SlowStorage(256, width, args.read_s), batch_size=None, num_workers=1,
+        # the worker delivers a batch every `read_s`, slower than the step computes one, so the step
+        # waits for the rest: read_s is set from this machine's own compute, so the planted share
+        # holds on a fast or a slow machine
+        read_s = compute_step_s(model, width) / (1.0 - args.wait_share)
+        batches = iter(DataLoader(SlowStorage(256, width, read_s), batch_size=None, num_workers=1,
                                   persistent_workers=True, prefetch_factor=2))
     else:
         x, y = torch.randn(256, width), torch.randn(256, 1)
