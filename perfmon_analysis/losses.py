@@ -46,8 +46,9 @@ class Loss:
 def account(m: Metrics, device_type: str) -> tuple[Loss, ...]:
     """The window's losses: data wait, exposed communication, device idle, gaps between steps."""
     data = Loss("data_wait", "data wait", m.data_wait_frac,
-                "time blocked in the wrapped loader" if m.data_wait_frac is not None
-                else "loader not wrapped (mon.loader(...)) or no step timing yet")
+                "time blocked waiting for the next batch" if m.data_wait_frac is not None
+                else "no batch fetch timed (mon.loader(...), a DataLoader under perfmon run or a trainer "
+                     "callback) or no step timing yet")
     if m.comm_exposed_frac is not None:
         how = "estimated from collective times" if m.comm_estimated else "time blocked in collectives"
         comm = Loss("comm_exposed", "exposed communication", m.comm_exposed_frac, how)

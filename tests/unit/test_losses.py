@@ -129,7 +129,7 @@ def test_each_loss_names_its_source_or_why_it_is_unknown_in_the_reports_words():
 
     measured = rows("cuda", device_busy=0.6, data_wait_frac=0.1, comm_exposed_frac=0.05, gap_frac=0.02)
     assert measured == [
-        {"id": "data_wait", "label": "data wait", "share": 0.1, "source": "time blocked in the wrapped loader"},
+        {"id": "data_wait", "label": "data wait", "share": 0.1, "source": "time blocked waiting for the next batch"},
         {"id": "comm_exposed", "label": "exposed communication", "share": 0.05,
          "source": "time blocked in collectives"},
         {"id": "device_idle", "label": "device idle, no other cause", "share": measured[2]["share"],
@@ -139,7 +139,7 @@ def test_each_loss_names_its_source_or_why_it_is_unknown_in_the_reports_words():
     assert abs(measured[2]["share"] - 0.3) < 1e-9
     assert rows("cpu", device_busy=None, data_wait_frac=None, comm_exposed_frac=None, gap_frac=None) == [
         {"id": "data_wait", "label": "data wait", "share": None,
-         "why_unknown": "loader not wrapped (mon.loader(...)) or no step timing yet"},
+         "why_unknown": "no batch fetch timed (mon.loader(...), a DataLoader under perfmon run or a trainer callback) or no step timing yet"},
         {"id": "comm_exposed", "label": "exposed communication", "share": None,
          "why_unknown": "collectives take 0% of the step, the exposed part is not measured "
                         "(NCCL: PERFMON_NCCL_TIMING=1)"},
