@@ -120,7 +120,7 @@ def step_change(base: list[float], cand: list[float]) -> StepChange | str:
     """The interval on the typical step time's change, or why there is none."""
     for name, xs in (("baseline", base), ("candidate", cand)):
         if len(xs) < MIN_BATCHES * BATCH_STEPS:
-            return f"the {name} has {len(xs)} steps; an interval needs {MIN_BATCHES * BATCH_STEPS}"
+            return f"the {name} has {len(xs)} steps past its warm-up; an interval needs {MIN_BATCHES * BATCH_STEPS}"
     bb, bc = batch_medians(base), batch_medians(cand)
     mb, mc = statistics.fmean(bb), statistics.fmean(bc)
     vb, vc = statistics.variance(bb) / len(bb), statistics.variance(bc) / len(bc)
@@ -399,12 +399,12 @@ def render_text(result: dict[str, Any], width: int = 80) -> str:
     for row in result["metrics"]:
         lines.append(f"{row['label'][:30]:<30}{_fmt(row['name'], row['baseline']):>14}"
                      f"{_fmt(row['name'], row['candidate']):>14}{_fmt_change(row):>12}")
-    lines += ["", "what moved (points of the baseline's typical step):"]
-    for m in result["moved"]:
-        lines.append(f"  {m['label']:<30}{units.points(m['points']):>12}"
-                     + (f"  ({m['why_unknown']})" if m.get("why_unknown") else ""))
-    rest = result["rest_points"]
-    lines.append(f"  {'compute and the rest':<30}{units.points(rest):>12}")
+    if result["moved"]:
+        lines += ["", "what moved (points of the baseline's typical step):"]
+        for m in result["moved"]:
+            lines.append(f"  {m['label']:<30}{units.points(m['points']):>12}"
+                         + (f"  ({m['why_unknown']})" if m.get("why_unknown") else ""))
+        lines.append(f"  {'compute and the rest':<30}{units.points(result['rest_points']):>12}")
     if result["limits"]:
         lines += ["", "limits:"]
         for c in result["limits"]:
