@@ -392,9 +392,10 @@ def render_text(result: dict[str, Any], width: int = 80) -> str:
         lines.append(f"{'':>11}from {where[0]}" + (f" and {len(where) - 1} more" if len(where) > 1 else ""))
     st = result["step_time"]
     if "why_unknown" not in st:
-        lines.append(f"typical step: {units.seconds(st['baseline_s'])} -> {units.seconds(st['candidate_s'])}, "
-                     f"{st['batches'][0]} and {st['batches'][1]} batches; "
-                     f"regression or improvement from {units.pct(result['min_change'])}")
+        lines.append(f"typical step: {units.seconds(st['baseline_s'])} -> {units.seconds(st['candidate_s'])} "
+                     f"(means of {st['batches'][0]} and {st['batches'][1]} batch medians)")
+        lines.append(f"a regression or an improvement: a significant change of {units.pct(result['min_change'])} "
+                     "or more")
     lines += ["", f"{'':<30}{'baseline':>14}{'candidate':>14}{'change':>12}"]
     for row in result["metrics"]:
         lines.append(f"{row['label'][:30]:<30}{_fmt(row['name'], row['baseline']):>14}"

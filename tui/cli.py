@@ -102,7 +102,7 @@ def build_parser() -> argparse.ArgumentParser:
     compare.add_argument("--min-change", type=float, default=10.0, metavar="PCT",
                          help="the least step-time change called a regression or an improvement (default 10)")
     compare.add_argument("--warmup", type=int, default=10, metavar="STEPS",
-                         help="steps of each run left out of the step-time decision (default 10)")
+                         help="first steps of each run left out of everything compared (default 10)")
     compare.add_argument("--seconds", type=float, default=5.0, help="for a live job: how long to gather")
 
     profile = sub.add_parser("profile", help="time each module of a live job for a few steps: params, FLOPs, "
