@@ -8,8 +8,11 @@ import subprocess
 import sys
 from pathlib import Path
 
+import jsonschema
 import pytest
 
+ROOT = Path(__file__).resolve().parents[2]
+VALIDATOR = jsonschema.Draft202012Validator(json.loads((ROOT / "tui" / "schemas" / "compare.schema.json").read_text()))
 SCRIPT = str(Path(__file__).parent / "scripts" / "loader_pair.py")
 PY = sys.executable
 
@@ -24,7 +27,9 @@ def _record(directory: Path, mode: str) -> str:
 def _compare(*argv: str) -> tuple[int, dict]:
     out = subprocess.run([PY, "-m", "tui.cli", "compare", *argv, "--json"], capture_output=True, text=True, timeout=60)
     assert out.returncode in (0, 1), out.stderr
-    return out.returncode, json.loads(out.stdout)
+    result = json.loads(out.stdout)
+    assert not list(VALIDATOR.iter_errors(result))
+    return out.returncode, result
 
 
 @pytest.fixture(scope="module")
