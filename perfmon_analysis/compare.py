@@ -288,8 +288,8 @@ def compare(baseline: Analysis, candidate: Analysis, *, min_change: float = MIN_
         b, c = _value(row.name, snaps[0]), _value(row.name, snaps[1])
         changes[row.name] = _change(row.name, b, c)
         rows.append({"name": row.name, "label": row.label, "baseline": rounded(b), "candidate": rounded(c),
-                     "change": rounded(changes[row.name]), "change_in": "points" if is_share(row.name) else "relative",
-                     "worse": row.worse})
+                     "change": rounded(changes[row.name]),
+                     "change_in": "points" if is_share(row.name) else "relative", "worse": row.worse})
 
     checks, over_limit = [], False
     if max_regression is not None:
@@ -414,7 +414,8 @@ def render_text(result: dict[str, Any], width: int = 80) -> str:
                          f"{c['status'].upper()}" + (f" ({c['why']})" if c.get("why") else ""))
     out = []
     for line in lines:    # a path is left whole; the rest wraps to ``width``
-        out += [line] if line.lstrip().startswith("from ") else textwrap.wrap(line, width, subsequent_indent="    ") or [""]
+        whole = line.lstrip().startswith("from ")
+        out += [line] if whole else textwrap.wrap(line, width, subsequent_indent="    ") or [""]
     return "\n".join(out) + "\n"
 
 

@@ -198,7 +198,8 @@ def test_per_metric_limits_in_points_for_shares(tmp_path, capsys):
     loader_run(tmp_path / "cand", 2, 0.003)
     base, cand = str(tmp_path / "base"), str(tmp_path / "cand")
     code, out, _ = run_cli(capsys, base, cand, "--json", "--limit", "data_wait_frac=20")
-    assert code == 1 and out["limits"][0]["status"] == "over" and out["limits"][0]["value"] == pytest.approx(0.23, abs=0.01)
+    check = out["limits"][0]
+    assert code == 1 and check["status"] == "over" and check["value"] == pytest.approx(0.23, abs=0.01)
     assert run_cli(capsys, base, cand, "--limit", "data_wait_frac=30")[0] == 0
     assert run_cli(capsys, base, cand, "--limit", "samples_per_s=10")[0] == 1       # throughput fell ~23%
 
