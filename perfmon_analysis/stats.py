@@ -70,6 +70,11 @@ def _window(nums: Deque[StepReading], max_steps: int, max_seconds: float) -> lis
     return recent if len(recent) >= MIN_STEPS else tail[-MIN_STEPS:]
 
 
+def window_of(state: RankState, max_steps: int, max_seconds: float) -> list[StepReading]:
+    """The rank's steps that its window statistics summarise, oldest first."""
+    return _window(state.steps, max_steps, max_seconds)
+
+
 # Sampled states (loader worker CPU, host RSS) are judged on the window's last 5 s of samples (each
 # sample already averages its own second): they describe the job now, and a state the job has left must
 # stop deciding within the 15 s the verdict is given to follow a change (with 10 s the demo tour's

@@ -21,6 +21,7 @@ COMMANDS = {
     "run": "tui.commands.run",
     "record": "tui.commands.record",
     "report": "tui.commands.report",
+    "compare": "tui.commands.compare",
     "doctor": "tui.commands.doctor",
     "relay": "tui.commands.relay",
     "profile": "tui.commands.profile",
@@ -87,6 +88,22 @@ def build_parser() -> argparse.ArgumentParser:
     report.add_argument("--json", action="store_true", help="print the report JSON (schema perfmon.report/2)")
     report.add_argument("--seconds", type=float, default=5.0, help="for a live job: how long to gather")
     _hosts_options(report)
+
+    compare = sub.add_parser("compare", help="two runs side by side: did the candidate regress, by how much, why "
+                                             "(exit 1 past a limit)")
+    compare.add_argument("baseline", help="recording file or directory, or a live job (name, pid, socket)")
+    compare.add_argument("candidate", help="the run to judge against the baseline (same kinds)")
+    compare.add_argument("--json", action="store_true", help="print the comparison JSON (schema perfmon.compare/1)")
+    compare.add_argument("--max-regression", type=float, default=None, metavar="PCT",
+                         help="exit 1 when the step time is significantly slower by more than PCT percent")
+    compare.add_argument("--limit", action="append", default=None, metavar="NAME=VALUE",
+                         help="exit 1 when NAME worsens by more than VALUE (points for shares such as "
+                              "data_wait_frac, percent otherwise); repeatable")
+    compare.add_argument("--min-change", type=float, default=10.0, metavar="PCT",
+                         help="the least step-time change called a regression or an improvement (default 10)")
+    compare.add_argument("--warmup", type=int, default=10, metavar="STEPS",
+                         help="first steps of each run left out of everything compared (default 10)")
+    compare.add_argument("--seconds", type=float, default=5.0, help="for a live job: how long to gather")
 
     profile = sub.add_parser("profile", help="time each module of a live job for a few steps: params, FLOPs, "
                                              "forward/backward time, achieved FLOP/s")

@@ -41,15 +41,16 @@ def remote_feed(args: Any, analysis: Analysis | None = None) -> Any:
     return RelayFeed(model, args.target, found, via, port=port, token=token)
 
 
-def load(target: str, seconds: float, args: Any = None, *, prog: str = "perfmon report") -> tuple[Analysis, dict[str, Any]]:
+def load(target: str, seconds: float, args: Any = None, *, prog: str = "perfmon report",
+         analysis: Analysis | None = None) -> tuple[Analysis, dict[str, Any]]:
     """An ``Analysis`` of recording files, of a live job followed for ``seconds``, or (``args``
     naming hosts) of the job's ranks on several hosts through their relays; and the source it
     came from. Each stream problem (torn tail, corruption, a failed host) is one line on stderr:
-    what was intact is still analysed."""
+    what was intact is still analysed. ``analysis``: the one to fill (another window), else a new one."""
     from tui.stream import sources
     from tui.stream.feed import follow
 
-    analysis = Analysis()
+    analysis = analysis if analysis is not None else Analysis()
     remote = remote_feed(args, analysis) if args is not None else None
     if remote is not None:
         try:
