@@ -2,12 +2,14 @@
 
 Measured in one run, probe vs no probe, on the same loop so machine noise hits
 both alike: (time with probe - time without) / steps. Repeated and the median
-taken. Cases: no viewer, and one viewer (a separate process reading the stream).
-Budget: under 2 µs per step. Beside it, what the probe reports of itself for the
-same loop (``probe.cost``: its training-thread time in ``step()``, the ``loader()`` wrapper not
-counted), which a viewer shows as the header's "perfmon cost".
+taken. Cases: no viewer, one viewer (a separate process reading the stream), and
+``step()`` alone (no ``loader()``). Budget: under 2 µs per step. Beside it, what the
+probe reports of itself for the same loop, as a viewer computes it
+(``perfmon_analysis.overhead`` on two of its ``cost`` readings, the header's "perfmon
+cost"): its clock reads around ``step()`` plus the ``step()``/``loader()`` wrappers'
+calls at their cost calibrated at start-up.
 
-    python bench/bench_hot_path.py [--steps 200000] [--repeats 7]
+    python bench/bench_hot_path.py [--steps 100000] [--repeats 7]
 """
 
 from __future__ import annotations
@@ -21,6 +23,9 @@ import tempfile
 import time
 
 import probe
+from perfmon_analysis.overhead import STEP_CALLS, overhead
+from perfmon_analysis.readings import cost_reading
+from probe.cost import CostSource
 
 
 def baseline(n: int) -> float:
@@ -31,16 +36,26 @@ def baseline(n: int) -> float:
     return time.perf_counter() - t0
 
 
-def with_probe(mon, n: int) -> tuple[float, float]:
-    """(wall seconds of the loop, the probe's own report of its training-thread seconds per step)."""
+def with_probe(mon, n: int, loader: bool) -> tuple[float, float, float]:
+    """(wall seconds of the loop, the probe's own report of its training-thread seconds per step,
+    of which its clock reads')."""
     data = range(n)
-    own, steps = mon._own_s, mon._own_steps
+    source = CostSource(mon)
+    before = cost_reading(source.read()["cost"], time.time())
     t0 = time.perf_counter()
-    for _ in mon.loader(data):
-        with mon.step():
-            pass
+    if loader:
+        for _ in mon.loader(data):
+            with mon.step():
+                pass
+    else:
+        for _ in data:
+            with mon.step():
+                pass
     wall = time.perf_counter() - t0
-    return wall, (mon._own_s - own) / max(1, mon._own_steps - steps)
+    after = cost_reading(source.read()["cost"], time.time() + 1.0)
+    reported = overhead(mon.rank, [before, after], None)
+    clock_reads = next(p.value for p in reported.parts if p.name == STEP_CALLS)
+    return wall, reported.train_per_step_s, clock_reads
 
 
 def drain_queue(mon) -> None:
@@ -68,29 +83,33 @@ def main() -> None:
     os.chmod(os.environ["PERFMON_DIR"], 0o700)
     mon = probe.start(job="bench-hot-path")
     results = {}
-    for case in ("no viewer", "one viewer"):
+    for case, viewed, loader in (("no viewer", False, True), ("one viewer", True, True),
+                                 ("step() alone", False, False)):
         viewer = None
-        if case == "one viewer":
+        if viewed:
             viewer = subprocess.Popen([sys.executable, "-c", VIEWER, str(mon.socket_path)], stdout=subprocess.PIPE)
             viewer.stdout.readline()
-        costs, reported = [], []
+        costs, reported, reads = [], [], []
         for _ in range(args.repeats):
             drain_queue(mon)
             base = baseline(args.steps)
             drain_queue(mon)
-            probed, own = with_probe(mon, args.steps)
+            probed, own, clock_reads = with_probe(mon, args.steps, loader)
             costs.append((probed - base) / args.steps * 1e6)
             reported.append(own * 1e6)
-        results[case] = costs, reported
+            reads.append(clock_reads * 1e6)
+        results[case] = costs, reported, reads
         if viewer is not None:
             viewer.kill()
             viewer.wait()
+    calibrated = {name: round(seconds * 1e6, 2) for name, seconds in (mon._wrapper_cost or {}).items()}
     mon.close()
-    print(f"python {sys.version.split()[0]}, {os.cpu_count()} cpus, {args.steps} steps x {args.repeats} repeats")
-    for case, (costs, reported) in results.items():
-        print(f"{case:>10}: median {statistics.median(costs):.2f} µs/step  (min {min(costs):.2f}, max {max(costs):.2f});"
-              f" the probe reports {statistics.median(reported):.2f} µs/step of its own")
-
+    print(f"python {sys.version.split()[0]}, {os.cpu_count()} cpus, {args.steps} steps x {args.repeats} repeats; "
+          f"wrappers calibrated at start-up (µs a call): {calibrated}")
+    for case, (costs, reported, reads) in results.items():
+        print(f"{case:>12}: median {statistics.median(costs):.2f} µs/step  (min {min(costs):.2f}, max {max(costs):.2f});"
+              f" the probe reports {statistics.median(reported):.2f} µs/step of its own"
+              f" (clock reads {statistics.median(reads):.2f}, the rest calibrated wrappers)")
 
 if __name__ == "__main__":
     main()

@@ -2,8 +2,9 @@
 
 Two shares a user weighs before leaving the monitor in a job:
 
-* ``step_frac``: seconds the training thread spent in the probe's step calls per step, over the
-  rank's median step time: the slowdown it adds to each step;
+* ``step_frac``: seconds the training thread spent in the probe's step calls per step, and in
+  its ``step()``/``loader()``/``phase()`` wrappers around them (calls counted, each at the cost a
+  call calibrated at start-up), over the rank's median step time: the slowdown it adds to each step;
 * ``cpu_frac``: the CPU of the probe's threads plus that training-thread time, over the whole
   process's CPU in the same interval: the cores it takes from the job.
 
@@ -24,9 +25,13 @@ STEP_BUDGET = 0.01      # over this share of the step, the probe's cost is a fin
 CPU_BUDGET = 0.05       # over this share of the process's CPU, likewise
 
 STEP_CALLS = "step calls"   # the training-thread part outside the step hooks
+# the wrappers' parts: the code around the step calls' clock reads, by wrapper
+WRAPPER_PARTS = {"step": "step() call", "loader": "loader()", "phase": "phase()"}
 
 _TRAIN_SOURCE = "training-thread clock reads around the probe's step calls"
 _HOOK_SOURCE = "clock reads around each step hook"
+_WRAPPER_SOURCE = "calls counted x {} a call, calibrated at start-up"
+_WRAPPER_WHY = "not reported (a probe that does not calibrate its wrappers)"
 _THREAD_SOURCE = "the thread's CPU clock"
 _MEMORY_SOURCE = "the probe's queue and buffer sizes"
 _IO_SOURCE = "the sender's byte counters"
@@ -118,7 +123,10 @@ def overhead(rank: int, costs: Iterable[CostReading], step_median: float | None)
     if wall <= 0:
         return None
     steps = _delta(a.train_steps, b.train_steps)
+    wrapper_parts, wrapped = _wrapper_parts(a, b, steps, step_median)
     train = _delta(a.train_s, b.train_s)
+    if train is not None:
+        train += wrapped
     per_step = train / steps if train is not None and steps else None
     step_frac = per_step / step_median if per_step is not None and step_median else None
     parts: list[CostPart] = []
@@ -129,11 +137,12 @@ def overhead(rank: int, costs: Iterable[CostReading], step_median: float | None)
         if steps and spent > 0:
             hook_parts.append(_train_part(name, spent / steps, step_median, _HOOK_SOURCE))
     if per_step is not None:
-        own = max(0.0, per_step - sum(p.value or 0.0 for p in hook_parts))
+        own = max(0.0, per_step - sum(p.value or 0.0 for p in hook_parts + wrapper_parts))
         parts.append(_train_part(STEP_CALLS, own, step_median, _TRAIN_SOURCE))
     else:
         parts.append(CostPart(STEP_CALLS, "train", None, "s/step", None, _TRAIN_SOURCE,
                               b.unmeasured("train", "no steps between the samples")))
+    parts.extend(wrapper_parts)
     parts.extend(sorted(hook_parts, key=lambda p: -(p.value or 0.0)))
     process = _delta(a.process_cpu, b.process_cpu)
     threads_cpu = 0.0
@@ -204,6 +213,26 @@ def text_lines(o: dict[str, Any] | None) -> list[str]:
         why = f" ({p['why']})" if p.get("why") else ""
         lines.append(f"  {p['kind']:<6} {p['part']}: {shown(p['kind'], p['unit'], p['value'])}{share}{why}")
     return lines
+
+
+def _wrapper_parts(a: CostReading, b: CostReading, steps: int | None,
+                   step_median: float | None) -> tuple[list[CostPart], float]:
+    """The wrappers' parts (s per step) and their seconds between ``a`` and ``b``; one unknown part
+    when the probe did not report them."""
+    if b.wrappers is None:
+        return [CostPart("wrappers", "train", None, "s/step", None, _WRAPPER_SOURCE.format("the cost"),
+                         b.unmeasured("wrappers", _WRAPPER_WHY))], 0.0
+    before = {name: calls for name, calls, _ in a.wrappers or ()}
+    parts, total = [], 0.0
+    for name, calls, per_call in b.wrappers:
+        made = calls - before.get(name, 0)
+        if made <= 0 or not steps:
+            continue
+        spent = made * per_call
+        total += spent
+        source = _WRAPPER_SOURCE.format(units.fixed(per_call * 1e6, "µs", digits=2))
+        parts.append(_train_part(WRAPPER_PARTS.get(name, f"{name}()"), spent / steps, step_median, source))
+    return parts, total
 
 
 def _train_part(name: str, per_step: float, step_median: float | None, source: str) -> CostPart:
