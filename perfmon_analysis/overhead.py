@@ -8,6 +8,11 @@ Two shares a user weighs before leaving the monitor in a job:
 * ``cpu_frac``: the CPU of the probe's threads plus that training-thread time, over the whole
   process's CPU in the same interval: the cores it takes from the job.
 
+The training thread also waits for the GIL while a probe thread holds it, which no clock on
+that thread can tell from its own work; ``train_bound_per_step_s`` bounds it: the training-thread
+time plus all the probe threads' CPU per step, as if every bit of it had held the GIL while the
+training thread wanted it.
+
 Each part (the step calls, each step hook, each thread, memory, bytes out) is listed with its
 value, its share where it has one, and where the number comes from. A part the probe did not
 measure has no value and says why; it never reads as 0.
@@ -83,6 +88,7 @@ class Overhead:
     cpu_frac: float | None
     train_per_step_s: float | None
     parts: tuple[CostPart, ...]
+    train_bound_per_step_s: float | None = None   # with the probe threads' CPU as GIL waits: at most this
 
     @property
     def step_over(self) -> bool:
@@ -109,7 +115,8 @@ class Overhead:
         """The report's ``overhead`` object."""
         return {"rank": self.rank, "window_s": _round(self.seconds), "steps": self.steps,
                 "step_frac": _round(self.step_frac), "cpu_frac": _round(self.cpu_frac),
-                "train_per_step_s": _round(self.train_per_step_s), "step_budget": STEP_BUDGET,
+                "train_per_step_s": _round(self.train_per_step_s),
+                "train_bound_per_step_s": _round(self.train_bound_per_step_s), "step_budget": STEP_BUDGET,
                 "cpu_budget": CPU_BUDGET, "parts": [p.as_json() for p in self.parts]}
 
 
@@ -159,6 +166,7 @@ def overhead(rank: int, costs: Iterable[CostReading], step_median: float | None)
     cpu_frac = None
     if b.threads is not None and process:
         cpu_frac = (threads_cpu + (train or 0.0)) / process
+    bound = per_step + threads_cpu / steps if per_step is not None and steps and b.threads is not None else None
     for name, value, unit in (("queue", b.queue_items, "items"), ("viewer queues", b.viewer_bytes, "bytes"),
                               ("backfill", b.backfill_bytes, "bytes")):
         parts.append(CostPart(name, "memory", value, unit, None, _MEMORY_SOURCE,
@@ -169,7 +177,7 @@ def overhead(rank: int, costs: Iterable[CostReading], step_median: float | None)
         parts.append(CostPart(name, "io", moved / wall if moved is not None else None, "bytes/s", None, _IO_SOURCE,
                               None if moved is not None else b.unmeasured(key, "not reported")))
     return Overhead(rank=rank, seconds=wall, steps=steps or 0, step_frac=step_frac, cpu_frac=cpu_frac,
-                    train_per_step_s=per_step, parts=tuple(parts))
+                    train_per_step_s=per_step, parts=tuple(parts), train_bound_per_step_s=bound)
 
 
 def finding(view_overhead: Overhead | None) -> dict[str, Any] | None:
@@ -208,6 +216,9 @@ def text_lines(o: dict[str, Any] | None) -> list[str]:
         return [f"perfmon cost: {units.NA}: {UNKNOWN}"]
     lines = [f"perfmon cost (rank {o['rank']}, {units.seconds(o['window_s'])}, {o['steps']} steps): "
              f"{units.pct(o['step_frac'], 2)} of the step, {units.pct(o['cpu_frac'], 2)} of the process CPU"]
+    if o.get("train_bound_per_step_s") is not None:
+        lines.append(f"  training thread {shown('train', 's/step', o['train_per_step_s'])}, at most "
+                     f"{shown('train', 's/step', o['train_bound_per_step_s'])} with its GIL waits")
     for p in o["parts"]:
         share = f" ({units.pct(p['share'], 2)})" if p.get("share") is not None else ""
         why = f" ({p['why']})" if p.get("why") else ""

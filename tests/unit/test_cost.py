@@ -16,7 +16,7 @@ import pytest
 
 from perfmon_analysis.analysis import Analysis, render_text
 from perfmon_analysis.metrics import by_name
-from perfmon_analysis.overhead import STEP_BUDGET, STEP_CALLS, WRAPPER_PARTS, finding, overhead
+from perfmon_analysis.overhead import STEP_BUDGET, STEP_CALLS, WRAPPER_PARTS, finding, overhead, text_lines
 from perfmon_analysis.readings import CostReading, cost_reading
 from probe import core, cost, wire
 from probe.recording import read_recording
@@ -143,9 +143,9 @@ def test_the_calibration_charges_what_the_wrappers_clock_reads_do_not_see(monkey
 
 
 def test_wrapper_parts_add_to_the_training_thread_cost_and_an_older_probe_leaves_them_unknown():
-    def reading(t: float, train_s: float, steps: int, wrappers: dict | None) -> CostReading:
-        rec = {"train_s": train_s, "train_steps": steps, "hooks": {}, "threads": {}, "process_cpu": t,
-               "queue_items": 0, "why": {}}
+    def reading(t: float, train_s: float, steps: int, wrappers: dict | None, sender: float = 0.0) -> CostReading:
+        rec = {"train_s": train_s, "train_steps": steps, "hooks": {}, "threads": {"sender": sender},
+               "process_cpu": t, "queue_items": 0, "why": {}}
         if wrappers is not None:
             rec["wrappers"] = wrappers
         reading = cost_reading(rec, t)
@@ -153,7 +153,8 @@ def test_wrapper_parts_add_to_the_training_thread_cost_and_an_older_probe_leaves
         return reading
 
     a = reading(10.0, 0.001, 100, {"step": [100, 0.5e-6], "loader": [100, 0.3e-6], "phase": [200, 0.5e-6]})
-    b = reading(12.0, 0.001 + 100e-6, 200, {"step": [200, 0.5e-6], "loader": [200, 0.3e-6], "phase": [400, 0.5e-6]})
+    b = reading(12.0, 0.001 + 100e-6, 200, {"step": [200, 0.5e-6], "loader": [200, 0.3e-6], "phase": [400, 0.5e-6]},
+                sender=300e-6)
     o = overhead(0, [a, b], 0.001)
     assert o is not None
     parts = {p.name: p for p in o.parts if p.kind == "train"}
@@ -163,6 +164,9 @@ def test_wrapper_parts_add_to_the_training_thread_cost_and_an_older_probe_leaves
     assert parts["phase()"].value == pytest.approx(1.0e-6)                 # two uses a step
     assert parts["phase()"].source == "calls counted x 0.50µs a call, calibrated at start-up"
     assert o.train_per_step_s == pytest.approx(2.8e-6) and o.step_frac == pytest.approx(2.8e-3)
+    # at most: as if all of the sender's 3 µs a step had kept the GIL from the training thread
+    assert o.train_bound_per_step_s == pytest.approx(5.8e-6)
+    assert "training thread 3µs/step, at most 6µs/step with its GIL waits" in "\n".join(text_lines(o.as_json()))
     older = overhead(0, [reading(10.0, 0.001, 100, None), reading(12.0, 0.0011, 200, None)], 0.001)
     assert older is not None and older.train_per_step_s == pytest.approx(1e-6)
     unknown = next(p for p in older.parts if p.name == "wrappers")
@@ -172,7 +176,7 @@ def test_wrapper_parts_add_to_the_training_thread_cost_and_an_older_probe_leaves
 def test_unmeasured_parts_are_unknown_with_why_never_zero():
     why = {"threads": "no per-thread CPU clock on this platform", "recorded_bytes": "not recording"}
     o = overhead(0, [_reading(10.0, 0.0, 0, None, why), _reading(12.0, 0.002, 100, None, why)], 0.01)
-    assert o is not None and o.cpu_frac is None
+    assert o is not None and o.cpu_frac is None and o.train_bound_per_step_s is None
     parts = {p.name: p for p in o.parts}
     assert parts["threads"].value is None and parts["threads"].why == why["threads"]
     assert parts["recorded"].value is None and parts["recorded"].why == "not recording"
