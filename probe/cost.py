@@ -43,10 +43,11 @@ def calibrate(scratch: Callable[[], Any]) -> dict[str, float]:
     this machine and interpreter: ``step`` (``with probe.step(): pass`` less the seconds its own
     reads counted), ``loader`` (a batch through ``loader()``) and ``phase`` (``with
     probe.phase(name): pass``), each less an empty loop of as many turns. ``scratch()`` is a probe
-    with hot-path state only (nothing is sent). The fastest of the rounds: a preempted or
-    GIL-waiting round does not count, those waits are not the wrappers' own cost."""
+    with hot-path state only (nothing is sent). Each loop's fastest round is kept, the empty
+    loop's too: a round the machine preempted, or spent waiting for the GIL, only runs slower,
+    and those waits are not the wrappers' own cost."""
     pc = time.perf_counter
-    best = dict.fromkeys(WRAPPERS, math.inf)
+    best = dict.fromkeys(("empty", *WRAPPERS), math.inf)
     turns = range(CALIBRATION_CALLS)
     for _ in range(CALIBRATION_ROUNDS):
         p = scratch()
@@ -68,9 +69,9 @@ def calibrate(scratch: Callable[[], Any]) -> dict[str, float]:
             with p.phase("calibration"):
                 pass
         phase = pc() - t0
-        for name, spent in (("step", step), ("loader", loader), ("phase", phase)):
-            best[name] = min(best[name], max(0.0, (spent - empty) / CALIBRATION_CALLS))
-    return best
+        for name, spent in (("empty", empty), ("step", step), ("loader", loader), ("phase", phase)):
+            best[name] = min(best[name], spent)
+    return {name: max(0.0, (best[name] - best["empty"]) / CALIBRATION_CALLS) for name in WRAPPERS}
 
 
 def thread_clock(native_id: int) -> int | None:
