@@ -27,7 +27,9 @@ from perfmon_analysis import units
 from perfmon_analysis.readings import CostReading
 
 STEP_BUDGET = 0.01      # over this share of the step, the probe's cost is a finding
-CPU_BUDGET = 0.05       # over this share of the process's CPU, likewise
+CPU_BUDGET = 0.05       # over this share of the process's CPU, likewise,
+CPU_FLOOR = 0.05        # when it also takes more than this many cores: a job that idles its CPU (waiting
+                        # for its loader) makes a cost of a few thousandths of a core a large share
 
 STEP_CALLS = "step calls"   # the training-thread part outside the step hooks
 # the wrappers' parts: the code around the step calls' clock reads, by wrapper
@@ -88,6 +90,7 @@ class Overhead:
     cpu_frac: float | None
     train_per_step_s: float | None
     parts: tuple[CostPart, ...]
+    cores: float | None = None     # the probe's CPU seconds per second: its threads and its step calls
     train_bound_per_step_s: float | None = None   # with the probe threads' CPU as GIL waits: at most this
 
     @property
@@ -96,7 +99,8 @@ class Overhead:
 
     @property
     def cpu_over(self) -> bool:
-        return self.cpu_frac is not None and self.cpu_frac > CPU_BUDGET
+        return (self.cpu_frac is not None and self.cpu_frac > CPU_BUDGET
+                and self.cores is not None and self.cores > CPU_FLOOR)
 
     @property
     def over_budget(self) -> bool:
@@ -116,8 +120,9 @@ class Overhead:
         return {"rank": self.rank, "window_s": _round(self.seconds), "steps": self.steps,
                 "step_frac": _round(self.step_frac), "cpu_frac": _round(self.cpu_frac),
                 "train_per_step_s": _round(self.train_per_step_s),
-                "train_bound_per_step_s": _round(self.train_bound_per_step_s), "step_budget": STEP_BUDGET,
-                "cpu_budget": CPU_BUDGET, "parts": [p.as_json() for p in self.parts]}
+                "train_bound_per_step_s": _round(self.train_bound_per_step_s), "cores": _round(self.cores),
+                "step_budget": STEP_BUDGET, "cpu_budget": CPU_BUDGET, "cpu_floor_cores": CPU_FLOOR,
+                "parts": [p.as_json() for p in self.parts]}
 
 
 def overhead(rank: int, costs: Iterable[CostReading], step_median: float | None) -> Overhead | None:
@@ -163,9 +168,11 @@ def overhead(rank: int, costs: Iterable[CostReading], step_median: float | None)
             threads_cpu += spent
             parts.append(CostPart(name, "thread", spent / wall, "cores",
                                   spent / process if process else None, _THREAD_SOURCE))
-    cpu_frac = None
-    if b.threads is not None and process:
-        cpu_frac = (threads_cpu + (train or 0.0)) / process
+    cpu_frac = cores = None
+    if b.threads is not None:
+        cores = (threads_cpu + (train or 0.0)) / wall
+        if process:
+            cpu_frac = (threads_cpu + (train or 0.0)) / process
     bound = per_step + threads_cpu / steps if per_step is not None and steps and b.threads is not None else None
     for name, value, unit in (("queue", b.queue_items, "items"), ("viewer queues", b.viewer_bytes, "bytes"),
                               ("backfill", b.backfill_bytes, "bytes")):
@@ -177,7 +184,7 @@ def overhead(rank: int, costs: Iterable[CostReading], step_median: float | None)
         parts.append(CostPart(name, "io", moved / wall if moved is not None else None, "bytes/s", None, _IO_SOURCE,
                               None if moved is not None else b.unmeasured(key, "not reported")))
     return Overhead(rank=rank, seconds=wall, steps=steps or 0, step_frac=step_frac, cpu_frac=cpu_frac,
-                    train_per_step_s=per_step, parts=tuple(parts), train_bound_per_step_s=bound)
+                    train_per_step_s=per_step, parts=tuple(parts), cores=cores, train_bound_per_step_s=bound)
 
 
 def finding(view_overhead: Overhead | None) -> dict[str, Any] | None:
@@ -196,7 +203,8 @@ def finding(view_overhead: Overhead | None) -> dict[str, Any] | None:
         return {"id": "perfmon_cost", "share": _round(o.cpu_frac), "part": thread.name, "kind": "thread",
                 "rank": o.rank,
                 "message": f"perfmon uses {units.pct(o.cpu_frac, 1)} of the process's CPU on rank {o.rank} "
-                           f"(budget {units.pct(CPU_BUDGET)}), most in its {thread.name} thread ({thread.shown})"}
+                           f"({units.number(o.cores)} cores; budget {units.pct(CPU_BUDGET)}), most in its "
+                           f"{thread.name} thread ({thread.shown})"}
     return None
 
 
