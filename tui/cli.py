@@ -132,6 +132,8 @@ def build_parser() -> argparse.ArgumentParser:
     what.add_argument("--trace", metavar="OUT.json", help="write the recordings as a Chrome/Perfetto trace")
     export.add_argument("targets", nargs="*", metavar="JOB|REC", help="the live job (--prometheus), or "
                         "recording files/directories (--trace)")
+    export.add_argument("--steps", metavar="A:B", default=None, help="(--trace) slices for step numbers A to B-1, "
+                        "either end open (default: the most recent 2000 steps; the counter covers every step)")
     _hosts_options(export)
 
     relay = sub.add_parser("relay", help="(started by a viewer through ssh) this node's ranks of JOB as one stream")
