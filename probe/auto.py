@@ -34,7 +34,7 @@ import time
 import warnings
 import weakref
 from _thread import get_ident
-from typing import Any
+from typing import Any, Iterable
 
 from probe import fetches
 from probe.hooks import Hook, remove_all
@@ -78,6 +78,7 @@ class _Auto:
         self.iterators: list[weakref.ref] = []
         self.iter_id = 0
         self.end_cpu: float | None = None        # thread CPU clock at the last step's end
+        self.excepthook: Any = None              # (ours, the one it chains to), once chained
 
     # -- steps ----------------------------------------------------------------------------------
     def _emit(self, start: float, end: float, phases: dict[str, float], samples: int | None,
@@ -432,6 +433,7 @@ def _chain_excepthook(a: _Auto) -> None:
         previous(et, ev, tb)
 
     sys.excepthook = excepthook
+    a.excepthook = (excepthook, previous)
 
 
 def _after_fork_in_child() -> None:
@@ -452,8 +454,9 @@ def active() -> bool:
     return _auto is not None and not _auto.off and _pid == os.getpid()
 
 
-def install() -> None:
-    """Put the dormant hooks in place (once per process); called right after torch is imported."""
+def install(optimizers: Iterable[Any] = ()) -> None:
+    """Put the dormant hooks in place (once per process); called right after torch is imported,
+    or in a running process (``probe.inject``) with the ``optimizers`` it built already."""
     global _auto, _pid, _is_compiling
     if _auto is not None or os.environ.get("PERFMON_DISABLE") == "1":
         return
@@ -468,6 +471,10 @@ def install() -> None:
                      optim_mod.register_optimizer_step_post_hook(_opt_post)]
     torch.optim.Optimizer.__init__ = _wrap_optimizer_init(torch.optim.Optimizer.__init__)
     torch.autograd.backward = _wrap_backward(torch.autograd.backward)
+    for optimizer in optimizers:
+        a.finder.optimizers += 1
+        a.built_ref = weakref.ref(optimizer)
+        a.track_versions(optimizer)
     fetches.listen(a.fetched)
     # never compiled as frames of their own (probe.tracing); the wrappers only at their own level
     run_eagerly(_fwd_pre, _fwd_post, _opt_pre, _opt_post, _Auto.start, _Auto.flush, _Auto.fail, _Auto.fetched,
@@ -476,3 +483,48 @@ def install() -> None:
     a.arm_global_hooks()
     if hasattr(os, "register_at_fork"):
         os.register_at_fork(after_in_child=_after_fork_in_child)
+
+
+def uninstall() -> list[str]:
+    """Undo ``install()`` and stop the probe it started (``perfmon detach``): hooks removed, wrapped
+    functions restored, the probe closed, atexit and excepthook entries gone. Returns what could
+    not be restored (a wrapper someone wrapped again stays, as a pass-through)."""
+    global _auto
+    a = _auto
+    if a is None:
+        return []
+    left: list[str] = []
+    a.turn_off()
+    if a.versions_of is not None:
+        a.versions_of.detach()
+    torch = a.torch
+    left += _unwrap(torch.optim.Optimizer, "__init__", _wrap_optimizer_init)
+    left += _unwrap(torch.autograd, "backward", _wrap_backward)
+    if a.excepthook is not None:
+        ours, previous = a.excepthook
+        if sys.excepthook is ours:
+            sys.excepthook = previous
+        else:
+            left.append("sys.excepthook (chained again after perfmon's)")
+    atexit.unregister(a.flush)
+    mon = a.probe
+    if mon is not None:
+        attached = mon.attached
+        exit_joins = [mon.close, mon._join_at_exit] + [
+            part.join for part in (getattr(attached.watcher, "flops", None), attached.profiler, attached.capture)
+            if part is not None]
+        mon.close()
+        for fn in exit_joins:       # the process goes on: nothing of the probe's may run at its exit
+            atexit.unregister(fn)
+    _auto = None
+    return left
+
+
+def _unwrap(owner: Any, name: str, wrapper_factory: Any) -> list[str]:
+    """Put back the original under one of our ``functools.wraps`` wrappers (found by its code)."""
+    current = getattr(owner, name)
+    ours = wrapper_factory(None).__code__
+    if getattr(current, "__code__", None) is ours:
+        setattr(owner, name, current.__wrapped__)
+        return []
+    return [f"{getattr(owner, '__name__', owner)}.{name} (wrapped again after perfmon)"]

@@ -116,6 +116,21 @@ def _install() -> None:
         os.register_at_fork(after_in_child=_forget)
 
 
+def uninstall() -> None:
+    """Put the iterator's own ``__next__`` back (``perfmon detach``); listeners are dropped."""
+    global _installed, _listeners
+    _listeners = ()
+    if not _installed:
+        return
+    import torch.utils.data.dataloader as dataloader
+
+    cls = dataloader._BaseDataLoaderIter
+    wrapped = getattr(cls.__next__, "__wrapped__", None)
+    if wrapped is not None and cls.__next__.__code__ is _wrap_next(None).__code__:
+        cls.__next__ = wrapped
+        _installed = False
+
+
 def _forget() -> None:
     """A forked child (a DataLoader worker) is not the training loop: its fetches are nobody's wait."""
     global _listeners

@@ -15,7 +15,7 @@ from typing import Any
 RATE = 5               # requests per viewer ...
 RATE_SECONDS = 10.0    # ... in this many seconds; beyond, refused
 
-OPS = ("profile", "capture")
+OPS = ("profile", "capture", "detach")
 
 
 def handle(probe: Any, request: dict[str, Any]) -> str | None:
@@ -35,4 +35,7 @@ def handle(probe: Any, request: dict[str, Any]) -> str | None:
         if capture is None:
             capture = probe.attached.capture = ProfilerCapture(probe)
         return capture.request(request.get("id"), request.get("steps", 3))
+    if op == "detach":
+        from probe import inject
+        return inject.detach_request(request.get("result"))
     return f"unknown request {str(op)[:30]!r} (this probe answers: {', '.join(OPS)})"

@@ -182,6 +182,7 @@ class Sender(threading.Thread):
         for viewer in list(self.viewers.values()):
             self._close(viewer)
         self.close_listeners()
+        self.sel.close()
         if self.recorder is not None:
             try:
                 self.recorder.close()

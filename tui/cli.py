@@ -26,6 +26,8 @@ COMMANDS = {
     "profile": "tui.commands.profile",
     "export": "tui.commands.export",
     "capture": "tui.commands.capture",
+    "inject": "tui.commands.inject",
+    "detach": "tui.commands.detach",
 }
 
 
@@ -116,6 +118,15 @@ def build_parser() -> argparse.ArgumentParser:
     export.add_argument("targets", nargs="*", metavar="JOB|REC", help="the live job (--prometheus), or "
                         "recording files/directories (--trace)")
     _hosts_options(export)
+
+    inject = sub.add_parser("inject", help="start the probe inside a running Python job (no restart; ptrace)")
+    inject.add_argument("pid", type=int, help="a training process, or a torchrun launcher (every worker here)")
+    inject.add_argument("--timeout", type=float, default=60.0,
+                        help="seconds to wait for a training step to start the probe (default 60)")
+    inject.add_argument("--attach", action="store_true", help="open the TUI on the job once its probe is up")
+
+    detach = sub.add_parser("detach", help="remove everything `perfmon inject` put into a process")
+    detach.add_argument("pid", type=int, help="the process (or torchrun launcher) given to perfmon inject")
 
     relay = sub.add_parser("relay", help="(started by a viewer through ssh) this node's ranks of JOB as one stream")
     relay.add_argument("job", help="job name")
