@@ -36,11 +36,12 @@ import weakref
 from _thread import get_ident
 from typing import Any, Iterable
 
-from probe import fetches
+from probe import fetches, forks
 from probe.hooks import Hook, remove_all
 from probe.stepfinder import StepFinder
 from probe.tracing import HiddenPhases, compiling_check, dynamo_has_compiled, run_eagerly
 
+GLOBAL_HOOKS_WARNING = r"Using `torch\.compile\(module\)` when there are global hooks"
 IDLE_MODULE_CALLS = 50_000   # module calls with no backward at all: an inference-only process, stop watching
 _pc = time.perf_counter
 _tt = time.thread_time
@@ -230,8 +231,7 @@ class _Auto:
     def arm_global_hooks(self) -> None:
         # torch.compile warns about global hooks on every compiled-module call; these are ours and
         # fire only once per call (the outermost-forward check), so that warning says nothing to the user
-        warnings.filterwarnings("ignore", message=r"Using `torch\.compile\(module\)` when there are global hooks",
-                                category=UserWarning)
+        warnings.filterwarnings("ignore", message=GLOBAL_HOOKS_WARNING, category=UserWarning)
         mod = self.torch.nn.modules.module
         self.global_handles = [mod.register_module_forward_pre_hook(_fwd_pre),
                                mod.register_module_forward_hook(_fwd_post, always_call=True)]
@@ -481,8 +481,7 @@ def install(optimizers: Iterable[Any] = ()) -> None:
                 _Auto.check_unseen_step, _Auto.track_versions, _Auto.arm_global_hooks, _register_iterator, _batch_size)
     run_eagerly(torch.optim.Optimizer.__init__, torch.autograd.backward, recursive=False)
     a.arm_global_hooks()
-    if hasattr(os, "register_at_fork"):
-        os.register_at_fork(after_in_child=_after_fork_in_child)
+    forks.after_in_child(_after_fork_in_child)
 
 
 def uninstall() -> list[str]:
@@ -507,6 +506,8 @@ def uninstall() -> list[str]:
         else:
             left.append("sys.excepthook (chained again after perfmon's)")
     atexit.unregister(a.flush)
+    warnings.filters[:] = [f for f in warnings.filters
+                           if not (f[0] == "ignore" and getattr(f[1], "pattern", None) == GLOBAL_HOOKS_WARNING)]
     mon = a.probe
     if mon is not None:
         attached = mon.attached

@@ -16,10 +16,10 @@ count. With no listener the wrapper only calls through; nothing here raises into
 from __future__ import annotations
 
 import functools
-import os
 import time
 from typing import Any, Callable
 
+from probe import forks
 from probe.loader_policy import CpuTimingPolicy
 from probe.tracing import compiling_check, run_eagerly
 
@@ -112,8 +112,7 @@ def _install() -> None:
     cls.__next__ = _wrap_next(cls.__next__)
     run_eagerly(cls.__next__, recursive=False)   # never a compiled frame; what it calls is the user's
     _installed = True
-    if hasattr(os, "register_at_fork"):
-        os.register_at_fork(after_in_child=_forget)
+    forks.after_in_child(_forget)
 
 
 def uninstall() -> None:

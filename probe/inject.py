@@ -15,8 +15,8 @@ first use) would deadlock with it.
 
 Each run answers with one JSON object written to the file the command named (``{"ok": bool,
 "message": str, ...}``). Nothing here raises into the target; a failure half-way undoes what
-was done. Python cannot unregister ``os.register_at_fork`` callbacks: the probe's stay behind,
-doing nothing once detached (docs/attach.md).
+was done. Python cannot unregister ``os.register_at_fork`` callbacks: the probe's stay registered,
+disarmed (``probe.forks``), holding nothing of perfmon.
 """
 
 from __future__ import annotations
@@ -127,7 +127,7 @@ def detach() -> dict[str, Any]:
     left: list[str] = []
     steps = None
     try:
-        from probe import auto, fetches, hooks, tracing
+        from probe import auto, fetches, forks, hooks, tracing
         from probe.comm import collectives
         mon = auto._auto.probe if auto._auto is not None else None
         steps = mon.steps if mon is not None else 0
@@ -136,6 +136,7 @@ def detach() -> dict[str, Any]:
         collectives.uninstall()
         hooks.unfilter_module_state()
         tracing.remove_finder()
+        forks.disarm_all()
     except BaseException as exc:
         left.append(f"removal failed: {exc!r}")
     left += _join_threads()

@@ -39,8 +39,12 @@ def _hosts_options(p: argparse.ArgumentParser, token: bool = True) -> None:
     where.add_argument("--hostfile", default=None, metavar="FILE", help="one host per line (MPI/DeepSpeed style)")
     where.add_argument("--slurm", nargs="?", const=True, default=None, metavar="JOBID",
                        help="the nodes of a SLURM job (default: this allocation's SLURM_JOB_NODELIST)")
+    where.add_argument("--k8s", default=None, metavar="SELECTOR",
+                       help="the running pods of a label selector (kubectl get pods -l SELECTOR)")
+    where.add_argument("--namespace", default=None, metavar="N", help="the pods' namespace, with --k8s")
     where.add_argument("--via", default=None, metavar="TEMPLATE",
-                       help="transport, {host} replaced (default: $PERFMON_VIA, else 'ssh -T -o BatchMode=yes {host}')")
+                       help="transport, {host} replaced (default: $PERFMON_VIA, else 'ssh -T -o BatchMode=yes {host}'; "
+                            "with --k8s 'kubectl exec -i {host} [--namespace N] --')")
     where.add_argument("--relay-port", type=int, default=None, metavar="PORT",
                        help="instead of a transport: connect to 'perfmon relay --tcp PORT JOB' on each host "
                             "(token: --token or $PERFMON_TOKEN)")

@@ -3,9 +3,10 @@
 At each ``--pause-at`` step it prints ``{"pause": N, "pid": ...}`` and waits for a line on stdin,
 so a test can inject, report and detach at known steps. At the first pause it notes what a
 probe could leave behind (threads, file descriptors, torch's global hooks, the functions
-perfmon wraps, sys.path, sys.meta_path, sys.modules, live objects of perfmon's classes); the last
-stdout line is JSON with the final loss (``repr``: bit-identical or not) and ``residue``: what
-differs at the end from that baseline (empty when nothing of perfmon is left).
+perfmon wraps, sys.path, sys.meta_path, warning filters, sys.modules, live objects of perfmon's classes); the last
+stdout line is JSON with the final loss (``repr``: bit-identical or not), ``residue``: what
+differs at the end from that baseline (empty when nothing of perfmon is left), and ``rss_kb``:
+resident memory at the first pause and at the end.
 """
 
 import argparse
@@ -14,6 +15,7 @@ import json
 import os
 import sys
 import threading
+import warnings
 
 import torch
 import torch._dynamo  # noqa: F401  (loaded by most training stacks; torch modules the probe loads stay loaded)
@@ -59,6 +61,7 @@ def state() -> dict:
                                       dist.all_reduce, dist.broadcast, dist.barrier, torch.Tensor.backward)],
         "sys_path": list(sys.path),
         "meta_path": [type(f).__name__ for f in sys.meta_path],
+        "warning_filters": [str(f) for f in warnings.filters],
         "modules": sorted(n for n in sys.modules if not n.startswith("torch")),
         "perfmon_objects": sorted(f"{type(o).__module__}.{type(o).__qualname__}" for o in gc.get_objects()
                                   if str(type(o).__module__).split(".")[0] == "probe"),
@@ -70,7 +73,12 @@ def pause(step: int) -> None:
     sys.stdin.readline()
 
 
+def rss_kb() -> int:
+    return int(next(line for line in open("/proc/self/status") if line.startswith("VmRSS:")).split()[1])
+
+
 baseline = None
+rss = None
 batches = iter(loader)
 step = 0
 while step < args.steps:
@@ -87,8 +95,10 @@ while step < args.steps:
     if step in pauses:
         if baseline is None:
             baseline = state()
+            rss = rss_kb()
         pause(step)
 
 end = state()
 residue = {k: {"before": baseline[k], "after": end[k]} for k in (baseline or {}) if baseline[k] != end[k]}
-print(json.dumps({"loss": repr(loss.item()), "steps": step, "residue": residue}), flush=True)
+print(json.dumps({"loss": repr(loss.item()), "steps": step, "residue": residue,
+                  "rss_kb": [rss, rss_kb()]}), flush=True)
