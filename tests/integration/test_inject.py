@@ -200,9 +200,12 @@ def test_a_torchrun_launcher_pid_injects_every_rank(tmp_path):
         detach = perfmon("detach", str(launcher.pid))
         assert detach.returncode == 0, detach.stderr
         assert detach.stdout.count("detached") == 2
-    finally:
         launcher.send_signal(signal.SIGTERM)
-        try:
-            launcher.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            launcher.kill()
+        out, err = launcher.communicate(timeout=60)
+    finally:
+        launcher.kill()
+    ends = [json.loads(line) for line in out.splitlines() if line.startswith("{")]
+    assert sorted(end["rank"] for end in ends) == [0, 1], err[-2000:]
+    for end in ends:        # DDP's comm hook cannot be removed: an injected probe never registers one
+        assert end["ddp_attrs"] == [] and end["comm_hooks"] == 0
+        assert not [name for name in end["threads"] if name.startswith("perfmon")]
