@@ -22,6 +22,9 @@ boundaries (``Probe.add_step``). A process that never trains (the torchrun
 launcher, DataLoader workers, helper scripts) never starts a probe. A script
 that uses the probe API itself wins: zero-code mode stands aside. Every hook
 swallows its own errors; nothing here raises into the script.
+
+``uninstall()`` takes all of it out again (``perfmon detach``, ``probe.inject``). This module
+is a little over 500 lines on purpose: the undoing sits beside the hooks and wrappers it undoes.
 """
 
 from __future__ import annotations

@@ -150,7 +150,8 @@ def detach_request(result: Any) -> str | None:
     """A viewer's ``detach`` request (sender thread): None when accepted, else why not. The removal
     runs on a thread of its own (it stops the sender) and writes its outcome to ``result``."""
     if not _installed:
-        return "this probe was not started by perfmon inject; stop it where it was started"
+        from probe.requests import NOT_INJECTED
+        return NOT_INJECTED
     if not isinstance(result, str) or not os.path.isabs(result):
         return "detach needs the absolute path of a result file"
     threading.Thread(target=_detach_to, args=(result,), name="perfmon-detach", daemon=True).start()
