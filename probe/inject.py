@@ -57,8 +57,8 @@ def _boot(args):
             answer(ok=False, message="this process has not imported torch: nothing to measure")
             return
         if "probe" in sys.modules:
-            mod = sys.modules.get("probe.inject")
-            answer(ok=False, message="a perfmon probe is already in this process" if mod is not None
+            ours = "probe.core" in sys.modules or "probe.auto" in sys.modules
+            answer(ok=False, message="a perfmon probe is already in this process: perfmon attach it" if ours
                    else "this process has a module named 'probe' of its own: perfmon's cannot load beside it")
             return
         before = set(sys.modules)

@@ -77,3 +77,12 @@ def test_attach_to_a_process_without_a_probe_says_how_to_inject():
 def test_attach_to_a_pid_that_is_gone_says_so():
     with pytest.raises(UserError, match=f"no process {1 << 30} "):
         discovery.resolve_live(str(1 << 30))
+
+
+def test_a_process_that_has_perfmons_probe_already_is_not_entered_again(tmp_path):
+    result = str(tmp_path / "answer.json")
+    exec(target_side.payload("inject", ["/nonexistent"], result), {"__name__": "__main__"})
+    wait_for(lambda: os.path.exists(result), what="the injected thread's answer")
+    with open(result) as f:
+        assert json.load(f) == {"ok": False, "message": "a perfmon probe is already in this process: perfmon attach it"}
+    assert "/nonexistent" not in sys.path
