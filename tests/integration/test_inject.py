@@ -181,6 +181,17 @@ def test_no_ptrace_rights_over_another_users_process_is_refused(sleeper):
     _refused(other_user.pid, "no ptrace rights", "setpriv", "--bounding-set", "-sys_ptrace", "--inh-caps", "-sys_ptrace")
 
 
+def test_ptrace_denied_by_the_kernel_is_refused(sleeper):
+    if os.geteuid() != 0 or shutil.which("setpriv") is None:
+        pytest.skip("needs root and setpriv to drop CAP_SYS_PTRACE")
+    # same user, but not dumpable: the kernel lets only CAP_SYS_PTRACE trace it or read its memory map
+    denied = sleeper(PY, "-c", "import ctypes, sys, torch; ctypes.CDLL(None).prctl(4, 0); print('up', flush=True); "
+                               "sys.stdin.read()")
+    assert denied.stdout.readline().strip() == "up"
+    _refused(denied.pid, "no ptrace rights", "setpriv", "--bounding-set", "-sys_ptrace", "--inh-caps", "-sys_ptrace")
+    _untouched(denied.pid)
+
+
 def test_a_torchrun_launcher_pid_injects_every_rank(tmp_path):
     ready = tmp_path / "ready"
     ready.mkdir()
