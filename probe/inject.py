@@ -56,6 +56,9 @@ def _boot(args):
         if "torch" not in sys.modules:
             answer(ok=False, message="this process has not imported torch: nothing to measure")
             return
+        if getattr(getattr(sys.modules["torch"], "__spec__", None), "_initializing", False):
+            answer(ok=False, message="this process is still importing torch; try again once it trains")
+            return
         if "probe" in sys.modules:
             ours = "probe.core" in sys.modules or "probe.auto" in sys.modules
             answer(ok=False, message="a perfmon probe is already in this process: perfmon attach it" if ours

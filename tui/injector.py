@@ -3,24 +3,26 @@
 Every check that can refuse runs before the target is touched, from ``/proc`` alone: the
 process exists, this user may ptrace it, it is CPython of this interpreter's minor version
 (the probe and its compiled dependencies load from perfmon's own installation), and it has
-loaded torch. Then ``hypno`` (ptrace: ``pyinjector``) runs ``probe.inject.payload`` in it,
-which answers through a file in a private directory. A torchrun launcher's PID stands for
+loaded torch. Then ``hypno`` (ptrace: ``pyinjector``) runs ``probe.inject.payload`` in it, on
+a thread parked in a blocking system call (``entry_thread``), and the code answers through a
+file in a private directory. A torchrun launcher's PID stands for
 its workers on this node. Refusals are ``UserError``: one line, with the fix.
 """
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
+import platform
 import re
 import shutil
+import subprocess
 import sys
 import tempfile
-import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 from probe import inject as target_side
 from tui.errors import UserError
@@ -28,6 +30,12 @@ from tui.errors import UserError
 ANSWER_SECONDS = 15.0          # the target's injected thread loads the probe and answers
 ENTER_SECONDS = 10.0           # ptrace, dlopen and the code run on the interrupted thread
 POLL = 0.05
+SAFE_SECONDS = 5.0             # to find a thread parked in the kernel
+PARK_SAMPLE = 0.02
+_ENTER = ("import sys\nfrom hypno import inject_py\ntry:\n    inject_py(int(sys.argv[1]), sys.stdin.read())\n"
+          "except Exception as exc:\n    sys.exit(f'{type(exc).__name__}: {exc}'.splitlines()[0])\n")
+# system calls a thread may make while it holds malloc's lock: a thread in one is not parked
+MEMORY_SYSCALLS = {"x86_64": {9, 10, 11, 12, 25, 28}, "aarch64": {214, 215, 216, 222, 226, 233}}
 CAP_SYS_PTRACE = 19
 LAUNCHERS = ("torch.distributed.run", "torch.distributed.launch", "torchrun")
 _LIBPYTHON = re.compile(r"libpython(\d+)\.(\d+)")
@@ -147,8 +155,6 @@ def workers(pid: int) -> list[int]:
 
 def _paths() -> list[str]:
     """Where the target finds perfmon's probe and the probe's dependencies: this installation."""
-    import importlib.util
-
     found = [str(Path(target_side.__file__).resolve().parents[1])]
     for name in target_side.DEPENDENCIES:
         spec = importlib.util.find_spec(name)
@@ -184,45 +190,67 @@ def _await(pid: int, result: str, timeout: float) -> dict:
 def run(target: Target, action: str, timeout: float = ANSWER_SECONDS) -> dict:
     """Run ``action`` ("inject" or "detach") in the target through ptrace; its answer (``ok``,
     ``message``, ...)."""
-    try:
-        from hypno import inject_py
-    except ImportError:
-        raise UserError("perfmon inject needs hypno: pip install 'perfmon[inject]'") from None
+    if importlib.util.find_spec("hypno") is None:
+        raise UserError("perfmon inject needs hypno: pip install 'perfmon[inject]'")
     directory = _answer_dir(target.pid)
     try:
         result = os.path.join(directory, "answer.json")
-        try:
-            _bounded(inject_py, target.pid, target_side.payload(action, _paths(), result))
-        except Exception as exc:
-            text = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
-            if "permission" in type(exc).__name__.lower() or "Operation not permitted" in text:
-                raise _no_rights(target.pid, "ptrace was denied") from None
-            if not os.path.exists(f"/proc/{target.pid}"):
-                raise UserError(f"no process {target.pid} (has it exited?)") from None
-            raise UserError(f"could not enter {target.pid}: {text}") from None
+        _enter(target.pid, entry_thread(target.pid), target_side.payload(action, _paths(), result))
         return _await(target.pid, result, timeout)
     finally:
         shutil.rmtree(directory, ignore_errors=True)
 
 
-def _bounded(inject_py: Any, pid: int, code: str) -> None:
-    """``inject_py`` on a thread of its own, waited for at most ``ENTER_SECONDS``."""
-    failure: list[BaseException] = []
+def entry_thread(pid: int, seconds: float = SAFE_SECONDS) -> int:
+    """A thread of ``pid`` parked in a blocking system call, to run the injected code on.
 
-    def enter() -> None:
+    ptrace stops only the thread it enters, and ``dlopen`` then runs on it: a thread stopped
+    inside ``malloc`` or the loader holds the very lock ``dlopen`` needs and would wait for
+    itself for ever. A thread seen in the same blocking call (not a memory-mapping one) twice,
+    ``PARK_SAMPLE`` apart, holds none of them. Found within ``seconds``, else a UserError."""
+    memory_calls = MEMORY_SYSCALLS.get(platform.machine(), set())
+    deadline = time.monotonic() + seconds
+    before: dict[int, str] = {}
+    while True:
+        now: dict[int, str] = {}
         try:
-            inject_py(pid, code)
-        except BaseException as exc:
-            failure.append(exc)
+            tids = sorted(int(t) for t in os.listdir(f"/proc/{pid}/task"))
+        except FileNotFoundError:
+            raise UserError(f"no process {pid} (has it exited?)") from None
+        for tid in tids:
+            try:
+                call = _read(f"/proc/{pid}/task/{tid}/syscall").split()[0]
+                state = _read(f"/proc/{pid}/task/{tid}/stat").rsplit(")", 1)[1].split()[0]
+            except (OSError, IndexError):
+                continue
+            if state == "S" and call.isdigit() and int(call) not in memory_calls:
+                now[tid] = call
+        parked = [tid for tid, call in now.items() if before.get(tid) == call]
+        if parked:
+            return parked[0]
+        if time.monotonic() > deadline:
+            raise UserError(f"no thread of {pid} was waiting in the kernel within {seconds:g} s, the only moment "
+                            "it is safe to enter (docs/attach.md); try again")
+        before = now
+        time.sleep(PARK_SAMPLE)
 
-    thread = threading.Thread(target=enter, name="perfmon-enter", daemon=True)
-    thread.start()
-    thread.join(ENTER_SECONDS)
-    if thread.is_alive():
-        raise UserError(f"entering {pid} did not finish within {ENTER_SECONDS:.0f} s: the process may be stuck "
-                        "in the dynamic loader (docs/attach.md)")
-    if failure:
-        raise failure[0]
+
+def _enter(pid: int, tid: int, code: str) -> None:
+    """Run ``code`` in ``pid`` on thread ``tid`` through hypno, in a child process: pyinjector keeps
+    the GIL while it works, so only a process of its own can be given up on after ``ENTER_SECONDS``."""
+    try:
+        out = subprocess.run([sys.executable, "-c", _ENTER, str(tid)], input=code, capture_output=True, text=True,
+                             timeout=ENTER_SECONDS)
+    except subprocess.TimeoutExpired:
+        raise UserError(f"entering {pid} did not finish within {ENTER_SECONDS:.0f} s: the process may be stuck in "
+                        "the dynamic loader (docs/attach.md)") from None
+    if out.returncode != 0:
+        text = (out.stderr.strip().splitlines() or ["the injector failed"])[-1]
+        if "Permission" in text or "Operation not permitted" in text:
+            raise _no_rights(pid, "ptrace was denied")
+        if not os.path.exists(f"/proc/{pid}"):
+            raise UserError(f"no process {pid} (has it exited?)")
+        raise UserError(f"could not enter {pid}: {text}")
 
 
 def detach(target: Target, timeout: float = ANSWER_SECONDS) -> dict:

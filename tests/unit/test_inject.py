@@ -7,6 +7,8 @@ from __future__ import annotations
 import json
 import os
 import sys
+import threading
+from pathlib import Path
 
 import pytest
 import torch  # noqa: F401  (this process must have loaded torch for check() to accept it)
@@ -86,3 +88,16 @@ def test_a_process_that_has_perfmons_probe_already_is_not_entered_again(tmp_path
     with open(result) as f:
         assert json.load(f) == {"ok": False, "message": "a perfmon probe is already in this process: perfmon attach it"}
     assert "/nonexistent" not in sys.path
+
+
+def test_the_code_enters_through_a_thread_parked_in_the_kernel_never_a_busy_one():
+    parked = threading.Event()
+    waiter = threading.Thread(target=parked.wait, name="parked")
+    waiter.start()
+    try:
+        tid = injector.entry_thread(os.getpid())
+        assert tid != threading.get_native_id()      # this thread is running the test, not parked
+        assert Path(f"/proc/{os.getpid()}/task/{tid}/stat").read_text().rsplit(")", 1)[1].split()[0] == "S"
+    finally:
+        parked.set()
+        waiter.join()
