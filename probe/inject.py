@@ -1,8 +1,8 @@
 """The probe inside a process that ``perfmon inject`` entered, and its removal by ``perfmon detach``.
 
-``perfmon inject PID`` runs ``BOOT`` in the target through ptrace (``tui/commands/inject.py``).
-The code it runs on the interrupted thread only starts a thread (``perfmon-inject``) and returns,
-so the target's own thread is held for microseconds and takes no lock perfmon needs. That thread
+``perfmon inject PID`` runs ``BOOT`` in the target through ptrace, on a thread parked in the
+kernel (``tui/injector.py``). The code it runs there only starts a thread (``perfmon-inject``)
+and returns, so the borrowed thread is held briefly and takes no lock perfmon needs. That thread
 puts perfmon's installation on ``sys.path`` just long enough to import ``probe`` and the
 packages the probe needs (``DEPENDENCIES``), then calls ``install()`` here: zero-code mode's
 dormant hooks (``probe.auto``), which start the probe and its socket at the next optimizer step.
