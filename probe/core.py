@@ -24,7 +24,7 @@ import weakref
 from pathlib import Path
 from typing import Any, Callable, Iterable, Iterator
 
-from probe import paths, records
+from probe import forks, paths, records
 from probe.attachments import Attachments
 from probe.cost import CostSource, calibrate
 from probe.disabled import _Disabled
@@ -662,8 +662,8 @@ _probes: "weakref.WeakSet[Probe]" = weakref.WeakSet()
 def _register_fork_handler(probe: Probe) -> None:
     global _fork_registered
     _probes.add(probe)
-    if not _fork_registered and hasattr(os, "register_at_fork"):
-        os.register_at_fork(after_in_child=_on_fork_child)
+    if not _fork_registered:
+        forks.after_in_child(_on_fork_child)
         _fork_registered = True
 
 

@@ -84,8 +84,9 @@ from __future__ import annotations
 #         absent when there was no previous look)
 # resumed progress again after a stall: seconds (how long it lasted), step
 # request (viewer -> probe, after its hello) id (the viewer's number for it), op ("profile" |
-#         "capture"), and the op's parameters: profile: steps (1..50, default 5), depth (0..8,
-#         default 3); capture: steps (1..20, default 3)
+#         "capture" | "detach"), and the op's parameters: profile: steps (1..50, default 5), depth (0..8,
+#         default 3); capture: steps (1..20, default 3); detach (a probe that ``perfmon inject`` started:
+#         remove it from the process): result (absolute path the probe writes its JSON outcome to)
 # answer  (probe -> the asking viewer) id, op, ok (bool), reason (one line, when refused)
 # profile the result of a profile request, sent to every 1.1 viewer, recorded, and to viewers that
 #         arrive later: id, steps (profiled), first_step, last_step, depth, step_s (wall s per

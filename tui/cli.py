@@ -27,6 +27,8 @@ COMMANDS = {
     "profile": "tui.commands.profile",
     "export": "tui.commands.export",
     "capture": "tui.commands.capture",
+    "inject": "tui.commands.inject",
+    "detach": "tui.commands.detach",
 }
 
 
@@ -38,8 +40,12 @@ def _hosts_options(p: argparse.ArgumentParser, token: bool = True) -> None:
     where.add_argument("--hostfile", default=None, metavar="FILE", help="one host per line (MPI/DeepSpeed style)")
     where.add_argument("--slurm", nargs="?", const=True, default=None, metavar="JOBID",
                        help="the nodes of a SLURM job (default: this allocation's SLURM_JOB_NODELIST)")
+    where.add_argument("--k8s", default=None, metavar="SELECTOR",
+                       help="the running pods of a label selector (kubectl get pods -l SELECTOR)")
+    where.add_argument("--namespace", default=None, metavar="N", help="the pods' namespace, with --k8s")
     where.add_argument("--via", default=None, metavar="TEMPLATE",
-                       help="transport, {host} replaced (default: $PERFMON_VIA, else 'ssh -T -o BatchMode=yes {host}')")
+                       help="transport, {host} replaced (default: $PERFMON_VIA, else 'ssh -T -o BatchMode=yes {host}'; "
+                            "with --k8s 'kubectl exec -i {host} [--namespace N] --')")
     where.add_argument("--relay-port", type=int, default=None, metavar="PORT",
                        help="instead of a transport: connect to 'perfmon relay --tcp PORT JOB' on each host "
                             "(token: --token or $PERFMON_TOKEN)")
@@ -135,6 +141,15 @@ def build_parser() -> argparse.ArgumentParser:
     export.add_argument("--steps", metavar="A:B", default=None, help="(--trace) slices for step numbers A to B-1, "
                         "either end open (default: the most recent 2000 steps; the counter covers every step)")
     _hosts_options(export)
+
+    inject = sub.add_parser("inject", help="start the probe inside a running Python job (no restart; ptrace)")
+    inject.add_argument("pid", type=int, help="a training process, or a torchrun launcher (every worker here)")
+    inject.add_argument("--timeout", type=float, default=60.0,
+                        help="seconds to wait for a training step to start the probe (default 60)")
+    inject.add_argument("--attach", action="store_true", help="open the TUI on the job once its probe is up")
+
+    detach = sub.add_parser("detach", help="remove everything `perfmon inject` put into a process")
+    detach.add_argument("pid", type=int, help="the process (or torchrun launcher) given to perfmon inject")
 
     relay = sub.add_parser("relay", help="(started by a viewer through ssh) this node's ranks of JOB as one stream")
     relay.add_argument("job", help="job name")

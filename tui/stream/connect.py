@@ -18,17 +18,18 @@ from tui.errors import UserError
 
 def remote_feed(args: Any, analysis: Analysis | None = None) -> Any:
     """A ``RelayFeed`` (into ``analysis``'s model, else a new one) when ``--hosts``/``--hostfile``/
-    ``--slurm`` name the job's nodes, else None."""
+    ``--slurm``/``--k8s`` name the job's nodes, else None."""
     from tui.stream import hosts
+    k8s, namespace = getattr(args, "k8s", None), getattr(args, "namespace", None)
     found = hosts.choose_hosts(getattr(args, "hosts", None), getattr(args, "hostfile", None),
-                               getattr(args, "slurm", None))
+                               getattr(args, "slurm", None), k8s, namespace)
     if found is None:
         return None
     if not args.target:
         raise UserError("name the job to follow on those hosts (perfmon ls on a node lists them)")
     from tui.stream.remote import RelayFeed
     model = (analysis or Analysis()).model
-    via = args.via or os.environ.get("PERFMON_VIA") or hosts.DEFAULT_VIA
+    via = args.via or os.environ.get("PERFMON_VIA") or (hosts.k8s_via(namespace) if k8s else hosts.DEFAULT_VIA)
     port = getattr(args, "relay_port", None)
     if port is None:
         return RelayFeed(model, args.target, found, via)
