@@ -1,0 +1,49 @@
+"""``perfmon report --html``: one offline page from the run's history, with the verdict's changes.
+
+The page drawing in a real browser is tests/integration/test_html_report.py."""
+
+from __future__ import annotations
+
+import re
+
+from perfmon_analysis.history import STEP_FIELDS
+from tests.tui import scenarios
+from tui import cli
+from tui.stream.connect import load
+
+
+def test_a_replayed_recording_keeps_the_verdict_change_at_its_time(tmp_path):
+    rec = scenarios.write("trends", tmp_path, steps=2000)
+    analysis, _ = load(str(rec), 5.0, verdicts=60)
+    changes = list(analysis.model.history.verdicts)
+    # healthy; warned while the checkpoint before step 800 is in the window; data loading from the middle
+    assert [(c.bottleneck, c.severity) for c in changes] == [("healthy", "ok"), ("healthy", "warn"),
+                                                              ("healthy", "ok"), ("data_loading", "warn")]
+    assert 85 < changes[1].t - scenarios.T0 < 85 + 2 * 5       # step 800 ends at T0 + 1 + 80 + 3 + 2 s
+    # the loader falls behind at step 1000: T0 + 1 + 100 + 3 + 2 s; judged every ~5 s of the ~270 s run
+    assert 106 < changes[3].t - scenarios.T0 < 106 + 3 * 5
+    trend = analysis.model.history.trend(50)
+    data = STEP_FIELDS.index("data")
+    assert trend[0].mean[data] < 0.01 < 0.05 < trend[-1].mean[data]  # type: ignore[operator]
+
+
+def test_the_page_holds_its_script_and_fetches_nothing(tmp_path, capsys):
+    page = tmp_path / "r.html"
+    assert cli.main(["report", "--html", str(page), str(scenarios.write("trends", tmp_path, steps=600))]) == 0
+    assert capsys.readouterr().out.startswith("perfmon report: gpt-trends")   # the text report still prints
+    text = page.read_text()
+    assert "BEGIN bokeh.min.js" in text                       # Bokeh itself, inline
+    # no tag loads anything (Bokeh's own code names a MathJax CDN it would use only for math text, and
+    # the browser test fails on any request that leaves the file)
+    assert not re.search(r"<(script|link|img|iframe)\b[^>]*\b(src|href)\s*=", text)
+    assert not re.search(r"@import|url\(\s*['\"]?https?:", text)
+    assert "bokeh-widgets" not in text                        # only the core bundle
+    assert "Verdict: " in text and "Step time over the run" in text
+    assert len(text) < 2_000_000
+
+
+def test_an_unwritable_html_path_is_one_line_and_exit_2(tmp_path, capsys):
+    rec = scenarios.write("healthy", tmp_path)
+    assert cli.main(["report", "--html", str(tmp_path / "no" / "such" / "dir" / "r.html"), str(rec)]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("perfmon report: --html ")
