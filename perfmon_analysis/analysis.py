@@ -70,9 +70,9 @@ class Analysis:
 
     def judge(self, view: JobView) -> Verdict:
         """The verdict over ``view`` (through the tracker when ``steady``), kept in the run's history
-        when it changed."""
+        when it changed (a warming-up window judges nothing)."""
         verdict = self._tracker.update(view) if self._tracker is not None else evaluate(view)
-        if view.ranks:
+        if view.ranks and verdict.bottleneck != "warming_up":
             self.model.history.note_verdict(view.now, verdict.bottleneck, verdict.severity, verdict.headline)
         return verdict
 

@@ -289,13 +289,15 @@ def write(name: str, directory: Path, bye: bool = True, **params: Any) -> Path:
     return out
 
 
-def replay_app(recording: Path):
-    """The app replaying ``recording`` ingested at once (the clock is the recording's)."""
+def replay_app(recording: Path, verdicts: int = 0):
+    """The app replaying ``recording`` ingested at once (the clock is the recording's), judged at
+    ``verdicts`` instants on the way (``ReplayFeed``)."""
     from tui.app.perfmon_app import PerfmonApp
     from tui.stream.feed import ReplayFeed
     from perfmon_analysis.runmodel import RunModel
     from tui.stream.sources import load_recordings
-    return PerfmonApp(ReplayFeed(RunModel(), load_recordings(recording), speed=None), watch_terminal=False)
+    return PerfmonApp(ReplayFeed(RunModel(), load_recordings(recording), speed=None, verdicts=verdicts),
+                      watch_terminal=False)
 
 
 async def wait_until(pilot, cond: Callable[[], bool], timeout: float = 10.0, what: str = "condition") -> None:
