@@ -6,10 +6,11 @@ HTML report (``perfmon report --html``) and the TUI's trends screen.
 
 Each series keeps at most ``capacity`` buckets of consecutive points. Every bucket holds ``span``
 points; when the buckets are all full, neighbours merge pairwise and ``span`` doubles, so a series
-of any length costs the same memory and adding a point is O(1) amortized. A bucket keeps the min,
-the max and the sum of each field, so a one-step spike survives as the bucket's max however long
-the run. An unknown value (None) is left out of its field's count: a bucket whose field saw no
-value reads None, never 0.
+of any length costs the same memory and adding a point is O(1) amortized. A bucket keeps the sum
+and count of each field, and the min and max of the fields that ask for it (the step time), so a
+one-step spike survives as the bucket's max however long the run; about 30 KB a rank. An unknown
+value (None) is left out of its field's count: a bucket whose field saw no value reads None,
+never 0.
 """
 
 from __future__ import annotations
@@ -21,7 +22,8 @@ from typing import Deque, Sequence
 
 from perfmon_analysis.readings import MemoryReading, StepReading
 
-BUCKETS = 256            # buckets per series: a day at 10 steps/s is ~3,400 steps a bucket, spikes kept as max
+BUCKETS = 256            # buckets of a rank's steps: a day at 10 steps/s is ~3,400 steps a bucket, spikes kept as max
+MEMORY_BUCKETS = 64      # buckets of a rank's memory readings (it moves slowly)
 VERDICT_CHANGES = 512    # verdict changes kept (the oldest go first)
 
 STEP_FIELDS = ("step", "compute", "data", "comm", "gap")
@@ -32,7 +34,8 @@ _NAN = float("nan")
 @dataclass(frozen=True)
 class Bucket:
     """Consecutive points of one series: their time and step range, and per field its mean, min and
-    max over the points that knew it (None where none did)."""
+    max over the points that knew it (None where none did, and min and max None where the series
+    does not keep them)."""
 
     t0: float
     t1: float
@@ -45,13 +48,15 @@ class Bucket:
 
 
 class Series:
-    """Points ``(t, label, values)`` downsampled into at most ``capacity`` buckets (module doc)."""
+    """Points ``(t, label, values)`` downsampled into at most ``capacity`` buckets (module doc);
+    ``ranged``: the fields whose min and max are kept."""
 
     __slots__ = ("fields", "capacity", "span", "points", "_t0", "_t1", "_first", "_last", "_n",
-                 "_count", "_sum", "_lo", "_hi")
+                 "_count", "_sum", "_ranged", "_lo", "_hi")
 
-    def __init__(self, fields: Sequence[str], capacity: int = BUCKETS) -> None:
+    def __init__(self, fields: Sequence[str], capacity: int = BUCKETS, ranged: Sequence[str] = ()) -> None:
         self.fields = tuple(fields)
+        self._ranged = tuple(self.fields.index(f) for f in ranged)
         self.capacity = max(2, capacity - capacity % 2)
         self.span = 1            # points per full bucket
         self.points = 0          # points added in all
@@ -60,8 +65,8 @@ class Series:
         k = len(self.fields)
         self._count = [array("q") for _ in range(k)]
         self._sum = [array("d") for _ in range(k)]
-        self._lo = [array("d") for _ in range(k)]
-        self._hi = [array("d") for _ in range(k)]
+        self._lo = {f: array("d") for f in self._ranged}
+        self._hi = {f: array("d") for f in self._ranged}
 
     def __len__(self) -> int:
         return len(self._n)
@@ -81,13 +86,14 @@ class Series:
         for f, v in enumerate(values):
             if v is None or v != v:
                 continue
-            if self._count[f][i] == 0:
-                self._lo[f][i] = self._hi[f][i] = v
-            else:
-                if v < self._lo[f][i]:
-                    self._lo[f][i] = v
-                if v > self._hi[f][i]:
-                    self._hi[f][i] = v
+            if f in self._lo:
+                if self._count[f][i] == 0:
+                    self._lo[f][i] = self._hi[f][i] = v
+                else:
+                    if v < self._lo[f][i]:
+                        self._lo[f][i] = v
+                    if v > self._hi[f][i]:
+                        self._hi[f][i] = v
             self._count[f][i] += 1
             self._sum[f][i] += v
 
@@ -100,6 +106,7 @@ class Series:
         for f in range(len(self.fields)):
             self._count[f].append(0)
             self._sum[f].append(0.0)
+        for f in self._ranged:
             self._lo[f].append(_NAN)
             self._hi[f].append(_NAN)
 
@@ -129,8 +136,8 @@ class Series:
         self._n = merged(self._n, "sum")
         self._count = [merged(a, "sum") for a in self._count]
         self._sum = [merged(a, "sum") for a in self._sum]
-        self._lo = [merged(a, "lo") for a in self._lo]
-        self._hi = [merged(a, "hi") for a in self._hi]
+        self._lo = {f: merged(a, "lo") for f, a in self._lo.items()}
+        self._hi = {f: merged(a, "hi") for f, a in self._hi.items()}
         self.span *= 2
 
     def buckets(self) -> list[Bucket]:
@@ -141,8 +148,8 @@ class Series:
             out.append(Bucket(
                 t0=self._t0[i], t1=self._t1[i], first=self._first[i], last=self._last[i], n=self._n[i],
                 mean=tuple(self._sum[f][i] / counts[f] if counts[f] else None for f in k),
-                lo=tuple(self._lo[f][i] if counts[f] else None for f in k),
-                hi=tuple(self._hi[f][i] if counts[f] else None for f in k)))
+                lo=tuple(self._lo[f][i] if counts[f] and f in self._lo else None for f in k),
+                hi=tuple(self._hi[f][i] if counts[f] and f in self._hi else None for f in k)))
         return out
 
     def column(self, name: str) -> list[tuple[float, float | None]]:
@@ -202,8 +209,8 @@ class RankHistory:
     def __init__(self, rank: int, host: str | None, capacity: int) -> None:
         self.rank = rank
         self.host = host
-        self.steps = Series(STEP_FIELDS, capacity)
-        self.memory = Series(MEMORY_FIELDS, capacity)
+        self.steps = Series(STEP_FIELDS, capacity, ranged=("step",))
+        self.memory = Series(MEMORY_FIELDS, min(capacity, MEMORY_BUCKETS), ranged=("rss",))
 
 
 class History:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import math
 
 from perfmon_analysis.analysis import Analysis
-from perfmon_analysis.history import STEP_FIELDS, History, Series
+from perfmon_analysis.history import BUCKETS, MEMORY_BUCKETS, STEP_FIELDS, History, Series
 
 
 def test_series_stays_bounded_and_keeps_every_point_counted() -> None:
@@ -21,7 +21,7 @@ def test_series_stays_bounded_and_keeps_every_point_counted() -> None:
 
 
 def test_a_single_spike_survives_as_its_bucket_max_and_the_mean_is_exact() -> None:
-    s = Series(("v",), capacity=8)
+    s = Series(("v",), capacity=8, ranged=("v",))
     values = [0.1] * 50_000
     values[31_337] = 9.0
     for i, v in enumerate(values):
@@ -36,11 +36,24 @@ def test_a_single_spike_survives_as_its_bucket_max_and_the_mean_is_exact() -> No
 
 
 def test_unknown_values_stay_unknown_not_zero() -> None:
-    s = Series(("known", "unknown"), capacity=4)
+    s = Series(("known", "unknown"), capacity=4, ranged=("known", "unknown"))
     for i in range(100):
         s.add(float(i), (2.0, None), i)
     for b in s.buckets():
-        assert b.mean == (2.0, None) and b.lo[1] is None and b.hi[1] is None
+        assert b.mean == (2.0, None) and b.lo == (2.0, None) and b.hi == (2.0, None)
+
+
+def test_a_rank_history_stays_small_however_long_the_run() -> None:
+    """Both series of a rank stay at their bucket counts: the cost of 1,024 ranks is fixed."""
+    h = History()
+    rank = h._rank(0, "n01")
+    for i in range(20_000):
+        rank.steps.add(float(i), (0.1, 0.08, 0.01, None, 0.0), i)
+        rank.memory.add(float(i), (None,) * 6 + (1e9, 2e9))
+    assert len(rank.steps) <= BUCKETS and len(rank.memory) <= MEMORY_BUCKETS
+    arrays = [a for s in (rank.steps, rank.memory) for a in (s._t0, s._t1, s._first, s._last, s._n, *s._count,
+                                                               *s._sum, *s._lo.values(), *s._hi.values())]
+    assert sum(a.itemsize * len(a) for a in arrays) < 40_000
 
 
 def test_verdict_changes_are_kept_once_each_with_their_time() -> None:

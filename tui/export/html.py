@@ -236,7 +236,7 @@ def _memory_chart(hist: History, x_range: Range1d) -> Any | None:
         buckets = h.memory.buckets()
         if not buckets:
             continue
-        peak = max(sum(v or 0.0 for v in b.hi[:6]) or (b.hi[6] or 0.0) for b in buckets)
+        peak = max(sum(v or 0.0 for v in b.mean[:6]) or (b.hi[6] or 0.0) for b in buckets)
         if best is None or peak > best[0]:
             best = (peak, h, buckets)
     if best is None:
@@ -246,9 +246,8 @@ def _memory_chart(hist: History, x_range: Range1d) -> Any | None:
     kinds = [(k, c) for k, c in MEMORY_KINDS if any(b.mean[MEMORY_FIELDS.index(k)] is not None for b in buckets)]
     for k, _ in kinds:
         data[k] = [b.mean[MEMORY_FIELDS.index(k)] or 0.0 for b in buckets]
-    for k in ("rss", "limit"):
-        data[k] = [_nan(b.mean[MEMORY_FIELDS.index(k)]) for b in buckets]
-        data[k + "_hi"] = [_nan(b.hi[MEMORY_FIELDS.index(k)]) for b in buckets]
+    data["rss_hi"] = [_nan(b.hi[MEMORY_FIELDS.index("rss")]) for b in buckets]
+    data["limit"] = [_nan(b.mean[MEMORY_FIELDS.index("limit")]) for b in buckets]
     src = ColumnDataSource(data)
     fig = figure(title=f"Memory of rank {h.rank}{' on ' + h.host if h.host else ''} (the closest to its limit)",
                  x_axis_type="datetime", x_range=x_range, width=WIDTH, height=260, y_axis_label="bytes",
@@ -256,7 +255,7 @@ def _memory_chart(hist: History, x_range: Range1d) -> Any | None:
     if kinds:
         fig.varea_stack(stackers=[k for k, _ in kinds], x="x", source=src, color=[c for _, c in kinds],
                         legend_label=[k for k, _ in kinds], fill_alpha=0.8)
-    if any(not math.isnan(v) for v in data["rss"]):
+    if any(not math.isnan(v) for v in data["rss_hi"]):
         fig.line(x="x", y="rss_hi", source=src, color="#4c78a8", line_width=1.5, legend_label="resident (peak)")
     if any(not math.isnan(v) for v in data["limit"]):
         fig.line(x="x", y="limit", source=src, color="#b00", line_dash="dashed", line_width=1.5, legend_label="limit")
