@@ -71,7 +71,7 @@ def html_report(recording: Path, png: Path) -> Path | None:
         subprocess.run([sys.executable, "-m", "tui.cli", "report", "--html", str(page), str(recording)], cwd=ROOT,
                        check=True, stdout=subprocess.DEVNULL)
         subprocess.run([browser, "--headless", "--no-sandbox", "--disable-gpu", "--hide-scrollbars",
-                        "--window-size=1200,1750", "--virtual-time-budget=10000", f"--screenshot={png}",
+                        "--window-size=1200,1400", "--virtual-time-budget=10000", f"--screenshot={png.resolve()}",
                         page.as_uri()], check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
                        cwd=tmp)
     return png

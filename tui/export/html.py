@@ -21,7 +21,7 @@ from bokeh.layouts import column
 from bokeh.models import (ColorBar, ColumnDataSource, FixedTicker, HoverTool, LinearColorMapper, Range1d, Span,
                           NumeralTickFormatter)
 from bokeh.palettes import Category10_10, Viridis256
-from bokeh.plotting import figure
+from bokeh.plotting import figure as _bokeh_figure
 from bokeh.resources import Resources
 
 from perfmon_analysis import units
@@ -33,7 +33,8 @@ from perfmon_analysis.verdict import label as outcome_label
 
 TREND_COLUMNS = 240       # time slices of the step-time chart
 HEATMAP_COLUMNS = 100     # time slices of each per-rank heatmap
-WIDTH = 1100
+FRAME_WIDTH = 860         # every chart's plot area, so that the time axes line up
+LEFT_BORDER = 90          # room for the widest y labels (memory, node names)
 # The step's parts, stacked: (history field, legend, colour)
 PARTS = (("compute", "compute", "#4c78a8"), ("data", "data wait", "#f58518"),
          ("comm", "exposed comm", "#e45756"), ("gap", "between steps", "#9d9d9d"))
@@ -122,6 +123,12 @@ def _tail_html(report: dict[str, Any]) -> str:
     return "\n".join(out)
 
 
+def figure(**kwargs: Any) -> Any:
+    """A Bokeh figure whose plot frame has the same width and left edge as every other chart's, so
+    their time axes line up whatever their legends, colour bars and y labels take."""
+    return _bokeh_figure(frame_width=FRAME_WIDTH, min_border_left=LEFT_BORDER, **kwargs)
+
+
 def _nan(value: float | None) -> float:
     return math.nan if value is None else value
 
@@ -144,7 +151,7 @@ def _step_chart(hist: History, x_range: Range1d) -> Any:
     if slowest is not None and top > 0 and slowest.hi > top:     # one spike would flatten the rest: clip it
         y_range = Range1d(0, top)
         title += f"; slowest step {units.seconds(slowest.hi)}, off the scale"
-    fig = figure(title=title, x_axis_type="datetime", x_range=x_range, width=WIDTH, height=300,
+    fig = figure(title=title, x_axis_type="datetime", x_range=x_range, height=300,
                  y_axis_label="seconds", tools="xpan,xwheel_zoom,ywheel_zoom,reset,save",
                  **({"y_range": y_range} if y_range is not None else {}))
     fig.varea(x="x", y1="lo", y2="hi", source=src, fill_color="#bbbbbb", fill_alpha=0.35,
@@ -173,7 +180,7 @@ def _verdict_chart(hist: History, x_range: Range1d, end: float) -> Any:
         "label": [outcome_label(c.bottleneck) for c in changes], "color": [color[c.bottleneck] for c in changes],
         "severity": [c.severity for c in changes], "headline": [c.headline for c in changes]})
     fig = figure(title="Verdict over the run", x_axis_type="datetime", x_range=x_range, y_range=Range1d(0, 1),
-                 width=WIDTH, height=110, tools="xpan,xwheel_zoom,reset")
+                 height=110, tools="xpan,xwheel_zoom,reset")
     bars = fig.quad(left="left", right="right", bottom=0, top=1, color="color", source=src, legend_field="label")
     fig.add_tools(HoverTool(renderers=[bars], tooltips=[("verdict", "@label [@severity]"), ("", "@headline")]))
     fig.yaxis.visible = False
@@ -197,7 +204,7 @@ def _heatmaps(hist: History, x_range: Range1d) -> list[Any]:
                                    high=high, nan_color="#ffffff")
         height = min(420, max(120, 60 + 3 * len(ranks)))
         fig = figure(title=f"Per rank: {title}", x_axis_type="datetime", x_range=x_range,
-                     y_range=Range1d(0, len(ranks)), width=WIDTH, height=height, tools="xpan,xwheel_zoom,reset",
+                     y_range=Range1d(0, len(ranks)), height=height, tools="xpan,xwheel_zoom,reset",
                      y_axis_label="rank, by node")
         img = fig.image(image=[matrix], x=_ms(edges[0]), y=0, dw=_ms(edges[-1]) - _ms(edges[0]), dh=len(ranks),
                         color_mapper=mapper)
@@ -250,7 +257,7 @@ def _memory_chart(hist: History, x_range: Range1d) -> Any | None:
     data["limit"] = [_nan(b.mean[MEMORY_FIELDS.index("limit")]) for b in buckets]
     src = ColumnDataSource(data)
     fig = figure(title=f"Memory of rank {h.rank}{' on ' + h.host if h.host else ''} (the closest to its limit)",
-                 x_axis_type="datetime", x_range=x_range, width=WIDTH, height=260, y_axis_label="bytes",
+                 x_axis_type="datetime", x_range=x_range, height=260, y_axis_label="bytes",
                  tools="xpan,xwheel_zoom,reset")
     if kinds:
         fig.varea_stack(stackers=[k for k, _ in kinds], x="x", source=src, color=[c for _, c in kinds],
