@@ -83,7 +83,7 @@ def test_a_real_two_rank_recording_draws_in_the_browser(tmp_path, perfmon_dir):
 
 def test_a_simulated_1024_rank_recording_draws_in_the_browser(tmp_path):
     page = tmp_path / "report.html"
-    _report_html(scenarios.write("trends", tmp_path, ranks=1024, steps=60), page)
+    _report_html(scenarios.write("trends", tmp_path, ranks=1024, steps=30), page)
     assert page.stat().st_size < 5_000_000
     _check_in_browser(page, ["Step time over the run", "Verdict over the run", "Per rank: step time",
                              "Per rank: data wait"])

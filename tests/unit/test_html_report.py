@@ -39,6 +39,8 @@ def test_the_page_holds_its_script_and_fetches_nothing(tmp_path, capsys):
     assert not re.search(r"@import|url\(\s*['\"]?https?:", text)
     assert "bokeh-widgets" not in text                        # only the core bundle
     assert "Verdict: " in text and "Step time over the run" in text
+    # the scenario has no collectives: its map is named as not measured, not drawn as zeros
+    assert "Not measured on any rank, so not drawn: exposed comm (share of the step)." in text
     assert len(text) < 2_000_000
 
 

@@ -49,11 +49,13 @@ def render(analysis: Analysis, report: dict[str, Any]) -> str:
     hist = analysis.model.history
     plots = []
     span = hist.span()
+    unmeasured: list[str] = []
     if span is not None:
         x_range = Range1d(_ms(span[0]), _ms(span[1]))
         plots.append(_step_chart(hist, x_range))
         plots.append(_verdict_chart(hist, x_range, span[1]))
-        plots.extend(_heatmaps(hist, x_range))
+        maps, unmeasured = _heatmaps(hist, x_range)
+        plots.extend(maps)
         memory = _memory_chart(hist, x_range)
         if memory is not None:
             plots.append(memory)
@@ -65,7 +67,15 @@ def render(analysis: Analysis, report: dict[str, Any]) -> str:
     title = html.escape(f"perfmon report: {report.get('job') or units.NA}")
     return (f"<!DOCTYPE html>\n<html lang=\"en\"><head><meta charset=\"utf-8\"><title>{title}</title>\n"
             f"<style>{_CSS}</style>\n{js}\n</head><body>\n<h1>{title}</h1>\n{_verdict_html(report)}\n"
-            f"<h2>Over the whole run</h2>\n{_ettr_html(report, hist)}\n{body}\n{_tail_html(report)}\n</body></html>\n")
+            f"<h2>Over the whole run</h2>\n{_ettr_html(report, hist)}\n{body}\n{_unmeasured_html(unmeasured)}\n"
+            f"{_tail_html(report)}\n</body></html>\n")
+
+
+def _unmeasured_html(titles: list[str]) -> str:
+    """The per-rank maps left out because no rank measured their quantity (unknown is not 0)."""
+    if not titles:
+        return ""
+    return f"<p>Not measured on any rank, so not drawn: {_esc(', '.join(titles))}.</p>"
 
 
 _CSS = ("body{font-family:system-ui,sans-serif;margin:1.5em;color:#222;max-width:1150px}"
@@ -188,16 +198,17 @@ def _verdict_chart(hist: History, x_range: Range1d, end: float) -> Any:
     return fig
 
 
-def _heatmaps(hist: History, x_range: Range1d) -> list[Any]:
+def _heatmaps(hist: History, x_range: Range1d) -> tuple[list[Any], list[str]]:
     """Per rank (rows, grouped by node) and time slice (columns): step time, compute, data wait and
-    exposed communication."""
-    out = []
+    exposed communication; and the titles of those no rank measured."""
+    out, unmeasured = [], []
     for field, title, share in HEATMAPS:
         edges, ranks, rows = hist.grid(field, HEATMAP_COLUMNS, share=share)
         if not ranks or not edges:
             continue
         matrix = np.array([[_nan(v) for v in row] for row in rows], dtype=np.float32)
         if np.all(np.isnan(matrix)):
+            unmeasured.append(title)
             continue
         high = float(np.nanmax(matrix)) if not share else max(0.05, float(np.nanmax(matrix)))
         mapper = LinearColorMapper(palette=Viridis256, low=float(np.nanmin(matrix)) if not share else 0.0,
@@ -213,7 +224,7 @@ def _heatmaps(hist: History, x_range: Range1d) -> list[Any]:
                                 formatter=NumeralTickFormatter(format="0%" if share else "0.000 a")), "right")
         _node_ticks(fig, [(h.rank, h.host) for h in ranks])
         out.append(fig)
-    return out
+    return out, unmeasured
 
 
 def _node_ticks(fig: Any, ranks: list[tuple[int, str | None]]) -> None:
