@@ -8,7 +8,7 @@ Each series keeps at most ``capacity`` buckets of consecutive points. Every buck
 points; when the buckets are all full, neighbours merge pairwise and ``span`` doubles, so a series
 of any length costs the same memory and adding a point is O(1) amortized. A bucket keeps the sum
 and count of each field, and the min and max of the fields that ask for it (the step time), so a
-one-step spike survives as the bucket's max however long the run; about 30 KB a rank. An unknown
+one-step spike survives as the bucket's max however long the run; at most 47 KB a rank. An unknown
 value (None) is left out of its field's count: a bucket whose field saw no value reads None,
 never 0.
 """

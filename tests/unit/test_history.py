@@ -47,13 +47,20 @@ def test_a_rank_history_stays_small_however_long_the_run() -> None:
     """Both series of a rank stay at their bucket counts: the cost of 1,024 ranks is fixed."""
     h = History()
     rank = h._rank(0, "n01")
+
+    def size() -> int:
+        arrays = [a for s in (rank.steps, rank.memory) for a in (s._t0, s._t1, s._first, s._last, s._n, *s._count,
+                                                                   *s._sum, *s._lo.values(), *s._hi.values())]
+        return sum(a.itemsize * len(a) for a in arrays)
+
     for i in range(20_000):
         rank.steps.add(float(i), (0.1, 0.08, 0.01, None, 0.0), i)
         rank.memory.add(float(i), (None,) * 6 + (1e9, 2e9))
+        if i == BUCKETS - 1:     # every bucket of both series in use: the most a rank holds
+            assert len(rank.steps) == BUCKETS and len(rank.memory) == MEMORY_BUCKETS
+            assert size() < 48_000
     assert len(rank.steps) <= BUCKETS and len(rank.memory) <= MEMORY_BUCKETS
-    arrays = [a for s in (rank.steps, rank.memory) for a in (s._t0, s._t1, s._first, s._last, s._n, *s._count,
-                                                               *s._sum, *s._lo.values(), *s._hi.values())]
-    assert sum(a.itemsize * len(a) for a in arrays) < 40_000
+    assert size() < 48_000
 
 
 def test_verdict_changes_are_kept_once_each_with_their_time() -> None:
