@@ -115,3 +115,14 @@ def test_judging_a_view_records_the_verdict_in_the_history() -> None:
     analysis = Analysis.of_records([("r0", _steps(0, 200, 0.01, "n01"))])
     snap = analysis.snapshot()
     assert [c.bottleneck for c in analysis.model.history.verdicts] == [snap.verdict.bottleneck]
+
+
+def test_the_rank_closest_to_its_memory_limit_is_found_from_its_peak() -> None:
+    from perfmon_analysis.readings import memory_reading
+    h = History()
+    for rank, (peak, limit) in enumerate([(6e9, 8e9), (9e9, 16e9), (7.5e9, 8e9)]):
+        for used in (1e9, peak, 2e9):      # the peak passes; the newest reading is low again
+            h.add_memory(rank, "n01", memory_reading({"k": "memory", "t": 1.0, "device": "cpu", "rss": int(used),
+                                                      "limit": int(limit)}))
+    closest = h.closest_to_memory_limit()
+    assert closest is not None and closest.rank == 2 and closest.memory_peak == 7.5e9

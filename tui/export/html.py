@@ -249,17 +249,10 @@ def _node_ticks(fig: Any, ranks: list[tuple[int, str | None]]) -> None:
 
 def _memory_chart(hist: History, x_range: Range1d) -> Any | None:
     """Memory over time by kind, against the limit, of the rank that came closest to it."""
-    best = None
-    for h in hist.ranks.values():
-        buckets = h.memory.buckets()
-        if not buckets:
-            continue
-        peak = max(sum(v or 0.0 for v in b.mean[:6]) or (b.hi[6] or 0.0) for b in buckets)
-        if best is None or peak > best[0]:
-            best = (peak, h, buckets)
-    if best is None:
+    h = hist.closest_to_memory_limit()
+    if h is None:
         return None
-    _, h, buckets = best
+    buckets = h.memory.buckets()
     data: dict[str, list[float]] = {"x": [_ms((b.t0 + b.t1) / 2) for b in buckets]}
     kinds = [(k, c) for k, c in MEMORY_KINDS if any(b.mean[MEMORY_FIELDS.index(k)] is not None for b in buckets)]
     for k, _ in kinds:

@@ -21,7 +21,7 @@ from textual.widget import Widget
 from textual.widgets import Sparkline, Static
 
 from perfmon_analysis import units
-from perfmon_analysis.history import MEMORY_FIELDS, STEP_FIELDS, History, VerdictChange
+from perfmon_analysis.history import STEP_FIELDS, History, VerdictChange, memory_used
 from perfmon_analysis.verdict import label as outcome_label
 from tui.app.widgets import glyphs
 
@@ -92,27 +92,15 @@ def _first(values: Sequence[float | None]) -> float | None:
 
 
 def _memory_row(history: History) -> TrendRow | None:
-    """Memory of the rank that came closest to its limit (or used the most, without a limit):
-    the allocator's kinds summed on a GPU, the resident set on a CPU."""
-    best: tuple[float, TrendRow] | None = None
-    kinds = [MEMORY_FIELDS.index(k) for k in ("params", "grads", "optimizer", "activations", "cache", "other")]
-    rss, limit_at = MEMORY_FIELDS.index("rss"), MEMORY_FIELDS.index("limit")
-    for h in history.ranks.values():
-        buckets = h.memory.buckets()
-        if not buckets:
-            continue
-        used = [sum(b.mean[k] or 0.0 for k in kinds) or b.mean[rss] for b in buckets]
-        limit = _first([b.mean[limit_at] for b in reversed(buckets)])
-        peak = max((v for v in used if v is not None), default=None)
-        if peak is None:
-            continue
-        closeness = peak / limit if limit else 0.0
-        numbers = f"peak {units.nbytes(peak)}" + (f", {units.pct(closeness)} of limit" if limit else "")
-        row = TrendRow("memory", f"memory r{h.rank}", tuple(used), "mean", numbers)
-        key = closeness if limit else peak
-        if best is None or key > best[0]:
-            best = (key, row)
-    return best[1] if best is not None else None
+    """Memory of the rank that came closest to its limit (or used the most, without a limit)."""
+    h = history.closest_to_memory_limit()
+    if h is None or h.memory_peak is None:
+        return None
+    used = tuple(memory_used(b.mean) for b in h.memory.buckets())
+    numbers = f"peak {units.nbytes(h.memory_peak)}"
+    if h.memory_limit:
+        numbers += f", {units.pct(h.memory_peak / h.memory_limit)} of limit"
+    return TrendRow("memory", f"memory r{h.rank}", used, "mean", numbers)
 
 
 def verdict_letters(changes: Sequence[VerdictChange]) -> dict[str, str]:
