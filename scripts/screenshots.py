@@ -5,8 +5,8 @@
 
 Writes ``screenshots/<name>-<W>x<H>.svg`` (+ ``.png``) at 120x36 and 80x24, plus
 the flowchart screen and, for a stuck job, the stacks screen; for a recording that holds a module
-profile or a profiler capture, the ``m`` or ``c`` screen; for the ``trends`` scenario and each
-``--recording``, the trends screen (``t``) and ``perfmon report --html`` as the headless Chromium
+profile or a profiler capture, the ``m`` or ``c`` screen; for the ``trends`` and ``many_nodes``
+scenarios and each ``--recording``, the trends screen (``t``) and ``perfmon report --html`` as the headless Chromium
 draws it (``report-<name>.png``; needs Debian's ``chromium``). A recording is replayed to its end at once and the clock
 is the recording's own, so the pictures are the same on every run.
 PNG needs ``rsvg-convert`` (Debian: librsvg2-bin) and a monospace font with box
@@ -32,6 +32,7 @@ SIZES = ((120, 36), (80, 24))
 
 
 TREND_VERDICTS = 40      # instants a replay is judged at on the way, for the trends screen's verdict strip
+HTML_SCENARIOS = ("trends", "many_nodes")   # test recordings also shown as the trends screen and HTML page
 
 
 async def render(recording: Path, size: tuple[int, int], press: tuple[str, ...] = (), verdicts: int = 0) -> str:
@@ -122,7 +123,7 @@ def main() -> int:
                     svg = args.out / f"{prefix}-{name}-120x36.svg"
                     svg.write_text(asyncio.run(render(recording, (120, 36), press=(key,))), encoding="utf-8")
                     written.append(svg)
-            if name == "trends" or (name, recording) not in scenario_jobs:
+            if name in HTML_SCENARIOS or (name, recording) not in scenario_jobs:
                 for width, height in SIZES:     # the trends screen (t)
                     svg = args.out / f"trends-{name}-{width}x{height}.svg"
                     svg.write_text(asyncio.run(render(recording, (width, height), press=("t",),

@@ -26,7 +26,7 @@ from bokeh.resources import Resources
 
 from perfmon_analysis import units
 from perfmon_analysis.analysis import Analysis
-from perfmon_analysis.history import MEMORY_FIELDS, STEP_FIELDS, History
+from perfmon_analysis.history import MEMORY_FIELDS, STEP_FIELDS, History, memory_used
 from perfmon_analysis.profile import profile_lines
 from perfmon_analysis.capture import capture_reading
 from perfmon_analysis.verdict import label as outcome_label
@@ -202,8 +202,10 @@ def _heatmaps(hist: History, x_range: Range1d) -> tuple[list[Any], list[str]]:
     """Per rank (rows, grouped by node) and time slice (columns): step time, compute, data wait and
     exposed communication; and the titles of those no rank measured."""
     out, unmeasured = [], []
+    # no more slices than the busiest rank has buckets: a short run's slices would fall between its steps
+    columns = min(HEATMAP_COLUMNS, max((len(h.steps) for h in hist.ranks.values()), default=0))
     for field, title, share in HEATMAPS:
-        edges, ranks, rows = hist.grid(field, HEATMAP_COLUMNS, share=share)
+        edges, ranks, rows = hist.grid(field, columns, share=share)
         if not ranks or not edges:
             continue
         matrix = np.array([[_nan(v) for v in row] for row in rows], dtype=np.float32)
@@ -257,6 +259,7 @@ def _memory_chart(hist: History, x_range: Range1d) -> Any | None:
     kinds = [(k, c) for k, c in MEMORY_KINDS if any(b.mean[MEMORY_FIELDS.index(k)] is not None for b in buckets)]
     for k, _ in kinds:
         data[k] = [b.mean[MEMORY_FIELDS.index(k)] or 0.0 for b in buckets]
+    data["used"] = [_nan(memory_used(b.mean)) for b in buckets]
     data["rss_hi"] = [_nan(b.hi[MEMORY_FIELDS.index("rss")]) for b in buckets]
     data["limit"] = [_nan(b.mean[MEMORY_FIELDS.index("limit")]) for b in buckets]
     src = ColumnDataSource(data)
@@ -266,6 +269,8 @@ def _memory_chart(hist: History, x_range: Range1d) -> Any | None:
     if kinds:
         fig.varea_stack(stackers=[k for k, _ in kinds], x="x", source=src, color=[c for _, c in kinds],
                         legend_label=[k for k, _ in kinds], fill_alpha=0.8)
+    if kinds:     # each reading's total as a dot too: a run with one memory reading still shows it
+        fig.scatter(x="x", y="used", source=src, size=5, color="#333333", legend_label="in use")
     if any(not math.isnan(v) for v in data["rss_hi"]):
         fig.line(x="x", y="rss_hi", source=src, color="#4c78a8", line_width=1.5, legend_label="resident (peak)")
     if any(not math.isnan(v) for v in data["limit"]):
