@@ -7,8 +7,9 @@ HTML report (``perfmon report --html``) and the TUI's trends screen.
 Each series keeps at most ``capacity`` buckets of consecutive points. Every bucket holds ``span``
 points; when the buckets are all full, neighbours merge pairwise and ``span`` doubles, so a series
 of any length costs the same memory and adding a point is O(1) amortized. A bucket keeps the sum
-and count of each field, and the min and max of the fields that ask for it (the step time), so a
-one-step spike survives as the bucket's max however long the run; at most 47 KB a rank. An unknown
+and count of each field, and the min and max of the fields that ask for it (the step time, the
+time between steps), so a one-step spike or pause survives as the bucket's max however long the
+run; at most 51 KB a rank. An unknown
 value (None) is left out of its field's count: a bucket whose field saw no value reads None,
 never 0.
 """
@@ -218,7 +219,7 @@ class RankHistory:
         self.host = host
         self.memory_peak: float | None = None     # the most memory used (``memory_used``) of any reading
         self.memory_limit: float | None = None    # the newest limit read
-        self.steps = Series(STEP_FIELDS, capacity, ranged=("step",))
+        self.steps = Series(STEP_FIELDS, capacity, ranged=("step", "gap"))
         self.memory = Series(MEMORY_FIELDS, min(capacity, MEMORY_BUCKETS), ranged=("rss",))
 
 

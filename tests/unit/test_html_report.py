@@ -41,6 +41,10 @@ def test_the_page_holds_its_script_and_fetches_nothing(tmp_path, capsys):
     assert "Verdict: " in text and "Step time over the run" in text
     # the scenario has no collectives: its map is named as not measured, not drawn as zeros
     assert "Not measured on any rank, so not drawn: exposed comm (share of the step)." in text
+    # the two 2 s checkpoints before steps 240 and 480 (40% and 80% of 600) lead the longest pauses
+    pauses = re.findall(r"<li>([^<]*) before a step of (steps? [\d-]+) on rank \d+ \(n01\)([^,]*),", text)
+    assert [p[:2] for p in pauses[:2]] == [("2s", "steps 240-243"), ("2s", "steps 480-483")], pauses
+    assert all(p[2] == " and 1 more" for p in pauses[:2]), pauses       # the other rank paused too
     assert len(text) < 2_000_000
 
 

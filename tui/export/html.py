@@ -107,18 +107,44 @@ def _verdict_html(report: dict[str, Any]) -> str:
     return "\n".join(parts)
 
 
+LONGEST_GAPS = 5     # the pauses between steps listed under ETTR
+
+
 def _ettr_html(report: dict[str, Any], hist: History) -> str:
-    """ETTR and the time lost between steps over the whole run (the stacked chart shows when)."""
+    """ETTR, the share of the ranks' wall time between steps, and the longest pauses (each the
+    longest in its bucket of steps: when, which rank, which steps)."""
     dur = gap = 0.0
+    g = STEP_FIELDS.index("gap")
+    pauses = []
     for h in hist.ranks.values():
         for b in h.steps.buckets():
             dur += (b.mean[0] or 0.0) * b.n
-            gap += (b.mean[STEP_FIELDS.index("gap")] or 0.0) * b.n
+            gap += (b.mean[g] or 0.0) * b.n
+            if b.hi[g]:
+                pauses.append((b.hi[g], b, h))
     steps = sum(h.steps.points for h in hist.ranks.values())
     lost = units.pct(gap / dur) if dur > 0 else units.NA
-    return (f"<p>ETTR {_esc(units.pct(report['metrics'].get('ettr')))}: {_esc(units.count(steps))} rank-steps, "
-            f"{_esc(lost)} of their wall time between steps (checkpoints, evaluation, stalls); "
-            f"grey in the step-time chart.</p>")
+    out = (f"<p>ETTR {_esc(units.pct(report['metrics'].get('ettr')))}: {_esc(units.count(steps))} rank-steps, "
+           f"{_esc(lost)} of their wall time between steps (checkpoints, evaluation, stalls); "
+           f"grey in the step-time chart.</p>")
+    # one line per range of steps (every rank pauses for the same checkpoint): its longest, and on how many ranks
+    by_steps: dict[tuple[int, int], list[tuple[float, Any, Any]]] = {}
+    for p in pauses:
+        by_steps.setdefault((p[1].first, p[1].last), []).append(p)
+    longest = sorted((max(group, key=lambda p: p[0]) + (len(group),) for group in by_steps.values()),
+                     key=lambda p: -p[0])
+    if longest:
+        start = min(b.t0 for _, b, _ in pauses)
+        rows = "".join(f"<li>{_esc(units.seconds(secs))} before a step of {_esc(_steps_of(b))} on rank "
+                       f"{h.rank}{' (' + _esc(h.host) + ')' if h.host else ''}"
+                       f"{f' and {n - 1} more' if n > 1 else ''}, {_esc(units.age(b.t0 - start))} into the run</li>"
+                       for secs, b, h, n in longest[:LONGEST_GAPS])
+        out += f"<p>Longest pauses between steps:</p><ul>{rows}</ul>"
+    return out
+
+
+def _steps_of(b: Any) -> str:
+    return f"step {b.first}" if b.first == b.last else f"steps {b.first}-{b.last}"
 
 
 def _tail_html(report: dict[str, Any]) -> str:
