@@ -134,8 +134,8 @@ def _ettr_html(report: dict[str, Any], hist: History) -> str:
     longest = sorted((max(group, key=lambda p: p[0]) + (len(group),) for group in by_steps.values()),
                      key=lambda p: -p[0])
     if longest:
-        start = min(b.t0 for _, b, _ in pauses)
-        rows = "".join(f"<li>{_esc(units.seconds(secs))} before a step of {_esc(_steps_of(b))} on rank "
+        start = (hist.span() or (0.0, 0.0))[0]
+        rows = "".join(f"<li>{_esc(units.seconds(secs))} before {_esc(_steps_of(b))} on rank "
                        f"{h.rank}{' (' + _esc(h.host) + ')' if h.host else ''}"
                        f"{f' and {n - 1} more' if n > 1 else ''}, {_esc(units.age(b.t0 - start))} into the run</li>"
                        for secs, b, h, n in longest[:LONGEST_GAPS])
@@ -144,7 +144,7 @@ def _ettr_html(report: dict[str, Any], hist: History) -> str:
 
 
 def _steps_of(b: Any) -> str:
-    return f"step {b.first}" if b.first == b.last else f"steps {b.first}-{b.last}"
+    return f"step {b.first}" if b.first == b.last else f"a step of {b.first}-{b.last}"
 
 
 def _tail_html(report: dict[str, Any]) -> str:
