@@ -14,6 +14,7 @@ from typing import Any, Iterable
 from perfmon_analysis import report as _report
 from perfmon_analysis.buffers import WINDOW_SECONDS, WINDOW_STEPS
 from perfmon_analysis.metrics import callback_values
+from perfmon_analysis.readings import StepReading
 from perfmon_analysis.runmodel import RunModel
 from perfmon_analysis.verdict import Verdict, VerdictTracker, evaluate
 from perfmon_analysis.views import JobView
@@ -85,6 +86,14 @@ class Analysis:
         """The report JSON (``perfmon_analysis.report.build``) of ``snapshot``, else of the window at ``now``."""
         snap = snapshot if snapshot is not None else self.snapshot(now, clock=clock)
         return _report.build(snap.view, snap.verdict, retired=self.model.retired, source=source)
+
+    def set_window(self, steps: int, seconds: float) -> None:
+        """The window: the last ``steps`` steps or ``seconds``, whichever is fewer (``RunModel.set_window``)."""
+        self.model.set_window(steps, seconds)
+
+    def steps_in_window(self) -> dict[int, list[StepReading]]:
+        """Each rank's steps in the window, oldest first (``RunModel.steps_in_window``)."""
+        return self.model.steps_in_window()
 
     def callback_numbers(self, snapshot: Snapshot) -> dict[str, float]:
         """The trainer callbacks' ``perfmon/...`` scalars of one snapshot (known values only)."""

@@ -41,10 +41,11 @@ import time
 from typing import Any
 
 from perfmon_analysis.buffers import EVENT_BUFFER, MIN_STEPS, WINDOW_SAMPLES, WINDOW_SECONDS, WINDOW_STEPS, RankState
-from perfmon_analysis.readings import (HostReading, comm_reading, dropped, event_reading, gpu_rows,
+from perfmon_analysis.readings import (HostReading, StepReading, comm_reading, dropped, event_reading, gpu_rows,
                                        hello_reading, memory_reading, record_time, sample_reading, stall_reading,
                                        where_interval)
-from perfmon_analysis.stats import RankStats, comm_rows, job_metrics, job_where, rank_stats, rank_view, summary_stats
+from perfmon_analysis.stats import (RankStats, comm_rows, job_metrics, job_where, rank_stats, rank_view, summary_stats,
+                                    window_of)
 from perfmon_analysis.capture import capture_reading, with_cost
 from perfmon_analysis.history import History
 from perfmon_analysis.profile import ModuleProfile, profile_reading, with_overhead
@@ -263,6 +264,11 @@ class RunModel:
             where=job_where([st for _, st in ready]),
             overhead=worst(st.overhead for st in stats),
         )
+
+    def steps_in_window(self) -> dict[int, list[StepReading]]:
+        """Each rank's steps in the window, oldest first: the per-step samples behind the view's
+        step statistics (``perfmon compare`` puts a confidence interval on them)."""
+        return {r: window_of(s, self.window_steps, self.window_seconds) for r, s in sorted(self._ranks.items())}
 
     def _stats(self, state: RankState) -> "RankStats":
         cache = state._cache

@@ -96,3 +96,13 @@ def ratio(value: float | None, digits: int = 2) -> str:
 def fixed(value: float | None, unit: str = "", digits: int = 0) -> str:
     """A reading in a unit without prefixes (watts, MHz, °C, cores): 349.6, 'W' -> '350W'."""
     return NA if value is None else f"{value:.{digits}f}{unit}"
+
+
+def change(frac: float | None, digits: int = 0) -> str:
+    """A relative change with its sign: 0.41 -> '+41%', -0.032 -> '-3%'."""
+    return NA if frac is None else f"{frac * 100:+.{digits}f}%"
+
+
+def points(frac: float | None, digits: int = 0) -> str:
+    """A change of a share in percentage points: 0.25 -> '+25 pts'."""
+    return NA if frac is None else f"{frac * 100:+.{digits}f} pts"

@@ -135,7 +135,10 @@ from __future__ import annotations
 #         where, poller, flops, profile, capture, ...; null when no thread CPU clock is readable),
 #         process_cpu (the whole process's CPU s, the denominator of the threads' share),
 #         queue_items (hot-path queue), viewer_bytes (queued for viewers), backfill_bytes,
-#         sent_bytes, recorded_bytes, why {part: why it is not measured}}
+#         sent_bytes, recorded_bytes, wrappers {step|loader|phase: [calls, s a call]} (step()
+#         calls, loader() batches and phase() uses so far, each with the cost a call that train_s
+#         does not see, calibrated at start-up; absent when not calibrated: why.wrappers),
+#         why {part: why it is not measured}}
 # profile, capture: cost {thread_cpu_s (CPU s of the probe thread that built the result)}; their
 #         training-thread cost is the window's steps against the steps before, from the step records
 

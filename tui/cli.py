@@ -21,6 +21,7 @@ COMMANDS = {
     "run": "tui.commands.run",
     "record": "tui.commands.record",
     "report": "tui.commands.report",
+    "compare": "tui.commands.compare",
     "doctor": "tui.commands.doctor",
     "relay": "tui.commands.relay",
     "profile": "tui.commands.profile",
@@ -90,6 +91,22 @@ def build_parser() -> argparse.ArgumentParser:
                         help="also write the whole run as one self-contained HTML page (charts, offline)")
     _hosts_options(report)
 
+    compare = sub.add_parser("compare", help="two runs side by side: did the candidate regress, by how much, why "
+                                             "(exit 1 past a limit)")
+    compare.add_argument("baseline", help="recording file or directory, or a live job (name, pid, socket)")
+    compare.add_argument("candidate", help="the run to judge against the baseline (same kinds)")
+    compare.add_argument("--json", action="store_true", help="print the comparison JSON (schema perfmon.compare/1)")
+    compare.add_argument("--max-regression", type=float, default=None, metavar="PCT",
+                         help="exit 1 when the step time is significantly slower by more than PCT percent")
+    compare.add_argument("--limit", action="append", default=None, metavar="NAME=VALUE",
+                         help="exit 1 when NAME worsens by more than VALUE (points for shares such as "
+                              "data_wait_frac, percent otherwise); repeatable")
+    compare.add_argument("--min-change", type=float, default=10.0, metavar="PCT",
+                         help="the least step-time change called a regression or an improvement (default 10)")
+    compare.add_argument("--warmup", type=int, default=10, metavar="STEPS",
+                         help="first steps of each run left out of everything compared (default 10)")
+    compare.add_argument("--seconds", type=float, default=5.0, help="for a live job: how long to gather")
+
     profile = sub.add_parser("profile", help="time each module of a live job for a few steps: params, FLOPs, "
                                              "forward/backward time, achieved FLOP/s")
     profile.add_argument("target", nargs="?", help="job name, pid, socket path, or host:port (default: the only job)")
@@ -117,6 +134,8 @@ def build_parser() -> argparse.ArgumentParser:
     what.add_argument("--trace", metavar="OUT.json", help="write the recordings as a Chrome/Perfetto trace")
     export.add_argument("targets", nargs="*", metavar="JOB|REC", help="the live job (--prometheus), or "
                         "recording files/directories (--trace)")
+    export.add_argument("--steps", metavar="A:B", default=None, help="(--trace) slices for step numbers A to B-1, "
+                        "either end open (default: the most recent 2000 steps; the counter covers every step)")
     _hosts_options(export)
 
     relay = sub.add_parser("relay", help="(started by a viewer through ssh) this node's ranks of JOB as one stream")

@@ -44,16 +44,17 @@ def remote_feed(args: Any, analysis: Analysis | None = None) -> Any:
 
 
 def load(target: str, seconds: float, args: Any = None, *, prog: str = "perfmon report",
-         verdicts: int = 0) -> tuple[Analysis, dict[str, Any]]:
+         analysis: Analysis | None = None, verdicts: int = 0) -> tuple[Analysis, dict[str, Any]]:
     """An ``Analysis`` of recording files, of a live job followed for ``seconds``, or (``args``
     naming hosts) of the job's ranks on several hosts through their relays; and the source it
     came from. Each stream problem (torn tail, corruption, a failed host) is one line on stderr:
-    what was intact is still analysed. ``verdicts``: replay recordings in time order and judge
-    the window at that many instants, so the run's history holds the verdict's changes."""
+    what was intact is still analysed. ``analysis``: the one to fill (another window), else a new one.
+    ``verdicts``: replay recordings in time order and judge the window at that many instants, so
+    the run's history holds the verdict's changes."""
     from tui.stream import sources
     from tui.stream.feed import follow
 
-    analysis = Analysis()
+    analysis = analysis if analysis is not None else Analysis()
     remote = remote_feed(args, analysis) if args is not None else None
     if remote is not None:
         try:
