@@ -57,3 +57,30 @@ def test_an_unwritable_html_path_is_one_line_and_exit_2(tmp_path, capsys):
     assert cli.main(["report", "--html", str(tmp_path / "no" / "such" / "dir" / "r.html"), str(rec)]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and err[0].startswith("perfmon report: --html ")
+
+
+def test_the_page_carries_a_recorded_module_profile_and_capture(tmp_path, monkeypatch):
+    def profiled_and_captured():
+        ranks = scenarios.healthy()
+        t = ranks[0][-1]["t"]
+        ranks[0].append({"k": "profile", "t": t, "id": 1, "steps": 5, "first_step": 10, "last_step": 14, "depth": 1,
+                         "step_s": 0.01, "timer": "perf_counter", "modules": [
+                             {"name": "", "type": "ResNet", "depth": 0, "params": 10, "calls": 1.0, "fwd_s": 0.003,
+                              "bwd_s": 0.005, "flops": 9e9, "fwd_flops": 3e9},
+                             {"name": "layer2", "type": "Sequential", "depth": 1, "params": 5, "calls": 1.0,
+                              "fwd_s": 0.002, "bwd_s": 0.004, "flops": 3e9, "fwd_flops": 1e9}]})
+        ranks[1].append({"k": "capture", "t": t, "id": 2, "steps": 3, "first_step": 7, "last_step": 9, "wall_s": 0.3,
+                         "path": "/runs/r1.capture-7.pt.trace.json.gz",
+                         "top": [{"name": "aten::addmm", "self_s": 0.012, "calls": 30}], "gaps": []})
+        return ranks
+
+    monkeypatch.setitem(scenarios.SCENARIOS, "profiled_and_captured", profiled_and_captured)
+    page = tmp_path / "r.html"
+    assert cli.main(["report", "--html", str(page), str(scenarios.write("profiled_and_captured", tmp_path))]) == 0
+    text = page.read_text()
+    assert "<h2>Module profile</h2>" in text and "layer2" in text
+    assert "<h2>torch.profiler captures</h2>" in text and "r1.capture-7.pt.trace.json.gz" in text
+    assert "aten::addmm" in text
+    plain = tmp_path / "plain.html"
+    assert cli.main(["report", "--html", str(plain), str(scenarios.write("healthy", tmp_path))]) == 0
+    assert "Module profile" not in plain.read_text() and "captures" not in plain.read_text()
