@@ -70,8 +70,12 @@ class Analysis:
         return self.model.view(now, clock=clock)
 
     def judge(self, view: JobView) -> Verdict:
-        """The verdict over ``view`` (through the tracker when ``steady``)."""
-        return self._tracker.update(view) if self._tracker is not None else evaluate(view)
+        """The verdict over ``view`` (through the tracker when ``steady``), kept in the run's history
+        when it changed (a warming-up window judges nothing)."""
+        verdict = self._tracker.update(view) if self._tracker is not None else evaluate(view)
+        if view.ranks and verdict.bottleneck != "warming_up":
+            self.model.history.note_verdict(view.now, verdict.bottleneck, verdict.severity, verdict.headline)
+        return verdict
 
     def snapshot(self, now: float | None = None, *, clock: float | None = None) -> Snapshot:
         view = self.view(now, clock=clock)

@@ -93,6 +93,8 @@ def build_parser() -> argparse.ArgumentParser:
     report.add_argument("target", help="recording file or directory, or a live job (name, pid, socket)")
     report.add_argument("--json", action="store_true", help="print the report JSON (schema perfmon.report/2)")
     report.add_argument("--seconds", type=float, default=5.0, help="for a live job: how long to gather")
+    report.add_argument("--html", metavar="OUT.html", default=None,
+                        help="also write the whole run as one self-contained HTML page (charts, offline)")
     _hosts_options(report)
 
     compare = sub.add_parser("compare", help="two runs side by side: did the candidate regress, by how much, why "

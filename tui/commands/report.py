@@ -18,14 +18,29 @@ from perfmon_analysis.analysis import render_text
 from tui.errors import UserError
 from tui.stream.connect import load
 
+VERDICT_INSTANTS = 60    # a recording's verdict is judged at this many instants for the HTML report's timeline
+
+
+def _write_html(analysis: Any, report: dict[str, Any], path: str) -> None:
+    from tui.export.html import render
+    try:
+        with open(path, "w", encoding="utf-8") as out:
+            out.write(render(analysis, report))
+    except OSError as exc:
+        raise UserError(f"--html {path}: {exc.strerror or exc}") from None
+
 
 def main(args: Any) -> int:
-    """``perfmon report FILE|DIR|TARGET [--json] [--seconds S]``."""
-    analysis, source = load(args.target, float(getattr(args, "seconds", 5.0) or 5.0), args)
+    """``perfmon report FILE|DIR|TARGET [--json] [--seconds S] [--html OUT.html]``."""
+    html_out = getattr(args, "html", None)
+    analysis, source = load(args.target, float(getattr(args, "seconds", 5.0) or 5.0), args,
+                            verdicts=VERDICT_INSTANTS if html_out else 0)
     live = source["kind"] != "recording"
     report = analysis.report(time.time() if live else None, clock=time.monotonic() if live else None, source=source)
     if not report["ranks"]:
         raise UserError(f"{args.target}: no records from any rank to report on")
+    if html_out:
+        _write_html(analysis, report, html_out)
     if args.json:
         print(json.dumps(report, indent=2))
     else:
