@@ -77,6 +77,18 @@ def _ptrace_scope() -> int:
         return 0
 
 
+def why_no_rights() -> str | None:
+    """Why perfmon may not trace even a process of its own user here; None when it may."""
+    scope = _ptrace_scope()
+    if _can_ptrace_any():
+        return "kernel.yama.ptrace_scope is 3 (no process may trace another)" if scope >= 3 else None
+    if scope == 1:
+        return "kernel.yama.ptrace_scope is 1 (only a parent may trace)"
+    if scope >= 2:
+        return f"kernel.yama.ptrace_scope is {scope}"
+    return None
+
+
 def _no_rights(pid: int, why: str) -> UserError:
     return UserError(f"no ptrace rights over {pid}: {why}; run perfmon as the job's user with "
                      "kernel.yama.ptrace_scope 0, or with CAP_SYS_PTRACE (docs/attach.md)")
@@ -91,17 +103,11 @@ def check(pid: int) -> Target:
         uids = _status_ids(pid, "Uid")
     except OSError:
         raise UserError(f"no process {pid} (has it exited?)") from None
-    privileged = _can_ptrace_any()
-    scope = _ptrace_scope()
-    if not privileged:
-        if uids and any(uid != os.geteuid() for uid in uids[:3]):
-            raise _no_rights(pid, f"it runs as uid {uids[1]}, perfmon as uid {os.geteuid()}")
-        if scope >= 2:
-            raise _no_rights(pid, f"kernel.yama.ptrace_scope is {scope}")
-        if scope == 1:
-            raise _no_rights(pid, "kernel.yama.ptrace_scope is 1 (only a parent may trace)")
-    elif scope >= 3:
-        raise _no_rights(pid, "kernel.yama.ptrace_scope is 3 (no process may trace another)")
+    if not _can_ptrace_any() and uids and any(uid != os.geteuid() for uid in uids[:3]):
+        raise _no_rights(pid, f"it runs as uid {uids[1]}, perfmon as uid {os.geteuid()}")
+    why = why_no_rights()
+    if why is not None:
+        raise _no_rights(pid, why)
     try:
         exe = os.readlink(f"{proc}/exe")
         maps = _read(f"{proc}/maps")

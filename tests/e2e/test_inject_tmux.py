@@ -13,7 +13,10 @@ import pytest
 
 from tests.e2e.test_tmux import PANE_TITLES, Tmux, wait_screen
 
-pytestmark = [pytest.mark.slow, pytest.mark.skipif(shutil.which("tmux") is None, reason="tmux not installed")]
+from tui.injector import why_no_rights
+
+pytestmark = [pytest.mark.slow, pytest.mark.skipif(shutil.which("tmux") is None, reason="tmux not installed"),
+              pytest.mark.skipif(why_no_rights() is not None, reason=f"no ptrace rights here: {why_no_rights()}")]
 pytest.importorskip("hypno")
 
 TARGET = Path(__file__).parents[1] / "integration" / "scripts" / "inject_target.py"

@@ -25,6 +25,12 @@ TARGET = [PY, str(SCRIPTS / "inject_target.py")]
 
 pytest.importorskip("hypno")
 
+from tui.injector import why_no_rights  # noqa: E402  (after the skip: the module needs no hypno, the tests do)
+
+# entering a process needs ptrace rights over it; without them (a user under Ubuntu's default
+# ptrace_scope 1) every inject is refused before anything else is looked at, as a unit test shows
+needs_ptrace = pytest.mark.skipif(why_no_rights() is not None, reason=f"no ptrace rights here: {why_no_rights()}")
+
 
 def perfmon(*args: str, timeout: float = 90, **kwargs) -> subprocess.CompletedProcess:
     return subprocess.run([PY, "-m", "tui.cli", *args], capture_output=True, text=True, timeout=timeout, **kwargs)
@@ -54,6 +60,7 @@ def _maps(pid: int) -> str:
     return Path(f"/proc/{pid}/maps").read_text()
 
 
+@needs_ptrace
 def test_inject_report_detach_leaves_the_loss_bit_identical_and_nothing_behind():
     bare = subprocess.run([*TARGET, "--steps", "400"], capture_output=True, text=True, timeout=60)
     bare_loss = json.loads(bare.stdout.splitlines()[-1])["loss"]
@@ -88,6 +95,7 @@ def test_inject_report_detach_leaves_the_loss_bit_identical_and_nothing_behind()
     assert residue == {}      # threads, fds, hooks, wrapped functions, sys.path, meta_path, perfmon objects
 
 
+@needs_ptrace
 def test_detach_without_injection_and_second_inject_are_refused():
     job = Paused("--steps", "200", "--pause-at", "50,100")
     try:
@@ -137,6 +145,7 @@ def _untouched(pid: int) -> None:
     assert "hypno" not in _maps(pid)
 
 
+@needs_ptrace
 def test_refusals_leave_the_target_untouched(sleeper):
     gone = subprocess.run([PY, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
     _refused(int(gone.stdout), "no process")
@@ -161,6 +170,7 @@ def _other_pythons() -> list[str]:
     return found
 
 
+@needs_ptrace
 def test_a_python_version_mismatch_is_refused(sleeper):
     other = next((exe for exe in _other_pythons()
                   if subprocess.run([exe, "-c", ""], capture_output=True).returncode == 0), None)
@@ -192,6 +202,7 @@ def test_ptrace_denied_by_the_kernel_is_refused(sleeper):
     _untouched(denied.pid)
 
 
+@needs_ptrace
 def test_a_torchrun_launcher_pid_injects_every_rank(tmp_path):
     ready = tmp_path / "ready"
     ready.mkdir()

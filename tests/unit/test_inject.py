@@ -42,6 +42,20 @@ def test_this_interpreter_passes_every_check():
     assert target.pid == os.getpid() and os.path.realpath(target.exe) == os.path.realpath(f"/proc/{os.getpid()}/exe")
 
 
+@pytest.mark.parametrize("scope, privileged, why", [
+    (0, False, None), (1, False, "ptrace_scope is 1"), (2, False, "ptrace_scope is 2"),
+    (1, True, None), (2, True, None), (3, True, "ptrace_scope is 3"),
+])
+def test_ptrace_rights_follow_yama_and_the_capability(monkeypatch, scope, privileged, why):
+    monkeypatch.setattr(injector, "_ptrace_scope", lambda: scope)
+    monkeypatch.setattr(injector, "_can_ptrace_any", lambda: privileged)
+    got = injector.why_no_rights()
+    assert got is None if why is None else why in got
+    if why is not None:                              # refused from /proc alone, before anything else
+        with pytest.raises(UserError, match=f"no ptrace rights over {os.getpid()}: .*{why}"):
+            injector.check(os.getpid())
+
+
 def test_a_process_that_is_no_launcher_stands_for_itself():
     assert injector.workers(os.getpid()) == [os.getpid()]
 
