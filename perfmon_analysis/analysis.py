@@ -77,10 +77,12 @@ class Analysis:
         return Snapshot(view, self.judge(view))
 
     def report(self, now: float | None = None, *, clock: float | None = None,
-               source: dict[str, Any] | None = None, snapshot: Snapshot | None = None) -> dict[str, Any]:
-        """The report JSON (``perfmon_analysis.report.build``) of ``snapshot``, else of the window at ``now``."""
+               source: dict[str, Any] | None = None, snapshot: Snapshot | None = None,
+               price: float | None = None) -> dict[str, Any]:
+        """The report JSON (``perfmon_analysis.report.build``) of ``snapshot``, else of the window at ``now``;
+        ``price`` per device-hour puts money on the gains."""
         snap = snapshot if snapshot is not None else self.snapshot(now, clock=clock)
-        return _report.build(snap.view, snap.verdict, retired=self.model.retired, source=source)
+        return _report.build(snap.view, snap.verdict, retired=self.model.retired, source=source, price=price)
 
     def callback_numbers(self, snapshot: Snapshot) -> dict[str, float]:
         """The trainer callbacks' ``perfmon/...`` scalars of one snapshot (known values only)."""

@@ -16,14 +16,17 @@ from typing import Any
 
 from perfmon_analysis.analysis import render_text
 from tui.errors import UserError
+from tui.pricing import price_per_device_hour
 from tui.stream.connect import load
 
 
 def main(args: Any) -> int:
-    """``perfmon report FILE|DIR|TARGET [--json] [--seconds S]``."""
+    """``perfmon report FILE|DIR|TARGET [--json] [--seconds S] [--price-per-device-hour P]``."""
+    price = price_per_device_hour(getattr(args, "price_per_device_hour", None))
     analysis, source = load(args.target, float(getattr(args, "seconds", 5.0) or 5.0), args)
     live = source["kind"] != "recording"
-    report = analysis.report(time.time() if live else None, clock=time.monotonic() if live else None, source=source)
+    report = analysis.report(time.time() if live else None, clock=time.monotonic() if live else None,
+                             source=source, price=price)
     if not report["ranks"]:
         raise UserError(f"{args.target}: no records from any rank to report on")
     if args.json:
