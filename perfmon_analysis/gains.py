@@ -12,14 +12,17 @@ inside steps), and the time between steps is ``g`` itself. Each rank holds one d
 job loses ``ranks × wall share`` device-hours per hour: ``per_day`` at the window's pace, and
 ``device_hours`` over the time since the job's first probe started, at the window's shares (an
 estimate for a job whose bottleneck changed). Money is device-hours times a price per
-device-hour, when one is given. An unknown input makes the figure unknown (None, with the
-reason), never 0.
+device-hour, when one is given. On a GPU, the energy spent in each loss: the GPUs' energy per step
+and per sample (NVML's total-energy counter) times the loss's share of wall time, an upper
+estimate, since an idle GPU draws less than the window's mean power. An unknown input makes the
+figure unknown (None, with the reason), never 0.
 
 Pure: ``estimate(view, losses, over)`` depends on its inputs only; the verdict calls it once.
 """
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 from typing import Any
 
@@ -32,6 +35,28 @@ HOURS_PER_DAY = 24.0
 GAPS = "step_gaps"
 PRICE_ENV = "PERFMON_PRICE_PER_DEVICE_HOUR"
 NO_PRICE = f"no price per device-hour ({PRICE_ENV} or --price-per-device-hour)"
+NO_ENERGY_CPU = "energy is measured on GPUs only (NVML's total-energy counter)"
+NO_ENERGY_GPU = "the GPUs' total-energy counter was not read (NVML: not supported, or fewer than two samples)"
+
+
+@dataclass(frozen=True)
+class Energy:
+    """The job's GPUs' energy over the window (``Metrics.energy_per_*``, ``power_w``); None where unknown."""
+
+    per_step_j: float | None
+    per_sample_j: float | None
+    per_token_j: float | None
+    power_w: float | None
+    why_unknown: str | None = None
+
+    def spent(self, wall_share: float | None) -> dict[str, Any] | None:
+        """The part of it spent in a loss of ``wall_share``: per step, sample, token, and kWh per day."""
+        if wall_share is None or self.power_w is None:
+            return None
+        return {"per_step_j": _round(_times(self.per_step_j, wall_share)),
+                "per_sample_j": _round(_times(self.per_sample_j, wall_share), 8),
+                "per_token_j": _round(_times(self.per_token_j, wall_share), 8),
+                "per_day_kwh": _round(self.power_w * wall_share * HOURS_PER_DAY / 1000.0)}
 
 
 @dataclass(frozen=True)
@@ -51,6 +76,8 @@ class Gain:
     per_day: float | None
     why_unknown: str | None = None
     of: tuple[str, ...] = ()          # the combination: the losses it removes
+    energy: dict[str, Any] | None = None     # ``Energy.spent``: the GPUs' energy in this loss
+    why_no_energy: str | None = None
 
     def cost(self, price: float | None) -> tuple[float | None, float | None]:
         """(money lost so far, money lost per day) at ``price`` per device-hour; None where unknown."""
@@ -69,6 +96,9 @@ class Gain:
             "price": None if price is None else {"per_device_hour": price, "so_far": _round(so_far),
                                                   "per_day": _round(per_day)},
         }
+        out["energy"] = self.energy
+        if self.energy is None and self.why_no_energy is not None:
+            out["why_no_energy"] = self.why_no_energy
         if self.of:
             out["of"] = list(self.of)
         if self.why_unknown is not None:
@@ -87,6 +117,7 @@ class Gains:
     device_unit: str                  # "GPU-h" | "CPU-h": what a device-hour is on this job
     ranks: int
     hours: float | None               # wall hours since the job's first probe started
+    energy: Energy | None = None
 
     def of(self, loss_id: str) -> Gain | None:
         return next((g for g in self.per_loss if g.loss == loss_id), None)
@@ -110,7 +141,8 @@ class Gains:
         """``{"gains": [...], "gains_combined": {...} | None}`` for the report's verdict."""
         return {"gains": [g.as_json(price) for g in self.per_loss],
                 "gains_combined": self.combined.as_json(price) if self.combined is not None else None,
-                "gains_basis": {"ranks": self.ranks, "hours": _round(self.hours), "device_unit": self.device_unit}}
+                "gains_basis": {"ranks": self.ranks, "hours": _round(self.hours), "device_unit": self.device_unit,
+                                "power_w": _round(self.energy.power_w) if self.energy is not None else None}}
 
 
 def speedup_bound(share: float | None) -> float | None:
@@ -129,9 +161,19 @@ def estimate(view: JobView, losses: tuple[Loss, ...], over: tuple[str, ...]) -> 
     ranks = max(1, view.world_size, len(view.ranks))
     hours = (view.now - view.started) / 3600.0 if view.started is not None and view.now >= view.started else None
     unit = "GPU-h" if view.device_type == "cuda" else "CPU-h"
-    per_loss = tuple(_gain(x.id, x.label, x.share, _wall_share(x, gap), ranks, hours, x.source) for x in losses)
+    m = view.metrics
+    energy = Energy(m.energy_per_step_j, m.energy_per_sample_j, m.energy_per_token_j, m.power_w,
+                    None if m.power_w is not None else NO_ENERGY_GPU if view.device_type == "cuda" else NO_ENERGY_CPU)
+    per_loss = tuple(_with_energy(_gain(x.id, x.label, x.share, _wall_share(x, gap), ranks, hours, x.source), energy)
+                     for x in losses)
     combined = _combined(losses, over, gap, ranks, hours)
-    return Gains(per_loss, combined, unit, ranks, hours)
+    return Gains(per_loss, combined and _with_energy(combined, energy), unit, ranks, hours, energy)
+
+
+def _with_energy(gain: Gain, energy: Energy) -> Gain:
+    spent = energy.spent(gain.wall_share)
+    why = None if spent is not None else energy.why_unknown or "the loss's share of wall time is unknown"
+    return dataclasses.replace(gain, energy=spent, why_no_energy=why)
 
 
 def _wall_share(loss: Loss, gap: float | None) -> float | None:
@@ -178,5 +220,9 @@ def _combined(losses: tuple[Loss, ...], over: tuple[str, ...], gap: float | None
                  "a loss in the combination is the whole step", ids, bound)
 
 
-def _round(x: float | None) -> float | None:
-    return None if x is None else round(x, 4)
+def _times(x: float | None, share: float) -> float | None:
+    return None if x is None else x * share
+
+
+def _round(x: float | None, places: int = 4) -> float | None:
+    return None if x is None else round(x, places)

@@ -114,7 +114,8 @@ def _jsonable(obj: Any) -> Any:
 _pct = units.pct
 _FORMAT = {Unit.RATIO: units.pct, Unit.CORES: units.pct, Unit.SECONDS: units.seconds, Unit.PER_SECOND: units.rate,
            Unit.PER_STEP: units.number, Unit.BYTES_PER_SECOND: units.bandwidth,
-           Unit.FLOPS: lambda x: units.rate(x, "FLOP"), Unit.COUNT: units.count}
+           Unit.FLOPS: lambda x: units.rate(x, "FLOP"), Unit.COUNT: units.count,
+           Unit.WATTS: lambda x: units.fixed(x, "W"), Unit.JOULES: units.energy}
 
 
 def formatted(metric: Metric | None, value: Any) -> str:

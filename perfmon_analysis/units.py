@@ -114,3 +114,13 @@ def hours(value: float | None) -> str:
 def money(value: float | None) -> str:
     """An amount in the currency of the price given (no symbol: perfmon does not know it): '31.2'."""
     return NA if value is None else f"{value:.3g}" if abs(value) < 1000 else f"{value:,.0f}"
+
+
+def energy(value: float | None) -> str:
+    """Joules with SI prefixes: 0.35 -> '350mJ', 1520 -> '1.52kJ'."""
+    if value is None:
+        return NA
+    if abs(value) < 1.0:
+        return f"{value * 1e3:.3g}mJ"
+    v, prefix = _si(float(value), ("", "k", "M", "G"))
+    return f"{v:.3g}{prefix}J"

@@ -162,3 +162,21 @@ def test_prometheus_serves_the_gains_and_leaves_unknown_ones_out():
     assert bound["data_wait"] == pytest.approx(1 / 0.7) and per_day["data_wait"] == pytest.approx(2 * 24 * 0.3)
     assert bound["combined"] == pytest.approx(1 / 0.7)
     assert "device_idle" not in bound and "device_idle" not in per_day
+
+
+def test_on_a_gpu_the_energy_counter_prices_each_loss_in_joules():
+    view = job(Rank(data=0.03, gpu_util=60.0, gpu_power_w=400.0, samples=32), device="cuda").view()
+    m = view.metrics
+    assert m.power_w == pytest.approx(400.0)                        # the counter's rise over time, not a reading
+    assert m.energy_per_step_j == pytest.approx(400.0 * 0.1)        # 100 ms steps
+    assert m.energy_per_sample_j == pytest.approx(400.0 / 320)      # 32 samples a step, 10 steps a second
+    gain = evaluate(view).gains.of("data_wait")
+    assert gain.energy == {"per_step_j": pytest.approx(40.0 * 0.3), "per_sample_j": pytest.approx(1.25 * 0.3),
+                           "per_token_j": None, "per_day_kwh": pytest.approx(0.4 * 0.3 * 24)}
+
+
+def test_energy_is_unknown_without_the_counter_and_on_a_cpu_never_zero():
+    gpu = evaluate(job(Rank(data=0.03, gpu_util=60.0), device="cuda").view()).gains.of("data_wait")
+    assert gpu.energy is None and "total-energy counter was not read" in gpu.why_no_energy
+    cpu = evaluate(job(_cpu(data=0.03)).view()).gains.of("data_wait").as_json()
+    assert cpu["energy"] is None and cpu["why_no_energy"].startswith("energy is measured on GPUs only")
