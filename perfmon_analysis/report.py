@@ -258,6 +258,13 @@ def gains_lines(v: dict[str, Any], width: int = 80) -> list[str]:
     if not priced:
         lines.extend(textwrap.wrap(rows[0].get("why_no_price", ""), width, initial_indent="  money: ",
                                    subsequent_indent="    ", break_on_hyphens=False))
+    for g in rows:
+        e = g.get("energy")
+        if e:
+            per = f", {units.energy(e['per_sample_j'])}/sample" if e.get("per_sample_j") is not None else ""
+            lines.extend(textwrap.wrap(f"{g['label']}: at most {units.energy(e['per_step_j'])}/step{per}, "
+                                       f"{units.number(e['per_day_kwh'])} kWh/day", width,
+                                       initial_indent="  energy in ", subsequent_indent="    "))
     return lines
 
 

@@ -180,3 +180,14 @@ def test_energy_is_unknown_without_the_counter_and_on_a_cpu_never_zero():
     assert gpu.energy is None and "total-energy counter was not read" in gpu.why_no_energy
     cpu = evaluate(job(_cpu(data=0.03)).view()).gains.of("data_wait").as_json()
     assert cpu["energy"] is None and cpu["why_no_energy"].startswith("energy is measured on GPUs only")
+
+
+def test_the_report_text_says_the_energy_each_loss_spends_on_a_gpu():
+    view = job(Rank(data=0.03, gpu_util=60.0, gpu_power_w=400.0), device="cuda").view()
+    text = report.render_text(report.build(view, evaluate(view)))
+    assert "  energy in data wait: at most 12J/step, 375mJ/sample, 2.88 kWh/day" in text.splitlines()
+
+
+def test_a_restarted_energy_counter_leaves_the_power_unknown():
+    view = job(Rank(data=0.03, gpu_util=60.0, gpu_power_w=-400.0), device="cuda").view()   # the counter falls
+    assert view.metrics.power_w is None and view.metrics.energy_per_step_j is None
