@@ -248,8 +248,8 @@ def main() -> None:
             noise = (max(measured) - min(measured)) / med["measured"]     # run-to-run spread of the speedup
             within = "yes" if med["measured"] <= med["bound"] * (1 + noise) else "NO"
             print(f"| {pair} | {runs[0]['loss']} ({runs[0]['verdict']}) | {med['share']:.0%} | {med['bound']:.2f}× "
-                  f"| {med['measured']:.2f}× ({each}) | {ratios} | ±{noise:.0%} | {within} | {med['fixed_share']:.0%} "
-                  f"| {'n/a' if cont is None else f'{cont:.0%}'} |", flush=True)
+                  f"| {med['measured']:.2f}× ({each}) | {ratios} | ±{noise:.0%} | {within} "
+                  f"| {med['fixed_share']:.0%} | {'n/a' if cont is None else f'{cont:.0%}'} |", flush=True)
 
 
 if __name__ == "__main__":
