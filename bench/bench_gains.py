@@ -17,7 +17,7 @@ Pairs (the loss, then the fix):
 * ``checkpoint``      a checkpoint every 10 steps: a state copy, then a slow write (3 steps) in the
                       training thread, between steps -> the write in a background thread.
 * ``no_sync``         2-rank gloo DDP, 4 micro-batches per optimizer step, gradients all-reduced
-                      after each -> ``no_sync()`` for the first 3.
+                      after each -> ``no_sync()`` for the first 3 (100 steps each, not ``--seconds``).
 
     python bench/bench_gains.py [--pairs NAME,...] [--seconds 10] [--repeats 3] [--parallel]
 
@@ -52,6 +52,7 @@ PAIRS = {
     "no_sync": "comm_exposed",
 }
 WIDTH, BATCH = 512, 256
+DDP_STEPS = 100       # the no_sync twins' length, in optimizer steps
 
 
 # -- the jobs ------------------------------------------------------------------------------------
@@ -136,7 +137,9 @@ def job(pair: str, fixed: bool, seconds: float) -> None:
         threading.Thread(target=lambda: [time.sleep(s) for s in iter(pushes.get, None)], daemon=True).start()
     stop = time.monotonic() + seconds
     for i, (xb, yb) in enumerate(batches):
-        if time.monotonic() >= stop:
+        # ranks stop together, at a step count (one rank leaving by its clock strands the other in its
+        # all-reduce); the other jobs run for the time given
+        if (i >= DDP_STEPS) if ddp is not None else time.monotonic() >= stop:
             break
         with mon.step(samples=BATCH):
             if ddp is not None:
