@@ -13,6 +13,7 @@ from typing import Any, Iterable
 
 from perfmon_analysis import report as _report
 from perfmon_analysis.buffers import WINDOW_SECONDS, WINDOW_STEPS
+from perfmon_analysis.gains import callback_values as gain_values
 from perfmon_analysis.metrics import callback_values
 from perfmon_analysis.runmodel import RunModel
 from perfmon_analysis.verdict import Verdict, VerdictTracker, evaluate
@@ -85,8 +86,9 @@ class Analysis:
         return _report.build(snap.view, snap.verdict, retired=self.model.retired, source=source, price=price)
 
     def callback_numbers(self, snapshot: Snapshot) -> dict[str, float]:
-        """The trainer callbacks' ``perfmon/...`` scalars of one snapshot (known values only)."""
-        return callback_values(snapshot.view)
+        """The trainer callbacks' ``perfmon/...`` scalars of one snapshot (known values only), what
+        fixing each loss buys among them."""
+        return {**callback_values(snapshot.view), **gain_values(snapshot.verdict.gains)}
 
 
 def render_text(report: dict[str, Any], width: int = 80) -> str:

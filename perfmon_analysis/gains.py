@@ -145,6 +145,17 @@ class Gains:
                                 "power_w": _round(self.energy.power_w) if self.energy is not None else None}}
 
 
+def callback_values(gains: Gains | None) -> dict[str, float]:
+    """The trainer callbacks' scalars: ``perfmon/speedup_bound/<loss>`` and
+    ``perfmon/device_hours_per_day/<loss>`` (``combined`` too), known values only."""
+    if gains is None:
+        return {}
+    every = (*gains.per_loss, *((gains.combined,) if gains.combined is not None else ()))
+    return {f"perfmon/{name}/{g.loss}": value for g in every
+            for name, value in (("speedup_bound", g.speedup_bound), ("device_hours_per_day", g.per_day))
+            if value is not None}
+
+
 def speedup_bound(share: float | None) -> float | None:
     """1 / (1 − share): the most removing a share of the time can speed it up; None when unknown
     or when the share is the whole time (no finite bound)."""

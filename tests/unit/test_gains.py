@@ -191,3 +191,14 @@ def test_the_report_text_says_the_energy_each_loss_spends_on_a_gpu():
 def test_a_restarted_energy_counter_leaves_the_power_unknown():
     view = job(Rank(data=0.03, gpu_util=60.0, gpu_power_w=-400.0), device="cuda").view()   # the counter falls
     assert view.metrics.power_w is None and view.metrics.energy_per_step_j is None
+
+
+def test_the_trainer_callbacks_log_the_bound_and_the_hours_of_each_known_loss():
+    from perfmon_analysis.analysis import Analysis
+    analysis = Analysis(job(Rank(data=0.03)))          # the unexplained wait is not measured: not logged
+    logged = analysis.callback_numbers(analysis.snapshot())
+    assert logged["perfmon/speedup_bound/data_wait"] == pytest.approx(1 / 0.7)
+    assert logged["perfmon/device_hours_per_day/data_wait"] == pytest.approx(24 * 0.3)
+    assert logged["perfmon/speedup_bound/combined"] == pytest.approx(1 / 0.7)
+    assert not any(key.endswith("/device_idle") for key in logged)
+    assert logged["perfmon/data_wait_ratio"] == pytest.approx(0.3)       # beside the metric table's
