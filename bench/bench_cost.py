@@ -3,8 +3,9 @@
 Each round runs one process per mode, in alternating order: ``plain`` (no probe), ``api``
 (``probe.start`` + ``step()``) and ``watch`` (``api`` + ``watch(model, opt)``). Each times
 ``--steps`` steps of a small MLP after a warm-up; the probed ones also print what the probe says
-it cost over those steps (``probe.cost``'s totals from two samples: training-thread time per step,
-its threads' CPU over the process's). The measured cost is the mode's mean step against plain's.
+it cost over those steps, as a viewer computes it (``perfmon_analysis.overhead`` on two samples'
+``cost``: training-thread time per step, its bound with GIL waits, its threads' CPU over the
+process's). The measured cost is the mode's mean step against plain's.
 
     python bench/bench_cost.py [--rounds 6] [--steps 200]
 """
@@ -59,11 +60,11 @@ run(steps)
 wall = time.perf_counter() - t0
 out = {"step_s": wall / steps}
 if mon is not None:
+    from perfmon_analysis.overhead import overhead
+    from perfmon_analysis.readings import cost_reading
     after = mon.sampler.sample_once()["cost"]
-    threads = sum(after["threads"].values()) - sum(before["threads"].values())
-    train = after["train_s"] - before["train_s"]
-    out["train_per_step_s"] = train / (after["train_steps"] - before["train_steps"])
-    out["cpu_frac"] = (threads + train) / (after["process_cpu"] - before["process_cpu"])
+    o = overhead(0, [cost_reading(before, 0.0), cost_reading(after, wall)], wall / steps)
+    out.update(train_per_step_s=o.train_per_step_s, bound_per_step_s=o.train_bound_per_step_s, cpu_frac=o.cpu_frac)
     mon.close()
 print(json.dumps(out))
 """
@@ -94,8 +95,10 @@ def main() -> None:
                 f" measured cost {(step - plain) * 1e6:+.0f} µs/step ({(step / plain - 1) * 100:+.1f}%)")
         if mode != "plain":
             train = statistics.median(x["train_per_step_s"] for x in runs[mode])
+            bound = statistics.median(x["bound_per_step_s"] for x in runs[mode])
             cpu = statistics.median(x["cpu_frac"] for x in runs[mode])
-            line += f"; reported {train * 1e6:.1f} µs/step ({train / step * 100:.3f}% of the step), {cpu * 100:.2f}% of CPU"
+            line += (f"; reported {train * 1e6:.1f} µs/step ({train / step * 100:.3f}% of the step, at most"
+                     f" {bound * 1e6:.1f} with GIL waits), {cpu * 100:.2f}% of CPU")
         print(line)
 
 

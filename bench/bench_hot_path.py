@@ -2,12 +2,17 @@
 
 Measured in one run, probe vs no probe, on the same loop so machine noise hits
 both alike: (time with probe - time without) / steps. Repeated and the median
-taken. Cases: no viewer, and one viewer (a separate process reading the stream).
-Budget: under 2 µs per step. Beside it, what the probe reports of itself for the
-same loop (``probe.cost``: its training-thread time in ``step()``, the ``loader()`` wrapper not
-counted), which a viewer shows as the header's "perfmon cost".
+taken. Cases: no viewer, one viewer (a separate process reading the stream), and
+``step()`` alone (no ``loader()``). Budget: under 2 µs per step. The same difference in
+the training thread's CPU clock leaves out what a loaded machine adds (the thread waiting
+for a core) and the waits for the GIL while a probe thread runs. Beside them, what the
+probe reports of itself for the same loop, as a viewer computes it
+(``perfmon_analysis.overhead`` on two of its ``cost`` readings, the header's "perfmon
+cost"): its clock reads around ``step()`` plus the ``step()``/``loader()`` wrappers'
+calls at their cost calibrated at start-up; and its upper bound with the GIL waits, that
+plus the CPU its threads used during the loop.
 
-    python bench/bench_hot_path.py [--steps 200000] [--repeats 7]
+    python bench/bench_hot_path.py [--steps 100000] [--repeats 7]
 """
 
 from __future__ import annotations
@@ -21,26 +26,41 @@ import tempfile
 import time
 
 import probe
+from perfmon_analysis.overhead import STEP_CALLS, overhead
+from perfmon_analysis.readings import cost_reading
+from probe.cost import CostSource
 
 
-def baseline(n: int) -> float:
+def baseline(n: int) -> tuple[float, float]:
+    """(wall, training-thread CPU) seconds of the bare loop."""
     data = range(n)
-    t0 = time.perf_counter()
+    c0, t0 = time.thread_time(), time.perf_counter()
     for _ in data:
         pass
-    return time.perf_counter() - t0
+    return time.perf_counter() - t0, time.thread_time() - c0
 
 
-def with_probe(mon, n: int) -> tuple[float, float]:
-    """(wall seconds of the loop, the probe's own report of its training-thread seconds per step)."""
+def with_probe(mon, n: int, loader: bool) -> dict[str, float]:
+    """Wall and training-thread CPU seconds of the loop; the probe's own report of its
+    training-thread seconds per step, of which its clock reads', and its bound with GIL waits."""
     data = range(n)
-    own, steps = mon._own_s, mon._own_steps
-    t0 = time.perf_counter()
-    for _ in mon.loader(data):
-        with mon.step():
-            pass
-    wall = time.perf_counter() - t0
-    return wall, (mon._own_s - own) / max(1, mon._own_steps - steps)
+    source = CostSource(mon)
+    before = cost_reading(source.read()["cost"], time.time())
+    c0, t0 = time.thread_time(), time.perf_counter()
+    if loader:
+        for _ in mon.loader(data):
+            with mon.step():
+                pass
+    else:
+        for _ in data:
+            with mon.step():
+                pass
+    wall, cpu = time.perf_counter() - t0, time.thread_time() - c0
+    after = cost_reading(source.read()["cost"], time.time() + 1.0)
+    reported = overhead(mon.rank, [before, after], None)
+    clock_reads = next(p.value for p in reported.parts if p.name == STEP_CALLS)
+    return {"wall": wall, "cpu": cpu, "reported": reported.train_per_step_s, "reads": clock_reads,
+            "bound": reported.train_bound_per_step_s}
 
 
 def drain_queue(mon) -> None:
@@ -67,29 +87,36 @@ def main() -> None:
     os.environ.setdefault("PERFMON_DIR", tempfile.mkdtemp(prefix="pm-bench-"))
     os.chmod(os.environ["PERFMON_DIR"], 0o700)
     mon = probe.start(job="bench-hot-path")
-    results = {}
-    for case in ("no viewer", "one viewer"):
+    results: dict[str, dict[str, list[float]]] = {}
+    for case, viewed, loader in (("no viewer", False, True), ("one viewer", True, True),
+                                 ("step() alone", False, False)):
         viewer = None
-        if case == "one viewer":
+        if viewed:
             viewer = subprocess.Popen([sys.executable, "-c", VIEWER, str(mon.socket_path)], stdout=subprocess.PIPE)
             viewer.stdout.readline()
-        costs, reported = [], []
+        got: dict[str, list[float]] = {}
         for _ in range(args.repeats):
             drain_queue(mon)
-            base = baseline(args.steps)
+            base_wall, base_cpu = baseline(args.steps)
             drain_queue(mon)
-            probed, own = with_probe(mon, args.steps)
-            costs.append((probed - base) / args.steps * 1e6)
-            reported.append(own * 1e6)
-        results[case] = costs, reported
+            run = with_probe(mon, args.steps, loader)
+            row = {"wall": (run["wall"] - base_wall) / args.steps, "cpu": (run["cpu"] - base_cpu) / args.steps,
+                   "reported": run["reported"], "reads": run["reads"], "bound": run["bound"]}
+            for key, seconds in row.items():
+                got.setdefault(key, []).append(seconds * 1e6)
+        results[case] = got
         if viewer is not None:
             viewer.kill()
             viewer.wait()
+    calibrated = {name: round(seconds * 1e6, 2) for name, seconds in (mon._wrapper_cost or {}).items()}
     mon.close()
-    print(f"python {sys.version.split()[0]}, {os.cpu_count()} cpus, {args.steps} steps x {args.repeats} repeats")
-    for case, (costs, reported) in results.items():
-        print(f"{case:>10}: median {statistics.median(costs):.2f} µs/step  (min {min(costs):.2f}, max {max(costs):.2f});"
-              f" the probe reports {statistics.median(reported):.2f} µs/step of its own")
+    print(f"python {sys.version.split()[0]}, {os.cpu_count()} cpus, {args.steps} steps x {args.repeats} repeats; "
+          f"wrappers calibrated at start-up (µs a call): {calibrated}")
+    print("µs/step, medians    measured: wall (min-max)   thread CPU | reported: total (clock reads)  bound w/ GIL")
+    for case, got in results.items():
+        m = {key: statistics.median(values) for key, values in got.items()}
+        print(f"{case:>12}  {m['wall']:>16.2f} ({min(got['wall']):.2f}-{max(got['wall']):.2f}) {m['cpu']:>11.2f} |"
+              f" {m['reported']:>14.2f} ({m['reads']:.2f}) {m['bound']:>13.2f}")
 
 
 if __name__ == "__main__":

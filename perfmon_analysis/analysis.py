@@ -15,6 +15,7 @@ from perfmon_analysis import report as _report
 from perfmon_analysis.buffers import WINDOW_SECONDS, WINDOW_STEPS
 from perfmon_analysis.gains import callback_values as gain_values
 from perfmon_analysis.metrics import callback_values
+from perfmon_analysis.readings import StepReading
 from perfmon_analysis.runmodel import RunModel
 from perfmon_analysis.verdict import Verdict, VerdictTracker, evaluate
 from perfmon_analysis.views import JobView
@@ -70,8 +71,12 @@ class Analysis:
         return self.model.view(now, clock=clock)
 
     def judge(self, view: JobView) -> Verdict:
-        """The verdict over ``view`` (through the tracker when ``steady``)."""
-        return self._tracker.update(view) if self._tracker is not None else evaluate(view)
+        """The verdict over ``view`` (through the tracker when ``steady``), kept in the run's history
+        when it changed (a warming-up window judges nothing)."""
+        verdict = self._tracker.update(view) if self._tracker is not None else evaluate(view)
+        if view.ranks and verdict.bottleneck != "warming_up":
+            self.model.history.note_verdict(view.now, verdict.bottleneck, verdict.severity, verdict.headline)
+        return verdict
 
     def snapshot(self, now: float | None = None, *, clock: float | None = None) -> Snapshot:
         view = self.view(now, clock=clock)
@@ -84,6 +89,14 @@ class Analysis:
         ``price`` per device-hour puts money on the gains."""
         snap = snapshot if snapshot is not None else self.snapshot(now, clock=clock)
         return _report.build(snap.view, snap.verdict, retired=self.model.retired, source=source, price=price)
+
+    def set_window(self, steps: int, seconds: float) -> None:
+        """The window: the last ``steps`` steps or ``seconds``, whichever is fewer (``RunModel.set_window``)."""
+        self.model.set_window(steps, seconds)
+
+    def steps_in_window(self) -> dict[int, list[StepReading]]:
+        """Each rank's steps in the window, oldest first (``RunModel.steps_in_window``)."""
+        return self.model.steps_in_window()
 
     def callback_numbers(self, snapshot: Snapshot) -> dict[str, float]:
         """The trainer callbacks' ``perfmon/...`` scalars of one snapshot (known values only), what

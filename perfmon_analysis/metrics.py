@@ -192,8 +192,8 @@ METRICS: tuple[Metric, ...] = (
            job=lambda v: v.metrics.host_wait_frac),
     Metric("cpu_contention_frac", Unit.RATIO, "Step time the training thread was runnable with no core free",
            job=lambda v: v.metrics.cpu_contention_frac),
-    Metric("overhead_step_frac", Unit.RATIO, "perfmon's own cost: training-thread time in its step calls and "
-           "hooks over the step time (the rank where it is highest)",
+    Metric("overhead_step_frac", Unit.RATIO, "perfmon's own cost: training-thread time in its step calls, "
+           "hooks and wrappers over the step time (the rank where it is highest)",
            job=lambda v: v.metrics.overhead_step_frac, rank=lambda r: r.overhead_step_frac, surfaces=ALL),
     Metric("overhead_cpu_frac", Unit.RATIO, "perfmon's own cost: its threads' CPU and training-thread time "
            "over the process's CPU",

@@ -2,10 +2,16 @@
 
 Two shares a user weighs before leaving the monitor in a job:
 
-* ``step_frac``: seconds the training thread spent in the probe's step calls per step, over the
-  rank's median step time: the slowdown it adds to each step;
+* ``step_frac``: seconds the training thread spent in the probe's step calls per step, and in
+  its ``step()``/``loader()``/``phase()`` wrappers around them (calls counted, each at the cost a
+  call calibrated at start-up), over the rank's median step time: the slowdown it adds to each step;
 * ``cpu_frac``: the CPU of the probe's threads plus that training-thread time, over the whole
   process's CPU in the same interval: the cores it takes from the job.
+
+The training thread also waits for the GIL while a probe thread holds it, which no clock on
+that thread can tell from its own work; ``train_bound_per_step_s`` bounds it: the training-thread
+time plus all the probe threads' CPU per step, as if every bit of it had held the GIL while the
+training thread wanted it.
 
 Each part (the step calls, each step hook, each thread, memory, bytes out) is listed with its
 value, its share where it has one, and where the number comes from. A part the probe did not
@@ -21,12 +27,18 @@ from perfmon_analysis import units
 from perfmon_analysis.readings import CostReading
 
 STEP_BUDGET = 0.01      # over this share of the step, the probe's cost is a finding
-CPU_BUDGET = 0.05       # over this share of the process's CPU, likewise
+CPU_BUDGET = 0.05       # over this share of the process's CPU, likewise,
+CPU_FLOOR = 0.05        # when it also takes more than this many cores: a job that idles its CPU (waiting
+                        # for its loader) makes a cost of a few thousandths of a core a large share
 
 STEP_CALLS = "step calls"   # the training-thread part outside the step hooks
+# the wrappers' parts: the code around the step calls' clock reads, by wrapper
+WRAPPER_PARTS = {"step": "step() call", "loader": "loader()", "phase": "phase()"}
 
 _TRAIN_SOURCE = "training-thread clock reads around the probe's step calls"
 _HOOK_SOURCE = "clock reads around each step hook"
+_WRAPPER_SOURCE = "calls counted x {} a call, calibrated at start-up"
+_WRAPPER_WHY = "not reported (a probe that does not calibrate its wrappers)"
 _THREAD_SOURCE = "the thread's CPU clock"
 _MEMORY_SOURCE = "the probe's queue and buffer sizes"
 _IO_SOURCE = "the sender's byte counters"
@@ -78,6 +90,8 @@ class Overhead:
     cpu_frac: float | None
     train_per_step_s: float | None
     parts: tuple[CostPart, ...]
+    cores: float | None = None     # the probe's CPU seconds per second: its threads and its step calls
+    train_bound_per_step_s: float | None = None   # with the probe threads' CPU as GIL waits: at most this
 
     @property
     def step_over(self) -> bool:
@@ -85,7 +99,8 @@ class Overhead:
 
     @property
     def cpu_over(self) -> bool:
-        return self.cpu_frac is not None and self.cpu_frac > CPU_BUDGET
+        return (self.cpu_frac is not None and self.cpu_frac > CPU_BUDGET
+                and self.cores is not None and self.cores > CPU_FLOOR)
 
     @property
     def over_budget(self) -> bool:
@@ -104,8 +119,10 @@ class Overhead:
         """The report's ``overhead`` object."""
         return {"rank": self.rank, "window_s": _round(self.seconds), "steps": self.steps,
                 "step_frac": _round(self.step_frac), "cpu_frac": _round(self.cpu_frac),
-                "train_per_step_s": _round(self.train_per_step_s), "step_budget": STEP_BUDGET,
-                "cpu_budget": CPU_BUDGET, "parts": [p.as_json() for p in self.parts]}
+                "train_per_step_s": _round(self.train_per_step_s),
+                "train_bound_per_step_s": _round(self.train_bound_per_step_s), "cores": _round(self.cores),
+                "step_budget": STEP_BUDGET, "cpu_budget": CPU_BUDGET, "cpu_floor_cores": CPU_FLOOR,
+                "parts": [p.as_json() for p in self.parts]}
 
 
 def overhead(rank: int, costs: Iterable[CostReading], step_median: float | None) -> Overhead | None:
@@ -118,7 +135,10 @@ def overhead(rank: int, costs: Iterable[CostReading], step_median: float | None)
     if wall <= 0:
         return None
     steps = _delta(a.train_steps, b.train_steps)
+    wrapper_parts, wrapped = _wrapper_parts(a, b, steps, step_median)
     train = _delta(a.train_s, b.train_s)
+    if train is not None:
+        train += wrapped
     per_step = train / steps if train is not None and steps else None
     step_frac = per_step / step_median if per_step is not None and step_median else None
     parts: list[CostPart] = []
@@ -129,11 +149,12 @@ def overhead(rank: int, costs: Iterable[CostReading], step_median: float | None)
         if steps and spent > 0:
             hook_parts.append(_train_part(name, spent / steps, step_median, _HOOK_SOURCE))
     if per_step is not None:
-        own = max(0.0, per_step - sum(p.value or 0.0 for p in hook_parts))
+        own = max(0.0, per_step - sum(p.value or 0.0 for p in hook_parts + wrapper_parts))
         parts.append(_train_part(STEP_CALLS, own, step_median, _TRAIN_SOURCE))
     else:
         parts.append(CostPart(STEP_CALLS, "train", None, "s/step", None, _TRAIN_SOURCE,
                               b.unmeasured("train", "no steps between the samples")))
+    parts.extend(wrapper_parts)
     parts.extend(sorted(hook_parts, key=lambda p: -(p.value or 0.0)))
     process = _delta(a.process_cpu, b.process_cpu)
     threads_cpu = 0.0
@@ -147,9 +168,12 @@ def overhead(rank: int, costs: Iterable[CostReading], step_median: float | None)
             threads_cpu += spent
             parts.append(CostPart(name, "thread", spent / wall, "cores",
                                   spent / process if process else None, _THREAD_SOURCE))
-    cpu_frac = None
-    if b.threads is not None and process:
-        cpu_frac = (threads_cpu + (train or 0.0)) / process
+    cpu_frac = cores = None
+    if b.threads is not None:
+        cores = (threads_cpu + (train or 0.0)) / wall
+        if process:
+            cpu_frac = (threads_cpu + (train or 0.0)) / process
+    bound = per_step + threads_cpu / steps if per_step is not None and steps and b.threads is not None else None
     for name, value, unit in (("queue", b.queue_items, "items"), ("viewer queues", b.viewer_bytes, "bytes"),
                               ("backfill", b.backfill_bytes, "bytes")):
         parts.append(CostPart(name, "memory", value, unit, None, _MEMORY_SOURCE,
@@ -160,7 +184,7 @@ def overhead(rank: int, costs: Iterable[CostReading], step_median: float | None)
         parts.append(CostPart(name, "io", moved / wall if moved is not None else None, "bytes/s", None, _IO_SOURCE,
                               None if moved is not None else b.unmeasured(key, "not reported")))
     return Overhead(rank=rank, seconds=wall, steps=steps or 0, step_frac=step_frac, cpu_frac=cpu_frac,
-                    train_per_step_s=per_step, parts=tuple(parts))
+                    train_per_step_s=per_step, parts=tuple(parts), cores=cores, train_bound_per_step_s=bound)
 
 
 def finding(view_overhead: Overhead | None) -> dict[str, Any] | None:
@@ -179,7 +203,8 @@ def finding(view_overhead: Overhead | None) -> dict[str, Any] | None:
         return {"id": "perfmon_cost", "share": _round(o.cpu_frac), "part": thread.name, "kind": "thread",
                 "rank": o.rank,
                 "message": f"perfmon uses {units.pct(o.cpu_frac, 1)} of the process's CPU on rank {o.rank} "
-                           f"(budget {units.pct(CPU_BUDGET)}), most in its {thread.name} thread ({thread.shown})"}
+                           f"({units.number(o.cores)} cores; budget {units.pct(CPU_BUDGET)}), most in its "
+                           f"{thread.name} thread ({thread.shown})"}
     return None
 
 
@@ -199,11 +224,34 @@ def text_lines(o: dict[str, Any] | None) -> list[str]:
         return [f"perfmon cost: {units.NA}: {UNKNOWN}"]
     lines = [f"perfmon cost (rank {o['rank']}, {units.seconds(o['window_s'])}, {o['steps']} steps): "
              f"{units.pct(o['step_frac'], 2)} of the step, {units.pct(o['cpu_frac'], 2)} of the process CPU"]
+    if o.get("train_bound_per_step_s") is not None:
+        lines.append(f"  training thread {shown('train', 's/step', o['train_per_step_s'])}, at most "
+                     f"{shown('train', 's/step', o['train_bound_per_step_s'])} with its GIL waits")
     for p in o["parts"]:
         share = f" ({units.pct(p['share'], 2)})" if p.get("share") is not None else ""
         why = f" ({p['why']})" if p.get("why") else ""
         lines.append(f"  {p['kind']:<6} {p['part']}: {shown(p['kind'], p['unit'], p['value'])}{share}{why}")
     return lines
+
+
+def _wrapper_parts(a: CostReading, b: CostReading, steps: int | None,
+                   step_median: float | None) -> tuple[list[CostPart], float]:
+    """The wrappers' parts (s per step) and their seconds between ``a`` and ``b``; one unknown part
+    when the probe did not report them."""
+    if b.wrappers is None:
+        return [CostPart("wrappers", "train", None, "s/step", None, _WRAPPER_SOURCE.format("the cost"),
+                         b.unmeasured("wrappers", _WRAPPER_WHY))], 0.0
+    before = {name: calls for name, calls, _ in a.wrappers or ()}
+    parts, total = [], 0.0
+    for name, calls, per_call in b.wrappers:
+        made = calls - before.get(name, 0)
+        if made <= 0 or not steps:
+            continue
+        spent = made * per_call
+        total += spent
+        source = _WRAPPER_SOURCE.format(units.fixed(per_call * 1e6, "µs", digits=2))
+        parts.append(_train_part(WRAPPER_PARTS.get(name, f"{name}()"), spent / steps, step_median, source))
+    return parts, total
 
 
 def _train_part(name: str, per_step: float, step_median: float | None, source: str) -> CostPart:

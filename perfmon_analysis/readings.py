@@ -323,6 +323,9 @@ class CostReading:
     sent_bytes: int | None
     recorded_bytes: int | None
     why: tuple[tuple[str, str], ...] = ()
+    # wrapper name (step, loader, phase) -> (calls so far, s a call calibrated at start-up); None:
+    # not reported (an older probe, or a failed calibration: ``why``)
+    wrappers: tuple[tuple[str, int, float], ...] | None = None
 
     def unmeasured(self, part: str, default: str) -> str:
         """Why the probe did not measure ``part`` (its own words), else ``default``."""
@@ -341,7 +344,21 @@ def cost_reading(cost: Any, t: float | None) -> CostReading | None:
         process_cpu=_nonneg(cost.get("process_cpu")), queue_items=_whole(cost.get("queue_items")),
         viewer_bytes=_whole(cost.get("viewer_bytes")), backfill_bytes=_whole(cost.get("backfill_bytes")),
         sent_bytes=_whole(cost.get("sent_bytes")), recorded_bytes=_whole(cost.get("recorded_bytes")),
-        why=tuple((str(k), str(v)) for k, v in why.items()) if isinstance(why, dict) else ())
+        why=tuple((str(k), str(v)) for k, v in why.items()) if isinstance(why, dict) else (),
+        wrappers=_wrappers(cost.get("wrappers")))
+
+
+def _wrappers(value: Any) -> tuple[tuple[str, int, float], ...] | None:
+    """``wrappers {name: [calls, s a call]}``; pairs that are not a count and a duration are left out."""
+    if not isinstance(value, dict):
+        return None
+    out = []
+    for name, pair in value.items():
+        if isinstance(pair, (list, tuple)) and len(pair) == 2:
+            calls, per_call = _whole(pair[0]), _nonneg(pair[1])
+            if calls is not None and calls >= 0 and per_call is not None:
+                out.append((str(name), calls, per_call))
+    return tuple(out)
 
 
 def _seconds_by_name(value: Any) -> tuple[tuple[str, float], ...] | None:

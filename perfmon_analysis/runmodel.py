@@ -41,11 +41,13 @@ import time
 from typing import Any
 
 from perfmon_analysis.buffers import EVENT_BUFFER, MIN_STEPS, WINDOW_SAMPLES, WINDOW_SECONDS, WINDOW_STEPS, RankState
-from perfmon_analysis.readings import (HostReading, comm_reading, dropped, event_reading, gpu_rows,
+from perfmon_analysis.readings import (HostReading, StepReading, comm_reading, dropped, event_reading, gpu_rows,
                                        hello_reading, memory_reading, record_time, sample_reading, stall_reading,
                                        where_interval)
-from perfmon_analysis.stats import RankStats, comm_rows, job_metrics, job_where, rank_stats, rank_view, summary_stats
+from perfmon_analysis.stats import (RankStats, comm_rows, job_metrics, job_where, rank_stats, rank_view, summary_stats,
+                                    window_of)
 from perfmon_analysis.capture import capture_reading, with_cost
+from perfmon_analysis.history import History
 from perfmon_analysis.profile import ModuleProfile, profile_reading, with_overhead
 from perfmon_analysis.overhead import worst
 from perfmon_analysis.stuck import diagnose
@@ -74,6 +76,7 @@ class RunModel:
         self.problems: list[str] = []
         self.orphans = 0
         self.last_t: float | None = None
+        self.history = History()     # the whole run, downsampled (the trends screen, the HTML report)
 
     # -- ingest -------------------------------------------------------------------------------
     def ingest(self, stream_id: str, record: dict[str, Any], received: float | None = None) -> None:
@@ -106,6 +109,7 @@ class RunModel:
                     state.summary_steps = None
                     self._summaries.pop(state, None)
                 state.add_step(step)
+                self.history.add_step(state.rank, state.info.host, step)
                 if state.stall is not None and step.step > (state.stall.step if state.stall.step is not None else -1):
                     state.stall = None     # progress again (its ``resumed`` record may have been dropped)
         elif kind == "summary":
@@ -132,7 +136,9 @@ class RunModel:
             if interval is not None:
                 state.where.append(interval)
         elif kind == "memory":
-            state.memory.append(memory_reading(record))
+            memory = memory_reading(record)
+            state.memory.append(memory)
+            self.history.add_memory(state.rank, state.info.host, memory)
         elif kind == "comm":
             state.comm.append(comm_reading(record))
         elif kind == "event":
@@ -258,6 +264,11 @@ class RunModel:
             where=job_where([st for _, st in ready]),
             overhead=worst(st.overhead for st in stats),
         )
+
+    def steps_in_window(self) -> dict[int, list[StepReading]]:
+        """Each rank's steps in the window, oldest first: the per-step samples behind the view's
+        step statistics (``perfmon compare`` puts a confidence interval on them)."""
+        return {r: window_of(s, self.window_steps, self.window_seconds) for r, s in sorted(self._ranks.items())}
 
     def _stats(self, state: RankState) -> "RankStats":
         cache = state._cache

@@ -15,8 +15,8 @@ from typing import Any, Callable, Deque, Iterable
 
 from perfmon_analysis.overhead import Overhead, overhead, worst
 from perfmon_analysis.buffers import MIN_STEPS, TIMELINE_STEPS, WINDOW_SAMPLES, RankState
-from perfmon_analysis.readings import (CommOp, DeviceReading, HostReading, MemoryReading, RankTrace, SampleReading,
-                                       StepReading, WhereInterval, own_gpus)
+from perfmon_analysis.readings import (CommOp, CostReading, DeviceReading, HostReading, MemoryReading, RankTrace,
+                                       SampleReading, StepReading, WhereInterval, own_gpus)
 from perfmon_analysis.views import CommOpRow, MemoryMetrics, Metrics, RankView, WhereLine, WhereTable
 
 
@@ -70,6 +70,11 @@ def _window(nums: Deque[StepReading], max_steps: int, max_seconds: float) -> lis
         return tail
     recent = [s for s in tail if (s.t if s.t is not None else last_t) >= last_t - max_seconds]
     return recent if len(recent) >= MIN_STEPS else tail[-MIN_STEPS:]
+
+
+def window_of(state: RankState, max_steps: int, max_seconds: float) -> list[StepReading]:
+    """The rank's steps that its window statistics summarise, oldest first."""
+    return _window(state.steps, max_steps, max_seconds)
 
 
 # Sampled states (loader worker CPU, host RSS) are judged on the window's last 5 s of samples (each
@@ -213,9 +218,20 @@ def rank_stats(state: RankState, max_steps: int, max_seconds: float, timeline: b
         off_cpu_frac=off_cpu if contention is None or off_cpu is None else max(0.0, off_cpu - contention),
         where=where,
         cpu_contention_frac=contention,
-        overhead=overhead(state.rank, [s.cost for s in samples if s.cost is not None],
-                          statistics.median(durs) if n else None),
+        overhead=overhead(state.rank, _cost_span(state, win_start), statistics.median(durs) if n else None),
     )
+
+
+def _cost_span(state: RankState, win_start: float | None) -> list[CostReading]:
+    """The probe's cost totals over the window: the last sample before it (the totals only grow, so the
+    window's cost runs from there) and the samples in it, at most ``WINDOW_SAMPLES``. Fast steps fit 50
+    to a sample period: the window's cost then runs from the sample before it to the newest."""
+    costs = [s for s in state.samples if s.cost is not None]
+    first = 0
+    if win_start is not None:
+        first = max(0, next((i for i, s in enumerate(costs) if (s.t or 0.0) >= win_start), len(costs)) - 1)
+    first = max(first, len(costs) - WINDOW_SAMPLES - 1)
+    return [s.cost for s in costs[first:] if s.cost is not None]
 
 
 def _thread_cpu(win: list[StepReading]) -> tuple[float | None, float | None]:

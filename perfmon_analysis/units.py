@@ -124,3 +124,13 @@ def energy(value: float | None) -> str:
         return f"{value * 1e3:.3g}mJ"
     v, prefix = _si(float(value), ("", "k", "M", "G"))
     return f"{v:.3g}{prefix}J"
+
+
+def change(frac: float | None, digits: int = 0) -> str:
+    """A relative change with its sign: 0.41 -> '+41%', -0.032 -> '-3%'."""
+    return NA if frac is None else f"{frac * 100:+.{digits}f}%"
+
+
+def points(frac: float | None, digits: int = 0) -> str:
+    """A change of a share in percentage points: 0.25 -> '+25 pts'."""
+    return NA if frac is None else f"{frac * 100:+.{digits}f} pts"

@@ -22,6 +22,9 @@ boundaries (``Probe.add_step``). A process that never trains (the torchrun
 launcher, DataLoader workers, helper scripts) never starts a probe. A script
 that uses the probe API itself wins: zero-code mode stands aside. Every hook
 swallows its own errors; nothing here raises into the script.
+
+``uninstall()`` takes all of it out again (``perfmon detach``, ``probe.inject``). This module
+is a little over 500 lines on purpose: the undoing sits beside the hooks and wrappers it undoes.
 """
 
 from __future__ import annotations
@@ -34,13 +37,14 @@ import time
 import warnings
 import weakref
 from _thread import get_ident
-from typing import Any
+from typing import Any, Iterable
 
-from probe import fetches
+from probe import fetches, forks
 from probe.hooks import Hook, remove_all
 from probe.stepfinder import StepFinder
 from probe.tracing import HiddenPhases, compiling_check, dynamo_has_compiled, run_eagerly
 
+GLOBAL_HOOKS_WARNING = r"Using `torch\.compile\(module\)` when there are global hooks"
 IDLE_MODULE_CALLS = 50_000   # module calls with no backward at all: an inference-only process, stop watching
 _pc = time.perf_counter
 _tt = time.thread_time
@@ -78,6 +82,7 @@ class _Auto:
         self.iterators: list[weakref.ref] = []
         self.iter_id = 0
         self.end_cpu: float | None = None        # thread CPU clock at the last step's end
+        self.excepthook: Any = None              # (ours, the one it chains to), once chained
 
     # -- steps ----------------------------------------------------------------------------------
     def _emit(self, start: float, end: float, phases: dict[str, float], samples: int | None,
@@ -229,8 +234,7 @@ class _Auto:
     def arm_global_hooks(self) -> None:
         # torch.compile warns about global hooks on every compiled-module call; these are ours and
         # fire only once per call (the outermost-forward check), so that warning says nothing to the user
-        warnings.filterwarnings("ignore", message=r"Using `torch\.compile\(module\)` when there are global hooks",
-                                category=UserWarning)
+        warnings.filterwarnings("ignore", message=GLOBAL_HOOKS_WARNING, category=UserWarning)
         mod = self.torch.nn.modules.module
         self.global_handles = [mod.register_module_forward_pre_hook(_fwd_pre),
                                mod.register_module_forward_hook(_fwd_post, always_call=True)]
@@ -432,6 +436,7 @@ def _chain_excepthook(a: _Auto) -> None:
         previous(et, ev, tb)
 
     sys.excepthook = excepthook
+    a.excepthook = (excepthook, previous)
 
 
 def _after_fork_in_child() -> None:
@@ -452,8 +457,9 @@ def active() -> bool:
     return _auto is not None and not _auto.off and _pid == os.getpid()
 
 
-def install() -> None:
-    """Put the dormant hooks in place (once per process); called right after torch is imported."""
+def install(optimizers: Iterable[Any] = ()) -> None:
+    """Put the dormant hooks in place (once per process); called right after torch is imported,
+    or in a running process (``probe.inject``) with the ``optimizers`` it built already."""
     global _auto, _pid, _is_compiling
     if _auto is not None or os.environ.get("PERFMON_DISABLE") == "1":
         return
@@ -468,11 +474,61 @@ def install() -> None:
                      optim_mod.register_optimizer_step_post_hook(_opt_post)]
     torch.optim.Optimizer.__init__ = _wrap_optimizer_init(torch.optim.Optimizer.__init__)
     torch.autograd.backward = _wrap_backward(torch.autograd.backward)
+    for optimizer in optimizers:
+        a.finder.optimizers += 1
+        a.built_ref = weakref.ref(optimizer)
+        a.track_versions(optimizer)
     fetches.listen(a.fetched)
     # never compiled as frames of their own (probe.tracing); the wrappers only at their own level
     run_eagerly(_fwd_pre, _fwd_post, _opt_pre, _opt_post, _Auto.start, _Auto.flush, _Auto.fail, _Auto.fetched,
                 _Auto.check_unseen_step, _Auto.track_versions, _Auto.arm_global_hooks, _register_iterator, _batch_size)
     run_eagerly(torch.optim.Optimizer.__init__, torch.autograd.backward, recursive=False)
     a.arm_global_hooks()
-    if hasattr(os, "register_at_fork"):
-        os.register_at_fork(after_in_child=_after_fork_in_child)
+    forks.after_in_child(_after_fork_in_child)
+
+
+def uninstall() -> list[str]:
+    """Undo ``install()`` and stop the probe it started (``perfmon detach``): hooks removed, wrapped
+    functions restored, the probe closed, atexit and excepthook entries gone. Returns what could
+    not be restored (a wrapper someone wrapped again stays, as a pass-through)."""
+    global _auto
+    a = _auto
+    if a is None:
+        return []
+    left: list[str] = []
+    a.turn_off()
+    if a.versions_of is not None:
+        a.versions_of.detach()
+    torch = a.torch
+    left += _unwrap(torch.optim.Optimizer, "__init__", _wrap_optimizer_init)
+    left += _unwrap(torch.autograd, "backward", _wrap_backward)
+    if a.excepthook is not None:
+        ours, previous = a.excepthook
+        if sys.excepthook is ours:
+            sys.excepthook = previous
+        else:
+            left.append("sys.excepthook (chained again after perfmon's)")
+    atexit.unregister(a.flush)
+    warnings.filters[:] = [f for f in warnings.filters
+                           if not (f[0] == "ignore" and getattr(f[1], "pattern", None) == GLOBAL_HOOKS_WARNING)]
+    mon = a.probe
+    if mon is not None:
+        attached = mon.attached
+        exit_joins = [mon.close, mon._join_at_exit] + [
+            part.join for part in (getattr(attached.watcher, "flops", None), attached.profiler, attached.capture)
+            if part is not None]
+        mon.close()
+        for fn in exit_joins:       # the process goes on: nothing of the probe's may run at its exit
+            atexit.unregister(fn)
+    _auto = None
+    return left
+
+
+def _unwrap(owner: Any, name: str, wrapper_factory: Any) -> list[str]:
+    """Put back the original under one of our ``functools.wraps`` wrappers (found by its code)."""
+    current = getattr(owner, name)
+    ours = wrapper_factory(None).__code__
+    if getattr(current, "__code__", None) is ours:
+        setattr(owner, name, current.__wrapped__)
+        return []
+    return [f"{getattr(owner, '__name__', owner)}.{name} (wrapped again after perfmon)"]

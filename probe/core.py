@@ -24,9 +24,9 @@ import weakref
 from pathlib import Path
 from typing import Any, Callable, Iterable, Iterator
 
-from probe import paths, records
+from probe import forks, paths, records
 from probe.attachments import Attachments
-from probe.cost import CostSource
+from probe.cost import CostSource, calibrate
 from probe.disabled import _Disabled
 from probe.endpoints import cpu_name, listen_tcp, listen_unix
 from probe.health import FailureReporter, HealthSource
@@ -79,12 +79,13 @@ def _in_dataloader_worker() -> bool:
 class _Phase:
     """Reusable context manager for one phase name (no allocation per use)."""
 
-    __slots__ = ("probe", "name", "t0")
+    __slots__ = ("probe", "name", "t0", "uses")
 
     def __init__(self, probe: "Probe", name: str) -> None:
         self.probe = probe
         self.name = name
         self.t0 = 0.0
+        self.uses = 0          # times entered and left: its calibrated cost (probe.cost) per use
 
     def __enter__(self) -> "_Phase":
         self.t0 = time.perf_counter()
@@ -93,6 +94,7 @@ class _Phase:
     def __exit__(self, et: Any, ev: Any, tb: Any) -> bool:
         phases = self.probe._phases
         phases[self.name] = phases.get(self.name, 0.0) + (time.perf_counter() - self.t0)
+        self.uses += 1
         return False
 
 
@@ -198,7 +200,23 @@ class Probe:
         self.record_path: Path | None = None
         self.problems: list[str] = []     # why a part is off, one line each
         self.closed = False
-        # hot-path state
+        self._init_hot_path()
+        self._epoch = time.time() - time.perf_counter()  # perf_counter -> unix seconds
+        self.attached = Attachments()                    # what probe.gpu and probe.watch attach
+        self.failures = FailureReporter(self.emit)       # counted internal failures -> warning events
+        self._device_reads = records.DeviceReads(self.report_error)   # step numbers left on the device
+        self.device: dict[str, Any] = {"type": "cpu", "name": cpu_name(), "count": os.cpu_count() or 1}
+        self.sender: Sender | None = None
+        self.sampler: Sampler | None = None
+        self.stall_watch: "StallWatch | None" = None
+        self.where: WhereSampler | None = None
+        self._wrapper_cost: dict[str, float] | None = None    # probe.cost.calibrate, before any thread runs
+        self._wrapper_cost_why: str | None = None
+        self._setup(record, serve, sample_hz)
+
+    def _init_hot_path(self) -> None:
+        """The state ``loader``, ``step`` and ``phase`` touch (also a scratch probe's: probe.cost
+        calibrates their per-call cost on one)."""
         self._q: collections.deque = collections.deque(maxlen=QUEUE_ITEMS)
         self._phases: dict[str, float] = {}
         self._data = 0.0
@@ -216,27 +234,20 @@ class Probe:
         self._phase_ctx: dict[str, _Phase] = {}
         self._step_ctx = _Step(self)
         # the probe's own time on the training thread (probe.cost): seconds inside step()'s enter and
-        # exit and the zero-code step calls, hooks included, over ``_own_steps`` steps; by hook name
+        # exit and the zero-code step calls, hooks included, over ``_own_steps`` steps; by hook name;
+        # and the calls whose cost outside those clock reads is calibrated at start-up (_wrapper_cost)
         self._own_s = 0.0
         self._own_steps = 0
+        self._auto_steps = 0                   # of those, the zero-code step calls' (not ``step()``'s)
+        self._batches = 0                      # batches through ``loader()``
         self._hook_s: dict[str, float] = {}
         self._hook_names: dict[Callable[..., Any], str] = {}
         # step hooks: one pair per instrumentation module (watch), bounded by the number of modules
         self._begin_hooks: list[Callable[..., Any]] = []
         self._end_hooks: list[Callable[..., Any]] = []
-        self._epoch = time.time() - time.perf_counter()  # perf_counter -> unix seconds
         self.first_batch_wait: float | None = None
         # weak references to loader iterators, for worker discovery (sampler side); bounded
         self.loader_iterators: collections.deque = collections.deque(maxlen=LOADER_ITERATORS)
-        self.attached = Attachments()                    # what probe.gpu and probe.watch attach
-        self.failures = FailureReporter(self.emit)       # counted internal failures -> warning events
-        self._device_reads = records.DeviceReads(self.report_error)   # step numbers left on the device
-        self.device: dict[str, Any] = {"type": "cpu", "name": cpu_name(), "count": os.cpu_count() or 1}
-        self.sender: Sender | None = None
-        self.sampler: Sampler | None = None
-        self.stall_watch: "StallWatch | None" = None
-        self.where: WhereSampler | None = None
-        self._setup(record, serve, sample_hz)
 
     # -- public API ---------------------------------------------------------------------------
     def loader(self, iterable: Iterable[Any]) -> Iterator[Any]:
@@ -255,6 +266,7 @@ class Probe:
         except StopIteration:
             return
         dt = pc() - t0
+        self._batches += 1
         self.first_batch_wait = dt
         self._q.append((_REC, {"k": "event", "t": time.time(), "name": "first_batch", "seconds": dt}))
         if self._prev_end is not None:
@@ -268,6 +280,7 @@ class Probe:
                 except StopIteration:
                     return
                 self._data += pc() - t0
+                self._batches += 1
                 yield batch
         # This thread does the loading (num_workers=0, plain iterables): probe.loader_policy says
         # when its CPU time inside next() is read.
@@ -288,6 +301,7 @@ class Probe:
                 self._data_cpu = (self._data_cpu or 0.0) + (tt() - c0)
             dt = t1 - t0
             self._data += dt
+            self._batches += 1
             policy.fetched(dt, c0 is not None)
             yield batch
 
@@ -499,6 +513,7 @@ class Probe:
             self._first_end = end
         self._own_s += time.perf_counter() - t
         self._own_steps += 1
+        self._auto_steps += 1
 
     def _run_hooks(self, hooks: list[Callable[..., Any]], *args: Any) -> None:
         """Run step hooks, adding each one's seconds to ``_hook_s`` by name (one clock read a hook)."""
@@ -529,6 +544,10 @@ class Probe:
 
     # -- setup ------------------------------------------------------------------------------
     def _setup(self, record: str | os.PathLike | None, serve: bool, sample_hz: float) -> None:
+        try:
+            self._wrapper_cost = calibrate(self._scratch)
+        except Exception as exc:
+            self._wrapper_cost_why = f"calibration failed: {exc!r}"
         listener = None
         recorder = None
         tcp_listener, tcp_token = None, None
@@ -592,6 +611,13 @@ class Probe:
         atexit.register(self._join_at_exit)   # runs after close() (atexit is last-in, first-out)
         atexit.register(self.close)
 
+    @classmethod
+    def _scratch(cls) -> "Probe":
+        """A probe with hot-path state only: no thread, socket or file (``probe.cost.calibrate``)."""
+        scratch = cls.__new__(cls)
+        scratch._init_hot_path()
+        return scratch
+
     def _join_at_exit(self) -> None:
         """Interpreter exit only: close() returned within its bound, but a sampler thread still inside
         torch while the interpreter finalizes aborts the process (exit 134); wait for it (<= 5 s)."""
@@ -636,8 +662,8 @@ _probes: "weakref.WeakSet[Probe]" = weakref.WeakSet()
 def _register_fork_handler(probe: Probe) -> None:
     global _fork_registered
     _probes.add(probe)
-    if not _fork_registered and hasattr(os, "register_at_fork"):
-        os.register_at_fork(after_in_child=_on_fork_child)
+    if not _fork_registered:
+        forks.after_in_child(_on_fork_child)
         _fork_registered = True
 
 

@@ -6,8 +6,13 @@ machine. Four parts, each a running total so a viewer takes any two samples' dif
 * ``train``: seconds the training thread spent inside the probe's step calls (``step()``'s
   enter and exit, the zero-code ``begin_step``/``add_step``), the step hooks included and also
   listed by hook name. Counted from clock reads those calls make anyway plus one at each exit,
-  so the count costs about 0.2 µs a step. ``loader()`` and ``phase()`` wrappers (a clock read or
-  two each) and the zero-code module hooks that find the step boundaries are not in it.
+  so the count costs about 0.2 µs a step. What those clock reads cannot see, the code around
+  them, is ``wrappers``: for ``step()`` its call and ``with`` protocol outside the reads, for
+  ``loader()`` (per batch) and ``phase()`` (per use) all of it. Each is its calls, counted, times
+  its cost per call, calibrated once at start-up (``calibrate``), so the hot path pays an
+  increment a batch or a phase and no clock read. Not in either: the zero-code module hooks that
+  find the step boundaries, and the training thread's waits for the GIL while a probe thread
+  holds it (that time is in the thread's CPU, below).
 * ``threads``: CPU seconds of each of the probe's threads (named ``perfmon-*``), read from the
   kernel's per-thread CPU clock (Linux: the thread's id names its clock; elsewhere unknown). A
   thread that has exited keeps the total of its last reading: CPU it used after that is lost.
@@ -20,13 +25,53 @@ Read on the sampler thread, once a sample (~30 µs, counted in the sampler threa
 
 from __future__ import annotations
 
+import math
 import sys
 import threading
 import time
-from typing import Any
+from typing import Any, Callable
 
 THREAD_PREFIX = "perfmon-"
 MAX_THREADS = 64         # thread totals kept by name; a probe has about ten kinds of thread
+WRAPPERS = ("step", "loader", "phase")
+CALIBRATION_CALLS = 400  # calls of each wrapper a calibration round times ...
+CALIBRATION_ROUNDS = 5   # ... and rounds, the fastest kept: ~5 ms at start-up
+
+
+def calibrate(scratch: Callable[[], Any]) -> dict[str, float]:
+    """Seconds per call of the probe's wrappers outside the clock reads that count them live, on
+    this machine and interpreter: ``step`` (``with probe.step(): pass`` less the seconds its own
+    reads counted), ``loader`` (a batch through ``loader()``) and ``phase`` (``with
+    probe.phase(name): pass``), each less an empty loop of as many turns. ``scratch()`` is a probe
+    with hot-path state only (nothing is sent). Each loop's fastest round is kept, the empty
+    loop's too: a round the machine preempted, or spent waiting for the GIL, only runs slower,
+    and those waits are not the wrappers' own cost."""
+    pc = time.perf_counter
+    best = dict.fromkeys(("empty", *WRAPPERS), math.inf)
+    turns = range(CALIBRATION_CALLS)
+    for _ in range(CALIBRATION_ROUNDS):
+        p = scratch()
+        t0 = pc()
+        for _ in turns:
+            pass
+        empty = pc() - t0
+        t0 = pc()
+        for _ in turns:
+            with p.step():
+                pass
+        step = pc() - t0 - p._own_s
+        t0 = pc()
+        for _ in p.loader(turns):
+            pass
+        loader = pc() - t0
+        t0 = pc()
+        for _ in turns:
+            with p.phase("calibration"):
+                pass
+        phase = pc() - t0
+        for name, spent in (("empty", empty), ("step", step), ("loader", loader), ("phase", phase)):
+            best[name] = min(best[name], spent)
+    return {name: max(0.0, (best[name] - best["empty"]) / CALIBRATION_CALLS) for name in WRAPPERS}
 
 
 def thread_clock(native_id: int) -> int | None:
@@ -100,6 +145,13 @@ class CostSource:
         why: dict[str, str] = {}
         if threads is None:
             why["threads"] = self.why_threads or "no perfmon thread's CPU clock could be read"
+        per_call = p._wrapper_cost
+        if per_call is None:
+            why["wrappers"] = p._wrapper_cost_why or "not calibrated"
+        else:
+            calls = {"step": max(0, p._own_steps - p._auto_steps), "loader": p._batches,
+                     "phase": sum(ctx.uses for ctx in list(p._phase_ctx.values()))}
+            cost["wrappers"] = {name: [calls[name], per_call[name]] for name in WRAPPERS}
         sender = p.sender
         if sender is not None:
             cost["viewer_bytes"] = sum(v.out_bytes for v in list(sender.viewers.values()))

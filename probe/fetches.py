@@ -16,10 +16,10 @@ count. With no listener the wrapper only calls through; nothing here raises into
 from __future__ import annotations
 
 import functools
-import os
 import time
 from typing import Any, Callable
 
+from probe import forks
 from probe.loader_policy import CpuTimingPolicy
 from probe.tracing import compiling_check, run_eagerly
 
@@ -112,8 +112,22 @@ def _install() -> None:
     cls.__next__ = _wrap_next(cls.__next__)
     run_eagerly(cls.__next__, recursive=False)   # never a compiled frame; what it calls is the user's
     _installed = True
-    if hasattr(os, "register_at_fork"):
-        os.register_at_fork(after_in_child=_forget)
+    forks.after_in_child(_forget)
+
+
+def uninstall() -> None:
+    """Put the iterator's own ``__next__`` back (``perfmon detach``); listeners are dropped."""
+    global _installed, _listeners
+    _listeners = ()
+    if not _installed:
+        return
+    import torch.utils.data.dataloader as dataloader
+
+    cls = dataloader._BaseDataLoaderIter
+    wrapped = getattr(cls.__next__, "__wrapped__", None)
+    if wrapped is not None and cls.__next__.__code__ is _wrap_next(None).__code__:
+        cls.__next__ = wrapped
+        _installed = False
 
 
 def _forget() -> None:

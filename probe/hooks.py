@@ -56,11 +56,12 @@ def remove_all(handles: list[Any]) -> None:
 _HOOKS = ("_forward_pre_hooks", "_forward_hooks", "_backward_pre_hooks", "_backward_hooks")
 _HOOK_FLAGS = ("_forward_pre_hooks_with_kwargs", "_forward_hooks_with_kwargs", "_forward_hooks_always_called")
 _state_filtered = False
+_filter_code: Any = None
 
 
 def _filter_module_state() -> None:
     """Wrap ``nn.Module.__getstate__`` once so that its state leaves perfmon's hooks out."""
-    global _state_filtered
+    global _state_filtered, _filter_code
     torch = sys.modules.get("torch")
     if torch is None:
         return
@@ -81,6 +82,19 @@ def _filter_module_state() -> None:
 
     __getstate__.__wrapped__ = original     # type: ignore[attr-defined]
     module_cls.__getstate__ = __getstate__
+    _filter_code = __getstate__.__code__
+
+
+def unfilter_module_state() -> None:
+    """Put ``nn.Module.__getstate__`` back (``perfmon detach``) when ours is still the one in place."""
+    global _state_filtered
+    torch = sys.modules.get("torch")
+    if not _state_filtered or torch is None:
+        return
+    current = torch.nn.Module.__getstate__
+    if getattr(current, "__code__", None) is _filter_code and hasattr(current, "__wrapped__"):
+        torch.nn.Module.__getstate__ = current.__wrapped__
+        _state_filtered = False
 
 
 run_eagerly(Hook.__call__)    # never compiled as a frame of its own (probe.tracing)

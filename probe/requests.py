@@ -10,12 +10,14 @@ boundary or on a thread of its own.
 
 from __future__ import annotations
 
+import sys
 from typing import Any
 
 RATE = 5               # requests per viewer ...
 RATE_SECONDS = 10.0    # ... in this many seconds; beyond, refused
 
-OPS = ("profile", "capture")
+OPS = ("profile", "capture", "detach")
+NOT_INJECTED = "this probe was not started by perfmon inject; stop it where it was started"
 
 
 def handle(probe: Any, request: dict[str, Any]) -> str | None:
@@ -35,4 +37,9 @@ def handle(probe: Any, request: dict[str, Any]) -> str | None:
         if capture is None:
             capture = probe.attached.capture = ProfilerCapture(probe)
         return capture.request(request.get("id"), request.get("steps", 3))
+    if op == "detach":
+        injected = sys.modules.get("probe.inject")    # loaded only where perfmon inject put the probe
+        if injected is None:
+            return NOT_INJECTED
+        return injected.detach_request(request.get("result"))
     return f"unknown request {str(op)[:30]!r} (this probe answers: {', '.join(OPS)})"

@@ -430,13 +430,11 @@ class Sender(threading.Thread):
             pass
 
     def close_listeners(self) -> None:
+        """The listeners, then the selector (its epoll fd: a process the probe leaves goes on)."""
         for lst in (self.listener, self.tcp_listener):
             if lst is not None:
-                try:
-                    self.sel.unregister(lst)
-                except (KeyError, ValueError):
-                    pass
                 lst.close()
+        self.sel.close()
 
     def abandon(self) -> None:
         """Forked child: close every inherited fd without sending or writing anything."""

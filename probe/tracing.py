@@ -101,7 +101,7 @@ class _DynamoImportWatch(importlib.abc.MetaPathFinder):
     def find_spec(self, fullname: str, path: Any, target: Any = None) -> Any:
         if fullname != self.name:
             return None
-        _remove_finder()
+        remove_finder()
         spec = importlib.util.find_spec(fullname)
         loader = getattr(spec, "loader", None)
         exec_module = getattr(loader, "exec_module", None)
@@ -123,7 +123,7 @@ def _install_finder() -> None:
         sys.meta_path.insert(0, _DynamoImportWatch())
 
 
-def _remove_finder() -> None:
+def remove_finder() -> None:
     global _finder_installed
     sys.meta_path[:] = [f for f in sys.meta_path if not isinstance(f, _DynamoImportWatch)]
     _finder_installed = False

@@ -85,8 +85,9 @@ from __future__ import annotations
 #         absent when there was no previous look)
 # resumed progress again after a stall: seconds (how long it lasted), step
 # request (viewer -> probe, after its hello) id (the viewer's number for it), op ("profile" |
-#         "capture"), and the op's parameters: profile: steps (1..50, default 5), depth (0..8,
-#         default 3); capture: steps (1..20, default 3)
+#         "capture" | "detach"), and the op's parameters: profile: steps (1..50, default 5), depth (0..8,
+#         default 3); capture: steps (1..20, default 3); detach (a probe that ``perfmon inject`` started:
+#         remove it from the process): result (absolute path the probe writes its JSON outcome to)
 # answer  (probe -> the asking viewer) id, op, ok (bool), reason (one line, when refused)
 # profile the result of a profile request, sent to every 1.1 viewer, recorded, and to viewers that
 #         arrive later: id, steps (profiled), first_step, last_step, depth, step_s (wall s per
@@ -136,7 +137,10 @@ from __future__ import annotations
 #         where, poller, flops, profile, capture, ...; null when no thread CPU clock is readable),
 #         process_cpu (the whole process's CPU s, the denominator of the threads' share),
 #         queue_items (hot-path queue), viewer_bytes (queued for viewers), backfill_bytes,
-#         sent_bytes, recorded_bytes, why {part: why it is not measured}}
+#         sent_bytes, recorded_bytes, wrappers {step|loader|phase: [calls, s a call]} (step()
+#         calls, loader() batches and phase() uses so far, each with the cost a call that train_s
+#         does not see, calibrated at start-up; absent when not calibrated: why.wrappers),
+#         why {part: why it is not measured}}
 # profile, capture: cost {thread_cpu_s (CPU s of the probe thread that built the result)}; their
 #         training-thread cost is the window's steps against the steps before, from the step records
 

@@ -5,7 +5,9 @@
 
 Writes ``screenshots/<name>-<W>x<H>.svg`` (+ ``.png``) at 120x36 and 80x24, plus
 the flowchart screen and, for a stuck job, the stacks screen; for a recording that holds a module
-profile or a profiler capture, the ``m`` or ``c`` screen. A recording is replayed to its end at once and the clock
+profile or a profiler capture, the ``m`` or ``c`` screen; for the ``trends`` and ``many_nodes``
+scenarios and each ``--recording``, the trends screen (``t``) and ``perfmon report --html`` as the headless Chromium
+draws it (``report-<name>.png``; needs Debian's ``chromium``). A recording is replayed to its end at once and the clock
 is the recording's own, so the pictures are the same on every run.
 PNG needs ``rsvg-convert`` (Debian: librsvg2-bin) and a monospace font with box
 characters (fonts-firacode): the SVG itself is what Textual exports.
@@ -29,9 +31,13 @@ from tests.tui import scenarios  # noqa: E402
 SIZES = ((120, 36), (80, 24))
 
 
-async def render(recording: Path, size: tuple[int, int], press: tuple[str, ...] = ()) -> str:
+TREND_VERDICTS = 40      # instants a replay is judged at on the way, for the trends screen's verdict strip
+HTML_SCENARIOS = ("trends", "many_nodes")   # test recordings also shown as the trends screen and HTML page
+
+
+async def render(recording: Path, size: tuple[int, int], press: tuple[str, ...] = (), verdicts: int = 0) -> str:
     """The SVG of the app replaying ``recording`` at ``size`` once the verdict has settled."""
-    app = scenarios.replay_app(recording)
+    app = scenarios.replay_app(recording, verdicts=verdicts)
     async with app.run_test(size=size) as pilot:
         await scenarios.settle(pilot)
         for key in press:
@@ -56,6 +62,22 @@ def to_png(svg: Path) -> Path | None:
     return png
 
 
+def html_report(recording: Path, png: Path) -> Path | None:
+    """``perfmon report --html`` of ``recording``, screenshot by headless Chromium (None without it)."""
+    browser = shutil.which("chromium")
+    if browser is None:
+        return None
+    with tempfile.TemporaryDirectory() as tmp:
+        page = Path(tmp) / "report.html"
+        subprocess.run([sys.executable, "-m", "tui.cli", "report", "--html", str(page), str(recording)], cwd=ROOT,
+                       check=True, stdout=subprocess.DEVNULL)
+        subprocess.run([browser, "--headless", "--no-sandbox", "--disable-gpu", "--hide-scrollbars",
+                        "--window-size=1200,1400", "--virtual-time-budget=10000", f"--screenshot={png.resolve()}",
+                        page.as_uri()], check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                       cwd=tmp)
+    return png
+
+
 def _kinds(recording: Path) -> set[str]:
     from tui.stream.sources import load_recordings
     return {r["k"] for rec in load_recordings(recording) for r in rec.records}
@@ -74,6 +96,7 @@ def main() -> int:
         if not args.only_recordings:
             for name in scenarios.SCENARIOS:
                 jobs.append((name, scenarios.write(name, Path(tmp))))
+        scenario_jobs = list(jobs)
         for spec in args.recording:
             name, sep, path = spec.partition("=")
             if not sep:
@@ -100,6 +123,15 @@ def main() -> int:
                     svg = args.out / f"{prefix}-{name}-120x36.svg"
                     svg.write_text(asyncio.run(render(recording, (120, 36), press=(key,))), encoding="utf-8")
                     written.append(svg)
+            if name in HTML_SCENARIOS or (name, recording) not in scenario_jobs:
+                for width, height in SIZES:     # the trends screen (t)
+                    svg = args.out / f"trends-{name}-{width}x{height}.svg"
+                    svg.write_text(asyncio.run(render(recording, (width, height), press=("t",),
+                                                      verdicts=TREND_VERDICTS)), encoding="utf-8")
+                    written.append(svg)
+                shot = html_report(recording, args.out / f"report-{name}.png")
+                print(shot.relative_to(ROOT) if shot and shot.is_relative_to(ROOT) else shot or
+                      f"report-{name}.png: no chromium, skipped")
     for svg in written:
         png = to_png(svg)
         print(svg.relative_to(ROOT) if svg.is_relative_to(ROOT) else svg,

@@ -53,6 +53,17 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
             item.add_marker(skip)
 
 
+@pytest.fixture(autouse=True)
+def _no_real_cuda(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Outside ``gpu`` tests the probe's real CUDA backend reads as never initialized, as on a machine
+    without a GPU: on a GPU machine an earlier test in this process may have initialized CUDA and
+    allocated on it, and the probe would rightly judge this process a CUDA job. A test that wants a GPU
+    asks for one: the simulated device layer (``simulated_cuda``) or the ``gpu`` marker."""
+    if request.node.get_closest_marker("gpu") is None:
+        from probe.gpu import cuda
+        monkeypatch.setattr(cuda.TorchCuda, "ready", lambda self: False)
+
+
 def pytest_terminal_summary(terminalreporter, config: pytest.Config) -> None:
     """The random order's seed at the end of every run, ``-q`` included (pytest-randomly prints it only
     in the header, which ``-q`` leaves out), so a failure seen once can be run again in the same order."""

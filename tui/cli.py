@@ -21,11 +21,14 @@ COMMANDS = {
     "run": "tui.commands.run",
     "record": "tui.commands.record",
     "report": "tui.commands.report",
+    "compare": "tui.commands.compare",
     "doctor": "tui.commands.doctor",
     "relay": "tui.commands.relay",
     "profile": "tui.commands.profile",
     "export": "tui.commands.export",
     "capture": "tui.commands.capture",
+    "inject": "tui.commands.inject",
+    "detach": "tui.commands.detach",
 }
 
 
@@ -43,8 +46,12 @@ def _hosts_options(p: argparse.ArgumentParser, token: bool = True) -> None:
     where.add_argument("--hostfile", default=None, metavar="FILE", help="one host per line (MPI/DeepSpeed style)")
     where.add_argument("--slurm", nargs="?", const=True, default=None, metavar="JOBID",
                        help="the nodes of a SLURM job (default: this allocation's SLURM_JOB_NODELIST)")
+    where.add_argument("--k8s", default=None, metavar="SELECTOR",
+                       help="the running pods of a label selector (kubectl get pods -l SELECTOR)")
+    where.add_argument("--namespace", default=None, metavar="N", help="the pods' namespace, with --k8s")
     where.add_argument("--via", default=None, metavar="TEMPLATE",
-                       help="transport, {host} replaced (default: $PERFMON_VIA, else 'ssh -T -o BatchMode=yes {host}')")
+                       help="transport, {host} replaced (default: $PERFMON_VIA, else 'ssh -T -o BatchMode=yes {host}'; "
+                            "with --k8s 'kubectl exec -i {host} [--namespace N] --')")
     where.add_argument("--relay-port", type=int, default=None, metavar="PORT",
                        help="instead of a transport: connect to 'perfmon relay --tcp PORT JOB' on each host "
                             "(token: --token or $PERFMON_TOKEN)")
@@ -93,8 +100,26 @@ def build_parser() -> argparse.ArgumentParser:
     report.add_argument("target", help="recording file or directory, or a live job (name, pid, socket)")
     report.add_argument("--json", action="store_true", help="print the report JSON (schema perfmon.report/2)")
     report.add_argument("--seconds", type=float, default=5.0, help="for a live job: how long to gather")
+    report.add_argument("--html", metavar="OUT.html", default=None,
+                        help="also write the whole run as one self-contained HTML page (charts, offline)")
     _hosts_options(report)
     _price_option(report)
+
+    compare = sub.add_parser("compare", help="two runs side by side: did the candidate regress, by how much, why "
+                                             "(exit 1 past a limit)")
+    compare.add_argument("baseline", help="recording file or directory, or a live job (name, pid, socket)")
+    compare.add_argument("candidate", help="the run to judge against the baseline (same kinds)")
+    compare.add_argument("--json", action="store_true", help="print the comparison JSON (schema perfmon.compare/1)")
+    compare.add_argument("--max-regression", type=float, default=None, metavar="PCT",
+                         help="exit 1 when the step time is significantly slower by more than PCT percent")
+    compare.add_argument("--limit", action="append", default=None, metavar="NAME=VALUE",
+                         help="exit 1 when NAME worsens by more than VALUE (points for shares such as "
+                              "data_wait_frac, percent otherwise); repeatable")
+    compare.add_argument("--min-change", type=float, default=10.0, metavar="PCT",
+                         help="the least step-time change called a regression or an improvement (default 10)")
+    compare.add_argument("--warmup", type=int, default=10, metavar="STEPS",
+                         help="first steps of each run left out of everything compared (default 10)")
+    compare.add_argument("--seconds", type=float, default=5.0, help="for a live job: how long to gather")
 
     profile = sub.add_parser("profile", help="time each module of a live job for a few steps: params, FLOPs, "
                                              "forward/backward time, achieved FLOP/s")
@@ -123,7 +148,18 @@ def build_parser() -> argparse.ArgumentParser:
     what.add_argument("--trace", metavar="OUT.json", help="write the recordings as a Chrome/Perfetto trace")
     export.add_argument("targets", nargs="*", metavar="JOB|REC", help="the live job (--prometheus), or "
                         "recording files/directories (--trace)")
+    export.add_argument("--steps", metavar="A:B", default=None, help="(--trace) slices for step numbers A to B-1, "
+                        "either end open (default: the most recent 2000 steps; the counter covers every step)")
     _hosts_options(export)
+
+    inject = sub.add_parser("inject", help="start the probe inside a running Python job (no restart; ptrace)")
+    inject.add_argument("pid", type=int, help="a training process, or a torchrun launcher (every worker here)")
+    inject.add_argument("--timeout", type=float, default=60.0,
+                        help="seconds to wait for a training step to start the probe (default 60)")
+    inject.add_argument("--attach", action="store_true", help="open the TUI on the job once its probe is up")
+
+    detach = sub.add_parser("detach", help="remove everything `perfmon inject` put into a process")
+    detach.add_argument("pid", type=int, help="the process (or torchrun launcher) given to perfmon inject")
 
     relay = sub.add_parser("relay", help="(started by a viewer through ssh) this node's ranks of JOB as one stream")
     relay.add_argument("job", help="job name")

@@ -3,6 +3,7 @@ registers a comm hook that does what DDP's default does and times it (see ``prob
 
 from __future__ import annotations
 
+import sys
 import time
 from typing import Any, Callable
 
@@ -125,6 +126,10 @@ def attach_ddp(state: CommHost, ddp: Any) -> str | None:
     """Register the timing hook on a DDP module; None on success, else the reason (for the stream)."""
     if getattr(ddp, "_perfmon_ddp", None) is not None:
         return None
+    injected = sys.modules.get("probe.inject")
+    if injected is not None and injected.installed():
+        return ("DDP communication not timed: a DDP comm hook cannot be removed again, and a probe started by "
+                "perfmon inject leaves nothing behind at detach")
     if getattr(ddp, "_use_python_reducer", False):
         return "DDP communication not timed: the compiled-DDP Python reducer is in use"
     existing = list(getattr(ddp, "_comm_hooks", []) or [])

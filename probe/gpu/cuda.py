@@ -34,6 +34,7 @@ from __future__ import annotations
 import atexit
 import collections
 import math
+import re
 import sys
 import threading
 import time
@@ -41,6 +42,7 @@ import warnings
 from typing import Any, Callable
 
 SYNC_MESSAGE = "called a synchronizing CUDA operation"   # TORCH_WARN text in c10/cuda/CUDAFunctions.h
+PROTOTYPE_MESSAGE = "Synchronization debug mode is a prototype feature"   # torch's warning on switching it on
 
 
 class TorchCuda:
@@ -506,10 +508,18 @@ def enable_sync_counting(cuda: Any, counter: SyncCounter) -> str | None:
         return f"host-device sync counting off: {exc!r}"[:200]
     if mode != 0:
         return "host-device sync counting off: the script already uses torch.cuda.set_sync_debug_mode"
+    # torch warns once that the debug mode is a prototype: the user did not ask for it, and under
+    # ``-W error`` that warning would raise and leave counting off; it is ignored for this one call
+    quiet = ("ignore", re.compile(re.escape(PROTOTYPE_MESSAGE)), Warning, None, 0)
+    warnings.filters.insert(0, quiet)
+    warnings._filters_mutated()   # type: ignore[attr-defined]
     try:
         cuda.set_sync_debug_mode(1)
     except Exception as exc:
         return f"host-device sync counting off: {exc!r}"[:200]
+    finally:
+        warnings.filters[:] = [f for f in warnings.filters if f is not quiet]
+        warnings._filters_mutated()   # type: ignore[attr-defined]
     counter.install_filter()
     return None
 

@@ -67,9 +67,9 @@ CELLS: tuple[Cell, ...] = (
                "the module that runs"),
     Cell("cuda_graphs", "`torch.compile(mode='reduce-overhead')` (CUDA graphs)", gpu=True,
          api_phases=frozenset({"optimizer"}),
-         notes="needs a GPU; never run here"),
+         notes="needs a GPU; passed on one H200 (torch 2.11, API and `perfmon run`, 2026-11-26)"),
     Cell("nccl_ddp", "DDP over NCCL, 2 GPUs", launcher="torchrun", ranks=2, comm=True, gpu=True, min_gpus=2,
-         notes="needs 2 GPUs; never run here"),
+         notes="needs 2 GPUs; not run yet"),
 )
 
 BY_NAME = {cell.name: cell for cell in CELLS}
@@ -105,7 +105,8 @@ def render() -> str:
     lines += [
         "",
         "GPU cells are marked `gpu` in the tests and run with `python -m pytest -m gpu` on a machine with "
-        "CUDA; none has run on a GPU yet.",
+        "CUDA; the CUDA graphs cell has run on one H200 (README, \"GPU: what is verified\"), the NCCL cell "
+        "has not.",
         "",
         "## What a compiled region hides, and why",
         "",

@@ -2,8 +2,10 @@
 
 The device is one stream on the host's clock (``time.perf_counter``), as real CUDA:
 
-* ``run(seconds)`` enqueues that much kernel work: it starts when the stream is free
-  (or now, if the device idles) and the host returns at once, so the host can run ahead;
+* ``run(seconds)`` enqueues that much kernel work (one launch): it starts when the stream is free
+  (or now, if the device idles) and the host returns at once, so the host can run ahead, until
+  ``launch_queue`` launches are pending: then the launch blocks the host until the oldest has run,
+  as a real stream's bounded launch queue does (about a thousand launches on current drivers);
 * an event recorded on the stream takes the time the stream reaches it, i.e. after all
   work queued before it, and is complete (``query()``) once the host clock passes that
   time. ``elapsed_time`` between two events is therefore GPU-timeline time, **idle gaps
@@ -31,6 +33,7 @@ from typing import Any
 import torch
 
 BUSY_HISTORY = 10_000     # kernel intervals kept for busy_fraction
+LAUNCH_QUEUE = 1024       # pending launches before a launch blocks the host
 
 
 class SimulatedDeviceTensor:
@@ -101,6 +104,8 @@ class SimulatedCuda:
         self.sync_mode = sync_mode
         self.free_at = 0.0                  # host-clock time the stream drains
         self.busy: collections.deque[tuple[float, float]] = collections.deque(maxlen=BUSY_HISTORY)
+        self.launch_queue = LAUNCH_QUEUE
+        self.queued: collections.deque[float] = collections.deque()   # end times of pending launches
         self.calls: list[str] = []
         self.events_created = 0
         self.placed: dict[int, weakref.ref] = {}   # tensors "on" the simulated GPU, by identity
@@ -168,10 +173,17 @@ class SimulatedCuda:
         return SimulatedHostCopy(tensor.value, event), event
 
     def run(self, seconds: float) -> None:
-        """Enqueue ``seconds`` of kernels on the stream; the host does not wait."""
-        start = max(time.perf_counter(), self.free_at)
+        """Enqueue ``seconds`` of kernels on the stream; the host waits only for a full launch queue."""
+        now = time.perf_counter()
+        while self.queued and self.queued[0] <= now:
+            self.queued.popleft()
+        if len(self.queued) >= self.launch_queue:
+            time.sleep(self.queued.popleft() - now)
+            now = time.perf_counter()
+        start = max(now, self.free_at)
         self.free_at = start + seconds
         self.busy.append((start, self.free_at))
+        self.queued.append(self.free_at)
 
     def pending(self, index: int) -> bool:
         """Kernels queued on the stream have not all run yet (``stream.query()`` is False)."""
@@ -196,7 +208,12 @@ class SimulatedCuda:
         return self.sync_mode
 
     def set_sync_debug_mode(self, mode: int) -> None:
+        """As torch: switching the mode on warns (once per process in torch; every time here) that it is
+        a prototype, through the warnings filters."""
         self.calls.append(f"set_sync_debug_mode({mode})")
+        if mode:
+            warnings.warn("Synchronization debug mode is a prototype feature and does not yet detect all "
+                          "synchronizing operations", UserWarning, stacklevel=2)
         self.sync_mode = mode
 
     def synchronizing_op(self) -> None:

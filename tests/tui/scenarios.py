@@ -47,7 +47,7 @@ def _steps(n: int, dur: Callable[[int], float], phases: Callable[[int], dict[str
 
 
 def _host_samples(t_end: float, cpu: float, extra: dict[str, Any] | None = None, rss: int = 2 * GB,
-                  limit: int = 16 * GB, source: str = "machine") -> list[dict[str, Any]]:
+                  limit: int = 16 * GB, source: str = "machine", step: float = 1.0) -> list[dict[str, Any]]:
     out = []
     t = T0 + 1.0
     i = 0
@@ -56,7 +56,7 @@ def _host_samples(t_end: float, cpu: float, extra: dict[str, Any] | None = None,
                 "mem_total": 16 * GB, "mem_limit": limit, "mem_limit_source": source}
         host.update(extra or {})
         out.append({"k": "sample", "t": t, "host": host, "gpu_status": "no NVIDIA GPU: NVML library not found"})
-        t += 1.0
+        t += step
         i += 1
     return out
 
@@ -222,6 +222,37 @@ def host_wait() -> dict[int, list[dict[str, Any]]]:
     return {0: _merge([_hello(job, 0, 1, CPU)], steps, samples, where)}
 
 
+def trends(ranks: int = 2, steps: int = 3000, per_node: int = 8) -> dict[int, list[dict[str, Any]]]:
+    """A run whose story the history must keep: 100 ms steps; from the middle on the loader falls
+    behind (+60 ms data wait a step, then ``data_loading``); one 3 s spike at 23% of the run; a 2 s
+    checkpoint before 40% and 80%; memory creeping from 2 to 14 GB of a 16 GB limit. ``per_node``
+    ranks share a host (n01, n02, ...); the last rank computes 30% longer in the second half."""
+    job = "gpt-trends"
+    out = {}
+    half, spike = steps // 2, int(steps * 0.23)
+    checkpoints = {int(steps * 0.4), int(steps * 0.8)}
+    for rank in range(ranks):
+        slow = rank == ranks - 1 and ranks > 1
+
+        def dur(i: int, slow: bool = slow) -> float:
+            base = 0.1 * (1.3 if slow and i >= half else 1.0) + (0.06 if i >= half else 0.0)
+            return base + (3.0 if i == spike else 0.0) + (2.0 if i in checkpoints else 0.0)
+
+        def phases(i: int) -> dict[str, float]:
+            data = 0.062 if i >= half else 0.002
+            return {"data": data, "forward": 0.04, "backward": 0.05, "optimizer": 0.008}
+
+        def extra(i: int) -> dict[str, Any]:
+            return {"gap": 2.0} if i in checkpoints else {}
+
+        recs = _steps(steps, dur, phases, extra)
+        memory = [{"k": "memory", "t": r["t"], "device": "cpu", "rss": int(2 * GB + 12 * GB * r["step"] / steps),
+                   "limit": 16 * GB, "limit_source": "cgroup"} for r in recs[::max(1, steps // 200)]]
+        hello = dict(_hello(job, rank, ranks, CPU), host=f"n{rank // per_node + 1:02d}", local_rank=rank % per_node)
+        out[rank] = _merge([hello], recs, memory, _host_samples(recs[-1]["t"], 1.0, step=max(1.0, steps / 400)))
+    return out
+
+
 def _merge(*groups: list[dict[str, Any]]) -> list[dict[str, Any]]:
     records = [r for g in groups for r in g]
     return sorted(records, key=lambda r: (r["k"] != "hello", r["t"]))
@@ -235,15 +266,17 @@ SCENARIOS: dict[str, Callable[[], dict[int, list[dict[str, Any]]]]] = {
     "stuck": stuck,
     "many_nodes": many_nodes,
     "host_wait": host_wait,
+    "trends": trends,
 }
 
 
-def write(name: str, directory: Path, bye: bool = True) -> Path:
-    """Write scenario ``name`` as one recording file per rank under ``directory/name``; return that dir."""
+def write(name: str, directory: Path, bye: bool = True, **params: Any) -> Path:
+    """Write scenario ``name`` (called with ``params``) as one recording file per rank under
+    ``directory/name``; return that dir."""
     out = directory / name
     out.mkdir(parents=True, exist_ok=True)
     encoder = wire.Encoder()
-    for rank, records in SCENARIOS[name]().items():
+    for rank, records in SCENARIOS[name](**params).items():
         hello = records[0]
         writer = RecordingWriter(out / f"{hello['name']}{paths.RECORD_SUFFIX}")
         try:
@@ -256,13 +289,15 @@ def write(name: str, directory: Path, bye: bool = True) -> Path:
     return out
 
 
-def replay_app(recording: Path):
-    """The app replaying ``recording`` ingested at once (the clock is the recording's)."""
+def replay_app(recording: Path, verdicts: int = 0):
+    """The app replaying ``recording`` ingested at once (the clock is the recording's), judged at
+    ``verdicts`` instants on the way (``ReplayFeed``)."""
     from tui.app.perfmon_app import PerfmonApp
     from tui.stream.feed import ReplayFeed
     from perfmon_analysis.runmodel import RunModel
     from tui.stream.sources import load_recordings
-    return PerfmonApp(ReplayFeed(RunModel(), load_recordings(recording), speed=None), watch_terminal=False)
+    return PerfmonApp(ReplayFeed(RunModel(), load_recordings(recording), speed=None, verdicts=verdicts),
+                      watch_terminal=False)
 
 
 async def wait_until(pilot, cond: Callable[[], bool], timeout: float = 10.0, what: str = "condition") -> None:

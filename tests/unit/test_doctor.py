@@ -21,6 +21,7 @@ class SimDevice:
     """``doctor.Device`` on the simulated GPU: kernels go on its stream, syncs block and warn."""
 
     name = "simulated H100"
+    LAUNCH_S = 0.0005
 
     def __init__(self, cuda) -> None:
         self.cuda = cuda
@@ -31,7 +32,8 @@ class SimDevice:
         mon.watch(model=self.model, syncs=True)
 
     def kernels(self, seconds: float) -> None:
-        self.cuda.run(seconds)
+        for _ in range(max(1, round(seconds / self.LAUNCH_S))):   # launches of matmul length, as on a GPU
+            self.cuda.run(self.LAUNCH_S)
 
     def tiny_kernels(self, n: int) -> None:
         for _ in range(n):                       # each launch costs the host ~20 us, the device 1 us
@@ -53,6 +55,13 @@ class SimDevice:
         self.cuda.record_on(end)
         self.cuda.synchronize()
         return start.elapsed_time(end) / 1e3
+
+    def kernel_seconds(self, seconds: float) -> float:
+        self.cuda.synchronize()
+        t0 = time.perf_counter()
+        self.cuda.run(seconds)
+        self.cuda.synchronize()
+        return time.perf_counter() - t0
 
 
 @pytest.fixture
@@ -131,7 +140,7 @@ def test_between_steps_check_reads_the_planted_ettr_and_fails_on_an_ettr_off_by_
 def test_gpu_checks_pass_on_a_device_that_behaves_like_cuda(gpu_host):
     device = gpu_host()
     checks = {c.name: c for c in C.gpu_checks(device) if c.name != "CPU-only job on the GPU host"}
-    assert set(checks) == {"CUDA events time a kernel", "NVML utilization", "GPM SM activity",
+    assert set(checks) == {"CUDA events time a kernel", "GPU busy back to back", "NVML utilization", "GPM SM activity",
                            "GPU idle half of each step", "a sync every step", "launch-bound tiny kernels"}
     assert checks["GPM SM activity"].ok is None                    # this simulated GPU has no GPM
     failed = [c for c in checks.values() if c.ok is False]
@@ -155,6 +164,21 @@ def test_half_idle_check_fails_when_nvml_reports_a_busy_gpu(gpu_host):
     checks = {c.name: c for c in C.half_idle(device)}
     assert checks["NVML utilization"].ok is True
     assert checks["GPU idle half of each step"].ok is False, checks["GPU idle half of each step"]
+
+
+def test_back_to_back_check_fails_when_the_busy_source_under_reads_a_gpu_bound_job(gpu_host):
+    check, busy = C.back_to_back(gpu_host(util=40))               # kernels never stop; NVML says 40%
+    assert busy == pytest.approx(0.40) and check.ok is False, check
+
+
+def test_half_idle_expectation_is_the_kernel_share_scaled_by_the_back_to_back_reading(gpu_host):
+    device = gpu_host()
+    honest = {c.name: c for c in C.half_idle(device, full=1.0)}["GPU idle half of each step"]
+    assert honest.ok is True, honest
+    # kernels that read 50% busy back to back must read about half their share here: a busy reading
+    # of the full share is then wrong
+    scaled = {c.name: c for c in C.half_idle(device, full=0.5)}["GPU idle half of each step"]
+    assert scaled.ok is False, scaled
 
 
 def test_sync_check_fails_when_the_sync_counter_misses_the_syncs(gpu_host):

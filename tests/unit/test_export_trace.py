@@ -67,19 +67,69 @@ def test_a_two_rank_recording_becomes_a_process_per_rank_with_steps_and_phases(t
     assert sum(p["dur"] for p in inside) <= first["dur"] + len(inside)       # nested, rounding aside
 
 
-def test_hours_of_steps_stay_under_a_megabyte_per_ten_thousand_steps_per_rank(tmp_path):
+def _slices(events: list[dict]) -> dict[int, list[int]]:
+    """Rank (pid) -> the step numbers that have a slice, in order."""
+    out: dict[int, list[int]] = {}
+    for e in events:
+        if e["ph"] == "X" and e["name"].startswith("step "):
+            out.setdefault(e["pid"], []).append(int(e["name"].split()[1]))
+    return out
+
+
+def test_ten_thousand_steps_keep_the_counter_whole_and_slice_the_last_2000_steps(tmp_path):
     loaded = load_recordings(_write(tmp_path, ranks=2, steps=10_000))
-    events, size = write_trace(loaded, tmp_path / "long.json")
-    assert size < 2 * 1_000_000, size
-    parsed = json.loads((tmp_path / "long.json").read_text())["traceEvents"]
-    _valid(parsed)
-    assert not any(e["ph"] == "X" and e["name"].startswith("step ") for e in parsed)   # beyond DETAIL_STEPS
-    counters = [e for e in parsed if e["ph"] == "C"]
+    document, size = write_trace(loaded, tmp_path / "long.json")
+    parsed = json.loads((tmp_path / "long.json").read_text())
+    events = parsed["traceEvents"]
+    _valid(events)
+    assert size < 2 * 1_600_000, size       # per rank: 0.5 MB of counter, 2,000 steps of slices
+    assert _slices(events) == {0: list(range(8000, 10_000)), 1: list(range(8000, 10_000))}
+    assert DETAIL_STEPS == 2000
+    phases = [e for e in events if e["ph"] == "X" and e["name"] in ("data", "forward", "backward", "optimizer")]
+    assert len(phases) == 2 * 2000 * 4
+    names = {e["pid"]: e["args"]["name"] for e in events if e["name"] == "thread_name" and e["tid"] == 1}
+    assert names == {0: "steps 8000:10000", 1: "steps 8000:10000"}
+    assert parsed["otherData"] == document["otherData"] == {
+        "perfmon_step_slices": "8000:10000",
+        "perfmon_step_slices_chosen_by": "default: the most recent 2000; --steps A:B picks others",
+        "perfmon_sliced_steps": 4000, "perfmon_steps": 20_000, "perfmon_counter": "every step of the run"}
+    counters = [e for e in events if e["ph"] == "C"]
     assert len(counters) == 2 * MAX_SAMPLES                 # two steps a sample beyond MAX_SAMPLES steps
+    assert min(c["ts"] for c in counters) == 0 and max(c["ts"] for c in counters) == 9998 * 100_000
     assert counters[0]["args"] == {"data": 10, "forward": 30, "backward": 50, "optimizer": 10, "comm": 4}
-    assert [e["name"] for e in parsed if e["ph"] == "i"] == ["checkpoint", "checkpoint"]
+    assert [e["name"] for e in events if e["ph"] == "i"] == ["checkpoint", "checkpoint"]
     _, gz_size = write_trace(loaded, tmp_path / "long.json.gz")
     assert gz_size < size / 5 and json.loads(gzip.decompress((tmp_path / "long.json.gz").read_bytes()))
+
+
+def test_steps_a_b_on_the_command_line_picks_the_sliced_steps_and_the_metadata_says_so(tmp_path, capsys):
+    from tui import cli
+    (tmp_path / "rec").mkdir()
+    recordings = _write(tmp_path / "rec", ranks=2, steps=10_000)
+    out = tmp_path / "mid.json"
+    assert cli.main(["export", "--trace", str(out), "--steps", "100:300", str(recordings)]) == 0
+    parsed = json.loads(out.read_text())
+    assert _slices(parsed["traceEvents"]) == {0: list(range(100, 300)), 1: list(range(100, 300))}
+    assert parsed["otherData"]["perfmon_step_slices"] == "100:300"
+    assert parsed["otherData"]["perfmon_step_slices_chosen_by"] == "--steps"
+    assert parsed["otherData"]["perfmon_sliced_steps"] == 400
+    assert "step slices for 400 of 20000 steps, steps 100:300 (--steps)" in capsys.readouterr().err
+    assert cli.main(["export", "--trace", str(out), "--steps", "9990:", str(recordings)]) == 0
+    assert _slices(json.loads(out.read_text())["traceEvents"]) == {0: list(range(9990, 10_000)),
+                                                                  1: list(range(9990, 10_000))}
+    assert cli.main(["export", "--trace", str(out), "--steps", ":3", str(recordings)]) == 0
+    assert _slices(json.loads(out.read_text())["traceEvents"]) == {0: [0, 1, 2], 1: [0, 1, 2]}
+
+
+@pytest.mark.parametrize("bad", ["300:100", "5:5", "abc", ":", "7", "-2:5", "1:x"])
+def test_a_bad_steps_range_is_one_line_and_exit_2_and_writes_nothing(tmp_path, capsys, bad):
+    from tui import cli
+    capsys.readouterr()
+    out = tmp_path / "bad.json"
+    assert cli.main(["export", "--trace", str(out), f"--steps={bad}", str(_write(tmp_path, ranks=1, steps=3))]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"perfmon export: --steps {bad}: expected A:B") and err.count("\n") == 1
+    assert not out.exists()
 
 
 def test_a_long_pause_between_steps_is_a_slice_and_short_ones_are_not(tmp_path):

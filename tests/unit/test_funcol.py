@@ -50,6 +50,8 @@ def test_a_functional_all_reduce_is_timed_when_its_result_is_used(patched):
 def test_nested_functional_collectives_are_counted_once(patched):
     from torch.distributed import _functional_collectives as funcol
 
+    if not hasattr(funcol, "all_gather_single_autograd"):     # torch 2.11 has none; 2.13 does
+        pytest.skip(f"torch {torch.__version__} has no nested functional collective (all_gather_single_autograd)")
     out = funcol.all_gather_single_autograd(torch.ones(8, 4), 0, dist.group.WORLD)   # calls all_gather_single
     out.sum()
     [item] = _items(patched)

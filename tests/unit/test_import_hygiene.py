@@ -18,7 +18,8 @@ import pytest
 
 VIEWER_MODULES = ["tui.cli", "tui.stream.discovery", "tui.stream.sources", "tui.stream.feed", "tui.commands.ls",
                   "tui.commands.record", "tui.commands.report", "perfmon_analysis.runmodel", "perfmon_analysis.verdict",
-                  "tui.commands.attach", "tui.app.perfmon_app", "tui.commands.relay", "tui.stream.remote"]
+                  "tui.commands.attach", "tui.app.perfmon_app", "tui.commands.relay", "tui.stream.remote",
+                  "tui.commands.inject", "tui.commands.detach"]
 ROOT = Path(__file__).resolve().parents[2]
 MODEL_MODULES = ["perfmon_analysis.runmodel", "perfmon_analysis.verdict", "perfmon_analysis.readings", "perfmon_analysis.flowchart",
                  "perfmon_analysis.explain", "perfmon_analysis.units", "perfmon_analysis.losses", "perfmon_analysis.stuck"]
@@ -53,6 +54,12 @@ def test_viewer_modules_do_not_import_torch(module):
                            f"import {module}")
     assert module in loaded
     assert not {m for m in loaded if m.split(".")[0] == "torch"}
+
+
+@pytest.mark.slow
+def test_no_command_loads_the_ptrace_injector_into_perfmon_itself():
+    loaded = modules_after("import tui.commands.attach, tui.commands.inject, tui.commands.detach")
+    assert not {m for m in loaded if m.split(".")[0] in ("hypno", "pyinjector")}
 
 
 @pytest.mark.slow

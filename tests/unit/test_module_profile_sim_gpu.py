@@ -54,10 +54,13 @@ def test_a_profile_on_a_cuda_job_times_modules_on_the_device_timeline(simulated_
     assert rows[""]["fwd_s"] == pytest.approx(0.025, abs=0.006)
 
 
-def _cuda_job(mon, steps_until):
+def _cuda_job(mon, request, steps_until):
+    """A CUDA MLP watched by ``mon``; ``request`` is asked once the model is watched (a profile needs
+    one), then the job steps until ``steps_until()``."""
     model = nn.Sequential(nn.Linear(1024, 1024), nn.ReLU(), nn.Linear(1024, 1024)).cuda()
     opt = torch.optim.SGD(model.parameters(), lr=0.01)
     mon.watch(model, opt)
+    assert mon.handle_request(request) is None
     x = torch.randn(256, 1024, device="cuda")
     deadline = time.monotonic() + 60
     while not steps_until():
@@ -75,8 +78,8 @@ def test_on_a_real_gpu_a_profile_times_modules_with_cuda_events_and_counts_their
     got = []
     mon.emit = got.append
     try:
-        assert mon.handle_request({"k": "request", "t": 0.0, "id": 1, "op": "profile", "steps": 5, "depth": 1}) is None
-        model = _cuda_job(mon, lambda: any(r.get("k") == "profile" for r in got))
+        model = _cuda_job(mon, {"k": "request", "t": 0.0, "id": 1, "op": "profile", "steps": 5, "depth": 1},
+                          lambda: any(r.get("k") == "profile" for r in got))
     finally:
         mon.close()
     rec = next(r for r in got if r.get("k") == "profile")
@@ -93,8 +96,8 @@ def test_on_a_real_gpu_a_capture_measures_the_device_busy_share():
     got = []
     mon.emit = got.append
     try:
-        assert mon.handle_request({"k": "request", "t": 0.0, "id": 2, "op": "capture", "steps": 3}) is None
-        _cuda_job(mon, lambda: any(r.get("k") == "capture" for r in got))
+        _cuda_job(mon, {"k": "request", "t": 0.0, "id": 2, "op": "capture", "steps": 3},
+                  lambda: any(r.get("k") == "capture" for r in got))
     finally:
         mon.close()
     rec = next(r for r in got if r.get("k") == "capture")

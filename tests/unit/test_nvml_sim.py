@@ -257,6 +257,23 @@ def test_sync_counter_counts_and_names_the_line(simulated_cuda):
     assert len(shown) == 1                          # other warnings pass through untouched
 
 
+@pytest.mark.parametrize("action", ["error", "default"])
+def test_switching_sync_counting_on_neither_raises_nor_prints_torchs_prototype_warning(simulated_cuda, action):
+    cuda = simulated_cuda()
+    counter = gpu_cuda.SyncCounter()
+    with warnings.catch_warnings(record=True) as shown:
+        warnings.simplefilter(action)                # the user's filters: -W error, or every warning shown
+        assert gpu_cuda.enable_sync_counting(cuda, counter) is None
+        assert cuda.sync_mode == 1 and not shown
+        if action == "error":                        # the user's filters still apply to everything else
+            with pytest.raises(UserWarning):
+                warnings.warn("the user's own warning")
+        else:
+            warnings.warn("the user's own warning")
+            assert [str(w.message) for w in shown] == ["the user's own warning"]
+    gpu_cuda.disable_sync_counting(cuda, counter)
+
+
 def test_sync_counting_stays_off_when_the_script_uses_the_debug_mode(simulated_cuda):
     cuda = simulated_cuda(sync_mode=2)
     why = gpu_cuda.enable_sync_counting(cuda, gpu_cuda.SyncCounter())

@@ -48,7 +48,7 @@ def test_a_request_is_answered_with_the_reason_it_is_refused(mon):
     got = _answers(read_until(sock, lambda rs: len(_answers(rs)) == 2))
     assert [(a["id"], a["ok"]) for a in got] == [(11, False), (12, False)]
     assert got[0]["reason"].startswith("no model to profile")
-    assert got[1]["reason"] == "unknown request 'reboot' (this probe answers: profile, capture)"
+    assert got[1]["reason"] == "unknown request 'reboot' (this probe answers: profile, capture, detach)"
 
 
 def test_a_viewer_that_did_not_announce_1_1_gets_no_answer(mon):

@@ -32,6 +32,7 @@ from tui.app.screens.asking import AskScreen
 from tui.app.screens.capture import CaptureScreen
 from tui.app.screens.profile import ProfileScreen
 from tui.app.screens.stuck import StuckScreen
+from tui.app.screens.trends import TrendsScreen
 from tui.app.screens.where import WhereScreen
 from perfmon_analysis.heatmap import heatmap
 from perfmon_analysis.analysis import Analysis
@@ -97,6 +98,7 @@ class PerfmonApp(App[int]):
         Binding("l", "log", "log", show=False),
         Binding("s", "stuck", "stacks", show=False),
         Binding("u", "where", "where the step goes", show=False),
+        Binding("t", "trends", "the whole run's trends", show=False),
         Binding("m", "ask('profile')", "module profile", show=False),
         Binding("c", "ask('capture')", "torch.profiler capture", show=False),
         Binding("f8", "screenshot_svg", "screenshot", show=False),
@@ -251,6 +253,8 @@ class PerfmonApp(App[int]):
             self.screen.show(self.view.stuck)
         elif isinstance(self.screen, WhereScreen):
             self.screen.show(self.verdict)
+        elif isinstance(self.screen, TrendsScreen):
+            self.screen.show(self.analysis.model.history)
         elif isinstance(self.screen, AskScreen):
             self.screen.show(self.view)
 
@@ -298,6 +302,10 @@ class PerfmonApp(App[int]):
     def action_where(self) -> None:
         if not isinstance(self.screen, WhereScreen):
             self.push_screen(WhereScreen(self.verdict))
+
+    def action_trends(self) -> None:
+        if not isinstance(self.screen, TrendsScreen):
+            self.push_screen(TrendsScreen(self.analysis.model.history if self.analysis is not None else None))
 
     def action_ask(self, op: str) -> None:
         """``m`` (module profile), ``c`` (torch.profiler capture): ask the selected rank, else the lowest."""

@@ -8,8 +8,11 @@ rank gets:
   beside them, in milliseconds; a sample per step up to ``MAX_SAMPLES`` steps per rank, beyond
   that the mean of each run of consecutive steps, so a rank's track stays about 0.5 MB however
   long the training ran;
-* a ``steps`` thread with a slice per step and its phases nested under it, for recordings of at
-  most ``DETAIL_STEPS`` steps per rank (beyond that the counter alone keeps the file small);
+* a ``steps`` thread with a slice per step and its phases nested under it, for the steps of one
+  range of step numbers (a ``StepRange``): the most recent ``DETAIL_STEPS`` steps of the run by
+  default, so the file stays small however long the run while the end, where a run usually
+  failed or slowed, is there to click on; the thread's name and the trace's ``otherData`` say
+  which steps have slices;
 * a ``pauses`` thread with a slice for every gap between steps of ``PAUSE_S`` or more
   (checkpoints, evaluation) and for every stall, and an instant event per ``event`` record.
 
@@ -23,6 +26,7 @@ from __future__ import annotations
 import gzip
 import json
 from pathlib import Path
+from dataclasses import dataclass
 from typing import Any, Iterable
 
 from perfmon_analysis.buffers import StepParser
@@ -36,10 +40,55 @@ PHASES = ("data", "forward", "backward", "optimizer", "other")
 STEPS_TID, PAUSES_TID = 1, 2
 
 
-def trace_events(recordings: Iterable[LoadedRecording]) -> list[dict[str, Any]]:
-    """The trace's events for every rank in ``recordings`` (pure)."""
+@dataclass(frozen=True)
+class StepRange:
+    """Step numbers ``first`` up to ``stop`` (excluded), as ``--steps A:B`` reads; None: open."""
+
+    first: int | None = None
+    stop: int | None = None
+
+    def __contains__(self, step: int) -> bool:
+        return (self.first is None or step >= self.first) and (self.stop is None or step < self.stop)
+
+    def text(self) -> str:
+        return f"{'' if self.first is None else self.first}:{'' if self.stop is None else self.stop}"
+
+
+def _default_range(steps_of: list[list[StepReading]]) -> StepRange | None:
+    """The most recent ``DETAIL_STEPS`` step numbers of the run (None: the run has no steps)."""
+    last = max((s.step for steps in steps_of for s in steps), default=None)
+    return None if last is None else StepRange(max(0, last + 1 - DETAIL_STEPS), last + 1)
+
+
+def trace_document(recordings: Iterable[LoadedRecording], chosen: StepRange | None = None) -> dict[str, Any]:
+    """The trace as one JSON object (pure): its events, and in ``otherData`` which steps have
+    slices (``chosen``, else the most recent ``DETAIL_STEPS``) and how many steps the run has."""
     recordings = list(recordings)
     steps_of = [_steps(rec.records) for rec in recordings]
+    shown = chosen if chosen is not None else _default_range(steps_of)
+    sliced = sum(1 for steps in steps_of for s in steps if shown is not None and s.step in shown)
+    total = sum(len(steps) for steps in steps_of)
+    if shown is None:
+        which = "no steps in the recordings"
+    elif chosen is None:
+        which = f"default: the most recent {DETAIL_STEPS}; --steps A:B picks others"
+    else:
+        which = "--steps"
+    meta = {"perfmon_step_slices": shown.text() if shown is not None else None,
+            "perfmon_step_slices_chosen_by": which,
+            "perfmon_sliced_steps": sliced,
+            "perfmon_steps": total,
+            "perfmon_counter": "every step of the run"}
+    return {"traceEvents": _events(recordings, steps_of, shown), "displayTimeUnit": "ms", "otherData": meta}
+
+
+def trace_events(recordings: Iterable[LoadedRecording], chosen: StepRange | None = None) -> list[dict[str, Any]]:
+    """The trace's events for every rank in ``recordings`` (pure)."""
+    return trace_document(recordings, chosen)["traceEvents"]
+
+
+def _events(recordings: list[LoadedRecording], steps_of: list[list[StepReading]],
+            shown: StepRange | None) -> list[dict[str, Any]]:
     times = [r["t"] for rec in recordings for r in rec.records[:1] + rec.records[-1:]]
     starts = [s.start for steps in steps_of for s in steps if s.start]
     origin = min(times + starts, default=0.0)
@@ -52,13 +101,13 @@ def trace_events(recordings: Iterable[LoadedRecording]) -> list[dict[str, Any]]:
             label += f" restart {hello['restart']}"
         events.append({"ph": "M", "pid": pid, "tid": 0, "name": "process_name", "args": {"name": label}})
         events.append({"ph": "M", "pid": pid, "tid": 0, "name": "process_sort_index", "args": {"sort_index": pid}})
-        detail = len(steps) <= DETAIL_STEPS
-        if detail:
-            events.append({"ph": "M", "pid": pid, "tid": STEPS_TID, "name": "thread_name", "args": {"name": "steps"}})
+        if shown is not None and any(step.step in shown for step in steps):
+            events.append({"ph": "M", "pid": pid, "tid": STEPS_TID, "name": "thread_name",
+                           "args": {"name": f"steps {shown.text()}"}})
         events.append({"ph": "M", "pid": pid, "tid": PAUSES_TID, "name": "thread_name",
                        "args": {"name": "pauses and events"}})
         for step in steps:
-            events.extend(_step_events(step, pid, origin, detail))
+            events.extend(_step_events(step, pid, origin, shown is not None and step.step in shown))
         per_sample = -(-len(steps) // MAX_SAMPLES)
         for i in range(0, len(steps), per_sample):
             events.append(_counter(steps[i:i + per_sample], pid, origin))
@@ -131,16 +180,17 @@ def _ms(seconds: float) -> float | int:
     return int(value) if value == int(value) else value
 
 
-def write_trace(recordings: Iterable[LoadedRecording], out: str | Path) -> tuple[int, int]:
+def write_trace(recordings: Iterable[LoadedRecording], out: str | Path,
+                chosen: StepRange | None = None) -> tuple[dict[str, Any], int]:
     """Write the trace (gzip when ``out`` ends in .gz, which Perfetto and chrome://tracing open);
-    return (events, bytes written)."""
-    events = trace_events(recordings)
-    data = json.dumps({"traceEvents": events, "displayTimeUnit": "ms"}, separators=(",", ":")).encode()
+    return (the document, bytes written)."""
+    document = trace_document(recordings, chosen)
+    data = json.dumps(document, separators=(",", ":")).encode()
     path = Path(out)
     if path.suffix == ".gz":
         data = gzip.compress(data)
     path.write_bytes(data)
-    return len(events), len(data)
+    return document, len(data)
 
 
 def _phase(step: StepReading, name: str) -> float:

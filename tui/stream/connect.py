@@ -7,28 +7,31 @@ Kept on the stream side so no command imports another: ``attach``, ``record``, `
 
 from __future__ import annotations
 
+import heapq
 import os
 import sys
 from typing import Any
 
 from probe.paths import RECORD_SUFFIX, SOCKET_SUFFIX
 from perfmon_analysis.analysis import Analysis
+from perfmon_analysis.readings import record_time
 from tui.errors import UserError
 
 
 def remote_feed(args: Any, analysis: Analysis | None = None) -> Any:
     """A ``RelayFeed`` (into ``analysis``'s model, else a new one) when ``--hosts``/``--hostfile``/
-    ``--slurm`` name the job's nodes, else None."""
+    ``--slurm``/``--k8s`` name the job's nodes, else None."""
     from tui.stream import hosts
+    k8s, namespace = getattr(args, "k8s", None), getattr(args, "namespace", None)
     found = hosts.choose_hosts(getattr(args, "hosts", None), getattr(args, "hostfile", None),
-                               getattr(args, "slurm", None))
+                               getattr(args, "slurm", None), k8s, namespace)
     if found is None:
         return None
     if not args.target:
         raise UserError("name the job to follow on those hosts (perfmon ls on a node lists them)")
     from tui.stream.remote import RelayFeed
     model = (analysis or Analysis()).model
-    via = args.via or os.environ.get("PERFMON_VIA") or hosts.DEFAULT_VIA
+    via = args.via or os.environ.get("PERFMON_VIA") or (hosts.k8s_via(namespace) if k8s else hosts.DEFAULT_VIA)
     port = getattr(args, "relay_port", None)
     if port is None:
         return RelayFeed(model, args.target, found, via)
@@ -41,15 +44,18 @@ def remote_feed(args: Any, analysis: Analysis | None = None) -> Any:
     return RelayFeed(model, args.target, found, via, port=port, token=token)
 
 
-def load(target: str, seconds: float, args: Any = None, *, prog: str = "perfmon report") -> tuple[Analysis, dict[str, Any]]:
+def load(target: str, seconds: float, args: Any = None, *, prog: str = "perfmon report",
+         analysis: Analysis | None = None, verdicts: int = 0) -> tuple[Analysis, dict[str, Any]]:
     """An ``Analysis`` of recording files, of a live job followed for ``seconds``, or (``args``
     naming hosts) of the job's ranks on several hosts through their relays; and the source it
     came from. Each stream problem (torn tail, corruption, a failed host) is one line on stderr:
-    what was intact is still analysed."""
+    what was intact is still analysed. ``analysis``: the one to fill (another window), else a new one.
+    ``verdicts``: replay recordings in time order and judge the window at that many instants, so
+    the run's history holds the verdict's changes."""
     from tui.stream import sources
     from tui.stream.feed import follow
 
-    analysis = Analysis()
+    analysis = analysis if analysis is not None else Analysis()
     remote = remote_feed(args, analysis) if args is not None else None
     if remote is not None:
         try:
@@ -63,10 +69,13 @@ def load(target: str, seconds: float, args: Any = None, *, prog: str = "perfmon 
     looks_like_file = target.endswith(RECORD_SUFFIX) or ("/" in target and not target.endswith(SOCKET_SUFFIX))
     if sources.is_recording_target(target) or looks_like_file:
         loaded = sources.load_recordings(target)
+        if verdicts > 0:
+            _replay(analysis, [(str(rec.path), rec.records) for rec in loaded], verdicts)
         for rec in loaded:
             stream = str(rec.path)
-            for record in rec.records:
-                analysis.ingest(stream, record)
+            if verdicts <= 0:
+                for record in rec.records:
+                    analysis.ingest(stream, record)
             analysis.end_stream(stream)
             if rec.problem:
                 analysis.add_problem(rec.problem)
@@ -81,3 +90,42 @@ def load(target: str, seconds: float, args: Any = None, *, prog: str = "perfmon 
     except sources.StreamError as exc:
         raise UserError(str(exc)) from None
     return analysis, {"kind": "live", "paths": [ep.socket for ep in endpoints], "seconds": seconds}
+
+
+JUDGED_RANKS = 20_000     # rank-windows a replay's judgements may compute: fewer instants for many ranks
+
+
+def _replay(analysis: Analysis, streams: list[tuple[str, list[dict[str, Any]]]], instants: int) -> None:
+    """Ingest every stream's records merged by time, judging the window at ``instants`` evenly
+    spaced record times (each judgement notes a changed verdict in the run's history); at least 8,
+    at most ``JUDGED_RANKS`` / streams, as each judgement computes every rank's window afresh."""
+    instants = max(8, min(instants, JUDGED_RANKS // max(1, len(streams))))
+    times = [t for _, records in streams for t in (_first_time(records), _first_time(reversed(records)))
+             if t is not None]
+    if not times:
+        for stream, records in streams:
+            for record in records:
+                analysis.ingest(stream, record)
+        return
+    start, end = min(times), max(times)
+    every = (end - start) / instants or 1.0
+    mark = start + every
+    for t, _, _, stream, record in heapq.merge(*(_timed(i, stream, records) for i, (stream, records) in enumerate(streams))):
+        if t >= mark:
+            analysis.snapshot(mark)
+            mark = t + every - (t - start) % every
+        analysis.ingest(stream, record)
+    analysis.snapshot()
+
+
+def _first_time(records: Any) -> float | None:
+    return next((t for t in map(record_time, records) if t is not None), None)
+
+
+def _timed(order: int, stream: str, records: list[dict[str, Any]]) -> Any:
+    """(time, stream order, place, stream, record) of each record; one without a time takes its
+    predecessor's."""
+    t = _first_time(records) or 0.0
+    for place, record in enumerate(records):
+        t = record_time(record) or t
+        yield t, order, place, stream, record

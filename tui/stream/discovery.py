@@ -128,7 +128,10 @@ def resolve_live(target: str | None) -> list[Endpoint]:
         pid = int(target)
         hits = [ep for ep in endpoints if ep.pid == pid]
         if not hits:
-            raise UserError(f"no perfmon probe in process {pid} (is it running, and started with the probe?)")
+            if not _alive(pid):
+                raise UserError(f"no process {pid} (has it exited?)")
+            raise UserError(f"process {pid} has no perfmon probe: `perfmon inject {pid}` starts one in it "
+                            "without a restart (docs/attach.md)")
         return hits
     grouped = jobs(endpoints)
     if target not in grouped:

@@ -23,6 +23,7 @@ from typing import Any, Callable, Iterable
 from probe import paths
 from tui.stream import discovery
 from tui.errors import UserError
+from perfmon_analysis.analysis import Analysis
 from perfmon_analysis.runmodel import RunModel
 from tui.stream.requests import Target
 from tui.stream.sources import LiveStream, LoadedRecording, StreamError, viewer_hello
@@ -309,12 +310,14 @@ class ReplayFeed(Feed):
 
     ``speed=None`` ingests everything at once and fixes the clock at the last
     record (snapshot tests, screenshots): the screen is then a pure function of the files.
+    ``verdicts``: an instant replay judges the window at that many evenly spaced instants on
+    the way, so the run's history (the trends screen) holds the verdict's changes.
     """
 
     is_replay = True
 
     def __init__(self, model: RunModel, recordings: list[LoadedRecording], speed: float | None = 1.0,
-                 monotonic: Callable[[], float] = time.monotonic) -> None:
+                 monotonic: Callable[[], float] = time.monotonic, verdicts: int = 0) -> None:
         super().__init__(model, description=f"replay of {_replay_name(recordings)}")
         merged: list[tuple[float, int, str, dict[str, Any]]] = []
         for rec_file in recordings:
@@ -334,6 +337,7 @@ class ReplayFeed(Feed):
         self._position = self.end_t if self.instant else self.start_t
         self._monotonic = monotonic
         self._last_tick: float | None = None
+        self._verdicts = verdicts
 
     def now(self) -> float:
         return self._position
@@ -364,6 +368,11 @@ class ReplayFeed(Feed):
 
     async def run(self) -> None:
         if self.instant:
+            judge = Analysis(self.model)        # one-off verdicts, each noted in the history
+            every = (self.end_t - self.start_t) / self._verdicts if self._verdicts > 0 else 0.0
+            for k in range(1, self._verdicts if every > 0 else 0):
+                await self._ingest_until(self.start_t + every * k)
+                judge.snapshot(self.start_t + every * k)
             await self._ingest_until(self.end_t)
         else:
             self._last_tick = self._monotonic()

@@ -1,8 +1,9 @@
-"""Which nodes a job runs on, and how to reach each: host lists, SLURM, and the transport template.
+"""Which nodes a job runs on, and how to reach each: host lists, SLURM, Kubernetes pods, and the
+transport template.
 
 The transport is whatever the user already has: by default ``ssh -T -o BatchMode=yes {host}``
-(no password prompt can hang the viewer), or a ``--via`` / ``PERFMON_VIA`` template such as
-``srun --overlap -w {host}`` or ``ssh -J jump {host}``. The template is split like a shell command,
+(no password prompt can hang the viewer), ``kubectl exec`` for pods found by ``--k8s``, or a
+``--via`` / ``PERFMON_VIA`` template such as ``srun --overlap -w {host}`` or ``ssh -J jump {host}``. The template is split like a shell command,
 ``{host}`` is replaced, and the relay's own argv is appended.
 """
 
@@ -115,6 +116,27 @@ def slurm_hosts(job_id: str | None = None) -> list[str]:
     return [h for h in _run([scontrol, "show", "hostnames", nodelist]).split() if h]
 
 
+def k8s_pods(selector: str, namespace: str | None = None) -> list[str]:
+    """The running pods of a label selector, by name: ``kubectl get pods -l SELECTOR``."""
+    kubectl = shutil.which("kubectl")
+    if kubectl is None:
+        raise UserError("--k8s: kubectl not found on this machine")
+    argv = [kubectl, "get", "pods", "-l", selector, "--field-selector=status.phase=Running",
+            "-o", "jsonpath={.items[*].metadata.name}"]
+    if namespace:
+        argv += ["--namespace", namespace]
+    pods = _run(argv).split()
+    if not pods:
+        where = f" in namespace {namespace}" if namespace else ""
+        raise UserError(f"--k8s {selector}: no running pod matches{where}")
+    return pods
+
+
+def k8s_via(namespace: str | None) -> str:
+    """The transport into a pod: ``kubectl exec -i {host} [--namespace N] --``."""
+    return "kubectl exec -i {host}" + (f" --namespace {shlex.quote(namespace)}" if namespace else "") + " --"
+
+
 def _run(argv: list[str]) -> str:
     try:
         out = subprocess.run(argv, capture_output=True, text=True, timeout=30)
@@ -137,12 +159,18 @@ def via_argv(template: str, host: str, job: str, relay: tuple[str, ...] = RELAY_
     return [p.replace("{host}", host) for p in parts] + [*relay, job]
 
 
-def choose_hosts(hosts: str | None, hostfile: str | None, slurm: str | bool | None) -> list[str] | None:
-    """The hosts named by exactly one of ``--hosts``, ``--hostfile``, ``--slurm``; None if none was."""
-    given = [x for x in (hosts, hostfile, slurm) if x not in (None, False)]
+def choose_hosts(hosts: str | None, hostfile: str | None, slurm: str | bool | None,
+                 k8s: str | None = None, namespace: str | None = None) -> list[str] | None:
+    """The hosts named by exactly one of ``--hosts``, ``--hostfile``, ``--slurm``, ``--k8s`` (pod
+    names); None if none was."""
+    given = [x for x in (hosts, hostfile, slurm, k8s) if x not in (None, False)]
     if len(given) > 1:
-        raise UserError("give only one of --hosts, --hostfile, --slurm")
-    if hosts is not None:
+        raise UserError("give only one of --hosts, --hostfile, --slurm, --k8s")
+    if namespace is not None and k8s is None:
+        raise UserError("--namespace goes with --k8s")
+    if k8s is not None:
+        found = k8s_pods(k8s, namespace)
+    elif hosts is not None:
         found = expand_hostlist(hosts)
     elif hostfile is not None:
         found = read_hostfile(hostfile)

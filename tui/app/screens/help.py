@@ -27,6 +27,8 @@ KEYS: list[tuple[str, str]] = [
     ("s", "stuck job: each rank's part, what it waits for and its stack (d there: py-spy reads a silent rank's stack)"),
     ("u", "where the step's unexplained time goes: the training thread's in-step stack samples by source line, "
           "waiting (off CPU) or busy, each share with its 95% error bar"),
+    ("t", "the whole run so far: step time, data wait, exposed comm, time between steps, memory and the "
+          "verdict's changes over time"),
     ("m", "module profile: time each module of the selected rank for 5 steps (params, FLOPs, FLOP/s; m again)"),
     ("c", "torch.profiler capture of the selected rank's next 3 steps: trace path and top operators (c again)"),
     ("F8", "save an SVG screenshot in the current directory"),

@@ -457,6 +457,8 @@ def main(argv: list[str] | None = None) -> int:
         if stop_requested:   # stopped while the ranks were still meeting: nothing to clean up
             return 0
         raise
+    if device.type == "cuda" and len(phases) == 1:
+        phases = (phases[0].on_gpu(),)
     model: nn.Module = TinyGPT(phases[0].model).to(device)
     if world > 1:
         model = nn.parallel.DistributedDataParallel(model)

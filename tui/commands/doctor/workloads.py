@@ -41,6 +41,9 @@ class Device(Protocol):
     def event_elapsed(self, seconds: float) -> float:
         """Seconds CUDA events measure around ``seconds`` of device work (waits for the end event)."""
 
+    def kernel_seconds(self, seconds: float) -> float:
+        """Seconds ``kernels(seconds)`` keeps the device busy now, on the host clock across a synchronize."""
+
 
 def run_job(name: str, body: Callable[[Any], None], *, device: Device | None = None) -> Any:
     """Run ``body(mon)`` under a fresh probe recording to a temporary directory; return the
@@ -122,7 +125,7 @@ class TorchCudaDevice:
     them as busy: NVML utilization (any kernel running) and GPM SM activity (the share of SMs
     busy; a one-block spin kernel such as ``torch.cuda._sleep`` would read under 1% of an H100).
     Their length is calibrated on the host clock across a synchronize, never with the CUDA events
-    the doctor checks; ``.item()`` is the sync."""
+    the doctor checks, once the GPU has left its idle clocks; ``.item()`` is the sync."""
 
     SIDE = 4096          # ~0.2 ms per matmul on an H100, ~0.5 ms on an A100: fine-grained lengths
 
@@ -138,9 +141,16 @@ class TorchCudaDevice:
         self.matmul_s = self._calibrate()
 
     def _calibrate(self) -> float:
-        """Seconds per matmul: a batch long enough (>= 50 ms) that launch costs vanish beside it."""
+        """Seconds per matmul: a batch long enough (>= 50 ms) that launch costs vanish beside it, after
+        0.5 s of the same work (an idle GPU runs its first kernels at low clocks: calibrated cold on an
+        H200, 20 ms of kernels took 18 ms once it was busy)."""
         torch = self.torch
         torch.matmul(self.a, self.b, out=self.out)     # the first launch loads the kernel (cuBLAS)
+        end = time.perf_counter() + 0.5
+        while time.perf_counter() < end:
+            for _ in range(16):
+                torch.matmul(self.a, self.b, out=self.out)
+            self.synchronize()
         n = 8
         while True:
             self.synchronize()
@@ -179,6 +189,15 @@ class TorchCudaDevice:
         end.record()
         end.synchronize()
         return start.elapsed_time(end) / 1e3
+
+    def kernel_seconds(self, seconds: float) -> float:
+        reps = 10
+        self.synchronize()
+        t0 = time.perf_counter()
+        for _ in range(reps):
+            self.kernels(seconds)
+        self.synchronize()
+        return (time.perf_counter() - t0) / reps
 
 
 def why_no_gpu() -> str | None:

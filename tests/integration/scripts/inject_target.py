@@ -1,0 +1,104 @@
+"""A plain training script, started without perfmon, that ``perfmon inject`` enters while it runs.
+
+At each ``--pause-at`` step it prints ``{"pause": N, "pid": ...}`` and waits for a line on stdin,
+so a test can inject, report and detach at known steps. At the first pause it notes what a
+probe could leave behind (threads, file descriptors, torch's global hooks, the functions
+perfmon wraps, sys.path, sys.meta_path, warning filters, sys.modules, live objects of perfmon's classes); the last
+stdout line is JSON with the final loss (``repr``: bit-identical or not), ``residue``: what
+differs at the end from that baseline (empty when nothing of perfmon is left), and ``rss_kb``:
+resident memory at the first pause and at the end.
+"""
+
+import argparse
+import gc
+import json
+import os
+import sys
+import threading
+import warnings
+
+import torch
+import torch._dynamo  # noqa: F401  (loaded by most training stacks; torch modules the probe loads stay loaded)
+import torch.distributed as dist
+from torch import nn
+from torch.utils.data import DataLoader, TensorDataset
+from torch.optim import optimizer as optim
+from torch.utils.data.dataloader import _BaseDataLoaderIter
+
+parser = argparse.ArgumentParser()
+parser.add_argument("--steps", type=int, default=400)
+parser.add_argument("--pause-at", default="", help="comma-separated steps to pause at")
+args = parser.parse_args()
+pauses = {int(x) for x in args.pause_at.split(",") if x}
+
+torch.set_num_threads(1)
+torch.manual_seed(0)
+model = nn.Sequential(nn.Linear(32, 64), nn.ReLU(), nn.Linear(64, 1))
+opt = torch.optim.SGD(model.parameters(), lr=0.01)
+data = TensorDataset(torch.randn(64 * 16, 32), torch.randn(64 * 16, 1))
+loader = DataLoader(data, batch_size=16, shuffle=True)
+
+
+def state() -> dict:
+    """What perfmon could leave behind, as comparable values (an atexit entry would keep its object alive)."""
+    gc.collect()
+    fds = {}
+    for fd in os.listdir("/proc/self/fd"):
+        try:
+            fds[fd] = os.readlink(f"/proc/self/fd/{fd}")
+        except OSError:
+            pass
+    mod = torch.nn.modules.module
+    return {
+        "threads": sorted(t.name for t in threading.enumerate()),
+        "fds": fds,
+        "global_hooks": [len(getattr(mod, n)) for n in dir(mod) if n.startswith("_global_") and n.endswith("hooks")]
+        + [len(optim._global_optimizer_pre_hooks), len(optim._global_optimizer_post_hooks)],
+        "module_hooks": [len(h) for m in model.modules() for h in (m._forward_pre_hooks, m._forward_hooks,
+                                                                   m._backward_hooks, m._backward_pre_hooks)],
+        "functions": [id(f) for f in (torch.autograd.backward, torch.optim.Optimizer.__init__,
+                                      _BaseDataLoaderIter.__next__, nn.Module.__getstate__, sys.excepthook,
+                                      dist.all_reduce, dist.broadcast, dist.barrier, torch.Tensor.backward)],
+        "sys_path": list(sys.path),
+        "meta_path": [type(f).__name__ for f in sys.meta_path],
+        "warning_filters": [str(f) for f in warnings.filters],
+        "modules": sorted(n for n in sys.modules if not n.startswith("torch")),
+        "perfmon_objects": sorted(f"{type(o).__module__}.{type(o).__qualname__}" for o in gc.get_objects()
+                                  if str(type(o).__module__).split(".")[0] == "probe"),
+    }
+
+
+def pause(step: int) -> None:
+    print(json.dumps({"pause": step, "pid": os.getpid()}), flush=True)
+    sys.stdin.readline()
+
+
+def rss_kb() -> int:
+    return int(next(line for line in open("/proc/self/status") if line.startswith("VmRSS:")).split()[1])
+
+
+baseline = None
+rss = None
+batches = iter(loader)
+step = 0
+while step < args.steps:
+    try:
+        x, y = next(batches)
+    except StopIteration:
+        batches = iter(loader)
+        continue
+    loss = nn.functional.mse_loss(model(x), y)
+    opt.zero_grad()
+    loss.backward()
+    opt.step()
+    step += 1
+    if step in pauses:
+        if baseline is None:
+            baseline = state()
+            rss = rss_kb()
+        pause(step)
+
+end = state()
+residue = {k: {"before": baseline[k], "after": end[k]} for k in (baseline or {}) if baseline[k] != end[k]}
+print(json.dumps({"loss": repr(loss.item()), "steps": step, "residue": residue,
+                  "rss_kb": [rss, rss_kb()]}), flush=True)

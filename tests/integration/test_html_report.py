@@ -1,0 +1,106 @@
+"""``perfmon report --html`` opened in a real headless Chromium: no console error, no request that
+leaves the file, and every chart drawn (ink in each plot's frame, read back from its canvas)."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tests.integration import chromium
+from tests.tui import scenarios
+
+pytestmark = [pytest.mark.slow,
+              pytest.mark.skipif(chromium.executable() is None, reason="chromium not installed (.ci/run installs it)")]
+
+PERFMON = [sys.executable, "-m", "tui.cli"]
+ROOT = Path(__file__).resolve().parents[2]
+
+READY = "window.Bokeh && Bokeh.documents.length > 0 && Bokeh.documents[0].is_idle"
+# Legends and grid lines would count as ink in an empty plot: hide them before reading the canvases.
+BARE = "for (const m of Bokeh.documents[0].all_models) if (['Legend', 'Grid'].includes(m.type)) m.visible = false"
+# Each plot's title, its renderers, and the share of its frame's pixels that are not background.
+PLOTS = """(() => {
+  const plots = [];
+  const walk = (v) => { if (v.model.type === 'Figure') plots.push(v); for (const c of (v.child_views || [])) walk(c); };
+  for (const r of Bokeh.index.roots) walk(r);
+  return plots.map(v => {
+    const composed = v.canvas_view.compose();
+    const canvas = composed.canvas || composed;
+    const f = v.frame.bbox, k = window.devicePixelRatio || 1;
+    const m = 3;   // inside the frame's edges, where the axes are drawn
+    const px = canvas.getContext('2d').getImageData(Math.round((f.x + m) * k), Math.round((f.y + m) * k),
+                                                    Math.round((f.width - 2 * m) * k),
+                                                    Math.round((f.height - 2 * m) * k)).data;
+    let ink = 0;
+    for (let i = 0; i < px.length; i += 4)
+      if (px[i + 3] > 0 && (px[i] < 235 || px[i + 1] < 235 || px[i + 2] < 235)) ink++;
+    return {title: v.model.title.text, ink: ink / (px.length / 4)};
+  });
+})()"""
+
+
+def _report_html(target: Path, out: Path) -> subprocess.CompletedProcess[str]:
+    proc = subprocess.run(PERFMON + ["report", "--html", str(out), str(target)], capture_output=True, text=True,
+                          timeout=300, cwd=ROOT)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return proc
+
+
+def _check_in_browser(page: Path, titles: list[str], prepare: str = BARE) -> list[dict]:
+    run = chromium.load(page, READY, PLOTS, prepare)
+    assert run.ready, "Bokeh never finished drawing"
+    assert run.errors == []
+    assert run.requests == []
+    shown = {p["title"].split(" (")[0].split(";")[0]: p["ink"] for p in run.result}
+    for title in titles:
+        assert title in shown, (title, sorted(shown))
+        assert shown[title] > 0.005, f"{title}: nothing drawn ({shown[title]} of the frame)"
+    return run.result
+
+
+def test_a_simulated_two_rank_run_draws_every_chart_offline(tmp_path):
+    page = tmp_path / "report.html"
+    _report_html(scenarios.write("trends", tmp_path, steps=3000), page)
+    _check_in_browser(page, ["Step time over the run", "Verdict over the run", "Per rank: step time",
+                             "Per rank: compute", "Per rank: data wait", "Memory of rank 0 on n01"])
+
+
+def test_a_real_two_rank_recording_draws_in_the_browser(tmp_path, perfmon_dir):
+    rec = tmp_path / "rec"
+    demo = subprocess.run(PERFMON + ["demo", "--scenario", "load_imbalance", "--ranks", "2", "--headless",
+                                     "--seconds", "8", "--record", str(rec)], capture_output=True, text=True,
+                          timeout=180, cwd=ROOT)
+    assert demo.returncode == 0, demo.stderr[-3000:]
+    assert len(list(rec.glob("*.pmrec"))) == 2
+    page = tmp_path / "report.html"
+    _report_html(rec, page)
+    _check_in_browser(page, ["Step time over the run", "Verdict over the run", "Per rank: step time",
+                             "Per rank: compute", "Per rank: exposed comm"])
+
+
+def test_a_simulated_1024_rank_recording_draws_in_the_browser(tmp_path):
+    page = tmp_path / "report.html"
+    _report_html(scenarios.write("trends", tmp_path, ranks=1024, steps=30), page)
+    assert page.stat().st_size < 5_000_000
+    _check_in_browser(page, ["Step time over the run", "Verdict over the run", "Per rank: step time",
+                             "Per rank: data wait"])
+
+
+def test_the_browser_check_catches_an_error_a_request_and_a_blank_chart(tmp_path):
+    """The checks above are not vacuous: a planted console error, an outside request and a chart
+    with no data are each caught."""
+    page = tmp_path / "report.html"
+    _report_html(scenarios.write("trends", tmp_path, steps=400), page)
+    text = page.read_text()
+    planted = tmp_path / "planted.html"
+    planted.write_text(text.replace("</body>", "<script>console.error('planted')</script>"
+                                               "<img src=\"http://example.invalid/pixel.png\"></body>"))
+    run = chromium.load(planted, READY, PLOTS)
+    assert any("planted" in e for e in run.errors)
+    assert any(r.startswith("http://example.invalid/") for r in run.requests)
+    hidden = BARE + "; for (const m of Bokeh.documents[0].all_models) if (m.type === 'GlyphRenderer') m.visible = false"
+    with pytest.raises(AssertionError, match="nothing drawn"):
+        _check_in_browser(page, ["Memory of rank 0 on n01"], prepare=hidden)

@@ -1,0 +1,222 @@
+"""``perfmon inject`` / ``detach``: the probe started in a job that runs without perfmon, then removed.
+
+The targets (tests/integration/scripts/inject_*.py) know nothing of perfmon; the one-process
+target pauses at given steps (reading stdin), so injection, report and detach happen at known
+steps, and it checks from inside, at its end, that nothing of perfmon is left in it.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tests.integration.streamutil import wait_for
+
+SCRIPTS = Path(__file__).parent / "scripts"
+PY = sys.executable
+TARGET = [PY, str(SCRIPTS / "inject_target.py")]
+
+pytest.importorskip("hypno")
+
+
+def perfmon(*args: str, timeout: float = 90, **kwargs) -> subprocess.CompletedProcess:
+    return subprocess.run([PY, "-m", "tui.cli", *args], capture_output=True, text=True, timeout=timeout, **kwargs)
+
+
+class Paused:
+    """inject_target.py, paused at each of its ``--pause-at`` steps until ``go()``."""
+
+    def __init__(self, *args: str) -> None:
+        self.proc = subprocess.Popen([*TARGET, *args], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+        self.pid = self.proc.pid
+
+    def wait_pause(self) -> int:
+        return json.loads(self.proc.stdout.readline())["pause"]
+
+    def go(self) -> None:
+        self.proc.stdin.write("go\n")
+        self.proc.stdin.flush()
+
+    def finish(self) -> dict:
+        out, _ = self.proc.communicate(timeout=60)
+        assert self.proc.returncode == 0
+        return json.loads(out.splitlines()[-1])
+
+
+def _maps(pid: int) -> str:
+    return Path(f"/proc/{pid}/maps").read_text()
+
+
+def test_inject_report_detach_leaves_the_loss_bit_identical_and_nothing_behind():
+    bare = subprocess.run([*TARGET, "--steps", "400"], capture_output=True, text=True, timeout=60)
+    bare_loss = json.loads(bare.stdout.splitlines()[-1])["loss"]
+    job = Paused("--steps", "400", "--pause-at", "100,300")
+    try:
+        assert job.wait_pause() == 100
+        inject = subprocess.Popen([PY, "-m", "tui.cli", "inject", str(job.pid), "--timeout", "30"],
+                                  stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        assert "dormant hooks installed" in inject.stderr.readline()
+        job.go()        # the probe's socket comes up at the first optimizer step after the injection
+        out, err = inject.communicate(timeout=60)
+        assert inject.returncode == 0, err
+        assert f"injected {job.pid}" in out
+        assert job.wait_pause() == 300
+        report = perfmon("report", str(job.pid), "--json", "--seconds", "1")
+        assert report.returncode == 0, report.stderr
+        rep = json.loads(report.stdout)
+        assert rep["verdict"]["bottleneck"]
+        assert abs(rep["ranks"][0]["steps"] - 200) <= 1      # steps 101..300: those since the injection
+        detach = perfmon("detach", str(job.pid))
+        assert detach.returncode == 0, detach.stderr
+        assert f"{job.pid}: detached" in detach.stdout
+        job.go()
+        end = job.finish()
+    finally:
+        job.proc.kill()
+    assert end["loss"] == bare_loss
+    residue = end["residue"]
+    modules = residue.pop("modules", {"before": [], "after": []})
+    added = set(modules["after"]) - set(modules["before"])
+    assert not {m for m in added if m.split(".")[0] in ("probe", "msgpack", "psutil", "tui", "perfmon_analysis")}
+    assert residue == {}      # threads, fds, hooks, wrapped functions, sys.path, meta_path, perfmon objects
+
+
+def test_detach_without_injection_and_second_inject_are_refused():
+    job = Paused("--steps", "200", "--pause-at", "50,100")
+    try:
+        assert job.wait_pause() == 50
+        refused = perfmon("detach", str(job.pid))
+        assert refused.returncode == 2
+        assert refused.stderr.strip() == f"perfmon detach: {job.pid}: no probe injected by perfmon in this process"
+        inject = subprocess.Popen([PY, "-m", "tui.cli", "inject", str(job.pid), "--timeout", "30"],
+                                  stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        assert "dormant hooks installed" in inject.stderr.readline()
+        job.go()
+        assert inject.wait(timeout=60) == 0, inject.stderr.read()
+        assert job.wait_pause() == 100
+        again = perfmon("inject", str(job.pid))
+        assert again.returncode == 2
+        assert "already" in again.stderr and len(again.stderr.strip().splitlines()) == 1
+        assert perfmon("detach", str(job.pid)).returncode == 0
+        job.go()
+        assert job.finish()["steps"] == 200
+    finally:
+        job.proc.kill()
+
+
+def _refused(pid: int, expected: str, *prefix: str) -> None:
+    out = subprocess.run([*prefix, PY, "-m", "tui.cli", "inject", str(pid)], capture_output=True, text=True,
+                         timeout=60)
+    assert out.returncode == 2, out.stderr
+    lines = out.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith(f"perfmon inject: ") and expected in lines[0], out.stderr
+
+
+@pytest.fixture
+def sleeper():
+    started: list[subprocess.Popen] = []
+
+    def start(*cmd: str) -> subprocess.Popen:
+        proc = subprocess.Popen(list(cmd), stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+        started.append(proc)
+        return proc
+    yield start
+    for proc in started:
+        proc.kill()
+        proc.wait()
+
+
+def _untouched(pid: int) -> None:
+    assert "hypno" not in _maps(pid)
+
+
+def test_refusals_leave_the_target_untouched(sleeper):
+    gone = subprocess.run([PY, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
+    _refused(int(gone.stdout), "no process")
+
+    not_python = sleeper("sleep", "60")
+    _refused(not_python.pid, "is not a Python process")
+    _untouched(not_python.pid)
+
+    no_torch = sleeper(PY, "-c", "import sys; print('up', flush=True); sys.stdin.read()")
+    no_torch.stdout.readline()
+    _refused(no_torch.pid, "has not loaded torch")
+    _untouched(no_torch.pid)
+
+
+def _other_pythons() -> list[str]:
+    """CPython executables of another minor version: on PATH, or installed beside this one (pyenv)."""
+    minor = sys.version_info[1]
+    names = [f"python3.{m}" for m in range(8, 16) if m != minor]
+    found = [exe for exe in map(shutil.which, names) if exe]
+    for name in names:
+        found += sorted(str(p) for p in Path(sys.base_prefix).parent.glob(f"3.*/bin/{name}"))
+    return found
+
+
+def test_a_python_version_mismatch_is_refused(sleeper):
+    other = next((exe for exe in _other_pythons()
+                  if subprocess.run([exe, "-c", ""], capture_output=True).returncode == 0), None)
+    if other is None:
+        pytest.skip("no other CPython minor version on this machine")
+    proc = sleeper(other, "-c", "import sys; print(sys.version_info[1], flush=True); sys.stdin.read()")
+    minor = int(proc.stdout.readline())
+    _refused(proc.pid, f"runs Python 3.{minor}, this perfmon runs 3.{sys.version_info[1]}")
+    _untouched(proc.pid)
+
+
+def test_no_ptrace_rights_over_another_users_process_is_refused(sleeper):
+    if os.geteuid() != 0 or shutil.which("setpriv") is None:
+        pytest.skip("needs root and setpriv to start a process as another user")
+    other_user = sleeper("setpriv", "--reuid", "65534", "--regid", "65534", "--clear-groups", "sleep", "60")
+    wait_for(lambda: Path(f"/proc/{other_user.pid}/status").read_text().count("65534") >= 2, what="uid switch")
+    # perfmon without CAP_SYS_PTRACE: the process of another uid is out of its reach
+    _refused(other_user.pid, "no ptrace rights", "setpriv", "--bounding-set", "-sys_ptrace", "--inh-caps", "-sys_ptrace")
+
+
+def test_ptrace_denied_by_the_kernel_is_refused(sleeper):
+    if os.geteuid() != 0 or shutil.which("setpriv") is None:
+        pytest.skip("needs root and setpriv to drop CAP_SYS_PTRACE")
+    # same user, but not dumpable: the kernel lets only CAP_SYS_PTRACE trace it or read its memory map
+    denied = sleeper(PY, "-c", "import ctypes, sys, torch; ctypes.CDLL(None).prctl(4, 0); print('up', flush=True); "
+                               "sys.stdin.read()")
+    assert denied.stdout.readline().strip() == "up"
+    _refused(denied.pid, "no ptrace rights", "setpriv", "--bounding-set", "-sys_ptrace", "--inh-caps", "-sys_ptrace")
+    _untouched(denied.pid)
+
+
+def test_a_torchrun_launcher_pid_injects_every_rank(tmp_path):
+    ready = tmp_path / "ready"
+    ready.mkdir()
+    launcher = subprocess.Popen([PY, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
+                                 str(SCRIPTS / "inject_ddp.py"), "--ready", str(ready)],
+                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        wait_for(lambda: len(list(ready.iterdir())) == 2, timeout=60, what="both ranks training")
+        inject = perfmon("inject", str(launcher.pid), "--timeout", "30")
+        assert inject.returncode == 0, inject.stderr
+        lines = [line for line in inject.stdout.splitlines() if line.startswith("injected")]
+        assert len(lines) == 2
+        job = lines[0].split("job ")[1].split()[0]
+        report = perfmon("report", job, "--json", "--seconds", "1")
+        assert report.returncode == 0, report.stderr
+        assert sorted(r["rank"] for r in json.loads(report.stdout)["ranks"]) == [0, 1]
+        detach = perfmon("detach", str(launcher.pid))
+        assert detach.returncode == 0, detach.stderr
+        assert detach.stdout.count("detached") == 2
+        launcher.send_signal(signal.SIGTERM)
+        out, err = launcher.communicate(timeout=60)
+    finally:
+        launcher.kill()
+    ends = [json.loads(line) for line in out.splitlines() if line.startswith("{")]
+    assert sorted(end["rank"] for end in ends) == [0, 1], err[-2000:]
+    for end in ends:        # DDP's comm hook cannot be removed: an injected probe never registers one
+        assert end["ddp_attrs"] == [] and end["comm_hooks"] == 0
+        assert not [name for name in end["threads"] if name.startswith("perfmon")]
