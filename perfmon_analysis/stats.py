@@ -354,6 +354,11 @@ def _power(samples: list[SampleReading], local_rank: int) -> float | None:
     return (e1 - e0) / 1000.0 / (t1 - t0)
 
 
+def _per(power: float | None, rate: float | None) -> float | None:
+    """Joules per item: watts over items per second (unknown when either is, or nothing was done)."""
+    return power / rate if power is not None and rate else None
+
+
 def _all_sum(values: list[float | None]) -> float | None:
     """The sum when every value is known: a job's energy is unknown while one rank's is."""
     return sum(v for v in values if v is not None) if values and None not in values else None
@@ -591,8 +596,8 @@ def job_metrics(ready: list[tuple[RankState, RankStats]], ranks: list[RankView],
         overhead_cpu_frac=cost_cpu,
         power_w=power,
         energy_per_step_j=_all_sum([x.energy_per_step_j for x in st]),
-        energy_per_sample_j=power / _sum(samples) if power is not None and _sum(samples) else None,
-        energy_per_token_j=power / _sum(tokens) if power is not None and _sum(tokens) else None,
+        energy_per_sample_j=_per(power, _all_sum(samples)),
+        energy_per_token_j=_per(power, _all_sum(tokens)),
         memory=memory,
     )
     return metrics, straggler
