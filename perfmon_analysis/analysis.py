@@ -13,6 +13,7 @@ from typing import Any, Iterable
 
 from perfmon_analysis import report as _report
 from perfmon_analysis.buffers import WINDOW_SECONDS, WINDOW_STEPS
+from perfmon_analysis.gains import callback_values as gain_values
 from perfmon_analysis.metrics import callback_values
 from perfmon_analysis.readings import StepReading
 from perfmon_analysis.runmodel import RunModel
@@ -82,10 +83,12 @@ class Analysis:
         return Snapshot(view, self.judge(view))
 
     def report(self, now: float | None = None, *, clock: float | None = None,
-               source: dict[str, Any] | None = None, snapshot: Snapshot | None = None) -> dict[str, Any]:
-        """The report JSON (``perfmon_analysis.report.build``) of ``snapshot``, else of the window at ``now``."""
+               source: dict[str, Any] | None = None, snapshot: Snapshot | None = None,
+               price: float | None = None) -> dict[str, Any]:
+        """The report JSON (``perfmon_analysis.report.build``) of ``snapshot``, else of the window at ``now``;
+        ``price`` per device-hour puts money on the gains."""
         snap = snapshot if snapshot is not None else self.snapshot(now, clock=clock)
-        return _report.build(snap.view, snap.verdict, retired=self.model.retired, source=source)
+        return _report.build(snap.view, snap.verdict, retired=self.model.retired, source=source, price=price)
 
     def set_window(self, steps: int, seconds: float) -> None:
         """The window: the last ``steps`` steps or ``seconds``, whichever is fewer (``RunModel.set_window``)."""
@@ -96,8 +99,9 @@ class Analysis:
         return self.model.steps_in_window()
 
     def callback_numbers(self, snapshot: Snapshot) -> dict[str, float]:
-        """The trainer callbacks' ``perfmon/...`` scalars of one snapshot (known values only)."""
-        return callback_values(snapshot.view)
+        """The trainer callbacks' ``perfmon/...`` scalars of one snapshot (known values only), what
+        fixing each loss buys among them."""
+        return {**callback_values(snapshot.view), **gain_values(snapshot.verdict.gains)}
 
 
 def render_text(report: dict[str, Any], width: int = 80) -> str:

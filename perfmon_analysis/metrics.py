@@ -49,6 +49,8 @@ class Unit(enum.Enum):
     PER_STEP = ("_per_step", "_per_step", True)
     BYTES_PER_SECOND = ("", "_bytes_per_second", True)
     FLOPS = ("", "_flops_per_second", True)           # FLOP/s
+    WATTS = ("_w", "_watts", True)
+    JOULES = ("_j", "_joules", True)
     COUNT = ("", "", True)
     LABEL = ("", "", False)                           # a string, a flag or a category: report only
 
@@ -196,6 +198,14 @@ METRICS: tuple[Metric, ...] = (
     Metric("overhead_cpu_frac", Unit.RATIO, "perfmon's own cost: its threads' CPU and training-thread time "
            "over the process's CPU",
            job=lambda v: v.metrics.overhead_cpu_frac, rank=lambda r: r.overhead_cpu_frac, surfaces=ALL),
+    Metric("power_w", Unit.WATTS, "Mean power of the job's GPUs over the window, from NVML's total-energy counter",
+           job=lambda v: v.metrics.power_w),
+    Metric("energy_per_step_j", Unit.JOULES, "Energy of the job's GPUs per step (the step's wall time, time "
+           "between steps included)", job=lambda v: v.metrics.energy_per_step_j),
+    Metric("energy_per_sample_j", Unit.JOULES, "Energy of the job's GPUs per sample",
+           job=lambda v: v.metrics.energy_per_sample_j),
+    Metric("energy_per_token_j", Unit.JOULES, "Energy of the job's GPUs per token",
+           job=lambda v: v.metrics.energy_per_token_j),
 )
 
 

@@ -48,6 +48,7 @@ class GpuReading:
     mem_total: int | None = None
     power_w: float | None = None
     power_limit_w: float | None = None
+    energy_mj: float | None = None      # NVML's total energy counter (mJ since the driver loaded)
     sm_clock_mhz: float | None = None
     temp_c: float | None = None
     throttle: tuple[str, ...] = ()
@@ -207,7 +208,7 @@ def gpu_reading(g: dict[str, Any]) -> GpuReading:
         sm_active=_frac(g.get("sm_active")),
         tensor_active=_frac(g.get("tensor_active")), mem_used=_int(g.get("mem_used")),
         mem_total=_int(g.get("mem_total")), power_w=num(g.get("power_w")), power_limit_w=num(g.get("power_limit_w")),
-        sm_clock_mhz=num(g.get("sm_clock")), temp_c=num(g.get("temp_c")),
+        energy_mj=num(g.get("energy_mj")), sm_clock_mhz=num(g.get("sm_clock")), temp_c=num(g.get("temp_c")),
         throttle=tuple(t for t in throttle if isinstance(t, str)))
 
 

@@ -27,9 +27,10 @@ _SAME = 5e-5          # evidence rounded to 4 places still names the metric's ow
 
 
 def build(view: JobView, verdict: Verdict, *, retired: Iterable[tuple[int, dict[str, Any]]] = (),
-          source: dict[str, Any] | None = None) -> dict[str, Any]:
+          source: dict[str, Any] | None = None, price: float | None = None) -> dict[str, Any]:
     """The report JSON for one view and its verdict. ``retired``: earlier processes of a rank
-    (``RunModel.retired``); ``source``: where the records came from."""
+    (``RunModel.retired``); ``source``: where the records came from; ``price``: per device-hour,
+    for the money the gains put on each loss."""
     metrics = job_values(view)
     metrics["memory"] = {k: rounded(v) for k, v in view.metrics.memory.as_json().items()}
     ranks = [{"rank": r.rank, "host": r.host, "pid": r.pid, "restart": r.restart, "generation": r.generation,
@@ -43,7 +44,7 @@ def build(view: JobView, verdict: Verdict, *, retired: Iterable[tuple[int, dict[
         "ranks": ranks,
         "window": {"steps": int(view.window["steps"]), "seconds": view.window["seconds"]},
         "metrics": metrics,
-        "verdict": _verdict_json(verdict, metrics),
+        "verdict": _verdict_json(verdict, metrics, price),
         "findings": _jsonable(verdict.findings),
         "comm_ops": [{"op": c.op, "count": c.count, "bytes": c.bytes, "seconds": rounded(c.seconds),
                       "busbw": rounded(c.busbw), "algbw": rounded(c.algbw)} for c in view.comm_ops],
@@ -60,9 +61,9 @@ def build(view: JobView, verdict: Verdict, *, retired: Iterable[tuple[int, dict[
     }
 
 
-def _verdict_json(verdict: Verdict, metrics: dict[str, Any]) -> dict[str, Any]:
+def _verdict_json(verdict: Verdict, metrics: dict[str, Any], price: float | None = None) -> dict[str, Any]:
     """The verdict's JSON with each loss and each evidence number that is a metric named, not repeated."""
-    out = _jsonable(verdict.as_json())
+    out = _jsonable(verdict.as_json(price))
     named_by = loss_metrics()
     out["losses"] = [{"id": x.id, "label": x.label, "metric": named_by[x.id],
                       "source" if x.known else "why_unknown": x.source} for x in verdict.losses]
@@ -113,7 +114,8 @@ def _jsonable(obj: Any) -> Any:
 _pct = units.pct
 _FORMAT = {Unit.RATIO: units.pct, Unit.CORES: units.pct, Unit.SECONDS: units.seconds, Unit.PER_SECOND: units.rate,
            Unit.PER_STEP: units.number, Unit.BYTES_PER_SECOND: units.bandwidth,
-           Unit.FLOPS: lambda x: units.rate(x, "FLOP"), Unit.COUNT: units.count}
+           Unit.FLOPS: lambda x: units.rate(x, "FLOP"), Unit.COUNT: units.count,
+           Unit.WATTS: lambda x: units.fixed(x, "W"), Unit.JOULES: units.energy}
 
 
 def formatted(metric: Metric | None, value: Any) -> str:
@@ -169,6 +171,7 @@ def render_text(report: dict[str, Any], width: int = 80) -> str:
             shown = _pct(share) if share is not None else "not measured"
             wrap(loss.get("source") or loss.get("why_unknown") or "", first=f"  {loss['label']:<30} {shown:>12}  ",
                  indent=" " * 48)
+    lines.extend(gains_lines(v, width))
     if v.get("where") is not None:
         lines.append("Where the unexplained time goes (in-step stack samples, share of the step ± 95%):")
         if not v["where"]:
@@ -233,6 +236,36 @@ def render_text(report: dict[str, Any], width: int = 80) -> str:
         lines.append("COMPUTE = step - time between steps - data wait - exposed comm")
         lines.append("COMM = exposed (blocking) share")
     return "\n".join(line[:width] for line in lines) + "\n"
+
+
+def gains_lines(v: dict[str, Any], width: int = 80) -> list[str]:
+    """The "What fixing it buys" section: each measured loss's speedup bound and device-hours, then
+    the combination; losses that take nothing are left out (the step's accounting lists them)."""
+    basis = v.get("gains_basis")
+    rows = [g for g in v.get("gains") or [] if g.get("share")]
+    if not basis or not rows:
+        return []
+    unit = basis["device_unit"]
+    priced = any(g.get("price") for g in rows)
+    lines = [f"What fixing it buys (upper bounds; {basis['ranks']} rank(s), {units.hours(basis.get('hours'))} h "
+             "so far):",
+             f"  {'loss':<28} {'speedup':>7} {unit + '/day':>10} {'so far':>8} {'cost/day' if priced else '':>9}"
+             .rstrip()]
+    for g in rows + ([v["gains_combined"]] if v.get("gains_combined") else []):
+        cost = units.money((g.get("price") or {}).get("per_day")) if priced else ""
+        lines.append(f"  {g['label'][:28]:<28} {units.speedup(g['speedup_bound']):>7} "
+                     f"{units.hours(g.get('per_day')):>10} {units.hours(g.get('device_hours')):>8} {cost:>9}".rstrip())
+    if not priced:
+        lines.extend(textwrap.wrap(rows[0].get("why_no_price", ""), width, initial_indent="  money: ",
+                                   subsequent_indent="    ", break_on_hyphens=False))
+    for g in rows:
+        e = g.get("energy")
+        if e:
+            per = f", {units.energy(e['per_sample_j'])}/sample" if e.get("per_sample_j") is not None else ""
+            lines.extend(textwrap.wrap(f"{g['label']}: at most {units.energy(e['per_step_j'])}/step{per}, "
+                                       f"{units.number(e['per_day_kwh'])} kWh/day", width,
+                                       initial_indent="  energy in ", subsequent_indent="    "))
+    return lines
 
 
 def _site(file: str, line: int) -> str:

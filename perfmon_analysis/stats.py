@@ -54,6 +54,8 @@ class RankStats:
     where: WhereTable | None = None       # the window's in-step stack samples (a relay's summary leaves it out)
     cpu_contention_frac: float | None = None  # active step time runnable but without a core (scheduler stats)
     overhead: Overhead | None = None      # the probe's own cost over the window's samples (wire 1.4)
+    power_w: float | None = None          # the rank's GPU's mean power over the samples (NVML energy counter)
+    energy_per_step_j: float | None = None    # that power times the mean step (its wall time between steps too)
 
 
 def _window(nums: Deque[StepReading], max_steps: int, max_seconds: float) -> list[StepReading]:
@@ -152,6 +154,7 @@ def rank_stats(state: RankState, max_steps: int, max_seconds: float, timeline: b
     where = where_table(state.rank, state.where, win, win_start) if state.where else None
     contention = where.contention if where is not None else None
     busy, busy_src = None, None
+    power = _power(samples, state.info.local_rank) if device.type == "cuda" and not device.status else None
     if n and device.type == "cuda":
         # measured activity only: the elapsed time between two CUDA events includes every idle gap;
         # a job device with a ``status`` has no GPU counters the probe could tie to it
@@ -203,6 +206,8 @@ def rank_stats(state: RankState, max_steps: int, max_seconds: float, timeline: b
         mfu=flops_per_s / peak if flops_per_s is not None and peak else None,
         peak_flops=peak,
         peak_source=peak_source,
+        power_w=power,
+        energy_per_step_j=power * dur_sum / n if power is not None and n else None,
         syncs=syncs / n if syncs is not None and n else None,
         host_lead=_known(statistics.median, [s.lead for s in win]),
         loader_cpu=statistics.fmean(loader_cpus) if loader_cpus else None,
@@ -334,6 +339,29 @@ def _gpu_busy(samples: list[SampleReading], local_rank: int) -> tuple[float | No
         if known:
             return statistics.fmean(known), source
     return None, None
+
+
+def _power(samples: list[SampleReading], local_rank: int) -> float | None:
+    """Mean power of the rank's GPU over the samples, W: the total-energy counter's rise between the
+    first and the last reading over the time between them (a power reading is one instant's)."""
+    points = [(s.t, g.energy_mj) for s in samples for g in own_gpus(s.gpus, local_rank)[:1]
+              if s.t is not None and g.energy_mj is not None]
+    if len(points) < 2:
+        return None
+    (t0, e0), (t1, e1) = points[0], points[-1]
+    if t1 <= t0 or e1 < e0:           # one reading, or the counter restarted with the driver
+        return None
+    return (e1 - e0) / 1000.0 / (t1 - t0)
+
+
+def _per(power: float | None, rate: float | None) -> float | None:
+    """Joules per item: watts over items per second (unknown when either is, or nothing was done)."""
+    return power / rate if power is not None and rate else None
+
+
+def _all_sum(values: list[float | None]) -> float | None:
+    """The sum when every value is known: a job's energy is unknown while one rank's is."""
+    return sum(v for v in values if v is not None) if values and None not in values else None
 
 
 def _peak_flops(device: DeviceReading, samples: Deque[SampleReading]) -> tuple[float | None, str | None]:
@@ -532,6 +560,7 @@ def job_metrics(ready: list[tuple[RankState, RankStats]], ranks: list[RankView],
     samples = [x.samples_per_s for x in st]
     tokens = [x.tokens_per_s for x in st]
     where = job_where(st)
+    power = _all_sum([x.power_w for x in st])
     metrics = Metrics(
         steps=steps,
         step_time_median_s=_max([x.step_median for x in st]),
@@ -565,6 +594,10 @@ def job_metrics(ready: list[tuple[RankState, RankStats]], ranks: list[RankView],
         memory_headroom=1.0 - memory.peak_frac if memory.peak_frac is not None else None,
         overhead_step_frac=cost_step,
         overhead_cpu_frac=cost_cpu,
+        power_w=power,
+        energy_per_step_j=_all_sum([x.energy_per_step_j for x in st]),
+        energy_per_sample_j=_per(power, _all_sum(samples)),
+        energy_per_token_j=_per(power, _all_sum(tokens)),
         memory=memory,
     )
     return metrics, straggler

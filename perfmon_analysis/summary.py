@@ -63,6 +63,8 @@ STATS_PAYLOAD: tuple[PayloadKey, ...] = (
     PayloadKey("loader_workers", int, "loader_workers"),
     PayloadKey("off_cpu_frac", float, "off_cpu_frac"),
     PayloadKey("cpu_contention_frac", float, "cpu_contention_frac"),
+    PayloadKey("power_w", float, "power_w"),
+    PayloadKey("energy_per_step_j", float, "energy_per_step_j"),
 )
 
 # ``RankStats`` fields the payload does not carry as scalars, and why.

@@ -98,6 +98,34 @@ def fixed(value: float | None, unit: str = "", digits: int = 0) -> str:
     return NA if value is None else f"{value:.{digits}f}{unit}"
 
 
+def speedup(value: float | None) -> str:
+    """A speedup factor: 1.43 -> '1.4×', 1.053 -> '1.05×' (a small gain keeps its digit), 12.5 -> '12×'."""
+    if value is None:
+        return NA
+    digits = 2 if value < 1.1 else 1 if value < 10 else 0
+    return f"{value:.{digits}f}×"
+
+
+def hours(value: float | None) -> str:
+    """Device-hours, two significant figures below 100: 3.14 -> '3.1', 0.042 -> '0.042', 1234 -> '1234'."""
+    return NA if value is None else f"{value:.2g}" if abs(value) < 100 else f"{value:.0f}"
+
+
+def money(value: float | None) -> str:
+    """An amount in the currency of the price given (no symbol: perfmon does not know it): '31.2'."""
+    return NA if value is None else f"{value:.3g}" if abs(value) < 1000 else f"{value:,.0f}"
+
+
+def energy(value: float | None) -> str:
+    """Joules with SI prefixes: 0.35 -> '350mJ', 1520 -> '1.52kJ'."""
+    if value is None:
+        return NA
+    if abs(value) < 1.0:
+        return f"{value * 1e3:.3g}mJ"
+    v, prefix = _si(float(value), ("", "k", "M", "G"))
+    return f"{v:.3g}{prefix}J"
+
+
 def change(frac: float | None, digits: int = 0) -> str:
     """A relative change with its sign: 0.41 -> '+41%', -0.032 -> '-3%'."""
     return NA if frac is None else f"{frac * 100:+.{digits}f}%"

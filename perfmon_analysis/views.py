@@ -169,6 +169,10 @@ class Metrics:
     memory_headroom: float | None = None    # 1 - memory.peak_frac
     overhead_step_frac: float | None = None  # perfmon's training-thread time per step / the step (worst rank)
     overhead_cpu_frac: float | None = None   # perfmon's CPU / the process's CPU (that rank)
+    power_w: float | None = None            # the job's GPUs' mean power over the window (NVML energy counter)
+    energy_per_step_j: float | None = None   # their energy per step (the step's wall time, gaps included)
+    energy_per_sample_j: float | None = None
+    energy_per_token_j: float | None = None
     memory: MemoryMetrics = field(default_factory=MemoryMetrics)
 
     def as_json(self) -> dict[str, Any]:
@@ -182,7 +186,8 @@ _METRIC_KEYS = ("steps", "step_time_median_s", "samples_per_s", "tokens_per_s", 
                 "busbw", "comm_op", "comm_estimated", "loader_workers", "data_cpu_frac", "gap_frac",
                 "compute_ratio", "arrival_ratio", "straggler_by", "flops_per_s", "memory_headroom",
                 "device_busy_source", "peak_flops", "peak_source", "host_lead_s", "off_cpu_frac", "host_wait_frac",
-                "cpu_contention_frac", "overhead_step_frac", "overhead_cpu_frac")
+                "cpu_contention_frac", "overhead_step_frac", "overhead_cpu_frac", "power_w", "energy_per_step_j",
+                "energy_per_sample_j", "energy_per_token_j")
 
 
 @dataclass(frozen=True)

@@ -41,7 +41,8 @@ from __future__ import annotations
 # sample  host {cpu (cores busy in this process), cpu_count, sys_cpu, rss, mem_used, mem_total,
 #         mem_limit, mem_limit_source, loader_workers, loader_cpu (mean share of one core per
 #         loader worker), loader_cpu_max}, gpus [{index, name, uuid (1.x), util, mem_used, mem_total,
-#         power_w, power_limit_w, sm_clock, sm_clock_max, temp_c, throttle [reason names],
+#         power_w, power_limit_w, energy_mj (1.x: NVML's total energy counter since the driver
+#         loaded, mJ; None without one), sm_clock, sm_clock_max, temp_c, throttle [reason names],
 #         pcie_tx, pcie_rx, nvlink_tx, nvlink_rx (bytes/s), and on GPM devices sm_active,
 #         sm_occupancy, tensor_active, dram_bw (0..1), lost (true once NVML says the GPU is lost)}],
 #         gpu_status (str when no GPU data), compute {dtype ("fp32"|"tf32"|"bf16"|"fp16"|"fp8"),

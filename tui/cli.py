@@ -32,6 +32,12 @@ COMMANDS = {
 }
 
 
+def _price_option(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--price-per-device-hour", type=float, default=None, metavar="PRICE",
+                   help="price of one device (GPU, or CPU rank) per hour, to put money on what fixing each loss "
+                        "buys (default: $PERFMON_PRICE_PER_DEVICE_HOUR)")
+
+
 def _hosts_options(p: argparse.ArgumentParser, token: bool = True) -> None:
     """A job across nodes: which hosts, and how to reach them (tui.stream.hosts). ``token``: add
     ``--token`` (attach has its own, for host:port)."""
@@ -73,6 +79,7 @@ def build_parser() -> argparse.ArgumentParser:
     attach.add_argument("--token", default=None, help="token for host:port (default: read from the token file)")
     attach.add_argument("--speed", type=float, default=1.0, help="replay speed for recordings")
     _hosts_options(attach, token=False)
+    _price_option(attach)
 
     ls = sub.add_parser("ls", help="list live jobs of this user on this node")
     ls.add_argument("--json", action="store_true", help="print a JSON list")
@@ -96,6 +103,7 @@ def build_parser() -> argparse.ArgumentParser:
     report.add_argument("--html", metavar="OUT.html", default=None,
                         help="also write the whole run as one self-contained HTML page (charts, offline)")
     _hosts_options(report)
+    _price_option(report)
 
     compare = sub.add_parser("compare", help="two runs side by side: did the candidate regress, by how much, why "
                                              "(exit 1 past a limit)")

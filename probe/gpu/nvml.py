@@ -240,6 +240,8 @@ class Nvml:
         out["mem_total"] = int(mem.total) if mem is not None else dev.mem_total
         power = self.call("nvmlDeviceGetPowerUsage", dev)
         out["power_w"] = power / 1000.0 if power is not None else None
+        energy = self.call("nvmlDeviceGetTotalEnergyConsumption", dev)
+        out["energy_mj"] = int(energy) if energy is not None else None
         limit = self.call("nvmlDeviceGetEnforcedPowerLimit", dev)
         out["power_limit_w"] = limit / 1000.0 if limit is not None else None
         clock = self.call("nvmlDeviceGetClockInfo", dev, getattr(nv, "NVML_CLOCK_SM", 1))

@@ -67,6 +67,9 @@ class SimulatedGpu:
     util_period: float = 1 / 6
     calls: dict[str, int] = field(default_factory=dict)              # function -> times called
     nvlink_counters: list[int] = field(default_factory=lambda: [0, 0])
+    # total energy since the driver loaded, mJ (nvmlDeviceGetTotalEnergyConsumption): tests advance it
+    # as the GPU would (power x time) or leave it at None for a GPU without the counter (pre-Volta)
+    energy_mj: int | None = 1_000_000_000
 
 
 class _Struct(types.SimpleNamespace):
@@ -180,6 +183,12 @@ def build(devices: list[SimulatedGpu] | None = None, *, init_error: int | None =
     @device_call("nvmlDeviceGetPowerUsage")
     def _power(h: SimulatedGpu) -> int:
         return h.power_mw
+
+    @device_call("nvmlDeviceGetTotalEnergyConsumption")
+    def _energy(h: SimulatedGpu) -> int:
+        if h.energy_mj is None:
+            raise NVMLError(NVML_ERROR_NOT_SUPPORTED)
+        return h.energy_mj
 
     @device_call("nvmlDeviceGetEnforcedPowerLimit")
     def _limit(h: SimulatedGpu) -> int:

@@ -26,7 +26,7 @@ from tests.sim.simulated_cuda import memory_stats
 from tests.sim.simulated_pynvml import (NVML_ERROR_FUNCTION_NOT_FOUND, NVML_ERROR_GPU_IS_LOST,
                                         NVML_ERROR_NOT_SUPPORTED, NVML_ERROR_UNKNOWN, SimulatedGpu)
 
-BASE_FIELDS = ("index", "name", "util", "mem_used", "mem_total", "power_w", "power_limit_w", "sm_clock",
+BASE_FIELDS = ("index", "name", "util", "mem_used", "mem_total", "power_w", "power_limit_w", "energy_mj", "sm_clock",
                "sm_clock_max", "temp_c", "throttle", "pcie_tx", "pcie_rx", "nvlink_tx", "nvlink_rx")
 
 
@@ -73,6 +73,7 @@ def test_gpm_device_sample_carries_every_field(simulated_nvml):
         assert key in entry and entry[key] is not None, key
     assert entry["util"] == pytest.approx(0.87)
     assert entry["power_w"] == pytest.approx(512.0) and entry["power_limit_w"] == pytest.approx(700.0)
+    assert entry["energy_mj"] == 1_000_000_000
     assert entry["mem_total"] == 80 * (1 << 30) and entry["mem_used"] == 30 * (1 << 30)
     assert (entry["sm_clock"], entry["sm_clock_max"], entry["temp_c"]) == (1755, 1980, 64)
     assert entry["throttle"] == ["sw_power_cap", "hw_thermal"]

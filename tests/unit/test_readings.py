@@ -11,20 +11,21 @@ from perfmon_analysis.runmodel import RunModel
 
 FULL_GPU = {"index": 1, "name": "H100", "uuid": "GPU-5fd2", "util": 0.87, "sm_active": 0.5, "tensor_active": 0.25,
             "mem_used": 40e9, "mem_total": 80e9, "power_w": 512.5, "power_limit_w": 700.0, "sm_clock": 1980,
-            "temp_c": 61, "throttle": ["sw_power_cap", 7, None, "hw_slowdown"]}
+            "energy_mj": 12_345_678, "temp_c": 61, "throttle": ["sw_power_cap", 7, None, "hw_slowdown"]}
 
 
 def test_every_gpu_field_is_read_under_its_own_name():
     g = gpu_reading(FULL_GPU)
     assert g == GpuReading(index=1, util=0.87, name="H100", uuid="GPU-5fd2", sm_active=0.5, tensor_active=0.25, mem_used=40_000_000_000,
-                           mem_total=80_000_000_000, power_w=512.5, power_limit_w=700.0, sm_clock_mhz=1980.0,
+                           mem_total=80_000_000_000, power_w=512.5, power_limit_w=700.0, energy_mj=12_345_678.0,
+                           sm_clock_mhz=1980.0,
                            temp_c=61.0, throttle=("sw_power_cap", "hw_slowdown"))
 
 
 def test_gpu_values_unknown_stay_unknown_and_percent_becomes_a_fraction():
     g = gpu_reading({"index": 0, "util": 97, "sm_active": True, "tensor_active": "x", "throttle": "hot"})
     assert g.util == pytest.approx(0.97) and g.sm_active is None and g.tensor_active is None
-    assert (g.mem_used, g.mem_total, g.power_w, g.power_limit_w, g.sm_clock_mhz, g.temp_c) == (None,) * 6
+    assert (g.mem_used, g.mem_total, g.power_w, g.power_limit_w, g.energy_mj, g.sm_clock_mhz, g.temp_c) == (None,) * 7
     assert g.throttle == ()
     assert gpu_reading({"util": 1.0}).util == 1.0 and gpu_reading({"util": 0}).util == 0.0
     assert gpu_reading({}).index is None and gpu_reading({"name": "", "uuid": 7}).uuid is None

@@ -24,6 +24,7 @@ ALLOWED: dict[tuple[str, str | None], tuple[frozenset[str] | None, str]] = {
                            "and losses by node and loss id"),
     ("metrics.py", "_idle"): (frozenset({"device_idle"}), "the loss accounting by loss id"),
     ("report.py", "render_text"): (None, "the report dict ``build`` made, not a record"),
+    ("report.py", "gains_lines"): (None, "the report's verdict gains (Gains.as_json), not a record"),
     ("capture.py", "capture_reading"): (frozenset({"overhead", "baseline_step_s", "captured_step_s"}),
                                         "the report's captures entry (CaptureSummary.as_json), not a record"),
     ("compare.py", "render_text"): (None, "the comparison dict ``compare`` made, not a record"),

@@ -14,7 +14,7 @@ from perfmon_analysis import units
 ROOT = Path(__file__).resolve().parents[2]
 # the modules whose numbers a person reads in the TUI and the verdict
 READ_BY_PEOPLE = sorted([*(ROOT / "perfmon_analysis" / f"{m}.py"
-                           for m in ("verdict", "explain", "flowchart", "losses", "compare")),
+                           for m in ("verdict", "explain", "flowchart", "losses", "compare", "gains")),
                          *(ROOT / "tui" / "app" / "widgets").glob("*.py"),
                          *(ROOT / "tui" / "app" / "screens").glob("*.py")])
 NUMBER_SPEC = re.compile(r"\.\d|[efgn%]$")     # a precision or a float presentation type: formatting a number

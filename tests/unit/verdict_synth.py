@@ -37,6 +37,7 @@ class Rank:
     rss: int | None = 1 << 30
     mem_limit: int | None = 16 << 30
     gpu_util: float | None = None  # percent, NVML style
+    gpu_power_w: float | None = None   # the GPU's draw: its total-energy counter (mJ) rises by this
     tensor_active: float | None = None
     throttle: list[str] = field(default_factory=list)
     pid: int | None = None
@@ -99,6 +100,8 @@ def records(r: Rank, world: int = 1, device: str = "cpu", peak: float | None = N
             gpu: dict[str, Any] = {"index": 0, "name": "Simulated GPU", "throttle": list(r.throttle)}
             if r.gpu_util is not None:
                 gpu["util"] = r.gpu_util
+            if r.gpu_power_w is not None:
+                gpu["energy_mj"] = round(1e9 + r.gpu_power_w * (t - r.start) * 1000)
             if r.tensor_active is not None:
                 gpu["tensor_active"] = r.tensor_active
             sample["gpus"] = [gpu]

@@ -18,10 +18,11 @@ def needs_terminal() -> None:
 
 
 def app_for(feed: Any, *, jobs: Any = None, log_path: Path | None = None,
-            on_signal: Callable[[int], None] | None = None) -> Any:
-    """The app over ``feed`` (or a job picker over ``jobs``); Textual is imported only here."""
+            on_signal: Callable[[int], None] | None = None, price: float | None = None) -> Any:
+    """The app over ``feed`` (or a job picker over ``jobs``); Textual is imported only here.
+    ``price``: per device-hour, for the money of what fixing the bottleneck buys."""
     from tui.app.perfmon_app import PerfmonApp
-    return PerfmonApp(feed, jobs=jobs, log_path=log_path, on_signal=on_signal)
+    return PerfmonApp(feed, jobs=jobs, log_path=log_path, on_signal=on_signal, price=price)
 
 
 def run_app(app: Any) -> int:

@@ -108,7 +108,7 @@ class PerfmonApp(App[int]):
 
     def __init__(self, feed: Feed | None = None, *, jobs: list[JobChoice] | None = None,
                  log_path: Path | None = None, refresh_hz: float = 4.0, watch_terminal: bool = True,
-                 on_signal: Callable[[int], None] | None = None) -> None:
+                 on_signal: Callable[[int], None] | None = None, price: float | None = None) -> None:
         super().__init__()
         self.on_signal = on_signal   # `perfmon run` forwards SIGTERM/SIGHUP to its job before we exit
         self.feed = feed
@@ -128,6 +128,7 @@ class PerfmonApp(App[int]):
         self._panes: dict[str, Pane] = {}
         self._header = HeaderBar()
         self._verdict_bar = VerdictBar()
+        self._verdict_bar.price = price      # per device-hour (--price-per-device-hour)
         self._skip_ticks = 0
 
     # -- layout -----------------------------------------------------------------------------

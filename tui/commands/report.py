@@ -16,6 +16,7 @@ from typing import Any
 
 from perfmon_analysis.analysis import render_text
 from tui.errors import UserError
+from tui.pricing import price_per_device_hour
 from tui.stream.connect import load
 
 VERDICT_INSTANTS = 60    # a recording's verdict is judged at this many instants for the HTML report's timeline
@@ -31,12 +32,14 @@ def _write_html(analysis: Any, report: dict[str, Any], path: str) -> None:
 
 
 def main(args: Any) -> int:
-    """``perfmon report FILE|DIR|TARGET [--json] [--seconds S] [--html OUT.html]``."""
+    """``perfmon report FILE|DIR|TARGET [--json] [--seconds S] [--html OUT.html] [--price-per-device-hour P]``."""
+    price = price_per_device_hour(getattr(args, "price_per_device_hour", None))
     html_out = getattr(args, "html", None)
     analysis, source = load(args.target, float(getattr(args, "seconds", 5.0) or 5.0), args,
                             verdicts=VERDICT_INSTANTS if html_out else 0)
     live = source["kind"] != "recording"
-    report = analysis.report(time.time() if live else None, clock=time.monotonic() if live else None, source=source)
+    report = analysis.report(time.time() if live else None, clock=time.monotonic() if live else None,
+                             source=source, price=price)
     if not report["ranks"]:
         raise UserError(f"{args.target}: no records from any rank to report on")
     if html_out:

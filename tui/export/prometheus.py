@@ -71,7 +71,26 @@ def families(view: JobView, verdict: Verdict) -> list[Any]:
     info.add_metric([job], {"bottleneck": verdict.bottleneck, "severity": verdict.severity,
                             "straggler_rank": "" if verdict.straggler_rank is None else str(verdict.straggler_rank)})
     out.append(info)
+    out.extend(_gain_families(job, verdict))
     return out
+
+
+def _gain_families(job: str, verdict: Verdict) -> list[Any]:
+    """What fixing each loss (and the combination, ``loss="combined"``) buys; unknown figures are
+    left out. Money is these hours times a price: a dashboard multiplies by its own."""
+    bound = GaugeMetricFamily("perfmon_loss_speedup_bound", "Upper bound on the speedup if the loss were removed: "
+                              "1 / (1 - share)", labels=("job", "loss"))
+    per_day = GaugeMetricFamily("perfmon_loss_device_hours_per_day", "Device-hours the loss costs per day at the "
+                                "window's pace: ranks x 24 h x its share of wall time", labels=("job", "loss"))
+    so_far = GaugeMetricFamily("perfmon_loss_device_hours", "Device-hours the loss cost since the job started, "
+                               "at the window's share", labels=("job", "loss"))
+    gains = verdict.gains
+    every = (*gains.per_loss, *((gains.combined,) if gains.combined is not None else ())) if gains else ()
+    for g in every:
+        for family, value in ((bound, g.speedup_bound), (per_day, g.per_day), (so_far, g.device_hours)):
+            if value is not None:
+                family.add_metric([job, g.loss], value)
+    return [bound, per_day, so_far]
 
 
 def _rank_labels(view: JobView, r: RankView) -> list[str]:

@@ -6,7 +6,8 @@ matter. Run under ``perfmon run``; the verdict must name the cause.
 * ``comm``    2-rank gloo DDP (torchrun), a 1024-wide MLP on a batch of 128, plus a second
               all-reduce of 1M floats after backward: the step waits ~25-35% on peers.
 * ``loader``  one DataLoader worker whose samples sleep on simulated storage reads: the
-              step waits ``--wait-share`` (25%) for the next batch.
+              step waits ``--wait-share`` (25%) for the next batch. ``--workers 2`` is its fix:
+              two workers read in parallel, faster than the step consumes.
 * ``compute`` in-memory batches, compute-bound.
 """
 
@@ -64,6 +65,9 @@ def main() -> None:
     ap.add_argument("--steps", type=int, default=60)
     ap.add_argument("--wait-share", type=float, default=0.25,
                     help="loader: the share of each step planted as the wait for the next batch")
+    ap.add_argument("--workers", type=int, default=1, help="loader: DataLoader workers (1 plants the wait)")
+    ap.add_argument("--seconds", type=float, default=None,
+                    help="stop after this long (--steps still caps it): twins run side by side end together")
     args = ap.parse_args()
     width = 512
     model: nn.Module = mlp(width)
@@ -81,12 +85,15 @@ def main() -> None:
         # waits for the rest: read_s is set from this machine's own compute, so the planted share
         # holds on a fast or a slow machine
         read_s = compute_step_s(model, width) / (1.0 - args.wait_share)
-        batches = iter(DataLoader(SlowStorage(256, width, read_s), batch_size=None, num_workers=1,
+        batches = iter(DataLoader(SlowStorage(256, width, read_s), batch_size=None, num_workers=args.workers,
                                   persistent_workers=True, prefetch_factor=2))
     else:
         x, y = torch.randn(256, width), torch.randn(256, 1)
         batches = iter(lambda: (x, y), None)
+    stop = time.monotonic() + args.seconds if args.seconds is not None else float("inf")
     for _ in range(args.steps):
+        if time.monotonic() >= stop:
+            break
         xb, yb = next(batches)
         loss = nn.functional.mse_loss(model(xb), yb)
         opt.zero_grad()

@@ -1,4 +1,5 @@
-"""Verdict bar: the bottleneck, its headline, the top fix, and the flowchart path that led there.
+"""Verdict bar: the bottleneck, its headline, what fixing it buys, the top fix, and the flowchart
+path that led there.
 
 Always visible (docked at the bottom). The path shows each question's measured
 value and answer so the verdict can be checked against the panes at a glance.
@@ -17,6 +18,7 @@ from tui.app.widgets import glyphs
 SHORT_NODE = {"memory": "mem", "device_busy": "busy", "data_wait": "data", "loader_cpu": "loader",
               "comm_exposed": "comm", "straggler": "balance", "syncs": "syncs", "host_waiting": "wait",
               "mfu": "MFU"}
+COMPACT_BELOW = 100      # columns: a narrower bar says the gain in short, leaving room for the fix
 
 
 def format_value(node: Node, value: float | None) -> str:
@@ -33,6 +35,7 @@ class VerdictBar(Widget):
         super().__init__(id="verdict")
         self._verdict: Verdict | None = None
         self._mono = False
+        self.price: float | None = None     # per device-hour: the gain's money, when given
 
     def show(self, verdict: Verdict, mono: bool) -> None:
         self._verdict, self._mono = verdict, mono
@@ -54,7 +57,12 @@ class VerdictBar(Widget):
         line1.append(_without_label(v.headline, label))
         if v.pending:
             line1.append(f"  (checking: {outcome_label(v.pending)})", style=glyphs.DIM)
-        line2 = Text.assemble(("fix: ", "bold"))
+        line2 = Text()
+        gain = v.gain_headline(self.price, compact=self.size.width < COMPACT_BELOW)
+        if gain is not None:      # first: a narrow bar cuts the fix's tail, never the figure
+            line2.append(gain, style=f"bold {glyphs.ACCENT}")
+            line2.append(" · ", style=glyphs.DIM)
+        line2.append("fix: ", style="bold")
         if v.suggestions:
             line2.append(v.suggestions[0])
             if len(v.suggestions) > 1:

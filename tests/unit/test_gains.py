@@ -1,0 +1,204 @@
+"""What fixing each loss buys (perfmon_analysis.gains): the speedup bound, the combination, device-hours,
+money and unknown inputs, checked against figures planted in synthetic jobs."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import jsonschema
+import pytest
+
+from perfmon_analysis import report
+from perfmon_analysis.gains import NO_PRICE, PRICE_ENV, estimate, speedup_bound
+from perfmon_analysis.losses import Loss
+from perfmon_analysis.verdict import evaluate
+from tests.unit.test_report import _write_recording
+from tests.unit.verdict_synth import Rank, job, records
+from tui.cli import main as cli_main
+from tui.pricing import price_per_device_hour
+
+SCHEMA = json.loads((Path(__file__).parents[2] / "tui" / "schemas" / "report.schema.json").read_text())
+
+
+def _cpu(rank: int = 0, **kw) -> Rank:
+    """A CPU rank whose training thread is on CPU for the whole step body: no unexplained wait."""
+    dur, data, gap = kw.get("dur", 0.1), kw.get("data", 0.0), kw.get("gap", 0.0)
+    return Rank(rank=rank, cpu=dur - data - gap, cpu_span="body", **kw)
+
+
+def test_the_bound_is_one_over_one_minus_the_share():
+    assert speedup_bound(0.3) == pytest.approx(1 / 0.7)
+    assert speedup_bound(0.0) == 1.0
+    assert speedup_bound(None) is None            # unknown share: unknown bound, never 1x
+    assert speedup_bound(1.0) is None             # the whole step: no finite bound
+
+
+def test_a_30pct_data_wait_is_bounded_at_1_43x_and_costs_its_share_of_every_device_hour():
+    view = job(_cpu(data=0.03), _cpu(rank=1, data=0.03)).view()
+    verdict = evaluate(view)
+    gain = verdict.gains.of("data_wait")
+    assert view.metrics.data_wait_frac == pytest.approx(0.30)
+    assert gain.speedup_bound == pytest.approx(1 / 0.7)
+    assert gain.per_day == pytest.approx(2 * 24 * 0.30)                  # ranks x a day x the share
+    hours = (view.now - view.started) / 3600
+    assert gain.device_hours == pytest.approx(2 * hours * 0.30)
+    assert verdict.gain_headline() == "fixing it: up to 1.4× faster, 14 CPU-h/day"
+
+
+def test_a_step_loss_counts_only_the_time_inside_steps_toward_device_hours():
+    view = job(_cpu(data=0.02, gap=0.02)).view()      # active 80 ms: data 25% of it, 20% of wall between steps
+    gain = evaluate(view).gains.of("data_wait")
+    assert gain.share == pytest.approx(0.25) and gain.speedup_bound == pytest.approx(1 / 0.75)
+    assert gain.wall_share == pytest.approx(0.25 * 0.8) and gain.per_day == pytest.approx(24 * 0.2)
+
+
+def test_the_combination_removes_every_loss_over_its_threshold_and_the_gaps_over_their_line():
+    view = job(_cpu(data=0.02, gap=0.02)).view()
+    losses = (Loss("data_wait", "data wait", 0.25, "planted"), Loss("comm_exposed", "comm", 0.04, "planted"),
+              Loss("device_idle", "idle", 0.15, "planted"), Loss("step_gaps", "between steps", 0.2, "planted"))
+    gains = estimate(view, losses, over=("data_wait", "device_idle"))     # comm under its threshold
+    c = gains.combined
+    assert c.of == ("data_wait", "device_idle", "step_gaps")
+    assert c.speedup_bound == pytest.approx(1 / ((1 - 0.40) * (1 - 0.2)))
+    assert c.wall_share == pytest.approx(0.40 * 0.8 + 0.2)
+    assert c.per_day == pytest.approx(24 * (0.40 * 0.8 + 0.2))
+    # gaps under their line (ETTR >= 90%) stay out of the combination
+    small_gaps = losses[:3] + (Loss("step_gaps", "between steps", 0.05, "planted"),)
+    c = estimate(view, small_gaps, over=("data_wait", "device_idle")).combined
+    assert c.of == ("data_wait", "device_idle") and c.speedup_bound == pytest.approx(1 / 0.6)
+    assert estimate(view, small_gaps, over=()).combined is None
+
+
+def test_money_is_device_hours_times_the_price_and_unknown_without_one():
+    view = job(_cpu(data=0.03)).view()
+    gain = evaluate(view).gains.of("data_wait")
+    priced = gain.as_json(2.5)
+    assert priced["price"] == {"per_device_hour": 2.5, "so_far": round(gain.device_hours * 2.5, 4),
+                               "per_day": round(24 * 0.3 * 2.5, 4)}
+    unpriced = gain.as_json(None)
+    assert unpriced["price"] is None and unpriced["why_no_price"] == NO_PRICE
+    assert evaluate(view).gain_headline(2.5) == "fixing it: up to 1.4× faster, 7.2 CPU-h/day (18/day)"
+
+
+def test_an_unmeasured_loss_has_unknown_gains_never_zero():
+    view = job(Rank(data=0.03)).view()                # no thread CPU time: the unexplained wait is unknown
+    verdict = evaluate(view)
+    idle = verdict.gains.of("device_idle")
+    assert idle.share is None and idle.speedup_bound is None and idle.per_day is None and idle.device_hours is None
+    assert idle.why_unknown == next(x.source for x in verdict.losses if x.id == "device_idle")
+    entry = idle.as_json(3.0)
+    assert entry["speedup_bound"] is None and entry["price"]["per_day"] is None and entry["why_unknown"]
+
+
+def test_an_unknown_start_leaves_the_hours_so_far_unknown_but_not_the_rate():
+    view = job(_cpu(data=0.03)).view()
+    view = type(view)(**{**view.__dict__, "started": None})
+    gain = estimate(view, evaluate(view).losses, over=("data_wait",)).of("data_wait")
+    assert gain.device_hours is None and gain.per_day == pytest.approx(24 * 0.3)
+    assert "start time is unknown" in gain.why_unknown
+
+
+def test_a_gpu_job_counts_gpu_hours():
+    view = job(Rank(data=0.03, gpu_util=60.0), device="cuda").view()
+    verdict = evaluate(view)
+    assert verdict.gains.device_unit == "GPU-h" and "GPU-h/day" in verdict.gain_headline()
+
+
+def test_the_report_carries_the_gains_in_json_and_text():
+    view = job(_cpu(data=0.03), _cpu(rank=1, data=0.03)).view()
+    out = report.build(view, evaluate(view), price=2.0)
+    jsonschema.validate(out, SCHEMA)
+    v = out["verdict"]
+    data = next(g for g in v["gains"] if g["loss"] == "data_wait")
+    assert data["speedup_bound"] == round(1 / 0.7, 4) and data["price"]["per_day"] == round(2 * 24 * 0.3 * 2.0, 4)
+    assert v["gains_combined"]["of"] == ["data_wait"] and v["gains_basis"]["ranks"] == 2
+    text = report.render_text(out)
+    section = text[text.index("What fixing it buys"):].splitlines()
+    assert section[2].split() == ["data", "wait", "1.4×", "14", section[2].split()[4], "28.8"]
+    assert all(len(line) <= 80 for line in text.splitlines())
+
+
+def test_price_comes_from_the_flag_else_the_environment(monkeypatch):
+    monkeypatch.setenv(PRICE_ENV, "3.5")
+    assert price_per_device_hour(None) == 3.5 and price_per_device_hour(1.0) == 1.0
+    monkeypatch.delenv(PRICE_ENV)
+    assert price_per_device_hour(None) is None
+
+
+@pytest.mark.parametrize("env,flag,message", [("cheap", None, "is not a number"), (None, -1.0, "zero or more"),
+                                              ("nan", None, "zero or more")])
+def test_a_bad_price_is_one_line_and_exit_2(tmp_path, monkeypatch, capsys, env, flag, message):
+    rec = _write_recording(tmp_path, records(_cpu(data=0.03)))
+    if env is not None:
+        monkeypatch.setenv(PRICE_ENV, env)
+    argv = ["report", str(rec)] + (["--price-per-device-hour", str(flag)] if flag is not None else [])
+    assert cli_main(argv) == 2
+    captured = capsys.readouterr()
+    err = captured.err.strip().splitlines()
+    assert len(err) == 1 and message in err[0] and captured.out == ""
+
+
+def test_perfmon_report_prices_the_gains_from_the_flag(tmp_path, capsys):
+    rec = _write_recording(tmp_path, records(_cpu(data=0.03)))
+    assert cli_main(["report", str(rec), "--json", "--price-per-device-hour", "2"]) == 0
+    v = json.loads(capsys.readouterr().out)["verdict"]
+    data = next(g for g in v["gains"] if g["loss"] == "data_wait")
+    assert data["price"]["per_day"] == pytest.approx(24 * 0.3 * 2, abs=1e-3)
+    assert v["gain_headline"] == "fixing it: up to 1.4× faster, 7.2 CPU-h/day (14.4/day)"
+
+
+def test_prometheus_serves_the_gains_and_leaves_unknown_ones_out():
+    from prometheus_client import generate_latest
+    from prometheus_client.parser import text_string_to_metric_families
+    from tui.export.prometheus import Snapshot, _Holder, registry_for
+
+    view = job(Rank(data=0.03), Rank(rank=1, data=0.03)).view()     # the unexplained wait is not measured
+    holder = _Holder()
+    holder.snapshot = Snapshot(view, evaluate(view))
+    families = {f.name: f for f in text_string_to_metric_families(generate_latest(registry_for(holder)).decode())}
+    bound = {s.labels["loss"]: s.value for s in families["perfmon_loss_speedup_bound"].samples}
+    per_day = {s.labels["loss"]: s.value for s in families["perfmon_loss_device_hours_per_day"].samples}
+    assert bound["data_wait"] == pytest.approx(1 / 0.7) and per_day["data_wait"] == pytest.approx(2 * 24 * 0.3)
+    assert bound["combined"] == pytest.approx(1 / 0.7)
+    assert "device_idle" not in bound and "device_idle" not in per_day
+
+
+def test_on_a_gpu_the_energy_counter_prices_each_loss_in_joules():
+    view = job(Rank(data=0.03, gpu_util=60.0, gpu_power_w=400.0, samples=32), device="cuda").view()
+    m = view.metrics
+    assert m.power_w == pytest.approx(400.0)                        # the counter's rise over time, not a reading
+    assert m.energy_per_step_j == pytest.approx(400.0 * 0.1)        # 100 ms steps
+    assert m.energy_per_sample_j == pytest.approx(400.0 / 320)      # 32 samples a step, 10 steps a second
+    gain = evaluate(view).gains.of("data_wait")
+    assert gain.energy == {"per_step_j": pytest.approx(40.0 * 0.3), "per_sample_j": pytest.approx(1.25 * 0.3),
+                           "per_token_j": None, "per_day_kwh": pytest.approx(0.4 * 0.3 * 24)}
+
+
+def test_energy_is_unknown_without_the_counter_and_on_a_cpu_never_zero():
+    gpu = evaluate(job(Rank(data=0.03, gpu_util=60.0), device="cuda").view()).gains.of("data_wait")
+    assert gpu.energy is None and "total-energy counter was not read" in gpu.why_no_energy
+    cpu = evaluate(job(_cpu(data=0.03)).view()).gains.of("data_wait").as_json()
+    assert cpu["energy"] is None and cpu["why_no_energy"].startswith("energy is measured on GPUs only")
+
+
+def test_the_report_text_says_the_energy_each_loss_spends_on_a_gpu():
+    view = job(Rank(data=0.03, gpu_util=60.0, gpu_power_w=400.0), device="cuda").view()
+    text = report.render_text(report.build(view, evaluate(view)))
+    assert "  energy in data wait: at most 12J/step, 375mJ/sample, 2.88 kWh/day" in text.splitlines()
+
+
+def test_a_restarted_energy_counter_leaves_the_power_unknown():
+    view = job(Rank(data=0.03, gpu_util=60.0, gpu_power_w=-400.0), device="cuda").view()   # the counter falls
+    assert view.metrics.power_w is None and view.metrics.energy_per_step_j is None
+
+
+def test_the_trainer_callbacks_log_the_bound_and_the_hours_of_each_known_loss():
+    from perfmon_analysis.analysis import Analysis
+    analysis = Analysis(job(Rank(data=0.03)))          # the unexplained wait is not measured: not logged
+    logged = analysis.callback_numbers(analysis.snapshot())
+    assert logged["perfmon/speedup_bound/data_wait"] == pytest.approx(1 / 0.7)
+    assert logged["perfmon/device_hours_per_day/data_wait"] == pytest.approx(24 * 0.3)
+    assert logged["perfmon/speedup_bound/combined"] == pytest.approx(1 / 0.7)
+    assert not any(key.endswith("/device_idle") for key in logged)
+    assert logged["perfmon/data_wait_ratio"] == pytest.approx(0.3)       # beside the metric table's
