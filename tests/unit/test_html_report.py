@@ -4,6 +4,7 @@ The page drawing in a real browser is tests/integration/test_html_report.py."""
 
 from __future__ import annotations
 
+import html
 import re
 
 from perfmon_analysis.history import STEP_FIELDS
@@ -39,6 +40,9 @@ def test_the_page_holds_its_script_and_fetches_nothing(tmp_path, capsys):
     assert not re.search(r"@import|url\(\s*['\"]?https?:", text)
     assert "bokeh-widgets" not in text                        # only the core bundle
     assert "Verdict: " in text and "Step time over the run" in text
+    # what fixing the data wait buys, as the text report words it (the speedup bound of its share)
+    gains = re.search(r"<h2>What fixing it buys</h2><pre>(.*?)</pre>", text, re.S)
+    assert gains and re.search(r"data wait\s+\d\.\d+×", html.unescape(gains.group(1))), text[:3000]
     # the scenario has no collectives: its map is named as not measured, not drawn as zeros
     assert "Not measured on any rank, so not drawn: exposed comm (share of the step)." in text
     # the two 2 s checkpoints before steps 240 and 480 (40% and 80% of 600) lead the longest pauses

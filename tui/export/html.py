@@ -28,6 +28,7 @@ from perfmon_analysis import units
 from perfmon_analysis.analysis import Analysis
 from perfmon_analysis.history import MEMORY_FIELDS, STEP_FIELDS, History, memory_used
 from perfmon_analysis.profile import profile_lines
+from perfmon_analysis.report import gains_lines
 from perfmon_analysis.capture import capture_reading
 from perfmon_analysis.verdict import label as outcome_label
 
@@ -104,6 +105,9 @@ def _verdict_html(report: dict[str, Any]) -> str:
         parts.append(f"<p class=\"path\">Path: {_esc(' > '.join(v['path']) + ' > ' + v['bottleneck'])}</p>")
     if v.get("suggestions"):
         parts.append("<ul>" + "".join(f"<li>{_esc(s)}</li>" for s in v["suggestions"]) + "</ul>")
+    gains = gains_lines(v, width=110)
+    if gains:     # the text report's section, word for word: one place computes and words the gains
+        parts.append(f"<h2>{_esc(gains[0].split(' (')[0])}</h2><pre>{_esc(chr(10).join(gains))}</pre>")
     return "\n".join(parts)
 
 
