@@ -1,9 +1,10 @@
 """DistributedDataParallel on gloo (CPU), started bare under torchrun, training until SIGTERM.
 
 After its first optimizer step each rank creates ``--ready DIR/<rank>``, so a test knows the
-job trains before ``perfmon inject`` enters it. At its end each rank prints JSON: its rank, the
-names of its threads, the attributes of its DDP module naming perfmon and the number of comm
-hooks (what a probe could leave behind). Knows nothing of perfmon.
+job trains before ``perfmon inject`` enters it. At its end each rank writes ``DIR/end-<rank>.json``
+(a file each: the ranks' stdout lines interleave in the launcher's): its rank, the names of its
+threads, the attributes of its DDP module naming perfmon and the number of comm hooks (what a probe
+could leave behind). Knows nothing of perfmon.
 """
 
 import argparse
@@ -53,7 +54,8 @@ while True:
     dist.all_reduce(flag)          # every rank leaves at the same step
     if flag.item() > 0:
         break
-print(json.dumps({"rank": rank, "threads": sorted(t.name for t in threading.enumerate()),
-                  "ddp_attrs": sorted(k for k in vars(model) if "perfmon" in k),
-                  "comm_hooks": len(model._comm_hooks)}), flush=True)
+with open(os.path.join(args.ready, f"end-{rank}.json"), "w") as f:
+    json.dump({"rank": rank, "threads": sorted(t.name for t in threading.enumerate()),
+               "ddp_attrs": sorted(k for k in vars(model) if "perfmon" in k),
+               "comm_hooks": len(model._comm_hooks)}, f)
 dist.destroy_process_group()
