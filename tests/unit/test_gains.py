@@ -70,6 +70,21 @@ def test_the_combination_removes_every_loss_over_its_threshold_and_the_gaps_over
     assert estimate(view, small_gaps, over=()).combined is None
 
 
+def test_communications_bound_counts_the_overlapped_collectives_too():
+    import dataclasses
+    base = job(_cpu(data=0.0)).view()
+    losses = (Loss("comm_exposed", "exposed communication", 0.35, "planted"),)
+    # 35% of the step exposed, 50% of it inside collectives: the overlapped part takes cores too
+    view = dataclasses.replace(base, metrics=dataclasses.replace(base.metrics, comm_frac=0.50))
+    gains = estimate(view, losses, over=("comm_exposed",))
+    assert gains.of("comm_exposed").share == pytest.approx(0.35)
+    assert gains.of("comm_exposed").speedup_bound == pytest.approx(2.0)
+    assert gains.combined.speedup_bound == pytest.approx(2.0)
+    # the total unknown: the exposed share's own bound
+    unknown = dataclasses.replace(base, metrics=dataclasses.replace(base.metrics, comm_frac=None))
+    assert estimate(unknown, losses, over=()).of("comm_exposed").speedup_bound == pytest.approx(1 / 0.65)
+
+
 def test_money_is_device_hours_times_the_price_and_unknown_without_one():
     view = job(_cpu(data=0.03)).view()
     gain = evaluate(view).gains.of("data_wait")
