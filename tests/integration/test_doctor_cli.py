@@ -23,4 +23,4 @@ def test_doctor_cpu_only_passes_on_a_cpu_machine_and_prints_its_table():
     for name in CPU_CHECKS:
         assert "  ok  " in rows[name], rows[name]
     assert "not run: --cpu-only" in rows["a sync every step"]
-    assert out.stdout.splitlines()[-1] == "11 checks: 5 ok, 0 failed, 6 not run here"
+    assert out.stdout.splitlines()[-1] == "12 checks: 5 ok, 0 failed, 7 not run here"
