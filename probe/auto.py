@@ -54,8 +54,9 @@ _auto: "_Auto | None" = None
 class _Auto:
     """Hook state of one process. The hooks below are module functions reading ``_auto``."""
 
-    def __init__(self, torch: Any) -> None:
+    def __init__(self, torch: Any, job: str | None = None) -> None:
         self.torch = torch
+        self.job = job                          # the name ``perfmon inject --job`` gave (else the default)
         self.finder = StepFinder(self._emit, self._on_open)
         self.off = False
         self.errors = 0
@@ -126,7 +127,7 @@ class _Auto:
         if core.current() is not None:      # the script started the probe itself: the API wins
             self.turn_off()
             return
-        mon = core.start(**_distributed_rank(self.torch))
+        mon = core.start(self.job, **_distributed_rank(self.torch))
         if not isinstance(mon, core.Probe):
             self.turn_off()
             return
@@ -457,9 +458,10 @@ def active() -> bool:
     return _auto is not None and not _auto.off and _pid == os.getpid()
 
 
-def install(optimizers: Iterable[Any] = ()) -> None:
+def install(optimizers: Iterable[Any] = (), job: str | None = None) -> None:
     """Put the dormant hooks in place (once per process); called right after torch is imported,
-    or in a running process (``probe.inject``) with the ``optimizers`` it built already."""
+    or in a running process (``probe.inject``) with the ``optimizers`` it built already and the
+    ``job`` name its injector gave (``PERFMON_JOB`` still wins, as for ``probe.start``)."""
     global _auto, _pid, _is_compiling
     if _auto is not None or os.environ.get("PERFMON_DISABLE") == "1":
         return
@@ -468,7 +470,7 @@ def install(optimizers: Iterable[Any] = ()) -> None:
     _is_compiling = compiling_check()
     from torch.optim import optimizer as optim_mod
 
-    a = _auto = _Auto(torch)
+    a = _auto = _Auto(torch, job)
     _pid = os.getpid()
     a.opt_handles = [optim_mod.register_optimizer_step_pre_hook(_opt_pre),
                      optim_mod.register_optimizer_step_post_hook(_opt_post)]

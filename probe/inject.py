@@ -34,7 +34,7 @@ THREAD_PREFIX = "perfmon-"
 JOIN_SECONDS = 3.0
 
 # Run through ``exec`` on the interrupted thread, in a namespace of its own (nothing is bound in
-# the target's ``__main__``); ``ARGS`` holds action, paths, result. Only the standard library here.
+# the target's ``__main__``); ``ARGS`` holds action, paths, result, job. Only the standard library here.
 BOOT = r'''
 import threading
 
@@ -80,7 +80,7 @@ def _boot(args):
         finally:
             for p in added:
                 sys.path.remove(p)
-        answer(**mod.install(before))
+        answer(**mod.install(before, args.get("job")))
     except BaseException as exc:
         try:
             answer(ok=False, message=f"injected code failed: {exc!r}")
@@ -94,9 +94,10 @@ _before: set[str] = set()        # sys.modules before the injection: what detach
 _installed = False
 
 
-def payload(action: str, paths: list[str], result: str) -> str:
-    """The one statement run in the target: ``BOOT`` in a namespace of its own."""
-    args = {"action": action, "paths": paths, "result": result}
+def payload(action: str, paths: list[str], result: str, job: str | None = None) -> str:
+    """The one statement run in the target: ``BOOT`` in a namespace of its own. ``job``: the name
+    the probe will serve the job under (None: the default, the script's name)."""
+    args = {"action": action, "paths": paths, "result": result, "job": job}
     return f"exec({BOOT!r}, {{'__name__': '__perfmon_inject__', 'ARGS': {args!r}}})"
 
 
@@ -104,8 +105,9 @@ def installed() -> bool:
     return _installed
 
 
-def install(before: set[str]) -> dict[str, Any]:
-    """Put zero-code mode's dormant hooks in place in this running process."""
+def install(before: set[str], job: str | None = None) -> dict[str, Any]:
+    """Put zero-code mode's dormant hooks in place in this running process (the probe they start
+    names the job ``job``, else the script's name)."""
     global _before, _installed
     _before = before
     try:
@@ -113,7 +115,7 @@ def install(before: set[str]) -> dict[str, Any]:
         if core.current() is not None or auto.active():
             _remove_modules()
             return {"ok": False, "message": "a perfmon probe is already running in this process"}
-        auto.install(optimizers=_optimizers(sys.modules["torch"]))
+        auto.install(optimizers=_optimizers(sys.modules["torch"]), job=job)
         if not auto.active():
             _remove_modules()
             return {"ok": False, "message": "zero-code mode is off in this process (PERFMON_DISABLE=1?)"}

@@ -38,10 +38,13 @@ def _price_option(p: argparse.ArgumentParser) -> None:
                         "buys (default: $PERFMON_PRICE_PER_DEVICE_HOUR)")
 
 
-def _hosts_options(p: argparse.ArgumentParser, token: bool = True) -> None:
+def _hosts_options(p: argparse.ArgumentParser, token: bool = True, relays: bool = True) -> None:
     """A job across nodes: which hosts, and how to reach them (tui.stream.hosts). ``token``: add
-    ``--token`` (attach has its own, for host:port)."""
-    where = p.add_argument_group("a job across nodes (one relay per host, started through ssh)")
+    ``--token`` (attach has its own, for host:port). ``relays``: the command reads relays (not
+    for inject/detach, which run themselves on each host through the transport)."""
+    title = "a job across nodes (one relay per host, started through ssh)" if relays else \
+        "a job across nodes (perfmon runs on each host, started through ssh)"
+    where = p.add_argument_group(title)
     where.add_argument("--hosts", default=None, metavar="LIST", help="hosts, SLURM syntax allowed: n[01-04],gpu7")
     where.add_argument("--hostfile", default=None, metavar="FILE", help="one host per line (MPI/DeepSpeed style)")
     where.add_argument("--slurm", nargs="?", const=True, default=None, metavar="JOBID",
@@ -52,6 +55,8 @@ def _hosts_options(p: argparse.ArgumentParser, token: bool = True) -> None:
     where.add_argument("--via", default=None, metavar="TEMPLATE",
                        help="transport, {host} replaced (default: $PERFMON_VIA, else 'ssh -T -o BatchMode=yes {host}'; "
                             "with --k8s 'kubectl exec -i {host} [--namespace N] --')")
+    if not relays:
+        return
     where.add_argument("--relay-port", type=int, default=None, metavar="PORT",
                        help="instead of a transport: connect to 'perfmon relay --tcp PORT JOB' on each host "
                             "(token: --token or $PERFMON_TOKEN)")
@@ -153,13 +158,21 @@ def build_parser() -> argparse.ArgumentParser:
     _hosts_options(export)
 
     inject = sub.add_parser("inject", help="start the probe inside a running Python job (no restart; ptrace)")
-    inject.add_argument("pid", type=int, help="a training process, or a torchrun launcher (every worker here)")
+    inject.add_argument("pid", type=int, nargs="?", help="a training process, or a torchrun launcher (every "
+                                                         "worker here)")
+    inject.add_argument("--job", default=None, metavar="NAME",
+                        help="instead of a PID: every process of the job named NAME on this node (its script's "
+                             "name: train for train.py), or on each host given below; the probes serve it as NAME")
     inject.add_argument("--timeout", type=float, default=60.0,
                         help="seconds to wait for a training step to start the probe (default 60)")
     inject.add_argument("--attach", action="store_true", help="open the TUI on the job once its probe is up")
+    _hosts_options(inject, relays=False)
 
     detach = sub.add_parser("detach", help="remove everything `perfmon inject` put into a process")
-    detach.add_argument("pid", type=int, help="the process (or torchrun launcher) given to perfmon inject")
+    detach.add_argument("pid", type=int, nargs="?", help="the process (or torchrun launcher) given to perfmon inject")
+    detach.add_argument("--job", default=None, metavar="NAME",
+                        help="instead of a PID: every process of the job named NAME here, or on each host given below")
+    _hosts_options(detach, relays=False)
 
     relay = sub.add_parser("relay", help="(started by a viewer through ssh) this node's ranks of JOB as one stream")
     relay.add_argument("job", help="job name")

@@ -6,7 +6,8 @@ process exists, this user may ptrace it, it is CPython of this interpreter's min
 loaded torch. Then ``hypno`` (ptrace: ``pyinjector``) runs ``probe.inject.payload`` in it, on
 a thread parked in a blocking system call (``entry_thread``), and the code answers through a
 file in a private directory. A torchrun launcher's PID stands for
-its workers on this node. Refusals are ``UserError``: one line, with the fix.
+its workers on this node; ``job_processes`` finds a job's processes on this node by the name
+perfmon would give it. Refusals are ``UserError``: one line, with the fix.
 """
 
 from __future__ import annotations
@@ -23,8 +24,10 @@ import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from probe import inject as target_side
+from probe import paths
 from tui.errors import UserError
 
 ANSWER_SECONDS = 15.0          # the target's injected thread loads the probe and answers
@@ -143,7 +146,7 @@ def workers(pid: int) -> list[int]:
         cmdline = _read(f"/proc/{pid}/cmdline").split("\0")
     except OSError:
         return [pid]
-    if not any(arg in LAUNCHERS or os.path.basename(arg) == "torchrun" for arg in cmdline[:3]):
+    if not _is_launcher(cmdline):
         return [pid]
     children: list[int] = []
     for entry in os.listdir("/proc"):
@@ -157,6 +160,110 @@ def workers(pid: int) -> list[int]:
     if not children:
         raise UserError(f"{pid} is a torchrun launcher with no worker processes (yet?)")
     return sorted(children)
+
+
+_PYTHON_EXE = re.compile(r"python(\d+(\.\d+)?)?[dmu]*")
+
+
+def script_name(cmdline: list[str]) -> str | None:
+    """The name perfmon gives a Python process's job by default (``probe.core``: the stem of its
+    ``sys.argv[0]``), read from its command line; None for a process that is not a Python one."""
+    if not cmdline or not _PYTHON_EXE.fullmatch(os.path.basename(cmdline[0])):
+        return None
+    args = iter(cmdline[1:])
+    for arg in args:
+        if arg == "--check-hash-based-pycs":
+            next(args, None)
+        elif arg == "--":
+            return Path(next(args, "")).stem or "python"
+        elif arg.startswith("--"):
+            continue
+        elif arg.startswith("-") and arg != "-":
+            for i, flag in enumerate(arg[1:], start=1):
+                if flag == "c":
+                    return "python"
+                if flag == "m":
+                    return (arg[i + 1:] or next(args, "python")).rsplit(".", 1)[-1]
+                if flag in "WX":            # options with a value: attached, or the next argument
+                    if i + 1 == len(arg):
+                        next(args, None)
+                    break
+        else:
+            return Path(arg).stem or "python"
+    return None
+
+
+def _environ(pid: int) -> dict[str, str]:
+    try:
+        with open(f"/proc/{pid}/environ", "rb") as f:
+            items = f.read().split(b"\0")
+    except OSError:
+        return {}
+    return dict(item.decode(errors="replace").split("=", 1) for item in items if b"=" in item)
+
+
+def _parent(pid: int) -> int:
+    try:
+        return int(_read(f"/proc/{pid}/stat").rsplit(")", 1)[1].split()[1])
+    except (OSError, IndexError, ValueError):
+        return 0
+
+
+def _is_launcher(cmdline: list[str]) -> bool:
+    return any(arg in LAUNCHERS or os.path.basename(arg) == "torchrun" for arg in cmdline[:3])
+
+
+def job_processes(job: str) -> list[int]:
+    """The processes of ``job`` on this node: Python processes with torch loaded whose job perfmon
+    names ``job`` (their script's name, or with ``-<run id>`` under torchrun; ``PERFMON_JOB`` for a
+    job that has a probe already), less torchrun launchers and DataLoader workers (the children of
+    another such process). Processes of several distinct jobs by that name (no shared torchrun run
+    or rendezvous) make a UserError: which one is meant is the user's to say, by PID."""
+    wanted = paths.safe_job(job)
+    found: dict[int, tuple[str, ...]] = {}
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit() or int(entry) == os.getpid():
+            continue
+        pid = int(entry)
+        try:
+            cmdline = _read(f"/proc/{pid}/cmdline").split("\0")[:-1]
+        except OSError:
+            continue
+        script = script_name(cmdline)
+        if script is None or _is_launcher(cmdline):
+            continue
+        env = _environ(pid)
+        run_id = env.get("TORCHELASTIC_RUN_ID", "none")
+        names = {script, f"{script}-{run_id}", env.get("PERFMON_JOB", script)}
+        if wanted not in {paths.safe_job(name) for name in names}:
+            continue
+        try:
+            if "libtorch" not in _read(f"/proc/{pid}/maps"):
+                continue
+        except OSError:
+            continue
+        found[pid] = (run_id, env.get("MASTER_ADDR", ""), env.get("MASTER_PORT", "")) if "RANK" in env else (str(pid),)
+    ranks = [pid for pid in found if not _has_ancestor_in(pid, found)]
+    if not ranks:
+        raise UserError(f"no process of job {job} on this node (a Python process with torch loaded, running "
+                        f"{job}.py or `-m ...{job}`); give its PID instead")
+    jobs: dict[tuple[str, ...], list[int]] = {}
+    for pid in sorted(ranks):
+        jobs.setdefault(found[pid], []).append(pid)
+    if len(jobs) > 1:
+        listed = "; ".join(", ".join(map(str, pids)) for pids in jobs.values())
+        raise UserError(f"{len(jobs)} jobs named {job} run on this node (processes {listed}): give the PID of one "
+                        "(or its torchrun launcher's)")
+    return sorted(ranks)
+
+
+def _has_ancestor_in(pid: int, pids: dict[int, object]) -> bool:
+    parent, hops = _parent(pid), 0
+    while parent > 1 and hops < 64:
+        if parent in pids:
+            return True
+        parent, hops = _parent(parent), hops + 1
+    return False
 
 
 def _paths() -> list[str]:
@@ -193,15 +300,15 @@ def _await(pid: int, result: str, timeout: float) -> dict:
         return json.load(f)
 
 
-def run(target: Target, action: str, timeout: float = ANSWER_SECONDS) -> dict:
+def run(target: Target, action: str, timeout: float = ANSWER_SECONDS, job: str | None = None) -> dict:
     """Run ``action`` ("inject" or "detach") in the target through ptrace; its answer (``ok``,
-    ``message``, ...)."""
+    ``message``, ...). ``job``: the name the injected probe serves the job under."""
     if importlib.util.find_spec("hypno") is None:
         raise UserError("perfmon inject needs hypno: pip install 'perfmon[inject]'")
     directory = _answer_dir(target.pid)
     try:
         result = os.path.join(directory, "answer.json")
-        _enter(target.pid, entry_thread(target.pid), target_side.payload(action, _paths(), result))
+        _enter(target.pid, entry_thread(target.pid), target_side.payload(action, _paths(), result, job))
         return _await(target.pid, result, timeout)
     finally:
         shutil.rmtree(directory, ignore_errors=True)
@@ -278,3 +385,52 @@ def detach(target: Target, timeout: float = ANSWER_SECONDS) -> dict:
         return _await(target.pid, result, timeout)
     finally:
         shutil.rmtree(directory, ignore_errors=True)
+
+
+def chosen(args: Any) -> list[int]:
+    """The processes ``perfmon inject`` / ``detach`` act on here: ``--job NAME``'s, else the PID's
+    (a torchrun launcher's workers)."""
+    if (args.pid is None) == (args.job is None):
+        raise UserError("give a PID or --job NAME (one of them)")
+    return job_processes(args.job) if args.job is not None else workers(args.pid)
+
+
+def across_hosts(args: Any) -> tuple[list[str], str] | None:
+    """The hosts ``--hosts``/``--hostfile``/``--slurm``/``--k8s`` name and the transport to them,
+    for a job across nodes; None when none is named (this node)."""
+    from tui.stream import hosts
+
+    found = hosts.choose_hosts(args.hosts, args.hostfile, args.slurm, args.k8s, args.namespace)
+    if found is None:
+        if args.via is not None:
+            raise UserError("--via goes with --hosts, --hostfile, --slurm or --k8s")
+        return None
+    if args.pid is not None or args.job is None:
+        raise UserError("a PID is a process of one node: name the job on those hosts with --job NAME")
+    return found, hosts.transport(args.via, args.k8s, args.namespace)
+
+
+def on_hosts(action: str, job: str, found: list[str], via: str, timeout: float) -> list[Any]:
+    """``perfmon ACTION --job JOB`` on every host at once through the transport (``tui.stream.hosts``);
+    each host's ``HostRun``."""
+    from tui.stream.hosts import run_on_hosts
+
+    command = ["perfmon", action, "--job", job]
+    if action == "inject":
+        command[2:2] = ["--timeout", f"{timeout:g}"]
+    return run_on_hosts(found, via, command, timeout + ENTER_SECONDS + ANSWER_SECONDS)
+
+
+def relay_output(action: str, results: list[Any]) -> None:
+    """What the hosts said, line by line under each host's name (their ``perfmon ACTION: `` taken off)."""
+    for result in results:
+        for line in result.out.splitlines():
+            print(f"{result.host}: {line}", flush=True)
+        for line in result.err.splitlines():
+            print(f"perfmon {action}: {result.host}: {line.removeprefix(f'perfmon {action}: ')}", file=sys.stderr,
+                  flush=True)
+
+
+def host_failures(action: str, results: list[Any]) -> str:
+    """One line naming each host that failed and why ('' when none did)."""
+    return "; ".join(f"{r.host}: {r.problem().removeprefix(f'perfmon {action}: ')}" for r in results if r.code != 0)

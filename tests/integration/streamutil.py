@@ -116,3 +116,15 @@ def kill_tree(proc: subprocess.Popen) -> None:
 
 def fd_count() -> int:
     return len(os.listdir("/proc/self/fd"))
+
+
+def left_by_perfmon(end: dict) -> dict:
+    """What tests/integration/scripts/inject_target.py found left at its end that a probe could have
+    left: its ``residue`` (threads, fds, hooks, wrapped functions, sys.path, meta_path, perfmon objects),
+    modules only where they are perfmon's or its dependencies' (others a probe imports stay imported,
+    as after any import)."""
+    residue = dict(end["residue"])
+    modules = residue.pop("modules", {"before": [], "after": []})
+    ours = sorted(name for name in set(modules["after"]) - set(modules["before"])
+                  if name.split(".")[0] in ("probe", "msgpack", "psutil", "tui", "perfmon_analysis"))
+    return {**residue, "modules": ours} if ours else residue

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.integration.streamutil import wait_for
+from tests.integration.streamutil import left_by_perfmon, wait_for
 
 SCRIPTS = Path(__file__).parent / "scripts"
 PY = sys.executable
@@ -88,11 +88,7 @@ def test_inject_report_detach_leaves_the_loss_bit_identical_and_nothing_behind()
     finally:
         job.proc.kill()
     assert end["loss"] == bare_loss
-    residue = end["residue"]
-    modules = residue.pop("modules", {"before": [], "after": []})
-    added = set(modules["after"]) - set(modules["before"])
-    assert not {m for m in added if m.split(".")[0] in ("probe", "msgpack", "psutil", "tui", "perfmon_analysis")}
-    assert residue == {}      # threads, fds, hooks, wrapped functions, sys.path, meta_path, perfmon objects
+    assert left_by_perfmon(end) == {}
 
 
 @needs_ptrace

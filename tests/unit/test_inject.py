@@ -4,6 +4,7 @@ process with no probe. The injections themselves: tests/integration/test_inject.
 
 from __future__ import annotations
 
+import argparse
 import json
 import os
 import sys
@@ -115,3 +116,73 @@ def test_the_code_enters_through_a_thread_parked_in_the_kernel_never_a_busy_one(
     finally:
         parked.set()
         waiter.join()
+
+
+@pytest.mark.parametrize("cmdline, name", [
+    (["/usr/bin/python3", "-u", "train.py", "--lr", "3"], "train"),        # a torchrun worker
+    (["/v/bin/python", "-X", "dev", "-W", "ignore", "src/fit.py"], "fit"),
+    (["python3.11", "-Xdev", "-OO", "-mpkg.train"], "train"),
+    (["python", "-m", "pkg.train", "x.py"], "train"),
+    (["python", "-uB", "--", "x.py"], "x"),
+    (["python", "--check-hash-based-pycs", "always", "y.py"], "y"),
+    (["python3", "-c", "import train"], "python"),
+    (["python3"], None),                                                   # an interactive interpreter
+    (["/usr/bin/bash", "train.py"], None),                                 # not Python
+])
+def test_the_job_name_of_a_process_is_its_scripts_as_the_probe_names_it(cmdline, name):
+    assert injector.script_name(cmdline) == name
+
+
+def test_no_process_of_a_job_is_one_line_that_says_what_was_looked_for():
+    with pytest.raises(UserError, match="no process of job no-such-job on this node .*no-such-job.py"):
+        injector.job_processes("no-such-job")
+
+
+def _args(**given) -> argparse.Namespace:
+    from tui.cli import build_parser
+    argv = [str(given.pop("pid"))] if "pid" in given else []
+    for key, value in given.items():
+        argv += [f"--{key.replace('_', '-')}", str(value)]
+    return build_parser().parse_args(["inject", *argv])
+
+
+@pytest.mark.parametrize("given, message", [
+    ({}, "give a PID or --job NAME"),
+    ({"pid": 12, "job": "train"}, "give a PID or --job NAME"),
+])
+def test_inject_needs_one_of_a_pid_and_a_job(given, message):
+    with pytest.raises(UserError, match=message):
+        injector.chosen(_args(**given))
+
+
+@pytest.mark.parametrize("given, message", [
+    ({"pid": 12, "hosts": "n01"}, "a PID is a process of one node: name the job on those hosts with --job NAME"),
+    ({"hosts": "n01"}, "name the job on those hosts with --job NAME"),
+    ({"job": "train", "via": "ssh {host}"}, "--via goes with --hosts"),
+    ({"job": "train", "hosts": "n01", "slurm": "7"}, "give only one of"),
+])
+def test_a_job_across_nodes_is_named_by_job_and_hosts(given, message):
+    with pytest.raises(UserError, match=message):
+        injector.across_hosts(_args(**given))
+
+
+def test_hosts_and_transport_across_nodes(monkeypatch):
+    monkeypatch.delenv("PERFMON_VIA", raising=False)
+    assert injector.across_hosts(_args(job="train")) is None
+    assert injector.across_hosts(_args(job="train", hosts="n[01-02]")) == (["n01", "n02"],
+                                                                          "ssh -T -o BatchMode=yes {host}")
+    monkeypatch.setenv("PERFMON_VIA", "srun --overlap -w {host}")
+    assert injector.across_hosts(_args(job="train", hosts="g7"))[1] == "srun --overlap -w {host}"
+
+
+def test_what_the_hosts_said_is_relayed_under_each_hosts_name_and_failures_are_one_line(capsys):
+    from tui.stream.hosts import HostRun
+    results = [HostRun("n01", 0, "injected 7: job t rank 0 (/s)\n", "perfmon inject: 7: dormant hooks installed\n"),
+               HostRun("n02", 2, "", "perfmon inject: no process of job t on this node\n"),
+               HostRun("n03", 255, "", "")]
+    injector.relay_output("inject", results[:1])
+    out, err = capsys.readouterr()
+    assert out == "n01: injected 7: job t rank 0 (/s)\n"
+    assert err == "perfmon inject: n01: 7: dormant hooks installed\n"
+    assert injector.host_failures("inject", results) == ("n02: no process of job t on this node; "
+                                                         "n03: exit status 255")

@@ -1,21 +1,32 @@
-"""``perfmon detach PID``: take out of a process everything ``perfmon inject`` put in it.
+"""``perfmon detach PID|--job NAME [--hosts ...]``: take out of a process everything ``perfmon
+inject`` put in it.
 
 The probe is closed (its last records sent), its hooks and wrapped functions are taken out,
 its threads joined, its socket removed and its modules unloaded; the job goes on. A torchrun
-launcher's PID stands for its workers here.
+launcher's PID stands for its workers here; ``--job NAME`` for the job's processes here, or,
+with ``--hosts``/``--slurm``/``--k8s``, on every host (``perfmon detach --job NAME`` run there).
 """
 
 from __future__ import annotations
 
 from typing import Any
 
+from probe.paths import safe_job
 from tui.errors import UserError
-from tui.injector import check, detach, workers
+from tui.injector import across_hosts, check, chosen, detach, host_failures, on_hosts, relay_output
+
+HOST_SECONDS = 30.0
 
 
 def main(args: Any) -> int:
-    pid = int(args.pid)
-    targets = [check(p) for p in workers(pid)]
+    where = across_hosts(args)
+    if where is not None:
+        results = on_hosts("detach", safe_job(args.job), *where, HOST_SECONDS)
+        relay_output("detach", [r for r in results if r.code == 0])
+        if host_failures("detach", results):
+            raise UserError(host_failures("detach", results))
+        return 0
+    targets = [check(p) for p in chosen(args)]
     failed = []
     for target in targets:
         answer = detach(target)

@@ -31,7 +31,7 @@ def remote_feed(args: Any, analysis: Analysis | None = None) -> Any:
         raise UserError("name the job to follow on those hosts (perfmon ls on a node lists them)")
     from tui.stream.remote import RelayFeed
     model = (analysis or Analysis()).model
-    via = args.via or os.environ.get("PERFMON_VIA") or (hosts.k8s_via(namespace) if k8s else hosts.DEFAULT_VIA)
+    via = hosts.transport(args.via, k8s, namespace)
     port = getattr(args, "relay_port", None)
     if port is None:
         return RelayFeed(model, args.target, found, via)

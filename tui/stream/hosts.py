@@ -14,6 +14,9 @@ import re
 import shlex
 import shutil
 import subprocess
+from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
 from pathlib import Path
 
 from tui.errors import UserError
@@ -21,6 +24,7 @@ from tui.errors import UserError
 DEFAULT_VIA = "ssh -T -o BatchMode=yes {host}"
 RELAY_ARGV = ("perfmon", "relay", "--stdio")
 MAX_HOSTS = 4096
+FAN_OUT = 64          # transports started at once by run_on_hosts
 
 _RANGE = re.compile(r"^(\d+)(?:-(\d+))?$")
 
@@ -150,13 +154,54 @@ def _run(argv: list[str]) -> str:
 def via_argv(template: str, host: str, job: str, relay: tuple[str, ...] = RELAY_ARGV) -> list[str]:
     """The command that runs the relay for ``job`` on ``host`` through the transport template
     (``relay``: how the far side runs perfmon; ``perfmon demo --nodes`` uses its own interpreter)."""
+    return transport_argv(template, host, [*relay, job])
+
+
+def transport_argv(template: str, host: str, command: Sequence[str]) -> list[str]:
+    """``command`` run on ``host`` through the transport template."""
     try:
         parts = shlex.split(template)
     except ValueError as exc:
         raise UserError(f"--via {template!r}: {exc}") from None
     if not parts:
         raise UserError("--via: empty transport template")
-    return [p.replace("{host}", host) for p in parts] + [*relay, job]
+    return [p.replace("{host}", host) for p in parts] + list(command)
+
+
+def transport(via: str | None, k8s: str | None = None, namespace: str | None = None) -> str:
+    """The transport template: ``--via``, else ``PERFMON_VIA``, else kubectl exec for pods, else ssh."""
+    return via or os.environ.get("PERFMON_VIA") or (k8s_via(namespace) if k8s else DEFAULT_VIA)
+
+
+@dataclass(frozen=True)
+class HostRun:
+    """What one command run on one host through the transport gave."""
+
+    host: str
+    code: int          # its exit status (the transport's own when it failed: ssh's 255)
+    out: str
+    err: str
+
+    def problem(self) -> str:
+        """Its last line on stderr, the one a perfmon command's refusal is."""
+        return (self.err.strip().splitlines() or [f"exit status {self.code}"])[-1]
+
+
+def run_on_hosts(hosts: Sequence[str], via: str, command: Sequence[str], timeout: float) -> list[HostRun]:
+    """``command`` on every host at once through the transport; each host's outcome, in ``hosts``
+    order. A host that does not answer within ``timeout`` is killed and reads exit status 124."""
+    def one(host: str) -> HostRun:
+        argv = transport_argv(via, host, command)
+        try:
+            done = subprocess.run(argv, capture_output=True, text=True, timeout=timeout, stdin=subprocess.DEVNULL)
+        except subprocess.TimeoutExpired:
+            return HostRun(host, 124, "", f"no answer within {timeout:g} s")
+        except OSError as exc:
+            return HostRun(host, 127, "", f"{argv[0]}: {exc.strerror or exc}")
+        return HostRun(host, done.returncode, done.stdout, done.stderr)
+
+    with ThreadPoolExecutor(max_workers=min(FAN_OUT, len(hosts)) or 1) as pool:
+        return list(pool.map(one, hosts))
 
 
 def choose_hosts(hosts: str | None, hostfile: str | None, slurm: str | bool | None,

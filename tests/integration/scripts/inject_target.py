@@ -1,8 +1,10 @@
 """A plain training script, started without perfmon, that ``perfmon inject`` enters while it runs.
 
 At each ``--pause-at`` step it prints ``{"pause": N, "pid": ...}`` and waits for a line on stdin,
-so a test can inject, report and detach at known steps. At the first pause it notes what a
-probe could leave behind (threads, file descriptors, torch's global hooks, the functions
+so a test can inject, report and detach at known steps. With ``--until-told`` it trains instead
+until a line arrives on stdin (read by a thread of its own, which is parked in the kernel meanwhile,
+as a training process's helper threads are), after printing ``{"ready": pid}`` at its first step.
+At the first pause (or that first step) it notes what a probe could leave behind (threads, file descriptors, torch's global hooks, the functions
 perfmon wraps, sys.path, sys.meta_path, warning filters, sys.modules, live objects of perfmon's classes); the last
 stdout line is JSON with the final loss (``repr``: bit-identical or not), ``residue``: what
 differs at the end from that baseline (empty when nothing of perfmon is left), and ``rss_kb``:
@@ -15,6 +17,7 @@ import json
 import os
 import sys
 import threading
+import time
 import warnings
 
 import torch
@@ -28,6 +31,9 @@ from torch.utils.data.dataloader import _BaseDataLoaderIter
 parser = argparse.ArgumentParser()
 parser.add_argument("--steps", type=int, default=400)
 parser.add_argument("--pause-at", default="", help="comma-separated steps to pause at")
+parser.add_argument("--until-told", action="store_true", help="train until a line arrives on stdin")
+parser.add_argument("--step-sleep", type=float, default=0.0, help="seconds of sleep in each step")
+parser.add_argument("--workers", type=int, default=0, help="DataLoader worker processes (persistent)")
 args = parser.parse_args()
 pauses = {int(x) for x in args.pause_at.split(",") if x}
 
@@ -36,7 +42,13 @@ torch.manual_seed(0)
 model = nn.Sequential(nn.Linear(32, 64), nn.ReLU(), nn.Linear(64, 1))
 opt = torch.optim.SGD(model.parameters(), lr=0.01)
 data = TensorDataset(torch.randn(64 * 16, 32), torch.randn(64 * 16, 1))
-loader = DataLoader(data, batch_size=16, shuffle=True)
+loader = DataLoader(data, batch_size=16, shuffle=True, num_workers=args.workers, persistent_workers=args.workers > 0)
+told = threading.Event()
+
+
+def listen() -> None:
+    sys.stdin.readline()
+    told.set()
 
 
 def state() -> dict:
@@ -45,12 +57,14 @@ def state() -> dict:
     fds = {}
     for fd in os.listdir("/proc/self/fd"):
         try:
-            fds[fd] = os.readlink(f"/proc/self/fd/{fd}")
+            link = os.readlink(f"/proc/self/fd/{fd}")
         except OSError:
-            pass
+            continue
+        if not link.startswith("/dev/shm/"):     # DataLoader workers' batches in flight
+            fds[fd] = link
     mod = torch.nn.modules.module
     return {
-        "threads": sorted(t.name for t in threading.enumerate()),
+        "threads": sorted(t.name for t in threading.enumerate() if t.name != "told"),
         "fds": fds,
         "global_hooks": [len(getattr(mod, n)) for n in dir(mod) if n.startswith("_global_") and n.endswith("hooks")]
         + [len(optim._global_optimizer_pre_hooks), len(optim._global_optimizer_post_hooks)],
@@ -81,7 +95,7 @@ baseline = None
 rss = None
 batches = iter(loader)
 step = 0
-while step < args.steps:
+while (not told.is_set()) if args.until_told else step < args.steps:
     try:
         x, y = next(batches)
     except StopIteration:
@@ -92,6 +106,13 @@ while step < args.steps:
     loss.backward()
     opt.step()
     step += 1
+    if args.step_sleep:
+        time.sleep(args.step_sleep)
+    if args.until_told and step == 1:
+        baseline = state()
+        rss = rss_kb()
+        threading.Thread(target=listen, name="told", daemon=True).start()
+        print(json.dumps({"ready": os.getpid()}), flush=True)
     if step in pauses:
         if baseline is None:
             baseline = state()

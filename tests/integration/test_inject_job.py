@@ -1,0 +1,149 @@
+"""``perfmon inject --job NAME`` / ``detach --job NAME``: a bare job found by its name on this node,
+and on every node of a job through the transport (``--hosts`` ... ``--via``).
+
+The "nodes" are PID namespaces on this machine (``unshare``): a command run "on" one through
+tests/integration/scripts/node_standin.py sees only that node's processes, so ``perfmon inject
+--job`` there finds and enters that node's rank only, as on a real node. The targets
+(tests/integration/scripts/inject_target.py ``--until-told``) train until told to stop, know
+nothing of perfmon, and check from inside at their end that nothing of perfmon is left in them.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tests.integration.streamutil import left_by_perfmon
+
+SCRIPTS = Path(__file__).parent / "scripts"
+PY = sys.executable
+TARGET = [PY, str(SCRIPTS / "inject_target.py"), "--until-told", "--step-sleep", "0.005"]
+JOB = "inject_target"
+
+pytest.importorskip("hypno")
+
+from tui.injector import why_no_rights  # noqa: E402  (after the skip: the module needs no hypno, the tests do)
+
+needs_ptrace = pytest.mark.skipif(why_no_rights() is not None, reason=f"no ptrace rights here: {why_no_rights()}")
+
+
+def _namespaces_work() -> bool:
+    try:
+        return subprocess.run(["unshare", "--pid", "--fork", "--mount-proc", "true"], capture_output=True,
+                              timeout=30).returncode == 0
+    except (OSError, subprocess.TimeoutExpired):
+        return False
+
+
+def perfmon(*args: str, env: dict | None = None) -> subprocess.CompletedProcess:
+    return subprocess.run([PY, "-m", "tui.cli", *args], capture_output=True, text=True, timeout=120, env=env)
+
+
+class Trainer:
+    """inject_target.py training until ``stop()``; ``prefix`` runs it inside something (a namespace)."""
+
+    def __init__(self, *args: str, prefix: tuple[str, ...] = (), env: dict | None = None) -> None:
+        self.proc = subprocess.Popen([*prefix, *TARGET, *args], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                     text=True, env=env)
+        self.pid = json.loads(self.proc.stdout.readline())["ready"]     # its PID as it sees itself
+
+    def stop(self) -> dict:
+        out, _ = self.proc.communicate("stop\n", timeout=60)
+        assert self.proc.returncode == 0
+        return json.loads(out.splitlines()[-1])
+
+
+@pytest.fixture
+def trainers():
+    started: list[Trainer] = []
+
+    def start(*args: str, **kwargs) -> Trainer:
+        started.append(Trainer(*args, **kwargs))
+        return started[-1]
+    yield start
+    for trainer in started:
+        trainer.proc.kill()
+        trainer.proc.wait()
+
+
+@needs_ptrace
+def test_a_job_name_finds_the_trainer_not_its_loader_workers_and_two_jobs_by_one_name_are_refused(trainers):
+    job = trainers("--workers", "2")          # its DataLoader workers run the same command line
+    other = trainers()                         # an unrelated run of the same script
+    refused = perfmon("inject", "--job", JOB)
+    assert refused.returncode == 2
+    assert refused.stderr == (f"perfmon inject: 2 jobs named {JOB} run on this node (processes "
+                              f"{min(job.pid, other.pid)}; {max(job.pid, other.pid)}): give the PID of one "
+                              "(or its torchrun launcher's)\n")
+    assert left_by_perfmon(other.stop()) == {}       # refused before any process was entered
+    inject = perfmon("inject", "--job", JOB, "--timeout", "30")
+    assert inject.returncode == 0, inject.stderr
+    assert [line.split(" (")[0] for line in inject.stdout.splitlines() if line.startswith("injected")] == [
+        f"injected {job.pid}: job {JOB} rank 0"]
+    report = perfmon("report", JOB, "--json", "--seconds", "1")
+    assert report.returncode == 0, report.stderr
+    assert [r["steps"] > 0 for r in json.loads(report.stdout)["ranks"]] == [True]
+    detach = perfmon("detach", "--job", JOB)
+    assert detach.returncode == 0, detach.stderr
+    assert detach.stdout == f"{job.pid}: detached\n"
+    assert left_by_perfmon(job.stop()) == {}
+
+
+@pytest.fixture
+def nodes(tmp_path, trainers):
+    """Two "nodes" n01 and n02, each a PID namespace running rank r of the bare job: the environment
+    and transport that reach them, and the ranks."""
+    if not _namespaces_work():
+        pytest.skip("unshare cannot make a PID namespace here (needs CAP_SYS_ADMIN)")
+    ranks = []
+    for rank, host in enumerate(("n01", "n02")):
+        home = tmp_path / host
+        home.mkdir(mode=0o700)
+        env = {**os.environ, "PERFMON_DIR": str(home), "RANK": str(rank), "WORLD_SIZE": "2"}
+        trainer = trainers(prefix=("unshare", "--pid", "--fork", "--mount-proc", "--kill-child"), env=env)
+        assert trainer.pid == 1                          # the namespace's first process
+        inside = Path(f"/proc/{trainer.proc.pid}/task/{trainer.proc.pid}/children").read_text().split()
+        (home / "pid").write_text(inside[0])             # as this machine sees it, for nsenter
+        ranks.append(trainer)
+    env = {**os.environ, "PATH": f"{Path(PY).parent}{os.pathsep}{os.environ['PATH']}"}   # `perfmon` on each node
+    env.pop("PERFMON_VIA", None)
+    via = f"{PY} {SCRIPTS / 'node_standin.py'} {tmp_path} {{host}}"
+    return env, via, ranks
+
+
+@needs_ptrace
+def test_one_inject_reaches_every_node_all_or_none_and_detach_leaves_nothing(nodes, trainers):
+    env, via, trained = nodes
+    everywhere = ("--hosts", "n[01-02]", "--via", via)
+    # a node that cannot be reached: the node already entered is undone, one line says so
+    half = perfmon("inject", "--job", JOB, "--hosts", "n01,down", "--via", via, "--timeout", "30", env=env)
+    assert half.returncode == 2
+    assert half.stderr == ("perfmon inject: down: ssh: connect to host down port 22: Connection refused; "
+                           "undone on n01\n")
+    assert half.stdout == ""
+    gone = perfmon("detach", "--job", JOB, "--hosts", "n01", "--via", via, env=env)
+    assert gone.returncode == 2
+    assert gone.stderr == "perfmon detach: n01: 1: no probe injected by perfmon in this process\n"
+
+    inject = perfmon("inject", "--job", JOB, *everywhere, "--timeout", "30", env=env)
+    assert inject.returncode == 0, inject.stderr
+    injected = sorted(line.split(" (")[0] for line in inject.stdout.splitlines() if ": injected" in line)
+    assert injected == [f"n01: injected 1: job {JOB} rank 0", f"n02: injected 1: job {JOB} rank 1"]
+    assert f"perfmon detach --job {JOB} --hosts n[01-02]" in inject.stdout
+
+    report = perfmon("report", JOB, *everywhere, "--json", "--seconds", "2", env=env)
+    assert report.returncode == 0, report.stderr
+    ranks = json.loads(report.stdout)["ranks"]
+    assert sorted((r["rank"], r["host"]) for r in ranks) == [(0, "n01"), (1, "n02")]
+    assert all(r["steps"] > 0 for r in ranks)
+
+    detach = perfmon("detach", "--job", JOB, *everywhere, env=env)
+    assert detach.returncode == 0, detach.stderr
+    assert sorted(detach.stdout.splitlines()) == ["n01: 1: detached", "n02: 1: detached"]
+    for trainer in trained:
+        assert left_by_perfmon(trainer.stop()) == {}
