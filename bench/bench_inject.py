@@ -31,6 +31,11 @@ def perfmon(*args: str) -> tuple[subprocess.CompletedProcess, float]:
     return out, time.perf_counter() - t0
 
 
+def _rss_kb(pid: int) -> int:
+    with open(f"/proc/{pid}/status") as f:
+        return int(next(line for line in f if line.startswith("VmRSS:")).split()[1])
+
+
 def main() -> int:
     parser = argparse.ArgumentParser()
     parser.add_argument("--cycles", type=int, default=20)
@@ -50,7 +55,7 @@ def main() -> int:
         job.stdin.write("go\n")
         job.stdin.flush()
 
-    seen, inject_s, detach_s, failures = [], [], [], []
+    seen, inject_s, detach_s, failures, rss_mib = [], [], [], [], []
     try:
         for cycle in range(args.cycles):
             pause()
@@ -72,6 +77,7 @@ def main() -> int:
             if detach.returncode != 0:
                 failures.append(f"cycle {cycle} detach: {detach.stderr.strip()}")
                 break
+            rss_mib.append(round(_rss_kb(job.pid) / 1024, 1))     # paused, just detached
             go()
         end = json.loads(job.communicate(timeout=120)[0].splitlines()[-1])
     finally:
@@ -88,7 +94,7 @@ def main() -> int:
     print(f"left in the target: {residue or 'nothing'} (threads, fds, hooks, functions, sys.path, meta_path)")
     print(f"modules added: {added}; perfmon objects alive: {sorted(set(objects))} x{len(objects)}")
     print(f"resident memory: {end['rss_kb'][0] / 1024:.1f} MiB before the first injection, "
-          f"{end['rss_kb'][1] / 1024:.1f} MiB at the end")
+          f"{end['rss_kb'][1] / 1024:.1f} MiB at the end; after each detach (MiB): {rss_mib}")
     return 0 if not failures and end["loss"] == bare_loss and not residue else 1
 
 

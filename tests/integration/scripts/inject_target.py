@@ -18,6 +18,7 @@ import os
 import sys
 import threading
 import time
+import types
 import warnings
 
 import torch
@@ -79,7 +80,31 @@ def state() -> dict:
         "modules": sorted(n for n in sys.modules if not n.startswith("torch")),
         "perfmon_objects": sorted(f"{type(o).__module__}.{type(o).__qualname__}" for o in gc.get_objects()
                                   if str(type(o).__module__).split(".")[0] == "probe"),
+        "perfmon_code": sorted(_code_name(o) for o in gc.get_objects() if _is_perfmon_code(o)),
     }
+
+
+PERFMON_PACKAGES = ("probe", "msgpack", "psutil", "tui", "perfmon_analysis")
+
+
+def _is_perfmon_code(obj: object) -> bool:
+    """A module, function or class of perfmon or of the packages its probe loads: kept alive, it
+    keeps a whole module's code and globals. (Exact type tests: no ``__class__`` lookups, which some
+    torch objects answer with a warning.)"""
+    kind = type(obj)
+    if kind is types.ModuleType:
+        name = obj.__name__
+    elif kind is types.FunctionType:
+        name = obj.__module__
+    elif issubclass(kind, type):
+        name = obj.__dict__.get("__module__")
+    else:
+        return False
+    return str(name).split(".")[0] in PERFMON_PACKAGES
+
+
+def _code_name(obj: object) -> str:
+    return f"{type(obj).__name__} {getattr(obj, '__module__', '')}.{getattr(obj, '__qualname__', obj.__name__)}"
 
 
 def pause(step: int) -> None:
