@@ -86,6 +86,7 @@ def main() -> int:
     modules = residue.pop("modules", None)
     added = sorted(set(modules["after"]) - set(modules["before"])) if modules else []
     objects = residue.pop("perfmon_objects", {"after": []})["after"]
+    code = residue.pop("perfmon_code", {"after": []})["after"]    # modules, functions, classes alive
     print(f"cycles: {len(seen)}, segment {args.segment} steps; failures: {failures or 'none'}")
     print(f"steps seen per cycle: {seen}")
     print(f"inject (to socket up) median {statistics.median(inject_s):.2f} s, max {max(inject_s):.2f} s; "
@@ -93,9 +94,10 @@ def main() -> int:
     print(f"final loss {end['loss']} vs bare {bare_loss}: {'bit-identical' if end['loss'] == bare_loss else 'DIFFERS'}")
     print(f"left in the target: {residue or 'nothing'} (threads, fds, hooks, functions, sys.path, meta_path)")
     print(f"modules added: {added}; perfmon objects alive: {sorted(set(objects))} x{len(objects)}")
+    print(f"perfmon's modules, functions and classes alive: {len(code)}: {sorted(set(code))}")
     print(f"resident memory: {end['rss_kb'][0] / 1024:.1f} MiB before the first injection, "
           f"{end['rss_kb'][1] / 1024:.1f} MiB at the end; after each detach (MiB): {rss_mib}")
-    return 0 if not failures and end["loss"] == bare_loss and not residue else 1
+    return 0 if not failures and end["loss"] == bare_loss and not residue and not objects else 1
 
 
 if __name__ == "__main__":

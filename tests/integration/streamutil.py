@@ -118,13 +118,23 @@ def fd_count() -> int:
     return len(os.listdir("/proc/self/fd"))
 
 
+# what CPython keeps of the compiled parts of the probe's dependencies: an extension module cannot be
+# unloaded, and msgpack's keeps the exception and ext classes it imported (the same few, however many cycles)
+KEPT_BY_EXTENSIONS = ("module .msgpack._cmsgpack", "module .psutil._psutil_linux", "msgpack.ext.",
+                      "msgpack.exceptions.")
+
+
 def left_by_perfmon(end: dict) -> dict:
     """What tests/integration/scripts/inject_target.py found left at its end that a probe could have
-    left: its ``residue`` (threads, fds, hooks, wrapped functions, sys.path, meta_path, perfmon objects),
-    modules only where they are perfmon's or its dependencies' (others a probe imports stay imported,
-    as after any import)."""
+    left: its ``residue`` (threads, fds, hooks, wrapped functions, sys.path, meta_path, perfmon objects,
+    perfmon's modules, functions and classes alive), less what CPython itself keeps of compiled
+    extensions (``KEPT_BY_EXTENSIONS``) and the modules a probe imports that are not perfmon's or its
+    dependencies' (they stay imported, as after any import)."""
     residue = dict(end["residue"])
     modules = residue.pop("modules", {"before": [], "after": []})
     ours = sorted(name for name in set(modules["after"]) - set(modules["before"])
                   if name.split(".")[0] in ("probe", "msgpack", "psutil", "tui", "perfmon_analysis"))
-    return {**residue, "modules": ours} if ours else residue
+    code = residue.pop("perfmon_code", {"before": [], "after": []})
+    alive = sorted(set(code["after"]) - set(code["before"]))
+    alive = [name for name in alive if not any(kept in name for kept in KEPT_BY_EXTENSIONS)]
+    return {**residue, **({"modules": ours} if ours else {}), **({"perfmon_code": alive} if alive else {})}

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -22,8 +23,7 @@ from tests.integration.streamutil import left_by_perfmon
 
 SCRIPTS = Path(__file__).parent / "scripts"
 PY = sys.executable
-TARGET = [PY, str(SCRIPTS / "inject_target.py"), "--until-told", "--step-sleep", "0.005"]
-JOB = "inject_target"
+TRAINING = ["--until-told", "--step-sleep", "0.005"]
 
 pytest.importorskip("hypno")
 
@@ -47,9 +47,9 @@ def perfmon(*args: str, env: dict | None = None) -> subprocess.CompletedProcess:
 class Trainer:
     """inject_target.py training until ``stop()``; ``prefix`` runs it inside something (a namespace)."""
 
-    def __init__(self, *args: str, prefix: tuple[str, ...] = (), env: dict | None = None) -> None:
-        self.proc = subprocess.Popen([*prefix, *TARGET, *args], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                                     text=True, env=env)
+    def __init__(self, script: Path, *args: str, prefix: tuple[str, ...] = (), env: dict | None = None) -> None:
+        self.proc = subprocess.Popen([*prefix, PY, str(script), *TRAINING, *args], stdin=subprocess.PIPE,
+                                     stdout=subprocess.PIPE, text=True, env=env)
         self.pid = json.loads(self.proc.stdout.readline())["ready"]     # its PID as it sees itself
 
     def stop(self) -> dict:
@@ -59,11 +59,19 @@ class Trainer:
 
 
 @pytest.fixture
-def trainers():
+def job_name(tmp_path) -> str:
+    """A job name no other process on the machine runs: inject_target.py copied under that name."""
+    name = f"job{os.getpid()}x{tmp_path.name.rsplit('_', 1)[-1]}"
+    shutil.copy(SCRIPTS / "inject_target.py", tmp_path / f"{name}.py")
+    return name
+
+
+@pytest.fixture
+def trainers(tmp_path, job_name):
     started: list[Trainer] = []
 
     def start(*args: str, **kwargs) -> Trainer:
-        started.append(Trainer(*args, **kwargs))
+        started.append(Trainer(tmp_path / f"{job_name}.py", *args, **kwargs))
         return started[-1]
     yield start
     for trainer in started:
@@ -72,26 +80,26 @@ def trainers():
 
 
 @needs_ptrace
-def test_a_job_name_finds_the_trainer_not_its_loader_workers_and_two_jobs_by_one_name_are_refused(trainers):
-    job = trainers("--workers", "2")          # its DataLoader workers run the same command line
+def test_a_job_name_finds_the_trainer_not_its_loader_workers_and_two_jobs_by_one_name_are_refused(trainers, job_name):
+    trainer = trainers("--workers", "2")          # its DataLoader workers run the same command line
     other = trainers()                         # an unrelated run of the same script
-    refused = perfmon("inject", "--job", JOB)
+    refused = perfmon("inject", "--job", job_name)
     assert refused.returncode == 2
-    assert refused.stderr == (f"perfmon inject: 2 jobs named {JOB} run on this node (processes "
-                              f"{min(job.pid, other.pid)}; {max(job.pid, other.pid)}): give the PID of one "
+    assert refused.stderr == (f"perfmon inject: 2 jobs named {job_name} run on this node (processes "
+                              f"{min(trainer.pid, other.pid)}; {max(trainer.pid, other.pid)}): give the PID of one "
                               "(or its torchrun launcher's)\n")
     assert left_by_perfmon(other.stop()) == {}       # refused before any process was entered
-    inject = perfmon("inject", "--job", JOB, "--timeout", "30")
+    inject = perfmon("inject", "--job", job_name, "--timeout", "30")
     assert inject.returncode == 0, inject.stderr
     assert [line.split(" (")[0] for line in inject.stdout.splitlines() if line.startswith("injected")] == [
-        f"injected {job.pid}: job {JOB} rank 0"]
-    report = perfmon("report", JOB, "--json", "--seconds", "1")
+        f"injected {trainer.pid}: job {job_name} rank 0"]
+    report = perfmon("report", job_name, "--json", "--seconds", "1")
     assert report.returncode == 0, report.stderr
     assert [r["steps"] > 0 for r in json.loads(report.stdout)["ranks"]] == [True]
-    detach = perfmon("detach", "--job", JOB)
+    detach = perfmon("detach", "--job", job_name)
     assert detach.returncode == 0, detach.stderr
-    assert detach.stdout == f"{job.pid}: detached\n"
-    assert left_by_perfmon(job.stop()) == {}
+    assert detach.stdout == f"{trainer.pid}: detached\n"
+    assert left_by_perfmon(trainer.stop()) == {}
 
 
 @pytest.fixture
@@ -117,32 +125,32 @@ def nodes(tmp_path, trainers):
 
 
 @needs_ptrace
-def test_one_inject_reaches_every_node_all_or_none_and_detach_leaves_nothing(nodes, trainers):
+def test_one_inject_reaches_every_node_all_or_none_and_detach_leaves_nothing(nodes, job_name):
     env, via, trained = nodes
     everywhere = ("--hosts", "n[01-02]", "--via", via)
     # a node that cannot be reached: the node already entered is undone, one line says so
-    half = perfmon("inject", "--job", JOB, "--hosts", "n01,down", "--via", via, "--timeout", "30", env=env)
+    half = perfmon("inject", "--job", job_name, "--hosts", "n01,down", "--via", via, "--timeout", "30", env=env)
     assert half.returncode == 2
     assert half.stderr == ("perfmon inject: down: ssh: connect to host down port 22: Connection refused; "
                            "undone on n01\n")
     assert half.stdout == ""
-    gone = perfmon("detach", "--job", JOB, "--hosts", "n01", "--via", via, env=env)
+    gone = perfmon("detach", "--job", job_name, "--hosts", "n01", "--via", via, env=env)
     assert gone.returncode == 2
     assert gone.stderr == "perfmon detach: n01: 1: no probe injected by perfmon in this process\n"
 
-    inject = perfmon("inject", "--job", JOB, *everywhere, "--timeout", "30", env=env)
+    inject = perfmon("inject", "--job", job_name, *everywhere, "--timeout", "30", env=env)
     assert inject.returncode == 0, inject.stderr
     injected = sorted(line.split(" (")[0] for line in inject.stdout.splitlines() if ": injected" in line)
-    assert injected == [f"n01: injected 1: job {JOB} rank 0", f"n02: injected 1: job {JOB} rank 1"]
-    assert f"perfmon detach --job {JOB} --hosts n[01-02]" in inject.stdout
+    assert injected == [f"n01: injected 1: job {job_name} rank 0", f"n02: injected 1: job {job_name} rank 1"]
+    assert f"perfmon detach --job {job_name} --hosts n[01-02]" in inject.stdout
 
-    report = perfmon("report", JOB, *everywhere, "--json", "--seconds", "2", env=env)
+    report = perfmon("report", job_name, *everywhere, "--json", "--seconds", "2", env=env)
     assert report.returncode == 0, report.stderr
     ranks = json.loads(report.stdout)["ranks"]
     assert sorted((r["rank"], r["host"]) for r in ranks) == [(0, "n01"), (1, "n02")]
     assert all(r["steps"] > 0 for r in ranks)
 
-    detach = perfmon("detach", "--job", JOB, *everywhere, env=env)
+    detach = perfmon("detach", "--job", job_name, *everywhere, env=env)
     assert detach.returncode == 0, detach.stderr
     assert sorted(detach.stdout.splitlines()) == ["n01: 1: detached", "n02: 1: detached"]
     for trainer in trained:
