@@ -29,7 +29,8 @@ import threading
 import time
 from typing import Any
 
-DEPENDENCIES = ("msgpack", "psutil")   # third-party packages the probe imports, loaded from perfmon's installation
+DEPENDENCIES = ("msgpack", "psutil", "pynvml")   # third-party modules the probe imports, from perfmon's installation
+STAYS_IMPORTED = ("pynvml",)                      # left loaded by detach (``_remove_modules``)
 THREAD_PREFIX = "perfmon-"
 JOIN_SECONDS = 3.0
 
@@ -73,7 +74,7 @@ def _boot(args):
                 __import__(name)
         except BaseException as exc:
             for name in set(sys.modules) - before:
-                if name.split(".")[0] in ("probe", "msgpack", "psutil"):
+                if name.split(".")[0] in ("probe", "msgpack", "psutil", "pynvml"):
                     del sys.modules[name]
             answer(ok=False, message=f"perfmon's probe cannot load here: {exc!r}")
             return
@@ -131,11 +132,13 @@ def detach() -> dict[str, Any]:
     global _installed
     left: list[str] = []
     steps = None
+    gpu = None
     try:
         from probe import auto, fetches, forks, hooks, tracing
         from probe.comm import collectives
         mon = auto._auto.probe if auto._auto is not None else None
         steps = mon.steps if mon is not None else 0
+        gpu = mon.attached.gpu if mon is not None else None     # close() lets go of it
         left += auto.uninstall()
         fetches.uninstall()
         collectives.uninstall()
@@ -145,6 +148,8 @@ def detach() -> dict[str, Any]:
     except BaseException as exc:
         left.append(f"removal failed: {exc!r}")
     left += _join_threads()
+    if gpu is not None:          # after the sampler thread is gone
+        gpu.nvml.shutdown()
     _installed = False
     _remove_modules()
     message = "detached" if not left else "detached, except: " + "; ".join(left)
@@ -192,8 +197,10 @@ def _join_threads() -> list[str]:
 
 
 def _remove_modules() -> None:
-    """Forget the modules the injection loaded (the probe's and its dependencies'), not the target's."""
-    ours = ("probe",) + DEPENDENCIES
+    """Forget the modules the injection loaded (the probe's and its dependencies'), not the target's.
+    pynvml stays imported: ctypes caches the pointer and array types of its structures for the life
+    of the process, so each unload would leave its classes behind and each injection add a copy."""
+    ours = tuple(name for name in ("probe",) + DEPENDENCIES if name not in STAYS_IMPORTED)
     for name in list(sys.modules):
         if name.split(".")[0] in ours and name not in _before:
             sys.modules.pop(name, None)

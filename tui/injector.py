@@ -271,9 +271,10 @@ def _paths() -> list[str]:
     found = [str(Path(target_side.__file__).resolve().parents[1])]
     for name in target_side.DEPENDENCIES:
         spec = importlib.util.find_spec(name)
-        if spec is None or not spec.submodule_search_locations:
+        if spec is None or not (spec.submodule_search_locations or spec.origin):
             raise UserError(f"perfmon's installation lacks {name}; reinstall perfmon")
-        root = str(Path(next(iter(spec.submodule_search_locations))).resolve().parent)
+        where = next(iter(spec.submodule_search_locations)) if spec.submodule_search_locations else spec.origin
+        root = str(Path(where).resolve().parent)     # a package's directory or a module file: its parent
         if root not in found:
             found.append(root)
     return found

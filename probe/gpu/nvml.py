@@ -166,6 +166,18 @@ class Nvml:
         driver = self._plain("nvmlSystemGetDriverVersion")
         self.driver = _text(driver) if driver is not None else None
 
+    def shutdown(self) -> None:
+        """Undo this session's ``nvmlInit`` (NVML counts them), for a probe taken out of a process
+        that goes on (``perfmon detach``); the session reads nothing afterwards."""
+        nv, self.nv = self.nv, None
+        if nv is not None:
+            self.status = "NVML shut down"
+            try:
+                nv.nvmlShutdown()
+            except Exception as exc:
+                self.errors += 1
+                self.status = f"NVML shut down ({_error_text(exc)})"
+
     # -- the wrapper ------------------------------------------------------------------------
     def _plain(self, name: str, *args: Any) -> Any:
         """Device-less call: value or None."""

@@ -122,19 +122,21 @@ def fd_count() -> int:
 # unloaded, and msgpack's keeps the exception and ext classes it imported (the same few, however many cycles)
 KEPT_BY_EXTENSIONS = ("module .msgpack._cmsgpack", "module .psutil._psutil_linux", "msgpack.ext.",
                       "msgpack.exceptions.")
+STAYS_IMPORTED = ("pynvml",)      # probe.inject.STAYS_IMPORTED: ctypes would keep its classes anyway
 
 
 def left_by_perfmon(end: dict) -> dict:
     """What tests/integration/scripts/inject_target.py found left at its end that a probe could have
     left: its ``residue`` (threads, fds, hooks, wrapped functions, sys.path, meta_path, perfmon objects,
     perfmon's modules, functions and classes alive), less what CPython itself keeps of compiled
-    extensions (``KEPT_BY_EXTENSIONS``) and the modules a probe imports that are not perfmon's or its
-    dependencies' (they stay imported, as after any import)."""
+    extensions (``KEPT_BY_EXTENSIONS``), pynvml (left imported on purpose), and the modules a probe
+    imports that are not perfmon's or its dependencies' (they stay imported, as after any import)."""
     residue = dict(end["residue"])
     modules = residue.pop("modules", {"before": [], "after": []})
     ours = sorted(name for name in set(modules["after"]) - set(modules["before"])
                   if name.split(".")[0] in ("probe", "msgpack", "psutil", "tui", "perfmon_analysis"))
     code = residue.pop("perfmon_code", {"before": [], "after": []})
     alive = sorted(set(code["after"]) - set(code["before"]))
-    alive = [name for name in alive if not any(kept in name for kept in KEPT_BY_EXTENSIONS)]
+    alive = [name for name in alive if not any(kept in name for kept in KEPT_BY_EXTENSIONS)
+             and name.split()[-1].lstrip(".").split(".")[0] not in STAYS_IMPORTED]
     return {**residue, **({"modules": ours} if ours else {}), **({"perfmon_code": alive} if alive else {})}

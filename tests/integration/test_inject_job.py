@@ -47,10 +47,12 @@ def perfmon(*args: str, env: dict | None = None) -> subprocess.CompletedProcess:
 class Trainer:
     """inject_target.py training until ``stop()``; ``prefix`` runs it inside something (a namespace)."""
 
-    def __init__(self, script: Path, *args: str, prefix: tuple[str, ...] = (), env: dict | None = None) -> None:
-        self.proc = subprocess.Popen([*prefix, PY, str(script), *TRAINING, *args], stdin=subprocess.PIPE,
+    def __init__(self, script: Path, *args: str, prefix: tuple[str, ...] = (), flags: tuple[str, ...] = (),
+                 env: dict | None = None) -> None:
+        self.proc = subprocess.Popen([*prefix, PY, *flags, str(script), *TRAINING, *args], stdin=subprocess.PIPE,
                                      stdout=subprocess.PIPE, text=True, env=env)
-        self.pid = json.loads(self.proc.stdout.readline())["ready"]     # its PID as it sees itself
+        self.ready = json.loads(self.proc.stdout.readline())
+        self.pid = self.ready["ready"]          # its PID as it sees itself
 
     def stop(self) -> dict:
         out, _ = self.proc.communicate("stop\n", timeout=60)
@@ -100,6 +102,40 @@ def test_a_job_name_finds_the_trainer_not_its_loader_workers_and_two_jobs_by_one
     assert detach.returncode == 0, detach.stderr
     assert detach.stdout == f"{trainer.pid}: detached\n"
     assert left_by_perfmon(trainer.stop()) == {}
+
+
+@pytest.fixture
+def bare_environment(tmp_path) -> dict:
+    """The environment of a job that has torch and nothing of perfmon's: this one's site-packages
+    less perfmon, hypno and the modules perfmon's probe imports (links in a directory of their own,
+    on PYTHONPATH of a ``python -S``, which reads no site-packages or .pth file)."""
+    import torch
+    site = Path(torch.__file__).resolve().parents[1]
+    bare = tmp_path / "site-packages"
+    bare.mkdir()
+    left_out = ("probe", "tui", "perfmon", "msgpack", "psutil", "pynvml", "nvidia_ml_py", "hypno", "pyinjector",
+                "__editable__")
+    for entry in site.iterdir():
+        if not entry.name.lower().startswith(left_out) and entry.suffix != ".pth":
+            (bare / entry.name).symlink_to(entry)
+    return {**os.environ, "PYTHONPATH": str(bare)}
+
+
+@needs_ptrace
+def test_a_job_without_perfmon_in_its_environment_gets_the_probe_and_its_dependencies_from_perfmons(
+        bare_environment, trainers, job_name):
+    trainer = trainers(flags=("-S",), env=bare_environment)
+    assert trainer.ready["importable"] == []
+    inject = perfmon("inject", str(trainer.pid), "--timeout", "30")
+    assert inject.returncode == 0, inject.stderr
+    report = perfmon("report", str(trainer.pid), "--json", "--seconds", "1")
+    assert report.returncode == 0, report.stderr
+    assert json.loads(report.stdout)["ranks"][0]["steps"] > 0
+    assert perfmon("detach", str(trainer.pid)).returncode == 0
+    end = trainer.stop()
+    assert left_by_perfmon(end) == {}
+    modules = end["residue"]["modules"]
+    assert set(modules["after"]) - set(modules["before"]) >= {"pynvml"}     # NVML's came with the probe, and stays
 
 
 @pytest.fixture

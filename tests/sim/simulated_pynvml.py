@@ -22,6 +22,7 @@ NVML_ERROR_DRIVER_NOT_LOADED = 9
 NVML_ERROR_LIBRARY_NOT_FOUND = 12
 NVML_ERROR_FUNCTION_NOT_FOUND = 13
 NVML_ERROR_GPU_IS_LOST = 15
+NVML_ERROR_UNINITIALIZED = 1
 NVML_ERROR_UNKNOWN = 999
 
 
@@ -105,7 +106,7 @@ def build(devices: list[SimulatedGpu] | None = None, *, init_error: int | None =
     nv = types.ModuleType("pynvml")
     nv.__doc__ = "SIMULATED NVML (tests/sim/simulated_pynvml.py)"
     devs = list(devices or [])
-    state = {"init": False}
+    state = {"init": 0}      # NVML counts nvmlInit calls; each nvmlShutdown undoes one
 
     for name, value in globals().items():
         if name.startswith("NVML_") or name.startswith("NVMLError"):
@@ -137,7 +138,12 @@ def build(devices: list[SimulatedGpu] | None = None, *, init_error: int | None =
             raise NVMLError_LibraryNotFound()
         if init_error is not None:
             raise NVMLError(init_error)
-        state["init"] = True
+        state["init"] += 1
+
+    def nvmlShutdown() -> None:
+        if state["init"] == 0:
+            raise NVMLError(NVML_ERROR_UNINITIALIZED)
+        state["init"] -= 1
 
     def nvmlDeviceGetCount() -> int:
         return len(devs)
@@ -149,6 +155,8 @@ def build(devices: list[SimulatedGpu] | None = None, *, init_error: int | None =
         return driver
 
     nv.nvmlInit = nvmlInit
+    nv.nvmlShutdown = nvmlShutdown
+    nv.initialized = lambda: state["init"]
     nv.nvmlDeviceGetCount = nvmlDeviceGetCount
     nv.nvmlDeviceGetHandleByIndex = nvmlDeviceGetHandleByIndex
     nv.nvmlSystemGetDriverVersion = nvmlSystemGetDriverVersion

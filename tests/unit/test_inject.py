@@ -65,7 +65,8 @@ def test_the_probe_loads_from_perfmons_installation_with_its_dependencies():
     paths = injector._paths()
     assert os.path.isdir(os.path.join(paths[0], "probe"))
     for name in target_side.DEPENDENCIES:
-        assert any(os.path.isdir(os.path.join(p, name)) for p in paths), name
+        assert any(os.path.isdir(os.path.join(p, name)) or os.path.isfile(os.path.join(p, f"{name}.py"))
+                   for p in paths), name
 
 
 def test_the_injected_code_answers_through_its_file_and_binds_nothing(tmp_path):

@@ -24,7 +24,7 @@ from probe.recording import read_recording
 from probe.sampler import Sampler
 from tests.sim.simulated_cuda import memory_stats
 from tests.sim.simulated_pynvml import (NVML_ERROR_FUNCTION_NOT_FOUND, NVML_ERROR_GPU_IS_LOST,
-                                        NVML_ERROR_NOT_SUPPORTED, NVML_ERROR_UNKNOWN, SimulatedGpu)
+                                        NVML_ERROR_NOT_SUPPORTED, NVML_ERROR_UNKNOWN, SimulatedGpu, build)
 
 BASE_FIELDS = ("index", "name", "util", "mem_used", "mem_total", "power_w", "power_limit_w", "energy_mj", "sm_clock",
                "sm_clock_max", "temp_c", "throttle", "pcie_tx", "pcie_rx", "nvlink_tx", "nvlink_rx")
@@ -356,3 +356,15 @@ def _memory_written(mon) -> bool:
 def _line_of(text: str) -> int:
     source = Path(__file__).read_text().splitlines()
     return next(i + 1 for i, line in enumerate(source) if line.rstrip().endswith(text) or f"{text}:" in line)
+
+
+def test_shutdown_undoes_the_sessions_init_once_and_reads_nothing_after():
+    """``perfmon detach`` leaves NVML initialized as many times as it found it (NVML counts inits)."""
+    nv = build([SimulatedGpu()])
+    nv.nvmlInit()                       # the job's own NVML use, before perfmon came
+    nvml = Nvml(nv)
+    assert nv.initialized() == 2 and nvml.status is None
+    nvml.shutdown()
+    nvml.shutdown()                     # a second call does nothing: one init, one shutdown
+    assert nv.initialized() == 1
+    assert nvml.nv is None and nvml.status == "NVML shut down"

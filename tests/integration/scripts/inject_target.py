@@ -3,7 +3,8 @@
 At each ``--pause-at`` step it prints ``{"pause": N, "pid": ...}`` and waits for a line on stdin,
 so a test can inject, report and detach at known steps. With ``--until-told`` it trains instead
 until a line arrives on stdin (read by a thread of its own, which is parked in the kernel meanwhile,
-as a training process's helper threads are), after printing ``{"ready": pid}`` at its first step.
+as a training process's helper threads are), after printing ``{"ready": pid, "importable": [...]}``
+(which of perfmon's packages and its dependencies its environment has) at its first step.
 At the first pause (or that first step) it notes what a probe could leave behind (threads, file descriptors, torch's global hooks, the functions
 perfmon wraps, sys.path, sys.meta_path, warning filters, sys.modules, live objects of perfmon's classes); the last
 stdout line is JSON with the final loss (``repr``: bit-identical or not), ``residue``: what
@@ -13,6 +14,7 @@ resident memory at the first pause and at the end.
 
 import argparse
 import gc
+import importlib.util
 import json
 import os
 import sys
@@ -84,7 +86,7 @@ def state() -> dict:
     }
 
 
-PERFMON_PACKAGES = ("probe", "msgpack", "psutil", "tui", "perfmon_analysis")
+PERFMON_PACKAGES = ("probe", "msgpack", "psutil", "pynvml", "tui", "perfmon_analysis")
 
 
 def _is_perfmon_code(obj: object) -> bool:
@@ -137,7 +139,8 @@ while (not told.is_set()) if args.until_told else step < args.steps:
         baseline = state()
         rss = rss_kb()
         threading.Thread(target=listen, name="told", daemon=True).start()
-        print(json.dumps({"ready": os.getpid()}), flush=True)
+        print(json.dumps({"ready": os.getpid(), "importable": sorted(
+            name for name in PERFMON_PACKAGES if importlib.util.find_spec(name))}), flush=True)
     if step in pauses:
         if baseline is None:
             baseline = state()
