@@ -64,7 +64,7 @@ class RankState:
     __slots__ = ("rank", "stream", "hello", "info", "generation", "steps", "samples", "cpu", "memory", "comm",
                  "events", "drops", "ended", "version", "first_start", "last_end", "inside", "gap_total", "unseen",
                  "parser", "loader_seen", "last_t", "recv_clock", "stall", "profile", "capture",
-                 "summary_steps", "totals_through", "device", "where", "_cache")
+                 "summary_steps", "totals_through", "device", "where", "unmeasured", "_cache")
 
     def __init__(self, rank: int, stream: str, hello: dict[str, Any], generation: int) -> None:
         self.rank = rank
@@ -99,6 +99,7 @@ class RankState:
         # the job's device now (probe.gpu.job): the hello's until a sample says otherwise
         self.device: DeviceReading = self.info.device
         self.where: Deque[WhereInterval] = collections.deque(maxlen=WHERE_BUFFER)   # in-step stack samples
+        self.unmeasured: dict[str, str] = {}   # quantity -> why the probe cannot measure it (its warning)
         self._cache: tuple[int, Any] | None = None
 
     def set_hello(self, hello: dict[str, Any]) -> None:

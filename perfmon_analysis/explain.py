@@ -301,13 +301,32 @@ _BUSY_FIXES = {
 }
 
 
+_COMM_FIXES = [
+    "time it: run the job under `perfmon run` (zero-code mode times DDP's gradient all-reduce) or call "
+    "mon.watch(model=ddp_model) in the script",
+    "without a restart: `perfmon capture JOB --steps 3` records a torch.profiler trace of each rank, whose "
+    "collectives show how long each step waits in them",
+    "the ranks pane's compute times show whether one rank is slower and the others wait for it",
+]
+
+
 def explain_not_measured(v: JobView, straggler: int | None, losses: Losses, answers: Answers) -> Explained:
-    """The starved question could not be asked: busy is unknown and no measured loss is large.
-    Says what is missing and what the measured numbers still say; never a healthy verdict."""
+    """A question the walk could not pass: the device's busy share is unknown and no measured loss
+    is large, or communication of a job of several ranks is not timed while much of each step has
+    no measured cause. Says what is missing and what the measured numbers still say; never a
+    healthy verdict."""
     m = v.metrics
     known = [x for x in losses if x.id != "step_gaps" and x.share is not None]
     said = ", ".join(f"{x.label} {_pct(x.share)}" for x in known) or "no loss measured"
     mfu = f"; MFU {_pct(m.mfu)}" if m.mfu is not None else ""
+    comm = answers.get("comm_exposed")
+    if comm is not None and comm.otherwise == "not_measured" and answers["device_busy"].asked:
+        idle = by_id(losses)["device_idle"]
+        ranks = max(v.world_size, len(v.ranks))
+        headline = (f"Not measured: communication is not timed in this {ranks}-rank job ({comm.reason}), and "
+                    f"{idle.label} is {_pct(idle.share)} of each step, which may be waiting in collectives; "
+                    f"measured: {said}, {_step(m)} steps{mfu}")
+        return headline, list(_COMM_FIXES), {}
     why = v.device_status or "no utilization samples for this job's GPU"
     headline = (f"Not measured: {v.device_type.upper()} busy is unknown ({why}), so whether the device is "
                 f"starved cannot be told; measured: {said}, {_step(m)} steps{mfu}")

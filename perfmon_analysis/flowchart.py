@@ -102,7 +102,9 @@ class Answer:
     against; ``measure``: what ``value`` is, where the question measures it more than one way;
     ``decided_by``: the test that decided, where it was not ``value`` against ``threshold``
     alone (a larger loss, an OOM, a late rank), so a pane never shows a bare comparison
-    that the answer contradicts.
+    that the answer contradicts. ``otherwise``: where the walk goes when the question could not
+    be asked, if not ``UNMEASURED``'s exit (an unmeasured cause that the rest of the walk would
+    blame on something else).
     """
 
     node: Node
@@ -113,6 +115,7 @@ class Answer:
     applies: bool = True
     measure: str = ""
     decided_by: str = ""
+    otherwise: str | None = None
 
     @property
     def asked(self) -> bool:

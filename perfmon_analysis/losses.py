@@ -43,14 +43,17 @@ class Loss:
                 key: self.source}
 
 
-def account(m: Metrics, device_type: str) -> tuple[Loss, ...]:
-    """The window's losses: data wait, exposed communication, device idle, gaps between steps."""
+def account(m: Metrics, device_type: str, comm_status: str | None = None) -> tuple[Loss, ...]:
+    """The window's losses: data wait, exposed communication, device idle, gaps between steps.
+    ``comm_status``: the probe's reason why communication is not timed (``JobView.comm_status``)."""
     data = Loss("data_wait", "data wait", m.data_wait_frac,
                 "time blocked waiting for the next batch" if m.data_wait_frac is not None
                 else "no batch fetch timed (mon.loader(...), a DataLoader under perfmon run or a trainer "
                      "callback) or no step timing yet")
     if m.comm_exposed_frac is not None:
         how = "estimated from collective times" if m.comm_estimated else "time blocked in collectives"
+        if comm_status is not None:
+            how += f", not all of them: {comm_status}"
         comm = Loss("comm_exposed", "exposed communication", m.comm_exposed_frac, how)
     elif m.comm_frac is not None:
         comm = Loss("comm_exposed", "exposed communication", None,
@@ -58,7 +61,7 @@ def account(m: Metrics, device_type: str) -> tuple[Loss, ...]:
                     "(NCCL: PERFMON_NCCL_TIMING=1)")
     else:
         comm = Loss("comm_exposed", "exposed communication", None,
-                    "collectives not instrumented (mon.watch(model=ddp_model))")
+                    comm_status or "collectives not instrumented (mon.watch(model=ddp_model))")
     return data, comm, _device_idle(m, device_type, data), \
         Loss("step_gaps", "between steps", m.gap_frac,
              "wall time between the end of one step and the start of the next" if m.gap_frac is not None

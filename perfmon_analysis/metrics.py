@@ -119,7 +119,7 @@ def rounded(x: Any) -> Any:
 
 def _idle(view: "JobView") -> float | None:
     """The device-idle loss of the view's accounting, the share the verdict judges."""
-    return by_id(account(view.metrics, view.device_type))["device_idle"].share
+    return by_id(account(view.metrics, view.device_type, view.comm_status))["device_idle"].share
 
 
 _RP = Surface.REPORT | Surface.PROMETHEUS

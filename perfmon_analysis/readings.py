@@ -182,12 +182,16 @@ class EventReading:
     name: str
     seconds: float | None
     record: dict[str, Any]
+    unmeasured: str | None = None    # the quantity a warning says the probe cannot measure ("comm")
+    message: str = ""
 
 
 def event_reading(rec: dict[str, Any]) -> EventReading:
-    name = rec.get("name")
+    name, unmeasured, message = rec.get("name"), rec.get("unmeasured"), rec.get("message")
     return EventReading(t=num(rec.get("t")), name=name if isinstance(name, str) else "",
-                        seconds=num(rec.get("seconds")), record=rec)
+                        seconds=num(rec.get("seconds")), record=rec,
+                        unmeasured=unmeasured if isinstance(unmeasured, str) else None,
+                        message=message if isinstance(message, str) else "")
 
 
 def _frac(value: Any) -> float | None:

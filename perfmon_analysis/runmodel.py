@@ -144,6 +144,8 @@ class RunModel:
         elif kind == "event":
             event = event_reading(record)
             state.events.append(event)
+            if event.unmeasured is not None:
+                state.unmeasured[event.unmeasured] = event.message
             if event.name == "first_batch":
                 state.loader_seen = True
             state.parser.event(event)
@@ -252,6 +254,7 @@ class RunModel:
                           for s in states),
             hosts={s.rank: self._hosts[s] for s in states if s in self._hosts},
             device_status=_device_status(states),
+            comm_status=next((s.unmeasured["comm"] for s in states if "comm" in s.unmeasured), None),
             started=min((s.info.t for s in states if s.info.t is not None), default=None),
             events=events[-EVENT_BUFFER:],
             straggler_rank=straggler,

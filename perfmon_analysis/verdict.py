@@ -135,8 +135,8 @@ def _judged(node: Node, value: float | None, fired: bool, reason: str = "", meas
                   reason, measure=measure, decided_by=decided_by)
 
 
-def _unasked(node: Node, reason: str, applies: bool = True, measure: str = "") -> Answer:
-    return Answer(node, None, None, node.threshold, reason, applies, measure)
+def _unasked(node: Node, reason: str, applies: bool = True, measure: str = "", otherwise: str | None = None) -> Answer:
+    return Answer(node, None, None, node.threshold, reason, applies, measure, otherwise=otherwise)
 
 
 _pct = units.pct
@@ -216,12 +216,23 @@ def _ask_loader_cpu(v: JobView, node: Node, losses: tuple[Loss, ...]) -> Answer:
 
 
 def _ask_comm_exposed(v: JobView, node: Node, losses: tuple[Loss, ...]) -> Answer:
+    """Untimed in a job of several ranks (not at all, or DDP's own traffic while the script's other
+    collectives are timed: ``comm_status``), communication cannot be ruled out as the time nothing
+    measured explains when that time is the larger: the walk then stops at ``not_measured`` rather
+    than blame it on the host (the outcomes after this question all claim it)."""
     c = by_id(losses)["comm_exposed"]
+    idle = by_id(losses)["device_idle"]
+    several = v.world_size > 1 or len(v.ranks) > 1
+    unexplained = idle.share is not None and idle.share >= LOSS_MIN and idle.share > (c.share or 0.0)
     if c.share is None:
         if v.metrics.comm_frac is not None:
             return _unasked(node, f"communication takes {_pct(v.metrics.comm_frac)} of the step but its "
                                   "exposed part is not measured (NCCL: PERFMON_NCCL_TIMING=1)")
-        return _unasked(node, "collectives not measured (mon.watch(model=ddp_model) measures them)")
+        reason = v.comm_status or "collectives not measured (mon.watch(model=ddp_model) measures them)"
+        return _unasked(node, reason, otherwise="not_measured" if several and unexplained else None)
+    if v.comm_status is not None and several and unexplained:
+        return _unasked(node, f"{v.comm_status} (the {_pct(c.share)} timed is the other collectives)",
+                        otherwise="not_measured")
     return _ask_largest(node, c, losses, "estimated" if v.metrics.comm_estimated else "")
 
 
@@ -297,7 +308,7 @@ def walk(view: JobView, losses: tuple[Loss, ...] | None = None,
     the walk goes on with what is known; when it was the outcome's own question
     (``DECIDES_BETWEEN``), ``evidence["undecided"]`` says what is left open.
     """
-    losses = account(view.metrics, view.device_type) if losses is None else losses
+    losses = account(view.metrics, view.device_type, view.comm_status) if losses is None else losses
     answers = ask(view, losses) if answers is None else answers
     path: list[str] = []
     evidence: dict[str, Any] = {}
@@ -315,7 +326,7 @@ def walk(view: JobView, losses: tuple[Loss, ...] | None = None,
             else:                         # not measured: never one of the question's exits
                 if node_id in DECIDES_BETWEEN:
                     undecided[node_id] = ans.reason
-                node_id = UNMEASURED[node_id]
+                node_id = ans.otherwise or UNMEASURED[node_id]
         else:
             evidence[node.quantity] = _round(ans.value)
             if ans.reason:
@@ -333,7 +344,7 @@ def walk(view: JobView, losses: tuple[Loss, ...] | None = None,
 def evaluate(view: JobView) -> Verdict:
     """The verdict for one view (pure). Every question is answered even when the walk stops
     before it (stuck, warming up), so a pane always shows the verdict's judgement, never its own."""
-    losses = account(view.metrics, view.device_type)
+    losses = account(view.metrics, view.device_type, view.comm_status)
     answers = ask(view, losses)
     if view.stuck is not None:     # before everything, warming up included: a stopped job has no steps to judge
         headline, suggestions, extra = explain_stuck(view, None, losses, answers)

@@ -258,6 +258,7 @@ class JobView:
     * ``gpus``: one ``GpuRow`` per GPU in use (a rank's own GPU; once per host and index);
     * ``hosts[r]``: the host side of rank r's latest sample;
     * ``device_status``: why there are no GPU readings ("no NVIDIA GPU: ..."), from the probe;
+    * ``comm_status``: why DDP's communication is not timed (a warning event that says it cannot be);
     * ``started``: when the earliest rank's probe started (its hello), for the uptime.
     ``events``: recent events of all ranks (each with ``rank`` added), oldest first.
     ``problems``: one line per stream problem the caller reported (torn recording, ...).
@@ -290,3 +291,4 @@ class JobView:
     captures: tuple[CaptureSummary, ...] = ()   # each rank's latest torch.profiler capture (by rank)
     where: WhereTable | None = None       # in-step stack samples (wire 1.3), None when no rank sent any
     overhead: Overhead | None = None      # perfmon's own cost on the rank where it is highest (wire 1.4)
+    comm_status: str | None = None        # why communication is not measured, in the probe's words

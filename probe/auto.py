@@ -46,6 +46,7 @@ from probe.tracing import HiddenPhases, compiling_check, dynamo_has_compiled, ru
 
 GLOBAL_HOOKS_WARNING = r"Using `torch\.compile\(module\)` when there are global hooks"
 IDLE_MODULE_CALLS = 50_000   # module calls with no backward at all: an inference-only process, stop watching
+LATE_ROOT_STEPS = 3           # steps a probe started before any forward waits to see one (probe.inject)
 _pc = time.perf_counter
 _tt = time.thread_time
 _auto: "_Auto | None" = None
@@ -83,6 +84,7 @@ class _Auto:
         self.iterators: list[weakref.ref] = []
         self.iter_id = 0
         self.end_cpu: float | None = None        # thread CPU clock at the last step's end
+        self.roots_pending = False               # started before any forward was seen: find the roots later
         self.excepthook: Any = None              # (ours, the one it chains to), once chained
 
     # -- steps ----------------------------------------------------------------------------------
@@ -96,6 +98,8 @@ class _Auto:
         if mon.steps != self.emitted:   # the script records steps through the API itself
             self.turn_off()
             return
+        if self.roots_pending:
+            self._late_roots()
         if not self.hidden.done:
             self.hidden.step(phases, ("forward", "backward", "optimizer") if self.finder.optimizers
                              else ("forward", "backward"))
@@ -142,26 +146,43 @@ class _Auto:
             mon.event("first_batch", seconds=self.first_batch)
         mon.loader_iterators.extend(self.iterators)
         self.iterators = mon.loader_iterators
-        models = self._hook_roots()
         ref = self.optimizer_ref or self.built_ref
-        optimizer = ref() if ref is not None else None
-        watch = getattr(mon, "watch", None)
-        if callable(watch) and (models or optimizer is not None):
-            try:   # communication, memory, FLOPs, device timing; phases come from the hooks here
-                watch(model=models or None, optimizer=optimizer, phases=False)
-            except Exception as exc:
-                mon.report_error("watch", exc)
+        self._watch(self._hook_roots(), ref() if ref is not None else None)
         atexit.register(self.flush)   # registered after the probe's close: runs before it
         _chain_excepthook(self)
 
-    def _hook_roots(self) -> list[Any]:
+    def _watch(self, models: list[Any], optimizer: Any = None) -> None:
+        """``watch()`` the roots and the optimizer: communication, memory, FLOPs, device timing
+        (phases come from the hooks here). Idempotent per model and optimizer."""
+        mon = self.probe
+        watch = getattr(mon, "watch", None)
+        if callable(watch) and (models or optimizer is not None):
+            try:
+                watch(model=models or None, optimizer=optimizer, phases=False)
+            except Exception as exc:
+                mon.report_error("watch", exc)
+
+    def _late_roots(self) -> None:
+        """Step end after a start that had seen no forward (``perfmon inject`` entered after the step's
+        forward): the roots seen since get their hooks and their ``watch()`` now; after
+        ``LATE_ROOT_STEPS`` steps without a training forward, the global hooks go anyway."""
+        if self.roots or self.emitted >= LATE_ROOT_STEPS:
+            self.roots_pending = False
+            self._watch(self._hook_roots(late=True))
+
+    def _hook_roots(self, late: bool = False) -> list[Any]:
         """Replace the global forward hooks by hooks on the trainable roots; return those roots.
 
         When torch.compile has already compiled code the global hooks stay: Dynamo guards on
         their number, so removing them would recompile; inside compiled code they cost nothing.
+        With no root seen yet (the first step was entered after its forward) they stay until
+        ``_late_roots``.
         """
         roots = [m for m in (r() for r in self.roots) if m is not None and _trainable(m)]
         self.roots = []
+        if not roots and self.global_handles and not late:
+            self.roots_pending = True
+            return roots
         if dynamo_has_compiled():
             return roots
         remove_all(self.global_handles)
@@ -229,7 +250,8 @@ class _Auto:
             self.fail(exc)
 
     def note_root(self, module: Any) -> None:
-        if self.probe is None and not any(r() is module for r in self.roots) and len(self.roots) < 16:
+        if (self.probe is None or self.roots_pending) and not any(r() is module for r in self.roots) \
+                and len(self.roots) < 16:
             self.roots.append(weakref.ref(module))
 
     def arm_global_hooks(self) -> None:

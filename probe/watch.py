@@ -363,7 +363,7 @@ class Watcher:
                 comm.enable_nccl_timing(model.process_group, state)
             why_not = comm.attach_ddp(state, model)
             if why_not:
-                state.say(why_not)
+                state.say(why_not, unmeasured="comm")
 
     def _ensure_sources(self) -> None:
         sampler = getattr(self.probe, "sampler", None)

@@ -71,12 +71,15 @@ class CommState:
         self.event_backend: Any = None   # probe.gpu.cuda backend when CUDA is in use
         self.said: set[str] = set()               # messages said once; bounded by the call sites of say()
 
-    def say(self, message: str) -> None:
+    def say(self, message: str, unmeasured: str | None = None) -> None:
         if message in self.said:
             return
         self.said.add(message)
         try:
-            self.probe.event("warning", message=message, source="comm")
+            if unmeasured is None:
+                self.probe.event("warning", message=message, source="comm")
+            else:
+                self.probe.event("warning", message=message, source="comm", unmeasured=unmeasured)
         except Exception:
             pass
 

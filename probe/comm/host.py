@@ -17,8 +17,9 @@ class CommHost(Protocol):
     def group_identity(self, group: Any) -> tuple[str, int | None]:
         """(the group's name as every member knows it, this rank in it)."""
 
-    def say(self, message: str) -> None:
-        """A warning event, once per distinct message."""
+    def say(self, message: str, unmeasured: str | None = None) -> None:
+        """A warning event, once per distinct message; ``unmeasured`` names the quantity it says
+        the probe cannot measure ("comm"), for the verdict to give as the reason."""
 
     def work_poller(self) -> WorkPoller:
         """The poller that times async works once they complete (created on first use)."""

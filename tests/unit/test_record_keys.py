@@ -19,9 +19,11 @@ ALLOWED: dict[tuple[str, str | None], tuple[frozenset[str] | None, str]] = {
     ("profile.py", "_top"): (None, "rows of the report's profile JSON, not a record"),
     ("verdict.py", None): (frozenset({"data_wait", "comm_exposed", "device_idle", "skipped", "undecided", "id"}),
                            "the verdict's own loss table, evidence and findings"),
-    ("explain.py", None): (frozenset({"name", "source", "rank", "count", "where", "loader_cpu", "device_idle"}),
+    ("explain.py", None): (frozenset({"name", "source", "rank", "count", "where", "loader_cpu", "device_idle",
+                                      "comm_exposed", "device_busy"}),
                            "JobView.events: event records as the log pane lists them; the verdict's answers "
                            "and losses by node and loss id"),
+    ("runmodel.py", "view"): (frozenset({"comm"}), "RankState.unmeasured, by the quantity the probe named"),
     ("metrics.py", "_idle"): (frozenset({"device_idle"}), "the loss accounting by loss id"),
     ("report.py", "render_text"): (None, "the report dict ``build`` made, not a record"),
     ("report.py", "gains_lines"): (None, "the report's verdict gains (Gains.as_json), not a record"),

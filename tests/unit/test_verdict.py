@@ -630,3 +630,36 @@ def test_an_answer_decided_by_more_than_its_threshold_says_what_decided():
     lossy = V.evaluate(_comm(data_wait_frac=0.12, loader_workers=4, loader_cpu=0.05))
     assert lossy.answers["device_busy"].answer == "yes" and lossy.answers["device_busy"].value == 0.9
     assert lossy.answers["device_busy"].decided_by == "a loss of 12% ≥10%"
+
+
+# -- communication not measured in a job of several ranks ----------------------------------------
+UNTIMED = "DDP communication not timed: a DDP comm hook cannot be removed again"
+
+
+def _untimed_ddp(*ranks: Rank, cpu: float = 0.03) -> JobView:
+    """A CPU job whose training threads spend ``cpu`` of each 100 ms step on CPU (off CPU 70% by
+    default), its DDP traffic untimed; the probe said why in a warning naming the quantity."""
+    said = {"k": "event", "t": T0, "name": "warning", "source": "comm", "message": UNTIMED, "unmeasured": "comm"}
+    return job(*(dataclasses.replace(r, cpu=cpu, cpu_span="active", comm=None, extra_records=[said])
+                 for r in ranks)).view()
+
+
+def test_untimed_communication_of_several_ranks_leaves_the_unexplained_wait_not_measured():
+    view = _untimed_ddp(Rank(0), Rank(1))
+    assert view.comm_status == UNTIMED
+    v = V.evaluate(view)
+    assert v.bottleneck == "not_measured"                      # not blamed on the host: it may be the all-reduce
+    assert v.path[-1] == "comm_exposed" and v.evidence["skipped"]["comm_exposed"] == UNTIMED
+    assert "communication is not timed in this 2-rank job" in v.headline and UNTIMED in v.headline
+    assert any("perfmon capture" in fix for fix in v.suggestions)
+    assert V.by_id(v.losses)["comm_exposed"].source == UNTIMED
+
+
+def test_one_rank_with_untimed_communication_still_names_the_wait():
+    v = V.evaluate(_untimed_ddp(Rank(0)))
+    assert v.bottleneck == "host_wait"
+
+
+def test_a_small_unexplained_share_does_not_stop_the_walk_at_untimed_communication():
+    v = V.evaluate(_untimed_ddp(Rank(0), Rank(1), cpu=0.097))     # off CPU 3% of the step
+    assert v.bottleneck == "healthy" and "comm_exposed" not in v.path

@@ -1,7 +1,8 @@
 """A plain training script, started without perfmon, that ``perfmon inject`` enters while it runs.
 
 At each ``--pause-at`` step it prints ``{"pause": N, "pid": ...}`` and waits for a line on stdin,
-so a test can inject, report and detach at known steps. With ``--until-told`` it trains instead
+so a test can inject, report and detach at known steps (at the step's end, or with
+``--pause-after-backward`` inside it, after its forward and backward). With ``--until-told`` it trains instead
 until a line arrives on stdin (read by a thread of its own, which is parked in the kernel meanwhile,
 as a training process's helper threads are), after printing ``{"ready": pid, "importable": [...]}``
 (which of perfmon's packages and its dependencies its environment has) at its first step.
@@ -35,6 +36,8 @@ parser = argparse.ArgumentParser()
 parser.add_argument("--steps", type=int, default=400)
 parser.add_argument("--pause-at", default="", help="comma-separated steps to pause at")
 parser.add_argument("--until-told", action="store_true", help="train until a line arrives on stdin")
+parser.add_argument("--pause-after-backward", action="store_true",
+                    help="pause inside the step, between backward and the optimizer's step")
 parser.add_argument("--step-sleep", type=float, default=0.0, help="seconds of sleep in each step")
 parser.add_argument("--workers", type=int, default=0, help="DataLoader worker processes (persistent)")
 args = parser.parse_args()
@@ -120,6 +123,16 @@ def rss_kb() -> int:
 
 baseline = None
 rss = None
+
+
+def at_pause(step: int) -> None:
+    global baseline, rss
+    if baseline is None:
+        baseline = state()
+        rss = rss_kb()
+    pause(step)
+
+
 batches = iter(loader)
 step = 0
 while (not told.is_set()) if args.until_told else step < args.steps:
@@ -131,6 +144,8 @@ while (not told.is_set()) if args.until_told else step < args.steps:
     loss = nn.functional.mse_loss(model(x), y)
     opt.zero_grad()
     loss.backward()
+    if args.pause_after_backward and step + 1 in pauses:
+        at_pause(step + 1)
     opt.step()
     step += 1
     if args.step_sleep:
@@ -141,11 +156,8 @@ while (not told.is_set()) if args.until_told else step < args.steps:
         threading.Thread(target=listen, name="told", daemon=True).start()
         print(json.dumps({"ready": os.getpid(), "importable": sorted(
             name for name in PERFMON_PACKAGES if importlib.util.find_spec(name))}), flush=True)
-    if step in pauses:
-        if baseline is None:
-            baseline = state()
-            rss = rss_kb()
-        pause(step)
+    if step in pauses and not args.pause_after_backward:
+        at_pause(step)
 
 end = state()
 residue = {k: {"before": baseline[k], "after": end[k]} for k in (baseline or {}) if baseline[k] != end[k]}
