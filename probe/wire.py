@@ -61,7 +61,8 @@ from __future__ import annotations
 #         (cumulative since start; seconds/busbw None when not timed; busbytes (1.x) = Σ timed bytes x
 #         busbw_factor(op, that call's group size), so a viewer's window busbw is Δbusbytes / Δseconds)
 # event   name (checkpoint|oom|exception|restart|warning|error|first_batch|<custom>), message,
-#         seconds, and free-form fields
+#         seconds, source, unmeasured (1.x, on a warning: the quantity it says the probe cannot
+#         measure, "comm"; the message is the reason the verdict quotes), and free-form fields
 # drops   count (since the last drops record), total, reason
 # bye     (clean shutdown)
 #
