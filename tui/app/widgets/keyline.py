@@ -8,8 +8,8 @@ from textual.widget import Widget
 from tui.app.widgets import glyphs
 from tui.app.widgets.layout import pane_key
 
-KEYS = (("q", "quit"), ("?", "help"), ("f", "flowchart"), ("p", "pause"), ("1-6", "panes"), ("r", "rank"),
-        ("w", "window"), ("F8", "svg"))
+KEYS = (("q", "quit"), ("?", "help"), ("f", "flowchart"), ("t", "trends"), ("p", "pause"), ("1-6", "panes"),
+        ("r", "rank"), ("w", "window"), ("F8", "svg"))
 
 
 class KeyLine(Widget):
