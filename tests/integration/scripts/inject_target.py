@@ -1,7 +1,9 @@
 """A plain training script, started without perfmon, that ``perfmon inject`` enters while it runs.
 
 At each ``--pause-at`` step it prints ``{"pause": N, "pid": ...}`` and waits for a line on stdin,
-so a test can inject, report and detach at known steps. With ``--until-told`` it trains instead
+so a test can inject, report and detach at known steps (with ``--pause-in-python`` its main thread
+keeps running Python meanwhile, as a training loop's does, so that it reaches the safe points where
+``sys.remote_exec`` enters; else it blocks in ``read``). With ``--until-told`` it trains instead
 until a line arrives on stdin (read by a thread of its own, which is parked in the kernel meanwhile,
 as a training process's helper threads are), after printing ``{"ready": pid}`` at its first step.
 At the first pause (or that first step) it notes what a probe could leave behind (threads, file descriptors, torch's global hooks, the functions
@@ -15,6 +17,7 @@ import argparse
 import gc
 import json
 import os
+import select
 import sys
 import threading
 import time
@@ -32,6 +35,7 @@ from torch.utils.data.dataloader import _BaseDataLoaderIter
 parser = argparse.ArgumentParser()
 parser.add_argument("--steps", type=int, default=400)
 parser.add_argument("--pause-at", default="", help="comma-separated steps to pause at")
+parser.add_argument("--pause-in-python", action="store_true", help="at a pause, run Python every 50 ms")
 parser.add_argument("--until-told", action="store_true", help="train until a line arrives on stdin")
 parser.add_argument("--step-sleep", type=float, default=0.0, help="seconds of sleep in each step")
 parser.add_argument("--workers", type=int, default=0, help="DataLoader worker processes (persistent)")
@@ -109,6 +113,9 @@ def _code_name(obj: object) -> str:
 
 def pause(step: int) -> None:
     print(json.dumps({"pause": step, "pid": os.getpid()}), flush=True)
+    if args.pause_in_python:
+        while not select.select([sys.stdin], [], [], 0.05)[0]:
+            pass
     sys.stdin.readline()
 
 
