@@ -51,7 +51,7 @@ bind /proc
 bind /sys
 bind /dev
 bind "$REPO"
-cp /etc/resolv.conf "$ROOT/etc/resolv.conf"
+cp /etc/resolv.conf /etc/hosts "$ROOT/etc/"     # torchrun's rendezvous resolves this host's name
 # the host's CA bundle (a TLS-inspecting proxy's certificate included) for pip in the chroot
 cp /etc/ssl/certs/ca-certificates.crt "$ROOT/etc/ssl/certs/host-ca-bundle.crt"
 
