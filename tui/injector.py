@@ -453,8 +453,6 @@ def _remote_exec(pid: int, script: str, wanted: str, reach: float) -> bool:
         _give(path, pid)
     try:
         sys.remote_exec(pid, entry)
-    except ProcessLookupError:
-        raise UserError(f"no process {pid} (has it exited?)") from None
     except PermissionError:
         raise _no_rights(pid, "the kernel denied access to its memory") from None
     except (RuntimeError, OSError, ValueError) as exc:

@@ -327,7 +327,6 @@ def test_a_main_thread_that_claims_the_entry_as_perfmon_gives_up_is_waited_for(r
     (RuntimeError("Can't send commands from a Python 3.14 process to a Python 3.13 process"),
      "sys.remote_exec could not enter {pid}: Can't send commands from a Python 3.14 process to a Python 3.13 process"),
     (PermissionError(1, "Operation not permitted"), "no ptrace rights over {pid}: the kernel denied access to its memory"),
-    (ProcessLookupError(3, "No such process"), "no process {pid} (has it exited?)"),
 ])
 def test_what_sys_remote_exec_raises_is_one_line(remote, raised, message):
     sent, state = remote
