@@ -25,14 +25,15 @@ if [[ $(id -u) != 0 ]]; then
     exit 2
 fi
 
-if [[ ! -x $ROOT/usr/bin/python3.14 ]]; then
+if [[ ! -x $ROOT/usr/bin/python3.14 || ! -x $ROOT/usr/bin/python3.13 ]]; then
     if [[ ! -x $ROOT/usr/bin/apt-get ]]; then
         command -v debootstrap >/dev/null || apt-get install -y -q debootstrap
         debootstrap --variant=minbase sid "$ROOT" http://deb.debian.org/debian
     fi
     cp /etc/resolv.conf "$ROOT/etc/resolv.conf"
     chroot "$ROOT" "${APT[@]}" update
-    chroot "$ROOT" env DEBIAN_FRONTEND=noninteractive "${APT[@]}" install -y python3.14 python3.14-venv
+    chroot "$ROOT" env DEBIAN_FRONTEND=noninteractive "${APT[@]}" install -y python3.14 python3.14-venv \
+        python3.13-minimal      # another minor version, for the version-mismatch refusal
 fi
 
 mounted=()
@@ -90,7 +91,7 @@ for case in ET.parse(sys.argv[1]).iter("testcase"):
         found = case.find(tag)
         if found is not None:
             outcome, why = tag, (found.get("message") or "").splitlines()[0][:90] if found.get("message") else ""
-    rows.append((case.get("classname").rsplit(".", 1)[-1] + "::" + case.get("name"), outcome,
+    rows.append(("/".join(case.get("classname").split(".")[-2:]) + "::" + case.get("name"), outcome,
                  f"{float(case.get('time', 0)):.1f}", why))
 width = max(len(r[0]) for r in rows)
 print(f"\n{'test (Python ' + sys.version.split()[0] + ')':<{width}}  outcome  seconds  note")

@@ -8,9 +8,8 @@ asked for can work (``entry_method``). Then ``probe.inject.payload`` runs in it:
 ``sys.remote_exec`` (Python 3.14+, PEP 768) on its main thread at the next safe point, or
 through ``hypno`` (ptrace: ``pyinjector``) on a thread parked in a blocking system call
 (``entry_thread``); the code answers through a file in a private directory. A torchrun
-launcher's PID stands for
-its workers on this node; ``job_processes`` finds a job's processes on this node by the name
-perfmon would give it. Refusals are ``UserError``: one line, with the fix.
+launcher's PID stands for its workers on this node; ``job_processes`` finds a job's processes
+on this node by the name perfmon would give it. Refusals are ``UserError``: one line, with the fix.
 """
 
 from __future__ import annotations
