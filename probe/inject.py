@@ -1,8 +1,10 @@
 """The probe inside a process that ``perfmon inject`` entered, and its removal by ``perfmon detach``.
 
-``perfmon inject PID`` runs ``BOOT`` in the target through ptrace, on a thread parked in the
-kernel (``tui/injector.py``). The code it runs there only starts a thread (``perfmon-inject``)
-and returns, so the borrowed thread is held briefly and takes no lock perfmon needs. That thread
+``perfmon inject PID`` runs ``BOOT`` in the target (``tui/injector.py``): through
+``sys.remote_exec`` (Python 3.14+, PEP 768) as the file ``entry_script`` writes, which the
+target's main thread runs at its next safe point, or through ptrace, on a thread parked in the
+kernel. The code it runs there only starts a thread (``perfmon-inject``) and returns, so the
+borrowed thread is held briefly and takes no lock perfmon needs. That thread
 puts perfmon's installation on ``sys.path`` just long enough to import ``probe`` and the
 packages the probe needs (``DEPENDENCIES``), then calls ``install()`` here: zero-code mode's
 dormant hooks (``probe.auto``), which start the probe and its socket at the next optimizer step.
@@ -91,6 +93,35 @@ def _boot(args):
 threading.Thread(target=_boot, args=(ARGS,), name="perfmon-inject", daemon=True).start()
 '''
 
+# The file ``sys.remote_exec`` has the target's main thread run (in a fresh namespace), whenever it
+# reaches a safe point. Unlinking WANTED is its claim; the command unlinks it when it gives up
+# waiting, so exactly one of the two succeeds: a file that runs after the command gave up removes
+# its directory and does nothing else. Exceptions must not escape (CPython prints them on the
+# target's stderr); KeyboardInterrupt and SystemExit are the target's own and pass through.
+ENTRY = r'''
+import os
+try:
+    os.unlink(WANTED)
+except OSError:
+    try:
+        for name in os.listdir(DIRECTORY):
+            os.unlink(os.path.join(DIRECTORY, name))
+        os.rmdir(DIRECTORY)
+    except OSError:
+        pass
+else:
+    try:
+        STATEMENT
+    except Exception as exc:
+        try:
+            import json
+            with open(RESULT + ".tmp", "w") as f:
+                json.dump({"ok": False, "message": f"injected code failed: {exc!r}"}, f)
+            os.replace(RESULT + ".tmp", RESULT)
+        except OSError:
+            pass
+'''
+
 _before: set[str] = set()        # sys.modules before the injection: what detach must leave
 _installed = False
 
@@ -100,6 +131,13 @@ def payload(action: str, paths: list[str], result: str, job: str | None = None) 
     the probe will serve the job under (None: the default, the script's name)."""
     args = {"action": action, "paths": paths, "result": result, "job": job}
     return f"exec({BOOT!r}, {{'__name__': '__perfmon_inject__', 'ARGS': {args!r}}})"
+
+
+def entry_script(action: str, paths: list[str], result: str, wanted: str, job: str | None = None) -> str:
+    """The file run in the target through ``sys.remote_exec``: ``payload``'s statement, run only
+    when it claims ``wanted`` (a file beside it, in the directory it removes when it cannot)."""
+    head = f"WANTED = {wanted!r}\nDIRECTORY = {os.path.dirname(wanted)!r}\nRESULT = {result!r}\n"
+    return head + ENTRY.replace("STATEMENT", payload(action, paths, result, job))
 
 
 def installed() -> bool:

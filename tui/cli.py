@@ -38,6 +38,13 @@ def _price_option(p: argparse.ArgumentParser) -> None:
                         "buys (default: $PERFMON_PRICE_PER_DEVICE_HOUR)")
 
 
+def _method_option(p: argparse.ArgumentParser) -> None:
+    """How inject/detach enter a process (tui.injector.METHODS; docs/attach.md)."""
+    p.add_argument("--method", choices=("auto", "remote-exec", "ptrace"), default="auto",
+                   help="how to enter the process: sys.remote_exec (Python 3.14+), ptrace (hypno), or auto: "
+                        "remote-exec where it works, else ptrace (default)")
+
+
 def _hosts_options(p: argparse.ArgumentParser, token: bool = True, relays: bool = True) -> None:
     """A job across nodes: which hosts, and how to reach them (tui.stream.hosts). ``token``: add
     ``--token`` (attach has its own, for host:port). ``relays``: the command reads relays (not
@@ -157,7 +164,8 @@ def build_parser() -> argparse.ArgumentParser:
                         "either end open (default: the most recent 2000 steps; the counter covers every step)")
     _hosts_options(export)
 
-    inject = sub.add_parser("inject", help="start the probe inside a running Python job (no restart; ptrace)")
+    inject = sub.add_parser("inject", help="start the probe inside a running Python job (no restart; "
+                                           "sys.remote_exec or ptrace)")
     inject.add_argument("pid", type=int, nargs="?", help="a training process, or a torchrun launcher (every "
                                                          "worker here)")
     inject.add_argument("--job", default=None, metavar="NAME",
@@ -166,12 +174,14 @@ def build_parser() -> argparse.ArgumentParser:
     inject.add_argument("--timeout", type=float, default=60.0,
                         help="seconds to wait for a training step to start the probe (default 60)")
     inject.add_argument("--attach", action="store_true", help="open the TUI on the job once its probe is up")
+    _method_option(inject)
     _hosts_options(inject, relays=False)
 
     detach = sub.add_parser("detach", help="remove everything `perfmon inject` put into a process")
     detach.add_argument("pid", type=int, nargs="?", help="the process (or torchrun launcher) given to perfmon inject")
     detach.add_argument("--job", default=None, metavar="NAME",
                         help="instead of a PID: every process of the job named NAME here, or on each host given below")
+    _method_option(detach)
     _hosts_options(detach, relays=False)
 
     relay = sub.add_parser("relay", help="(started by a viewer through ssh) this node's ranks of JOB as one stream")

@@ -1,13 +1,15 @@
 """Entering a running Python process to start or remove the probe (``perfmon inject`` / ``detach``).
 
 Every check that can refuse runs before the target is touched, from ``/proc`` alone: the
-process exists, this user may ptrace it, it is CPython of this interpreter's minor version
-(the probe and its compiled dependencies load from perfmon's own installation), and it has
-loaded torch. Then ``hypno`` (ptrace: ``pyinjector``) runs ``probe.inject.payload`` in it, on
-a thread parked in a blocking system call (``entry_thread``), and the code answers through a
-file in a private directory. A torchrun launcher's PID stands for
-its workers on this node; ``job_processes`` finds a job's processes on this node by the name
-perfmon would give it. Refusals are ``UserError``: one line, with the fix.
+process exists, this user may ptrace it (``sys.remote_exec`` writes its memory under the same
+rule), it is CPython of this interpreter's minor version (the probe and its compiled
+dependencies load from perfmon's own installation), it has loaded torch, and the entry method
+asked for can work (``entry_method``). Then ``probe.inject.payload`` runs in it: through
+``sys.remote_exec`` (Python 3.14+, PEP 768) on its main thread at the next safe point, or
+through ``hypno`` (ptrace: ``pyinjector``) on a thread parked in a blocking system call
+(``entry_thread``); the code answers through a file in a private directory. A torchrun
+launcher's PID stands for its workers on this node; ``job_processes`` finds a job's processes
+on this node by the name perfmon would give it. Refusals are ``UserError``: one line, with the fix.
 """
 
 from __future__ import annotations
@@ -40,6 +42,8 @@ _ENTER = ("import sys\nfrom hypno import inject_py\ntry:\n    inject_py(int(sys.
 # system calls a thread may make while it holds malloc's lock: a thread in one is not parked
 MEMORY_SYSCALLS = {"x86_64": {9, 10, 11, 12, 25, 28}, "aarch64": {214, 215, 216, 222, 226, 233}}
 CAP_SYS_PTRACE = 19
+METHODS = ("auto", "remote-exec", "ptrace")
+WANTED = "wanted"        # the marker the remote-exec entry file claims (probe.inject.ENTRY)
 LAUNCHERS = ("torch.distributed.run", "torch.distributed.launch", "torchrun")
 _LIBPYTHON = re.compile(r"libpython(\d+)\.(\d+)")
 _EXE_VERSION = re.compile(r"python(\d+)\.(\d+)")
@@ -51,6 +55,8 @@ class Target:
 
     pid: int
     exe: str
+    method: str = "ptrace"      # how ``run`` enters it: "remote-exec" or "ptrace"
+    asked: bool = False         # the user named that method (no falling back to the other)
 
 
 def _read(path: str) -> str:
@@ -97,8 +103,9 @@ def _no_rights(pid: int, why: str) -> UserError:
                      "kernel.yama.ptrace_scope 0, or with CAP_SYS_PTRACE (docs/attach.md)")
 
 
-def check(pid: int) -> Target:
-    """The target, or a UserError saying why perfmon will not enter it. Touches nothing."""
+def check(pid: int, method: str = "auto") -> Target:
+    """The target, entered by ``method`` (``METHODS``), or a UserError saying why perfmon will not
+    enter it. Touches nothing."""
     proc = f"/proc/{pid}"
     if pid <= 0 or not os.path.exists(proc):
         raise UserError(f"no process {pid} (has it exited?)")
@@ -131,7 +138,87 @@ def check(pid: int) -> Target:
                         "`perfmon inject`")
     if "libtorch" not in maps:
         raise UserError(f"{pid} has not loaded torch: nothing for the probe to measure")
-    return Target(pid, exe)
+    return Target(pid, exe, entry_method(pid, method), method != "auto")
+
+
+def entry_method(pid: int, asked: str = "auto") -> str:
+    """How perfmon enters ``pid``: "remote-exec" when asked, or for "auto" when both this perfmon's
+    Python and the target's allow it; else "ptrace". A UserError when remote-exec is asked and
+    cannot work."""
+    if asked == "ptrace":
+        return "ptrace"
+    why = why_not_remote_exec(pid)
+    if why is None:
+        return "remote-exec"
+    if asked == "remote-exec":
+        raise UserError(f"--method remote-exec cannot enter {pid}: {why}; --method ptrace enters it through "
+                        "ptrace (docs/attach.md)")
+    return "ptrace"
+
+
+def why_not_remote_exec(pid: int) -> str | None:
+    """Why ``sys.remote_exec`` cannot enter ``pid``, from this interpreter and the target's command
+    line and starting environment; None when nothing known stops it."""
+    why = _local_remote_exec()
+    if why is not None:
+        return why
+    try:
+        cmdline = _read(f"/proc/{pid}/cmdline").split("\0")[:-1]
+    except OSError:
+        cmdline = []
+    off = remote_debug_off(cmdline, _environ(pid))
+    return None if off is None else f"remote debugging is off in {pid}: {off}"
+
+
+def _local_remote_exec() -> str | None:
+    """Why this perfmon's Python cannot send ``sys.remote_exec``; None when it can."""
+    if not hasattr(sys, "remote_exec"):
+        return (f"sys.remote_exec needs CPython 3.14 or newer (this perfmon runs "
+                f"{sys.version_info[0]}.{sys.version_info[1]})")
+    if not sys.is_remote_debug_enabled():
+        return ("remote debugging is off in perfmon's own Python (PYTHON_DISABLE_REMOTE_DEBUG, "
+                "-X disable-remote-debug, or a build --without-remote-debug)")
+    return None
+
+
+def remote_debug_off(cmdline: list[str], environ: dict[str, str]) -> str | None:
+    """Why a CPython started with ``cmdline`` and ``environ`` has remote debugging off; None when
+    neither turns it off. CPython 3.14 turns it off for ``-X disable-remote-debug[=anything]`` and
+    for ``PYTHON_DISABLE_REMOTE_DEBUG`` set to any value, empty included, unless ``-E`` or ``-I``
+    has it ignore the environment. It ignores the ``disable_remote_debug`` spelling its
+    documentation gives; perfmon honours that too, as the intent it states."""
+    flags, xoptions = _interpreter_options(cmdline)
+    for option in xoptions:
+        if option.split("=", 1)[0] in ("disable-remote-debug", "disable_remote_debug"):
+            return f"it was started with -X {option}"
+    if "PYTHON_DISABLE_REMOTE_DEBUG" in environ and not flags & {"E", "I"}:
+        return "its environment sets PYTHON_DISABLE_REMOTE_DEBUG"
+    return None
+
+
+def _interpreter_options(cmdline: list[str]) -> tuple[set[str], list[str]]:
+    """The one-letter flags and the ``-X`` options of a Python command line (those before its
+    script, ``-c`` or ``-m``)."""
+    flags: set[str] = set()
+    xoptions: list[str] = []
+    args = iter(cmdline[1:])
+    for arg in args:
+        if arg == "--" or arg == "-" or not arg.startswith("-"):
+            break
+        if arg.startswith("--"):
+            if arg == "--check-hash-based-pycs":
+                next(args, None)
+            continue
+        for i, flag in enumerate(arg[1:], start=1):
+            if flag in "cm":
+                return flags, xoptions
+            if flag in "WX":            # options with a value: attached, or the next argument
+                value = arg[i + 1:] or next(args, "")
+                if flag == "X":
+                    xoptions.append(value)
+                break
+            flags.add(flag)
+    return flags, xoptions
 
 
 def _python_version(exe: str, maps: str) -> tuple[int, int] | None:
@@ -283,10 +370,16 @@ def _paths() -> list[str]:
 def _answer_dir(pid: int) -> str:
     """A private directory the target writes its answer to (handed to it when it runs as another user)."""
     directory = tempfile.mkdtemp(prefix="perfmon-inject-")
+    _give(directory, pid)
+    return directory
+
+
+def _give(path: str, pid: int) -> None:
+    """Make ``path`` the target's user's, when that is not perfmon's: entered with CAP_SYS_PTRACE,
+    the target reads its entry file and answers as its own user."""
     uid = _status_ids(pid, "Uid")[1]
     if uid != os.geteuid():
-        os.chown(directory, uid, -1)     # entered with CAP_SYS_PTRACE: the target answers as its own user
-    return directory
+        os.chown(path, uid, -1)
 
 
 def _await(pid: int, result: str, timeout: float) -> dict:
@@ -301,18 +394,89 @@ def _await(pid: int, result: str, timeout: float) -> dict:
         return json.load(f)
 
 
-def run(target: Target, action: str, timeout: float = ANSWER_SECONDS, job: str | None = None) -> dict:
-    """Run ``action`` ("inject" or "detach") in the target through ptrace; its answer (``ok``,
-    ``message``, ...). ``job``: the name the injected probe serves the job under."""
-    if importlib.util.find_spec("hypno") is None:
-        raise UserError("perfmon inject needs hypno: pip install 'perfmon[inject]'")
-    directory = _answer_dir(target.pid)
+class RemoteExecFailed(Exception):
+    """``sys.remote_exec`` refused before writing anything into the target."""
+
+
+def run(target: Target, action: str, timeout: float = ANSWER_SECONDS, job: str | None = None,
+        reach: float = ANSWER_SECONDS) -> dict:
+    """Run ``action`` ("inject" or "detach") in the target by its method; its answer (``ok``,
+    ``message``, ...). ``job``: the name the injected probe serves the job under. ``reach``: how
+    long the target's main thread may take to reach a safe point (remote-exec)."""
+    if target.method == "ptrace":
+        _need_hypno(target.pid)
+    directory: str | None = _answer_dir(target.pid)
     try:
         result = os.path.join(directory, "answer.json")
-        _enter(target.pid, entry_thread(target.pid), target_side.payload(action, _paths(), result, job))
+        paths = _paths()
+        if target.method == "remote-exec":
+            wanted = os.path.join(directory, WANTED)
+            try:
+                reached = _remote_exec(target.pid, target_side.entry_script(action, paths, result, wanted, job),
+                                       wanted, reach)
+            except RemoteExecFailed as exc:
+                if target.asked:
+                    raise UserError(f"sys.remote_exec could not enter {target.pid}: {exc}") from None
+                _need_hypno(target.pid, f"sys.remote_exec could not: {exc}")
+                reached = None
+            if reached is False:
+                directory = None        # the entry file removes it, should the main thread ever run it
+                raise UserError(f"the main thread of {target.pid} did not reach a point where Python runs code "
+                                f"within {reach:g} s (a long call outside Python?); perfmon withdrew: nothing of it "
+                                "ran there, and nothing will; --method ptrace enters through a parked thread")
+            if reached is not None:
+                return _await(target.pid, result, timeout)
+        _enter(target.pid, entry_thread(target.pid), target_side.payload(action, paths, result, job))
         return _await(target.pid, result, timeout)
     finally:
-        shutil.rmtree(directory, ignore_errors=True)
+        if directory is not None:
+            shutil.rmtree(directory, ignore_errors=True)
+
+
+def _need_hypno(pid: int, because: str | None = None) -> None:
+    if importlib.util.find_spec("hypno") is None:
+        if because is None and hasattr(sys, "remote_exec"):
+            because = why_not_remote_exec(pid)
+        raise UserError(f"entering {pid} through ptrace needs hypno: pip install 'perfmon[inject]'"
+                        + (f" ({because})" if because else ""))
+
+
+def _remote_exec(pid: int, script: str, wanted: str, reach: float) -> bool:
+    """Have ``pid``'s main thread run ``script`` at its next safe point (``sys.remote_exec``). True
+    once it has claimed ``wanted``; False when it did not within ``reach`` s and perfmon took the
+    marker back, so that the script, should it run later, does nothing but remove its directory.
+    ``RemoteExecFailed`` when the interpreter refused before writing anything into the target."""
+    entry = os.path.join(os.path.dirname(wanted), "entry.py")
+    for path, text in ((wanted, ""), (entry, script)):
+        with open(path, "w", encoding="utf-8") as f:
+            f.write(text)
+        _give(path, pid)
+    try:
+        sys.remote_exec(pid, entry)
+    except PermissionError:
+        raise _no_rights(pid, "the kernel denied access to its memory") from None
+    except (RuntimeError, OSError, ValueError) as exc:
+        raise RemoteExecFailed(_remote_exec_error(str(exc))) from None
+    deadline = time.monotonic() + reach
+    while os.path.exists(wanted):
+        if not os.path.exists(f"/proc/{pid}"):
+            raise UserError(f"{pid} exited")
+        if time.monotonic() > deadline:
+            try:
+                os.unlink(wanted)
+            except FileNotFoundError:
+                return True             # claimed at the last moment
+            return False
+        time.sleep(POLL)
+    return True
+
+
+def _remote_exec_error(text: str) -> str:
+    first = (text.strip().splitlines() or ["it failed"])[0]
+    if "not enabled in the remote process" in first:
+        return ("remote debugging is off in it (PYTHON_DISABLE_REMOTE_DEBUG, -X disable-remote-debug, or a "
+                "Python built --without-remote-debug)")
+    return first
 
 
 def entry_thread(pid: int, seconds: float = SAFE_SECONDS) -> int:
@@ -411,7 +575,7 @@ def across_hosts(args: Any) -> tuple[list[str], str] | None:
     return found, hosts.transport(args.via, args.k8s, args.namespace)
 
 
-def on_hosts(action: str, job: str, found: list[str], via: str, timeout: float) -> list[Any]:
+def on_hosts(action: str, job: str, found: list[str], via: str, timeout: float, method: str = "auto") -> list[Any]:
     """``perfmon ACTION --job JOB`` on every host at once through the transport (``tui.stream.hosts``);
     each host's ``HostRun``."""
     from tui.stream.hosts import run_on_hosts
@@ -419,6 +583,8 @@ def on_hosts(action: str, job: str, found: list[str], via: str, timeout: float) 
     command = ["perfmon", action, "--job", job]
     if action == "inject":
         command[2:2] = ["--timeout", f"{timeout:g}"]
+    if method != "auto":
+        command[2:2] = ["--method", method]
     return run_on_hosts(found, via, command, timeout + ENTER_SECONDS + ANSWER_SECONDS)
 
 

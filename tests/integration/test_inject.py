@@ -2,11 +2,14 @@
 
 The targets (tests/integration/scripts/inject_*.py) know nothing of perfmon; the one-process
 target pauses at given steps (reading stdin), so injection, report and detach happen at known
-steps, and it checks from inside, at its end, that nothing of perfmon is left in it.
+steps, and it checks from inside, at its end, that nothing of perfmon is left in it. The scenarios
+run for each entry method: ptrace (hypno) and ``sys.remote_exec`` (Python 3.14+; on an older Python
+those cases skip: scripts/py314_check.sh runs them under a real 3.14).
 """
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
 import shutil
@@ -23,13 +26,22 @@ SCRIPTS = Path(__file__).parent / "scripts"
 PY = sys.executable
 TARGET = [PY, str(SCRIPTS / "inject_target.py")]
 
-pytest.importorskip("hypno")
+from tui.injector import why_no_rights  # noqa: E402
 
-from tui.injector import why_no_rights  # noqa: E402  (after the skip: the module needs no hypno, the tests do)
-
-# entering a process needs ptrace rights over it; without them (a user under Ubuntu's default
-# ptrace_scope 1) every inject is refused before anything else is looked at, as a unit test shows
+# entering a process needs ptrace rights over it, by either method (sys.remote_exec writes its memory
+# under the same rule); without them (a user under Ubuntu's default ptrace_scope 1) every inject is
+# refused before anything else is looked at, as a unit test shows
 needs_ptrace = pytest.mark.skipif(why_no_rights() is not None, reason=f"no ptrace rights here: {why_no_rights()}")
+HAS_HYPNO = importlib.util.find_spec("hypno") is not None
+HAS_REMOTE_EXEC = sys.version_info >= (3, 14)
+needs_remote_exec = pytest.mark.skipif(not HAS_REMOTE_EXEC, reason=(
+    f"sys.remote_exec (PEP 768) needs Python 3.14; this is {sys.version_info[0]}.{sys.version_info[1]} "
+    "(scripts/py314_check.sh runs these under 3.14)"))
+METHODS = [
+    pytest.param("ptrace", marks=[needs_ptrace, pytest.mark.skipif(
+        not HAS_HYPNO, reason="the ptrace method needs hypno (pip install 'perfmon[inject]')")]),
+    pytest.param("remote-exec", marks=[needs_ptrace, needs_remote_exec]),
+]
 
 
 def perfmon(*args: str, timeout: float = 90, **kwargs) -> subprocess.CompletedProcess:
@@ -37,11 +49,15 @@ def perfmon(*args: str, timeout: float = 90, **kwargs) -> subprocess.CompletedPr
 
 
 class Paused:
-    """inject_target.py, paused at each of its ``--pause-at`` steps until ``go()``."""
+    """inject_target.py, paused at each of its ``--pause-at`` steps until ``go()``. For ``method``
+    remote-exec its main thread runs Python while paused (sys.remote_exec enters there only)."""
 
-    def __init__(self, *args: str) -> None:
-        self.proc = subprocess.Popen([*TARGET, *args], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    def __init__(self, *args: str, method: str = "ptrace", **popen) -> None:
+        extra = ["--pause-in-python"] if method == "remote-exec" else []
+        self.proc = subprocess.Popen([*TARGET, *args, *extra], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                     text=True, **popen)
         self.pid = self.proc.pid
+        self.err = ""
 
     def wait_pause(self) -> int:
         return json.loads(self.proc.stdout.readline())["pause"]
@@ -51,7 +67,7 @@ class Paused:
         self.proc.stdin.flush()
 
     def finish(self) -> dict:
-        out, _ = self.proc.communicate(timeout=60)
+        out, self.err = self.proc.communicate(timeout=60)
         assert self.proc.returncode == 0
         return json.loads(out.splitlines()[-1])
 
@@ -60,14 +76,14 @@ def _maps(pid: int) -> str:
     return Path(f"/proc/{pid}/maps").read_text()
 
 
-@needs_ptrace
-def test_inject_report_detach_leaves_the_loss_bit_identical_and_nothing_behind():
+@pytest.mark.parametrize("method", METHODS)
+def test_inject_report_detach_leaves_the_loss_bit_identical_and_nothing_behind(method):
     bare = subprocess.run([*TARGET, "--steps", "400"], capture_output=True, text=True, timeout=60)
     bare_loss = json.loads(bare.stdout.splitlines()[-1])["loss"]
-    job = Paused("--steps", "400", "--pause-at", "100,300")
+    job = Paused("--steps", "400", "--pause-at", "100,300", method=method)
     try:
         assert job.wait_pause() == 100
-        inject = subprocess.Popen([PY, "-m", "tui.cli", "inject", str(job.pid), "--timeout", "30"],
+        inject = subprocess.Popen([PY, "-m", "tui.cli", "inject", str(job.pid), "--timeout", "30", "--method", method],
                                   stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
         assert "dormant hooks installed" in inject.stderr.readline()
         job.go()        # the probe's socket comes up at the first optimizer step after the injection
@@ -91,21 +107,21 @@ def test_inject_report_detach_leaves_the_loss_bit_identical_and_nothing_behind()
     assert left_by_perfmon(end) == {}
 
 
-@needs_ptrace
-def test_detach_without_injection_and_second_inject_are_refused():
-    job = Paused("--steps", "200", "--pause-at", "50,100")
+@pytest.mark.parametrize("method", METHODS)
+def test_detach_without_injection_and_second_inject_are_refused(method):
+    job = Paused("--steps", "200", "--pause-at", "50,100", method=method)
     try:
         assert job.wait_pause() == 50
-        refused = perfmon("detach", str(job.pid))
+        refused = perfmon("detach", str(job.pid), "--method", method)
         assert refused.returncode == 2
         assert refused.stderr.strip() == f"perfmon detach: {job.pid}: no probe injected by perfmon in this process"
-        inject = subprocess.Popen([PY, "-m", "tui.cli", "inject", str(job.pid), "--timeout", "30"],
+        inject = subprocess.Popen([PY, "-m", "tui.cli", "inject", str(job.pid), "--timeout", "30", "--method", method],
                                   stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
         assert "dormant hooks installed" in inject.stderr.readline()
         job.go()
         assert inject.wait(timeout=60) == 0, inject.stderr.read()
         assert job.wait_pause() == 100
-        again = perfmon("inject", str(job.pid))
+        again = perfmon("inject", str(job.pid), "--method", method)
         assert again.returncode == 2
         assert "already" in again.stderr and len(again.stderr.strip().splitlines()) == 1
         assert perfmon("detach", str(job.pid)).returncode == 0
@@ -198,8 +214,8 @@ def test_ptrace_denied_by_the_kernel_is_refused(sleeper):
     _untouched(denied.pid)
 
 
-@needs_ptrace
-def test_a_torchrun_launcher_pid_injects_every_rank(tmp_path):
+@pytest.mark.parametrize("method", METHODS)
+def test_a_torchrun_launcher_pid_injects_every_rank(tmp_path, method):
     ready = tmp_path / "ready"
     ready.mkdir()
     launcher = subprocess.Popen([PY, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
@@ -207,7 +223,7 @@ def test_a_torchrun_launcher_pid_injects_every_rank(tmp_path):
                                 stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
         wait_for(lambda: len(list(ready.glob("[0-9]"))) == 2, timeout=60, what="both ranks training")
-        inject = perfmon("inject", str(launcher.pid), "--timeout", "30")
+        inject = perfmon("inject", str(launcher.pid), "--timeout", "30", "--method", method)
         assert inject.returncode == 0, inject.stderr
         lines = [line for line in inject.stdout.splitlines() if line.startswith("injected")]
         assert len(lines) == 2
@@ -227,3 +243,60 @@ def test_a_torchrun_launcher_pid_injects_every_rank(tmp_path):
     for end in ends:        # DDP's comm hook cannot be removed: an injected probe never registers one
         assert end["ddp_attrs"] == [] and end["comm_hooks"] == 0
         assert not [name for name in end["threads"] if name.startswith("perfmon")]
+
+
+@needs_ptrace
+@needs_remote_exec
+def test_a_main_thread_that_never_reaches_a_safe_point_is_refused_and_nothing_runs_later(tmp_path):
+    """The main thread blocked in ``read`` past the timeout: perfmon withdraws, and when the thread
+    does run the entry file later, it finds the marker gone, removes its directory, starts nothing."""
+    job = Paused("--steps", "200", "--pause-at", "50,100", stderr=subprocess.PIPE)     # blocks in read
+    try:
+        assert job.wait_pause() == 50
+        env = {**os.environ, "TMPDIR": str(tmp_path)}
+        refused = perfmon("inject", str(job.pid), "--method", "remote-exec", "--timeout", "1", env=env)
+        assert refused.returncode == 2
+        lines = refused.stderr.strip().splitlines()
+        assert len(lines) == 1 and f"the main thread of {job.pid} did not reach" in lines[0], refused.stderr
+        assert "nothing of it ran there, and nothing will" in lines[0]
+        [left] = tmp_path.glob("perfmon-inject-*")          # the entry file waits for the main thread
+        assert sorted(p.name for p in left.iterdir()) == ["entry.py"]
+        job.go()            # the main thread runs Python again: it runs the entry file, which does nothing
+        wait_for(lambda: not left.exists(), timeout=30, what="the withdrawn entry file removing its directory")
+        assert job.wait_pause() == 100      # 50 steps later: an injected probe would serve its socket by now
+        report = perfmon("report", str(job.pid), "--json")
+        assert report.returncode == 2 and f"process {job.pid} has no perfmon probe" in report.stderr
+        job.go()
+        end = job.finish()
+    finally:
+        job.proc.kill()
+    assert end["steps"] == 200 and left_by_perfmon(end) == {}
+    assert "debugger script" not in job.err and "Traceback" not in job.err, job.err
+
+
+@needs_ptrace
+@needs_remote_exec
+@pytest.mark.parametrize("how, why", [
+    ({"PYTHON_DISABLE_REMOTE_DEBUG": "1"}, "its environment sets PYTHON_DISABLE_REMOTE_DEBUG"),
+    ({"PYTHON_DISABLE_REMOTE_DEBUG": ""}, "its environment sets PYTHON_DISABLE_REMOTE_DEBUG"),
+    ("-Xdisable-remote-debug", "it was started with -X disable-remote-debug"),
+])
+def test_remote_exec_is_refused_where_the_target_turned_remote_debugging_off(how, why):
+    env = {**os.environ, **how} if isinstance(how, dict) else None
+    options = [how] if isinstance(how, str) else []
+    proc = subprocess.Popen([PY, *options, "-c", "import sys, torch; print(sys.is_remote_debug_enabled(), "
+                             "flush=True); sys.stdin.read()"], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                            text=True, env=env)
+    try:
+        assert proc.stdout.readline().strip() == "False"        # CPython agrees: remote debugging is off in it
+        out = perfmon("inject", str(proc.pid), "--method", "remote-exec")
+        assert out.returncode == 2
+        assert out.stderr.strip() == (f"perfmon inject: --method remote-exec cannot enter {proc.pid}: remote "
+                                      f"debugging is off in {proc.pid}: {why}; --method ptrace enters it through "
+                                      "ptrace (docs/attach.md)")
+        if not HAS_HYPNO:   # auto goes to ptrace, which needs hypno: the refusal says both
+            auto = perfmon("inject", str(proc.pid))
+            assert auto.returncode == 2 and "through ptrace needs hypno" in auto.stderr and why in auto.stderr
+    finally:
+        proc.kill()
+        proc.wait()

@@ -187,3 +187,172 @@ def test_what_the_hosts_said_is_relayed_under_each_hosts_name_and_failures_are_o
     assert err == "perfmon inject: n01: 7: dormant hooks installed\n"
     assert injector.host_failures("inject", results) == ("n02: no process of job t on this node; "
                                                          "n03: exit status 255")
+
+
+# --- the entry method: sys.remote_exec (Python 3.14+, PEP 768) or ptrace ---------------------------
+
+@pytest.mark.parametrize("cmdline, environ, why", [
+    (["python3.14", "train.py"], {}, None),
+    (["python3.14", "-X", "disable-remote-debug", "train.py"], {}, "started with -X disable-remote-debug"),
+    (["python3.14", "-Xdisable-remote-debug=0", "-u", "train.py"], {}, "started with -X disable-remote-debug=0"),
+    (["python3.14", "-X", "disable_remote_debug", "train.py"], {}, "started with -X disable_remote_debug"),
+    (["python3.14", "-uX", "dev", "-X", "disable-remote-debug", "-m", "pkg.train"], {}, "-X disable-remote-debug"),
+    (["python3.14", "train.py", "-X", "disable-remote-debug"], {}, None),          # the script's arguments
+    (["python3.14", "-c", "pass", "-X", "disable-remote-debug"], {}, None),
+    (["python3.14", "train.py"], {"PYTHON_DISABLE_REMOTE_DEBUG": "1"}, "environment sets PYTHON_DISABLE_REMOTE_DEBUG"),
+    (["python3.14", "train.py"], {"PYTHON_DISABLE_REMOTE_DEBUG": ""}, "environment sets PYTHON_DISABLE_REMOTE_DEBUG"),
+    (["python3.14", "-E", "train.py"], {"PYTHON_DISABLE_REMOTE_DEBUG": "1"}, None),  # -E, -I: environment ignored
+    (["python3.14", "-sI", "train.py"], {"PYTHON_DISABLE_REMOTE_DEBUG": "1"}, None),
+])
+def test_remote_debugging_off_is_read_from_the_targets_command_line_and_environment(cmdline, environ, why):
+    got = injector.remote_debug_off(cmdline, environ)
+    assert got is None if why is None else why in got
+
+
+def test_this_perfmon_sends_remote_exec_only_on_python_3_14_with_remote_debugging_on():
+    why = injector._local_remote_exec()
+    if sys.version_info < (3, 14):
+        assert why == f"sys.remote_exec needs CPython 3.14 or newer (this perfmon runs 3.{sys.version_info[1]})"
+    else:
+        assert (why is None) == sys.is_remote_debug_enabled()
+
+
+@pytest.mark.parametrize("local, environ, asked, method", [
+    (None, {}, "auto", "remote-exec"),
+    (None, {"PYTHON_DISABLE_REMOTE_DEBUG": "1"}, "auto", "ptrace"),
+    ("sys.remote_exec needs CPython 3.14 or newer", {}, "auto", "ptrace"),
+    (None, {}, "ptrace", "ptrace"),
+    (None, {}, "remote-exec", "remote-exec"),
+    (None, {"PYTHON_DISABLE_REMOTE_DEBUG": "1"}, "remote-exec",
+     "cannot enter {pid}: remote debugging is off in {pid}: its environment sets PYTHON_DISABLE_REMOTE_DEBUG"),
+    ("sys.remote_exec needs CPython 3.14 or newer", {}, "remote-exec",
+     "cannot enter {pid}: sys.remote_exec needs CPython 3.14 or newer"),
+])
+def test_the_entry_method_auto_takes_remote_exec_where_both_sides_allow_it(monkeypatch, local, environ, asked, method):
+    monkeypatch.setattr(injector, "_local_remote_exec", lambda: local)
+    monkeypatch.setattr(injector, "_environ", lambda pid: environ)
+    pid = os.getpid()
+    if method in injector.METHODS:
+        target = injector.check(pid, asked)
+        assert (target.method, target.asked) == (method, asked != "auto")
+    else:                                   # refused before anything is touched, with the way out
+        with pytest.raises(UserError) as err:
+            injector.check(pid, asked)
+        assert str(err.value).startswith(f"--method remote-exec {method.format(pid=pid)}")
+        assert str(err.value).endswith("--method ptrace enters it through ptrace (docs/attach.md)")
+
+
+def test_the_method_is_a_cli_option_of_inject_and_detach():
+    from tui.cli import build_parser
+    assert build_parser().parse_args(["inject", "7"]).method == "auto"
+    assert build_parser().parse_args(["detach", "7", "--method", "remote-exec"]).method == "remote-exec"
+    with pytest.raises(SystemExit):
+        build_parser().parse_args(["inject", "7", "--method", "gdb"])
+
+
+@pytest.fixture
+def remote(monkeypatch, tmp_path):
+    """``run`` through remote-exec on this process, with ``sys.remote_exec`` standing in for CPython
+    3.14's: ``sent`` lists the entry files it was given; ``arrive`` (set by a test) is what the
+    target's main thread does with one. The answer directories go to ``tmp_path``."""
+    monkeypatch.setattr(injector.tempfile, "tempdir", str(tmp_path))
+    sent: list[str] = []
+    state = {"arrive": None, "raise": None}
+
+    def remote_exec(pid: int, path: str) -> None:
+        assert pid == os.getpid()
+        if state["raise"] is not None:
+            raise state["raise"]
+        sent.append(path)
+        if state["arrive"] is not None:
+            state["arrive"](path)
+    monkeypatch.setattr(sys, "remote_exec", remote_exec, raising=False)
+    return sent, state
+
+
+def _main_thread_runs(path: str) -> None:
+    """What CPython does at the safe point: the file, in a fresh namespace."""
+    with open(path) as f:
+        exec(compile(f.read(), path, "exec"), {})
+
+
+def _target(asked: bool = True) -> injector.Target:
+    return injector.Target(os.getpid(), sys.executable, "remote-exec", asked)
+
+
+def test_remote_exec_runs_the_entry_file_once_the_main_thread_claims_it(remote, tmp_path):
+    sent, state = remote
+    state["arrive"] = lambda path: threading.Thread(target=_main_thread_runs, args=(path,)).start()
+    answer = injector.run(_target(), "detach", timeout=10, reach=10)
+    assert answer == {"ok": False, "message": "no probe injected by perfmon in this process"}   # BOOT ran
+    assert len(sent) == 1 and os.path.basename(sent[0]) == "entry.py"
+    assert list(tmp_path.iterdir()) == []           # the answer directory is gone
+
+
+def test_a_main_thread_late_past_the_timeout_finds_perfmon_withdrawn_and_runs_nothing(remote, tmp_path):
+    sent, state = remote
+    with pytest.raises(UserError) as err:
+        injector.run(_target(), "inject", timeout=10, reach=0.2)
+    assert str(err.value) == (f"the main thread of {os.getpid()} did not reach a point where Python runs code "
+                              "within 0.2 s (a long call outside Python?); perfmon withdrew: nothing of it ran there, "
+                              "and nothing will; --method ptrace enters through a parked thread")
+    [entry] = sent
+    directory = os.path.dirname(entry)
+    assert os.listdir(directory) == ["entry.py"]     # kept for the main thread: a missing file is an error there
+    threads = set(threading.enumerate())
+    _main_thread_runs(entry)                        # it gets there at last
+    assert not os.path.exists(directory)            # removed its directory, wrote no answer
+    assert set(threading.enumerate()) == threads    # and started nothing
+    assert "probe.inject" in sys.modules and not target_side.installed()
+
+
+def test_a_main_thread_that_claims_the_entry_as_perfmon_gives_up_is_waited_for(remote, monkeypatch):
+    sent, state = remote
+    real_unlink = os.unlink
+    raced: list[str] = []
+
+    def unlink(path, *args, **kwargs):
+        if os.path.basename(str(path)) == injector.WANTED and not raced:
+            raced.append(str(path))                 # perfmon withdraws; the main thread's claim lands first
+            _main_thread_runs(sent[0])
+        return real_unlink(path, *args, **kwargs)
+    monkeypatch.setattr(os, "unlink", unlink)
+    answer = injector.run(_target(), "detach", timeout=10, reach=0.1)
+    assert raced and answer["message"] == "no probe injected by perfmon in this process"
+
+
+@pytest.mark.parametrize("raised, message", [
+    (RuntimeError("Remote debugging is not enabled in the remote process"),
+     "sys.remote_exec could not enter {pid}: remote debugging is off in it (PYTHON_DISABLE_REMOTE_DEBUG, "
+     "-X disable-remote-debug, or a Python built --without-remote-debug)"),
+    (RuntimeError("Can't send commands from a Python 3.14 process to a Python 3.13 process"),
+     "sys.remote_exec could not enter {pid}: Can't send commands from a Python 3.14 process to a Python 3.13 process"),
+    (PermissionError(1, "Operation not permitted"), "no ptrace rights over {pid}: the kernel denied access to its memory"),
+])
+def test_what_sys_remote_exec_raises_is_one_line(remote, raised, message):
+    sent, state = remote
+    state["raise"] = raised
+    with pytest.raises(UserError) as err:
+        injector.run(_target(), "inject", reach=1)
+    assert str(err.value).startswith(message.format(pid=os.getpid()))
+
+
+def test_auto_falls_back_to_ptrace_when_remote_exec_is_refused(remote, monkeypatch):
+    sent, state = remote
+    state["raise"] = RuntimeError("Remote debugging is not enabled in the remote process")
+    entered = []
+    monkeypatch.setattr(injector, "entry_thread", lambda pid: 1)
+    monkeypatch.setattr(injector, "_enter", lambda pid, tid, code: entered.append(code))
+    monkeypatch.setattr(injector, "_await", lambda pid, result, timeout: {"ok": True, "message": "entered"})
+    find_spec = injector.importlib.util.find_spec
+    monkeypatch.setattr(injector.importlib.util, "find_spec",
+                        lambda name: object() if name == "hypno" else find_spec(name))     # hypno is there
+    assert injector.run(_target(asked=False), "inject", reach=1)["message"] == "entered"
+    assert len(entered) == 1 and entered[0].startswith("exec(")      # the same statement, through ptrace
+    monkeypatch.setattr(injector.importlib.util, "find_spec",
+                        lambda name: None if name == "hypno" else find_spec(name))         # hypno is not
+    with pytest.raises(UserError) as err:
+        injector.run(_target(asked=False), "inject", reach=1)
+    assert str(err.value) == (f"entering {os.getpid()} through ptrace needs hypno: pip install 'perfmon[inject]' "
+                              "(sys.remote_exec could not: remote debugging is off in it (PYTHON_DISABLE_REMOTE_DEBUG, "
+                              "-X disable-remote-debug, or a Python built --without-remote-debug))")

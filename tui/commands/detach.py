@@ -21,12 +21,12 @@ HOST_SECONDS = 30.0
 def main(args: Any) -> int:
     where = across_hosts(args)
     if where is not None:
-        results = on_hosts("detach", safe_job(args.job), *where, HOST_SECONDS)
+        results = on_hosts("detach", safe_job(args.job), *where, HOST_SECONDS, args.method)
         relay_output("detach", [r for r in results if r.code == 0])
         if host_failures("detach", results):
             raise UserError(host_failures("detach", results))
         return 0
-    targets = [check(p) for p in chosen(args)]
+    targets = [check(p, args.method) for p in chosen(args)]
     failed = []
     for target in targets:
         answer = detach(target)

@@ -1,14 +1,15 @@
-"""``perfmon inject PID|--job NAME [--hosts ...] [--timeout S] [--attach]``: start the probe inside
-a job that runs without it.
+"""``perfmon inject PID|--job NAME [--hosts ...] [--timeout S] [--method M] [--attach]``: start
+the probe inside a job that runs without it.
 
 PID is a training process, or a torchrun launcher (each worker on this node is entered); ``--job
 NAME`` finds the job's processes on this node by the name perfmon would give it, or, with
 ``--hosts``/``--slurm``/``--k8s``, runs ``perfmon inject --job NAME`` on every host through the
 transport the relays use. All processes or none: when one refuses, those already entered are
 detached. The command returns once every probe's socket is up, which is at the first optimizer
-step after the injection; ``--attach`` then opens the TUI on the job and, on leaving it, asks
-whether to detach. How it enters a process and what it leaves there: ``tui.injector``,
-docs/attach.md.
+step after the injection (``--timeout`` bounds that wait, and, entering through
+``sys.remote_exec``, the wait for the main thread to reach a safe point); ``--attach`` then
+opens the TUI on the job and, on leaving it, asks whether to detach. How it enters a process
+(``--method``) and what it leaves there: ``tui.injector``, docs/attach.md.
 """
 
 from __future__ import annotations
@@ -56,10 +57,10 @@ def _ask_detach(what: str) -> bool:
 
 def _here(args: Any) -> int:
     job = safe_job(args.job) if args.job is not None else None
-    targets: list[Target] = [check(p) for p in chosen(args)]   # every refusal before any process is entered
+    targets: list[Target] = [check(p, args.method) for p in chosen(args)]   # every refusal before any is entered
     entered: list[Target] = []
     for target in targets:
-        answer = run(target, "inject", job=job)
+        answer = run(target, "inject", job=job, reach=args.timeout)
         if not answer.get("ok"):
             for done in entered:     # all ranks or none
                 detach(done)
@@ -88,12 +89,12 @@ def _here(args: Any) -> int:
 
 def _everywhere(args: Any, found: list[str], via: str) -> int:
     job = safe_job(args.job)
-    results = on_hosts("inject", job, found, via, args.timeout)
+    results = on_hosts("inject", job, found, via, args.timeout, args.method)
     failed = host_failures("inject", results)
     if failed:
         injected = [r.host for r in results if r.code == 0]
         if injected:      # all hosts or none
-            left = [r.host for r in on_hosts("detach", job, injected, via, args.timeout) if r.code != 0]
+            left = [r.host for r in on_hosts("detach", job, injected, via, args.timeout, args.method) if r.code != 0]
             failed += f"; still injected on {', '.join(left)}" if left else f"; undone on {', '.join(injected)}"
         raise UserError(failed)
     relay_output("inject", results)
@@ -108,7 +109,7 @@ def _everywhere(args: Any, found: list[str], via: str) -> int:
     needs_terminal()
     code = run_app(app_for(RelayFeed(Analysis().model, job, found, via)))
     if _ask_detach(f"job {job} on {len(found)} host{'s' * (len(found) != 1)}"):
-        results = on_hosts("detach", job, found, via, args.timeout)
+        results = on_hosts("detach", job, found, via, args.timeout, args.method)
         relay_output("detach", [r for r in results if r.code == 0])
         if host_failures("detach", results):
             raise UserError(host_failures("detach", results))

@@ -2,7 +2,9 @@
 
 At each ``--pause-at`` step it prints ``{"pause": N, "pid": ...}`` and waits for a line on stdin,
 so a test can inject, report and detach at known steps (at the step's end, or with
-``--pause-after-backward`` inside it, after its forward and backward). With ``--until-told`` it trains instead
+``--pause-after-backward`` inside it, after its forward and backward; with ``--pause-in-python`` its
+main thread keeps running Python meanwhile, as a training loop's does, so that it reaches the safe
+points where ``sys.remote_exec`` enters; else it blocks in ``read``). With ``--until-told`` it trains instead
 until a line arrives on stdin (read by a thread of its own, which is parked in the kernel meanwhile,
 as a training process's helper threads are), after printing ``{"ready": pid, "importable": [...]}``
 (which of perfmon's packages and its dependencies its environment has) at its first step.
@@ -18,6 +20,7 @@ import gc
 import importlib.util
 import json
 import os
+import select
 import sys
 import threading
 import time
@@ -35,6 +38,7 @@ from torch.utils.data.dataloader import _BaseDataLoaderIter
 parser = argparse.ArgumentParser()
 parser.add_argument("--steps", type=int, default=400)
 parser.add_argument("--pause-at", default="", help="comma-separated steps to pause at")
+parser.add_argument("--pause-in-python", action="store_true", help="at a pause, run Python every 50 ms")
 parser.add_argument("--until-told", action="store_true", help="train until a line arrives on stdin")
 parser.add_argument("--pause-after-backward", action="store_true",
                     help="pause inside the step, between backward and the optimizer's step")
@@ -114,6 +118,9 @@ def _code_name(obj: object) -> str:
 
 def pause(step: int) -> None:
     print(json.dumps({"pause": step, "pid": os.getpid()}), flush=True)
+    if args.pause_in_python:
+        while not select.select([sys.stdin], [], [], 0.05)[0]:
+            pass
     sys.stdin.readline()
 
 
