@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # perfmon inject's tests under a real CPython 3.14 (sys.remote_exec, PEP 768), on a host whose own
 # Python is older: a Debian sid chroot with python3.14, a venv in it with torch and perfmon installed
-# (editable) from this checkout, then tests/unit/test_inject.py and tests/integration/test_inject.py
-# run there; a table of each test's outcome at the end. Re-running reuses the chroot and the venv.
+# (editable) from this checkout, then tests/unit/test_inject.py, tests/integration/test_inject.py and
+# tests/integration/test_inject_job.py run there; a table of each test's outcome at the end. Re-running reuses the chroot and the venv.
 #
 #   sudo scripts/py314_check.sh              # build or reuse /work/py314root, install, test
 #   PY314_ROOT=/srv/py314 sudo scripts/py314_check.sh
@@ -78,7 +78,7 @@ echo "== sys.is_remote_debug_enabled(): $(in_root python -c 'import sys; print(s
 XML=/tmp/perfmon-py314-inject.xml
 status=0
 in_root bash -c "cd '$REPO' && python -m pytest -q -p no:randomly --no-cov -p no:cacheprovider -rs \
-    --junitxml=$XML tests/unit/test_inject.py tests/integration/test_inject.py $*" || status=$?
+    --junitxml=$XML tests/unit/test_inject.py tests/integration/test_inject.py tests/integration/test_inject_job.py $*" || status=$?
 
 in_root python - "$XML" <<'EOF'
 import sys

@@ -10,6 +10,7 @@ nothing of perfmon, and check from inside at their end that nothing of perfmon i
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
 import shutil
@@ -26,11 +27,14 @@ SCRIPTS = Path(__file__).parent / "scripts"
 PY = sys.executable
 TRAINING = ["--until-told", "--step-sleep", "0.005"]
 
-pytest.importorskip("hypno")
+from tui.injector import why_no_rights  # noqa: E402
 
-from tui.injector import why_no_rights  # noqa: E402  (after the skip: the module needs no hypno, the tests do)
-
+# the default entry method: sys.remote_exec on Python 3.14+, else ptrace through hypno; either needs
+# ptrace rights over the target
+REMOTE_EXEC = sys.version_info >= (3, 14)
 needs_ptrace = pytest.mark.skipif(why_no_rights() is not None, reason=f"no ptrace rights here: {why_no_rights()}")
+pytestmark = pytest.mark.skipif(not REMOTE_EXEC and importlib.util.find_spec("hypno") is None,
+                                reason="entering a process before Python 3.14 needs hypno (pip install 'perfmon[inject]')")
 
 
 def _namespaces_work() -> bool:
@@ -227,8 +231,10 @@ def test_an_injected_ddp_job_says_its_traffic_is_not_timed_and_blames_no_one_for
 def test_a_probe_entered_after_the_steps_forward_still_finds_the_model(tmp_path):
     """Entered between backward and the optimizer's step, the probe starts at that step's end having
     seen no forward: the model it hooks is the root of the forwards that follow."""
+    in_python = ["--pause-in-python"] if REMOTE_EXEC else []     # sys.remote_exec enters a thread running Python
     job = subprocess.Popen([PY, str(SCRIPTS / "inject_target.py"), "--steps", "300", "--pause-at", "50,150",
-                            "--pause-after-backward"], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+                            "--pause-after-backward", *in_python], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                           text=True)
     try:
         assert json.loads(job.stdout.readline())["pause"] == 50
         inject = subprocess.Popen([PY, "-m", "tui.cli", "inject", str(job.pid), "--timeout", "30"],
