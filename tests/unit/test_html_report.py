@@ -5,7 +5,12 @@ The page drawing in a real browser is tests/integration/test_html_report.py."""
 from __future__ import annotations
 
 import html
+import json
 import re
+import shutil
+import subprocess
+
+import pytest
 
 from perfmon_analysis.history import STEP_FIELDS
 from tests.tui import scenarios
@@ -88,3 +93,29 @@ def test_the_page_carries_a_recorded_module_profile_and_capture(tmp_path, monkey
     plain = tmp_path / "plain.html"
     assert cli.main(["report", "--html", str(plain), str(scenarios.write("healthy", tmp_path))]) == 0
     assert "Module profile" not in plain.read_text() and "captures" not in plain.read_text()
+
+
+@pytest.mark.slow     # runs node on the formatter's code
+def test_a_heatmaps_hover_names_the_rank_and_node_of_the_row_under_the_pointer(tmp_path):
+    """Rows are ranks grouped by node, so a row number is not a rank: the hover's formatter maps the
+    pointer's row to its rank (run with node, when it is on this machine, as the browser runs it)."""
+    from bokeh.models import CustomJSHover, HoverTool
+    from bokeh.models.ranges import Range1d
+    from tui.export import html as page
+
+    analysis, _ = load(str(scenarios.write("many_nodes", tmp_path, nodes=3, per_node=2, slow_rank=4)), 5.0)
+    figures, _ = page._heatmaps(analysis.model.history, Range1d(0, 1))
+    hover = next(t for t in figures[0].tools if isinstance(t, HoverTool))
+    assert ("rank", "$y{rank}") in hover.tooltips
+    formatter = hover.formatters["$y"]
+    assert isinstance(formatter, CustomJSHover)
+    labels = formatter.args["labels"]
+    assert labels == ["0 (n01)", "1 (n01)", "2 (n02)", "3 (n02)", "4 (n03)", "5 (n03)"]
+    node = shutil.which("node")
+    if node is None:
+        return
+    script = (f"const labels = {json.dumps(labels)};\n"
+              f"const f = (value) => {{ {formatter.code} }};\n"
+              "console.log(JSON.stringify([f(0.2), f(3.99), f(5.5), f(6.0), f(-0.1)]));")
+    out = subprocess.run([node, "-e", script], capture_output=True, text=True, timeout=30)
+    assert json.loads(out.stdout) == ["0 (n01)", "3 (n02)", "5 (n03)", "", ""], out.stderr

@@ -18,8 +18,8 @@ from typing import Any
 import numpy as np
 from bokeh.embed import components
 from bokeh.layouts import column
-from bokeh.models import (ColorBar, ColumnDataSource, FixedTicker, HoverTool, LinearColorMapper, Range1d, Span,
-                          NumeralTickFormatter)
+from bokeh.models import (ColorBar, ColumnDataSource, CustomJSHover, FixedTicker, HoverTool, LinearColorMapper,
+                          NumeralTickFormatter, Range1d, Span)
 from bokeh.palettes import Category10_10, Viridis256
 from bokeh.plotting import figure as _bokeh_figure
 from bokeh.resources import Resources
@@ -251,12 +251,20 @@ def _heatmaps(hist: History, x_range: Range1d) -> tuple[list[Any], list[str]]:
                      y_axis_label="rank, by node")
         img = fig.image(image=[matrix], x=_ms(edges[0]), y=0, dw=_ms(edges[-1]) - _ms(edges[0]), dh=len(ranks),
                         color_mapper=mapper)
-        fig.add_tools(HoverTool(renderers=[img], tooltips=[("row", "$y{0}"), ("value", "@image{0.000 a}")]))
+        fig.add_tools(HoverTool(renderers=[img], tooltips=[("rank", "$y{rank}"), ("value", "@image{0.000 a}")],
+                                formatters={"$y": _row_rank([(h.rank, h.host) for h in ranks])}))
         fig.add_layout(ColorBar(color_mapper=mapper, width=10,
                                 formatter=NumeralTickFormatter(format="0%" if share else "0.000 a")), "right")
         _node_ticks(fig, [(h.rank, h.host) for h in ranks])
         out.append(fig)
     return out, unmeasured
+
+
+def _row_rank(ranks: list[tuple[int, str | None]]) -> CustomJSHover:
+    """The hover's rank (and node) of the row under the pointer: rows are ranks grouped by node."""
+    labels = [f"{rank} ({host})" if host else str(rank) for rank, host in ranks]
+    return CustomJSHover(args={"labels": labels},
+                         code="const row = Math.floor(value); return row >= 0 && row < labels.length ? labels[row] : '';")
 
 
 def _node_ticks(fig: Any, ranks: list[tuple[int, str | None]]) -> None:

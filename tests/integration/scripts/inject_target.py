@@ -52,7 +52,9 @@ torch.manual_seed(0)
 model = nn.Sequential(nn.Linear(32, 64), nn.ReLU(), nn.Linear(64, 1))
 opt = torch.optim.SGD(model.parameters(), lr=0.01)
 data = TensorDataset(torch.randn(64 * 16, 32), torch.randn(64 * 16, 1))
-loader = DataLoader(data, batch_size=16, shuffle=True, num_workers=args.workers, persistent_workers=args.workers > 0)
+# workers forked (Python 3.14's default is forkserver): copies of this process, its command line included
+loader = DataLoader(data, batch_size=16, shuffle=True, num_workers=args.workers, persistent_workers=args.workers > 0,
+                    multiprocessing_context="fork" if args.workers else None)
 told = threading.Event()
 
 
