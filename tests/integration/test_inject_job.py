@@ -257,3 +257,30 @@ def test_a_probe_entered_after_the_steps_forward_still_finds_the_model(tmp_path)
     assert len(steps) >= 90                                    # steps 51..149, the ring's backfill
     assert all(r["phases"].get("forward", 0) > 0 for r in steps[1:]), [(i, r["step"], r["phases"]) for i, r in enumerate(steps) if "forward" not in r["phases"]]
     assert not [r for r in records if r["k"] == "event" and "not visible" in r.get("message", "")]
+
+
+@needs_ptrace
+@pytest.mark.skipif(shutil.which("tmux") is None, reason="tmux not installed")
+def test_inject_attach_across_nodes_shows_every_rank_and_leaving_it_detaches_everywhere(nodes, job_name, tmp_path):
+    from tests.e2e.test_tmux import PANE_TITLES, Tmux, wait_screen
+
+    env, via, trained = nodes
+    status = tmp_path / "status"
+    tmux = Tmux(tmp_path / "tmux.sock")
+    try:
+        tmux.start(f"env PATH={env['PATH']} TERM=xterm-256color {PY} -m tui.cli inject --job {job_name} "
+                   f"--hosts n01,n02 --via '{via}' --attach; echo $? > {status}", 120, 36)
+        screen = wait_screen(tmux, lambda s: "2/2 ranks" in s and all(t in s for t in PANE_TITLES), timeout=60)
+        assert job_name in screen and "Traceback" not in screen
+        tmux.run("send-keys", "-t", "t", "q")
+        wait_screen(tmux, lambda s: f"detach perfmon from job {job_name} on 2 hosts? [Y/n]" in s, timeout=15)
+        tmux.run("send-keys", "-t", "t", "Enter")
+        wait_screen(tmux, lambda s: status.exists() and status.read_text().strip() != "", timeout=30)
+        assert status.read_text().strip() == "0", tmux.screen()
+        screen = tmux.screen()
+        assert "n01: 1: detached" in screen and "n02: 1: detached" in screen
+    finally:
+        tmux.kill()
+    for trainer in trained:                      # the ranks went on, and nothing of perfmon is left in them
+        assert trainer.proc.poll() is None
+        assert left_by_perfmon(trainer.stop()) == {}
