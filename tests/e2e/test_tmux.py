@@ -152,13 +152,3 @@ def test_attach_to_a_stuck_job_names_the_culprit_and_s_shows_where_each_rank_is(
         assert "Traceback" not in screen
     finally:
         kill_tree(job)
-
-
-def wait_screen(tmux: Tmux, cond, timeout: float) -> str:
-    deadline = time.monotonic() + timeout
-    while True:
-        screen = tmux.screen()
-        if cond(screen):
-            return screen
-        assert time.monotonic() < deadline, screen
-        time.sleep(0.2)
