@@ -7,9 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.integration.demoutil import HeadlessRun, run_headless
-
-LOAD_IMBALANCE_SECONDS = 8
+from tests.integration.demoutil import LOAD_IMBALANCE_SECONDS, HeadlessRun, run_headless
 
 
 @pytest.fixture(scope="session")

@@ -13,6 +13,7 @@ import psutil
 
 ROOT = Path(__file__).parents[2]
 PERFMON = [sys.executable, "-m", "tui.cli"]
+LOAD_IMBALANCE_SECONDS = 8      # the shared load_imbalance run's watch (conftest.py)
 
 
 def demo_processes(perfmon_dir: Path) -> list[psutil.Process]:
