@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 
 from probe.recording import read_recording, recording_files
+from tests.compat import runs
 
 JOB = str(Path(__file__).with_name("job.py"))
 PY = sys.executable
@@ -45,11 +46,10 @@ def _comm_totals(record: Path) -> dict[int, dict[str, dict]]:
     return totals
 
 
-def test_fsdp2_all_gather_and_reduce_scatter_bytes_match_the_sharded_parameters(tmp_path: Path) -> None:
-    env = {**os.environ, "PYTHONPATH": str(ROOT), "PERFMON_RECORD": str(tmp_path)}
-    proc = subprocess.run([*TORCHRUN, JOB, "fsdp2_mixed_precision", "--api", "--steps", str(STEPS)],
-                          capture_output=True, text=True, timeout=240, env=env, cwd=tempfile.gettempdir())
-    assert proc.returncode == 0, proc.stderr[-3000:]
+def test_fsdp2_all_gather_and_reduce_scatter_bytes_match_the_sharded_parameters() -> None:
+    # the matrix's run of this cell with the API (the job's default 24 steps), shared with test_matrix.py
+    ranks, record = runs.watched("fsdp2_mixed_precision", "api")
+    assert {rank: line["steps"] for rank, line in ranks.items()} == {0: STEPS, 1: STEPS}
     # the job's model: Stack(dim=64, depth=2), each block and the root (head) its own FSDP unit
     block = _linear(64, 128) + _linear(128, 64)
     root = _linear(64, 1)
@@ -57,7 +57,7 @@ def test_fsdp2_all_gather_and_reduce_scatter_bytes_match_the_sharded_parameters(
     # forward gathers every unit; backward gathers the blocks again (resharded after forward), not the root
     gather_per_step = (root + 2 * block) * bf16 + 2 * block * bf16
     scatter_per_step = (root + 2 * block) * fp32
-    for rank, ops in _comm_totals(tmp_path).items():
+    for rank, ops in _comm_totals(record).items():
         assert ops["all_gather"]["count"] == 5 * STEPS, rank
         assert ops["all_gather"]["bytes"] == gather_per_step * STEPS, rank
         assert ops["reduce_scatter"]["count"] == 3 * STEPS, rank

@@ -9,9 +9,7 @@ timed while the others are announced as not visible.
 
 from __future__ import annotations
 
-import functools
 import json
-import os
 import subprocess
 import sys
 import tempfile
@@ -22,53 +20,12 @@ import pytest
 
 from probe.recording import read_recording, recording_files
 from tests.compat.matrix import ALL, BY_NAME, CELLS, Cell, render
+from tests.compat import runs
 
-JOB = str(Path(__file__).with_name("job.py"))
 PY = sys.executable
 ROOT = Path(__file__).resolve().parents[2]
-TIMEOUT = 240
 
 pytestmark = pytest.mark.slow
-
-
-def _launch(cell: Cell) -> list[str]:
-    if cell.launcher == "torchrun":
-        return [PY, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={cell.ranks}"]
-    if cell.launcher == "accelerate":
-        return [PY, "-m", "accelerate.commands.launch", "--multi_gpu", f"--num_processes={cell.ranks}",
-                "--num_machines=1", "--mixed_precision=no", "--dynamo_backend=no"]
-    return [PY]
-
-
-def _results(proc: subprocess.CompletedProcess) -> dict[int, dict]:
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    lines = [json.loads(line) for line in proc.stdout.splitlines() if line.startswith('{"cell"')]
-    return {line["rank"]: line for line in lines}
-
-
-def _run(cell: Cell, mode: str, record: Path | None) -> dict[int, dict]:
-    cmd = [*_launch(cell), JOB, cell.name] + (["--api"] if mode in ("api", "requests") else [])
-    cmd += ["--requests"] if mode == "requests" else []
-    env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    env.pop("PERFMON_RECORD", None)
-    if mode in ("api", "requests"):
-        env["PERFMON_RECORD"] = str(record)
-    elif mode == "run":
-        cmd = [PY, "-m", "tui.cli", "run", "--no-tui", "--record", str(record), "--", *cmd]
-    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=TIMEOUT, env=env, cwd=tempfile.gettempdir())
-    return _results(proc)
-
-
-@functools.cache
-def _bare(name: str) -> dict[int, dict]:
-    return _run(BY_NAME[name], "bare", None)
-
-
-@functools.cache
-def _watched(name: str, mode: str) -> tuple[dict[int, dict], Path]:
-    """One run of the cell with perfmon (``api`` or ``run``), shared by the tests that read it."""
-    record = Path(tempfile.mkdtemp(prefix=f"perfmon-compat-{name}-{mode}-"))
-    return _run(BY_NAME[name], mode, record), record
 
 
 def _flops_per_step(record: Path) -> list[float]:
@@ -104,9 +61,9 @@ CPU_CELLS = [c.name for c in CELLS if not c.gpu]
 def test_cell(name: str, mode: str) -> None:
     cell = BY_NAME[name]
     _available(cell)
-    bare = _bare(name)
+    bare = runs.bare(name)
     assert sorted(bare) == list(range(cell.ranks))
-    watched, record = _watched(name, mode)
+    watched, record = runs.watched(name, mode)
     for rank, line in bare.items():        # the job is unchanged: same steps, same loss to the last bit
         assert watched[rank]["steps"] == line["steps"]
         assert watched[rank]["loss"] == line["loss"], f"rank {rank}: {watched[rank]['loss']} != {line['loss']}"
@@ -144,7 +101,7 @@ def test_a_module_profile_and_a_profiler_capture_leave_the_job_unchanged(name: s
     cell = BY_NAME[name]
     _available(cell)
     record = Path(tempfile.mkdtemp(prefix=f"perfmon-compat-{name}-requests-"))
-    assert _run(cell, "requests", record) == _bare(name)
+    assert runs.run_cell(cell, "requests", record) == runs.bare(name)
     for path in recording_files(record):
         records = read_recording(path).records
         profiles = [r for r in records if r["k"] == "profile"]
@@ -161,7 +118,7 @@ def test_a_module_profile_and_a_profiler_capture_leave_the_job_unchanged(name: s
 @pytest.mark.parametrize("name", ["activation_checkpointing", "autocast_bf16"])
 def test_zero_code_counts_the_same_flops_as_the_api(name: str) -> None:
     """Both count one forward+backward on a meta copy of the same model: the same FLOPs per step."""
-    api, run = (_flops_per_step(_watched(name, mode)[1]) for mode in ("api", "run"))
+    api, run = (_flops_per_step(runs.watched(name, mode)[1]) for mode in ("api", "run"))
     # the count runs on a background thread: the first steps (more on a loaded machine) have none yet
     assert len(api) >= 5 and len(run) >= 5
     assert set(run) == set(api) and len(set(api)) == 1, (set(api), set(run))
@@ -176,8 +133,8 @@ def test_gpu_cell(name: str, mode: str, tmp_path: Path) -> None:
     cell = BY_NAME[name]
     if torch.cuda.device_count() < cell.min_gpus:
         pytest.skip(f"needs {cell.min_gpus} GPUs")
-    bare = _bare(name)
-    watched = _run(cell, mode, tmp_path / "rec")
+    bare = runs.bare(name)
+    watched = runs.run_cell(cell, mode, tmp_path / "rec")
     for rank, line in bare.items():
         assert watched[rank]["steps"] == line["steps"]
     for rank, (steps, timed, with_comm, _) in _steps_and_phases(tmp_path / "rec").items():

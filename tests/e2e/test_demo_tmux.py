@@ -13,7 +13,7 @@ import psutil
 import pytest
 
 from tests.e2e.test_tmux import PANE_TITLES, Tmux, wait_screen
-from tests.integration.test_demo import demo_processes as workload_processes
+from tests.integration.demoutil import demo_processes as workload_processes
 
 pytestmark = [pytest.mark.slow, pytest.mark.skipif(shutil.which("tmux") is None, reason="tmux not installed")]
 

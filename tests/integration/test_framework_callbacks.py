@@ -18,12 +18,13 @@ from perfmon_analysis.buffers import WINDOW_STEPS
 from probe.recording import read_recording, recording_files
 
 SCRIPT = Path(__file__).parent / "scripts" / "trainers.py"
-STEPS = 120
+STEPS = 120         # with a callback: a run well past the live window (the last 50 steps) whose numbers it logs
+RUN_STEPS = WINDOW_STEPS + 10   # under perfmon run alone: the report judges the last full window
 
 
-def _train(tmp_path: Path, framework: str, mode: str) -> tuple[dict, dict, list[dict]]:
+def _train(tmp_path: Path, framework: str, mode: str, steps: int) -> tuple[dict, dict, list[dict]]:
     out, rec = tmp_path / f"{framework}-{mode}.json", tmp_path / f"rec-{framework}-{mode}"
-    cmd = [sys.executable, str(SCRIPT), framework, "bare" if mode == "perfmon_run" else "callback", str(out), str(STEPS)]
+    cmd = [sys.executable, str(SCRIPT), framework, "bare" if mode == "perfmon_run" else "callback", str(out), str(steps)]
     env = dict(os.environ)
     if mode == "callback":
         env["PERFMON_RECORD"] = str(rec)
@@ -46,9 +47,10 @@ def _data_share(window: list[dict]) -> float:
 @pytest.mark.parametrize("mode", ["callback", "perfmon_run"])
 def test_steps_equal_the_trainers_and_a_slow_collate_is_data_preprocessing(tmp_path, framework, mode):
     pytest.importorskip("lightning" if framework == "lightning" else "transformers")
-    trained, report, steps = _train(tmp_path, framework, mode)
-    assert trained["global_step"] == STEPS
-    assert len(steps) == STEPS
+    planned = RUN_STEPS if mode == "perfmon_run" else STEPS
+    trained, report, steps = _train(tmp_path, framework, mode, planned)
+    assert trained["global_step"] == planned
+    assert len(steps) == planned
     assert report["verdict"]["bottleneck"] == "data_preprocessing", report["verdict"]["headline"]
     perfmon = {k: v for k, v in trained["logged"].items() if k.startswith("perfmon/")}
     if mode != "perfmon_run":
@@ -72,6 +74,6 @@ def test_steps_equal_the_trainers_and_a_slow_collate_is_data_preprocessing(tmp_p
 def test_the_callback_under_perfmon_run_leaves_the_steps_to_zero_code_mode_and_logs_its_numbers(tmp_path):
     """Both at once: steps are counted once (by zero-code mode), the numbers still reach the logs."""
     pytest.importorskip("lightning")
-    trained, report, steps = _train(tmp_path, "lightning", "perfmon_run_with_callback")
+    trained, report, steps = _train(tmp_path, "lightning", "perfmon_run_with_callback", STEPS)
     assert trained["global_step"] == len(steps) == STEPS
     assert trained["logged"]["perfmon/bottleneck/data_preprocessing"] == 1.0

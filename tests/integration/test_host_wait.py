@@ -13,10 +13,13 @@ from pathlib import Path
 import jsonschema
 import pytest
 
+from perfmon_analysis.buffers import WINDOW_STEPS
+
 ROOT = Path(__file__).parents[2]
 SCRIPT = Path(__file__).parent / "scripts" / "inloop_work.py"
 SCHEMA = json.loads((ROOT / "tui" / "schemas" / "report.schema.json").read_text())
 PERFMON = [sys.executable, "-m", "tui.cli"]
+STEPS = WINDOW_STEPS + 10      # the report judges the last 50 steps (its window); 10 more to warm up
 
 pytestmark = pytest.mark.slow
 
@@ -30,7 +33,8 @@ def run_loop(mode: str, tmp_path: Path) -> tuple[dict, dict]:
     """(the script's own numbers, the report JSON) for one loop run under ``perfmon run``."""
     rec = tmp_path / mode
     run = subprocess.run(PERFMON + ["run", "--no-tui", "--record", str(rec), "--", sys.executable, str(SCRIPT),
-                                    "--mode", mode], capture_output=True, text=True, timeout=180, cwd=ROOT)
+                                    "--mode", mode, "--steps", str(STEPS)], capture_output=True, text=True,
+                         timeout=180, cwd=ROOT)
     assert run.returncode == 0, run.stderr[-3000:]
     own = json.loads([line for line in run.stdout.splitlines() if line.startswith("{")][-1])
     out = subprocess.run(PERFMON + ["report", str(rec), "--json"], capture_output=True, text=True, timeout=60,

@@ -68,12 +68,9 @@ def test_a_simulated_two_rank_run_draws_every_chart_offline(tmp_path):
                              "Per rank: compute", "Per rank: data wait", "Memory of rank 0 on n01"])
 
 
-def test_a_real_two_rank_recording_draws_in_the_browser(tmp_path, perfmon_dir):
-    rec = tmp_path / "rec"
-    demo = subprocess.run(PERFMON + ["demo", "--scenario", "load_imbalance", "--ranks", "2", "--headless",
-                                     "--seconds", "8", "--record", str(rec)], capture_output=True, text=True,
-                          timeout=180, cwd=ROOT)
-    assert demo.returncode == 0, demo.stderr[-3000:]
+def test_a_real_two_rank_recording_draws_in_the_browser(tmp_path, load_imbalance_demo):
+    run, rec = load_imbalance_demo      # perfmon demo --headless --scenario load_imbalance --record
+    assert run.proc.returncode == 0, run.proc.stderr[-3000:]
     assert len(list(rec.glob("*.pmrec"))) == 2
     page = tmp_path / "report.html"
     _report_html(rec, page)

@@ -90,10 +90,13 @@ DDP_JOB = """
             opt.step()
             opt.zero_grad()
         times["sync" if synced else "nosync"].append(time.perf_counter() - t0)
-    deadline = time.monotonic() + 10
-    while time.monotonic() < deadline and not mon.attached.watcher.comm_state.tracker.totals:
+    # a memory read after the last step (every 2 s, on the sampler thread); close() then emits the
+    # last comm totals
+    watcher, trained = mon.attached.watcher, time.monotonic()
+    deadline = trained + 10
+    while time.monotonic() < deadline and (not watcher.comm_state.tracker.totals
+                                           or watcher.memory_source.last_read <= trained):
         time.sleep(0.05)
-    time.sleep(5.5)     # one memory record (every 2 s) and one comm record (every 5 s) after the last step
     mon.close()
     print(json.dumps({**times, "record": str(mon.record_path),
                       "param_bytes": sum(p.numel() * p.element_size() for p in model.parameters()),
@@ -274,7 +277,7 @@ def test_loader_worker_cpu_tells_preprocessing_from_io(tmp_path):
 # -- eager torch.distributed collectives ----------------------------------------------------------
 
 EAGER_JOB = """
-    import atexit, json, os, sys, time
+    import atexit, json, os, sys
     import torch, torch.distributed as dist
     import probe
 
@@ -301,8 +304,7 @@ EAGER_JOB = """
             b = torch.arange(10.0) if rank == 0 else torch.zeros(10)
             dist.broadcast(b, src=0)
             checks.append(b[9].item() == 9.0)
-    time.sleep(5.5)
-    mon.close()
+    mon.close()     # emits the last comm totals
     print(json.dumps({"record": str(mon.record_path), "checks": checks}))
     dist.destroy_process_group()
     # leave as tests/compat/job.py does: exit handlers, then no interpreter finalisation (torch gloo teardown abort)

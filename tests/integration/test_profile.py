@@ -20,15 +20,21 @@ from tui.errors import UserError
 from tui.stream.requests import Target, ask
 
 SCRIPT = Path(__file__).parent / "scripts" / "profile_job.py"
+READY_STEPS = 5     # a training job whose probe answers requests
 
 
-def _start(tmp_path: Path, mode: str, job: str, seconds: float = 120) -> tuple[subprocess.Popen, dict]:
+def _start(tmp_path: Path, mode: str, job: str, ready_steps: int = 200,
+           seconds: float = 120) -> tuple[subprocess.Popen, dict]:
+    """The job, once it has trained ``ready_steps`` steps: 200 for a profile whose times are compared
+    (warm steps, and the baseline its overhead is measured against); a few where only the answer to a
+    request is checked."""
     sock = tmp_path / "sock"
     sock.mkdir(mode=0o700)
     env = {**os.environ, "PERFMON_DIR": str(sock), "PERFMON_JOB": job}
-    proc = subprocess.Popen([sys.executable, str(SCRIPT), mode, str(tmp_path), str(seconds)], env=env,
-                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, start_new_session=True)
-    wait_for(lambda: (tmp_path / "ready").exists() or proc.poll() is not None, 120, "200 steps")
+    proc = subprocess.Popen([sys.executable, str(SCRIPT), mode, str(tmp_path), str(seconds), str(ready_steps)],
+                            env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+                            start_new_session=True)
+    wait_for(lambda: (tmp_path / "ready").exists() or proc.poll() is not None, 120, f"{ready_steps} steps")
     assert proc.poll() is None, proc.stderr.read()[-3000:]
     return proc, env
 
@@ -86,7 +92,7 @@ def _names_the_running_one(message: str, prefix: str, request_id: int) -> bool:
 
 @pytest.mark.slow
 def test_a_second_request_while_one_runs_is_refused_and_a_job_without_a_model_says_why(tmp_path):
-    proc, env = _start(tmp_path, "watch", "busy")
+    proc, env = _start(tmp_path, "watch", "busy", READY_STEPS)
     try:
         target = Target(path=next((tmp_path / "sock").glob("*.sock")).as_posix(), label="busy")
         accepted = ask(target, "profile", {"steps": 50, "depth": 3}, 30)     # returns once accepted
@@ -102,7 +108,7 @@ def test_a_second_request_while_one_runs_is_refused_and_a_job_without_a_model_sa
 
     bare_dir = tmp_path / "bare"
     bare_dir.mkdir()
-    proc, env = _start(bare_dir, "bare", "bare")
+    proc, env = _start(bare_dir, "bare", "bare", READY_STEPS)
     try:
         out = _profile(env, "bare")
     finally:
@@ -113,7 +119,7 @@ def test_a_second_request_while_one_runs_is_refused_and_a_job_without_a_model_sa
 
 @pytest.mark.slow
 def test_a_capture_of_three_steps_writes_a_trace_torch_loads_and_the_report_sums_it_up(tmp_path):
-    proc, env = _start(tmp_path, "watch", "cap")
+    proc, env = _start(tmp_path, "watch", "cap", READY_STEPS)
     try:
         out = subprocess.run([sys.executable, "-m", "tui.cli", "capture", "cap", "--steps", "3", "--json"],
                              capture_output=True, text=True, timeout=120, env=env)

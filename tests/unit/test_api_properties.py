@@ -71,10 +71,13 @@ def run_ops(ops: list[tuple]) -> None:
 
 
 def _leftovers(threads_before: set, sock_dir: str) -> tuple[list[str], list[str]]:
+    """This process's threads started since ``threads_before`` and its sockets in ``sock_dir``. Only
+    its own sockets: a forked child shares the directory with its parent's live probe."""
     deadline = time.monotonic() + 3.0
+    mine = f".p{os.getpid()}."
     while True:     # closed probes' threads end within close()'s bound; poll for it, bounded
         extra = [t.name for t in threading.enumerate() if t not in threads_before and t.is_alive()]
-        socks = [p for p in os.listdir(sock_dir) if p.endswith(".sock")]
+        socks = [p for p in os.listdir(sock_dir) if p.endswith(".sock") and mine in p]
         if (not extra and not socks) or time.monotonic() > deadline:
             return extra, socks
         time.sleep(0.01)
@@ -114,8 +117,7 @@ def test_forked_child(perfmon_dir, ops, parent_started):
                 before = set(threading.enumerate())
                 run_ops(ops)
                 extra, socks = _leftovers(before, str(perfmon_dir))
-                mine = [s for s in socks if f".p{os.getpid()}." in s]
-                code = 0 if not extra and not mine else 2
+                code = 0 if not extra and not socks else 2
             finally:
                 os._exit(code)
         deadline = time.monotonic() + 60

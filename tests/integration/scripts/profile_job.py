@@ -1,9 +1,10 @@
 """A CPU training job for ``perfmon profile``: four efficient blocks and one that
 computes the same math as its neighbours (a Linear) as many tiny matmuls in a Python loop.
 
-    python profile_job.py MODE OUT_DIR SECONDS
+    python profile_job.py MODE OUT_DIR SECONDS [READY_STEPS]
 MODE ``watch``: the model and optimizer are given to ``probe.watch``; ``bare``: they are not.
-Writes ``OUT_DIR/ready`` after 200 steps, then on exit ``OUT_DIR/result.json``: the hooks on
+Writes ``OUT_DIR/ready`` after READY_STEPS steps (200: warm, with a baseline for the profile's
+overhead), then on exit ``OUT_DIR/result.json``: the hooks on
 every module before the first step and at the end, and ``torch.utils.flop_counter``'s count of
 one forward+backward of the slow block on the batch it sees.
 """
@@ -60,6 +61,7 @@ def hooks(model: nn.Module) -> int:
 
 def main() -> None:
     mode, out, seconds = sys.argv[1], Path(sys.argv[2]), float(sys.argv[3])
+    ready_steps = int(sys.argv[4]) if len(sys.argv) > 4 else 200
     torch.manual_seed(0)
     torch.set_num_threads(1)
     model = Net()
@@ -78,7 +80,7 @@ def main() -> None:
             loss.backward()
             opt.step()
         step += 1
-        if step == 200:
+        if step == ready_steps:
             (out / "ready").write_text("")
     hidden = model.mid(model.embed(x)).detach().requires_grad_()    # the block's input, as in training
     with FlopCounterMode(display=False) as counter:
