@@ -187,38 +187,55 @@ def remote_debug_off(cmdline: list[str], environ: dict[str, str]) -> str | None:
     for ``PYTHON_DISABLE_REMOTE_DEBUG`` set to any value, empty included, unless ``-E`` or ``-I``
     has it ignore the environment. It ignores the ``disable_remote_debug`` spelling its
     documentation gives; perfmon honours that too, as the intent it states."""
-    flags, xoptions = _interpreter_options(cmdline)
-    for option in xoptions:
+    command = python_command(cmdline)
+    for option in command.xoptions:
         if option.split("=", 1)[0] in ("disable-remote-debug", "disable_remote_debug"):
             return f"it was started with -X {option}"
-    if "PYTHON_DISABLE_REMOTE_DEBUG" in environ and not flags & {"E", "I"}:
+    if "PYTHON_DISABLE_REMOTE_DEBUG" in environ and not command.flags & {"E", "I"}:
         return "its environment sets PYTHON_DISABLE_REMOTE_DEBUG"
     return None
 
 
-def _interpreter_options(cmdline: list[str]) -> tuple[set[str], list[str]]:
-    """The one-letter flags and the ``-X`` options of a Python command line (those before its
-    script, ``-c`` or ``-m``)."""
+@dataclass(frozen=True)
+class PythonCommand:
+    """A CPython command line as the interpreter reads it: its one-letter flags and ``-X`` options
+    (those before what it runs), and what it runs: ``kind`` "script" (``what`` its path), "module"
+    (``-m``, the module's name), "command" (``-c``), or None (an interactive interpreter, stdin)."""
+
+    flags: frozenset[str]
+    xoptions: tuple[str, ...]
+    kind: str | None
+    what: str = ""
+
+
+def python_command(cmdline: list[str]) -> PythonCommand:
+    """``cmdline`` (the executable first) read as CPython reads its arguments."""
     flags: set[str] = set()
     xoptions: list[str] = []
     args = iter(cmdline[1:])
     for arg in args:
-        if arg == "--" or arg == "-" or not arg.startswith("-"):
-            break
-        if arg.startswith("--"):
-            if arg == "--check-hash-based-pycs":
-                next(args, None)
+        if arg == "--check-hash-based-pycs":
+            next(args, None)
+        elif arg == "--":
+            return PythonCommand(frozenset(flags), tuple(xoptions), "script", next(args, ""))
+        elif arg.startswith("--"):
             continue
-        for i, flag in enumerate(arg[1:], start=1):
-            if flag in "cm":
-                return flags, xoptions
-            if flag in "WX":            # options with a value: attached, or the next argument
-                value = arg[i + 1:] or next(args, "")
-                if flag == "X":
-                    xoptions.append(value)
-                break
-            flags.add(flag)
-    return flags, xoptions
+        elif arg == "-":
+            break
+        elif not arg.startswith("-"):
+            return PythonCommand(frozenset(flags), tuple(xoptions), "script", arg)
+        else:
+            for i, flag in enumerate(arg[1:], start=1):
+                if flag in "cm":
+                    return PythonCommand(frozenset(flags), tuple(xoptions), "command" if flag == "c" else "module",
+                                         arg[i + 1:] or next(args, ""))
+                if flag in "WX":            # options with a value: attached, or the next argument
+                    value = arg[i + 1:] or next(args, "")
+                    if flag == "X":
+                        xoptions.append(value)
+                    break
+                flags.add(flag)
+    return PythonCommand(frozenset(flags), tuple(xoptions), None)
 
 
 def _python_version(exe: str, maps: str) -> tuple[int, int] | None:
@@ -254,30 +271,16 @@ _PYTHON_EXE = re.compile(r"python(\d+(\.\d+)?)?[dmu]*")
 
 def script_name(cmdline: list[str]) -> str | None:
     """The name perfmon gives a Python process's job by default (``probe.core``: the stem of its
-    ``sys.argv[0]``), read from its command line; None for a process that is not a Python one."""
+    ``sys.argv[0]``), read from its command line; None for a process that is not a Python one or
+    runs no script, module or command."""
     if not cmdline or not _PYTHON_EXE.fullmatch(os.path.basename(cmdline[0])):
         return None
-    args = iter(cmdline[1:])
-    for arg in args:
-        if arg == "--check-hash-based-pycs":
-            next(args, None)
-        elif arg == "--":
-            return Path(next(args, "")).stem or "python"
-        elif arg.startswith("--"):
-            continue
-        elif arg.startswith("-") and arg != "-":
-            for i, flag in enumerate(arg[1:], start=1):
-                if flag == "c":
-                    return "python"
-                if flag == "m":
-                    return (arg[i + 1:] or next(args, "python")).rsplit(".", 1)[-1]
-                if flag in "WX":            # options with a value: attached, or the next argument
-                    if i + 1 == len(arg):
-                        next(args, None)
-                    break
-        else:
-            return Path(arg).stem or "python"
-    return None
+    command = python_command(cmdline)
+    if command.kind == "script":
+        return Path(command.what).stem or "python"
+    if command.kind == "module":
+        return command.what.rsplit(".", 1)[-1] or "python"
+    return "python" if command.kind == "command" else None
 
 
 def _environ(pid: int) -> dict[str, str]:

@@ -23,6 +23,7 @@ import pytest
 from tests.integration.streamutil import left_by_perfmon
 
 SCRIPTS = Path(__file__).parent / "scripts"
+ROOT = Path(__file__).resolve().parents[2]
 PY = sys.executable
 TRAINING = ["--until-told", "--step-sleep", "0.005"]
 
@@ -254,3 +255,20 @@ def test_inject_attach_across_nodes_shows_every_rank_and_leaving_it_detaches_eve
     for trainer in trained:                      # the ranks went on, and nothing of perfmon is left in them
         assert trainer.proc.poll() is None
         assert left_by_perfmon(trainer.stop()) == {}
+
+
+@needs_ptrace
+def test_an_injected_probe_reads_the_jobs_nvml_and_leaves_it_initialised_as_it_found_it(trainers):
+    """A SIMULATED pynvml (tests/sim) is the job's own, initialised once by the job: the probe finds it
+    as a user's job would (``import pynvml``), reads the GPU through it, and its detach undoes only
+    its own ``nvmlInit``."""
+    trainer = trainers("--simulated-nvml", env={**os.environ, "PYTHONPATH": str(ROOT)})
+    inject = perfmon("inject", str(trainer.pid), "--timeout", "30")
+    assert inject.returncode == 0, inject.stderr
+    report = perfmon("report", str(trainer.pid), "--json", "--seconds", "1")
+    assert report.returncode == 0, report.stderr
+    assert perfmon("detach", str(trainer.pid)).returncode == 0
+    end = trainer.stop()
+    assert end["nvml"]["calls"] > 0              # the probe read the simulated GPU
+    assert end["nvml"]["initialized"] == 1       # the job's own init; the probe's was undone
+    assert left_by_perfmon(end) == {}

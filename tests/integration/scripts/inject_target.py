@@ -11,7 +11,8 @@ as a training process's helper threads are), after printing ``{"ready": pid, "im
 At the first pause (or that first step) it notes what a probe could leave behind (threads, file descriptors, torch's global hooks, the functions
 perfmon wraps, sys.path, sys.meta_path, warning filters, sys.modules, live objects of perfmon's classes); the last
 stdout line is JSON with the final loss (``repr``: bit-identical or not), ``residue``: what
-differs at the end from that baseline (empty when nothing of perfmon is left), and ``rss_kb``:
+differs at the end from that baseline (empty when nothing of perfmon is left), ``nvml`` (with
+``--simulated-nvml``: NVML's init count and the device calls made), and ``rss_kb``:
 resident memory at the first pause and at the end.
 """
 
@@ -44,6 +45,8 @@ parser.add_argument("--pause-after-backward", action="store_true",
                     help="pause inside the step, between backward and the optimizer's step")
 parser.add_argument("--step-sleep", type=float, default=0.0, help="seconds of sleep in each step")
 parser.add_argument("--workers", type=int, default=0, help="DataLoader worker processes (persistent)")
+parser.add_argument("--simulated-nvml", action="store_true",
+                    help="a SIMULATED pynvml (tests/sim, on PYTHONPATH) as the job's own, initialised once by the job")
 args = parser.parse_args()
 pauses = {int(x) for x in args.pause_at.split(",") if x}
 
@@ -56,6 +59,12 @@ data = TensorDataset(torch.randn(64 * 16, 32), torch.randn(64 * 16, 1))
 loader = DataLoader(data, batch_size=16, shuffle=True, num_workers=args.workers, persistent_workers=args.workers > 0,
                     multiprocessing_context="fork" if args.workers else None)
 told = threading.Event()
+nvml = None
+if args.simulated_nvml:
+    from tests.sim import simulated_pynvml
+    nvml = simulated_pynvml.build([simulated_pynvml.SimulatedGpu()])
+    sys.modules["pynvml"] = nvml
+    nvml.nvmlInit()
 
 
 def listen() -> None:
@@ -164,11 +173,12 @@ while (not told.is_set()) if args.until_told else step < args.steps:
         rss = rss_kb()
         threading.Thread(target=listen, name="told", daemon=True).start()
         print(json.dumps({"ready": os.getpid(), "importable": sorted(
-            name for name in PERFMON_PACKAGES if importlib.util.find_spec(name))}), flush=True)
+            name for name in PERFMON_PACKAGES if name in sys.modules or importlib.util.find_spec(name))}), flush=True)
     if step in pauses and not args.pause_after_backward:
         at_pause(step)
 
 end = state()
 residue = {k: {"before": baseline[k], "after": end[k]} for k in (baseline or {}) if baseline[k] != end[k]}
-print(json.dumps({"loss": repr(loss.item()), "steps": step, "residue": residue,
-                  "rss_kb": [rss, rss_kb()]}), flush=True)
+print(json.dumps({"loss": repr(loss.item()), "steps": step, "residue": residue, "rss_kb": [rss, rss_kb()],
+                  **({"nvml": {"initialized": nvml.initialized(), "calls": sum(sum(d.calls.values()) for d in nvml.devices)}}
+                     if nvml is not None else {})}), flush=True)
