@@ -39,7 +39,9 @@ def test_unknown_values_stay_unknown_not_zero() -> None:
     s = Series(("known", "unknown"), capacity=4, ranged=("known", "unknown"))
     for i in range(100):
         s.add(float(i), (2.0, None), i)
-    for b in s.buckets():
+    buckets = s.buckets()
+    assert sum(b.n for b in buckets) == 100
+    for b in buckets:
         assert b.mean == (2.0, None) and b.lo == (2.0, None) and b.hi == (2.0, None)
 
 

@@ -60,6 +60,7 @@ def _callbacks(monkeypatch) -> tuple[dict[str, float], dict]:
 def test_every_metric_is_in_the_report_where_its_scope_says_and_nowhere_else():
     report = _report()
     assert set(report["metrics"]) - {"memory"} == {m.name for m in M.METRICS if m.job is not None}
+    assert [row["rank"] for row in report["ranks"]] == [0, 1]
     for row in report["ranks"]:
         rank_metrics = {k for k in row if k in {m.name for m in M.METRICS}}
         assert rank_metrics == {m.name for m in M.METRICS if m.rank is not None}
@@ -70,6 +71,7 @@ def test_the_prometheus_scrape_has_exactly_the_tables_prometheus_metrics_with_th
     report, scraped = _report(), _scrape()
     exported = M.on(M.Surface.PROMETHEUS)
     assert exported and all(m.rank is not None for m in exported)
+    assert [r["rank"] for r in report["ranks"]] == [0, 1]
     for m in exported:
         values = scraped[m.prometheus]
         assert values == {str(r["rank"]): r[m.name] for r in report["ranks"]}, m.name
@@ -141,6 +143,7 @@ def test_each_loss_is_the_share_the_verdict_judged():
     analysis = Analysis(job(BUSY, PEER, device="cuda", peak=PEAK))
     snap = analysis.snapshot()
     report = analysis.report(snapshot=snap)
+    assert snap.verdict.losses and len(report["verdict"]["losses"]) == len(snap.verdict.losses)
     for loss, entry in zip(snap.verdict.losses, report["verdict"]["losses"]):
         assert entry["id"] == loss.id
         assert report["metrics"][entry["metric"]] == M.rounded(loss.share)
