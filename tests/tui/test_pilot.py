@@ -10,6 +10,7 @@ import os
 import re
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -176,14 +177,20 @@ async def test_log_screen_lists_the_probes_own_warnings(tmp_path):
 # -- replay -----------------------------------------------------------------------------------
 
 async def test_replay_plays_pauses_speeds_up_and_jumps_to_end(recordings):
-    feed = ReplayFeed(RunModel(), load_recordings(recordings["data_preprocessing"]), speed=4.0)
+    ticks: list[float] = []          # each replay tick reads the clock once
+
+    def clock() -> float:
+        ticks.append(time.monotonic())
+        return ticks[-1]
+
+    feed = ReplayFeed(RunModel(), load_recordings(recordings["data_preprocessing"]), speed=4.0, monotonic=clock)
     app = PerfmonApp(feed, watch_terminal=False)
     async with app.run_test(size=(120, 36)) as pilot:
         await wait_until(pilot, lambda: feed.progress > 0.05, what="replay progress")
         await pilot.press("p")
         assert feed.paused
-        held = feed.progress
-        await pilot.pause(0.3)
+        held, seen = feed.progress, len(ticks)
+        await wait_until(pilot, lambda: len(ticks) >= seen + 3, what="three replay ticks while paused")
         assert feed.progress == held
         await pilot.press("p", "plus")
         assert not feed.paused and feed.speed == 8.0
