@@ -14,10 +14,10 @@ import jsonschema
 import pytest
 
 from perfmon_analysis.buffers import WINDOW_STEPS
+from tests.helpers.reports import REPORT_SCHEMA
 
 ROOT = Path(__file__).parents[2]
 SCRIPT = Path(__file__).parent / "scripts" / "inloop_work.py"
-SCHEMA = json.loads((ROOT / "tui" / "schemas" / "report.schema.json").read_text())
 PERFMON = [sys.executable, "-m", "tui.cli"]
 STEPS = WINDOW_STEPS + 10      # the report judges the last 50 steps (its window); 10 more to warm up
 
@@ -41,7 +41,7 @@ def run_loop(mode: str, tmp_path: Path) -> tuple[dict, dict]:
                          cwd=ROOT)
     assert out.returncode == 0, out.stderr
     report = json.loads(out.stdout)
-    jsonschema.validate(report, SCHEMA)
+    jsonschema.validate(report, REPORT_SCHEMA)
     return own, report
 
 

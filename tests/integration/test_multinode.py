@@ -9,7 +9,6 @@ import re
 import shlex
 import shutil
 import os
-import socket
 import subprocess
 import sys
 import time
@@ -20,6 +19,7 @@ import pytest
 from probe import wire
 from probe.wire import PROTO, format_proto
 from tests.integration.streamutil import kill_tree
+from tests.helpers.net import free_port
 
 pytestmark = pytest.mark.slow
 
@@ -27,17 +27,11 @@ SCRIPTS = Path(__file__).parent / "scripts"
 BIN = str(Path(sys.executable).parent)          # `perfmon` as a remote shell would find it
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 @pytest.fixture(scope="module")
 def two_nodes(tmp_path_factory):
     """4 ranks on 2 "nodes" (n01: ranks 0-1, n02: ranks 2-3); rank 3 computes 3x longer."""
     base = tmp_path_factory.mktemp("nodes")
-    port, master = _free_port(), _free_port()
+    port, master = free_port(), free_port()
     launchers = []
     for node in (0, 1):
         sock_dir = base / f"n0{node + 1}"

@@ -2,14 +2,10 @@
 
 from __future__ import annotations
 
-from perfmon_analysis.analysis import Analysis, render_text
+from perfmon_analysis.analysis import render_text
 from perfmon_analysis.capture import capture_reading
 from perfmon_analysis.runmodel import RunModel
-
-
-def report_of(model):
-    """The report ``perfmon report`` prints for this model."""
-    return Analysis(model).report()
+from tests.helpers.reports import report_of
 
 
 RECORD = {"k": "capture", "t": 5.0, "id": 1, "steps": 3, "first_step": 10, "last_step": 12, "wall_s": 0.5,

@@ -22,9 +22,9 @@ from perfmon_analysis.readings import CostReading, cost_reading
 from probe import core, cost, wire
 from probe.recording import read_recording
 from tests.unit.verdict_synth import T0, Rank, job, records
+from tests.helpers.reports import REPORT_SCHEMA
 
 ROOT = Path(__file__).resolve().parents[2]
-SCHEMA = json.loads((ROOT / "tui" / "schemas" / "report.schema.json").read_text())
 STEP_S = 0.03       # each step's body spins this long: the probe's step calls (CPU-timed: ~5-80 µs
                     # on a loaded VM, where CPU clock reads are syscalls) stay well inside 1% of it
 HOOK_S = 0.001      # the slow hook spins this long: 3% of the step, over the budget
@@ -95,7 +95,7 @@ def test_a_slow_step_hook_is_the_finding_and_named(tmp_path):
     report, last, seen = _run(tmp_path, hook=True)
     name = f"{__name__}.slow_end_hook"
     assert dict(last["cost"]["hooks"]).keys() == {name}
-    jsonschema.validate(report, SCHEMA)
+    jsonschema.validate(report, REPORT_SCHEMA)
     found = [f for f in report["findings"] if f["id"] == "perfmon_cost"]
     assert len(found) == 1 and found[0]["part"] == name and found[0]["kind"] == "train"
     parts = {p["part"]: p for p in report["overhead"]["parts"]}
@@ -273,7 +273,7 @@ def test_profile_and_capture_windows_report_their_cost_in_the_same_terms():
     recs += [{"k": "capture", **window, "wall_s": 0.45, "path": "/tmp/trace.json.gz", "top": [], "gaps": []},
              {"k": "profile", **window, "depth": 1, "step_s": 0.15, "modules": []}]
     report = Analysis.of_records([("s", recs)]).report()
-    jsonschema.validate(report, SCHEMA)
+    jsonschema.validate(report, REPORT_SCHEMA)
     for shown in (report["captures"][0], report["profile"]):
         assert shown["train_per_step_s"] == pytest.approx(0.05)
         assert shown["overhead"] == pytest.approx(0.5)

@@ -17,9 +17,9 @@ from perfmon_analysis import metrics as M
 from perfmon_analysis.analysis import Analysis
 from probe.integrations import live
 from tests.unit.verdict_synth import Rank, job, records
+from tests.helpers.reports import REPORT_SCHEMA
 from tui.export.prometheus import _Holder, registry_for
 
-SCHEMA = json.loads((Path(__file__).parents[2] / "tui" / "schemas" / "report.schema.json").read_text())
 # Two GPU ranks with every exported number measured (so "absent" can only mean "not exported there").
 BUSY = Rank(0, data=0.012, comm=0.021, exposed=0.0123, syncs=1.0, flops=2.2e12, tokens=4096, gpu_util=83,
             loader_workers=2, loader_cpu=0.43, gap=0.002, probe_step_s=20e-6, probe_cores=0.004)
@@ -64,7 +64,7 @@ def test_every_metric_is_in_the_report_where_its_scope_says_and_nowhere_else():
     for row in report["ranks"]:
         rank_metrics = {k for k in row if k in {m.name for m in M.METRICS}}
         assert rank_metrics == {m.name for m in M.METRICS if m.rank is not None}
-    assert not list(jsonschema.Draft202012Validator(SCHEMA).iter_errors(report))
+    assert not list(jsonschema.Draft202012Validator(REPORT_SCHEMA).iter_errors(report))
 
 
 def test_the_prometheus_scrape_has_exactly_the_tables_prometheus_metrics_with_the_reports_values():

@@ -11,19 +11,13 @@ import pytest
 
 from probe import flight as F
 from tests.unit.verdict_synth import T0, Rank, job
-from perfmon_analysis.analysis import Analysis
+from tests.helpers.reports import REPORT_SCHEMA, report_of
 from perfmon_analysis import verdict as V
 from perfmon_analysis.runmodel import RunModel
 from perfmon_analysis.readings import FlightEntry, InFlight, LoaderWorker, stall_reading
 from perfmon_analysis.stuck import CALL_STATES, HEARTBEAT_S, NO_HELLO_S, diagnose, is_library, user_frame
 
 
-def report_of(model):
-    """The report ``perfmon report`` prints for this model."""
-    return Analysis(model).report()
-
-
-SCHEMA = json.loads((Path(__file__).parents[2] / "tui" / "schemas" / "report.schema.json").read_text())
 END = T0 + 30 * 0.1          # the synthetic ranks' last step ends here
 SITE = "/home/u/train.py"
 TORCH = "/venv/lib/python3.11/site-packages/torch/distributed/distributed_c10d.py"
@@ -163,12 +157,12 @@ def test_resumed_or_a_later_step_ends_the_stall_and_a_stall_lasts_on_the_probes_
 
 def test_the_report_json_carries_the_diagnosis_and_validates():
     report = report_of(two_ranks([WAITER], [SLEEPER]))
-    jsonschema.validate(report, SCHEMA)
+    jsonschema.validate(report, REPORT_SCHEMA)
     assert report["verdict"]["bottleneck"] == "stuck"
     assert report["verdict"]["stuck"]["culprit_ranks"] == [1]
     assert report["verdict"]["stuck"]["calls"] == {"0": "enqueued", "1": "never_enqueued"}
     healthy = report_of(two_ranks())
-    jsonschema.validate(healthy, SCHEMA)
+    jsonschema.validate(healthy, REPORT_SCHEMA)
     assert healthy["verdict"]["stuck"] is None
 
 

@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from perfmon_analysis.runmodel import RunModel
+from tests.helpers import records as R
 
 T0 = 1_700_000_000.0
 
@@ -54,9 +55,8 @@ def hello(r: Rank, world: int, device: str, peak: float | None, t: float) -> dic
         dev["memory_total"] = 80 << 30
     if peak is not None:
         dev["peak_flops"] = {"bf16": peak}
-    return {"k": "hello", "t": t, "proto": [1, 0], "job": "synth", "rank": r.rank, "local_rank": 0,
-            "world_size": world, "host": "node1", "pid": r.pid or 1000 + r.rank, "restart": r.restart,
-            "device": dev}
+    return R.hello(r.rank, t=t, proto=[1, 0], job="synth", local_rank=0, world_size=world, host="node1",
+                   pid=r.pid or 1000 + r.rank, restart=r.restart, device=dev)
 
 
 def records(r: Rank, world: int = 1, device: str = "cpu", peak: float | None = None,
@@ -66,18 +66,15 @@ def records(r: Rank, world: int = 1, device: str = "cpu", peak: float | None = N
     t = r.start
     for i in range(r.steps):
         rest = r.dur - r.data - r.gap
-        phases = {"forward": rest / 2, "backward": rest / 2, "other": 0.0}
+        phases = {"forward": rest / 2, "backward": rest / 2}
         if r.data:
             phases["data"] = r.data
-        step: dict[str, Any] = {"k": "step", "t": t + r.dur, "step": i, "start": t, "dur": r.dur,
-                                "phases": phases, "gap": r.gap}
+        extras: dict[str, Any] = {key: getattr(r, key) for key in ("syncs", "gpu_time") if getattr(r, key) is not None}
         if r.comm is not None:
-            step["comm"] = {"seconds": r.comm, "exposed": r.exposed if r.exposed is not None else r.comm,
-                            "bytes": 4 << 20, "ops": 1}
-        for key in ("syncs", "flops", "samples", "tokens", "gpu_time", "data_cpu", "cpu", "cpu_span"):
-            if getattr(r, key) is not None:
-                step[key] = getattr(r, key)
-        out.append(step)
+            extras["comm"] = {"seconds": r.comm, "exposed": r.exposed if r.exposed is not None else r.comm,
+                              "bytes": 4 << 20, "ops": 1}
+        out.append(R.step(i, start=t, dur=r.dur, phases=phases, gap=r.gap, samples=r.samples, tokens=r.tokens,
+                          flops=r.flops, data_cpu=r.data_cpu, cpu=r.cpu, cpu_span=r.cpu_span, **extras))
         t += r.dur
         host: dict[str, Any] = {"cpu": 1.0, "cpu_count": 8}
         if r.rss is not None:

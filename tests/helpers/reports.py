@@ -1,0 +1,20 @@
+"""The report ``perfmon report`` prints, from a run model, and the schema it follows."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import jsonschema
+
+from perfmon_analysis.analysis import Analysis
+from perfmon_analysis.runmodel import RunModel
+
+REPORT_SCHEMA = json.loads((Path(__file__).resolve().parents[2] / "tui" / "schemas" / "report.schema.json").read_text())
+REPORT_VALIDATOR = jsonschema.Draft202012Validator(REPORT_SCHEMA)
+
+
+def report_of(model: RunModel) -> dict[str, Any]:
+    """The report ``perfmon report`` prints for this model."""
+    return Analysis(model).report()
