@@ -5,6 +5,7 @@ from __future__ import annotations
 import re
 
 from perfmon_analysis import units
+from tests.helpers import records as R
 from tests.tui import scenarios
 from tui.app.screens.trends import TrendsScreen
 from tui.app.widgets.trends import verdict_letters
@@ -54,8 +55,7 @@ async def test_trends_screen_follows_the_model_as_records_arrive(recordings, mon
         stream = next(s for s in model._streams if model._streams[s].rank == 0)
         t = rank0.steps._t1[-1]
         for i in range(1000):
-            model.ingest(stream, {"k": "step", "step": before + 10 + i, "t": t + 0.1 * (i + 1),
-                                  "start": t + 0.1 * i, "dur": 0.1, "phases": {"data": 0.05}})
+            model.ingest(stream, R.step(before + 10 + i, start=t + 0.1 * i, dur=0.1, phases={"data": 0.05}))
         app.refresh_view()
         await pilot.pause()
         text = scenarios.screen_text(app)

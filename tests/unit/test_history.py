@@ -6,6 +6,7 @@ import math
 
 from perfmon_analysis.analysis import Analysis
 from perfmon_analysis.history import BUCKETS, MEMORY_BUCKETS, STEP_FIELDS, History, Series
+from tests.helpers import records as R
 
 
 def test_series_stays_bounded_and_keeps_every_point_counted() -> None:
@@ -73,15 +74,14 @@ def test_verdict_changes_are_kept_once_each_with_their_time() -> None:
 
 
 def _steps(rank: int, n: int, dur: float, host: str, slow_from: int | None = None) -> list[dict]:
-    out = [{"k": "hello", "v": [1, 0], "job": "j", "rank": rank, "world_size": 2, "pid": 100 + rank, "host": host,
-            "t": 1000.0}]
+    out = [R.hello(rank, t=1000.0, world_size=2, pid=100 + rank, host=host)]
     t = 1000.0
     for i in range(n):
         d = dur * (2 if slow_from is not None and i >= slow_from else 1)
+        out.append(R.step(i, start=t, dur=d, phases={"data": d / 4}))
         t += d
-        out.append({"k": "step", "step": i, "t": t, "start": t - d, "dur": d, "phases": {"data": d / 4}})
         if i % 100 == 0:
-            out.append({"k": "memory", "t": t, "device": "cpu", "rss": 1_000_000 + i, "limit": 8_000_000})
+            out.append(R.memory(t, device="cpu", rss=1_000_000 + i, limit=8_000_000))
     return out
 
 
