@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.integration import chromium
+from tests.helpers import chromium
 from tests.tui import scenarios
 
 pytestmark = [pytest.mark.slow,

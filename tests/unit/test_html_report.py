@@ -11,7 +11,7 @@ import re
 import pytest
 
 from perfmon_analysis.history import STEP_FIELDS
-from tests.integration import chromium
+from tests.helpers import chromium
 from tests.tui import scenarios
 from tui import cli
 from tui.stream.connect import load
