@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from perfmon_analysis.stats import STRAGGLER_RATIO
+from perfmon_analysis.comm_stats import STRAGGLER_RATIO
 
 # -- thresholds (each with its source) ---------------------------------------------------------
 # The usual first triage step: GPU utilization under 70% points at communication or data loading.

@@ -44,8 +44,9 @@ from perfmon_analysis.buffers import EVENT_BUFFER, MIN_STEPS, WINDOW_SAMPLES, WI
 from perfmon_analysis.readings import (HostReading, StepReading, comm_reading, dropped, event_reading, gpu_rows,
                                        hello_reading, memory_reading, record_time, sample_reading, stall_reading,
                                        where_interval)
-from perfmon_analysis.stats import (RankStats, comm_rows, job_metrics, job_where, rank_stats, rank_view, summary_stats,
-                                    window_of)
+from perfmon_analysis.comm_stats import comm_rows
+from perfmon_analysis.stats import RankStats, job_metrics, rank_stats, rank_view, summary_stats, window_of
+from perfmon_analysis.where_stats import job_where
 from perfmon_analysis.capture import capture_reading, with_cost
 from perfmon_analysis.history import History
 from perfmon_analysis.profile import ModuleProfile, profile_reading, with_overhead
@@ -233,7 +234,7 @@ class RunModel:
         metrics, straggler = job_metrics(ready, ranks, states, stats)
         window = {"steps": max((st.n for st in stats), default=0),
                   "seconds": round(max((st.span for st in stats), default=0.0), 3)}
-        comm_ops = comm_rows([(s, st) for s, st in zip(states, stats)])
+        comm_ops = comm_rows([st.comm_delta for st in stats])
         events = [dict(e.record, rank=s.rank)
                   for s, e in sorted(((s, e) for s in states for e in s.events), key=lambda se: se[1].t or 0.0)]
         return JobView(
@@ -264,7 +265,7 @@ class RunModel:
             profile=_latest_profile(states),
             captures=tuple(with_cost(s.capture, ((n.step, n.dur) for n in s.steps))
                            for s in states if s.capture is not None),
-            where=job_where([st for _, st in ready]),
+            where=job_where([(st.where, st.off_cpu_frac) for _, st in ready]),
             overhead=worst(st.overhead for st in stats),
         )
 

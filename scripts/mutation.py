@@ -30,6 +30,11 @@ from pathlib import Path
 DEFAULT_MODULES = [
     "perfmon_analysis/runmodel.py",
     "perfmon_analysis/stats.py",
+    "perfmon_analysis/known.py",
+    "perfmon_analysis/where_stats.py",
+    "perfmon_analysis/device_stats.py",
+    "perfmon_analysis/memory_stats.py",
+    "perfmon_analysis/comm_stats.py",
     "perfmon_analysis/buffers.py",
     "perfmon_analysis/readings.py",
     "perfmon_analysis/losses.py",

@@ -7,7 +7,7 @@ import pytest
 from tests.unit.verdict_synth import T0, Rank, job, records
 from probe.wire import busbw_factor
 from perfmon_analysis.runmodel import MIN_STEPS, RunModel
-from perfmon_analysis.stats import RECENT_SECONDS
+from perfmon_analysis.buffers import RECENT_SECONDS
 
 GB = 1 << 30
 
@@ -439,7 +439,7 @@ def test_same_pid_with_another_restart_count_or_host_is_another_process(changed)
 
 
 def test_ranks_with_zero_compute_time_are_even():
-    from perfmon_analysis.stats import _relative
+    from perfmon_analysis.comm_stats import relative as _relative
     assert _relative([(0, 0.0), (1, 0.0)])[0] == 1.0
     assert _relative([(0, 0.05), (1, 0.1)]) == (0.5, 1)
 
