@@ -29,6 +29,7 @@ from probe.attachments import Attachments
 from probe.cost import CostSource, calibrate
 from probe.disabled import _Disabled
 from probe.endpoints import cpu_name, listen_tcp, listen_unix
+from probe.exceptions import exception_event
 from probe.health import FailureReporter, HealthSource
 from probe.loader_policy import CpuTimingPolicy
 from probe.recording import RecordingWriter
@@ -140,7 +141,7 @@ class _Step:
             extras = extras or {}
             p._run_hooks(p._end_hooks, extras, p._phases)
         if et is not None:
-            p._on_step_exception(et, ev)
+            p._on_step_exception(et, ev, tb)
         phases = p._phases
         p._phases = {}
         data = p._data
@@ -469,6 +470,13 @@ class Probe:
             self._run_hooks(self._begin_hooks)
         self._own_s += time.perf_counter() - t
 
+    def restart_step_clock(self, cpu0: float | None = None) -> None:
+        """Zero-code mode: the step in course now starts later (evaluation cut off its start): its CPU
+        clocks count from ``cpu0`` (the thread's CPU clock at the new start; else from now)."""
+        now = time.thread_time()
+        self._cpu0 = cpu0 if cpu0 is not None else now
+        self._proc0 = time.process_time() - (now - self._cpu0)
+
     def add_step(self, start: float, end: float, phases: dict[str, float] | None = None,
                  samples: float | None = None, data_cpu: float | None = None, tokens: float | None = None) -> None:
         """Queue a step whose boundaries hooks found (``perf_counter`` seconds; zero-code mode).
@@ -529,11 +537,8 @@ class Probe:
             spent[name] = spent.get(name, 0.0) + (t1 - t0)
             t0 = t1
 
-    def _on_step_exception(self, et: Any, ev: Any) -> None:
-        name = getattr(et, "__name__", "Exception")
-        kind = "oom" if "OutOfMemory" in name or name == "MemoryError" else "exception"
-        self._q.append((_REC, {"k": "event", "t": time.time(), "name": kind, "error": name,
-                               "message": str(ev)[:300], "step": self._step_no}))
+    def _on_step_exception(self, et: Any, ev: Any, tb: Any = None) -> None:
+        self._q.append((_REC, {"k": "event", "t": time.time(), **exception_event(et, ev, tb, self._step_no)}))
 
     # -- record building (sender thread) -----------------------------------------------------
     def _build(self, item: tuple) -> dict[str, Any] | None:
