@@ -15,6 +15,7 @@ from typing import Any, Iterable
 from perfmon_analysis import units
 from perfmon_analysis.capture import capture_reading
 from perfmon_analysis.metrics import Metric, Unit, by_name, job_values, loss_metrics, rank_values, rounded
+from perfmon_analysis.health import text_lines as health_lines
 from perfmon_analysis.overhead import text_lines as overhead_lines
 from perfmon_analysis.profile import profile_lines
 from perfmon_analysis.verdict import Verdict, label as outcome_label
@@ -46,6 +47,9 @@ def build(view: JobView, verdict: Verdict, *, retired: Iterable[tuple[int, dict[
         "metrics": metrics,
         "verdict": _verdict_json(verdict, metrics, price),
         "findings": _jsonable(verdict.findings),
+        "step_outliers": [o.as_json() for o in view.health.outliers],
+        "memory_growth": view.health.growth.as_json() if view.health.growth is not None else None,
+        "crash": view.health.crash.as_json() if view.health.crash is not None else None,
         "comm_ops": [{"op": c.op, "count": c.count, "bytes": c.bytes, "seconds": rounded(c.seconds),
                       "busbw": rounded(c.busbw), "algbw": rounded(c.algbw)} for c in view.comm_ops],
         "ended": view.ended,
@@ -203,6 +207,9 @@ def render_text(report: dict[str, Any], width: int = 80) -> str:
     if mem.get("peak_bytes") is not None:
         wrap(f"Memory ({mem.get('source')}): peak {units.nbytes(mem['peak_bytes'])} of "
              f"{units.nbytes(mem.get('limit_bytes'))} ({_pct(mem.get('peak_frac'))})")
+    for line in health_lines(report):
+        for part in line.split("\n"):
+            wrap(part, first="", indent="  ")
     for f in report.get("findings") or []:
         wrap(f.get("message") or f["id"], first=f"Finding {f['id']}: ", indent="  ")
     for p in report.get("problems") or []:

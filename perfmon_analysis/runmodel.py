@@ -37,6 +37,7 @@ Formulas (sources in the comments next to each):
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from typing import Any
 
@@ -48,6 +49,8 @@ from perfmon_analysis.comm_stats import comm_rows
 from perfmon_analysis.stats import RankStats, job_metrics, rank_stats, rank_view, summary_stats, window_of
 from perfmon_analysis.where_stats import job_where
 from perfmon_analysis.capture import capture_reading, with_cost
+from perfmon_analysis.crash import JobExit, job_exit
+from perfmon_analysis.health import job_health, rank_health
 from perfmon_analysis.history import History
 from perfmon_analysis.profile import ModuleProfile, profile_reading, with_overhead
 from perfmon_analysis.overhead import worst
@@ -78,6 +81,7 @@ class RunModel:
         self.orphans = 0
         self.last_t: float | None = None
         self.history = History()     # the whole run, downsampled (the trends screen, the HTML report)
+        self.exit: JobExit | None = None     # how the job's command ended (``perfmon run``), when known
 
     # -- ingest -------------------------------------------------------------------------------
     def ingest(self, stream_id: str, record: dict[str, Any], received: float | None = None) -> None:
@@ -173,6 +177,10 @@ class RunModel:
             state.ended = True
             state.version += 1
 
+    def note_exit(self, record: dict[str, Any]) -> None:
+        """How the job's command ended, as ``perfmon run`` wrote it (``perfmon_analysis.crash.job_exit``)."""
+        self.exit = job_exit(record) or self.exit
+
     def add_problem(self, message: str) -> None:
         """A one-line stream problem (torn recording, bad frame) to show with the view."""
         if message not in self.problems:
@@ -230,6 +238,9 @@ class RunModel:
         device = states[0].device if states else None
         world = _world_size(states)
         ranks = [rank_view(s, st, _probe_now(s, now, clock), _silence(s, clock)) for s, st in zip(states, stats)]
+        healths = [rank_health(s, window_of(s, self.window_steps, self.window_seconds), st.memory.limit_bytes)
+                   for s, st in zip(states, stats)]
+        ranks = [dataclasses.replace(r, step_times=h.window, run_step_times=h.run) for r, h in zip(ranks, healths)]
         ready = [(s, st) for s, st in zip(states, stats) if not st.warming_up]
         metrics, straggler = job_metrics(ready, ranks, states, stats)
         window = {"steps": max((st.n for st in stats), default=0),
@@ -267,6 +278,7 @@ class RunModel:
                            for s in states if s.capture is not None),
             where=job_where([(st.where, st.off_cpu_frac) for _, st in ready]),
             overhead=worst(st.overhead for st in stats),
+            health=job_health(healths, self.exit, max((r.steps for r in ranks), default=None)),
         )
 
     def steps_in_window(self) -> dict[int, list[StepReading]]:

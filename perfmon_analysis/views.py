@@ -11,6 +11,8 @@ from typing import Any
 
 from perfmon_analysis.readings import GpuRow, HostReading, RankTrace, StallReading
 from perfmon_analysis.capture import CaptureSummary
+from perfmon_analysis.health import JobHealth
+from perfmon_analysis.step_times import StepTimes
 from perfmon_analysis.overhead import Overhead
 from perfmon_analysis.profile import ModuleProfile
 from perfmon_analysis.stuck import StuckDiagnosis
@@ -232,6 +234,8 @@ class RankView:
     answered: bool = True               # its hello arrived (False: a connected socket that never spoke)
     overhead_step_frac: float | None = None   # perfmon's own cost: share of the step (perfmon_analysis.overhead)
     overhead_cpu_frac: float | None = None    # ... and of the process's CPU
+    step_times: StepTimes | None = None       # step-time percentiles over the window (perfmon_analysis.step_times)
+    run_step_times: StepTimes | None = None   # ... and over the whole run
 
 
 @dataclass(frozen=True)
@@ -292,3 +296,4 @@ class JobView:
     where: WhereTable | None = None       # in-step stack samples (wire 1.3), None when no rank sent any
     overhead: Overhead | None = None      # perfmon's own cost on the rank where it is highest (wire 1.4)
     comm_status: str | None = None        # why communication is not measured, in the probe's words
+    health: JobHealth = JobHealth()       # step-time percentiles and outliers, memory growth, crash
