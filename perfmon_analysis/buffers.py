@@ -80,8 +80,8 @@ class RankState:
     __slots__ = ("rank", "stream", "hello", "info", "generation", "steps", "samples", "cpu", "memory", "comm",
                  "events", "drops", "ended", "version", "first_start", "last_end", "inside", "gap_total", "unseen",
                  "parser", "loader_seen", "last_t", "recv_clock", "stall", "profile", "capture",
-                 "summary_steps", "totals_through", "device", "where", "unmeasured", "run_times", "_cache",
-                 "_health")
+                 "summary_steps", "totals_through", "device", "where", "unmeasured", "run_times", "summary_times",
+                 "_cache", "_health")
 
     def __init__(self, rank: int, stream: str, hello: dict[str, Any], generation: int) -> None:
         self.rank = rank
@@ -118,8 +118,9 @@ class RankState:
         self.where: Deque[WhereInterval] = collections.deque(maxlen=WHERE_BUFFER)   # in-step stack samples
         self.unmeasured: dict[str, str] = {}   # quantity -> why the probe cannot measure it (its warning)
         self.run_times = DurationSketch()       # every step's time but the first: the run's percentiles
+        self.summary_times: Any = None          # (window, run) step times while a relay summarises the rank
         self._cache: tuple[int, Any] | None = None
-        self._health: tuple[int, Any] | None = None   # perfmon_analysis.health's, by ``version``
+        self._health: tuple[Any, Any] | None = None   # perfmon_analysis.health's, by (version, memory limit)
 
     def set_hello(self, hello: dict[str, Any]) -> None:
         """A hello for this process (its first, or a repeat on re-attach)."""

@@ -12,51 +12,16 @@ stopping the job, not a crash.
 
 from __future__ import annotations
 
-import signal
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Iterable
+
+from perfmon_analysis.readings import JobExit, exception_reading
 
 if TYPE_CHECKING:
     from perfmon_analysis.buffers import RankState
 
 CRASH_EVENTS = ("exception", "oom")
 INTERRUPTS = ("KeyboardInterrupt",)
-
-
-@dataclass(frozen=True)
-class JobExit:
-    """How the job's command ended (``perfmon run``): its exit code, or the signal that killed it."""
-
-    code: int | None
-    signal: int | None = None
-    t: float | None = None
-
-    @property
-    def failed(self) -> bool:
-        if self.signal is not None:
-            return self.signal != signal.SIGINT
-        return bool(self.code) and self.code != 128 + signal.SIGINT
-
-    @property
-    def text(self) -> str:
-        if self.signal is not None:
-            try:
-                name = signal.Signals(self.signal).name
-            except ValueError:
-                name = f"signal {self.signal}"
-            return f"killed by {name}"
-        return f"exit code {self.code}"
-
-
-def job_exit(record: dict[str, Any]) -> JobExit | None:
-    """The exit status ``perfmon run`` wrote (``returncode`` as Python's ``subprocess`` reports it:
-    negative when a signal ended the process), None when the record has none."""
-    rc = record.get("returncode")
-    if not isinstance(rc, int) or isinstance(rc, bool):
-        return None
-    t = record.get("t")
-    t = float(t) if isinstance(t, (int, float)) and not isinstance(t, bool) else None
-    return JobExit(None, -rc, t) if rc < 0 else JobExit(rc, None, t)
 
 
 @dataclass(frozen=True)
@@ -105,15 +70,11 @@ def rank_crash(state: RankState) -> Crash | None:
     for event in reversed(state.events):
         if event.name not in CRASH_EVENTS:
             continue
-        rec = event.record
-        error = rec.get("error") if isinstance(rec.get("error"), str) else None
-        if error in INTERRUPTS or (last_step is not None and (event.t or 0.0) < last_step):
+        exc = exception_reading(event)
+        if exc.error in INTERRUPTS or (last_step is not None and (event.t or 0.0) < last_step):
             return None
-        step = rec.get("step")
-        line = rec.get("line")
-        return Crash(state.rank, error or event.name, event.message, step if isinstance(step, int) else None,
-                     file=_text(rec.get("file")), line=line if isinstance(line, int) else None,
-                     function=_text(rec.get("function")), call=_text(rec.get("call")))
+        return Crash(state.rank, exc.error or event.name, event.message, exc.step, file=exc.file, line=exc.line,
+                     function=exc.function, call=exc.call)
     return None
 
 
@@ -130,7 +91,3 @@ def job_crash(crashes: Iterable[Crash | None], exit: JobExit | None, steps: int 
     if failed:
         return Crash(None, None, "", steps, exit=exit.text)
     return None
-
-
-def _text(value: Any) -> str | None:
-    return value if isinstance(value, str) and value else None

@@ -10,9 +10,9 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Sequence
 
 from perfmon_analysis import units
-from perfmon_analysis.crash import Crash, JobExit, job_crash, rank_crash
+from perfmon_analysis.crash import Crash, job_crash, rank_crash
 from perfmon_analysis.memory_growth import SERIES_LABEL, MemoryGrowth, job_growth, rank_growth
-from perfmon_analysis.readings import StepReading
+from perfmon_analysis.readings import JobExit, StepReading
 from perfmon_analysis.step_times import (Outlier, StepTimes, job_outliers, job_times, rank_outliers, run_times,
                                          window_times)
 
@@ -46,12 +46,14 @@ class JobHealth:
 def rank_health(state: RankState, window: Sequence[StepReading], limit: int | None) -> RankHealth:
     """The rank's health over ``window`` (its window's steps) and its buffers; ``limit``: its memory limit."""
     cached = state._health
-    if cached is not None and cached[0] == state.version:
+    if cached is not None and cached[0] == (state.version, limit):
         return cached[1]
-    run = run_times(state.run_times)
-    health = RankHealth(window_times(window), run, tuple(rank_outliers(state, run.p50)), rank_growth(state, limit),
-                        rank_crash(state))
-    state._health = (state.version, health)
+    if state.summary_steps is not None and state.summary_times is not None:   # a relay's summary (wire 1.2)
+        win, run = state.summary_times
+    else:
+        win, run = window_times(window), run_times(state.run_times)
+    health = RankHealth(win, run, tuple(rank_outliers(state, run.p50)), rank_growth(state, limit), rank_crash(state))
+    state._health = ((state.version, limit), health)
     return health
 
 
@@ -64,8 +66,8 @@ def job_health(ranks: Sequence[RankHealth], exit: JobExit | None, steps: int | N
 
 
 def text_lines(report: dict[str, Any]) -> list[str]:
-    """The report's step-time, outlier, memory-growth and crash lines (``perfmon_analysis.report``),
-    read from its JSON only."""
+    """The report's step-time, outlier and memory-growth lines (``perfmon_analysis.report``), read from
+    its JSON only (a crash is the verdict's headline)."""
     m = report["metrics"]
     lines = []
     if m.get("step_time_max_s") is not None:
@@ -82,11 +84,6 @@ def text_lines(report: dict[str, Any]) -> list[str]:
         lines.append(f"Memory grows every step (rank {g['rank']}): {SERIES_LABEL.get(g['series'], g['series'])} "
                      f"+{units.nbytes(g['per_step_bytes'])}/step{per_s} over {g['steps']} steps, "
                      f"{units.nbytes(g['first_bytes'])} to {units.nbytes(g['last_bytes'])}{kind}")
-    crash = report.get("crash")
-    if crash:
-        call = f"  {crash['call']}" if crash.get("call") else ""
-        exit_ = f" ({crash['exit']})" if crash.get("exit") and crash.get("error") else ""
-        lines.append(crash["headline"] + exit_ + (f"\n{call}" if call else ""))
     return lines
 
 

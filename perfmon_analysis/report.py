@@ -186,7 +186,7 @@ def render_text(report: dict[str, Any], width: int = 80) -> str:
                  first=f"  {_pct(w['share']):>4} ± {_pct(w['err']):<4} ", indent=" " * 15)
     shown_ev = [f"{p}={_evidence_text(p.rpartition('.')[2], metric_at(m, p))}" for p in v.get("evidence_metrics", [])]
     shown_ev += [f"{k}={_evidence_text(k, val)}" for k, val in (v.get("evidence") or {}).items()
-                 if k not in ("skipped", "notes", "undecided", "stuck")]
+                 if k not in ("skipped", "notes", "undecided", "stuck") and not isinstance(val, (dict, list))]
     if shown_ev:
         lines.append("Evidence:")
         wrap(", ".join(shown_ev), indent="  ")
@@ -202,7 +202,7 @@ def render_text(report: dict[str, Any], width: int = 80) -> str:
     busy_source = f" ({m['device_busy_source']})" if m.get("device_busy_source") else ""
     wrap(f"Busy {_pct(m['device_busy'])}{busy_source}  data wait {_pct(m['data_wait_frac'])}  comm {_pct(m['comm_frac'])}"
          f" (exposed {_pct(m['comm_exposed_frac'])})  MFU {_pct(m['mfu'])}  ETTR {_pct(m['ettr'])}"
-         f"  loader CPU {_pct(m['loader_cpu'])}")
+         f"  loader CPU {_loader_cpu(m)}")
     mem = m.get("memory") or {}
     if mem.get("peak_bytes") is not None:
         wrap(f"Memory ({mem.get('source')}): peak {units.nbytes(mem['peak_bytes'])} of "
@@ -273,6 +273,14 @@ def gains_lines(v: dict[str, Any], width: int = 80) -> list[str]:
                                        f"{units.number(e['per_day_kwh'])} kWh/day", width,
                                        initial_indent="  energy in ", subsequent_indent="    "))
     return lines
+
+
+def _loader_cpu(m: dict[str, Any]) -> str:
+    """The loader workers' CPU, or with no workers (num_workers=0) the main process's CPU share of its
+    data wait, the measure the verdict's loader question uses then."""
+    if m.get("loader_cpu") is None and m.get("data_cpu_frac") is not None and not m.get("loader_workers"):
+        return f"{_pct(m['data_cpu_frac'])} (main process)"
+    return _pct(m.get("loader_cpu"))
 
 
 def _site(file: str, line: int) -> str:

@@ -49,7 +49,7 @@ from perfmon_analysis.comm_stats import comm_rows
 from perfmon_analysis.stats import RankStats, job_metrics, rank_stats, rank_view, summary_stats, window_of
 from perfmon_analysis.where_stats import job_where
 from perfmon_analysis.capture import capture_reading, with_cost
-from perfmon_analysis.crash import JobExit, job_exit
+from perfmon_analysis.readings import JobExit, exit_reading
 from perfmon_analysis.health import job_health, rank_health
 from perfmon_analysis.history import History
 from perfmon_analysis.profile import ModuleProfile, profile_reading, with_overhead
@@ -178,8 +178,8 @@ class RunModel:
             state.version += 1
 
     def note_exit(self, record: dict[str, Any]) -> None:
-        """How the job's command ended, as ``perfmon run`` wrote it (``perfmon_analysis.crash.job_exit``)."""
-        self.exit = job_exit(record) or self.exit
+        """How the job's command ended, as ``perfmon run`` wrote it (``perfmon_analysis.readings.exit_reading``)."""
+        self.exit = exit_reading(record) or self.exit
 
     def add_problem(self, message: str) -> None:
         """A one-line stream problem (torn recording, bad frame) to show with the view."""
@@ -306,7 +306,8 @@ class RunModel:
         if state is None or state.version == after or not state.info.answered:
             return None
         stats = rank_stats(state, self.window_steps, self.window_seconds, timeline=False)
-        return state.version, summary_record(state, stats, t)
+        health = rank_health(state, window_of(state, self.window_steps, self.window_seconds), None)
+        return state.version, summary_record(state, stats, t, (health.window, health.run))
 
     def buffered(self, stream_id: str) -> list[dict[str, Any]]:
         """The step, memory and comm records held for ``stream_id``, oldest first: what a viewer that

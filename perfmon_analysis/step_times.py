@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Iterable, Sequence
 
 from perfmon_analysis import units
 from perfmon_analysis.buffers import BLOCKING_EVENTS
-from perfmon_analysis.readings import EventReading, StepReading
+from perfmon_analysis.readings import EventReading, StepReading, eval_forwards
 from perfmon_analysis.sketch import DurationSketch
 
 if TYPE_CHECKING:
@@ -94,7 +94,7 @@ class Outlier:
 
     ``cause``: ``eval`` (eval-shaped work before it), ``pause`` (another blocking event, or time
     between steps nothing names), ``data`` (data wait), ``comm`` (exposed communication), the name of
-    the phase that grew (``forward``...), or ``unknown``; ``what``: that, in words;
+    the phase that grew (``forward``, ``other``...), or ``unknown``; ``what``: that, in words;
     ``cause_s``: its seconds in this step."""
 
     rank: int
@@ -138,13 +138,14 @@ def job_outliers(per_rank: Iterable[list[Outlier]]) -> tuple[Outlier, ...]:
     return tuple(sorted(rows, key=lambda o: -o.ratio)[:OUTLIERS_KEPT])
 
 
+_DATA, _COMM, _OTHER = "data", "exposed comm", "other"    # what an outlier's extra time can be in
+
+
 def _phase_medians(steps: list[StepReading]) -> dict[str, float]:
+    """Each phase's median over ``steps`` (a phase a step lacks counts 0), exposed communication's too."""
     names = {name for s in steps for name, _ in s.phases}
-    out = {}
-    for name in names:
-        values = sorted(s.phase(name) or 0.0 for s in steps)
-        out[name] = _quantile(values, 0.5)
-    out["exposed comm"] = _quantile(sorted(s.exposed or 0.0 for s in steps), 0.5)
+    out = {name: _quantile(sorted(s.phase(name) or 0.0 for s in steps), 0.5) for name in names}
+    out[_COMM] = _quantile(sorted(s.exposed or 0.0 for s in steps), 0.5)
     return out
 
 
@@ -156,27 +157,21 @@ def _cause(step: StepReading, median: float, events: list[EventReading],
     evals = [e for e in events if e.name in ("eval", "evaluation")]
     if evals:
         secs = sum(e.seconds or 0.0 for e in evals)
-        forwards = sum(int(e.record.get("forwards") or 0) for e in evals)
+        forwards = sum(eval_forwards(e) or 0 for e in evals)
         shape = f": {forwards} training-mode forwards with no backward after them" if forwards else ""
         return "eval", f"evaluation before it{shape} ({units.seconds(secs)} between steps)", secs
     if step.gap >= CAUSE_SHARE * excess:
         names = sorted({e.name for e in events})
         label = " + ".join(names) if names else "time between steps nothing names"
         return "pause", f"{label} ({units.seconds(step.gap)} between steps)", step.gap
-    grown = {"data": step.data - typical.get("data", 0.0),
-             "exposed comm": (step.exposed or 0.0) - typical.get("exposed comm", 0.0)}
-    for name, secs in step.phases:
-        if name not in ("data", "other"):
-            grown[name] = secs - typical.get(name, 0.0)
-    grown["other"] = (step.phase("other") or 0.0) - typical.get("other", 0.0)
+    grown = {name: secs - typical.get(name, 0.0) for name, secs in step.phases if name != _DATA}
+    grown[_DATA] = step.data - typical.get(_DATA, 0.0)
+    grown[_COMM] = (step.exposed or 0.0) - typical.get(_COMM, 0.0)
     name, more = max(grown.items(), key=lambda kv: kv[1])
     if more < CAUSE_SHARE * excess:
         return "unknown", "no measured part of the step holds most of its extra time", None
-    if name == "data":
-        typical_data = units.seconds(typical.get("data", 0.0))
-        return "data", f"data wait {units.seconds(step.data)} (median {typical_data})", step.data
-    if name == "exposed comm":
+    if name == _COMM:
         return "comm", f"exposed communication {units.seconds(step.exposed or 0.0)}", step.exposed
-    secs = step.phase(name) or 0.0
-    return name, f"{name} {units.seconds(secs)} (median {units.seconds(typical.get(name, 0.0))})", secs
-
+    secs = step.data if name == _DATA else step.phase(name) or 0.0
+    label = "data wait" if name == _DATA else name
+    return name, f"{label} {units.seconds(secs)} (median {units.seconds(typical.get(name, 0.0))})", secs

@@ -5,7 +5,8 @@ wire dicts, so a wire key is spelled in ``probe/wire.py``'s schema and in this p
 ``perfmon_analysis.summary``, which writes and reads its own payload; ``tests/unit/test_record_keys.py``
 holds every other module to it). Every field is None when the probe did not report it (unknown is never
 0); utilisations are 0..1. One module per family of records: ``steps`` (steps, events), ``samples``
-(hello, samples, memory, comm), ``where``, ``stall``, ``profiles`` (capture, profile); ``base`` holds
+(hello, samples, memory, comm), ``where``, ``stall``, ``profiles`` (capture, profile), ``events`` (an
+exception's line, an evaluation's forwards, ``perfmon run``'s exit status); ``base`` holds
 the value checks they share.
 """
 
@@ -21,6 +22,8 @@ from perfmon_analysis.readings.samples import (GpuReading, GpuRow, HostReading, 
                                                CommReading, comm_reading, own_gpus, gpu_rows)
 from perfmon_analysis.readings.where import (WhereCount, WhereInterval, WHERE_STATES, where_interval)
 from perfmon_analysis.readings.stall import (InFlight, FlightEntry, LoaderWorker, StallReading, stall_reading)
+from perfmon_analysis.readings.events import (ExceptionReading, exception_reading, eval_forwards, JobExit,
+                                              exit_reading)
 from perfmon_analysis.readings.profiles import (OpTime, CaptureRecord, capture_record, window_cpu, ModuleTimes,
                                                 ProfileRecord, profile_record)
 
@@ -31,4 +34,4 @@ __all__ = ['num', 'record_time', 'dropped', 'StepBar', 'StepReading', 'step_read
            'CommOp', 'CommReading', 'comm_reading', 'own_gpus', 'gpu_rows', 'WhereCount', 'WhereInterval',
            'WHERE_STATES', 'where_interval', 'InFlight', 'FlightEntry', 'LoaderWorker', 'StallReading',
            'stall_reading', 'OpTime', 'CaptureRecord', 'capture_record', 'window_cpu', 'ModuleTimes', 'ProfileRecord',
-           'profile_record']
+           'profile_record', 'ExceptionReading', 'exception_reading', 'eval_forwards', 'JobExit', 'exit_reading']

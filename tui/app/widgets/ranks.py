@@ -1,4 +1,5 @@
-"""Ranks pane: one row per rank (step time, compute, data wait, comm wait, CPU, state),
+"""Ranks pane: one row per rank (step time, compute, data wait, comm wait; where the pane is wide, the
+window's p99 and longest step, CPU; state),
 the straggler marked ◀, a stuck job's culprit ✖ and waiting or silent ranks, and the selected
 rank highlighted. A job of more than ``HEATMAP_RANKS`` ranks is drawn as a heatmap instead
 (``tui.app.widgets.heatmap``): a column per rank, grouped by node, paged with ``[`` and ``]``."""
@@ -33,7 +34,7 @@ class RanksPane(Pane):
         straggler = None if stuck is not None else getattr(verdict, "straggler_rank", None)
         if straggler is None and stuck is None:
             straggler = view.straggler_rank
-        columns = NARROW if width < 46 else WIDE if width >= 60 else NORMAL
+        columns = NARROW if width < 46 else TAILS if width >= 76 else WIDE if width >= 60 else NORMAL
         if len({r.host for r in view.ranks if r.host}) > 1:       # a job across nodes: say which
             node_w = min(NODE_W, max(len(r.host or "") for r in view.ranks))
             columns = ((("node", node_w),) + columns[1:]) if columns is NARROW else (("node", node_w),) + columns
@@ -65,6 +66,7 @@ class RanksPane(Pane):
 NARROW = (("step", 6), ("comp", 6), ("data", 4), ("comm", 4))
 NORMAL = (("steps", 6), ("step", 6), ("compute", 7), ("data", 4), ("comm", 4))
 WIDE = NORMAL + (("cpu", 4), ("pid", 7))
+TAILS = NORMAL + (("p99", 6), ("max", 6), ("cpu", 4), ("pid", 7))   # the window's slow steps (step_times)
 NODE_W = 10
 
 
@@ -81,6 +83,8 @@ def _cell(r: RankView, name: str) -> str:
         return units.pct(r.data_wait_frac)
     if name == "comm":
         return units.pct(r.comm_exposed_frac)
+    if name in ("p99", "max"):
+        return units.seconds(getattr(r.step_times, name) if r.step_times is not None else None)
     if name == "cpu":
         return units.number(r.cpu, 2)
     return str(r.pid or "?")
