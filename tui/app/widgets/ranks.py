@@ -34,7 +34,7 @@ class RanksPane(Pane):
         straggler = None if stuck is not None else getattr(verdict, "straggler_rank", None)
         if straggler is None and stuck is None:
             straggler = view.straggler_rank
-        columns = NARROW if width < 46 else TAILS if width >= 76 else WIDE if width >= 60 else NORMAL
+        columns = NARROW if width < 46 else WIDEST if width >= 80 else WIDE if width >= 60 else NORMAL
         if len({r.host for r in view.ranks if r.host}) > 1:       # a job across nodes: say which
             node_w = min(NODE_W, max(len(r.host or "") for r in view.ranks))
             columns = ((("node", node_w),) + columns[1:]) if columns is NARROW else (("node", node_w),) + columns
@@ -65,8 +65,8 @@ class RanksPane(Pane):
 
 NARROW = (("step", 6), ("comp", 6), ("data", 4), ("comm", 4))
 NORMAL = (("steps", 6), ("step", 6), ("compute", 7), ("data", 4), ("comm", 4))
-WIDE = NORMAL + (("cpu", 4), ("pid", 7))
-TAILS = NORMAL + (("p99", 6), ("max", 6), ("cpu", 4), ("pid", 7))   # the window's slow steps (step_times)
+WIDE = NORMAL + (("p99", 6), ("max", 6), ("cpu", 4))     # p99, max: the window's slow steps (step_times)
+WIDEST = WIDE + (("pid", 7),)
 NODE_W = 10
 
 
