@@ -632,8 +632,6 @@ class Probe:
         except (OSError, ValueError):
             pass
 
-    _internal_error = report_error    # older name, kept for instrumentation modules not yet renamed
-
     def _after_fork_in_child(self) -> None:
         """Forked child (DataLoader worker): go silent; close inherited fds; touch no locks."""
         self.closed = True
