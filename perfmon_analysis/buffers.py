@@ -120,7 +120,7 @@ class RankState:
         self.run_times = DurationSketch()       # every step's time but the first: the run's percentiles
         self.summary_times: Any = None          # (window, run) step times while a relay summarises the rank
         self._cache: tuple[int, Any] | None = None
-        self._health: tuple[Any, Any] | None = None   # perfmon_analysis.health's, by (version, memory limit)
+        self._health: dict[str, Any] = {}       # perfmon_analysis.health's parts, each by what it reads
 
     def set_hello(self, hello: dict[str, Any]) -> None:
         """A hello for this process (its first, or a repeat on re-attach)."""

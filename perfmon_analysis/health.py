@@ -7,14 +7,14 @@ memory growth (``perfmon_analysis.memory_growth``) and the crash that ended it
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Sequence
 
 from perfmon_analysis import units
 from perfmon_analysis.crash import Crash, job_crash, rank_crash
 from perfmon_analysis.memory_growth import SERIES_LABEL, MemoryGrowth, job_growth, rank_growth
 from perfmon_analysis.readings import JobExit, StepReading
-from perfmon_analysis.step_times import (Outlier, StepTimes, job_outliers, job_times, rank_outliers, run_times,
-                                         window_times)
+from perfmon_analysis.step_times import (OUTLIER_RATIO, Outlier, StepTimes, job_outliers, job_times, rank_outliers,
+                                         run_times, window_times)
 
 if TYPE_CHECKING:
     from perfmon_analysis.buffers import RankState
@@ -43,18 +43,43 @@ class JobHealth:
     crash: Crash | None = None
 
 
+OUTLIERS_EVERY = 16      # steps between two searches for outliers, unless the newest step is one
+
+
 def rank_health(state: RankState, window: Sequence[StepReading], limit: int | None) -> RankHealth:
-    """The rank's health over ``window`` (its window's steps) and its buffers; ``limit``: its memory limit."""
-    cached = state._health
-    if cached is not None and cached[0] == (state.version, limit):
-        return cached[1]
+    """The rank's health over ``window`` (its window's steps) and its buffers; ``limit``: its memory limit.
+
+    Cached on the rank (``RankState._health``), each part by what it reads, so a view where every rank
+    has a new step costs little: the percentiles again, the outliers every ``OUTLIERS_EVERY`` steps (at
+    once when the newest step is one), the memory growth when a memory reading arrived, the crash
+    when the stream ended."""
+    cache = state._health
     if state.summary_steps is not None and state.summary_times is not None:   # a relay's summary (wire 1.2)
         win, run = state.summary_times
     else:
         win, run = window_times(window), run_times(state.run_times)
-    health = RankHealth(win, run, tuple(rank_outliers(state, run.p50)), rank_growth(state, limit), rank_crash(state))
-    state._health = ((state.version, limit), health)
-    return health
+    newest = state.steps[-1] if state.steps else None
+    long = newest is not None and run.p50 is not None and newest.dur >= OUTLIER_RATIO * run.p50
+    last_event = state.events[-1].t if state.events else None
+    outliers = _cached(cache, "outliers", (state.run_times.n // OUTLIERS_EVERY, newest.step if long else None,
+                                           state.ended, last_event),
+                       lambda: tuple(rank_outliers(state, run.p50)))
+    last_sample = state.samples[-1].t if state.samples else None
+    last_memory = state.memory[-1].t if state.memory else None
+    growth = _cached(cache, "growth", (last_sample, last_memory, len(state.samples), len(state.memory), limit),
+                     lambda: rank_growth(state, limit))
+    crash = _cached(cache, "crash", (state.ended, last_event, newest.step if newest else None),
+                    lambda: rank_crash(state))
+    return RankHealth(win, run, outliers, growth, crash)
+
+
+def _cached(cache: dict[str, tuple[Any, Any]], part: str, key: Any, compute: Callable[[], Any]) -> Any:
+    held = cache.get(part)
+    if held is not None and held[0] == key:
+        return held[1]
+    value = compute()
+    cache[part] = (key, value)
+    return value
 
 
 def job_health(ranks: Sequence[RankHealth], exit: JobExit | None, steps: int | None) -> JobHealth:

@@ -22,9 +22,9 @@ from __future__ import annotations
 
 import bisect
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Iterable
+from typing import TYPE_CHECKING, Iterable, Sequence
 
-from perfmon_analysis.readings import MemoryReading
+from perfmon_analysis.readings import MemoryReading, StepReading
 
 if TYPE_CHECKING:
     from perfmon_analysis.buffers import RankState
@@ -81,11 +81,10 @@ def _round(x: float | None) -> int | None:
 
 def rank_growth(state: RankState, limit: int | None = None) -> MemoryGrowth | None:
     """The rank's memory growth, None when its readings are too few or span too few steps to tell."""
-    ends = [(s.t, s.step) for s in state.steps if s.t is not None]
-    if len(ends) < 2:
+    steps = state.steps
+    if len(steps) < 2 or steps[-1].t is None:
         return None
-    first_step = ends[0][1] if ends[0][1] > 0 else ends[1][1]
-    times = [t for t, _ in ends]
+    first_step = steps[0].step if steps[0].step > 0 else steps[1].step
     mems = [m for m in state.memory if m.t is not None]
     device = [m for m in mems if not m.on_host]
     if device:
@@ -95,7 +94,7 @@ def rank_growth(state: RankState, limit: int | None = None) -> MemoryGrowth | No
         series = "rss"
         raw = [(s.t, s.host.rss) for s in state.samples]
     points = [(x, float(v)) for t, v in raw if t is not None and v is not None
-              for x in [_step_at(times, ends, t)] if x is not None and x >= first_step]
+              for x in [_step_at(steps, t)] if x is not None and x >= first_step]
     if len(points) < MIN_POINTS or points[-1][0] - points[0][0] < MIN_STEPS:
         return None
     slope, fit = _line(points)
@@ -106,9 +105,8 @@ def rank_growth(state: RankState, limit: int | None = None) -> MemoryGrowth | No
     grown = slope * span
     steady = (slope > 0 and fit >= MIN_FIT and late >= MIN_LATE_RATE * slope
               and grown >= max(MIN_GROWTH_BYTES, MIN_GROWTH_SHARE * first))
-    rate = _per_second(ends)
-    in_span = [m for m in mems if (_step_at(times, ends, m.t or 0.0) or 0.0) >= first_step]
-    kind, kind_rate = _growing_kind(in_span, times, ends)
+    rate = _per_second(steps)
+    kind, kind_rate = _growing_kind([m for m in mems if (_step_at(steps, m.t or 0.0) or 0.0) >= first_step], steps)
     to_limit = None
     if limit and slope > 0:
         to_limit = max(0, int((limit - last) / slope))
@@ -122,15 +120,21 @@ def job_growth(rows: Iterable[MemoryGrowth | None]) -> MemoryGrowth | None:
     return max(known, key=lambda g: (g.steady, g.per_step), default=None)
 
 
-def _step_at(times: list[float], ends: list[tuple[float, int]], t: float) -> float | None:
-    """The step count at time ``t``, interpolated between step ends (None before the first)."""
-    i = bisect.bisect_right(times, t)
+def _step_at(steps: Sequence[StepReading], t: float) -> float | None:
+    """The step count at time ``t``, interpolated between the ends of ``steps`` (in time order; None
+    before the first). A binary search: the buffer holds ~2,000 steps, the series ~150 readings."""
+    i = bisect.bisect_right(steps, t, key=_end)
     if i == 0:
         return None
-    if i == len(times):
-        return float(ends[-1][1])
-    (t0, s0), (t1, s1) = ends[i - 1], ends[i]
-    return s0 + (s1 - s0) * ((t - t0) / (t1 - t0) if t1 > t0 else 0.0)
+    if i == len(steps):
+        return float(steps[-1].step)
+    a, b = steps[i - 1], steps[i]
+    t0, t1 = _end(a), _end(b)
+    return a.step + (b.step - a.step) * ((t - t0) / (t1 - t0) if t1 > t0 else 0.0)
+
+
+def _end(step: StepReading) -> float:
+    return step.t if step.t is not None else float("-inf")
 
 
 def _line(points: list[tuple[float, float]]) -> tuple[float, float]:
@@ -148,20 +152,20 @@ def _line(points: list[tuple[float, float]]) -> tuple[float, float]:
     return slope, fit
 
 
-def _per_second(ends: list[tuple[float, int]]) -> float | None:
+def _per_second(steps: Sequence[StepReading]) -> float | None:
     """Steps per second over the buffered steps."""
-    (t0, s0), (t1, s1) = ends[0], ends[-1]
-    return (s1 - s0) / (t1 - t0) if t1 > t0 else None
+    a, b = steps[0], steps[-1]
+    t0, t1 = _end(a), _end(b)
+    return (b.step - a.step) / (t1 - t0) if t1 > t0 and t0 > float("-inf") else None
 
 
-def _growing_kind(mems: list[MemoryReading], times: list[float],
-                  ends: list[tuple[float, int]]) -> tuple[str | None, float | None]:
+def _growing_kind(mems: list[MemoryReading], steps: Sequence[StepReading]) -> tuple[str | None, float | None]:
     """The breakdown kind that rose the most between the first and last breakdown, per step."""
     with_kinds = [m for m in mems if any(getattr(m, k) is not None for k in KINDS)]
     if len(with_kinds) < 2:
         return None, None
     a, b = with_kinds[0], with_kinds[-1]
-    xa, xb = _step_at(times, ends, a.t or 0.0), _step_at(times, ends, b.t or 0.0)
+    xa, xb = _step_at(steps, a.t or 0.0), _step_at(steps, b.t or 0.0)
     if xa is None or xb is None or xb <= xa:
         return None, None
     rises = {k: (getattr(b, k) or 0) - (getattr(a, k) or 0) for k in KINDS}

@@ -42,6 +42,7 @@ from typing import Any, Iterable
 from probe import fetches, forks
 from probe.exceptions import exception_event
 from probe.hooks import Hook, remove_all
+from probe.part_names import part_name
 from probe.stepfinder import StepFinder
 from probe.tracing import HiddenPhases, compiling_check, dynamo_has_compiled, run_eagerly
 
@@ -374,7 +375,7 @@ def _opt_post(optimizer: Any, args: Any, kwargs: Any) -> None:
         if a.probe is None:
             a.start()       # inside the first step, where the script's own timer sees the start-up cost too
         if id(optimizer) not in a.finder.labels:
-            a.finder.labels[id(optimizer)] = _part_name(a, optimizer)
+            a.finder.labels[id(optimizer)] = part_name(optimizer, a.trained_roots, a.finder.labels.values())
         a.finder.optimizer_end(_pc(), id(optimizer))
     except Exception as exc:
         a.fail(exc)
@@ -445,23 +446,6 @@ def _batch_size(torch: Any, batch: Any) -> int:
         else:
             return 0
     return 0
-
-
-def _part_name(a: _Auto, optimizer: Any) -> str:
-    """The phase name of an optimizer's part of a step of several (a GAN's): the class of the root
-    module that holds its parameters (``Discriminator``), else the optimizer's class and number."""
-    taken = set(a.finder.labels.values())
-    name = f"{type(optimizer).__name__} {len(a.finder.labels) + 1}"
-    try:
-        first = optimizer.param_groups[0]["params"][0]
-        for ref in a.trained_roots:
-            module = ref()
-            if module is not None and any(p is first for p in module.parameters()):
-                name = type(module).__name__
-                break
-    except Exception:
-        pass
-    return name if name not in taken else f"{name} {len(a.finder.labels) + 1}"
 
 
 def _trainable(module: Any) -> bool:

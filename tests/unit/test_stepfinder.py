@@ -367,3 +367,26 @@ def test_the_cut_steps_cpu_clock_starts_at_the_training_batchs_fetch():
         f.optimizer_begin(t + 0.03); f.optimizer_end(t + 0.04, 1)
         t += 0.04
     assert len(evals) == 1 and evals[0][3] == pytest.approx(100.0 + 0.04 + 5 * 0.02)
+
+
+def test_parts_are_named_after_the_module_each_optimizer_updates():
+    import weakref
+
+    import torch
+
+    from probe.part_names import part_name
+
+    class Generator(torch.nn.Linear):
+        pass
+
+    class Discriminator(torch.nn.Linear):
+        pass
+
+    g, d, stray = Generator(2, 2), Discriminator(2, 1), torch.nn.Linear(1, 1)
+    roots = [weakref.ref(g), weakref.ref(d)]
+    opts = [torch.optim.Adam(m.parameters()) for m in (d, g, stray)]
+    names: list[str] = []
+    for opt in opts:
+        names.append(part_name(opt, roots, names))
+    assert names == ["Discriminator", "Generator", "Adam 3"]
+    assert part_name(torch.optim.SGD(d.parameters(), lr=0.1), roots, names) == "Discriminator 4"
