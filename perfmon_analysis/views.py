@@ -130,7 +130,9 @@ class Metrics:
     all: ``device_busy`` the least busy rank, ``data_wait_frac``, ``comm_frac``,
     ``comm_exposed_frac`` and ``loader_cpu`` the highest; ``ettr`` the least
     productive rank; ``step_time_median_s`` the slowest rank (it sets the
-    pace); throughputs are summed; the rest are means over ranks.
+    pace); throughputs are summed; the rest are means over ranks. A rank whose busy is not measured
+    makes the job's ``device_busy`` not measured (``device_busy_unknown`` names it and says why): the
+    least busy rank may be that one.
     Keys besides the flowchart quantities: busbw, comm_op, comm_estimated, loader_workers,
     data_cpu_frac, gap_frac, compute_ratio, arrival_ratio, straggler_by, flops_per_s,
     memory_headroom, device_busy_source, peak_flops, peak_source, host_lead_s, off_cpu_frac (the
@@ -141,8 +143,13 @@ class Metrics:
     step_time_median_s: float | None = None
     samples_per_s: float | None = None
     tokens_per_s: float | None = None
-    device_busy: float | None = None
+    device_busy: float | None = None        # share of the step a kernel ran (time; docs/verdict.md)
     device_busy_source: str | None = None   # a key of perfmon_analysis.losses.BUSY_SOURCES
+    device_busy_unknown: dict[str, str] | None = None   # rank -> why its busy is not measured (NVML's words)
+    device_fill: float | None = None        # GPM SM activity / busy: the device the running kernels fill
+    sm_active: float | None = None          # GPM SM activity (idle counting 0), least of the ranks
+    tensor_active: float | None = None      # GPM tensor-core activity, mean over ranks
+    params_offloaded: float | None = None   # CUDA: share of parameter bytes in host memory (most of the ranks)
     data_wait_frac: float | None = None
     data_cpu_frac: float | None = None      # main-thread CPU share of the data wait (num_workers=0)
     comm_frac: float | None = None
@@ -187,7 +194,8 @@ _METRIC_KEYS = ("steps", "step_time_median_s", "samples_per_s", "tokens_per_s", 
                 "compute_ratio", "arrival_ratio", "straggler_by", "flops_per_s", "memory_headroom",
                 "device_busy_source", "peak_flops", "peak_source", "host_lead_s", "off_cpu_frac", "host_wait_frac",
                 "cpu_contention_frac", "overhead_step_frac", "overhead_cpu_frac", "power_w", "energy_per_step_j",
-                "energy_per_sample_j", "energy_per_token_j")
+                "energy_per_sample_j", "energy_per_token_j", "device_busy_unknown", "device_fill", "sm_active",
+                "tensor_active", "params_offloaded")
 
 
 @dataclass(frozen=True)
@@ -232,6 +240,7 @@ class RankView:
     answered: bool = True               # its hello arrived (False: a connected socket that never spoke)
     overhead_step_frac: float | None = None   # perfmon's own cost: share of the step (perfmon_analysis.overhead)
     overhead_cpu_frac: float | None = None    # ... and of the process's CPU
+    device_fill: float | None = None    # GPM SM activity over busy (perfmon_analysis.device_stats.gpu_fill)
 
 
 @dataclass(frozen=True)

@@ -13,6 +13,10 @@ The device is one stream on the host's clock (``time.perf_counter``), as real CU
   reads 20 ms elapsed. It refuses incomplete events, like CUDA's;
 * ``busy_fraction(t0, t1)`` is the share of [t0, t1] with a kernel running (what NVML's
   utilization reports; ``simulated_pynvml.SimulatedGpu(timeline=...)`` reads it);
+* a kernel has a ``fill``: the share of the SMs its blocks occupy (a one-block kernel on an H100:
+  1/132). ``sm_active_fraction(t0, t1)`` averages it over [t0, t1], idle time counting 0, which is
+  DCGM's SM activity ("a kernel using N/5 blocks over the whole interval reads 0.2, and so does one
+  using N blocks over a fifth of it"); GPM's SM_UTIL of a ``SimulatedGpu(timeline=...)`` reads it;
 * ``synchronizing_op()`` is a host-device sync (``loss.item()``): it warns or raises
   according to the sync debug mode, as c10 does, then blocks the host until the stream
   has drained; ``synchronize()`` is the same wait for tests.
@@ -103,7 +107,7 @@ class SimulatedCuda:
         self.uuid = uuid
         self.sync_mode = sync_mode
         self.free_at = 0.0                  # host-clock time the stream drains
-        self.busy: collections.deque[tuple[float, float]] = collections.deque(maxlen=BUSY_HISTORY)
+        self.busy: collections.deque[tuple[float, float, float]] = collections.deque(maxlen=BUSY_HISTORY)
         self.launch_queue = LAUNCH_QUEUE
         self.queued: collections.deque[float] = collections.deque()   # end times of pending launches
         self.calls: list[str] = []
@@ -172,8 +176,9 @@ class SimulatedCuda:
         self.record_on(event)
         return SimulatedHostCopy(tensor.value, event), event
 
-    def run(self, seconds: float) -> None:
-        """Enqueue ``seconds`` of kernels on the stream; the host waits only for a full launch queue."""
+    def run(self, seconds: float, fill: float = 1.0) -> None:
+        """Enqueue ``seconds`` of kernels on the stream, occupying ``fill`` of the SMs while they run; the
+        host waits only for a full launch queue."""
         now = time.perf_counter()
         while self.queued and self.queued[0] <= now:
             self.queued.popleft()
@@ -182,7 +187,7 @@ class SimulatedCuda:
             now = time.perf_counter()
         start = max(now, self.free_at)
         self.free_at = start + seconds
-        self.busy.append((start, self.free_at))
+        self.busy.append((start, self.free_at, fill))
         self.queued.append(self.free_at)
 
     def pending(self, index: int) -> bool:
@@ -201,8 +206,16 @@ class SimulatedCuda:
         if t1 <= t0:
             return 0.0
         intervals = list(self.busy)     # one C call: the training thread appends while NVML's sampler reads
-        covered = sum(max(0.0, min(b, t1) - max(a, t0)) for a, b in intervals)
+        covered = sum(max(0.0, min(b, t1) - max(a, t0)) for a, b, _ in intervals)
         return min(1.0, covered / (t1 - t0))
+
+    def sm_active_fraction(self, t0: float, t1: float) -> float:
+        """SM activity over [t0, t1]: each kernel's ``fill`` weighted by its time in the interval."""
+        if t1 <= t0:
+            return 0.0
+        intervals = list(self.busy)
+        active = sum(fill * max(0.0, min(b, t1) - max(a, t0)) for a, b, fill in intervals)
+        return min(1.0, active / (t1 - t0))
 
     def get_sync_debug_mode(self) -> int:
         return self.sync_mode

@@ -146,6 +146,7 @@ def test_a_cuda_job_whose_utilization_is_not_supported_is_never_healthy(simulate
     view = run.view()
     verdict = V.evaluate(view)
     assert view.device_type == "cuda" and view.metrics.device_busy is None
+    assert view.metrics.device_busy_unknown["0"].startswith("NVML: NotSupported on this GPU")
     assert verdict.bottleneck == "not_measured" and verdict.severity == "warn"
     assert "device_busy" in verdict.as_json()["unknown"]
 
@@ -171,15 +172,18 @@ def test_two_gpus_and_a_failing_uuid_lookup_leave_busy_unmeasured(simulated_cuda
     assert view.device_type == "cuda" and view.metrics.device_busy is None
 
 
-@pytest.mark.parametrize("sm_active,util,busy,source", [
-    (0.05, 100, 0.05, "sm_active"),      # one small kernel: any-kernel utilization 100%, SMs 5% busy
-    (None, 60, 0.60, "nvml_util"),       # no GPM (pre-Hopper): utilization, labelled as such
+@pytest.mark.parametrize("sm_active,util,busy,fill", [
+    (0.05, 100, 1.00, 0.05),      # one small kernel: a kernel ran all the time (busy), on 5% of the SMs (fill)
+    (0.35, 40, 0.40, 0.875),      # kernels 40% of the time filling most of the device while they ran
+    (None, 60, 0.60, None),       # no GPM (pre-Hopper): busy from utilization, fill not measured
 ])
-def test_gpu_busy_prefers_sm_activity_and_names_its_source(sm_active, util, busy, source):
+def test_gpu_busy_is_time_a_kernel_ran_and_sm_activity_is_fill(sm_active, util, busy, fill):
+    """Busy answers "did a kernel run" (NVML utilization); SM activity over it is the fill. Before the
+    split, SM activity was read as busy: the first row read 5% busy on a device that never idled."""
     model = RunModel()
-    for rec in records(Rank(gpu_util=util), device="cuda"):
-        if rec["k"] == "sample" and sm_active is not None:
-            rec["gpus"][0]["sm_active"] = sm_active
+    for rec in records(Rank(gpu_util=util, sm_active=sm_active), device="cuda"):
         model.ingest("r0", rec)
     m = model.view().metrics
-    assert m.device_busy == pytest.approx(busy) and m.device_busy_source == source
+    assert m.device_busy == pytest.approx(busy) and m.device_busy_source == "nvml_util"
+    assert m.device_fill == (None if fill is None else pytest.approx(fill))
+    assert m.sm_active == (None if sm_active is None else pytest.approx(sm_active))

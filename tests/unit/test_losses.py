@@ -149,7 +149,7 @@ def test_each_loss_names_its_source_or_why_it_is_unknown_in_the_reports_words():
         {"id": "step_gaps", "label": "between steps", "share": None, "why_unknown": "no step timing yet"}]
     gpu_unknown = rows("cuda", device_busy=None, data_wait_frac=0.1, comm_exposed_frac=None, gap_frac=0.0)
     assert gpu_unknown[2] == {"id": "device_idle", "label": "device idle, no other cause", "share": None,
-                              "why_unknown": "GPU activity not measured (neither GPM SM activity nor NVML utilization readable)"}
+                              "why_unknown": "GPU busy in time not measured (NVML utilization not readable)"}
     assert gpu_unknown[3]["share"] == 0.0
 
 
