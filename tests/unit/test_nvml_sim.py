@@ -364,7 +364,7 @@ def test_watch_on_a_simulated_gpu_fills_step_and_memory_records(simulated_cuda, 
     slack = STEP_PAUSE / 2
     assert all(0.010 - 1e-6 <= s["gpu_time"] <= 0.010 + by_step[s["gpu_step"]]["dur"] + slack for s in timed), \
         [(s["gpu_time"], by_step[s["gpu_step"]]["dur"]) for s in timed]
-    # the lead (timed for one step per StepTimer.LEAD_EVERY; the others carry none): from the host ending
+    # the lead (of the steps timed, one per StepTimer.TIME_EVERY; the others carry neither): from the host ending
     # step gpu_step to the poller seeing its end event complete. The poller can only see it after the host
     # ended the step, and must have seen it before the step whose record carries it ended (plus that step's
     # end hooks, well under 50 ms); never 0, as the clamp would make it
