@@ -84,7 +84,9 @@ from __future__ import annotations
 #         DataLoader is watched), device {pending (bool: queued GPU work not finished) } (CUDA),
 #         flight {source (the sources joined by "+"), sources (1.x: the recorders read, "nccl":
 #         ProcessGroupNCCL's, "generic": gloo and other CPU backends), groups {group: {enqueued,
-#         started, completed (sequence numbers, -1: none), backend}}, entries [{op, group, seq, state
+#         started, completed (sequence numbers, -1: none), backend}} (a group both recorders report,
+#         one sequence per backend, is listed once per backend as "group:backend", its entries too),
+#         entries [{op, group, seq, state
 #         ("scheduled": enqueued, not started | "started" | "completed" | "enqueued": not completed,
 #         the recorder sees no starts), backend ("nccl"|"gloo"|...)}] (not retired), note (why it is
 #         empty)} (torch's flight recorders, probe/flight.py), n (1 for the first record of this stall),
