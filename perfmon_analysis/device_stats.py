@@ -57,6 +57,18 @@ def timeline_busy(steps: list[StepReading]) -> float | None:
     return min(1.0, sum(s.gpu_time or 0.0 for s in timed) / active)
 
 
+def lead_steps(steps: list[StepReading]) -> tuple[float | None, float | None]:
+    """(median device time of the lead-timed steps, median of how many such steps of device work the
+    host kept queued: its lead, read conservatively, over the step's device time). At 1 or more the
+    host queued each step whole before the device began it, so launches cannot have idled the device
+    inside it (``timeline_busy``); under 1 they can have."""
+    timed = [s for s in steps if s.lead is not None and s.gpu_time is not None and s.gpu_time > 0]
+    if not timed:
+        return None, None
+    return (statistics.median(s.gpu_time or 0.0 for s in timed),
+            statistics.median(lead_at_least(s.lead or 0.0) / (s.gpu_time or 1.0) for s in timed))
+
+
 def gpu_fill(samples: list[SampleReading], local_rank: int) -> tuple[float | None, float | None, float | None]:
     """(fill, SM activity, tensor activity) of this rank's GPU over the samples; None where GPM gives none.
 

@@ -196,8 +196,13 @@ METRICS: tuple[Metric, ...] = (
            job=lambda v: v.metrics.peak_flops),
     Metric("peak_source", Unit.LABEL, "Where the peak FLOP/s came from",
            job=lambda v: v.metrics.peak_source),
-    Metric("host_lead_s", Unit.SECONDS, "How far the host runs ahead of the GPU (least of the ranks)",
-           job=lambda v: v.metrics.host_lead_s),
+    Metric("host_lead_s", Unit.SECONDS, "How far the host runs ahead of the GPU (least of the ranks; CUDA "
+           "events on about ten steps a second)", job=lambda v: v.metrics.host_lead_s),
+    Metric("host_lead_steps", Unit.COUNT, "The host's lead over the step's device time: 1 or more, each step was "
+           "queued whole before the device began it (least of the ranks)", job=lambda v: v.metrics.host_lead_steps),
+    Metric("device_time_median_s", Unit.SECONDS, "Device time of a step, its first CUDA event to its last (idle "
+           "gaps inside included), over the timed steps (slowest rank)",
+           job=lambda v: v.metrics.device_time_median_s),
     Metric("off_cpu_frac", Unit.RATIO, "Share of the step body off CPU with no other measured cause",
            job=lambda v: v.metrics.off_cpu_frac),
     Metric("host_wait_frac", Unit.RATIO, "In-step stack samples off CPU over all in-step samples",

@@ -14,8 +14,8 @@ from typing import Deque
 
 from perfmon_analysis.buffers import MIN_STEPS, TIMELINE_STEPS, WINDOW_SAMPLES, RankState, recent_records
 from perfmon_analysis.comm_stats import comm_delta, comm_rows, find_straggler
-from perfmon_analysis.device_stats import (busy_unknown_reason, gpu_busy, gpu_fill, gpu_power, peak_flops_of,
-                                          timeline_busy)
+from perfmon_analysis.device_stats import (busy_unknown_reason, gpu_busy, gpu_fill, gpu_power, lead_steps,
+                                          peak_flops_of, timeline_busy)
 from perfmon_analysis.known import known, max_known, mean_known, min_known, per_item, sum_all, sum_known
 from perfmon_analysis.memory_stats import job_memory, rank_memory
 from perfmon_analysis.overhead import Overhead, overhead, worst
@@ -66,6 +66,8 @@ class RankStats:
     sm_active: float | None = None        # GPM SM activity over the samples (idle time counting 0)
     tensor_active: float | None = None    # GPM tensor-core activity over the samples
     offloaded: float | None = None        # CUDA: share of the watched parameters' bytes in host memory
+    device_time: float | None = None      # median device time of the lead-timed steps (CUDA events)
+    lead_steps: float | None = None       # median lead (read conservatively) over those steps' device time
 
 
 def _window(nums: Deque[StepReading], max_steps: int, max_seconds: float) -> list[StepReading]:
@@ -150,6 +152,7 @@ def rank_stats(state: RankState, max_steps: int, max_seconds: float, timeline: b
         # to a measured cause
         busy, busy_src = sum(computes) / active_sum, "step_accounting"
 
+    device_time, queued_steps = lead_steps(win) if device.type == "cuda" else (None, None)
     samples_sum = sum_known([s.samples for s in win])
     tokens_sum = sum_known([s.tokens for s in win])
     flops_sum = sum_known([s.flops for s in win])
@@ -193,6 +196,8 @@ def rank_stats(state: RankState, max_steps: int, max_seconds: float, timeline: b
         sm_active=sm_active,
         tensor_active=tensor_active,
         offloaded=device.offloaded if device.type == "cuda" else None,
+        device_time=device_time,
+        lead_steps=queued_steps,
         syncs=syncs / n if syncs is not None and n else None,
         host_lead=known(statistics.median, [s.lead for s in win]),
         loader_cpu=statistics.fmean(loader_cpus) if loader_cpus else None,
@@ -332,6 +337,8 @@ def job_metrics(ready: list[tuple[RankState, RankStats]], ranks: list[RankView],
         busbw=top.busbw if top else None,
         syncs_per_step=mean_known([x.syncs for x in st]),
         host_lead_s=min_known([x.host_lead for x in st]),
+        host_lead_steps=min_known([x.lead_steps for x in st]),
+        device_time_median_s=max_known([x.device_time for x in st]),
         off_cpu_frac=max_known([x.off_cpu_frac for x in st]),
         cpu_contention_frac=max_known([x.cpu_contention_frac for x in st]),
         host_wait_frac=where.wait_frac if where is not None else None,

@@ -70,6 +70,8 @@ STATS_PAYLOAD: tuple[PayloadKey, ...] = (
     PayloadKey("sm_active", float, "sm_active"),
     PayloadKey("tensor_active", float, "tensor_active"),
     PayloadKey("offloaded", float, "offloaded"),
+    PayloadKey("device_time", float, "device_time"),
+    PayloadKey("lead_steps", float, "lead_steps"),
 )
 
 # ``RankStats`` fields the payload does not carry as scalars, and why.

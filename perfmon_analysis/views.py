@@ -159,6 +159,8 @@ class Metrics:
     busbw: float | None = None              # bytes/s of comm_op (nccl-tests definition)
     syncs_per_step: float | None = None
     host_lead_s: float | None = None        # how far the host runs ahead of the GPU (least of the ranks)
+    host_lead_steps: float | None = None    # the host's lead in steps of device time (least of the ranks)
+    device_time_median_s: float | None = None   # device time of the timed steps, first event to last (slowest rank)
     off_cpu_frac: float | None = None       # step body off CPU, no other measured cause (thread CPU time)
     host_wait_frac: float | None = None     # in-step stack samples off CPU / (off + on CPU)
     cpu_contention_frac: float | None = None  # step time the training thread was runnable with no core free
