@@ -7,21 +7,42 @@ running kernels use (GPM SM activity over busy)."""
 from __future__ import annotations
 
 import statistics
-from typing import Deque
+from typing import Deque, Iterable
 
 from perfmon_analysis.readings import DeviceReading, SampleReading, StepReading, own_gpus
 
 TIMELINE_MIN_STEPS = 3    # lead-timed steps a window needs before their timeline says anything
 # A lead is read late, never short: the poller sees the step's last event done within about a quarter
-# of the lead or 1 ms, whichever is larger (bench/RESULTS.md, "CUDA completion poller"). The true lead
+# of the lead or 1 ms on a sleeping host (bench/RESULTS.md, "CUDA completion poller"), and a host busy in
+# Python holds the GIL the poller needs for up to the interpreter's switch interval (5 ms). The true lead
 # is then at least min(lead / (1 + LEAD_REL_ERR), lead - LEAD_ABS_ERR).
 LEAD_REL_ERR = 0.25
-LEAD_ABS_ERR = 0.001
+LEAD_ABS_ERR = 0.005
 
 
 def lead_at_least(lead: float) -> float:
     """The least the host can have been ahead, given the lead as read (late by at most the poller's error)."""
     return max(0.0, min(lead / (1.0 + LEAD_REL_ERR), lead - LEAD_ABS_ERR))
+
+
+TIMED_STEPS = 10    # lead-timed steps the host lead and the timeline read, the newest in the window or before
+
+
+def timed_steps(steps: Iterable[StepReading], win: list[StepReading], max_seconds: float) -> list[StepReading]:
+    """The lead-timed steps the lead and the timeline read: the window's, and where the window holds fewer
+    than ``TIMED_STEPS`` (a window of fast steps: about ten are timed a second), the newest before it,
+    no older than ``max_seconds`` before the window's last step. Oldest first."""
+    timed = [s for s in win if s.lead is not None and s.gpu_time is not None]
+    if len(timed) >= TIMED_STEPS or not win or win[-1].t is None:
+        return timed
+    first, oldest = win[0].step, win[-1].t - max_seconds
+    earlier: list[StepReading] = []
+    for s in reversed(steps):
+        if len(timed) + len(earlier) >= TIMED_STEPS or (s.t is not None and s.t < oldest):
+            break
+        if s.step < first and s.lead is not None and s.gpu_time is not None:
+            earlier.append(s)
+    return earlier[::-1] + timed
 
 
 def gpu_busy(samples: list[SampleReading], local_rank: int) -> tuple[float | None, str | None]:
@@ -36,37 +57,38 @@ def gpu_busy(samples: list[SampleReading], local_rank: int) -> tuple[float | Non
     return (statistics.fmean(known), "nvml_util") if known else (None, None)
 
 
-def timeline_busy(steps: list[StepReading]) -> float | None:
-    """The share of the active step a kernel ran, from the steps' own CUDA timeline, where it proves
-    there was no gap; else None.
+def timeline_busy(steps: list[StepReading]) -> tuple[float | None, bool]:
+    """(a lower bound on the share of the active step a kernel ran, from the steps' own CUDA timeline;
+    whether it is exact), over at least ``TIMELINE_MIN_STEPS`` lead-timed steps, else (None, False).
 
     For a lead-timed step the host finished launching its work ``lead`` seconds before the device
-    reached its last event, ``gpu_time`` after its first. A step whose lead is at least its device
-    time was queued whole before the device began it, and a stream runs its queue back to back
-    (PyTorch, CUDA semantics: "each device executes operations in the order they are queued"): no
-    kernel gap is possible inside it, so its device time is busy time. When every lead-timed step of
-    the window (at least ``TIMELINE_MIN_STEPS``) is such a step, busy = their device time over their
-    active time: finer than NVML's sample period (1/6 s to 1 s), and confined to the steps. A shorter
-    lead only bounds busy from below, which is no reading: NVML's utilization is then the busy share."""
+    reached its last event, ``gpu_time`` after its first. A step whose lead, read conservatively
+    (``lead_at_least``), is at least its device time was queued whole before the device began it, and
+    a stream runs its queue back to back (PyTorch, CUDA semantics: "each device executes operations in
+    the order they are queued"): no kernel gap inside it, its whole device time busy. The bound counts
+    those steps' device time over all the timed steps' active time (the others count nothing: a shorter
+    lead proves little, and a late poller would overstate it); exact when every step was queued whole.
+    Finer than NVML's sample period (1/6 s to 1 s) and confined to the steps, so where it proves more
+    busy than utilization reads, it is the busy share (``rank_stats``); without utilization only an
+    exact one is."""
     timed = [s for s in steps if s.lead is not None and s.gpu_time is not None and s.gpu_time > 0]
     active = sum(s.active for s in timed)
     if len(timed) < TIMELINE_MIN_STEPS or active <= 0:
-        return None
-    if any(lead_at_least(s.lead or 0.0) < (s.gpu_time or 0.0) for s in timed):
-        return None
-    return min(1.0, sum(s.gpu_time or 0.0 for s in timed) / active)
+        return None, False
+    whole = [s for s in timed if lead_at_least(s.lead or 0.0) >= (s.gpu_time or 0.0)]
+    return min(1.0, sum(s.gpu_time or 0.0 for s in whole) / active), len(whole) == len(timed)
 
 
 def lead_steps(steps: list[StepReading]) -> tuple[float | None, float | None]:
     """(median device time of the lead-timed steps, median of how many such steps of device work the
-    host kept queued: its lead, read conservatively, over the step's device time). At 1 or more the
-    host queued each step whole before the device began it, so launches cannot have idled the device
-    inside it (``timeline_busy``); under 1 they can have."""
+    host kept queued: its lead over the step's device time). Under 1 the host was still launching a
+    step while the device ran it, so launches can have idled the device; the lead as read is never
+    short, so under 1 as read is under 1 in truth (the host rule, docs/verdict.md)."""
     timed = [s for s in steps if s.lead is not None and s.gpu_time is not None and s.gpu_time > 0]
     if not timed:
         return None, None
     return (statistics.median(s.gpu_time or 0.0 for s in timed),
-            statistics.median(lead_at_least(s.lead or 0.0) / (s.gpu_time or 1.0) for s in timed))
+            statistics.median((s.lead or 0.0) / (s.gpu_time or 1.0) for s in timed))
 
 
 def gpu_fill(samples: list[SampleReading], local_rank: int) -> tuple[float | None, float | None, float | None]:

@@ -107,7 +107,8 @@ CPU_IDLE_SOURCE_RUNQ = "training thread off CPU, less the time it waited for a c
 # idle gaps) and never SM activity (which is fill: ``Metrics.device_fill``).
 BUSY_SOURCES = {
     "nvml_util": "NVML utilization: the share of time any kernel ran",
-    "cuda_timeline": "the steps' CUDA timeline: time the host kept the step's work queued ahead of the device",
+    "cuda_timeline": "the steps' CUDA timeline: time the host kept each step's work queued ahead of the device "
+                     "(a lower bound, used where it proves more than NVML utilization)",
     "thread_cpu": "CPU: the training thread's CPU time in the step",
     "step_accounting": "CPU: the step time not lost to a measured cause",
 }

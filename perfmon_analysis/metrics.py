@@ -141,6 +141,9 @@ METRICS: tuple[Metric, ...] = (
            job=lambda v: v.metrics.device_busy, rank=lambda r: r.device_busy, surfaces=ALL),
     Metric("device_busy_unknown", Unit.LABEL, "Ranks whose busy is not measured, each with why (NVML's words: "
            "NotSupported, NoPermission, GpuIsLost, no NVML)", job=lambda v: v.metrics.device_busy_unknown),
+    Metric("gpu_util", Unit.RATIO, "NVML utilization over the window: the share of time a kernel ran, as "
+           "nvidia-smi shows it (least of the ranks), whichever source device_busy used",
+           job=lambda v: v.metrics.gpu_util),
     Metric("device_fill", Unit.RATIO, "GPU fill: how much of the device the running kernels use, GPM SM "
            "activity over busy (Hopper and newer; least filled rank)",
            job=lambda v: v.metrics.device_fill, rank=lambda r: r.device_fill, surfaces=ALL),

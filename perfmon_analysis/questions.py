@@ -259,8 +259,8 @@ class HostWaiting(Question):
 class HostAhead(Question):
     """The host is blamed only with evidence: the device idles in time (this question is reached on the
     device-idle branch) and the host's lead is too short to hide it. A host that keeps at least one
-    step of device work queued (its lead over the step's device time, read conservatively for the
-    poller's lateness) launched each step whole before the device began it: its idle then comes from
+    step of device work queued (its lead over the step's device time; a lead is read late, never short,
+    so a lead under a step as read is one in truth) launched each step whole before the device began it: its idle then comes from
     something else (another stream, a collective nobody timed, time outside the steps), which is not
     measured. Without a lead the host is not measured either, never guessed."""
 

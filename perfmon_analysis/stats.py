@@ -15,7 +15,7 @@ from typing import Deque
 from perfmon_analysis.buffers import MIN_STEPS, TIMELINE_STEPS, WINDOW_SAMPLES, RankState, recent_records
 from perfmon_analysis.comm_stats import comm_delta, comm_rows, find_straggler
 from perfmon_analysis.device_stats import (busy_unknown_reason, gpu_busy, gpu_fill, gpu_power, lead_steps,
-                                          peak_flops_of, timeline_busy)
+                                          peak_flops_of, timed_steps, timeline_busy)
 from perfmon_analysis.known import known, max_known, mean_known, min_known, per_item, sum_all, sum_known
 from perfmon_analysis.memory_stats import job_memory, rank_memory
 from perfmon_analysis.overhead import Overhead, overhead, worst
@@ -62,6 +62,7 @@ class RankStats:
     power_w: float | None = None          # the rank's GPU's mean power over the samples (NVML energy counter)
     energy_per_step_j: float | None = None    # that power times the mean step (its wall time between steps too)
     busy_why: str | None = None           # CUDA: why ``device_busy`` is not measured (NVML's words)
+    gpu_util: float | None = None         # NVML utilization over the window's samples, whatever busy used
     fill: float | None = None             # GPM SM activity over busy: the device the running kernels use
     sm_active: float | None = None        # GPM SM activity over the samples (idle time counting 0)
     tensor_active: float | None = None    # GPM tensor-core activity over the samples
@@ -128,7 +129,8 @@ def rank_stats(state: RankState, max_steps: int, max_seconds: float, timeline: b
     where = where_table(state.rank, state.where, win, win_start) if state.where else None
     contention = where.contention if where is not None else None
     busy, busy_src, busy_why = None, None, None
-    fill = sm_active = tensor_active = None
+    fill = sm_active = tensor_active = util = None
+    timed: list[StepReading] = []
     power = gpu_power(samples, state.info.local_rank) if device.type == "cuda" and not device.status else None
     if n and device.type == "cuda":
         # busy is time: NVML utilization, or the steps' own CUDA timeline where it proves more; a job
@@ -136,10 +138,12 @@ def rank_stats(state: RankState, max_steps: int, max_seconds: float, timeline: b
         local = state.info.local_rank
         if not device.status:
             busy, busy_src = gpu_busy(samples, local)
+            util = busy
             fill, sm_active, tensor_active = gpu_fill(samples, local)
-        queued = timeline_busy(win)
-        if queued is not None and (busy is None or queued > busy):
-            busy, busy_src = queued, "cuda_timeline"
+        timed = timed_steps(state.steps, win, max_seconds)
+        bound, exact = timeline_busy(timed)
+        if bound is not None and (bound > busy if busy is not None else exact):
+            busy, busy_src = bound, "cuda_timeline"
         if busy is None:
             busy_why = busy_unknown_reason(samples, local, device.status)
     elif n and thread_busy is not None:
@@ -152,7 +156,7 @@ def rank_stats(state: RankState, max_steps: int, max_seconds: float, timeline: b
         # to a measured cause
         busy, busy_src = sum(computes) / active_sum, "step_accounting"
 
-    device_time, queued_steps = lead_steps(win) if device.type == "cuda" else (None, None)
+    device_time, queued_steps = lead_steps(timed)
     samples_sum = sum_known([s.samples for s in win])
     tokens_sum = sum_known([s.tokens for s in win])
     flops_sum = sum_known([s.flops for s in win])
@@ -192,6 +196,7 @@ def rank_stats(state: RankState, max_steps: int, max_seconds: float, timeline: b
         power_w=power,
         energy_per_step_j=power * dur_sum / n if power is not None and n else None,
         busy_why=busy_why,
+        gpu_util=util,
         fill=fill,
         sm_active=sm_active,
         tensor_active=tensor_active,
@@ -199,7 +204,7 @@ def rank_stats(state: RankState, max_steps: int, max_seconds: float, timeline: b
         device_time=device_time,
         lead_steps=queued_steps,
         syncs=syncs / n if syncs is not None and n else None,
-        host_lead=known(statistics.median, [s.lead for s in win]),
+        host_lead=known(statistics.median, [s.lead for s in timed]),
         loader_cpu=statistics.fmean(loader_cpus) if loader_cpus else None,
         loader_workers=workers,
         trace=trace,
@@ -325,6 +330,7 @@ def job_metrics(ready: list[tuple[RankState, RankStats]], ranks: list[RankView],
         device_busy_source=least_busy.busy_source if least_busy is not None and not busy_unknown else None,
         device_busy_unknown=busy_unknown or None,
         device_fill=min_known([x.fill for x in st]),
+        gpu_util=min_known([x.gpu_util for x in st]),
         sm_active=min_known([x.sm_active for x in st]),
         tensor_active=mean_known([x.tensor_active for x in st]),
         params_offloaded=max_known([x.offloaded for x in st]),

@@ -67,6 +67,7 @@ STATS_PAYLOAD: tuple[PayloadKey, ...] = (
     PayloadKey("energy_per_step_j", float, "energy_per_step_j"),
     PayloadKey("busy_why", str, "busy_why"),
     PayloadKey("fill", float, "fill"),
+    PayloadKey("gpu_util", float, "gpu_util"),
     PayloadKey("sm_active", float, "sm_active"),
     PayloadKey("tensor_active", float, "tensor_active"),
     PayloadKey("offloaded", float, "offloaded"),

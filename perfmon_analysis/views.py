@@ -147,6 +147,7 @@ class Metrics:
     device_busy_source: str | None = None   # a key of perfmon_analysis.losses.BUSY_SOURCES
     device_busy_unknown: dict[str, str] | None = None   # rank -> why its busy is not measured (NVML's words)
     device_fill: float | None = None        # GPM SM activity / busy: the device the running kernels fill
+    gpu_util: float | None = None           # NVML utilization over the window, least of the ranks
     sm_active: float | None = None          # GPM SM activity (idle counting 0), least of the ranks
     tensor_active: float | None = None      # GPM tensor-core activity, mean over ranks
     params_offloaded: float | None = None   # CUDA: share of parameter bytes in host memory (most of the ranks)

@@ -19,7 +19,8 @@ The device is one stream on the host's clock (``time.perf_counter``), as real CU
   using N blocks over a fifth of it"); GPM's SM_UTIL of a ``SimulatedGpu(timeline=...)`` reads it;
 * ``synchronizing_op()`` is a host-device sync (``loss.item()``): it warns or raises
   according to the sync debug mode, as c10 does, then blocks the host until the stream
-  has drained; ``synchronize()`` is the same wait for tests.
+  has drained, or reached the tensor read (``SimulatedDeviceTensor.item``: work queued after
+  it keeps running); ``synchronize()`` is the same wait for tests.
 
 ``memory_stats`` returns the dict a test set (the keys of ``torch.cuda.memory_stats``).
 Every call is logged in ``calls`` so tests can assert what the probe never does.
@@ -38,6 +39,7 @@ import torch
 
 BUSY_HISTORY = 10_000     # kernel intervals kept for busy_fraction
 LAUNCH_QUEUE = 1024       # pending launches before a launch blocks the host
+SPIN_S = 0.001            # a synchronize spins this long before the stream drains (and sleeps before)
 
 
 class SimulatedDeviceTensor:
@@ -50,14 +52,17 @@ class SimulatedDeviceTensor:
     def __init__(self, cuda: "SimulatedCuda", value: float) -> None:
         self.cuda = cuda
         self.value = value
+        self.ready_t = max(time.perf_counter(), cuda.free_at)   # after the work queued before it, not later work
         self.device = type("device", (), {"type": "cuda", "index": 0})()
         self.reads: list[int] = []
 
     def item(self) -> float:
+        """The host waits for the kernels that compute it (stream order): work queued after it keeps
+        the device busy meanwhile."""
         import threading
 
         self.reads.append(threading.get_ident())
-        self.cuda.synchronizing_op()
+        self.cuda.synchronizing_op(until=self.ready_t)
         return self.value
 
     __float__ = item
@@ -195,11 +200,18 @@ class SimulatedCuda:
         self.calls.append("pending")
         return time.perf_counter() < self.free_at
 
-    def synchronize(self) -> None:
-        """Block the host until the stream has drained (``torch.cuda.synchronize()``)."""
-        delay = self.free_at - time.perf_counter()
-        if delay > 0:
-            time.sleep(delay)
+    def synchronize(self, until: float | None = None) -> None:
+        """Block the host until the stream has drained (``torch.cuda.synchronize()``), or has reached
+        ``until`` (a tensor's ``item()`` waits for the work queued before it). CUDA's default schedule
+        spins while it waits, so the host resumes within microseconds of the last kernel: the wait
+        sleeps until ``SPIN_S`` before the time and spins the rest (a sleep alone wakes milliseconds
+        late on a loaded host, an idle gap no GPU would show)."""
+        end = self.free_at if until is None else until
+        delay = end - time.perf_counter()
+        if delay > SPIN_S:
+            time.sleep(delay - SPIN_S)
+        while time.perf_counter() < end:
+            pass
 
     def busy_fraction(self, t0: float, t1: float) -> float:
         """Share of the host-clock interval [t0, t1] during which a kernel ran."""
@@ -229,7 +241,7 @@ class SimulatedCuda:
                           "synchronizing operations", UserWarning, stacklevel=2)
         self.sync_mode = mode
 
-    def synchronizing_op(self) -> None:
+    def synchronizing_op(self, until: float | None = None) -> None:
         """A host-device sync (``loss.item()``) as c10's ``warn_or_error_on_sync`` treats it: debug mode
         1 raises the ``TORCH_WARN`` as a Python ``UserWarning`` from the caller's line (through the
         warnings filters, as torch's PyWarningHandler does), 2 raises an error, 0 says nothing."""
@@ -240,7 +252,7 @@ class SimulatedCuda:
             warnings.warn(SYNC_MESSAGE + " (simulated)", UserWarning, stacklevel=2)
         elif self.sync_mode == 2:
             raise RuntimeError(SYNC_MESSAGE + " (simulated)")
-        self.synchronize()
+        self.synchronize(until)
 
 
 def memory_stats(*, allocated: int, reserved: int, peak: int, peak_reserved: int | None = None,

@@ -68,6 +68,7 @@ class SimulatedGpu:
     # (the kernels' SM fill weighted by their time, idle time counting 0).
     timeline: Any = None
     util_period: float = 1 / 6
+    sm_from_timeline: bool = True     # False: GPM's SM activity stays the scripted value (a GPM that disagrees)
     calls: dict[str, int] = field(default_factory=dict)              # function -> times called
     nvlink_counters: list[int] = field(default_factory=lambda: [0, 0])
     # total energy since the driver loaded, mJ (nvmlDeviceGetTotalEnergyConsumption): tests advance it
@@ -264,7 +265,7 @@ def build(devices: list[SimulatedGpu] | None = None, *, init_error: int | None =
         for i in range(mg.numMetrics):
             slot = mg.metrics[i]
             value = (dev.gpm or {}).get(slot.metricId)
-            if slot.metricId == 2 and value is not None and dev.timeline is not None:
+            if slot.metricId == 2 and value is not None and dev.timeline is not None and dev.sm_from_timeline:
                 value = 100.0 * dev.timeline.sm_active_fraction(mg.sample1.t, mg.sample2.t)
             if value is None:
                 slot.nvmlReturn = NVML_ERROR_NOT_SUPPORTED
