@@ -122,6 +122,21 @@ WAIT_FIXES = [
     "batch it: one call every N steps instead of one per step; cache what it returns",
     "a lock or GIL contention with a background thread shows as waiting too: find the other holder"]
 
+IDLE_FIXES = [
+    "`perfmon capture` (key c) records a torch.profiler trace of a few steps: its device rows show what the device "
+    "waits for between kernels",
+    "work on another CUDA stream (a side stream, a collective's stream) is not on the stream the step's events time: "
+    "waits on it show as idle here",
+    "time the collectives (mon.watch(model=ddp_model), PERFMON_NCCL_TIMING=1) so a wait for peers is measured as such"]
+
+FILL_FIXES = [
+    "a larger micro-batch per step: fewer, larger kernels that occupy every SM (gradient accumulation keeps the "
+    "global batch)",
+    "fuse small ops into larger kernels: torch.compile (and fused optimizers, flash attention)",
+    "CUDA graphs (torch.compile(mode='reduce-overhead') or torch.cuda.graphs) for steps of many small kernels",
+    "`perfmon capture` (key c) lists the kernels by device time: the largest ones with few blocks or low occupancy "
+    "(registers, shared memory per block) are where the SMs sit empty"]
+
 SUGGEST = {
     "memory_device": [   'activation checkpointing (torch.utils.checkpoint) on the largest blocks',
         'mixed precision (bf16 autocast) to halve activations',
@@ -371,12 +386,7 @@ EXPECTED = {
         'work queued ahead of it (400ms ahead of a 250ms step), so launches are not what idles it; what it waits '
         'for (another stream, a collective nobody timed, time outside the steps) is not measured; measured: data '
         'wait 0%, exposed communication 0%, device idle, no other cause 55%, 250ms steps; MFU 50%',
-        [   '`perfmon capture` (key c) records a torch.profiler trace of a few steps: its device rows show what '
-            'the device waits for between kernels',
-            "work on another CUDA stream (a side stream, a collective's stream) is not on the stream the step's "
-            'events time: waits on it show as idle here',
-            'time the collectives (mon.watch(model=ddp_model), PERFMON_NCCL_TIMING=1) so a wait for peers is '
-            'measured as such'],
+        IDLE_FIXES,
         {   'comm_exposed_frac': 0.0,
             'data_wait_frac': 0.0,
             'device_busy': 0.45,
@@ -391,14 +401,8 @@ EXPECTED = {
         '(I/O, a lock, a service) from launch overhead (no stack samples of the training thread in steps); '
         'cannot tell launch overhead from an idle the host does not cause (host lead not measured: no step of '
         'the window timed with CUDA events)',
-        [   'turn on CUDA step timing: mon.watch(model=...) on the model on the GPU (it times about ten steps a '
-            'second; watch(gpu_events=False) turns it off)',
-            '`perfmon capture` (key c) records a torch.profiler trace of a few steps: its device rows show what '
-            'the device waits for between kernels',
-            "work on another CUDA stream (a side stream, a collective's stream) is not on the stream the step's "
-            'events time: waits on it show as idle here',
-            'time the collectives (mon.watch(model=ddp_model), PERFMON_NCCL_TIMING=1) so a wait for peers is '
-            'measured as such'],
+        ["turn on CUDA step timing: mon.watch(model=...) on the model on the GPU (it times about ten steps a "
+         "second; watch(gpu_events=False) turns it off)", *IDLE_FIXES],
         {   'comm_exposed_frac': 0.0,
             'data_wait_frac': 0.0,
             'device_busy': 0.45,
@@ -421,13 +425,7 @@ EXPECTED = {
         'info',
         'Low SM fill: a kernel runs 98% of each 100ms step, but the running kernels occupy 56% of the SMs (SM '
         'activity 55%): small kernels, a small batch, unfused ops or low occupancy',
-        [   'a larger micro-batch per step: fewer, larger kernels that occupy every SM (gradient accumulation '
-            'keeps the global batch)',
-            'fuse small ops into larger kernels: torch.compile (and fused optimizers, flash attention)',
-            "CUDA graphs (torch.compile(mode='reduce-overhead') or torch.cuda.graphs) for steps of many small "
-            'kernels',
-            '`perfmon capture` (key c) lists the kernels by device time: the largest ones with few blocks or low '
-            'occupancy (registers, shared memory per block) are where the SMs sit empty'],
+        FILL_FIXES,
         {   'comm_exposed_frac': 0.0,
             'data_wait_frac': None,
             'device_busy': 0.98,
@@ -440,13 +438,7 @@ EXPECTED = {
         'Low SM fill: a kernel runs 100% of each 100ms step, but the running kernels occupy 45% of the SMs (SM '
         'activity 45%); MFU 21% of a 100TFLOP/s peak (device table, bf16): small kernels, a small batch, unfused '
         'ops or low occupancy',
-        [   'a larger micro-batch per step: fewer, larger kernels that occupy every SM (gradient accumulation '
-            'keeps the global batch)',
-            'fuse small ops into larger kernels: torch.compile (and fused optimizers, flash attention)',
-            "CUDA graphs (torch.compile(mode='reduce-overhead') or torch.cuda.graphs) for steps of many small "
-            'kernels',
-            '`perfmon capture` (key c) lists the kernels by device time: the largest ones with few blocks or low '
-            'occupancy (registers, shared memory per block) are where the SMs sit empty'],
+        FILL_FIXES,
         {   'comm_exposed_frac': 0.0,
             'data_wait_frac': None,
             'device_busy': 1.0,
