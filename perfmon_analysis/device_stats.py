@@ -32,7 +32,7 @@ def timed_steps(steps: Iterable[StepReading], win: list[StepReading], max_second
     """The lead-timed steps the lead and the timeline read: the window's, and where the window holds fewer
     than ``TIMED_STEPS`` (a window of fast steps: about ten are timed a second), the newest before it,
     no older than ``max_seconds`` before the window's last step. Oldest first."""
-    timed = [s for s in win if s.lead is not None and s.gpu_time is not None]
+    timed = [s for s in win if s.lead is not None]
     if len(timed) >= TIMED_STEPS or not win or win[-1].t is None:
         return timed
     first, oldest = win[0].step, win[-1].t - max_seconds
@@ -40,7 +40,7 @@ def timed_steps(steps: Iterable[StepReading], win: list[StepReading], max_second
     for s in reversed(steps):
         if len(timed) + len(earlier) >= TIMED_STEPS or (s.t is not None and s.t < oldest):
             break
-        if s.step < first and s.lead is not None and s.gpu_time is not None:
+        if s.step < first and s.lead is not None:
             earlier.append(s)
     return earlier[::-1] + timed
 
