@@ -11,7 +11,8 @@ import pytest
 
 from perfmon_analysis.losses import account, by_id
 from perfmon_analysis.verdict import evaluate
-from tests.unit.verdict_synth import Rank, job
+from perfmon_analysis.runmodel import RunModel
+from tests.unit.verdict_synth import Rank, job, records
 
 STEP = 0.020
 
@@ -98,3 +99,18 @@ def test_without_utilization_only_an_exact_timeline_gives_busy():
     assert queued.device_busy == pytest.approx(1.0) and queued.device_busy_source == "cuda_timeline"
     short = job(Rank(dur=STEP, gpu_time=STEP, lead=0.010, gpu_why=why), device="cuda").view().metrics
     assert short.device_busy is None and short.device_busy_unknown == {"0": "NVML: NotSupported on this GPU"}
+
+
+def test_a_window_of_fast_steps_reads_the_lead_of_the_timed_steps_just_before_it():
+    """About ten steps a second are timed: a window of ten 5 ms steps holds none. The lead and the device
+    time then come from the newest timed steps before the window (within its 30 s), not from nothing."""
+    recs = records(Rank(steps=60, dur=0.005, gpu_util=40, gpu_time=0.005, lead=0.001), device="cuda")
+    for r in recs:
+        if r["k"] == "step" and r["step"] % 20:
+            del r["lead"], r["gpu_time"]              # timed: steps 0, 20, 40; the window: 50-59
+    model = RunModel(window_steps=10)
+    for r in recs:
+        model.ingest("r0", r)
+    m = model.view().metrics
+    assert m.host_lead_s == pytest.approx(0.001) and m.device_time_median_s == pytest.approx(0.005)
+    assert m.host_lead_steps == pytest.approx(0.2)
