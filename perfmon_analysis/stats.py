@@ -68,7 +68,7 @@ class RankStats:
     tensor_active: float | None = None    # GPM tensor-core activity over the samples
     offloaded: float | None = None        # CUDA: share of the watched parameters' bytes in host memory
     device_time: float | None = None      # median device time of the lead-timed steps (CUDA events)
-    lead_steps: float | None = None       # median lead (read conservatively) over those steps' device time
+    lead_steps: float | None = None       # median lead (as read: never short) over those steps' device time
 
 
 def _window(nums: Deque[StepReading], max_steps: int, max_seconds: float) -> list[StepReading]:
