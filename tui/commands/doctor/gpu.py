@@ -31,6 +31,13 @@ def _ms(x: float | None) -> str:
     return units.NA if x is None else f"{x * 1000:.1f} ms"
 
 
+def _kernel_seconds(device: Device, seconds: float) -> float:
+    """How long ``kernels(seconds)`` keeps the device busy, on the host clock across a synchronize: the
+    least of three readings, since the host can only wake late from a synchronize (a loaded machine),
+    never early."""
+    return min(device.kernel_seconds(seconds) for _ in range(3))
+
+
 def _host_work(seconds: float) -> None:
     """Python on the host's CPU for ``seconds``: a host-bound step's overhead. (A sleep would be a
     host that waits, which the verdict tells apart: ``host_wait``.)"""
@@ -51,7 +58,7 @@ def cuda_timing(device: Device, seconds: float = KERNEL_S) -> Check:
             device.synchronize()
 
     view = run_job("gpu-cuda-timing", body, device=device)
-    host = device.kernel_seconds(seconds)
+    host = _kernel_seconds(device, seconds)
     timed = view.metrics.device_time_median_s
     ok = timed is not None and abs(timed - host) <= EVENTS_REL * host + EVENTS_ABS
     return Check("CUDA timing (perfmon's step timer)", "= host clock ± 10%",
@@ -92,7 +99,7 @@ def half_idle(device: Device, util_why: str | None) -> list[Check]:
 
     view = run_job("gpu-half-idle", body, device=device)
     n, wall = calls
-    planted = n * device.kernel_seconds(0.010) / wall
+    planted = n * _kernel_seconds(device, 0.010) / wall
     util, leaf = view.metrics.gpu_util, _leaf(view)     # NVML's own figure, whatever busy source won
     ahead = view.metrics.host_lead_steps
     if util_why is not None:
