@@ -199,15 +199,16 @@ def test_gpu_checks_pass_on_a_hopper_like_device_that_behaves_like_cuda(gpu_host
     assert not failed, failed
 
 
-def test_without_gpm_the_fill_rows_say_why_and_the_rest_still_pass(gpu_host, monkeypatch):
-    """Before: the "GPM SM activity" row was ok or skipped, never failed; without GPM it now does not run,
-    naming what NVML said when asked directly, and no other row leans on it."""
-    _without_the_cpu_row(monkeypatch)
-    checks = {c.name: c for c in G.gpu_checks(gpu_host()) if c.name in GPU_ROWS}
-    skipped = {n for n, c in checks.items() if c.ok is None}
-    assert skipped == {"GPM SM fill", "narrow kernels back to back"}
-    assert checks["GPM SM fill"].measured.startswith("not run: GPM unsupported on this GPU")
-    assert not [c for c in checks.values() if c.ok is False]
+def test_without_gpm_the_fill_rows_say_why_nvml_gave(gpu_host):
+    """Before: the "GPM SM activity" row was ok or skipped, never failed. Without GPM (NVML, asked
+    directly, says so) the fill rows do not run and say why; the rows that read other measurements are
+    the full run's above."""
+    device = gpu_host()
+    util_why, gpm_why = nvml_support(device.uuid())
+    assert util_why is None and gpm_why == "GPM unsupported on this GPU (Hopper and newer have it)"
+    rows = G.gpm_fill(device, gpm_why)
+    assert [(c.name, c.ok) for c in rows] == [("GPM SM fill", None), ("narrow kernels back to back", None)]
+    assert all(c.measured == f"not run: {gpm_why}" for c in rows)
 
 
 def _lying_events(cuda) -> None:
