@@ -30,7 +30,7 @@ SKETCH_ACCURACY = 0.01      # relative error of any quantile (DDSketch's alpha):
 SKETCH_MIN = 1e-6           # values at or below this count in the zero bucket (a share of 0, no wait)
 REPS_PER_STALL = 2          # stalled ranks in the majority's call sent on per group (the rest are counted)
 MAX_ODD_STALLED = 8         # stalled ranks outside that call sent on per group (the culprits)
-STICKY = 0.02               # an extreme's holder stays the representative while within 2% of the extreme
+STICKY = SKETCH_ACCURACY    # a representative stays one while within this of the extreme it held
 
 
 @dataclass(frozen=True)
@@ -341,15 +341,16 @@ def representatives(rows: list[RankRow], reductions: list[GroupReduction], previ
 
 def _sticky(x: Quantity, end: str, extreme: float | None, src: str | None, previous: set[str],
             by_src: dict[str, RankRow]) -> str | None:
-    """The incumbent representative whose value is within ``STICKY`` of ``extreme``, else ``src``."""
+    """The incumbent representative nearest ``extreme`` when within ``STICKY`` of it, else ``src``."""
     if extreme is None:
         return src
-    for old in sorted(previous):
+    near = []
+    for old in previous:
         row = by_src.get(old)
         value = _num(row.stats.get(x.stat)) if row is not None and row.stats.get("warming_up") is False else None
         if value is not None and abs(value - extreme) <= STICKY * max(abs(extreme), SKETCH_MIN):
-            return old
-    return src
+            near.append((abs(value - extreme), old))
+    return min(near)[1] if near else src
 
 
 def rows_of_views(ranks: Iterable["RankView"]) -> dict[str, list[RankRow]]:
