@@ -134,10 +134,8 @@ class TreeFeed(RelayFeed):
         return status is not None and status.rank in self.ranks_followed
 
     async def _host(self, host: str) -> None:
-        try:
-            await super()._host(host)
-        finally:
-            self.model.set_groups(host, [])     # its ranks are no longer counted while it is gone
+        await super()._host(host)          # cancelled (the viewer stops): its last reductions stay in the view
+        self.model.set_groups(host, [])    # it ended or died: its ranks are no longer counted while it is gone
 
     def state_line(self) -> str:
         line = super().state_line()
