@@ -64,6 +64,7 @@ class RelayFeed(Feed):
         self.restart = restart        # start a failed relay again (the relay tree: docs/tree.md)
         self.restarts: dict[str, int] = {}                    # host -> times its relay was started again
         self._closing = False
+        self.received = 0             # bytes read from the relays (bench/bench_tree.py)
 
     def follow(self, stream_ids: set[str] | None) -> None:
         """Receive every record of these ranks (None: of all ranks), summaries of the others."""
@@ -234,6 +235,7 @@ class RelayFeed(Feed):
                 data = await reader.read(READ_CHUNK)
                 if not data:
                     break
+                self.received += len(data)
                 for rec in decoder.feed(data):
                     if not self._take(host, status, rec, srcs):
                         return
@@ -258,7 +260,11 @@ class RelayFeed(Feed):
                         self.streams[sid].state = "lost"
                 if status.state != "error":
                     if proc is not None and stderr is not None:
-                        await self._ended(host, status, proc, await stderr)
+                        try:        # its last words; a transport that keeps stderr open must not hold us
+                            err = await asyncio.wait_for(asyncio.shield(stderr), STOP_S)
+                        except asyncio.TimeoutError:
+                            err = []
+                        await self._ended(host, status, proc, err)
                     elif status.state == "connecting":     # closed before its hello
                         self._fail(status, f"{host}: its relay on port {self.port} closed the connection: "
                                            "wrong token, or not a perfmon relay")
