@@ -239,3 +239,26 @@ def test_a_stuck_rank_is_named_through_the_tree(tree):
     verdict = rep["verdict"]
     assert verdict["stuck"]["culprit_ranks"] == [1], verdict["headline"]
     assert "rank 1 on n2" in verdict["headline"], verdict["headline"]
+
+
+async def test_a_group_relay_that_dies_after_dropping_a_representative_is_started_again():
+    """The viewer forgets the rank its group relay no longer sends on, then sees that relay die:
+    the relay is shown failed and started again, and the feed goes on (no stale rank breaks it)."""
+    from perfmon_analysis.runmodel import RunModel
+    from tui.stream.tree import TreeFeed
+
+    via = f"{sys.executable} {SCRIPTS / 'canned_group_relay.py'} {{host}}"
+    feed = TreeFeed(RunModel(), "canned", [("n1", ["n1", "n2"])], via, relay=())
+    task = asyncio.ensure_future(feed.run())
+    try:
+        deadline = time.monotonic() + 60
+        while feed.restarts.get("n1", 0) < 2:
+            assert not task.done(), task.exception()
+            assert time.monotonic() < deadline, feed.state_line()
+            await asyncio.sleep(0.05)
+    finally:
+        task.cancel()
+        await asyncio.gather(task, return_exceptions=True)
+        await feed.aclose()
+    assert "relay exit status 3" in " ".join(feed.model.problems) or feed.relays["n1"].message
+    assert [r.rank for r in feed.model.view().ranks] in ([0], [])

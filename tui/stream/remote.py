@@ -256,8 +256,9 @@ class RelayFeed(Feed):
             if not cancelled:
                 for sid in srcs.values():
                     self.model.end_stream(sid)
-                    if self.streams[sid].state in ("live", "connecting"):
-                        self.streams[sid].state = "lost"
+                    stream = self.streams.get(sid)       # a group relay's former representative: dropped
+                    if stream is not None and stream.state in ("live", "connecting"):
+                        stream.state = "lost"
                 if status.state != "error":
                     if proc is not None and stderr is not None:
                         try:        # its last words; a transport that keeps stderr open must not hold us
