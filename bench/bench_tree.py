@@ -19,6 +19,7 @@ at nice 10 as on nodes of their own), reaching their nodes over TCP. Measured, i
 The last line is one JSON object with all of them.
 
     python bench/bench_tree.py --ranks 16384 --json
+    python bench/bench_tree.py --relay-start      # one group relay's start, as on a node of its own
 """
 
 from __future__ import annotations
@@ -47,7 +48,7 @@ TOKEN = "bench-tree"
 STRAGGLER_LIMIT_S = 20.0
 
 
-async def view(args: argparse.Namespace, port: int, control: Path, log) -> dict:
+async def view(args: argparse.Namespace, port: int, control: Path, log, sims: list[int]) -> dict:
     from perfmon_analysis.runmodel import RunModel
     from tui.app.perfmon_app import PerfmonApp
     from tui.stream.tree import TreeFeed, plan_groups
@@ -85,10 +86,12 @@ async def view(args: argparse.Namespace, port: int, control: Path, log) -> dict:
         await pilot.pause(args.warmup)
         pids = {h: p.pid for h, p in feed._procs.items()}
         cpu0, rcpu0, bytes0 = self_cpu(), {h: proc_cpu(p) for h, p in pids.items()}, feed.received
+        sim0 = sum(proc_cpu(p) for p in sims)
         w0 = time.monotonic()
         await pilot.pause(args.seconds)
         wall = time.monotonic() - w0
         cpu1, rcpu1, bytes1 = self_cpu(), {h: proc_cpu(p) for h, p in pids.items()}, feed.received
+        out["sim_relays_cpu"] = round((sum(proc_cpu(p) for p in sims) - sim0) / (time.monotonic() - w0), 3)
         relay_cpu = [(rcpu1[h] - rcpu0[h]) / wall for h in pids]
         out.update(viewer_cpu=round((cpu1 - cpu0) / wall, 3), group_relay_cpu_max=round(max(relay_cpu), 3),
                    group_relay_cpu_mean=round(statistics.mean(relay_cpu), 3),
@@ -148,11 +151,8 @@ def run(args: argparse.Namespace) -> dict:
                     env={**os.environ, "PYTHONPATH": str(ROOT)}))
             for s in sims:
                 assert s.stdout.readline().strip() == "ready"
-            sim0 = sum(proc_cpu(s.pid) for s in sims)
-            t = time.monotonic()
             log = (lambda m: print(m, file=sys.stderr, flush=True)) if args.verbose else (lambda m: None)
-            result = asyncio.run(view(args, port, control, log))
-            result["sim_relays_cpu"] = round((sum(proc_cpu(s.pid) for s in sims) - sim0) / (time.monotonic() - t), 3)
+            result = asyncio.run(view(args, port, control, log, [s.pid for s in sims]))
             result["rate"] = args.rate
             result["loadavg_1m"] = round(os.getloadavg()[0], 2)
             return result
@@ -160,6 +160,46 @@ def run(args: argparse.Namespace) -> dict:
             for s in sims:
                 s.kill()
                 s.wait()
+
+
+def relay_start(args: argparse.Namespace) -> dict:
+    """One group relay on its own, as on a node of its own: from its start to a ``group`` record
+    with every rank of its ``--group-size`` nodes past warm-up, and the CPU it took (a cluster
+    starts its group relays in parallel: this, not the sum, is their share of the first screen)."""
+    from probe import wire
+    from tests.helpers.prometheus import free_port
+    from tui.stream.sources import viewer_hello
+
+    port, ranks = free_port(), args.group_size * PER_NODE
+    with tempfile.TemporaryDirectory(prefix="pm-treestart-") as tmp:
+        control = Path(tmp) / "control.json"
+        control.write_text("{}")
+        sim = subprocess.Popen([sys.executable, str(ROOT / "bench" / "sim_relays.py"), "treestart", str(port), "0",
+                                str(args.group_size), str(PER_NODE), str(ranks), str(args.rate), str(control),
+                                str(time.time() - 60)], stdout=subprocess.PIPE, text=True, cwd=ROOT,
+                               env={**os.environ, "PYTHONPATH": str(ROOT)})
+        relay = None
+        try:
+            assert sim.stdout.readline().strip() == "ready"
+            t0 = time.monotonic()
+            relay = subprocess.Popen([sys.executable, "-m", "tui.cli", "relay", "--stdio", "--nodes",
+                                      ",".join(address(n) for n in range(args.group_size)), "--relay-port", str(port),
+                                      "treestart"], cwd=ROOT, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                     env={**os.environ, "PERFMON_TOKEN": TOKEN})
+            relay.stdin.write(viewer_hello())
+            relay.stdin.flush()
+            decoder, timed = wire.FrameDecoder(), 0
+            while timed < ranks and time.monotonic() - t0 < 60:
+                for rec in decoder.feed(os.read(relay.stdout.fileno(), 1 << 16)):
+                    if rec["k"] == "group":
+                        timed = rec.get("timed", 0)
+            return {"group_size": args.group_size, "ranks": ranks, "every_rank_timed_s": round(time.monotonic() - t0, 3),
+                    "relay_cpu_s": round(proc_cpu(relay.pid), 3), "loadavg_1m": round(os.getloadavg()[0], 2)}
+        finally:
+            for p in (relay, sim):
+                if p is not None:
+                    p.kill()
+                    p.wait()
 
 
 def main() -> None:
@@ -172,8 +212,10 @@ def main() -> None:
     ap.add_argument("--trials", type=int, default=10, help="planted stragglers")
     ap.add_argument("--json", action="store_true", help="end with the result as one JSON line")
     ap.add_argument("--verbose", action="store_true", help="progress on stderr")
+    ap.add_argument("--relay-start", action="store_true",
+                    help="only: one group relay's start to every rank of its group timed, and its CPU")
     args = ap.parse_args()
-    result = run(args)
+    result = relay_start(args) if args.relay_start else run(args)
     if args.json:
         print(json.dumps(result))
     else:

@@ -154,14 +154,16 @@ class SimNode:
                                    "job": self.job, "host": self.host, "pid": 100000 + self.node}))
         for rank in self.ranks:
             out += enc.frame(self.hello(rank))
-        await asyncio.sleep(random.random())                       # nodes' seconds do not line up
-        next_second, next_stall, last_step = 0.0, 0.0, self.steps(time.time())
+        next_stall, last_step = 0.0, self.steps(time.time())
+        next_second = 0.0          # the first summaries at once, as a relay whose ranks have a window sends them
+        first = True
         try:
             while not task.done():
                 now = time.time()
                 c = self.control
                 if now >= next_second:
-                    next_second = now + 1.0
+                    next_second = now + (random.random() if first else 1.0)     # nodes' seconds do not line up
+                    first = False
                     for rank in self.ranks:
                         out += enc.frame(self.sample(rank, now))
                         if c.stuck is None:                         # a stalled rank's summary stops changing

@@ -130,7 +130,9 @@ class TreeJob:
 
     def _prometheus(self) -> dict:
         """Two standalone group relays serving /metrics, scraped by a real Prometheus; every
-        expression of the dashboard evaluated."""
+        expression of the dashboard evaluated (none without a ``prometheus`` here)."""
+        if shutil.which("prometheus") is None:
+            return {}
         ports = [free_port(), free_port()]
         relays = [subprocess.Popen([sys.executable, "-m", "tui.cli", "relay", "--nodes", nodes, "--prometheus",
                                     f"127.0.0.1:{port}", JOB], env=self.env, stdout=subprocess.DEVNULL,
@@ -221,6 +223,9 @@ def test_a_killed_group_relay_is_shown_lost_restarted_and_its_ranks_rejoin(tree)
 
 def test_prometheus_scrapes_the_group_relays_and_every_dashboard_expression_returns_values(tree):
     seen = tree.live()
+    if "queries" not in seen:
+        assert not os.environ.get("CI"), "CI installs prometheus (.ci/run)"
+        pytest.skip("prometheus not installed (apt-get install prometheus)")
     assert seen["targets_up"] == 2
     for name, expr in seen["queries"].items():
         result = seen["results"][name]

@@ -26,7 +26,6 @@ import urllib.parse
 from typing import Any
 
 from probe import wire
-from perfmon_analysis.analysis import Analysis
 from perfmon_analysis.groups import GroupReduction, RankRow, reduce_rows, representatives
 from perfmon_analysis.readings import num
 from perfmon_analysis.runmodel import RunModel
@@ -37,6 +36,7 @@ from tui.stream.hosts import RELAY_ARGV, expand_hostlist, transport
 from tui.stream.remote import RelayFeed
 
 GROUP_S = 1.0          # a group record this often
+NEW_RANK_S = 0.2       # ... and this soon after a rank's first timed summary (the first screen waits for it)
 FULL_ONLY = frozenset({"step", "memory", "comm"})    # a representative's kinds sent only when it is followed
 
 
@@ -112,8 +112,9 @@ class GroupRelay:
         self.sent: set[str] = set()           # ranks whose backlog the viewer has had
         self.followed: set[str] | None = set()   # by src; None: every rank
         self.followed_ranks: set[int] = set()
-        self.analysis = Analysis(RunModel())   # the representatives only: the Prometheus families
+        self.reps_model = RunModel()     # the representatives only: the Prometheus families read it
         self.reductions: list[GroupReduction] = []
+        self.news = False                # a rank's first summary past warm-up came since the last tick
 
     # -- the node relays' records -------------------------------------------------------------
     def take(self, sid: str, rec: dict[str, Any]) -> None:
@@ -127,6 +128,8 @@ class GroupRelay:
             if isinstance(rec.get("rank"), int) and rec["rank"] in self.followed_ranks:
                 self._follow_inner()
         elif kind == "summary":
+            if slot.summary is None or slot.summary.get("stats", {}).get("warming_up", True) is not False:
+                self.news = True
             slot.summary = rec
             steps = rec.get("steps")
             if slot.stall is not None and isinstance(steps, int) and steps > _stall_step(slot.stall) + 1:
@@ -151,7 +154,7 @@ class GroupRelay:
         """``rec`` of a rank sent on (``sent``: a representative or followed) to the viewer, and into
         the model of those ranks that the Prometheus families read."""
         if rec["k"] in ("hello", "summary", "sample", "stall", "resumed"):
-            self.analysis.ingest(sid, rec)
+            self.reps_model.ingest(sid, rec)
         if self.out is not None:
             self.out.send({**rec, "src": sid})
 
@@ -162,6 +165,7 @@ class GroupRelay:
     def tick(self) -> dict[str, Any]:
         """Reduce the group, send the backlog of new representatives, and the ``group`` record."""
         now = time.monotonic()
+        self.news = False
         live = {sid: slot for sid, slot in self.slots.items()
                 if self.feed.streams.get(sid) is None or self.feed.streams[sid].state not in ("lost",)}
         rows = [row for sid, slot in live.items() if (row := slot.row(sid, now)) is not None]
@@ -171,7 +175,7 @@ class GroupRelay:
         reps = representatives(rows, self.reductions, self.reps, HEARTBEAT_S)
         for sid in self.reps - reps:
             if not self._follows(sid):
-                self.analysis.model.forget(sid)
+                self.reps_model.forget(sid)
                 self.sent.discard(sid)
         self.reps = reps
         for sid in sorted(reps | self._followed_set()):
@@ -262,14 +266,15 @@ async def serve(group: GroupRelay, stdin_fd: int | None, prometheus: str | None)
             await asyncio.wait([viewer.greeted], timeout=HELLO_WAIT_S)
     stop_http = _serve_prometheus(group, prometheus) if prometheus else None
     task = asyncio.ensure_future(group.feed.run())
-    next_group = 0.0
+    next_group, last_group = 0.0, 0.0
     try:
         while not task.done():
             if viewer is not None and (viewer.gone.done() or group.out.broken):
                 break
-            if time.monotonic() >= next_group:
+            now = time.monotonic()
+            if now >= next_group or (group.news and now >= last_group + NEW_RANK_S):
                 group.tick()
-                next_group = time.monotonic() + GROUP_S
+                last_group, next_group = now, now + GROUP_S
             if group.out is not None:
                 group.out.flush()
             await asyncio.sleep(FLUSH_S)
@@ -288,11 +293,14 @@ def _serve_prometheus(group: GroupRelay, spec: str) -> Any:
     from prometheus_client import start_http_server
     from prometheus_client.registry import Collector, CollectorRegistry
 
+    from perfmon_analysis.analysis import Analysis
     from tui.export.prometheus import tree_families
+
+    analysis = Analysis(group.reps_model)
 
     class _Collector(Collector):
         def collect(self) -> Any:
-            snap = group.analysis.snapshot(time.time(), clock=time.monotonic())
+            snap = analysis.snapshot(time.time(), clock=time.monotonic())
             yield from tree_families(snap.view, snap.verdict, group.name, group.reductions)
 
     host, _, port = spec.rpartition(":")
