@@ -86,12 +86,14 @@ async def view(args: argparse.Namespace, port: int, control: Path, log, sims: li
         await pilot.pause(args.warmup)
         pids = {h: p.pid for h, p in feed._procs.items()}
         cpu0, rcpu0, bytes0 = self_cpu(), {h: proc_cpu(p) for h, p in pids.items()}, feed.received
-        sim0 = sum(proc_cpu(p) for p in sims)
+        sim0, sent0 = sum(proc_cpu(p) for p in sims), _sent(control)
         w0 = time.monotonic()
         await pilot.pause(args.seconds)
         wall = time.monotonic() - w0
         cpu1, rcpu1, bytes1 = self_cpu(), {h: proc_cpu(p) for h, p in pids.items()}, feed.received
         out["sim_relays_cpu"] = round((sum(proc_cpu(p) for p in sims) - sim0) / (time.monotonic() - w0), 3)
+        out["node_records_per_s"] = round((_sent(control) - sent0) / wall)      # what the node relays delivered
+        out["offered_records_per_s"] = 2 * world                               # a sample and a summary per rank
         relay_cpu = [(rcpu1[h] - rcpu0[h]) / wall for h in pids]
         out.update(viewer_cpu=round((cpu1 - cpu0) / wall, 3), group_relay_cpu_max=round(max(relay_cpu), 3),
                    group_relay_cpu_mean=round(statistics.mean(relay_cpu), 3),
@@ -129,6 +131,11 @@ async def view(args: argparse.Namespace, port: int, control: Path, log, sims: li
         log(f"stuck {stuck}: named after {out['stuck_named_s']} s")
         await app.action_quit()
     return out
+
+
+def _sent(control: Path) -> int:
+    """Records the simulated node relays have sent so far (each process counts its own)."""
+    return sum(int(p.read_text() or 0) for p in control.parent.glob(f"{control.name}.sent.*"))
 
 
 def run(args: argparse.Namespace) -> dict:

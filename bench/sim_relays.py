@@ -63,6 +63,8 @@ class Control:
 
 
 class SimNode:
+    sent = 0           # records sent by every node of this process (written beside the control file)
+
     def __init__(self, job: str, node: int, per_node: int, world: int, rate: float, control: Control,
                  start: float) -> None:
         self.job, self.node, self.rate, self.control, self.start = job, node, rate, control, start
@@ -179,6 +181,7 @@ class SimNode:
                             out += enc.frame(self.step(rank, n, now))
                 last_step = steps
                 if out:
+                    SimNode.sent += out.count(b"\xa1k")         # one "k" key per record
                     writer.write(bytes(out))
                     out.clear()
                     await writer.drain()
@@ -197,8 +200,10 @@ async def main(args: argparse.Namespace) -> None:
              for n in range(args.first, args.first + args.count)]
     servers = [await asyncio.start_server(node.serve, host=node.host, port=args.port) for node in nodes]
     print("ready", flush=True)
+    counter = Path(f"{args.control}.sent.{args.first}")
     while True:
         control.read(start, args.rate)
+        counter.write_text(str(SimNode.sent))
         await asyncio.sleep(1.0)
         assert servers
 

@@ -21,10 +21,7 @@ from __future__ import annotations
 import math
 from collections import Counter
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Callable, Iterable
-
-if TYPE_CHECKING:
-    from perfmon_analysis.views import RankView
+from typing import Any, Callable, Iterable
 
 SKETCH_ACCURACY = 0.01      # relative error of any quantile (DDSketch's alpha): 1% of the value
 SKETCH_MIN = 1e-6           # values at or below this count in the zero bucket (a share of 0, no wait)
@@ -351,18 +348,6 @@ def _sticky(x: Quantity, end: str, extreme: float | None, src: str | None, previ
         if value is not None and abs(value - extreme) <= STICKY * max(abs(extreme), SKETCH_MIN):
             near.append((abs(value - extreme), old))
     return min(near)[1] if near else src
-
-
-def rows_of_views(ranks: Iterable["RankView"]) -> dict[str, list[RankRow]]:
-    """The ranks of a view without a tree, by node: each node is a group (``perfmon export``)."""
-    out: dict[str, list[RankRow]] = {}
-    for r in ranks:
-        stats = {"warming_up": r.warming_up, "step_median": r.step_time_median_s, "compute_median": r.compute_s,
-                 "data_frac": r.data_wait_frac, "exposed_frac": r.comm_exposed_frac, "device_busy": r.device_busy,
-                 "samples_per_s": r.samples_per_s, "tokens_per_s": r.tokens_per_s}
-        out.setdefault(r.host or "", []).append(RankRow(src=r.stream, rank=r.rank, stats=stats, steps=r.steps,
-                                                        stalled=r.stall is not None, silent_s=r.silent_s))
-    return out
 
 
 def merge_groups(reductions: Iterable[GroupReduction]) -> dict[tuple[str, str], GroupReduction]:

@@ -145,7 +145,7 @@ from __future__ import annotations
 # profile, capture: cost {thread_cpu_s (CPU s of the probe thread that built the result)}; their
 #         training-thread cost is the window's steps against the steps before, from the step records
 #
-# 1.5 kinds (a group relay and its viewer: the relay tree, ``tui.commands.relay_group``, docs/tree.md):
+# 1.5 kinds (a group relay and its viewer: the relay tree, ``tui.commands.relay.group``, docs/tree.md):
 # group   (group relay -> viewer, once a second) key [dimension, value] (["group", name]: the relay's
 #         own group of nodes), ranks, timed (past warm-up), stalled, silent, steps (the most done),
 #         sums {samples_per_s, tokens_per_s}, q {quantity (``perfmon_analysis.groups.QUANTITIES``):

@@ -109,7 +109,8 @@ class TreeJob:
                         "the straggler through the tree")
             seen["screen"] = screen_text(app)
             seen["shown"] = sorted(r.rank for r in feed.model.view().ranks)
-            feed.follow_ranks({2})                     # drill-down by rank number, wherever it is
+            await pilot.press("number_sign", "2", "enter")        # drill-down by rank number, wherever it is
+            seen["followed_ranks"] = set(feed.ranks_followed)
             await until(lambda: len(feed.model.view().traces.get(2, ()) and feed.model.view().traces[2].steps) > 20,
                         "rank 2's steps in full")
             victim = feed._procs["n3"]
@@ -210,6 +211,7 @@ def test_the_tui_through_the_tree_shows_every_rank_counted_and_names_the_straggl
     assert "4/4 ranks (2 groups" in screen, screen
     assert "Rank 3 on n4 computes" in screen, screen
     assert 3 in seen["shown"]
+    assert seen["followed_ranks"] == {2}          # '#' 2 Enter: rank 2 asked for in full (its steps came)
 
 
 def test_a_killed_group_relay_is_shown_lost_restarted_and_its_ranks_rejoin(tree):

@@ -1,5 +1,5 @@
 """The relay tree's reductions (perfmon_analysis/groups.py) and the tree end to end without
-processes: node relays' summaries -> group relays (``tui.commands.relay_group.GroupRelay``) ->
+processes: node relays' summaries -> group relays (``tui.commands.relay.group.GroupRelay``) ->
 the viewer's ``TreeFeed`` -> the same verdict as a model that holds every rank."""
 
 from __future__ import annotations
@@ -90,7 +90,7 @@ class _Out:
 def _through_tree(records: dict[int, list[dict]], per_node: int, nodes_per_group: int):
     """The job's records read by node relays (a model per node, summarised), two group relays
     and a viewer's ``TreeFeed``: the viewer's model."""
-    from tui.commands.relay_group import GroupRelay
+    from tui.commands.relay.group import GroupRelay
     from tui.stream.feed import StreamStatus
     from tui.stream.tree import TreeFeed, plan_groups
 

@@ -25,7 +25,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, InfoM
 from prometheus_client.registry import Collector, CollectorRegistry
 
 from perfmon_analysis.analysis import Analysis, Snapshot
-from perfmon_analysis.groups import GroupReduction, reduce_rows, rows_of_views
+from perfmon_analysis.groups import GroupReduction, RankRow, reduce_rows
 from perfmon_analysis.metrics import (GROUP_COUNTS, GROUP_EXTREME_RANK, GROUP_QUANTITIES, GROUP_RELAYS_DOWN,
                                       GROUP_STATS, GROUP_SUMS, Surface, on)
 from perfmon_analysis.stuck import HEARTBEAT_S
@@ -79,6 +79,18 @@ def families(view: JobView, verdict: Verdict) -> list[Any]:
     groups = view.groups or tuple(red for host, rows in rows_of_views(view.ranks).items()
                                   for red in reduce_rows(rows, host, HEARTBEAT_S))
     out.extend(group_families(job, [g for g in groups if g.key[0] != "job"]))
+    return out
+
+
+def rows_of_views(ranks: list[RankView]) -> dict[str, list[RankRow]]:
+    """The ranks of a view without a tree, by node: each node is a group (``perfmon export``)."""
+    out: dict[str, list[RankRow]] = {}
+    for r in ranks:
+        stats = {"warming_up": r.warming_up, "step_median": r.step_time_median_s, "compute_median": r.compute_s,
+                 "data_frac": r.data_wait_frac, "exposed_frac": r.comm_exposed_frac, "device_busy": r.device_busy,
+                 "samples_per_s": r.samples_per_s, "tokens_per_s": r.tokens_per_s}
+        out.setdefault(r.host or "", []).append(RankRow(src=r.stream, rank=r.rank, stats=stats, steps=r.steps,
+                                                        stalled=r.stall is not None, silent_s=r.silent_s))
     return out
 
 

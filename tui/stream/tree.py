@@ -4,7 +4,7 @@ From ``TREE_MIN_HOSTS`` hosts on (or with ``--group-size``), ``attach``/``report
 --hosts`` start one group relay per ``GROUP_NODES`` consecutive hosts of the host list (a SLURM
 node list is in switch order; a host file in the order the user wrote it), on the group's first
 host and through the same transport template as the node relays, which each group relay starts
-in turn (``perfmon relay --stdio --nodes LIST JOB``, ``tui.commands.relay_group``). Each group
+in turn (``perfmon relay --stdio --nodes LIST JOB``, ``tui.commands.relay.group``). Each group
 relay sends a ``group`` record a second (its ranks reduced) and the records of its worst ranks;
 ``RunModel`` holds those ranks and the reductions, so the verdict and the panes read them as they
 read any job. A rank the viewer follows is sent in full by whichever group holds it; a rank
@@ -23,8 +23,7 @@ from typing import Any
 
 from perfmon_analysis.groups import GroupReduction
 from perfmon_analysis.runmodel import RunModel
-from tui.commands.relay_group import encode_via
-from tui.stream.hosts import RELAY_ARGV, via_argv
+from tui.stream.hosts import RELAY_ARGV, encode_via, via_argv
 from tui.stream.remote import RelayFeed, RelayTarget
 
 TREE_MIN_HOSTS = 64     # from this many hosts on, a relay tree (below it: one relay per host, as before)

@@ -268,13 +268,7 @@ async def _forward(rec: dict[str, Any], out: StdoutRelay) -> None:
 
 
 def main(args: Any) -> int:
-    """``perfmon relay --stdio JOB``, ``perfmon relay --tcp [HOST:]PORT JOB``, or a group relay
-    (``--nodes``: ``tui.commands.relay_group``)."""
-    if getattr(args, "nodes", None):
-        if args.tcp:
-            raise UserError("a group relay (--nodes) speaks to its viewer on --stdio, not --tcp")
-        from tui.commands import relay_group
-        return relay_group.main(args)
+    """``perfmon relay --stdio JOB`` or ``perfmon relay --tcp [HOST:]PORT JOB``."""
     if args.tcp:
         return serve_tcp(args.job, args.tcp)
     if not args.stdio:

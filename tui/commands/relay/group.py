@@ -28,9 +28,9 @@ from typing import Any
 from probe import wire
 from perfmon_analysis.groups import GroupReduction, RankRow, reduce_rows, representatives
 from perfmon_analysis.readings import num
-from perfmon_analysis.runmodel import RunModel
+from perfmon_analysis.analysis import Analysis
 from perfmon_analysis.stuck import HEARTBEAT_S
-from tui.commands.relay import FLUSH_S, HELLO_WAIT_S, StdoutRelay, ViewerInput
+from tui.commands.relay.node import FLUSH_S, HELLO_WAIT_S, StdoutRelay, ViewerInput
 from tui.errors import UserError
 from tui.stream.hosts import RELAY_ARGV, expand_hostlist, transport
 from tui.stream.remote import RelayFeed
@@ -38,12 +38,6 @@ from tui.stream.remote import RelayFeed
 GROUP_S = 1.0          # a group record this often
 NEW_RANK_S = 0.2       # ... and this soon after a rank's first timed summary (the first screen waits for it)
 FULL_ONLY = frozenset({"step", "memory", "comm"})    # a representative's kinds sent only when it is followed
-
-
-def encode_via(template: str) -> str:
-    """The transport template as one shell-safe word: it crosses ssh (a remote shell) and srun or
-    kubectl exec (an argv) alike."""
-    return urllib.parse.quote(template, safe="")
 
 
 class RankSlot:
@@ -86,7 +80,7 @@ class NodesFeed(RelayFeed):
 
     def __init__(self, group: "GroupRelay", job: str, nodes: list[str], via: str, relay: tuple[str, ...],
                  port: int | None, token: str | None) -> None:
-        super().__init__(RunModel(), job, nodes, via, relay=relay, port=port, token=token, restart=True)
+        super().__init__(Analysis().model, job, nodes, via, relay=relay, port=port, token=token, restart=True)
         self.group = group
 
     def ingest(self, stream_id: str, records: Any) -> None:
@@ -112,7 +106,7 @@ class GroupRelay:
         self.sent: set[str] = set()           # ranks whose backlog the viewer has had
         self.followed: set[str] | None = set()   # by src; None: every rank
         self.followed_ranks: set[int] = set()
-        self.reps_model = RunModel()     # the representatives only: the Prometheus families read it
+        self.held = Analysis()           # the representatives only: the Prometheus families read it
         self.reductions: list[GroupReduction] = []
         self.news = False                # a rank's first summary past warm-up came since the last tick
 
@@ -154,7 +148,7 @@ class GroupRelay:
         """``rec`` of a rank sent on (``sent``: a representative or followed) to the viewer, and into
         the model of those ranks that the Prometheus families read."""
         if rec["k"] in ("hello", "summary", "sample", "stall", "resumed"):
-            self.reps_model.ingest(sid, rec)
+            self.held.ingest(sid, rec)
         if self.out is not None:
             self.out.send({**rec, "src": sid})
 
@@ -175,7 +169,7 @@ class GroupRelay:
         reps = representatives(rows, self.reductions, self.reps, HEARTBEAT_S)
         for sid in self.reps - reps:
             if not self._follows(sid):
-                self.reps_model.forget(sid)
+                self.held.model.forget(sid)
                 self.sent.discard(sid)
         self.reps = reps
         for sid in sorted(reps | self._followed_set()):
@@ -293,14 +287,11 @@ def _serve_prometheus(group: GroupRelay, spec: str) -> Any:
     from prometheus_client import start_http_server
     from prometheus_client.registry import Collector, CollectorRegistry
 
-    from perfmon_analysis.analysis import Analysis
     from tui.export.prometheus import tree_families
-
-    analysis = Analysis(group.reps_model)
 
     class _Collector(Collector):
         def collect(self) -> Any:
-            snap = analysis.snapshot(time.time(), clock=time.monotonic())
+            snap = group.held.snapshot(time.time(), clock=time.monotonic())
             yield from tree_families(snap.view, snap.verdict, group.name, group.reductions)
 
     host, _, port = spec.rpartition(":")
