@@ -208,6 +208,14 @@ class GroupReduction:
     relays_down: tuple[str, ...] = ()
     steps: int = 0
 
+    @property
+    def samples_per_s(self) -> float | None:
+        return self.sums.get("samples_per_s")
+
+    @property
+    def tokens_per_s(self) -> float | None:
+        return self.sums.get("tokens_per_s")
+
     def merge(self, other: "GroupReduction") -> None:
         self.ranks += other.ranks
         self.timed += other.timed

@@ -351,8 +351,8 @@ def _with_groups(view: JobView, groups: dict[str, list[GroupReduction]]) -> JobV
     merged = merge_groups(red for reds in groups.values() for red in reds)
     job = merged[("job", "")]
     metrics = dataclasses.replace(view.metrics, steps=max(view.metrics.steps, job.steps),
-                                  samples_per_s=job.sums.get("samples_per_s", view.metrics.samples_per_s),
-                                  tokens_per_s=job.sums.get("tokens_per_s", view.metrics.tokens_per_s))
+                                  samples_per_s=job.samples_per_s if job.timed else view.metrics.samples_per_s,
+                                  tokens_per_s=job.tokens_per_s if job.timed else view.metrics.tokens_per_s)
     return dataclasses.replace(view, metrics=metrics, groups=tuple(merged.values()),
                                world_size=max(view.world_size, job.ranks))
 

@@ -1,6 +1,7 @@
 """A wire key is read in ``perfmon_analysis.readings`` only: every other module of the analysis
 core reads typed readings, so a key is spelled in the wire schema and one parser, and a renamed
-key cannot leave a second reader behind. ``summary.py`` writes and reads its own payload."""
+key cannot leave a second reader behind. ``summary.py`` and ``groups.py`` write and read their own
+payloads (a relay's ``summary``, a group relay's ``group``)."""
 
 from __future__ import annotations
 
@@ -10,7 +11,7 @@ from pathlib import Path
 import perfmon_analysis
 
 PACKAGE = Path(perfmon_analysis.__file__).parent
-PARSERS = {"readings.py", "summary.py"}
+PARSERS = {"readings.py", "summary.py", "groups.py"}
 
 # Literal keys read outside the parsers on purpose, per module and function (None: any function).
 ALLOWED: dict[tuple[str, str | None], tuple[frozenset[str] | None, str]] = {
