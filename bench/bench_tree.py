@@ -4,8 +4,10 @@ real TUI (``PerfmonApp`` headless at 120x36: feed, run model, verdict, rendering
 The node relays are simulated (``bench/sim_relays.py``: a few processes serve every node's relay on
 a loopback address of its own, as ``perfmon relay --tcp`` would), because this 2-core machine
 cannot hold thousands of relay processes; the group relays are the real ``perfmon relay --nodes``
-(one per ``--group-size`` nodes, started by the viewer's ``TreeFeed`` through a local transport,
-at nice 10 as on nodes of their own), reaching their nodes over TCP. Measured, in order:
+(one per ``--group-size`` nodes, started by the viewer's ``TreeFeed`` through a local transport),
+reaching their nodes over TCP. Everything runs at the bench's own priority: on a machine shared
+with other work a simulation at nice 10 is starved and delivers a fraction of its records
+(``node_records_per_s`` against ``offered_records_per_s`` says how much). Measured, in order:
 
 * ``first_screen_s``: viewer start to every rank counted and past warm-up, with a verdict;
 * over ``--seconds`` after ``--warmup``: ``viewer_cpu`` (share of one core), ``group_relay_cpu_max``
@@ -28,6 +30,7 @@ import argparse
 import asyncio
 import json
 import os
+import signal
 import statistics
 import subprocess
 import sys
@@ -56,7 +59,7 @@ async def view(args: argparse.Namespace, port: int, control: Path, log, sims: li
     world = args.ranks
     hosts = [address(n) for n in range(world // PER_NODE)]
     feed = TreeFeed(RunModel(), "treebench", plan_groups(hosts, args.group_size),
-                    f"nice -n 10 env PERFMON_TOKEN={TOKEN}", relay=(sys.executable, "-m", "tui.cli", "relay", "--stdio"),
+                    f"env PERFMON_TOKEN={TOKEN}", relay=(sys.executable, "-m", "tui.cli", "relay", "--stdio"),
                     nodes_port=port)
     app = PerfmonApp(feed, watch_terminal=False)
     out: dict = {"ranks": world, "nodes": len(hosts), "group_relays": len(feed.hosts), "group_size": args.group_size}
@@ -152,7 +155,7 @@ def run(args: argparse.Namespace) -> dict:
             per = -(-nodes // SIM_PROCS)
             for first in range(0, nodes, per):
                 sims.append(subprocess.Popen(
-                    ["nice", "-n", "10", sys.executable, str(ROOT / "bench" / "sim_relays.py"), "treebench", str(port),
+                    [sys.executable, str(ROOT / "bench" / "sim_relays.py"), "treebench", str(port),
                      str(first), str(min(per, nodes - first)), str(PER_NODE), str(args.ranks), str(args.rate),
                      str(control), str(start)], stdout=subprocess.PIPE, text=True, cwd=ROOT,
                     env={**os.environ, "PYTHONPATH": str(ROOT)}))
@@ -222,6 +225,7 @@ def main() -> None:
     ap.add_argument("--relay-start", action="store_true",
                     help="only: one group relay's start to every rank of its group timed, and its CPU")
     args = ap.parse_args()
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))      # killed: the simulations are stopped too
     result = relay_start(args) if args.relay_start else run(args)
     if args.json:
         print(json.dumps(result))
