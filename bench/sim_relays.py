@@ -201,7 +201,8 @@ async def main(args: argparse.Namespace) -> None:
     servers = [await asyncio.start_server(node.serve, host=node.host, port=args.port) for node in nodes]
     print("ready", flush=True)
     counter = Path(f"{args.control}.sent.{args.first}")
-    while True:
+    parent = os.getppid()
+    while os.getppid() == parent:                      # the benchmark went away: so do we
         control.read(start, args.rate)
         counter.write_text(str(SimNode.sent))
         await asyncio.sleep(1.0)
