@@ -34,6 +34,21 @@ WHERE_BUFFER = 320         # ``where`` intervals (one per 2 s at most): the long
 BLOCKING_EVENTS = frozenset({"checkpoint", "eval", "evaluation", "save", "pause"})
 
 
+# Sampled states (loader worker CPU, host RSS) are judged on the window's last 5 s of samples (each
+# sample already averages its own second): they describe the job now, and a state the job has left must
+# stop deciding within the 15 s the verdict is given to follow a change (with 10 s the demo tour's
+# memory -> healthy switch took 13-17 s, bench/bench_tour.py). Step quantities use the window.
+RECENT_SECONDS = 5.0
+
+
+def recent_records(records: list[Any]) -> list[Any]:
+    """The records (samples, memory readings: each with its time ``t``) of the last ``RECENT_SECONDS``."""
+    last = next((s.t for s in reversed(records) if s.t is not None), None)
+    if last is None:
+        return records
+    return [s for s in records if (s.t or last) >= last - RECENT_SECONDS] or records[-1:]
+
+
 # -- parsing ---------------------------------------------------------------------------------
 class StepParser:
     """One rank's step records in order, parsed with the time lost between steps: a step without

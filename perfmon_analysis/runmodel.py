@@ -14,25 +14,9 @@ replayed recording has a window too), whichever is fewer, but never fewer than
 ``MIN_STEPS``; a rank with fewer steps is warming up. The first step a rank
 reports (lazy init, allocator warm-up) is left out while there are others.
 
-Formulas (sources in the comments next to each):
-* active step time = ``dur`` − ``gap`` (time between steps lost to checkpoints,
-  evaluation, stalls; from the step's ``gap`` key, else from the ``seconds`` of
-  blocking events such as ``checkpoint`` that fell before the step);
-* data wait share = Σ phases.data / Σ active;
-* comm share = Σ comm.seconds / Σ active; exposed share = Σ comm.exposed / Σ active;
-* compute time of a step = active − data − exposed comm;
-* device busy: CUDA = the mean NVML utilization of the rank's GPU in the window
-  (measured activity; never the elapsed time between two CUDA events, which
-  includes idle gaps), unknown without NVML; CPU = (Σ thread CPU of the step body
-  + Σ data_cpu) / Σ active where the probe measures the training thread's CPU time
-  (step ``cpu``), else Σ compute / Σ active, the share not lost to a measured cause;
-* off-CPU share (CPU jobs' device idle) = max(0, Σ body − Σ body CPU − Σ exposed) / Σ active,
-  body = active − data;
-* where-table: in-step stack samples of the window per user line and state, share =
-  samples / in-step samples × (sampled span / active), 95% Wilson error bar;
-* busbw = bytes / seconds × nccl-tests factor of the collective;
-* MFU = Σ flops / Σ dur / peak FLOP/s of the device for the dtype in use (none without that peak);
-* ETTR = time inside steps / wall time since the first step.
+The formulas (shares, busy, ETTR, busbw, MFU) and their sources are in docs/verdict.md §1 and
+docs/metrics.md, and next to each function of ``perfmon_analysis.stats`` and the modules beside it;
+they are not repeated here, where they would go stale.
 """
 
 from __future__ import annotations
@@ -45,8 +29,9 @@ from perfmon_analysis.buffers import EVENT_BUFFER, MIN_STEPS, WINDOW_SAMPLES, WI
 from perfmon_analysis.readings import (HostReading, StepReading, comm_reading, dropped, event_reading, gpu_rows,
                                        hello_reading, memory_reading, record_time, sample_reading, stall_reading,
                                        where_interval)
-from perfmon_analysis.stats import (RankStats, comm_rows, job_metrics, job_where, rank_stats, rank_view, summary_stats,
-                                    window_of)
+from perfmon_analysis.comm_stats import comm_rows
+from perfmon_analysis.stats import RankStats, job_metrics, rank_stats, rank_view, summary_stats, window_of
+from perfmon_analysis.where_stats import job_where
 from perfmon_analysis.capture import capture_reading, with_cost
 from perfmon_analysis.groups import GroupReduction, merge_groups
 from perfmon_analysis.history import History
@@ -266,7 +251,7 @@ class RunModel:
         metrics, straggler = job_metrics(ready, ranks, states, stats)
         window = {"steps": max((st.n for st in stats), default=0),
                   "seconds": round(max((st.span for st in stats), default=0.0), 3)}
-        comm_ops = comm_rows([(s, st) for s, st in zip(states, stats)])
+        comm_ops = comm_rows([st.comm_delta for st in stats])
         events = [dict(e.record, rank=s.rank)
                   for s, e in sorted(((s, e) for s in states for e in s.events), key=lambda se: se[1].t or 0.0)]
         view = JobView(
@@ -297,7 +282,7 @@ class RunModel:
             profile=_latest_profile(states),
             captures=tuple(with_cost(s.capture, ((n.step, n.dur) for n in s.steps))
                            for s in states if s.capture is not None),
-            where=job_where([st for _, st in ready]),
+            where=job_where([(st.where, st.off_cpu_frac) for _, st in ready]),
             overhead=worst(st.overhead for st in stats),
         )
         return _with_groups(view, self.groups) if self.groups else view

@@ -19,7 +19,7 @@ from perfmon_analysis.analysis import Analysis, render_text
 from perfmon_analysis import verdict as V
 from perfmon_analysis.losses import by_id
 from perfmon_analysis.readings import step_cpu, where_interval
-from perfmon_analysis.stats import wilson_half_width
+from perfmon_analysis.where_stats import wilson_half_width
 from perfmon_analysis.summary import read_summary, summary_record
 
 
