@@ -21,6 +21,7 @@ from __future__ import annotations
 import time
 from typing import Any
 
+from probe import wire
 from perfmon_analysis.groups import GroupReduction
 from perfmon_analysis.runmodel import RunModel
 from tui.stream.hosts import RELAY_ARGV, encode_via, via_argv
@@ -84,7 +85,6 @@ class TreeFeed(RelayFeed):
         if self._following.get(host) == ask:
             return
         self._following[host] = ask
-        from probe import wire
         try:
             writer.write(wire.encode({"k": "subscribe", "t": time.time(), "srcs": srcs, "ranks": ranks,
                                       "window": [self.model.window_steps, self.model.window_seconds]}))
