@@ -155,12 +155,13 @@ class TreeJob:
             queries = dashboard_queries(JOB)
             results: dict[str, list] = {}
             deadline = time.monotonic() + 90
-            while True:                 # rate(...[1m]) needs two scrapes of a counter
+            while True:                 # every node relay up; rate(...[1m]) needs two scrapes of a counter
                 results = {name: prom.query(expr) for name, expr in queries.items()}
-                if all(results[n] for n in queries if not _exempt(n)) or time.monotonic() > deadline:
+                groups = prom.query(f'perfmon_group_ranks{{job="{JOB}"}}')
+                if (all(results[n] for n in queries if not _exempt(n)) and sum(float(g["value"][1]) for g in groups) == 4) \
+                        or time.monotonic() > deadline:
                     break
                 time.sleep(1.0)
-            groups = prom.query(f'perfmon_group_ranks{{job="{JOB}"}}')
             series = prom.query(f'count({{job="{JOB}", __name__=~"perfmon_.*"}})')
             return {"queries": queries, "results": results, "group_ranks": groups, "series": series,
                     "targets_up": prom.targets_up()}
