@@ -249,6 +249,33 @@ METRICS: tuple[Metric, ...] = (
 )
 
 
+# The relay tree's per-group series (``perfmon_analysis.groups``): quantity -> (Prometheus name, help).
+# Each has a ``stat`` label (min, p50, p90, max); the ranks holding the extremes are
+# ``perfmon_group_extreme_rank{quantity, end}``. Labels: job, group (a group of nodes: a node
+# when there is no tree), and the grouping's dimension when it is not the tree's own.
+GROUP_QUANTITIES: dict[str, tuple[str, str]] = {
+    "step_time": ("perfmon_group_step_time_seconds", "Step time (window median per rank) across the group's ranks"),
+    "compute": ("perfmon_group_compute_seconds", "Compute time per step across the group's ranks"),
+    "arrival": ("perfmon_group_arrival_seconds", "Time from the step's start to the collective across the group's ranks"),
+    "data_wait": ("perfmon_group_data_wait_ratio", "Data-wait share of the step across the group's ranks"),
+    "exposed_comm": ("perfmon_group_comm_exposed_ratio", "Exposed-communication share across the group's ranks"),
+    "busy": ("perfmon_group_device_busy_ratio", "Device busy share across the group's ranks"),
+    "memory": ("perfmon_group_memory_peak_ratio", "Peak memory over the limit across the group's ranks"),
+}
+GROUP_STATS: tuple[tuple[str, float | None], ...] = (("min", None), ("p50", 0.5), ("p90", 0.9), ("max", None))
+GROUP_COUNTS: dict[str, tuple[str, str]] = {
+    "ranks": ("perfmon_group_ranks", "Ranks of the group that said hello"),
+    "timed": ("perfmon_group_timed_ranks", "Ranks of the group past warm-up"),
+    "stalled": ("perfmon_group_stalled_ranks", "Ranks of the group that report a stall"),
+    "silent": ("perfmon_group_silent_ranks", "Ranks of the group silent past the heartbeat"),
+}
+GROUP_SUMS: dict[str, tuple[str, str]] = {
+    "samples_per_s": ("perfmon_group_samples_per_second", "Samples per second summed over the group's ranks"),
+    "tokens_per_s": ("perfmon_group_tokens_per_second", "Tokens per second summed over the group's ranks"),
+}
+GROUP_EXTREME_RANK = "perfmon_group_extreme_rank"
+GROUP_RELAYS_DOWN = "perfmon_group_relays_down"
+
 
 def on(surface: Surface) -> tuple[Metric, ...]:
     """The metrics exported on ``surface``, in table order (the table read at call time)."""

@@ -61,6 +61,7 @@ def build(view: JobView, verdict: Verdict, *, retired: Iterable[tuple[int, dict[
         "captures": [c.as_json() for c in view.captures],
         "overhead": view.overhead.as_json() if view.overhead is not None else None,
         "source": source or {},
+        "groups": [g.as_json() for g in view.groups],     # through a relay tree (docs/tree.md); else []
         "as_of": round(view.now, 3),     # the instant the window ends (newest record, or now when live)
     }
 

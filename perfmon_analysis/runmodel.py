@@ -35,6 +35,7 @@ from perfmon_analysis.where_stats import job_where
 from perfmon_analysis.capture import capture_reading, with_cost
 from perfmon_analysis.readings import JobExit, exit_reading
 from perfmon_analysis.health import job_health, rank_health
+from perfmon_analysis.groups import GroupReduction, merge_groups
 from perfmon_analysis.history import History
 from perfmon_analysis.profile import ModuleProfile, profile_reading, with_overhead
 from perfmon_analysis.overhead import worst
@@ -66,6 +67,7 @@ class RunModel:
         self.last_t: float | None = None
         self.history = History()     # the whole run, downsampled (the trends screen, the HTML report)
         self.exit: JobExit | None = None     # how the job's command ended (``perfmon run``), when known
+        self.groups: dict[str, list[GroupReduction]] = {}   # group relay -> its reductions (the relay tree)
 
     # -- ingest -------------------------------------------------------------------------------
     def ingest(self, stream_id: str, record: dict[str, Any], received: float | None = None) -> None:
@@ -165,6 +167,36 @@ class RunModel:
         """How the job's command ended, as ``perfmon run`` wrote it (``perfmon_analysis.readings.exit_reading``)."""
         self.exit = exit_reading(record) or self.exit
 
+    def forget(self, stream_id: str) -> None:
+        """Drop a rank a group relay no longer sends on (no longer among its worst): it is held in
+        that group's reductions only (``perfmon_analysis.groups``)."""
+        state = self._streams.pop(stream_id, None)
+        if state is None:
+            return
+        if self._ranks.get(state.rank) is state:
+            del self._ranks[state.rank]
+        self._summaries.pop(state, None)
+        self._hosts.pop(state, None)
+
+    def stream_ended(self, stream_id: str) -> bool:
+        """The rank behind ``stream_id`` is held and has ended (bye, or its stream closed)."""
+        state = self._streams.get(stream_id)
+        return state is not None and state.ended
+
+    def heard(self, stream_id: str, clock: float) -> None:
+        """The rank's newest record reached its group relay at ``clock`` (the viewer's monotonic
+        clock), earlier than it reached the viewer: its silence counts from then."""
+        state = self._streams.get(stream_id)
+        if state is not None:
+            state.recv_clock = clock
+
+    def set_groups(self, relay: str, reductions: list[GroupReduction]) -> None:
+        """A group relay's latest reductions (its ``group`` record); ``[]`` when it is gone."""
+        if reductions:
+            self.groups[relay] = reductions
+        else:
+            self.groups.pop(relay, None)
+
     def add_problem(self, message: str) -> None:
         """A one-line stream problem (torn recording, bad frame) to show with the view."""
         if message not in self.problems:
@@ -232,7 +264,7 @@ class RunModel:
         comm_ops = comm_rows([st.comm_delta for st in stats])
         events = [dict(e.record, rank=s.rank)
                   for s, e in sorted(((s, e) for s in states for e in s.events), key=lambda se: se[1].t or 0.0)]
-        return JobView(
+        view = JobView(
             job=states[0].info.job if states else None,
             world_size=world,
             device_type=(device.type if device is not None else None) or "cpu",
@@ -264,6 +296,7 @@ class RunModel:
             overhead=worst(st.overhead for st in stats),
             health=job_health(healths, self.exit, max((r.steps for r in ranks), default=None)),
         )
+        return _with_groups(view, self.groups) if self.groups else view
 
     def steps_in_window(self) -> dict[int, list[StepReading]]:
         """Each rank's steps in the window, oldest first: the per-step samples behind the view's
@@ -306,6 +339,19 @@ class RunModel:
     def retired(self) -> list[tuple[int, dict[str, Any]]]:
         """(rank, hello) of every older generation seen (restarted workers)."""
         return [(s.rank, s.hello) for s in self._retired]
+
+
+def _with_groups(view: JobView, groups: dict[str, list[GroupReduction]]) -> JobView:
+    """The view of a job seen through group relays: its ranks are the groups' worst (every
+    worst-rank quantity of ``Metrics`` is exact), its sums the groups' sums, and the reductions
+    themselves, merged by key (``("job", "")``: every rank)."""
+    merged = merge_groups(red for reds in groups.values() for red in reds)
+    job = merged[("job", "")]
+    metrics = dataclasses.replace(view.metrics, steps=max(view.metrics.steps, job.steps),
+                                  samples_per_s=job.samples_per_s if job.timed else view.metrics.samples_per_s,
+                                  tokens_per_s=job.tokens_per_s if job.timed else view.metrics.tokens_per_s)
+    return dataclasses.replace(view, metrics=metrics, groups=tuple(merged.values()),
+                               world_size=max(view.world_size, job.ranks))
 
 
 def _latest_profile(states: list[RankState]) -> ModuleProfile | None:

@@ -13,6 +13,7 @@ from perfmon_analysis.readings import GpuRow, HostReading, RankTrace, StallReadi
 from perfmon_analysis.capture import CaptureSummary
 from perfmon_analysis.health import JobHealth
 from perfmon_analysis.step_times import StepTimes
+from perfmon_analysis.groups import GroupReduction
 from perfmon_analysis.overhead import Overhead
 from perfmon_analysis.profile import ModuleProfile
 from perfmon_analysis.stuck import StuckDiagnosis
@@ -294,3 +295,4 @@ class JobView:
     overhead: Overhead | None = None      # perfmon's own cost on the rank where it is highest (wire 1.4)
     comm_status: str | None = None        # why communication is not measured, in the probe's words
     health: JobHealth = JobHealth()       # step-time percentiles and outliers, memory growth, crash
+    groups: tuple[GroupReduction, ...] = ()   # through group relays: reductions by key, ("job", "") last

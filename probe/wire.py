@@ -158,13 +158,24 @@ from __future__ import annotations
 #         why {part: why it is not measured}}
 # profile, capture: cost {thread_cpu_s (CPU s of the probe thread that built the result)}; their
 #         training-thread cost is the window's steps against the steps before, from the step records
+#
+# 1.5 kinds (a group relay and its viewer: the relay tree, ``tui.commands.relay.group``, docs/tree.md):
+# group   (group relay -> viewer, once a second) key [dimension, value] (["group", name]: the relay's
+#         own group of nodes), ranks, timed (past warm-up), stalled, silent, steps (the most done),
+#         sums {samples_per_s, tokens_per_s}, q {quantity (``perfmon_analysis.groups.QUANTITIES``):
+#         {n, min, min_rank, min_src, max, max_rank, max_src, sketch {z (count at zero), b [bucket,
+#         count, ...] (DDSketch buckets, ``groups.SKETCH_ACCURACY``)}}}, relays_down [nodes],
+#         reps [src: the ranks sent on in full, hello, samples, stalls and summaries; a rank of the
+#         group not listed is held only in the counts], silent_s {src: seconds since its newest
+#         record}, keys [further reductions of the same ranks by another grouping, each {key, ranks,
+#         ...} as above]. The ranks' own records come tagged with ``src`` = "node/rank's src".
 
 import struct
 from typing import Any, Iterator
 
 import msgpack
 
-PROTO: tuple[int, int] = (1, 4)
+PROTO: tuple[int, int] = (1, 5)
 MAX_FRAME = 1 << 20          # 1 MiB, checked before the body is read
 MAX_DEPTH = 8                # records are shallow; anything deeper is hostile
 MAX_CONTAINER = 10_000       # entries in any one map or list
@@ -180,6 +191,7 @@ KIND_MINOR: dict[str, int] = {
     "stall": 1, "resumed": 1, "request": 1, "answer": 1, "profile": 1, "capture": 1,
     "summary": 2, "subscribe": 2,
     "where": 3,
+    "group": 5,
 }
 KINDS = frozenset(KIND_MINOR)
 
@@ -204,6 +216,7 @@ REQUIRED: dict[str, dict[str, tuple[type, ...]]] = {
     "summary": {"stats": (dict,)},
     "subscribe": {"srcs": (list,)},
     "where": {"samples": (int,), "lines": (list,)},
+    "group": {"key": (list,)},
 }
 OPTIONAL: dict[str, dict[str, tuple[type, ...]]] = {
     "hello": {"job": (str,), "rank": (int,), "world_size": (int,), "pid": (int,), "host": (str,),
@@ -226,6 +239,7 @@ OPTIONAL: dict[str, dict[str, tuple[type, ...]]] = {
                 "last_end": _NUM, "inside": _NUM, "unseen": _NUM, "loader_seen": (bool,)},
     "subscribe": {"window": (list,)},
     "where": {"t0": _NUM, "t1": _NUM, "hz": _NUM, "other": (int,), "runq": _NUM},
+    "group": {"q": (dict,), "reps": (list,), "silent_s": (dict,), "keys": (list,), "src": (str,)},
 }
 
 

@@ -65,7 +65,7 @@ def test_the_sketch_reads_every_percentile_within_its_accuracy_in_bounded_memory
         true = exact[round(q * (len(exact) - 1))]
         assert sketch.quantile(q) == pytest.approx(true, rel=SKETCH_ACCURACY)
     assert sketch.max == max(values) and sketch.max_step == values.index(max(values))
-    assert len(sketch.counts) < 1500
+    assert len(sketch.bins) < 1500
 
 
 def test_window_percentiles_are_exact_and_name_the_longest_step():

@@ -1,6 +1,7 @@
 """A wire key is read in the ``perfmon_analysis.readings`` package only: every other module of the analysis
 core reads typed readings, so a key is spelled in the wire schema and one parser, and a renamed
-key cannot leave a second reader behind. ``summary.py`` writes and reads its own payload."""
+key cannot leave a second reader behind. ``summary.py`` and ``groups.py`` write and read their own
+payloads (a relay's ``summary``, a group relay's ``group``)."""
 
 from __future__ import annotations
 
@@ -10,13 +11,14 @@ from pathlib import Path
 import perfmon_analysis
 
 PACKAGE = Path(perfmon_analysis.__file__).parent
-PARSERS = {"readings", "summary.py"}    # the readings package, and the relay summary's own payload
+PARSERS = {"readings", "summary.py", "groups.py"}    # the readings package, a relay's summary and a group relay's group
 
 # Literal keys read outside the parsers on purpose, per module and function (None: any function).
 ALLOWED: dict[tuple[str, str | None], tuple[frozenset[str] | None, str]] = {
     ("runmodel.py", "ingest"): (frozenset({"k"}), "ingest dispatches on the record's kind"),
     ("profile.py", "profile_lines"): (None, "the report's profile JSON (ModuleProfile.as_json), not a record"),
     ("profile.py", "_top"): (None, "rows of the report's profile JSON, not a record"),
+    ("sketch.py", "read"): (frozenset({"z", "b"}), "a sketch's own wire form (Sketch.wire), inside a group record"),
     ("verdict.py", None): (frozenset({"skipped", "undecided", "id"}), "the verdict's own evidence and findings"),
     ("questions.py", None): (frozenset({"data_wait", "comm_exposed", "device_idle"}),
                              "the verdict's loss accounting by loss id"),
