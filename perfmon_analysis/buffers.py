@@ -9,8 +9,9 @@ from __future__ import annotations
 import collections
 from typing import TYPE_CHECKING, Any, Deque
 
-from perfmon_analysis.readings import (CommReading, DeviceReading, EventReading, MemoryReading, SampleReading,
-                                       StallReading, StepReading, WhereInterval, hello_reading, step_reading)
+from perfmon_analysis.readings import (CommReading, DeviceReading, EventReading, LayoutReading, MemoryReading,
+                                       SampleReading, StallReading, StepOps, StepReading, WhereInterval, hello_reading,
+                                       step_reading)
 
 if TYPE_CHECKING:
     from perfmon_analysis.capture import CaptureSummary
@@ -29,6 +30,7 @@ COMM_BUFFER = 64
 EVENT_BUFFER = 200
 TIMELINE_STEPS = 120       # steps handed to the timeline/data panes per rank
 WHERE_BUFFER = 320         # ``where`` intervals (one per 2 s at most): the longest window the TUI offers (600 s)
+OPS_BUFFER = 64            # steps' operations (wire 1.5) kept per rank: the straggler what-if's window at most
 
 # Events whose ``seconds`` is time the training loop was blocked between steps.
 BLOCKING_EVENTS = frozenset({"checkpoint", "eval", "evaluation", "save", "pause"})
@@ -79,7 +81,7 @@ class RankState:
     __slots__ = ("rank", "stream", "hello", "info", "generation", "steps", "samples", "cpu", "memory", "comm",
                  "events", "drops", "ended", "version", "first_start", "last_end", "inside", "gap_total", "unseen",
                  "parser", "loader_seen", "last_t", "recv_clock", "stall", "profile", "capture",
-                 "summary_steps", "totals_through", "device", "where", "unmeasured", "_cache")
+                 "summary_steps", "totals_through", "device", "where", "unmeasured", "layout", "ops", "_cache")
 
     def __init__(self, rank: int, stream: str, hello: dict[str, Any], generation: int) -> None:
         self.rank = rank
@@ -115,6 +117,8 @@ class RankState:
         self.device: DeviceReading = self.info.device
         self.where: Deque[WhereInterval] = collections.deque(maxlen=WHERE_BUFFER)   # in-step stack samples
         self.unmeasured: dict[str, str] = {}   # quantity -> why the probe cannot measure it (its warning)
+        self.layout: LayoutReading | None = None   # the rank's place in the job's layout (wire 1.5)
+        self.ops: Deque[StepOps] = collections.deque(maxlen=OPS_BUFFER)   # its steps' operations (wire 1.5)
         self._cache: tuple[int, Any] | None = None
 
     def set_hello(self, hello: dict[str, Any]) -> None:

@@ -11,6 +11,8 @@ from typing import Any
 
 from perfmon_analysis.readings import GpuRow, HostReading, RankTrace, StallReading
 from perfmon_analysis.capture import CaptureSummary
+from perfmon_analysis.layout import Layout, world_layout
+from perfmon_analysis.stragglers import Straggling
 from perfmon_analysis.overhead import Overhead
 from perfmon_analysis.profile import ModuleProfile
 from perfmon_analysis.stuck import StuckDiagnosis
@@ -292,3 +294,5 @@ class JobView:
     where: WhereTable | None = None       # in-step stack samples (wire 1.3), None when no rank sent any
     overhead: Overhead | None = None      # perfmon's own cost on the rank where it is highest (wire 1.4)
     comm_status: str | None = None        # why communication is not measured, in the probe's words
+    layout: Layout = field(default_factory=lambda: world_layout(1))   # each rank's place (perfmon_analysis.layout)
+    straggling: Straggling | None = None  # the what-if over the window's operations (perfmon_analysis.stragglers)

@@ -5,7 +5,8 @@ wire dicts, so a wire key is spelled in ``probe/wire.py``'s schema and in this p
 ``perfmon_analysis.summary``, which writes and reads its own payload; ``tests/unit/test_record_keys.py``
 holds every other module to it). Every field is None when the probe did not report it (unknown is never
 0); utilisations are 0..1. One module per family of records: ``steps`` (steps, events), ``samples``
-(hello, samples, memory, comm), ``where``, ``stall``, ``profiles`` (capture, profile); ``base`` holds
+(hello, samples, memory, comm), ``where``, ``stall``, ``profiles`` (capture, profile), ``layout`` (a rank's
+place in the job's layout, a step's operations); ``base`` holds
 the value checks they share.
 """
 
@@ -23,6 +24,7 @@ from perfmon_analysis.readings.where import (WhereCount, WhereInterval, WHERE_ST
 from perfmon_analysis.readings.stall import (InFlight, FlightEntry, LoaderWorker, StallReading, stall_reading)
 from perfmon_analysis.readings.profiles import (OpTime, CaptureRecord, capture_record, window_cpu, ModuleTimes,
                                                 ProfileRecord, profile_record)
+from perfmon_analysis.readings.layout import Op, StepOps, step_ops, LayoutReading, layout_reading
 
 __all__ = ['num', 'record_time', 'dropped', 'StepBar', 'StepReading', 'step_reading', 'EventReading', 'event_reading',
            'step_cpu', 'GpuReading', 'GpuRow', 'HostReading', 'RankTrace', 'gpu_reading', 'gpu_readings',
@@ -31,4 +33,4 @@ __all__ = ['num', 'record_time', 'dropped', 'StepBar', 'StepReading', 'step_read
            'CommOp', 'CommReading', 'comm_reading', 'own_gpus', 'gpu_rows', 'WhereCount', 'WhereInterval',
            'WHERE_STATES', 'where_interval', 'InFlight', 'FlightEntry', 'LoaderWorker', 'StallReading',
            'stall_reading', 'OpTime', 'CaptureRecord', 'capture_record', 'window_cpu', 'ModuleTimes', 'ProfileRecord',
-           'profile_record']
+           'profile_record', 'Op', 'StepOps', 'step_ops', 'LayoutReading', 'layout_reading']
