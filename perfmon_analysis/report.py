@@ -14,6 +14,7 @@ from typing import Any, Iterable
 
 from perfmon_analysis import units
 from perfmon_analysis.capture import capture_reading
+from perfmon_analysis.layout_report import layout_lines, rank_note, rank_place
 from perfmon_analysis.metrics import Metric, Unit, by_name, job_values, loss_metrics, rank_values, rounded
 from perfmon_analysis.overhead import text_lines as overhead_lines
 from perfmon_analysis.profile import profile_lines
@@ -34,7 +35,8 @@ def build(view: JobView, verdict: Verdict, *, retired: Iterable[tuple[int, dict[
     metrics = job_values(view)
     metrics["memory"] = {k: rounded(v) for k, v in view.metrics.memory.as_json().items()}
     ranks = [{"rank": r.rank, "host": r.host, "pid": r.pid, "restart": r.restart, "generation": r.generation,
-              **rank_values(r), "straggler": r.rank == verdict.straggler_rank, "ended": r.ended, "drops": r.drops}
+              **rank_values(r), "straggler": r.rank == verdict.straggler_rank, "ended": r.ended, "drops": r.drops,
+              **rank_place(view.layout, r.rank)}
              for r in view.ranks]
     return {
         "schema": SCHEMA,
@@ -56,6 +58,8 @@ def build(view: JobView, verdict: Verdict, *, retired: Iterable[tuple[int, dict[
         "profile": view.profile.as_json() if view.profile is not None else None,
         "captures": [c.as_json() for c in view.captures],
         "overhead": view.overhead.as_json() if view.overhead is not None else None,
+        "layout": view.layout.as_json(),
+        "straggling": view.straggling.as_json(view.layout) if view.straggling is not None else None,
         "source": source or {},
         "as_of": round(view.now, 3),     # the instant the window ends (newest record, or now when live)
     }
@@ -172,6 +176,7 @@ def render_text(report: dict[str, Any], width: int = 80) -> str:
             wrap(loss.get("source") or loss.get("why_unknown") or "", first=f"  {loss['label']:<30} {shown:>12}  ",
                  indent=" " * 48)
     lines.extend(gains_lines(v, width))
+    lines.extend(layout_lines(report, width))
     if v.get("where") is not None:
         lines.append("Where the unexplained time goes (in-step stack samples, share of the step ± 95%):")
         if not v["where"]:
@@ -227,7 +232,8 @@ def render_text(report: dict[str, Any], width: int = 80) -> str:
         lines.append(f"{'RANK':>4} {'GEN':>3} {'PID':>8} {'STEPS':>6} {'STEP':>7} {'COMPUTE':>7} {'BUSY':>5} "
                      f"{'DATA':>5} {'COMM':>5} {'ETTR':>5}  NOTE")
         for r in report["ranks"]:
-            note = "straggler" if r.get("straggler") else ("ended" if r.get("ended") else "")
+            note = " ".join(x for x in (rank_note(r), "straggler" if r.get("straggler") else
+                                        ("ended" if r.get("ended") else "")) if x)
             row = (f"{r['rank']:>4} {r.get('generation', 0):>3} {str(r.get('pid') or units.NA):>8} {r['steps']:>6} "
                    f"{units.seconds(r['step_time_median_s']):>7} {units.seconds(r.get('compute_s')):>7} "
                    f"{_pct(r.get('device_busy')):>5} {_pct(r.get('data_wait_frac')):>5} "

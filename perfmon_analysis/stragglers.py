@@ -44,13 +44,17 @@ CHRONIC = 0.5          # share of the steps
 STAGE_RATIO = 1.10     # heaviest stage's median work over the mean of the stages'
 MIN_SLOWDOWN = 1.05    # a cause costing less than 5% of the step is not named
 MIN_STEPS = 3
+NO_GAIN = "the simulation shows no faster step without it: the measured steps vary more than it costs"
 
 
 @dataclass(frozen=True)
 class StageTime:
     """One pipeline stage over the analysed steps: the median per step of its workers' compute (the
-    stage's forward, backward and other compute operations) and of their bubble (time blocked in
-    receives from its neighbours), in seconds and as shares of the step's active time."""
+    stage's forward, backward and other compute operations) and of their bubble (time the thread was
+    blocked on its neighbours: in point-to-point calls and their waits where the probe timed them, else
+    the receives' durations), in seconds and as shares of the step (its whole cycle: a stage that waits
+    for the pipeline to fill before its first forward waits inside the step, whatever the step's
+    boundaries make of that time)."""
 
     stage: int
     compute_s: float
@@ -87,6 +91,7 @@ class Straggling:
     forced: int = 0
     why: str | None = None
     by_stage: dict[int, float] = field(default_factory=dict)     # each stage's attributed slowdown
+    why_no_gain: str | None = None
 
     def as_json(self, layout: Layout | None = None) -> dict[str, Any]:
         """The report's ``straggling``."""
@@ -102,6 +107,8 @@ class Straggling:
             "stages": [s.as_json() for s in self.stages], "forced": self.forced}
         if self.why is not None:
             out["why"] = self.why
+        if self.why_no_gain is not None:
+            out["why_no_gain"] = self.why_no_gain
         return out
 
 
@@ -155,10 +162,15 @@ def analyse(layout: Layout, steps: Mapping[int, Mapping[int, StepOps]]) -> Strag
 
 
 def _named(base: Straggling, cause: str, slowdown: float | None, gain: float | None, **fields: Any) -> Straggling:
-    """``base`` with ``cause`` named, unless it costs less than ``MIN_SLOWDOWN``."""
+    """``base`` with ``cause`` named, unless it costs less than ``MIN_SLOWDOWN``. A gain under 1 (the
+    simulation, on timings noisier than what the cause costs, shows the job no faster without it) is
+    not a gain: unknown, and ``why_no_gain`` says so."""
     if slowdown is None or slowdown < MIN_SLOWDOWN:
         return base
-    return dataclasses.replace(base, cause=cause, slowdown=slowdown, gain=gain, **fields)
+    why = None
+    if gain is not None and gain < 1.0:
+        gain, why = None, NO_GAIN
+    return dataclasses.replace(base, cause=cause, slowdown=slowdown, gain=gain, why_no_gain=why, **fields)
 
 
 def _ratio(num: list[float], den: list[float]) -> float | None:
@@ -237,8 +249,9 @@ def stage_times(layout: Layout, steps: list[Mapping[int, StepOps]]) -> tuple[Sta
             if stage is None:
                 continue
             compute[stage].append(sum(op.dur for op in step.ops if op.compute))
-            bubble[stage].append(sum(op.dur for op in step.ops if op.kind == "recv"))
-            active[stage].append(step.body[1] - step.body[0])
+            bubble[stage].append(step.p2p_wait if step.p2p_wait is not None else
+                                 sum(op.dur for op in step.ops if op.kind == "recv"))
+            active[stage].append(step.body[1])
     out = []
     for stage in sorted(compute):
         c, b, a = (statistics.median(x[stage]) for x in (compute, bubble, active))

@@ -32,11 +32,12 @@ from __future__ import annotations
 import collections
 import statistics
 from dataclasses import dataclass
-from typing import Callable, Mapping, NamedTuple, Sequence
+from typing import Any, Callable, Mapping, NamedTuple, Sequence
 
 from perfmon_analysis.readings.layout import Op, StepOps
 
-WORK, POST, RECV, JOIN, LEAVE = range(5)
+WORK, POST, RECV, JOIN, LEAVE, SENT = range(6)
+STAGE_COMPUTE = (("work", "fwd"), ("work", "bwd"))     # what moving layers between stages moves
 Key = tuple[str, ...]
 
 
@@ -66,6 +67,7 @@ class StepGraph:
     slots: tuple[Slot, ...]
     links: int
     forced: int = 0
+    clock: str = "device"
 
 
 def compile_step(step: int, ops: Mapping[int, StepOps]) -> StepGraph:
@@ -78,10 +80,13 @@ def compile_step(step: int, ops: Mapping[int, StepOps]) -> StepGraph:
     refs: dict[int, list[tuple | None]] = {}
     for rank in ranks:
         counts: collections.Counter = collections.Counter()
+        of_send: dict[int, tuple] = {}
         refs[rank] = []
-        for gap, op in lines[rank]:
+        for what, op in lines[rank]:
             ref = None
-            if gap:
+            if what == "wait":
+                ref = of_send.get(id(op.waited_for))    # type: ignore[attr-defined]
+            elif what == "gap":
                 pass
             elif op.kind == "send" or op.kind == "recv":
                 src, dst = (rank, op.peer) if op.kind == "send" else (op.peer, rank)
@@ -89,6 +94,7 @@ def compile_step(step: int, ops: Mapping[int, StepOps]) -> StepGraph:
                 counts[(op.kind, op.peer)] += 1
                 if op.kind == "send":
                     sends[ref] = (len(sends), op.dur)
+                    of_send[id(op)] = ref
                 else:
                     recvs[ref] = op.dur
             elif op.group is not None:
@@ -103,28 +109,42 @@ def compile_step(step: int, ops: Mapping[int, StepOps]) -> StepGraph:
     for rank in ranks:
         nth: collections.Counter = collections.Counter()
         seq: list[tuple] = []
-        for (gap, op), ref in zip(lines[rank], refs[rank]):
-            if op.kind == "send" and not gap:
+        for (what, op), ref in zip(lines[rank], refs[rank]):
+            if what == "wait":
+                if ref in sends and ref in recvs:
+                    seq.append((SENT, sends[ref][0]))      # blocked until its send was received
+            elif what == "op" and op.kind == "send":
                 if ref in recvs:
                     seq.append((POST, sends[ref][0]))       # an unmatched send holds nobody up
-            elif op.kind == "recv" and not gap and ref in sends:
+            elif what == "op" and op.kind == "recv" and ref in sends:
                 if ref not in shared:
                     shared[ref] = _add(slots, Slot(min(sends[ref][1], recvs[ref]), ("p2p",), ref[:2], 0, False))
                 seq.append((RECV, sends[ref][0], shared[ref]))
-            elif not gap and op.group is not None:
+            elif what == "op" and op.group is not None:
                 members = calls[ref]
                 if ref not in shared:
                     shared[ref] = _add(slots, Slot(min(d for _, d in members), ("call", op.kind, str(op.group)),
                                                    tuple(r for r, _ in members), ref[1], False))
                 seq.append((JOIN, call_link[ref], shared[ref], len(members)))
             else:      # work: a compute op, the host's own time between ops, or a receive whose send is unknown
-                key: Key = ("gap" if gap else "work", op.kind)
+                key: Key = ("gap" if what == "gap" else "work", op.kind)
                 seq.append((WORK, _add(slots, Slot(op.dur, key, (rank,), nth[key], True))))
                 nth[key] += 1
         seqs.append(seq)
     program, forced = _order(seqs)
+    clock = "host" if any(ops[r].clock == "host" for r in ranks) else "device"
     return StepGraph(step=step, ranks=ranks, program=tuple(program), slots=tuple(slots),
-                     links=len(sends) + len(calls), forced=forced)
+                     links=len(sends) + len(calls), forced=forced, clock=clock)
+
+
+@dataclass(frozen=True)
+class _Wait:
+    """The host blocked on one of its sends (``Op.waited``) from ``start`` until it completed."""
+
+    kind: str
+    start: float
+    dur: float
+    waited_for: Op
 
 
 def _add(slots: list[Slot], slot: Slot) -> int:
@@ -132,21 +152,26 @@ def _add(slots: list[Slot], slot: Slot) -> int:
     return len(slots) - 1
 
 
-def _timeline(step: StepOps) -> list[tuple[bool, Op]]:
-    """(is the thread's own time between ops, op) in order. On the host clock the time between two
-    recorded operations is the training thread's own work, kept as a gap named after the operation
-    it leads to ("end" for the tail); on the device clock it is launch delay and left out."""
+def _timeline(step: StepOps) -> list[tuple[str, Any]]:
+    """("op" | "gap" | "wait", op) in order. On the host clock the time between two recorded operations
+    is the training thread's own work, kept as a gap named after the operation it leads to ("end" for
+    the tail), and a send the host waited for is a wait at that point (a dependency on the receiver,
+    not work); on the device clock the time between operations is launch delay and left out."""
     if step.clock != "host":
-        return [(False, op) for op in step.ops]
-    out: list[tuple[bool, Op]] = []
+        return [("op", op) for op in step.ops]
+    events: list[tuple[str, Any]] = [("op", op) for op in step.ops]
+    events += [("wait", _Wait("wait", op.waited, op.start + op.dur - op.waited, op)) for op in step.ops
+               if op.waited is not None]
+    events.sort(key=lambda e: (e[1].start, 0 if e[1].kind == "send" else 1))
+    out: list[tuple[str, Any]] = []
     cursor, end = step.body
-    for op in step.ops:
+    for what, op in events:
         if op.start > cursor:
-            out.append((True, Op(op.kind, cursor, op.start - cursor)))
-        out.append((False, op))
+            out.append(("gap", Op(op.kind, cursor, op.start - cursor)))
+        out.append((what, op))
         cursor = max(cursor, op.start if op.kind == "send" else op.start + op.dur)
     if end > cursor:
-        out.append((True, Op("end", cursor, end - cursor)))
+        out.append(("gap", Op("end", cursor, end - cursor)))
     return out
 
 
@@ -157,6 +182,7 @@ def _order(seqs: list[list[tuple]]) -> tuple[list[tuple[int, int, int, int]], in
     pos = [0] * n
     joined = [False] * n
     posted: set[int] = set()
+    received: set[int] = set()
     arrived: collections.Counter = collections.Counter()
     waiting: dict[int, list[int]] = collections.defaultdict(list)
     ready = collections.deque(range(n))
@@ -171,6 +197,8 @@ def _order(seqs: list[list[tuple]]) -> tuple[list[tuple[int, int, int, int]], in
             forced += 1
             if inst[0] == RECV:
                 posted.add(inst[1])
+            elif inst[0] == SENT:
+                received.add(inst[1])
             else:
                 arrived[inst[1]] = inst[3]
             ready.append(r)
@@ -194,6 +222,13 @@ def _order(seqs: list[list[tuple]]) -> tuple[list[tuple[int, int, int, int]], in
                     waiting[inst[1]].append(r)
                     break
                 program.append((RECV, r, inst[2], inst[1]))
+                received.add(inst[1])
+                _wake(waiting.pop(-1 - inst[1], ()), ready, queued)
+            elif code == SENT:
+                if inst[1] not in received:
+                    waiting[-1 - inst[1]].append(r)
+                    break
+                program.append((SENT, r, 0, inst[1]))
             else:
                 link = inst[1]
                 if not joined[r]:
@@ -224,6 +259,7 @@ def run(graph: StepGraph, durations: Sequence[float]) -> float:
     """The step's time with ``durations`` (one per slot): when its last rank finishes."""
     clock = [0.0] * len(graph.ranks)
     post = [0.0] * graph.links
+    done = [0.0] * graph.links
     for code, r, slot, link in graph.program:
         if code == WORK:
             clock[r] += durations[slot]
@@ -231,12 +267,14 @@ def run(graph: StepGraph, durations: Sequence[float]) -> float:
             post[link] = clock[r]
         elif code == RECV:
             t, p = clock[r], post[link]
-            clock[r] = (t if t > p else p) + durations[slot]
+            clock[r] = done[link] = (t if t > p else p) + durations[slot]
         elif code == JOIN:
             if clock[r] > post[link]:
                 post[link] = clock[r]
-        else:
+        elif code == LEAVE:
             clock[r] = post[link] + durations[slot]
+        elif done[link] > clock[r]:
+            clock[r] = done[link]
     return max(clock, default=0.0)
 
 
@@ -251,9 +289,9 @@ class Model:
     * ``ideal``: work at the mean of its key over every rank and step, a transfer at the median;
     * ``peers``: work at the median of its key over its stage (every replica, every step): a worker
       at its peers' speed; transfers as measured;
-    * ``balanced``: work scaled by the mean of the stages' medians over its own stage's, so every stage
-      does the same typical work with its step-to-step variation kept: layers moved until the stages
-      balance;
+    * ``balanced``: a stage's compute (forward, backward) scaled by the mean of the stages' medians over
+      its own stage's, so every stage does the same typical compute with its step-to-step variation
+      kept: layers moved until the stages balance; the rest as measured;
     * ``evened``: work at the mean over the replicas of the same slot (stage, step, key, place in
       the step): the step's data spread evenly over the replicas, its total unchanged.
     """
@@ -263,6 +301,15 @@ class Model:
         self.graphs = tuple(graphs)
         self.stage_of = stage_of
         self.replica_of = replica_of
+        # On the host clock a send's completion is seen late (when the host next looks), so a pair's
+        # shorter duration can still hold waiting; its channel's floor over the window is the transfer.
+        floor: dict[tuple[int, ...], float] = {}
+        for g in self.graphs:
+            if g.clock == "host":
+                for s in g.slots:
+                    if s.key == ("p2p",):
+                        floor[s.owners] = min(s.dur, floor.get(s.owners, s.dur))
+        self.floor = floor
         work: dict[Key, list[float]] = collections.defaultdict(list)
         transfer: dict[Key, list[float]] = collections.defaultdict(list)
         by_stage: dict[tuple[Key, int], list[float]] = collections.defaultdict(list)
@@ -275,7 +322,7 @@ class Model:
                     by_stage[(s.key, stage)].append(s.dur)
                     by_slot[(g.step, s.key, stage, s.nth)].append(s.dur)
                 else:
-                    transfer[s.key].append(s.dur)
+                    transfer[s.key].append(self.floor.get(s.owners, s.dur) if s.key == ("p2p",) else s.dur)
         self.ideal: dict[Key, float] = {k: statistics.fmean(v) for k, v in work.items()}
         self.ideal.update({k: statistics.median(v) for k, v in transfer.items()})
         self.peer = {k: statistics.median(v) for k, v in by_stage.items()}
@@ -294,7 +341,10 @@ class Model:
         return self._cache[source]
 
     def _value(self, step: int, s: Slot, source: str) -> float:
-        if source == "measured" or (not s.work and source != "ideal"):
+        if not s.work:
+            measured = self.floor.get(s.owners, s.dur) if s.key == ("p2p",) else s.dur
+            return self.ideal[s.key] if source == "ideal" else measured
+        if source == "measured":
             return s.dur
         if source == "ideal":
             return self.ideal[s.key]
@@ -303,7 +353,7 @@ class Model:
         if source == "peers":
             return peer
         if source == "balanced":
-            return s.dur * self.level[s.key] / peer if peer > 0 else s.dur
+            return s.dur * self.level[s.key] / peer if peer > 0 and s.key in STAGE_COMPUTE else s.dur
         return self.even[(step, s.key, stage, s.nth)]
 
     def times(self, base: str, take: str | None = None, where: list[list[bool]] | None = None) -> list[float]:

@@ -30,7 +30,7 @@ import time
 import weakref
 from typing import Any
 
-from probe import comm, flops
+from probe import comm, flops, layout
 from probe.hooks import Hook, remove_all
 from probe.gpu import cuda as gpu_cuda
 from probe.step_flops import StepFlops
@@ -506,6 +506,10 @@ class Watcher:
             summary = state.tracker.drain()
             if summary is not None:
                 extras["comm"] = summary
+            ops = state.tracker.take_ops()
+            if ops is not None:
+                extras["ops"], extras["ops_dropped"] = ops      # made relative to the step's start on the sender
+            layout.step_end(state)
         if self.syncs is not None:
             count, site = self.syncs.take()
             extras["syncs"] = count

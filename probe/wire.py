@@ -151,13 +151,16 @@ from __future__ import annotations
 #         outer to inner: "pp", "dp", "tp", ... as the job's DeviceMesh names them], sizes [int], coord [this
 #         rank's coordinate along each dim], source ("mesh": a DeviceMesh | "pipeline": a
 #         torch.distributed.pipelining stage's index and count, replicas from its process group's ranks)
-# step    ops [[kind, start, dur, mb, peer]] (at most MAX_OPS a step, in the order they were issued): the
+# step    ops [[kind, start, dur, mb, peer(, waited)]] (at most MAX_OPS a step, in the order they were issued): the
 #         step's operations, start in s after the record's ``start``, dur in s; kind "fwd" | "bwd" (a
 #         pipeline stage's compute of micro-batch mb, -1 for none), "send" | "recv" (point-to-point; peer the
-#         other side's global rank; a receive lasts from its posting to its completion), or a collective's
+#         other side's global rank; a receive lasts from its posting to its completion; a send's waited, when
+#         present, is when (s after start) the host began to wait for it, blocked until it completed), or a collective's
 #         name (peer the process group's name, the same on every member: "world", or torch's group name);
 #         ops_clock ("host": times are the training thread's, the time between two ops is its own work |
-#         "device": the device's timeline), ops_dropped (ops of the step over MAX_OPS, not sent)
+#         "device": the device's timeline), ops_dropped (ops of the step over MAX_OPS, not sent),
+#         comm.p2p_exposed (s the training thread was blocked in point-to-point calls and their waits: a
+#         pipeline stage's time waiting on its neighbours, its bubble; absent when none)
 
 import struct
 from typing import Any, Iterator

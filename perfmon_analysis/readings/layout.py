@@ -18,8 +18,9 @@ class Op:
     """One operation of a step on one rank: ``start`` (s after the step record's ``start``) and ``dur``.
 
     ``kind``: "fwd" | "bwd" (a pipeline stage's compute of micro-batch ``mb``), "opt", "compute" (work
-    on the rank), "send" | "recv" (point-to-point; ``peer`` the other side's global rank), or a
-    collective's name (``group``: the process group's name, the same on every member)."""
+    on the rank), "send" | "recv" (point-to-point; ``peer`` the other side's global rank; a send the host
+    later blocked on until it completed has ``waited``), or a collective's name (``group``: the process
+    group's name, the same on every member)."""
 
     kind: str
     start: float
@@ -27,6 +28,7 @@ class Op:
     mb: int | None = None
     peer: int | None = None
     group: str | None = None
+    waited: float | None = None     # a send's: when the host began to wait for it (s after the step's start)
 
     @property
     def p2p(self) -> bool:
@@ -47,13 +49,15 @@ class StepOps:
     time between two ops is its own work), "device" when they are the device's (that time is launch
     delay, not work); ``body``: (first, last) s after ``start`` that bound the step's active body, the
     span the host clock's own work fills; ``dropped``: ops over the probe's bound, not sent (the step
-    cannot be simulated whole)."""
+    cannot be simulated whole); ``p2p_wait``: s the thread was blocked in point-to-point calls and their
+    waits (None when the step says nothing: a device clock, or no such wait)."""
 
     step: int
     ops: tuple[Op, ...]
     clock: str
     body: tuple[float, float]
     dropped: int = 0
+    p2p_wait: float | None = None
 
 
 @dataclass(frozen=True)
@@ -81,8 +85,9 @@ def layout_reading(rec: dict[str, Any]) -> LayoutReading | None:
 
 
 def step_ops(rec: dict[str, Any]) -> StepOps | None:
-    """The step record's ``ops`` (None when it has none). An entry is [kind, start, dur, mb, peer]:
-    ``mb`` -1 for none; ``peer`` a global rank (point-to-point), a group name (collectives), or -1."""
+    """The step record's ``ops`` (None when it has none). An entry is [kind, start, dur, mb, peer(, waited)]:
+    ``mb`` -1 for none; ``peer`` a global rank (point-to-point), a group name (collectives), or -1;
+    ``waited`` (sends) when the host began to wait for it."""
     raw, step = rec.get("ops"), rec.get("step")
     if not isinstance(raw, list) or _whole(step) is None:
         return None
@@ -96,8 +101,9 @@ def step_ops(rec: dict[str, Any]) -> StepOps | None:
     phases = rec.get("phases") if isinstance(rec.get("phases"), dict) else {}
     lead = (num(rec.get("gap")) or 0.0) + (num(phases.get("data")) or 0.0)     # before the body: gap, data wait
     dropped = _whole(rec.get("ops_dropped")) or 0
+    comm = rec.get("comm") if isinstance(rec.get("comm"), dict) else {}
     return StepOps(step=step, ops=tuple(sorted(ops, key=_issue_order)), clock=clock,
-                   body=(min(lead, dur), dur), dropped=max(0, dropped))
+                   body=(min(lead, dur), dur), dropped=max(0, dropped), p2p_wait=num(comm.get("p2p_exposed")))
 
 
 def _issue_order(op: Op) -> tuple[float, int]:
@@ -116,8 +122,11 @@ def _op(item: Any) -> Op | None:
     peer = item[4] if len(item) > 4 else None
     if kind in P2P_KINDS:
         rank = _whole(peer)
-        return Op(kind, start, dur, mb if mb is not None and mb >= 0 else None, rank if rank is not None and rank >= 0
-                  else None) if rank is not None and rank >= 0 else None
+        if rank is None or rank < 0:
+            return None
+        waited = num(item[5]) if kind == "send" and len(item) > 5 else None
+        return Op(kind, start, dur, mb if mb is not None and mb >= 0 else None, rank,
+                  waited=waited if waited is not None and start <= waited <= start + dur else None)
     group = _text(peer)
     if group is None and kind not in COMPUTE_KINDS:
         return None
