@@ -11,6 +11,7 @@ from typing import Any
 
 from perfmon_analysis import units
 from perfmon_analysis.layout import Layout
+from perfmon_analysis.straggler_verdict import CAUSE_OUTCOMES
 
 CAUSES = {"slow_stage": "slow stage", "slow_worker": "slow worker", "rotating_imbalance": "rotating imbalance"}
 
@@ -31,12 +32,11 @@ def rank_note(row: dict[str, Any]) -> str:
 
 
 def layout_lines(report: dict[str, Any], width: int = 80) -> list[str]:
-    """"Parallel layout" (dims and what the what-if found), for a job beyond data parallel or with a
-    straggler named."""
+    """"Parallel layout" (dims and what the what-if found), for a job beyond data parallel or whose
+    verdict names a straggler outcome (a data-parallel job otherwise reads as it did without it)."""
     layout, s = report.get("layout") or {}, report.get("straggling")
     beyond = layout and (len(layout.get("dims", [])) > 1 or layout.get("dims") != ["dp"])
-    named = s is not None and (s.get("cause") or s.get("one_off"))
-    if not beyond and not named:
+    if not beyond and report.get("verdict", {}).get("bottleneck") not in CAUSE_OUTCOMES.values():
         return []
     lines = ["", "Parallel layout: " + " x ".join(f"{d}{n}" for d, n in zip(layout["dims"], layout["sizes"]))
              + f" (from the {layout['source']})"]
@@ -52,8 +52,9 @@ def layout_lines(report: dict[str, Any], width: int = 80) -> list[str]:
             lines.append(f"  {st['stage']:>5} {units.seconds(st['compute_s']):>9} {units.pct(st['compute_frac']):>6} "
                          f"{units.seconds(st['bubble_s']):>9} {units.pct(st['bubble_frac']):>6}  "
                          f"{units.speedup(attributed) if attributed is not None else units.NA}")
-        lines.append("  bubble = time a stage waits on its neighbours (receives); attributed = the step with only "
-                     "that stage as measured, over the all-typical step"[:width])
+        lines.extend(textwrap.wrap("bubble = time a stage is blocked on its neighbours; attributed = the step "
+                                   "with only that stage as measured, over the all-typical step", width,
+                                   initial_indent="  ", subsequent_indent="    "))
     return lines
 
 

@@ -253,14 +253,18 @@ def gains_lines(v: dict[str, Any], width: int = 80) -> list[str]:
         return []
     unit = basis["device_unit"]
     priced = any(g.get("price") for g in rows)
-    lines = [f"What fixing it buys (upper bounds; {basis['ranks']} rank(s), {units.hours(basis.get('hours'))} h "
-             "so far):",
+    lines = [f"What fixing it buys (upper bounds unless marked; {basis['ranks']} rank(s), "
+             f"{units.hours(basis.get('hours'))} h so far):",
              f"  {'loss':<28} {'speedup':>7} {unit + '/day':>10} {'so far':>8} {'cost/day' if priced else '':>9}"
              .rstrip()]
     for g in rows + ([v["gains_combined"]] if v.get("gains_combined") else []):
         cost = units.money((g.get("price") or {}).get("per_day")) if priced else ""
-        lines.append(f"  {g['label'][:28]:<28} {units.speedup(g['speedup_bound']):>7} "
+        mark = "~" if g.get("basis") == "simulated" else ""
+        lines.append(f"  {g['label'][:28]:<28} {mark + units.speedup(g['speedup_bound']):>7} "
                      f"{units.hours(g.get('per_day')):>10} {units.hours(g.get('device_hours')):>8} {cost:>9}".rstrip())
+    if any(g.get("basis") == "simulated" for g in rows):
+        lines.extend(textwrap.wrap("~ simulated: the step without the straggler, from the ranks' operations "
+                                   "(not a bound)", width, initial_indent="  ", subsequent_indent="    "))
     if not priced:
         lines.extend(textwrap.wrap(rows[0].get("why_no_price", ""), width, initial_indent="  money: ",
                                    subsequent_indent="    ", break_on_hyphens=False))

@@ -15,7 +15,8 @@ The test per step: each worker's own work (its work slots in the step's dependen
 and, on the host clock, the thread's own time between operations) against the median of its stage's
 workers in that step; the worker furthest above it *stands out* when that excess is at least
 ``STANDOUT`` of the step. A worker standing out on at least ``CHRONIC`` of the steps is chronic;
-standouts on ``CHRONIC`` of the steps spread over several workers, none chronic, are rotating. The
+standouts on ``CHRONIC`` of the steps spread over several workers, none chronic (two workers taking
+turns are not one chronic: it must stand out twice as often as the next), are rotating. The
 stages are compared by the median work of their workers: the heaviest over the mean of the stages
 by ``STAGE_RATIO`` is a slow stage. A cause is named only when it costs at least ``MIN_SLOWDOWN``.
 
@@ -92,6 +93,15 @@ class Straggling:
     why: str | None = None
     by_stage: dict[int, float] = field(default_factory=dict)     # each stage's attributed slowdown
     why_no_gain: str | None = None
+    top_share: float | None = None       # share of the steps on which the most frequent worker stood out
+    stage_ratio: float | None = None     # the heaviest stage's median work over the mean of the stages'
+    replicas: int = 1                    # replicas and stages among the ranks analysed
+    stages_seen: int = 1
+
+    @property
+    def standout_share(self) -> float | None:
+        """Share of the steps on which one worker stood out."""
+        return self.standout_steps / self.steps if self.steps else None
 
     def as_json(self, layout: Layout | None = None) -> dict[str, Any]:
         """The report's ``straggling``."""
@@ -139,7 +149,13 @@ def analyse(layout: Layout, steps: Mapping[int, Mapping[int, StepOps]]) -> Strag
                       by_stage=by_stage)
     standouts = _standouts(work, measured)
     tops = collections.Counter(w for _, w in standouts)
-    chronic = next((w for w, n in tops.most_common(1) if n >= CHRONIC * len(graphs)), None)
+    ranked = tops.most_common(2)
+    chronic = next((w for w, n in ranked[:1] if n >= CHRONIC * len(graphs)
+                    and (len(ranked) < 2 or n >= 2 * ranked[1][1])), None)   # and not one of two taking turns
+    heavy_ratio = _stage_ratio(work)
+    base = dataclasses.replace(base, top_share=ranked[0][1] / len(graphs) if ranked else 0.0,
+                               stage_ratio=heavy_ratio[1] if heavy_ratio else None,
+                               replicas=len(set(replica_of.values())), stages_seen=len(stages))
     heavy = max(by_stage, key=by_stage.__getitem__) if by_stage else None
     if chronic is not None:
         where = model.of_worker(*chronic)
@@ -151,7 +167,7 @@ def analyse(layout: Layout, steps: Mapping[int, Mapping[int, StepOps]]) -> Strag
                         stage=heavy, stage_slowdown=by_stage.get(heavy) if heavy is not None else None)
     else:
         result = base
-        slow = _slow_stage(work)
+        slow = heavy_ratio[0] if heavy_ratio is not None and heavy_ratio[1] >= STAGE_RATIO else None
         if slow is not None and slow in by_stage:
             result = _named(base, SLOW_STAGE, by_stage[slow], _ratio(measured, model.times("balanced")),
                             chronic=True, stage=slow, stage_slowdown=by_stage[slow])
@@ -222,8 +238,9 @@ def _slowest_rank(work: Work, worker: tuple[int, int], step: int | None = None) 
     return ranks.most_common(1)[0][0] if ranks else None
 
 
-def _slow_stage(work: Work) -> int | None:
-    """The stage whose workers' median work is ``STAGE_RATIO`` over the mean of the stages', if any."""
+def _stage_ratio(work: Work) -> tuple[int, float] | None:
+    """(the heaviest stage, its workers' median work over the mean of the stages' medians); None with
+    one stage."""
     by_stage: dict[int, list[float]] = collections.defaultdict(list)
     for workers in work.values():
         for (stage, _), (seconds, _) in workers.items():
@@ -233,7 +250,7 @@ def _slow_stage(work: Work) -> int | None:
     median = {s: statistics.median(v) for s, v in by_stage.items()}
     heavy = max(median, key=median.__getitem__)
     mean = statistics.fmean(median.values())
-    return heavy if mean > 0 and median[heavy] >= STAGE_RATIO * mean else None
+    return (heavy, median[heavy] / mean) if mean > 0 else None
 
 
 def stage_times(layout: Layout, steps: list[Mapping[int, StepOps]]) -> tuple[StageTime, ...]:

@@ -123,12 +123,15 @@ _watch = LayoutWatch()
 _originals: dict[tuple[Any, str], Callable[..., Any]] = {}
 _lock = threading.Lock()
 _stage_wrapped = False
+_state: Any = None          # the comm patch state (probe.comm) this was installed for
 
 
 def install(state: Any) -> None:
     """Wrap ``DeviceMesh.__init__`` and, when the pipelining module is loaded, its stage's chunk
     methods; read a mesh built before. ``state`` is the comm patch state (``probe.comm``): its
     tracker collects the stage's operations and its probe gets the record. Idempotent."""
+    global _state
+    _state = state
     with _lock:
         try:
             from torch.distributed import device_mesh
@@ -196,22 +199,18 @@ def _chunk(kind: str) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
 
 
 def _poll() -> None:
-    """Stamp the point-to-point works that completed while the host was elsewhere (probe.comm)."""
-    from probe.comm import collectives
-
-    state = collectives.current()
+    """Stamp the point-to-point works that completed while the host was elsewhere (probe.comm.p2p)."""
+    state = _state
     if state is not None:
-        state.poll()
+        state.pending.poll()
 
 
 def _timed(kind: str, stage: Any, chunk_id: Any, t0: float, t1: float) -> None:
-    from probe.comm import collectives
-
-    state = collectives.current()
+    state = _state
     if state is None or state.probe.closed:
         return
     try:
-        state.poll()
+        state.pending.poll()
         _watch.from_stage(stage)
         if getattr(getattr(stage, "device", None), "type", "cpu") == "cpu":
             state.tracker.add_op(kind, t0, t1 - t0, int(chunk_id), -1)
@@ -221,7 +220,8 @@ def _timed(kind: str, stage: Any, chunk_id: Any, t0: float, t1: float) -> None:
 
 def uninstall() -> None:
     """Restore every wrapped method (tests, ``perfmon detach``) and forget what was learned."""
-    global _watch, _stage_wrapped
+    global _watch, _stage_wrapped, _state
+    _state = None
     with _lock:
         for (cls, name), orig in _originals.items():
             if getattr(cls.__dict__.get(name), "_perfmon", False):

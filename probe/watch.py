@@ -355,6 +355,8 @@ class Watcher:
         state = self.comm_state or comm.install(self.probe)
         if state is None:
             return
+        if self.comm_state is None:
+            layout.install(state)        # the rank's place, and a pipeline stage's compute (probe.layout)
         self.comm_state = state
         if state.event_backend is None and self.device_type == "cuda":
             state.event_backend = gpu_cuda.backend

@@ -8,7 +8,7 @@ import time
 from typing import Any, Callable
 
 from probe.comm.functional import FUNCOL_SPECS, FuncolTiming
-from probe.comm.p2p import peer_of, wrap_batch
+from probe.comm.p2p import PendingWorks, peer_of, wrap_batch
 from probe.comm.guards import first_tensor as _first_tensor, in_hook as _in_hook, is_compiling as _is_compiling
 from probe.comm.guards import as_wrapper, list_bytes as _list_bytes, nbytes as _nbytes, tls as _tls
 from probe.comm.pollers import MAX_ASYNC, EventPairPoller, WorkPoller, gpu_poller
@@ -64,7 +64,7 @@ class CommState:
         self.funcol: FuncolTiming | None = None
         self.orig_wait: Callable[..., Any] | None = None
         self.async_works: dict[int, tuple[Any, CollectiveCall]] = {}
-        self.pending_works: dict[int, tuple[Any, CollectiveCall, int]] = {}   # works with no future (gloo p2p)
+        self.pending = PendingWorks(self)     # works with no future (gloo's point-to-point)
         self.group_sizes: dict[int, int] = {}     # one per process group: bounded by the script's groups
         self.group_names: dict[int, tuple[str, int | None]] = {}   # same key: (name, this rank in it)
         self.ledger = Ledger()                    # sequence numbers and calls in flight, for stall records
@@ -88,7 +88,7 @@ class CommState:
     def close(self) -> None:
         """The probe closed: release the works and pending completions kept for timing."""
         self.async_works.clear()
-        self.pending_works.clear()
+        self.pending.clear()
         if self._work_poller is not None:
             self._work_poller.closed = True
             self._work_poller.pending.clear()
@@ -150,7 +150,7 @@ class CommState:
         def collective(*args: Any, **kwargs: Any) -> Any:
             if _is_compiling() or getattr(_tls, "depth", 0) > 0 or state.probe.closed:
                 return orig(*args, **kwargs)
-            state.poll()
+            state.pending.poll()
             try:
                 prepared = state._prepare(args, kwargs, names, async_pos, group_pos, nbytes_of, op)
             except Exception:
@@ -263,7 +263,7 @@ class CommState:
             try:
                 future = work.get_future()
             except RuntimeError:        # gloo's send/recv works have none: completion seen by polling
-                self._unfutured(work, item, token)
+                self.pending.add(work, item, token)
                 return True
             future.then(self._async_done(item, id(work), token))
             return True
@@ -289,36 +289,6 @@ class CommState:
                 tracker.error()
         return done
 
-    def _unfutured(self, work: Any, item: CollectiveCall, token: int) -> None:
-        """A work without a future: it completes when ``wait()`` returns or ``poll()`` finds it done."""
-        pending = self.pending_works
-        if len(pending) >= MAX_ASYNC:
-            pending.pop(next(iter(pending)))
-        pending[id(work)] = (work, item, token)
-
-    def poll(self) -> None:
-        """Stamp the works without a future that completed since the last look (at each collective
-        call and each pipeline chunk: a send's completion is known to within one operation)."""
-        if not self.pending_works:
-            return
-        try:
-            for key, (work, item, token) in list(self.pending_works.items()):
-                if work.is_completed():
-                    self._completed(key, time.perf_counter())
-        except Exception:
-            self.tracker.error()
-
-    def _completed(self, key: int, t: float) -> None:
-        entry = self.pending_works.pop(key, None)
-        if entry is None:
-            return
-        _, item, token = entry
-        self.ledger.end(token)
-        item.done = t
-        item.seconds = t - item.launch
-        item.exposed = 0.0          # the host is blocked only in Work.wait(), timed there
-        self.tracker.add(item)
-
     def wait(self, work: Any, *args: Any, **kwargs: Any) -> Any:
         """Work.wait replacement: the host time blocked here is exposed communication."""
         entry = self.async_works.pop(id(work), None) if self.async_works else None
@@ -331,9 +301,7 @@ class CommState:
             try:
                 t1 = time.perf_counter()
                 self.tracker.add(CollectiveCall(entry[1].op, 0, 0, entry[1].n, None, t1 - t0))
-                if id(work) in self.pending_works and entry[1].op == "send":
-                    entry[1].waited = t0        # the host blocked on its neighbour: a dependency, not work
-                self._completed(id(work), t1)
+                self.pending.waited(work, t0, t1)
             except Exception:
                 self.tracker.error()
 
@@ -388,8 +356,6 @@ def install(probe: Any) -> CommState | None:
                 _state.tracker = CommTracker()
                 _state._work_poller = _state._event_poller = None
                 describe(_state)
-                from probe import layout
-                layout.install(_state)
             return _state
         try:
             import torch.distributed as dist
@@ -428,8 +394,6 @@ def install(probe: Any) -> CommState | None:
                 state.orig_wait = None
         _state = state
         describe(state)
-        from probe import layout
-        layout.install(state)
         return state
 
 
@@ -501,8 +465,6 @@ def uninstall() -> None:
                 setattr(dist, name, orig)
         if state.orig_wait is not None:
             dist.Work.wait = state.orig_wait
-        from probe import layout
-        layout.uninstall()
         if state.funcol_originals:
             from torch.distributed import _functional_collectives as funcol
             for name, orig in state.funcol_originals.items():

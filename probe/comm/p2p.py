@@ -2,7 +2,12 @@
 (``isend``/``irecv``), and ``batch_isend_irecv``, which a pipeline schedule uses to post a stage's
 sends and receives together (each of its ops timed on its own work; the ops it issues inside are
 not counted twice). The peer, as a global rank, is what pairs a send with its receive in the
-what-if (wire 1.5 ``ops``)."""
+what-if (wire 1.5 ``ops``).
+
+Gloo's point-to-point works have no future (``Work::getFuture not implemented``), so no callback
+says when they complete: ``PendingWorks`` stamps them when ``Work.wait()`` returns, or when a look
+at ``is_completed()`` (at each collective or point-to-point call and each pipeline chunk) finds them
+done, so a send's completion is known to within one operation of the host."""
 
 from __future__ import annotations
 
@@ -10,6 +15,7 @@ import time
 from typing import Any, Callable
 
 from probe.comm.guards import as_wrapper, first_tensor, in_hook, is_compiling, nbytes, tls
+from probe.comm.pollers import MAX_ASYNC
 from probe.comm.tracker import CollectiveCall
 
 P2P = {"send": ("dst", "group_dst"), "recv": ("src", "group_src")}
@@ -35,7 +41,7 @@ def wrap_batch(state: Any, orig: Callable[..., Any]) -> Callable[..., Any]:
     def batch_isend_irecv(p2p_op_list: Any, *args: Any, **kwargs: Any) -> Any:
         if is_compiling() or in_hook() or state.probe.closed:
             return orig(p2p_op_list, *args, **kwargs)
-        state.poll()
+        state.pending.poll()
         try:
             calls = [_call(state, op) for op in p2p_op_list]
         except Exception:
@@ -70,3 +76,50 @@ def _call(state: Any, p2p_op: Any) -> tuple[CollectiveCall, bool, int]:
     token = state.ledger.begin(kind, name, rank, n, size)
     peer = None if is_cuda else int(p2p_op.peer)
     return CollectiveCall(kind, 1, size, n, None, None, launch=time.perf_counter(), peer=peer), is_cuda, token
+
+
+class PendingWorks:
+    """Works with no future, each with its timed call and ledger token, until seen complete (bounded:
+    the oldest is forgotten past ``MAX_ASYNC``, as the futures' works are)."""
+
+    def __init__(self, state: Any) -> None:
+        self.state = state
+        self.works: dict[int, tuple[Any, CollectiveCall, int]] = {}
+
+    def add(self, work: Any, item: CollectiveCall, token: int) -> None:
+        if len(self.works) >= MAX_ASYNC:
+            self.works.pop(next(iter(self.works)))
+        self.works[id(work)] = (work, item, token)
+
+    def poll(self) -> None:
+        """Stamp the works that completed since the last look."""
+        if not self.works:
+            return
+        try:
+            for key, (work, _, _) in list(self.works.items()):
+                if work.is_completed():
+                    self._completed(key, time.perf_counter())
+        except Exception:
+            self.state.tracker.error()
+
+    def waited(self, work: Any, t0: float, t1: float) -> None:
+        """``Work.wait()`` blocked from ``t0`` to ``t1``: the work is complete; a send the host waited for
+        keeps when (``waited``): the host was blocked on its neighbour, a dependency, not work."""
+        entry = self.works.get(id(work))
+        if entry is not None and entry[1].op == "send":
+            entry[1].waited = t0
+        self._completed(id(work), t1)
+
+    def clear(self) -> None:
+        self.works.clear()
+
+    def _completed(self, key: int, t: float) -> None:
+        entry = self.works.pop(key, None)
+        if entry is None:
+            return
+        _, item, token = entry
+        self.state.ledger.end(token)
+        item.done = t
+        item.seconds = t - item.launch
+        item.exposed = 0.0          # the host is blocked only in Work.wait(), timed there
+        self.state.tracker.add(item)

@@ -11,6 +11,7 @@ from typing import Any, Callable
 
 from perfmon_analysis.layout import Layout
 from perfmon_analysis.readings.layout import Op, StepOps
+from perfmon_analysis.whatif import compile_step, run
 
 # (step, stage, replica) -> (forward s, backward s) of one micro-batch
 Compute = Callable[[int, int, int], tuple[float, float]]
@@ -61,23 +62,40 @@ def pipeline(pp: int, dp: int, steps: int, compute: Compute, mbs: int = 4) -> tu
     return layout(pp, dp), out
 
 
-def records(pp: int, dp: int, steps: int, compute: Compute, mbs: int = 4, t0: float = 1000.0
-            ) -> list[tuple[int, dict[str, Any]]]:
-    """The job as (rank, record) pairs: hello, layout (when pp > 1 or asked), one step record a step."""
+def records(pp: int, dp: int, steps: int, compute: Compute, mbs: int = 4, t0: float = 1000.0,
+            layout_record: bool = True) -> list[tuple[int, dict[str, Any]]]:
+    """The job as (rank, record) pairs: hello, layout (unless ``layout_record`` is False: a job whose
+    ranks say nothing is data parallel), one step record a step. Every rank's step lasts the
+    simulated step (a synchronous job) and what it does not compute is exposed communication."""
     lay, by_step = pipeline(pp, dp, steps, compute, mbs)
     out: list[tuple[int, dict[str, Any]]] = []
+    times = {s: run(g, [x.dur for x in g.slots]) for s, g in ((s, compile_step(s, by_step[s])) for s in by_step)}
     for rank, coord in sorted(lay.coords.items()):
         out.append((rank, {"k": "hello", "t": t0, "proto": [1, 5], "job": "ops-job", "rank": rank,
                            "world_size": pp * dp, "host": "h", "pid": 100 + rank}))
-        out.append((rank, {"k": "layout", "t": t0, "dims": list(lay.dims), "sizes": list(lay.sizes),
-                           "coord": list(coord), "source": "mesh"}))
+        if layout_record:
+            out.append((rank, {"k": "layout", "t": t0, "dims": list(lay.dims), "sizes": list(lay.sizes),
+                               "coord": list(coord), "source": "mesh"}))
         for step in range(steps):
             ops = by_step[step][rank].ops
-            total = sum(op.dur for op in ops) + 1e-3
+            total = times[step]
+            waited = max(0.0, total - sum(op.dur for op in ops if op.compute))
             start = t0 + step * 100.0
             out.append((rank, {"k": "step", "t": start + total, "step": step, "start": start, "dur": total,
-                               "gap": 0.0, "phases": {}, "ops_clock": "device",
+                               "gap": 0.0, "phases": {"forward": total - waited},
+                               "comm": {"seconds": waited, "exposed": waited, "bytes": 1 << 20, "ops": 1},
+                               "ops_clock": "device",
                                "ops": [[op.kind, op.start, op.dur, -1 if op.mb is None else op.mb,
                                         op.peer if op.peer is not None else op.group if op.group else -1]
                                        for op in ops]}))
     return out
+
+
+def view(pp: int, dp: int, steps: int, compute: Compute, **kw: Any) -> Any:
+    """The ``JobView`` of the job's records, fed to a run model as a recording of every rank."""
+    from perfmon_analysis.runmodel import RunModel
+
+    model = RunModel()
+    for rank, rec in sorted(records(pp, dp, steps, compute, **kw), key=lambda rr: (rr[1]["t"], rr[0])):
+        model.ingest(f"ops-job/rank{rank}", rec)
+    return model.view()
