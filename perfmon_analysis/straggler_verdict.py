@@ -25,8 +25,7 @@ from perfmon_analysis.stragglers import (CHRONIC, MIN_SLOWDOWN, ROTATING, SLOW_S
 from perfmon_analysis.views import JobView
 
 _pct = units.pct
-SOURCE = ("the straggler paper's what-if (Lin et al., \"Understanding Stragglers in Large Model Training Using "
-          "What-if Analysis\", OSDI '25), docs/layout.md")
+SOURCE = "what-if over the ranks' operations (straggler paper, OSDI '25; docs/layout.md)"
 NO_OPS = "no rank sent its operations (wire 1.5; CUDA jobs: not timed on the device yet): stragglers not simulated"
 CAUSE_OUTCOMES = {SLOW_WORKER: "slow_worker", ROTATING: "rotating_imbalance", SLOW_STAGE: "slow_stage"}
 
