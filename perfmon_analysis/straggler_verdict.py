@@ -70,7 +70,7 @@ class WorkerSlow(Question):
         if s is None:
             return unasked      # type: ignore[return-value]
         if s.replicas < 2:
-            return self.unasked("one replica: a worker has no peers doing the same work", applies=False)
+            return self.silenced("one replica: a worker has no peers doing the same work")
         return _judged(self, s, SLOW_WORKER, s.top_share, f"over {s.steps} steps")
 
 
@@ -88,7 +88,7 @@ class Rotating(Question):
         if s is None:
             return unasked      # type: ignore[return-value]
         if s.replicas < 2:
-            return self.unasked("one replica: no peers to take turns with", applies=False)
+            return self.silenced("one replica: no peers to take turns with")
         return _judged(self, s, ROTATING, s.standout_share, f"{s.workers_standing_out} worker(s) stood out")
 
 
@@ -107,7 +107,7 @@ class StageHeavy(Question):
         if s is None:
             return unasked      # type: ignore[return-value]
         if s.stages_seen < 2:
-            return self.unasked("one stage: no pipeline", applies=False)
+            return self.silenced("one stage: no pipeline")
         return _judged(self, s, SLOW_STAGE, s.stage_ratio)
 
 
