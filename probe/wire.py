@@ -172,7 +172,7 @@ MAX_FRAME = 1 << 20          # 1 MiB, checked before the body is read
 MAX_DEPTH = 8                # records are shallow; anything deeper is hostile
 MAX_CONTAINER = 10_000       # entries in any one map or list
 VIEWER_MAX_FRAME = 4096      # viewers only ever send a small hello
-MAX_OPS = 512                # ``ops`` of one step record (wire 1.5): a 64-micro-batch 1F1B stage sends ~260
+MAX_OPS = 512                # ``ops`` of one step record (wire 1.5): 6 per micro-batch on a middle pipeline stage
 
 HEADER = struct.Struct(">I")
 
