@@ -263,13 +263,13 @@ class RunModel:
             where=job_where([(st.where, st.off_cpu_frac) for _, st in ready]),
             overhead=worst(st.overhead for st in stats),
             layout=layout,
-            straggling=self._analyse(states, layout, now),
+            straggling=self._analyse(states, layout, now, live=clock is not None),
         )
 
-    def _analyse(self, states: list[RankState], layout: Layout, now: float) -> Straggling | None:
+    def _analyse(self, states: list[RankState], layout: Layout, now: float, live: bool) -> Straggling | None:
         """The what-if over the window's operations (``perfmon_analysis.stragglers``), None when no rank
-        sends any. A replay of the whole window: redone when the window has new steps, at most every
-        ``STRAGGLING_PERIOD`` s of probe time (at once when there is none yet)."""
+        sends any. A replay of the whole window: redone when the window has new steps; for a live
+        view at most every ``STRAGGLING_PERIOD`` s of probe time (at once when there is none yet)."""
         steps: dict[int, dict[int, StepOps]] = {}
         for s in states:
             if s.ops:
@@ -281,7 +281,7 @@ class RunModel:
             return None
         key = (tuple(sorted((s.rank, s.ops[-1].step) for s in states if s.ops)), layout.dims, tuple(sorted(layout.coords.items())), self.window_steps, self.window_seconds)
         cached = self._straggling
-        if cached is not None and (cached[0] == key or now - cached[1] < STRAGGLING_PERIOD):
+        if cached is not None and (cached[0] == key or (live and now - cached[1] < STRAGGLING_PERIOD)):
             return cached[2]
         result = analyse(layout, steps)
         self._straggling = (key, now, result)

@@ -72,3 +72,21 @@ def test_pipeline_stages_are_never_compared_as_peers():
     verdict = V.evaluate(v)
     assert verdict.bottleneck == "communication" and verdict.straggler_rank is None
     assert verdict.answers["straggler"].applies is False
+
+
+def test_a_replay_judges_each_window_it_is_asked_about_not_an_earlier_one():
+    """``perfmon report`` judges a recording at several instants with no live clock: the analysis of
+    an early instant (one rank's operations yet) must not stand for the final window."""
+    from perfmon_analysis.runmodel import RunModel
+    from tests.helpers.ops_jobs import records
+
+    recs = sorted(records(pp=2, dp=2, steps=8, compute=lambda st, s, d: (3.0, 6.0) if s == 1 else (1.0, 2.0)),
+                  key=lambda rr: (rr[0] != 0, rr[1]["t"]))        # rank 0's whole recording first
+    model = RunModel()
+    first = next(i for i, (rank, _) in enumerate(recs) if rank == 1)
+    for rank, rec in recs[:first]:
+        model.ingest(f"r{rank}", rec)
+    assert model.view().straggling.why == "fewer than two ranks sent their operations"
+    for rank, rec in recs[first:]:
+        model.ingest(f"r{rank}", rec)
+    assert model.view().straggling.cause == "slow_stage"
