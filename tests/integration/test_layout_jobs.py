@@ -6,7 +6,8 @@ assertion on its one report):
   layout is the pipeline's, the stage is named, and each stage's bubble (its time blocked on its
   neighbours) is within 0.1 of 1 - the stage's own busy share, which the script measures itself;
 * a 2-D mesh (dp x tp) with one rank slowed (it sleeps): the worker and its replica are named;
-* DDP whose slow rank is a different one each step (it sleeps): rotating imbalance, no rank blamed.
+* DDP whose slow rank is a different one each step (it sleeps; two ranks, each slow on half the
+  steps in a shuffled order): rotating imbalance, no rank blamed.
 The effects are sleeps or the stage's own share of the pipeline, not the machine's core count.
 """
 
@@ -54,7 +55,7 @@ def mesh_job(tmp_path_factory: pytest.TempPathFactory):
 
 @pytest.fixture(scope="module")
 def ddp_job(tmp_path_factory: pytest.TempPathFactory):
-    return run_job(tmp_path_factory.mktemp("ddp"), 4, "ddp", "--steps", "20")
+    return run_job(tmp_path_factory.mktemp("ddp"), 2, "ddp", "--steps", "20")
 
 
 def test_pipeline_names_the_heavy_stage_and_measures_each_bubble(pipeline_job) -> None:
@@ -86,4 +87,4 @@ def test_ddp_with_a_random_slow_rank_is_rotating_imbalance(ddp_job) -> None:
     assert all("stage" not in r for r in report["ranks"])       # data parallel: the rows read as before
     s = report["straggling"]
     assert s["cause"] == "rotating_imbalance" and s["rank"] is None and s["worker"] is None, s
-    assert s["workers_standing_out"] >= 3 and s["gain"] > 1.1
+    assert s["workers_standing_out"] == 2 and s["gain"] > 1.1      # each rank slow on half the steps, in turn

@@ -9,7 +9,7 @@ torchrun under ``perfmon run``. Each rank writes what it measured of itself to `
 * ``mesh``      a 2-D ``DeviceMesh`` (dp x tp): tensor-parallel layers whose activations are summed over
                 the tp group, gradients averaged over the dp group; ``--slow-rank`` sleeps in its forward.
 * ``ddp``       DDP over the world; on each step one rank, a different one at random (every rank in
-                turn, in a shuffled order), sleeps in its forward: uneven batches.
+                turn, in a shuffled order), sleeps between its forward and backward: uneven batches.
 """
 
 from __future__ import annotations
@@ -103,9 +103,10 @@ def ddp(args: argparse.Namespace) -> dict:
     slow = [r for _ in range(args.steps // world + 1) for r in order.sample(range(world), world)]
     x, y = torch.randn(32, WIDTH), torch.randn(32, 1)
     for step in range(args.steps):
-        if slow[step] == rank:
+        loss = nn.functional.mse_loss(model(x), y)
+        if slow[step] == rank:          # inside the step (zero-code steps begin at the first forward)
             time.sleep(args.sleep)
-        nn.functional.mse_loss(model(x), y).backward()
+        loss.backward()
         opt.step()
         opt.zero_grad(set_to_none=True)
     return {"rank": rank, "slow": slow[:args.steps]}
