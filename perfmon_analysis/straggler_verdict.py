@@ -12,7 +12,7 @@ Each decides nothing that the analysis did not: it shows the quantity the analys
 when the analysis's other condition decided (a cause costing under 5% of the step, two workers
 taking turns), says so. Without operations (no rank sent any: wire 1.5 is sent by CPU jobs), and in
 a data-parallel job unless the analysis names rotating imbalance, the questions pass silently and
-the walk goes on to the per-rank comparison as before (``_analysis``).
+the walk goes on to the per-rank comparison as before (``_WhatIf.ask``).
 """
 
 from __future__ import annotations
@@ -30,85 +30,93 @@ NO_OPS = "no rank sent its operations (wire 1.5; CUDA jobs: not timed on the dev
 CAUSE_OUTCOMES = {SLOW_WORKER: "slow_worker", ROTATING: "rotating_imbalance", SLOW_STAGE: "slow_stage"}
 
 
-def _analysis(q: Question, view: JobView, cause: str) -> tuple[Straggling | None, Answer | None]:
-    """The window's analysis, or the answer when there is none to read. A job with no operations, and
-    a data-parallel job in which the what-if finds no rotating imbalance, pass these questions silently:
-    they read as before them (a chronic slow rank of a data-parallel job stays ``load_imbalance``,
-    whose fixes cover its data shard as well as its host)."""
-    s = view.straggling
-    if s is None:
-        return None, q.silenced(NO_OPS)
-    if not view.layout.beyond_dp and not (cause == ROTATING and s.cause == ROTATING):
-        return None, q.silenced("a data-parallel job: a chronic slow rank is the per-rank comparison's")
-    if s.why is not None:
-        return None, q.unasked(s.why)
-    return s, None
+class _WhatIf(Question):
+    """A question the what-if answers: ``cause`` is the analysis's cause it asks about, ``value`` the
+    quantity the analysis judged for it, ``needs`` what the job must have for it to be asked."""
+
+    cause: str
+    source = SOURCE
+    unmeasured = "straggler"
+
+    def value(self, s: Straggling) -> tuple[float | None, str]:
+        raise NotImplementedError
+
+    def needs(self, s: Straggling) -> str | None:
+        """Why this job has nothing to ask (one replica, one stage), else None."""
+        return None
+
+    def ask(self, view: JobView, losses: Losses) -> Answer:
+        """The analysis's own decision on ``cause``, with the quantity it judged; where that quantity
+        alone would have decided otherwise, what did decide. A job with no operations, and a
+        data-parallel job in which the what-if finds no rotating imbalance, pass silently: they read
+        as before these questions (a chronic slow rank of a data-parallel job stays
+        ``load_imbalance``, whose fixes cover its data shard as well as its host)."""
+        s = view.straggling
+        if s is None:
+            return self.silenced(NO_OPS)
+        if not view.layout.beyond_dp and not (self.cause == ROTATING and s.cause == ROTATING):
+            return self.silenced("a data-parallel job: a chronic slow rank is the per-rank comparison's")
+        if s.why is not None:
+            return self.unasked(s.why)
+        nothing = self.needs(s)
+        if nothing is not None:
+            return self.silenced(nothing)
+        value, reason = self.value(s)
+        fired = s.cause == self.cause
+        decided = ""
+        if value is not None and fired != self.fires(value):
+            decided = (f"the what-if names {s.cause.replace('_', ' ')} first" if s.cause is not None else
+                       f"it would cost under {units.speedup(MIN_SLOWDOWN)}, or another worker stands out as often")
+        return self.judged(value, fired, reason, decided_by=decided)
 
 
-def _judged(q: Question, s: Straggling, cause: str, value: float | None, reason: str = "") -> Answer:
-    """The analysis's own decision on ``cause``, with the quantity it judged; where that quantity alone
-    would have decided otherwise, what did decide."""
-    fired = s.cause == cause
-    decided = ""
-    if value is not None and fired != q.fires(value):
-        decided = (f"the what-if names {s.cause.replace('_', ' ')} first" if s.cause is not None else
-                   f"it would cost under {units.speedup(MIN_SLOWDOWN)}, or another worker stands out as often")
-    return q.judged(value, fired, reason, decided_by=decided)
-
-
-class WorkerSlow(Question):
+class WorkerSlow(_WhatIf):
     id = "worker_slow"
     text = "Is one worker slower than its stage's peers on most steps (the same one)?"
     quantity = "worker_standout_frac"
     threshold = CHRONIC
-    source = SOURCE
-    yes, no, unmeasured = "slow_worker", "rotating", "straggler"
+    cause = SLOW_WORKER
+    yes, no = "slow_worker", "rotating"
     short = "worker"
 
-    def ask(self, view: JobView, losses: Losses) -> Answer:
-        s, unasked = _analysis(self, view, SLOW_WORKER)
-        if s is None:
-            return unasked      # type: ignore[return-value]
-        if s.replicas < 2:
-            return self.silenced("one replica: a worker has no peers doing the same work")
-        return _judged(self, s, SLOW_WORKER, s.top_share, f"over {s.steps} steps")
+    def needs(self, s: Straggling) -> str | None:
+        return "one replica: a worker has no peers doing the same work" if s.replicas < 2 else None
+
+    def value(self, s: Straggling) -> tuple[float | None, str]:
+        return s.top_share, f"over {s.steps} steps"
 
 
-class Rotating(Question):
+class Rotating(_WhatIf):
     id = "rotating"
     text = "Is a different worker the slow one from step to step?"
     quantity = "standout_frac"
     threshold = CHRONIC
-    source = SOURCE
-    yes, no, unmeasured = "rotating_imbalance", "stage_heavy", "straggler"
+    cause = ROTATING
+    yes, no = "rotating_imbalance", "stage_heavy"
     short = "rotating"
 
-    def ask(self, view: JobView, losses: Losses) -> Answer:
-        s, unasked = _analysis(self, view, ROTATING)
-        if s is None:
-            return unasked      # type: ignore[return-value]
-        if s.replicas < 2:
-            return self.silenced("one replica: no peers to take turns with")
-        return _judged(self, s, ROTATING, s.standout_share, f"{s.workers_standing_out} worker(s) stood out")
+    def needs(self, s: Straggling) -> str | None:
+        return "one replica: no peers to take turns with" if s.replicas < 2 else None
+
+    def value(self, s: Straggling) -> tuple[float | None, str]:
+        return s.standout_share, f"{s.workers_standing_out} worker(s) stood out"
 
 
-class StageHeavy(Question):
+class StageHeavy(_WhatIf):
     id = "stage_heavy"
     text = "Does one pipeline stage do more work than the others (median work over the stages' mean)?"
     quantity = "stage_work_ratio"
     threshold = STAGE_RATIO
-    source = SOURCE
-    yes, no, unmeasured = "slow_stage", "straggler", "straggler"
+    cause = SLOW_STAGE
+    yes, no = "slow_stage", "straggler"
     unit = "ratio"
     short = "stages"
 
-    def ask(self, view: JobView, losses: Losses) -> Answer:
-        s, unasked = _analysis(self, view, SLOW_STAGE)
-        if s is None:
-            return unasked      # type: ignore[return-value]
-        if s.stages_seen < 2:
-            return self.silenced("one stage: no pipeline")
-        return _judged(self, s, SLOW_STAGE, s.stage_ratio)
+    def needs(self, s: Straggling) -> str | None:
+        return "one stage: no pipeline" if s.stages_seen < 2 else None
+
+    def value(self, s: Straggling) -> tuple[float | None, str]:
+        return s.stage_ratio, ""
 
 
 def _gain(s: Straggling) -> str:
