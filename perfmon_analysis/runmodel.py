@@ -263,10 +263,11 @@ class RunModel:
             where=job_where([(st.where, st.off_cpu_frac) for _, st in ready]),
             overhead=worst(st.overhead for st in stats),
             layout=layout,
-            straggling=self._analyse(states, layout, now, live=clock is not None),
+            straggling=self._analyse(states, layout, now, clock is not None, metrics.cpu_contention_frac),
         )
 
-    def _analyse(self, states: list[RankState], layout: Layout, now: float, live: bool) -> Straggling | None:
+    def _analyse(self, states: list[RankState], layout: Layout, now: float, live: bool,
+                 contention: float | None) -> Straggling | None:
         """The what-if over the window's operations (``perfmon_analysis.stragglers``), None when no rank
         sends any. A replay of the whole window: redone when the window has new steps; for a live
         view at most every ``STRAGGLING_PERIOD`` s of probe time (at once when there is none yet)."""
@@ -283,7 +284,7 @@ class RunModel:
         cached = self._straggling
         if cached is not None and (cached[0] == key or (live and now - cached[1] < STRAGGLING_PERIOD)):
             return cached[2]
-        result = analyse(layout, steps)
+        result = analyse(layout, steps, noise=contention)
         self._straggling = (key, now, result)
         return result
 

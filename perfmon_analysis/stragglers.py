@@ -16,7 +16,9 @@ and, on the host clock, the thread's own time between operations) against the me
 workers in that step; the worker furthest above it *stands out* when that excess is at least
 ``STANDOUT`` of the step. A worker standing out on at least ``CHRONIC`` of the steps is chronic;
 standouts on ``CHRONIC`` of the steps spread over several workers, none chronic (two workers taking
-turns are not one chronic: it must stand out twice as often as the next), are rotating. The
+turns are not one chronic: it must stand out twice as often as the next), are rotating, counting
+only those that stand out by the measured CPU contention on top (a contended host slows a random
+rank each step, and that is not the data's doing). The
 stages are compared by the median work of their workers: the heaviest over the mean of the stages
 by ``STAGE_RATIO`` is a slow stage. A cause is named only when it costs at least ``MIN_SLOWDOWN``.
 
@@ -122,9 +124,12 @@ class Straggling:
         return out
 
 
-def analyse(layout: Layout, steps: Mapping[int, Mapping[int, StepOps]]) -> Straggling:
+def analyse(layout: Layout, steps: Mapping[int, Mapping[int, StepOps]], noise: float | None = None) -> Straggling:
     """The straggling of the steps that every rank reporting operations sent whole (``steps[step][rank]``;
-    a rank missing from most steps is left out, a step missing a rank or with operations dropped too)."""
+    a rank missing from most steps is left out, a step missing a rank or with operations dropped too).
+    ``noise``: the share of the step a rank waited for a core (measured CPU contention), which a
+    worker must stand out by on top of ``STANDOUT`` for rotating imbalance: contention slows a random
+    rank each step, which is not the data's doing."""
     seen = collections.Counter(r for by_rank in steps.values() for r in by_rank if layout.worker(r) is not None)
     ranks = {r for r, n in seen.items() if 2 * n >= len(steps)}      # a rank that reports at all, most steps
     usable = sorted(s for s, by_rank in steps.items()
@@ -147,7 +152,9 @@ def analyse(layout: Layout, steps: Mapping[int, Mapping[int, StepOps]]) -> Strag
     base = Straggling(cause=None, steps=len(graphs), whole=whole, forced=sum(g.forced for g in graphs),
                       stages=stage_times(layout, [{r: steps[s][r] for r in ranks} for s in usable]),
                       by_stage=by_stage)
-    standouts = _standouts(work, measured)
+    excess = _standouts(work, measured)
+    standouts = [(step, w) for step, w, _ in excess]
+    beyond_noise = [w for _, w, share in excess if share >= STANDOUT + (noise or 0.0)]
     tops = collections.Counter(w for _, w in standouts)
     ranked = tops.most_common(2)
     chronic = next((w for w, n in ranked[:1] if n >= CHRONIC * len(graphs)
@@ -162,7 +169,7 @@ def analyse(layout: Layout, steps: Mapping[int, Mapping[int, StepOps]]) -> Strag
         slowdown = _ratio(model.times("ideal", "measured", where), ideal)
         result = _named(base, SLOW_WORKER, slowdown, _ratio(measured, model.times("measured", "peers", where)),
                         chronic=True, worker=chronic, rank=_slowest_rank(work, chronic))
-    elif len(standouts) >= CHRONIC * len(graphs) and len(tops) > 1:
+    elif len(beyond_noise) >= CHRONIC * len(graphs) and len(set(beyond_noise)) > 1:
         result = _named(base, ROTATING, whole, _ratio(measured, model.times("evened")), chronic=True,
                         stage=heavy, stage_slowdown=by_stage.get(heavy) if heavy is not None else None)
     else:
@@ -215,9 +222,9 @@ def _work(graphs: list[StepGraph], layout: Layout) -> Work:
     return out
 
 
-def _standouts(work: Work, measured: list[float]) -> list[tuple[int, tuple[int, int]]]:
-    """(step, worker) for each step in which one worker's work exceeds its stage's median by at least
-    ``STANDOUT`` of the step."""
+def _standouts(work: Work, measured: list[float]) -> list[tuple[int, tuple[int, int], float]]:
+    """(step, worker, its excess as a share of the step) for each step in which one worker's work
+    exceeds its stage's median by at least ``STANDOUT`` of the step."""
     out = []
     for (step, workers), t in zip(sorted(work.items()), measured):
         by_stage: dict[int, list[float]] = collections.defaultdict(list)
@@ -228,7 +235,7 @@ def _standouts(work: Work, measured: list[float]) -> list[tuple[int, tuple[int, 
         if excess and t > 0:
             top = max(excess, key=excess.__getitem__)
             if excess[top] >= STANDOUT * t:
-                out.append((step, top))
+                out.append((step, top, excess[top] / t))
     return out
 
 

@@ -55,7 +55,7 @@ def mesh_job(tmp_path_factory: pytest.TempPathFactory):
 
 @pytest.fixture(scope="module")
 def ddp_job(tmp_path_factory: pytest.TempPathFactory):
-    return run_job(tmp_path_factory.mktemp("ddp"), 2, "ddp", "--steps", "20")
+    return run_job(tmp_path_factory.mktemp("ddp"), 2, "ddp", "--steps", "20", "--sleep", "0.08")
 
 
 def test_pipeline_names_the_heavy_stage_and_measures_each_bubble(pipeline_job) -> None:

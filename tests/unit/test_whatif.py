@@ -94,3 +94,13 @@ def test_a_balanced_job_names_nothing() -> None:
 def test_too_few_steps_say_why() -> None:
     lay, steps = pipeline(pp=1, dp=2, steps=2, compute=even())
     assert analyse(lay, steps).why == "fewer than 3 steps with every rank's operations"
+
+
+def test_rotating_standouts_within_the_measured_cpu_contention_are_not_blamed_on_the_data():
+    """A contended host slows a random rank each step: a standout no larger than the share of the step
+    the ranks waited for a core is not rotating imbalance; the same standouts beyond it are."""
+    rotation = [0, 2, 1, 3] * 3
+    lay, steps = pipeline(pp=1, dp=4, steps=12, compute=lambda st, s, d: (1.3, 2.6) if d == rotation[st] else (1.0, 2.0))
+    assert analyse(lay, steps, noise=0.02).cause == ROTATING
+    contended = analyse(lay, steps, noise=0.5)
+    assert contended.cause is None and contended.standout_steps == 12
