@@ -82,7 +82,7 @@ FRAGMENTATION_MAX = 0.20
 THROTTLE_REASONS = frozenset({"sw_power_cap", "hw_slowdown", "sw_thermal", "hw_thermal", "hw_power_brake"})
 
 FINDINGS = ("step_gaps", "throttling", "fragmentation", "rank_restarted", "drops", "probe_warnings", "cpu_contention",
-            "perfmon_cost", "data_wait", "comm_exposed", "device_idle")
+            "perfmon_cost", "data_wait", "comm_exposed", "device_idle", "memory_growth", "step_outliers")
 # The share at which each step loss counts as a cause (and, when not the largest, a secondary finding).
 LOSS_THRESHOLD = {"data_wait": DATA_WAIT_MIN, "comm_exposed": COMM_EXPOSED_MIN, "device_idle": LOSS_MIN}
 

@@ -122,6 +122,12 @@ def _idle(view: "JobView") -> float | None:
     return by_id(account(view.metrics, view.device_type, view.comm_status))["device_idle"].share
 
 
+def _times(rank: "RankView", name: str, run: bool = False) -> float | None:
+    """A percentile of the rank's step times (``perfmon_analysis.step_times``), None before any."""
+    times = rank.run_step_times if run else rank.step_times
+    return getattr(times, name) if times is not None else None
+
+
 _RP = Surface.REPORT | Surface.PROMETHEUS
 
 METRICS: tuple[Metric, ...] = (
@@ -129,6 +135,20 @@ METRICS: tuple[Metric, ...] = (
            job=lambda v: v.metrics.steps, rank=lambda r: r.steps, surfaces=_RP, counter=True),
     Metric("step_time_median_s", Unit.SECONDS, "Median step time over the window (data wait included)",
            job=lambda v: v.metrics.step_time_median_s, rank=lambda r: r.step_time_median_s, surfaces=ALL),
+    Metric("step_time_p90_s", Unit.SECONDS, "90th percentile of the step time over the window",
+           job=lambda v: v.health.window.p90, rank=lambda r: _times(r, "p90"), surfaces=_RP),
+    Metric("step_time_p99_s", Unit.SECONDS, "99th percentile of the step time over the window",
+           job=lambda v: v.health.window.p99, rank=lambda r: _times(r, "p99"), surfaces=_RP),
+    Metric("step_time_max_s", Unit.SECONDS, "Longest step over the window",
+           job=lambda v: v.health.window.max, rank=lambda r: _times(r, "max"), surfaces=_RP),
+    Metric("run_step_time_p50_s", Unit.SECONDS, "Median step time over the whole run (first step left out; "
+           "within 1%)", job=lambda v: v.health.run.p50, rank=lambda r: _times(r, "p50", run=True)),
+    Metric("run_step_time_p90_s", Unit.SECONDS, "90th percentile of the step time over the whole run (within 1%)",
+           job=lambda v: v.health.run.p90, rank=lambda r: _times(r, "p90", run=True)),
+    Metric("run_step_time_p99_s", Unit.SECONDS, "99th percentile of the step time over the whole run (within 1%)",
+           job=lambda v: v.health.run.p99, rank=lambda r: _times(r, "p99", run=True)),
+    Metric("run_step_time_max_s", Unit.SECONDS, "Longest step of the whole run (first step left out)",
+           job=lambda v: v.health.run.max, rank=lambda r: _times(r, "max", run=True)),
     Metric("compute_s", Unit.SECONDS, "Median compute time per step: step - gaps - data wait - exposed comm",
            rank=lambda r: r.compute_s),
     Metric("samples_per_s", Unit.PER_SECOND, "Samples per second over the window",

@@ -12,8 +12,10 @@ from __future__ import annotations
 from typing import Any
 
 from perfmon_analysis import units
+from perfmon_analysis.advice import PARALLELISM, comm_fixes, comm_what, exposed_split, loader_fixes, parallelism
 from perfmon_analysis.explain import gaps_lost, peak_note, tensor_active, where_text, who
 from perfmon_analysis.flowchart import LATE_GAP_MIN, LOADER_MAIN, Answer, Explained, Losses, Outcome, round4
+from perfmon_analysis.health_verdict import Crashed, memory_explained, memory_severity
 from perfmon_analysis.losses import by_id
 from perfmon_analysis.views import JobView, RankView, WhereLine
 
@@ -101,28 +103,18 @@ class WarmingUp(Outcome):
 
 
 class MemoryFull(Outcome):
+    """Full, out of memory, or growing every step: the words and fixes are ``health_verdict``'s."""
+
     id = "memory"
     label = "MEMORY"
     pane = "memory"
 
     def severity(self, view: JobView, losses: Losses) -> str:
-        return "crit" if view.metrics.memory.ooms else "warn"
+        return memory_severity(view)
 
     def explain(self, view: JobView, straggler: int | None, losses: Losses,
                 answers: Answers) -> Explained:
-        mem = view.metrics.memory
-        what = (f"{mem.ooms} out-of-memory error(s)" if mem.ooms else
-                "allocator retries rising" if mem.alloc_retries_rising else
-                f"{'window' if mem.source == 'device' else 'recent'} peak {units.nbytes(mem.peak_bytes)} is "
-                f"{_pct(mem.peak_frac)} of the {units.nbytes(mem.limit_bytes)} limit")
-        where = "device memory" if mem.source == "device" else "host RSS"
-        fixes = ["activation checkpointing (torch.utils.checkpoint) on the largest blocks",
-                 "mixed precision (bf16 autocast) to halve activations",
-                 "smaller micro-batch with gradient accumulation to keep the global batch",
-                 "shard optimizer state and gradients (FSDP / ZeRO)"]
-        if mem.source == "device":
-            fixes.append("PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True against fragmentation")
-        return f"Memory, {where}: {what}", fixes, {"memory_rank": mem.rank}
+        return memory_explained(view)
 
 
 class DataLoading(Outcome):
@@ -134,11 +126,7 @@ class DataLoading(Outcome):
     def explain(self, view: JobView, straggler: int | None, losses: Losses,
                 answers: Answers) -> Explained:
         m = view.metrics
-        w = m.loader_workers
-        fixes = [f"raise num_workers from {w} and prefetch_factor to hide read latency" if w is not None
-                 else "raise num_workers and prefetch_factor to hide read latency",
-                 "pin_memory=True and non_blocking copies",
-                 "persistent_workers=True", "faster or local storage; cache the dataset in RAM or on local SSD"]
+        fixes = loader_fixes(view, preprocessing=False)
         cpu = answers["loader_cpu"]
         said = "" if not cpu.asked else "; not CPU-bound" if cpu.measure == LOADER_MAIN else \
             f"; not CPU-bound (workers at {_pct(cpu.value)} CPU)"
@@ -160,11 +148,7 @@ class DataPreprocessing(Outcome):
         who = (f"the main process spends {_pct(cpu.value)} of the wait on CPU (num_workers=0)" if cpu.measure == LOADER_MAIN
                else f"its worker is CPU-bound ({_pct(cpu.value)} of a core)" if w == 1
                else f"{workers} are CPU-bound ({_pct(cpu.value)} of a core each)")
-        fixes = ([f"raise num_workers from {w} (up to the free cores)"] if w else
-                 ["use DataLoader(num_workers=N): loading runs in the training process now"])
-        fixes += ["move per-sample transforms to the device or batch them",
-                  "preprocess offline (cache decoded/tokenized data)",
-                  "persistent_workers=True so workers are not re-forked every epoch"]
+        fixes = loader_fixes(view, preprocessing=True)
         return f"Data preprocessing: {_pct(m.data_wait_frac)} of each step waits for the loader; {who}", fixes, {}
 
 
@@ -180,15 +164,16 @@ class Communication(Outcome):
         op = (m.comm_op or "collective").replace("_", "-")
         bw = f" at {units.bandwidth(m.busbw)} busbw" if m.busbw else ""
         est = " (estimated)" if m.comm_estimated else ""
-        fixes = [f"overlap {op} with backward (DDP bucket_cap_mb; no sync inside backward)",
-                 "gradient accumulation with no_sync() to communicate every N micro-batches",
-                 "gradient compression hooks (bf16/fp16 compress, PowerSGD)"]
+        fixes = comm_fixes(view, op)
         if m.samples_per_s is not None and m.step_time_median_s:
             per_step = m.samples_per_s * m.step_time_median_s / max(1, view.world_size)
             fixes.append(f"larger per-rank batch (about {units.count(per_step)} samples per rank per step now)")
         fixes.append("check the interconnect: busbw should approach the link's bandwidth")
-        return (f"Communication: exposed {op} is {_pct(m.comm_exposed_frac)} of the step{bw}{est}", fixes,
-                {"busbw": round4(m.busbw), "comm_op": m.comm_op})
+        used = parallelism(view.comm_ops)
+        by = f" ({', '.join(PARALLELISM[p] for p in used)})" if used else ""
+        split = {s.op: round4(s.share) for s in exposed_split(view)}
+        return (f"Communication{by}: {comm_what(view, op)} of the step{bw}{est}", fixes,
+                {"busbw": round4(m.busbw), "comm_op": m.comm_op, **({"comm_exposed_by_op": split} if split else {})})
 
 
 class LoadImbalance(Outcome):
@@ -402,6 +387,6 @@ class NotMeasured(Outcome):
         return headline, list(_BUSY_FIXES.get(view.device_type, [])), {}
 
 
-OUTCOMES: tuple[Outcome, ...] = (Stuck(), WarmingUp(), MemoryFull(), DataLoading(), DataPreprocessing(),
+OUTCOMES: tuple[Outcome, ...] = (Crashed(), Stuck(), WarmingUp(), MemoryFull(), DataLoading(), DataPreprocessing(),
                                  Communication(), LoadImbalance(), HostSync(), HostWait(), HostOverhead(),
                                  ComputeEfficiency(), Healthy(), NotMeasured())

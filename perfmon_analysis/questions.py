@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from perfmon_analysis import units
 from perfmon_analysis.explain import peak_note, tensor_active
+from perfmon_analysis.health_verdict import leak
 from perfmon_analysis.flowchart import (COMM_EXPOSED_MIN, DATA_WAIT_MIN, DEVICE_BUSY_MIN, HOST_WAIT_MIN,
                                         LOADER_CPU_BOUND, LOADER_MAIN, LOADER_WORKERS, LOSS_MIN, LOSS_THRESHOLD,
                                         MEMORY_PEAK_MAX, MFU_MIN, STRAGGLER_RATIO_MAX, SYNCS_PER_STEP_MIN,
@@ -37,10 +38,12 @@ def ask_largest(q: Question, loss: Loss, losses: Losses, reason: str = "") -> An
 
 
 class Memory(Question):
-    """An OOM or allocator retries in the window decide it whatever the peak says."""
+    """An OOM or allocator retries in the window decide it whatever the peak says; so does memory that
+    grows every step (a leak, ``perfmon_analysis.memory_growth``), whatever the limit."""
 
     id = "memory"
-    text = "OOM or allocator retries in the window, or the window's peak over 90% of the limit?"
+    text = "OOM or allocator retries in the window, the window's peak over 90% of the limit, or memory growing " \
+           "every step?"
     quantity = "memory_peak_frac"
     threshold = MEMORY_PEAK_MAX
     source = "PyTorch Profiler TB plugin memory rule (peak > 0.9 x device memory), over the window"
@@ -56,9 +59,15 @@ class Memory(Question):
         if m.alloc_retries_rising:
             return self.judged(m.peak_frac, True, f"allocator retries rising ({m.alloc_retries} so far)",
                                decided_by="allocator retries rising")
+        growth = leak(view)
+        grows = f"{growth.label} grows {units.nbytes(growth.per_step)} every step" if growth is not None else ""
         if m.peak_frac is None:
+            if growth is not None:
+                return self.judged(None, True, grows, decided_by=grows)
             return self.unasked("memory limit or peak not reported")
-        return self.judged(m.peak_frac, self.fires(m.peak_frac))
+        if growth is not None and not self.fires(m.peak_frac):
+            return self.judged(m.peak_frac, True, grows, decided_by=grows)
+        return self.judged(m.peak_frac, self.fires(m.peak_frac), grows)
 
 
 class DeviceBusy(Question):

@@ -16,6 +16,7 @@ from perfmon_analysis import units
 from perfmon_analysis.capture import capture_reading
 from perfmon_analysis.layout_report import layout_lines, rank_note, rank_place
 from perfmon_analysis.metrics import Metric, Unit, by_name, job_values, loss_metrics, rank_values, rounded
+from perfmon_analysis.health import text_lines as health_lines
 from perfmon_analysis.overhead import text_lines as overhead_lines
 from perfmon_analysis.profile import profile_lines
 from perfmon_analysis.verdict import Verdict, label as outcome_label
@@ -48,6 +49,9 @@ def build(view: JobView, verdict: Verdict, *, retired: Iterable[tuple[int, dict[
         "metrics": metrics,
         "verdict": _verdict_json(verdict, metrics, price),
         "findings": _jsonable(verdict.findings),
+        "step_outliers": [o.as_json() for o in view.health.outliers],
+        "memory_growth": view.health.growth.as_json() if view.health.growth is not None else None,
+        "crash": view.health.crash.as_json() if view.health.crash is not None else None,
         "comm_ops": [{"op": c.op, "count": c.count, "bytes": c.bytes, "seconds": rounded(c.seconds),
                       "busbw": rounded(c.busbw), "algbw": rounded(c.algbw)} for c in view.comm_ops],
         "ended": view.ended,
@@ -187,7 +191,7 @@ def render_text(report: dict[str, Any], width: int = 80) -> str:
                  first=f"  {_pct(w['share']):>4} ± {_pct(w['err']):<4} ", indent=" " * 15)
     shown_ev = [f"{p}={_evidence_text(p.rpartition('.')[2], metric_at(m, p))}" for p in v.get("evidence_metrics", [])]
     shown_ev += [f"{k}={_evidence_text(k, val)}" for k, val in (v.get("evidence") or {}).items()
-                 if k not in ("skipped", "notes", "undecided", "stuck")]
+                 if k not in ("skipped", "notes", "undecided", "stuck") and not isinstance(val, (dict, list))]
     if shown_ev:
         lines.append("Evidence:")
         wrap(", ".join(shown_ev), indent="  ")
@@ -203,11 +207,14 @@ def render_text(report: dict[str, Any], width: int = 80) -> str:
     busy_source = f" ({m['device_busy_source']})" if m.get("device_busy_source") else ""
     wrap(f"Busy {_pct(m['device_busy'])}{busy_source}  data wait {_pct(m['data_wait_frac'])}  comm {_pct(m['comm_frac'])}"
          f" (exposed {_pct(m['comm_exposed_frac'])})  MFU {_pct(m['mfu'])}  ETTR {_pct(m['ettr'])}"
-         f"  loader CPU {_pct(m['loader_cpu'])}")
+         f"  loader CPU {_loader_cpu(m)}")
     mem = m.get("memory") or {}
     if mem.get("peak_bytes") is not None:
         wrap(f"Memory ({mem.get('source')}): peak {units.nbytes(mem['peak_bytes'])} of "
              f"{units.nbytes(mem.get('limit_bytes'))} ({_pct(mem.get('peak_frac'))})")
+    for line in health_lines(report):
+        for part in line.split("\n"):
+            wrap(part, first="", indent="  ")
     for f in report.get("findings") or []:
         wrap(f.get("message") or f["id"], first=f"Finding {f['id']}: ", indent="  ")
     for p in report.get("problems") or []:
@@ -276,6 +283,14 @@ def gains_lines(v: dict[str, Any], width: int = 80) -> list[str]:
                                        f"{units.number(e['per_day_kwh'])} kWh/day", width,
                                        initial_indent="  energy in ", subsequent_indent="    "))
     return lines
+
+
+def _loader_cpu(m: dict[str, Any]) -> str:
+    """The loader workers' CPU, or with no workers (num_workers=0) the main process's CPU share of its
+    data wait, the measure the verdict's loader question uses then."""
+    if m.get("loader_cpu") is None and m.get("data_cpu_frac") is not None and not m.get("loader_workers"):
+        return f"{_pct(m['data_cpu_frac'])} (main process)"
+    return _pct(m.get("loader_cpu"))
 
 
 def _site(file: str, line: int) -> str:

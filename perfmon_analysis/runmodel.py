@@ -21,6 +21,7 @@ they are not repeated here, where they would go stale.
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from typing import Any
 
@@ -32,6 +33,8 @@ from perfmon_analysis.comm_stats import comm_rows
 from perfmon_analysis.stats import RankStats, job_metrics, rank_stats, rank_view, summary_stats, window_of
 from perfmon_analysis.where_stats import job_where
 from perfmon_analysis.capture import capture_reading, with_cost
+from perfmon_analysis.readings import JobExit, exit_reading
+from perfmon_analysis.health import job_health, rank_health
 from perfmon_analysis.history import History
 from perfmon_analysis.profile import ModuleProfile, profile_reading, with_overhead
 from perfmon_analysis.overhead import worst
@@ -66,6 +69,7 @@ class RunModel:
         self.orphans = 0
         self.last_t: float | None = None
         self.history = History()     # the whole run, downsampled (the trends screen, the HTML report)
+        self.exit: JobExit | None = None     # how the job's command ended (``perfmon run``), when known
         self._straggling: tuple[tuple, float, Straggling | None] | None = None   # (window key, at, analysis)
 
     # -- ingest -------------------------------------------------------------------------------
@@ -167,6 +171,10 @@ class RunModel:
             state.ended = True
             state.version += 1
 
+    def note_exit(self, record: dict[str, Any]) -> None:
+        """How the job's command ended, as ``perfmon run`` wrote it (``perfmon_analysis.readings.exit_reading``)."""
+        self.exit = exit_reading(record) or self.exit
+
     def add_problem(self, message: str) -> None:
         """A one-line stream problem (torn recording, bad frame) to show with the view."""
         if message not in self.problems:
@@ -224,6 +232,9 @@ class RunModel:
         device = states[0].device if states else None
         world = _world_size(states)
         ranks = [rank_view(s, st, _probe_now(s, now, clock), _silence(s, clock)) for s, st in zip(states, stats)]
+        healths = [rank_health(s, window_of(s, self.window_steps, self.window_seconds), st.memory.limit_bytes)
+                   for s, st in zip(states, stats)]
+        ranks = [dataclasses.replace(r, step_times=h.window, run_step_times=h.run) for r, h in zip(ranks, healths)]
         ready = [(s, st) for s, st in zip(states, stats) if not st.warming_up]
         metrics, straggler = job_metrics(ready, ranks, states, stats)
         window = {"steps": max((st.n for st in stats), default=0),
@@ -262,6 +273,7 @@ class RunModel:
                            for s in states if s.capture is not None),
             where=job_where([(st.where, st.off_cpu_frac) for _, st in ready]),
             overhead=worst(st.overhead for st in stats),
+            health=job_health(healths, self.exit, max((r.steps for r in ranks), default=None)),
             layout=layout,
             straggling=self._analyse(states, layout, now, clock is not None, metrics.cpu_contention_frac),
         )
@@ -313,7 +325,8 @@ class RunModel:
         if state is None or state.version == after or not state.info.answered:
             return None
         stats = rank_stats(state, self.window_steps, self.window_seconds, timeline=False)
-        return state.version, summary_record(state, stats, t)
+        health = rank_health(state, window_of(state, self.window_steps, self.window_seconds), None)
+        return state.version, summary_record(state, stats, t, (health.window, health.run))
 
     def buffered(self, stream_id: str) -> list[dict[str, Any]]:
         """The step, memory and comm records held for ``stream_id``, oldest first: what a viewer that

@@ -89,7 +89,7 @@ class Verdict:
     def gain_headline(self, price: float | None = None, compact: bool = False) -> str | None:
         """What fixing the named loss buys ('fixing it: up to 1.4× faster, 3.1 GPU-h/day'); a healthy
         job that loses time between steps is priced on that time."""
-        if self.gains is None or self.bottleneck in ("stuck", "warming_up"):
+        if self.gains is None or self.bottleneck in ("crashed", "stuck", "warming_up"):
             return None
         loss = self.outcome.loss or ("step_gaps" if self.bottleneck == "healthy" and self.severity != "ok" else None)
         return self.gains.headline(loss, price, compact)
@@ -122,7 +122,7 @@ class Verdict:
 
 # -- evaluation --------------------------------------------------------------------------------
 CHART = Chart((*QUESTIONS, *straggler_verdict.QUESTIONS), (*OUTCOMES, *straggler_verdict.OUTCOMES), root="memory",
-              before=("stuck", "warming_up"))
+              before=("crashed", "stuck", "warming_up"))
 BOTTLENECKS: tuple[str, ...] = tuple(CHART.outcomes)
 
 

@@ -11,6 +11,8 @@ from typing import Any
 
 from perfmon_analysis.readings import GpuRow, HostReading, RankTrace, StallReading
 from perfmon_analysis.capture import CaptureSummary
+from perfmon_analysis.health import JobHealth
+from perfmon_analysis.step_times import StepTimes
 from perfmon_analysis.layout import Layout, world_layout
 from perfmon_analysis.stragglers import Straggling
 from perfmon_analysis.overhead import Overhead
@@ -220,6 +222,8 @@ class RankView:
     answered: bool = True               # its hello arrived (False: a connected socket that never spoke)
     overhead_step_frac: float | None = None   # perfmon's own cost: share of the step (perfmon_analysis.overhead)
     overhead_cpu_frac: float | None = None    # ... and of the process's CPU
+    step_times: StepTimes | None = None       # step-time percentiles over the window (perfmon_analysis.step_times)
+    run_step_times: StepTimes | None = None   # ... and over the whole run
 
 
 @dataclass(frozen=True)
@@ -280,5 +284,6 @@ class JobView:
     where: WhereTable | None = None       # in-step stack samples (wire 1.3), None when no rank sent any
     overhead: Overhead | None = None      # perfmon's own cost on the rank where it is highest (wire 1.4)
     comm_status: str | None = None        # why communication is not measured, in the probe's words
+    health: JobHealth = JobHealth()       # step-time percentiles and outliers, memory growth, crash
     layout: Layout = field(default_factory=lambda: world_layout(1))   # each rank's place (perfmon_analysis.layout)
     straggling: Straggling | None = None  # the what-if over the window's operations (perfmon_analysis.stragglers)

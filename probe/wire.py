@@ -60,9 +60,14 @@ from __future__ import annotations
 # comm    backend, world_size, nccl_timing, ops [{op, count, bytes, seconds, busbw (bytes/s), busbytes}]
 #         (cumulative since start; seconds/busbw None when not timed; busbytes (1.x) = Σ timed bytes x
 #         busbw_factor(op, that call's group size), so a viewer's window busbw is Δbusbytes / Δseconds)
-# event   name (checkpoint|oom|exception|restart|warning|error|first_batch|<custom>), message,
+# event   name (checkpoint|oom|exception|restart|warning|error|first_batch|eval|<custom>), message,
 #         seconds, source, unmeasured (1.x, on a warning: the quantity it says the probe cannot
-#         measure, "comm"; the message is the reason the verdict quotes), and free-form fields
+#         measure, "comm"; the message is the reason the verdict quotes), and free-form fields;
+#         exception/oom (1.x): error (the exception type's name), step (steps done before it), file,
+#         line, function, call (the user's line it came from, probe/exceptions.py); eval (1.x, zero-
+#         code mode): forwards (training-mode forwards that no backward followed), seconds
+# (not a record: ``perfmon run --record`` leaves {job, cmd, returncode, t} beside the recordings
+#         as <job>.run.p<pid>.exit.json: how the command ended, read by perfmon report)
 # drops   count (since the last drops record), total, reason
 # bye     (clean shutdown)
 #

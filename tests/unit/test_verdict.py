@@ -97,7 +97,7 @@ def test_every_leaf_is_reached(name, ranks, kw, leaf, path):
 def test_all_leaves_of_the_chart_are_covered_by_the_table():
     leaves = {x for n in V.CHART.questions.values() for x in (n.yes, n.no, n.unmeasured) if x in V.BOTTLENECKS}
     assert leaves == {x[3] for x in LEAVES} | STRAGGLER_LEAVES     # those from operations: test_straggler_verdict
-    assert leaves | {"warming_up", "stuck"} == set(V.BOTTLENECKS)   # both decided before the walk
+    assert leaves | {"crashed", "warming_up", "stuck"} == set(V.BOTTLENECKS)   # decided before the walk
 
 
 def test_flowchart_is_well_formed_data():
@@ -387,7 +387,8 @@ def test_finding_ids_are_from_the_documented_list():
     for rec in records(restarted, world=1, device="cuda"):
         model.ingest("restarted", rec)
     ids = [f["id"] for f in V.evaluate(model.view()).findings]
-    assert sorted(ids) == sorted(set(chart.FINDINGS) - set(chart.LOSS_THRESHOLD))   # the loss findings: below
+    # the loss findings: below; the run's (memory growth, outliers) need a run of their own: test_health.py
+    assert sorted(ids) == sorted(set(chart.FINDINGS) - set(chart.LOSS_THRESHOLD) - {"memory_growth", "step_outliers"})
 
 
 # -- straggler by late arrival (equal compute, time lost outside the step) -----------------------

@@ -23,7 +23,10 @@ from perfmon_analysis.losses import Loss
 from perfmon_analysis import verdict as V
 from perfmon_analysis.readings import GpuRow, RankTrace, StepBar, gpu_reading
 from perfmon_analysis.runmodel import RunModel
-from perfmon_analysis.views import MemoryMetrics
+from perfmon_analysis.crash import Crash
+from perfmon_analysis.health import JobHealth
+from perfmon_analysis.memory_growth import MemoryGrowth
+from perfmon_analysis.views import CommOpRow, MemoryMetrics
 
 GB = 1 << 30
 PEAK = 100e12
@@ -107,9 +110,29 @@ VIEWS = {
     "slow_worker": lambda: ops_view(**STRAGGLERS[0][1]),
     "slow_stage": lambda: ops_view(**STRAGGLERS[1][1]),
     "rotating_imbalance": lambda: ops_view(**STRAGGLERS[2][1]),
+    "crashed": lambda: dataclasses.replace(job(Rank(steps=3)).view(), health=JobHealth(crash=Crash(
+        0, "RuntimeError", "CUDA error: device-side assert triggered", 41, "/home/u/train.py", 12, "main",
+        "loss = model(x)", "exit code 1"))),
+    "crashed_killed": lambda: dataclasses.replace(job(Rank()).view(), health=JobHealth(crash=Crash(
+        None, None, "", 120, exit="killed by SIGKILL"))),
+    "memory_leak_host": lambda: dataclasses.replace(_cpu(memory=LEAKING), health=JobHealth(growth=GROWTH)),
+    "memory_past_limit_host": lambda: _cpu(memory=dataclasses.replace(
+        LEAKING, peak_frac=1.14, peak_bytes=int(1.14 * 4 * GB), activations_bytes=3 * GB, other_bytes=int(0.3 * GB))),
+    "communication_fsdp": lambda: dataclasses.replace(
+        _comm(comm_exposed_frac=0.17, compute_ratio=0.95, comm_op="all_gather", busbw=None, samples_per_s=None),
+        comm_ops=[CommOpRow("all_gather", 40, 1 << 26, 0.9, None, None, 2),
+                  CommOpRow("reduce_scatter", 20, 1 << 26, 0.8, None, None, 2)]),
+    "data_loading_cpu_main_process": lambda: dataclasses.replace(
+        _idle(data_wait_frac=0.3, loader_workers=0, data_cpu_frac=0.01, loader_cpu=None), device_type="cpu"),
     "stuck": lambda: job(Rank(0, extra_records=[WAITER]), Rank(1, extra_records=[SLEEPER])).view(),
 }
 
+LEAKING = MemoryMetrics(source="host", rank=0, peak_frac=0.4, peak_bytes=int(1.6 * GB), limit_bytes=4 * GB,
+                        params_bytes=8 << 20, grads_bytes=8 << 20, optimizer_bytes=0, activations_bytes=15 << 20,
+                        other_bytes=int(1.5 * GB))
+GROWTH = MemoryGrowth(rank=0, series="rss", per_step=3.6e6, per_s=90e6, steps=400, points=40, first=int(0.2 * GB),
+                      last=int(1.6 * GB), fit=0.99, steady=True, kind="other", kind_per_step=3.5e6, limit=4 * GB,
+                      steps_to_limit=670)
 WAIT_FIXES = [
     "move the call off the training thread (a background thread or process feeding a queue), so the step never waits "
     "for it",
@@ -127,6 +150,107 @@ SUGGEST = {
 
 # name: (bottleneck, severity, headline, suggestions, evidence (without notes/skipped), straggler_rank)
 EXPECTED = {
+    'crashed': (
+        'crashed', 'crit',
+        'Crashed: RuntimeError on rank 0 at step 41 (train.py:12 in main): CUDA error: device-side assert '
+        'triggered (exit code 1)',
+        ['the line that raised, train.py:12 in main: loss = model(x); the whole traceback is in the '
+         "job's stderr (the job log when perfmon run shows the TUI)"],
+        {        'crash': {        'call': 'loss = model(x)',
+                           'error': 'RuntimeError',
+                           'exit': 'exit code 1',
+                           'file': '/home/u/train.py',
+                           'function': 'main',
+                           'headline': 'Crashed: RuntimeError on rank 0 at step 41 (train.py:12 in '
+                                       'main): CUDA error: device-side assert triggered',
+                           'line': 12,
+                           'message': 'CUDA error: device-side assert triggered',
+                           'rank': 0,
+                           'step': 41}},
+        None),
+    'crashed_killed': (
+        'crashed', 'crit',
+        'Crashed: killed by SIGKILL at step 120',
+        ["SIGKILL: the kernel's OOM killer (dmesg | grep -i kill) or the scheduler (its job log) ended it"],
+        {        'crash': {        'call': None,
+                           'error': None,
+                           'exit': 'killed by SIGKILL',
+                           'file': None,
+                           'function': None,
+                           'headline': 'Crashed: killed by SIGKILL at step 120',
+                           'line': None,
+                           'message': '',
+                           'rank': None,
+                           'step': 120}},
+        None),
+    'memory_leak_host': (
+        'memory', 'warn',
+        'Memory leak: host RSS grows 3.6MB every step (90.0MB/s) over the last 400 steps, now 1.7GB; most in '
+        'other (recent peak 1.7GB is 40% of the 4.3GB limit); at this rate the 4.3GB limit is reached in ~670 steps',
+        ['find what the loop keeps every step (host RSS grows 3.6MB per step, most in other): tensors '
+         'the loop keeps every step: a loss or an output appended to a list with its graph (keep '
+         'loss.item() or loss.detach()), metrics accumulated as tensors, a cache that never evicts',
+         'tracemalloc snapshots a few hundred steps apart show the Python lines whose memory grows',
+         "memory outside the model's tensors: the data pipeline (num_workers x prefetch_factor batches "
+         "in flight), Python objects and tensors the loop keeps, libraries' own buffers"],
+        {        'comm_exposed_frac': 0.0,
+         'data_wait_frac': None,
+         'device_busy': 1.0,
+         'memory_growth_per_step': 3600000,
+         'memory_growth_rank': 0,
+         'memory_peak_frac': 0.4,
+         'memory_rank': 0,
+         'step_time_median_s': 0.1},
+        None),
+    'memory_past_limit_host': (
+        'memory', 'crit',
+        'Memory, host RSS: recent peak 4.9GB is 114% of the 4.3GB limit',
+        ['activation checkpointing (torch.utils.checkpoint) on the largest blocks',
+         'mixed precision (bf16 autocast) to halve activations',
+         'smaller micro-batch with gradient accumulation to keep the global batch'],
+        {        'comm_exposed_frac': 0.0,
+         'data_wait_frac': None,
+         'device_busy': 1.0,
+         'memory_peak_frac': 1.14,
+         'memory_rank': 0,
+         'step_time_median_s': 0.1},
+        None),
+    'communication_fsdp': (
+        'communication', 'warn',
+        'Communication (FSDP): exposed communication is 17% (all-gather 9% + reduce-scatter 8%) of the step',
+        ["fully_shard(block, reshard_after_forward=False) keeps each block's parameters gathered from "
+         'forward to backward: one all-gather per block instead of two, for the memory of the gathered '
+         'block (an int reshards to a smaller group instead)',
+         "prefetch the next blocks' all-gathers: block.set_modules_to_forward_prefetch([next blocks]) "
+         'and set_modules_to_backward_prefetch([previous blocks])',
+         'with gradient accumulation, model.set_requires_gradient_sync(False) on all but the last '
+         'micro-batch: one reduce-scatter per step instead of one per micro-batch',
+         'MixedPrecisionPolicy(param_dtype=torch.bfloat16) halves the all-gather bytes; '
+         "reduce_dtype=torch.bfloat16 halves the reduce-scatter's",
+         'fully_shard each transformer block, not each layer: fewer, larger collectives; across nodes, '
+         'HSDP (a 2-D mesh: shard within a node, replicate across) keeps the all-gathers on the fast '
+         'links',
+         "check the interconnect: busbw should approach the link's bandwidth"],
+        {        'busbw': None,
+         'comm_exposed_by_op': {'all_gather': 0.09, 'reduce_scatter': 0.08},
+         'comm_exposed_frac': 0.17,
+         'comm_op': 'all_gather',
+         'compute_ratio': 0.95,
+         'data_wait_frac': 0.0,
+         'device_busy': 0.9,
+         'step_time_median_s': 0.1},
+        None),
+    'data_loading_cpu_main_process': (
+        'data_loading', 'crit',
+        'Data loading: 30% of each step waits for the loader; not CPU-bound',
+        ['raise num_workers from 0 and prefetch_factor to hide read latency',
+         'faster or local storage; cache the dataset in RAM or on local SSD'],
+        {        'comm_exposed_frac': 0.0,
+         'data_wait_frac': 0.3,
+         'device_busy': 0.45,
+         'loader_cpu': 0.01,
+         'step_time_median_s': 0.1},
+        None),
     'not_measured': (
         'not_measured', 'warn',
         "Not measured: CUDA busy is unknown (no utilization samples for this job's GPU), so whether the device "
@@ -206,8 +330,7 @@ EXPECTED = {
         'Data preprocessing: 40% of each step waits for the loader; the main process spends 90% of the wait on CPU (num_workers=0)',
         ['use DataLoader(num_workers=N): loading runs in the training process now',
          'move per-sample transforms to the device or batch them',
-         'preprocess offline (cache decoded/tokenized data)',
-         'persistent_workers=True so workers are not re-forked every epoch'],
+         'preprocess offline (cache decoded/tokenized data)'],
         {'comm_exposed_frac': 0.0,
          'data_wait_frac': 0.4,
          'device_busy': 0.45,
@@ -232,7 +355,6 @@ EXPECTED = {
         'Data loading: 30% of each step waits for the loader; not CPU-bound',
         ['raise num_workers from 0 and prefetch_factor to hide read latency',
          'pin_memory=True and non_blocking copies',
-         'persistent_workers=True',
          'faster or local storage; cache the dataset in RAM or on local SSD'],
         {'comm_exposed_frac': 0.0,
          'data_wait_frac': 0.3,

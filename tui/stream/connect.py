@@ -80,6 +80,8 @@ def load(target: str, seconds: float, args: Any = None, *, prog: str = "perfmon 
             if rec.problem:
                 analysis.add_problem(rec.problem)
                 print(f"{prog}: {rec.problem}", file=sys.stderr)
+        for record in sources.load_exits(target):
+            analysis.note_exit(record)
         return analysis, {"kind": "recording", "paths": [str(r.path) for r in loaded]}
     from tui.stream import discovery
     from tui.stream.feed import LiveFeed

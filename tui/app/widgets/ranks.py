@@ -1,4 +1,5 @@
-"""Ranks pane: one row per rank (step time, compute, data wait, comm wait, CPU, state),
+"""Ranks pane: one row per rank (step time, compute, data wait, comm wait; where the pane is wide, the
+window's p99 and longest step, CPU; state),
 the straggler marked ◀, a stuck job's culprit ✖ and waiting or silent ranks, and the selected
 rank highlighted; with a layout beyond data parallel, each rank's place ("pp1 dp0 tp1") and the rows
 in stage and replica order. A job of more than ``HEATMAP_RANKS`` ranks is drawn as a heatmap instead
@@ -35,7 +36,7 @@ class RanksPane(Pane):
         straggler = None if stuck is not None else getattr(verdict, "straggler_rank", None)
         if straggler is None and stuck is None and getattr(verdict, "bottleneck", None) not in UNBLAMED:
             straggler = view.straggler_rank
-        columns = NARROW if width < 46 else WIDE if width >= 60 else NORMAL
+        columns = NARROW if width < 46 else WIDEST if width >= 80 else WIDE if width >= 60 else NORMAL
         if len({r.host for r in view.ranks if r.host}) > 1:       # a job across nodes: say which
             node_w = min(NODE_W, max(len(r.host or "") for r in view.ranks))
             columns = ((("node", node_w),) + columns[1:]) if columns is NARROW else (("node", node_w),) + columns
@@ -73,7 +74,8 @@ class RanksPane(Pane):
 
 NARROW = (("step", 6), ("comp", 6), ("data", 4), ("comm", 4))
 NORMAL = (("steps", 6), ("step", 6), ("compute", 7), ("data", 4), ("comm", 4))
-WIDE = NORMAL + (("cpu", 4), ("pid", 7))
+WIDE = NORMAL + (("p99", 6), ("max", 6), ("cpu", 4))     # p99, max: the window's slow steps (step_times)
+WIDEST = WIDE + (("pid", 7),)
 NODE_W = 10
 UNBLAMED = ("rotating_imbalance", "slow_stage")     # verdicts that name no rank: none is marked
 PLACE_W = 14
@@ -92,6 +94,8 @@ def _cell(r: RankView, name: str) -> str:
         return units.pct(r.data_wait_frac)
     if name == "comm":
         return units.pct(r.comm_exposed_frac)
+    if name in ("p99", "max"):
+        return units.seconds(getattr(r.step_times, name) if r.step_times is not None else None)
     if name == "cpu":
         return units.number(r.cpu, 2)
     return str(r.pid or "?")
