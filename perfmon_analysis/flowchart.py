@@ -45,6 +45,18 @@ MEMORY_PEAK_MAX = 0.90
 # MFU below 30% with the device busy is inefficient compute: well under the reference bands of
 # large training runs (Llama 3 38–43%, PaLM 46%).
 MFU_MIN = 0.30
+# Fill (GPM SM activity over busy): NVIDIA's DCGM user guide, profiling metrics, on SM activity: "a value
+# of 0.8 or greater is necessary, but not sufficient, for effective use of the GPU. A value less than
+# 0.5 likely indicates ineffective GPU usage." Read of the time a kernel runs (fill), so a device idle
+# half the time with full kernels is not called poorly filled; under 0.5 the outcome is a warning.
+FILL_MIN = 0.80
+FILL_CRIT = 0.50
+# A host whose lead is at least the step's device time queued each step whole before the device began
+# it; a stream runs its queue back to back (PyTorch, CUDA semantics: "each device executes operations in
+# the order they are queued"), so launches cannot have idled the device inside the step and the host is
+# not blamed for its idle time. A lead is read late, never short: under one step as read is under one in
+# truth, which is what blaming the host needs.
+HOST_AHEAD_STEPS = 1.0
 # TB plugin AMP rule fires when the tensor-core time share is 0; a small tolerance for sampling noise
 # of the GPM counter.
 TENSOR_ACTIVE_MIN = 0.01

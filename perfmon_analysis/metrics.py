@@ -155,9 +155,24 @@ METRICS: tuple[Metric, ...] = (
            job=lambda v: v.metrics.samples_per_s, rank=lambda r: r.samples_per_s, surfaces=ALL),
     Metric("tokens_per_s", Unit.PER_SECOND, "Tokens per second over the window",
            job=lambda v: v.metrics.tokens_per_s, rank=lambda r: r.tokens_per_s, surfaces=ALL),
-    Metric("device_busy", Unit.RATIO, "Device busy share: GPM SM activity, else NVML utilization, on GPU; "
-           "step time not lost on CPU",
+    Metric("device_busy", Unit.RATIO, "Device busy share, in time: on GPU the share of the step a kernel ran "
+           "(NVML utilization, or the steps' CUDA timeline where it proves more); on CPU the training thread's "
+           "CPU time in the step. Least busy rank; not measured when any rank's is not",
            job=lambda v: v.metrics.device_busy, rank=lambda r: r.device_busy, surfaces=ALL),
+    Metric("device_busy_unknown", Unit.LABEL, "Ranks whose busy is not measured, each with why (NVML's words: "
+           "NotSupported, NoPermission, GpuIsLost, no NVML)", job=lambda v: v.metrics.device_busy_unknown),
+    Metric("gpu_util", Unit.RATIO, "NVML utilization over the window: the share of time a kernel ran, as "
+           "nvidia-smi shows it (least of the ranks), whichever source device_busy used",
+           job=lambda v: v.metrics.gpu_util),
+    Metric("device_fill", Unit.RATIO, "GPU fill: how much of the device the running kernels use, GPM SM "
+           "activity over busy (Hopper and newer; least filled rank)",
+           job=lambda v: v.metrics.device_fill, rank=lambda r: r.device_fill, surfaces=ALL),
+    Metric("sm_active", Unit.RATIO, "GPM SM activity: the share of SMs with a warp resident, over time, idle "
+           "time counting 0 (least of the ranks)", job=lambda v: v.metrics.sm_active),
+    Metric("tensor_active", Unit.RATIO, "GPM tensor-core activity over time (mean over ranks)",
+           job=lambda v: v.metrics.tensor_active),
+    Metric("params_offloaded", Unit.RATIO, "CUDA job: share of the watched parameters' bytes held in host "
+           "memory (CPU offload, a CPU embedding)", job=lambda v: v.metrics.params_offloaded),
     Metric("data_wait_frac", Unit.RATIO, "Share of step time blocked waiting for the next batch",
            job=lambda v: v.metrics.data_wait_frac, rank=lambda r: r.data_wait_frac, surfaces=ALL,
            loss="data_wait"),
@@ -204,8 +219,13 @@ METRICS: tuple[Metric, ...] = (
            job=lambda v: v.metrics.peak_flops),
     Metric("peak_source", Unit.LABEL, "Where the peak FLOP/s came from",
            job=lambda v: v.metrics.peak_source),
-    Metric("host_lead_s", Unit.SECONDS, "How far the host runs ahead of the GPU (least of the ranks)",
-           job=lambda v: v.metrics.host_lead_s),
+    Metric("host_lead_s", Unit.SECONDS, "How far the host runs ahead of the GPU (least of the ranks; CUDA "
+           "events on about ten steps a second)", job=lambda v: v.metrics.host_lead_s),
+    Metric("host_lead_steps", Unit.COUNT, "The host's lead over the step's device time: 1 or more, each step was "
+           "queued whole before the device began it (least of the ranks)", job=lambda v: v.metrics.host_lead_steps),
+    Metric("device_time_median_s", Unit.SECONDS, "Device time of a step, its first CUDA event to its last (idle "
+           "gaps inside included), over the timed steps (slowest rank)",
+           job=lambda v: v.metrics.device_time_median_s),
     Metric("off_cpu_frac", Unit.RATIO, "Share of the step body off CPU with no other measured cause",
            job=lambda v: v.metrics.off_cpu_frac),
     Metric("host_wait_frac", Unit.RATIO, "In-step stack samples off CPU over all in-step samples",

@@ -205,9 +205,15 @@ def render_text(report: dict[str, Any], width: int = 80) -> str:
     wrap(f"Window: {w['steps']} steps, {units.seconds(w['seconds'])}. Steps {m['steps']}, step "
          f"{units.seconds(m['step_time_median_s'])} median, {units.rate(m['samples_per_s'], ' samples')}")
     busy_source = f" ({m['device_busy_source']})" if m.get("device_busy_source") else ""
-    wrap(f"Busy {_pct(m['device_busy'])}{busy_source}  data wait {_pct(m['data_wait_frac'])}  comm {_pct(m['comm_frac'])}"
-         f" (exposed {_pct(m['comm_exposed_frac'])})  MFU {_pct(m['mfu'])}  ETTR {_pct(m['ettr'])}"
+    fill = f"  fill {_pct(m['device_fill'])} (SM activity {_pct(m.get('sm_active'))})" \
+        if m.get("device_fill") is not None else ""
+    wrap(f"Busy {_pct(m['device_busy'])}{busy_source}{fill}  data wait {_pct(m['data_wait_frac'])}  comm "
+         f"{_pct(m['comm_frac'])} (exposed {_pct(m['comm_exposed_frac'])})  MFU {_pct(m['mfu'])}  ETTR {_pct(m['ettr'])}"
          f"  loader CPU {_loader_cpu(m)}")
+    for rank, why in sorted((m.get("device_busy_unknown") or {}).items()):
+        wrap(why, first=f"Busy not measured on rank {rank}: ", indent="  ")
+    if m.get("params_offloaded"):
+        wrap(f"{_pct(m['params_offloaded'])} of the parameters' bytes live in host memory (CPU embedding or offload)")
     mem = m.get("memory") or {}
     if mem.get("peak_bytes") is not None:
         wrap(f"Memory ({mem.get('source')}): peak {units.nbytes(mem['peak_bytes'])} of "

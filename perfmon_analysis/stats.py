@@ -14,7 +14,8 @@ from typing import Deque
 
 from perfmon_analysis.buffers import MIN_STEPS, TIMELINE_STEPS, WINDOW_SAMPLES, RankState, recent_records
 from perfmon_analysis.comm_stats import comm_delta, comm_rows, find_straggler
-from perfmon_analysis.device_stats import gpu_busy, gpu_power, peak_flops_of
+from perfmon_analysis.device_stats import (busy_unknown_reason, gpu_busy, gpu_fill, gpu_power, lead_steps,
+                                          peak_flops_of, timed_steps, timeline_busy)
 from perfmon_analysis.known import known, max_known, mean_known, min_known, per_item, sum_all, sum_known
 from perfmon_analysis.memory_stats import job_memory, rank_memory
 from perfmon_analysis.overhead import Overhead, overhead, worst
@@ -60,6 +61,14 @@ class RankStats:
     overhead: Overhead | None = None      # the probe's own cost over the window's samples (wire 1.4)
     power_w: float | None = None          # the rank's GPU's mean power over the samples (NVML energy counter)
     energy_per_step_j: float | None = None    # that power times the mean step (its wall time between steps too)
+    busy_why: str | None = None           # CUDA: why ``device_busy`` is not measured (NVML's words)
+    gpu_util: float | None = None         # NVML utilization over the window's samples, whatever busy used
+    fill: float | None = None             # GPM SM activity over busy: the device the running kernels use
+    sm_active: float | None = None        # GPM SM activity over the samples (idle time counting 0)
+    tensor_active: float | None = None    # GPM tensor-core activity over the samples
+    offloaded: float | None = None        # CUDA: share of the watched parameters' bytes in host memory
+    device_time: float | None = None      # median device time of the lead-timed steps (CUDA events)
+    lead_steps: float | None = None       # median lead (as read: never short) over those steps' device time
 
 
 def _window(nums: Deque[StepReading], max_steps: int, max_seconds: float) -> list[StepReading]:
@@ -119,13 +128,24 @@ def rank_stats(state: RankState, max_steps: int, max_seconds: float, timeline: b
     thread_busy, off_cpu = _thread_cpu(win)
     where = where_table(state.rank, state.where, win, win_start) if state.where else None
     contention = where.contention if where is not None else None
-    busy, busy_src = None, None
+    busy, busy_src, busy_why = None, None, None
+    fill = sm_active = tensor_active = util = None
+    timed: list[StepReading] = []
     power = gpu_power(samples, state.info.local_rank) if device.type == "cuda" and not device.status else None
     if n and device.type == "cuda":
-        # measured activity only: the elapsed time between two CUDA events includes every idle gap;
-        # a job device with a ``status`` has no GPU counters the probe could tie to it
+        # busy is time: NVML utilization, or the steps' own CUDA timeline where it proves more; a job
+        # device with a ``status`` has no GPU counters the probe could tie to it
+        local = state.info.local_rank
         if not device.status:
-            busy, busy_src = gpu_busy(samples, state.info.local_rank)
+            busy, busy_src = gpu_busy(samples, local)
+            util = busy
+            fill, sm_active, tensor_active = gpu_fill(samples, local)
+        timed = timed_steps(state.steps, win, max_seconds)
+        bound, exact = timeline_busy(timed)
+        if bound is not None and (bound > busy if busy is not None else exact):
+            busy, busy_src = bound, "cuda_timeline"
+        if busy is None:
+            busy_why = busy_unknown_reason(samples, local, device.status)
     elif n and thread_busy is not None:
         # CPU: the CPU is the device; busy is the training thread's measured CPU time in the step,
         # plus the time it was ready to run but other processes held the cores: that time had work
@@ -136,6 +156,7 @@ def rank_stats(state: RankState, max_steps: int, max_seconds: float, timeline: b
         # to a measured cause
         busy, busy_src = sum(computes) / active_sum, "step_accounting"
 
+    device_time, queued_steps = lead_steps(timed)
     samples_sum = sum_known([s.samples for s in win])
     tokens_sum = sum_known([s.tokens for s in win])
     flops_sum = sum_known([s.flops for s in win])
@@ -174,8 +195,16 @@ def rank_stats(state: RankState, max_steps: int, max_seconds: float, timeline: b
         peak_source=peak_source,
         power_w=power,
         energy_per_step_j=power * dur_sum / n if power is not None and n else None,
+        busy_why=busy_why,
+        gpu_util=util,
+        fill=fill,
+        sm_active=sm_active,
+        tensor_active=tensor_active,
+        offloaded=device.offloaded if device.type == "cuda" else None,
+        device_time=device_time,
+        lead_steps=queued_steps,
         syncs=syncs / n if syncs is not None and n else None,
-        host_lead=known(statistics.median, [s.lead for s in win]),
+        host_lead=known(statistics.median, [s.lead for s in timed]),
         loader_cpu=statistics.fmean(loader_cpus) if loader_cpus else None,
         loader_workers=workers,
         trace=trace,
@@ -250,7 +279,7 @@ def rank_view(state: RankState, st: RankStats, now: float, silent_s: float | Non
         drops=state.drops, stall=state.stall, stalled_s=state.stall.lasted(now) if state.stall else None,
         silent_s=silent_s, answered=h.answered,
         overhead_step_frac=st.overhead.step_frac if st.overhead is not None else None,
-        overhead_cpu_frac=st.overhead.cpu_frac if st.overhead is not None else None)
+        overhead_cpu_frac=st.overhead.cpu_frac if st.overhead is not None else None, device_fill=st.fill)
 
 
 def _ettr(state: RankState, now: float, step_median: float | None) -> float | None:
@@ -289,13 +318,22 @@ def job_metrics(ready: list[tuple[RankState, RankStats]], ranks: list[RankView],
     tokens = [x.tokens_per_s for x in st]
     where = job_where([(x.where, x.off_cpu_frac) for x in st])
     power = sum_all([x.power_w for x in st])
+    # a rank whose busy is not measured makes the job's busy not measured: the least busy rank may be it
+    busy_unknown = {str(s.rank): x.busy_why or "not measured" for s, x in ready if x.device_busy is None}
+    least_busy = min((x for x in st if x.device_busy is not None), key=lambda x: x.device_busy or 0.0, default=None)
     metrics = Metrics(
         steps=steps,
         step_time_median_s=max_known([x.step_median for x in st]),
         samples_per_s=sum_known(samples),
         tokens_per_s=sum_known(tokens),
-        device_busy=min_known([x.device_busy for x in st]),
-        device_busy_source=st[0].busy_source,
+        device_busy=least_busy.device_busy if least_busy is not None and not busy_unknown else None,
+        device_busy_source=least_busy.busy_source if least_busy is not None and not busy_unknown else None,
+        device_busy_unknown=busy_unknown or None,
+        device_fill=min_known([x.fill for x in st]),
+        gpu_util=min_known([x.gpu_util for x in st]),
+        sm_active=min_known([x.sm_active for x in st]),
+        tensor_active=mean_known([x.tensor_active for x in st]),
+        params_offloaded=max_known([x.offloaded for x in st]),
         data_wait_frac=max_known([x.data_frac for x in st]),
         data_cpu_frac=max_known([x.data_cpu_frac for x in st]),
         comm_frac=max_known([x.comm_frac for x in st]),
@@ -305,6 +343,8 @@ def job_metrics(ready: list[tuple[RankState, RankStats]], ranks: list[RankView],
         busbw=top.busbw if top else None,
         syncs_per_step=mean_known([x.syncs for x in st]),
         host_lead_s=min_known([x.host_lead for x in st]),
+        host_lead_steps=min_known([x.lead_steps for x in st]),
+        device_time_median_s=max_known([x.device_time for x in st]),
         off_cpu_frac=max_known([x.off_cpu_frac for x in st]),
         cpu_contention_frac=max_known([x.cpu_contention_frac for x in st]),
         host_wait_frac=where.wait_frac if where is not None else None,

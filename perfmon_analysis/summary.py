@@ -66,6 +66,14 @@ STATS_PAYLOAD: tuple[PayloadKey, ...] = (
     PayloadKey("cpu_contention_frac", float, "cpu_contention_frac"),
     PayloadKey("power_w", float, "power_w"),
     PayloadKey("energy_per_step_j", float, "energy_per_step_j"),
+    PayloadKey("busy_why", str, "busy_why"),
+    PayloadKey("fill", float, "fill"),
+    PayloadKey("gpu_util", float, "gpu_util"),
+    PayloadKey("sm_active", float, "sm_active"),
+    PayloadKey("tensor_active", float, "tensor_active"),
+    PayloadKey("offloaded", float, "offloaded"),
+    PayloadKey("device_time", float, "device_time"),
+    PayloadKey("lead_steps", float, "lead_steps"),
 )
 
 # ``RankStats`` fields the payload does not carry as scalars, and why.

@@ -35,7 +35,8 @@ from __future__ import annotations
 #         on the training thread),
 #         syncs (host-device syncs in the step), sync_site ("file:line" of the most frequent),
 #         samples, tokens, flops, flops_source ("user"|"counted"|"6N"), mem {allocated, peak, reserved},
-#         gpu_time (device time of the step from events), lead (host-ahead-of-device s),
+#         gpu_time (device time of the step from events), lead (host-ahead-of-device s; both on a
+#         sampled subset of steps, about ten a second: probe.gpu.cuda.StepTimer),
 #         gpu_step (the step gpu_time/lead belong to: device results arrive a step or more late),
 #         gpu_phases {forward, backward, optimizer} (device s, when the step had one forward)
 # sample  host {cpu (cores busy in this process), cpu_count, sys_cpu, rss, mem_used, mem_total,
@@ -44,14 +45,19 @@ from __future__ import annotations
 #         power_w, power_limit_w, energy_mj (1.x: NVML's total energy counter since the driver
 #         loaded, mJ; None without one), sm_clock, sm_clock_max, temp_c, throttle [reason names],
 #         pcie_tx, pcie_rx, nvlink_tx, nvlink_rx (bytes/s), and on GPM devices sm_active,
-#         sm_occupancy, tensor_active, dram_bw (0..1), lost (true once NVML says the GPU is lost)}],
+#         sm_occupancy, tensor_active, dram_bw (0..1), lost (true once NVML says the GPU is lost),
+#         why (1.x: {field: reason} for util and sm_active when NVML gave none, in NVML's words, e.g.
+#         "NVML: NotSupported on this GPU", "GPM unsupported on this GPU ..."), errors (1.x: failed
+#         NVML calls for this GPU so far)}],
 #         gpu_status (str when no GPU data), compute {dtype ("fp32"|"tf32"|"bf16"|"fp16"|"fp8"),
 #         peak_flops (FLOP/s for that dtype, None when unknown: no MFU), peak_source, flops_source,
 #         params (trainable parameter count), device} (after watch()),
 #         device (1.x; the job's device now, from where its tensors live (probe.gpu.job); a reader takes
 #         the newest one over the hello's: type "cpu"|"cuda"|other torch device types, name, count,
 #         index (CUDA), memory_total, peak_flops {dtype: FLOP/s}, driver, status (CUDA: why the GPU's
-#         counters cannot be read as this job's, e.g. NVML not loadable; busy is then not measured))
+#         counters cannot be read as this job's, e.g. NVML not loadable; busy is then not measured),
+#         offloaded (1.x, CUDA: the share of the watched parameters' bytes held in host memory: CPU
+#         offload, a CPU embedding in front of GPU layers))
 # memory  device, params, grads, optimizer, activations, cache, fragmentation, other, limit,
 #         peak, reserved, allocated, alloc_retries, ooms; CUDA: peak = allocated peak since the
 #         allocator's last reset (never reset by the probe), peak_reserved, fragmentation = inactive
@@ -84,7 +90,9 @@ from __future__ import annotations
 #         DataLoader is watched), device {pending (bool: queued GPU work not finished) } (CUDA),
 #         flight {source (the sources joined by "+"), sources (1.x: the recorders read, "nccl":
 #         ProcessGroupNCCL's, "generic": gloo and other CPU backends), groups {group: {enqueued,
-#         started, completed (sequence numbers, -1: none), backend}}, entries [{op, group, seq, state
+#         started, completed (sequence numbers, -1: none), backend}} (a group both recorders report,
+#         one sequence per backend, is listed once per backend as "group:backend", its entries too),
+#         entries [{op, group, seq, state
 #         ("scheduled": enqueued, not started | "started" | "completed" | "enqueued": not completed,
 #         the recorder sees no starts), backend ("nccl"|"gloo"|...)}] (not retired), note (why it is
 #         empty)} (torch's flight recorders, probe/flight.py), n (1 for the first record of this stall),

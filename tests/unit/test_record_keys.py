@@ -20,7 +20,7 @@ ALLOWED: dict[tuple[str, str | None], tuple[frozenset[str] | None, str]] = {
     ("verdict.py", None): (frozenset({"skipped", "undecided", "id"}), "the verdict's own evidence and findings"),
     ("questions.py", None): (frozenset({"data_wait", "comm_exposed", "device_idle"}),
                              "the verdict's loss accounting by loss id"),
-    ("outcomes.py", None): (frozenset({"loader_cpu", "device_idle", "comm_exposed", "device_busy"}),
+    ("outcomes.py", None): (frozenset({"loader_cpu", "device_idle", "comm_exposed", "device_busy", "host_ahead"}),
                             "the verdict's answers and losses by question and loss id"),
     ("explain.py", None): (frozenset({"name", "source", "rank", "count", "where"}),
                            "JobView.events: event records as the log pane lists them"),

@@ -46,8 +46,10 @@ def _view(ranks=None, device="cuda", peak=PEAK, **metrics):
 
 
 def _idle(**metrics):
-    """The same job with the device 45% busy and no measured loss, unless given."""
-    base = dict(device_busy=0.45, data_wait_frac=0.0, comm_exposed_frac=0.0, syncs_per_step=0.0, mfu=0.5)
+    """The same job with the device 45% busy and no measured loss, unless given; the host 2 ms ahead of
+    250 ms of device work a step."""
+    base = dict(device_busy=0.45, data_wait_frac=0.0, comm_exposed_frac=0.0, syncs_per_step=0.0, mfu=0.5,
+                host_lead_s=0.002, host_lead_steps=0.008, device_time_median_s=0.25)
     base.update(metrics)
     return _view(**base)
 
@@ -94,6 +96,14 @@ VIEWS = {
         traces={0: RankTrace(steps=(StepBar(0, 0.1, 0.0, (), "train.py:10"), StepBar(1, 0.1, 0.0, (), "train.py:42"),
                                     StepBar(2, 0.1, 0.0, ())), data_wait=(), cpu=())}),
     "host_overhead": lambda: _idle(step_time_median_s=0.25),
+    "not_measured_host_ahead": lambda: _idle(step_time_median_s=0.25, host_lead_s=0.4, host_lead_steps=1.6,
+                                             device_time_median_s=0.25),
+    "not_measured_lead_unknown": lambda: _idle(step_time_median_s=0.25, host_lead_s=None, host_lead_steps=None,
+                                               device_time_median_s=None),
+    "not_measured_busy_unknown_on_a_rank": lambda: job(Rank(0, gpu_util=95), Rank(1, gpu_why={
+        "util": "NVML: NoPermission"}), device="cuda").view(),
+    "low_fill": lambda: _view(device_busy=0.98, device_fill=0.56, sm_active=0.55, mfu=None),
+    "low_fill_warn": lambda: _view(device_busy=1.0, device_fill=0.45, sm_active=0.45, mfu=0.21),
     "host_wait_cpu": lambda: job(Rank(steps=40, cpu=0.06, extra_records=intervals(40, 0.1, [(SLEEP, 160),
                                                                                             (FORWARD, 240)]))).view(),
     "host_wait_cpu_no_samples": lambda: job(Rank(steps=40, cpu=0.06)).view(),
@@ -139,6 +149,21 @@ WAIT_FIXES = [
     "overlap it: start the request before forward and collect its result after backward (concurrent.futures)",
     "batch it: one call every N steps instead of one per step; cache what it returns",
     "a lock or GIL contention with a background thread shows as waiting too: find the other holder"]
+
+IDLE_FIXES = [
+    "`perfmon capture` (key c) records a torch.profiler trace of a few steps: its device rows show what the device "
+    "waits for between kernels",
+    "work on another CUDA stream (a side stream, a collective's stream) is not on the stream the step's events time: "
+    "waits on it show as idle here",
+    "time the collectives (mon.watch(model=ddp_model), PERFMON_NCCL_TIMING=1) so a wait for peers is measured as such"]
+
+FILL_FIXES = [
+    "a larger micro-batch per step: fewer, larger kernels that occupy every SM (gradient accumulation keeps the "
+    "global batch)",
+    "fuse small ops into larger kernels: torch.compile (and fused optimizers, flash attention)",
+    "CUDA graphs (torch.compile(mode='reduce-overhead') or torch.cuda.graphs) for steps of many small kernels",
+    "`perfmon capture` (key c) lists the kernels by device time: the largest ones with few blocks or low occupancy "
+    "(registers, shared memory per block) are where the SMs sit empty"]
 
 SUGGEST = {
     "memory_device": [   'activation checkpointing (torch.utils.checkpoint) on the largest blocks',
@@ -251,17 +276,17 @@ EXPECTED = {
          'loader_cpu': 0.01,
          'step_time_median_s': 0.1},
         None),
-    'not_measured': (
-        'not_measured', 'warn',
-        "Not measured: CUDA busy is unknown (no utilization samples for this job's GPU), so whether the device "
-        "is starved cannot be told; measured: exposed communication 0%, 100ms steps; MFU 50%",
-        ['GPU busy comes from NVML (GPM SM activity, else utilization): `nvidia-smi -q -d UTILIZATION` as this '
-         'user shows whether the driver reports it; MIG slices and many vGPUs report no utilization',
-         "if NVML cannot be loaded (no libnvidia-ml in the container), mount the driver's libraries (NVIDIA "
-         "container toolkit) so the probe can read the GPU",
-         'meanwhile, the losses that are measured still speak: a data wait or exposed communication of 10% or '
-         'more would have been named'],
-        {'device_busy': None, 'comm_exposed_frac': 0.0, 'step_time_median_s': 0.1},
+    'not_measured': (   'not_measured',
+        'warn',
+        "Not measured: CUDA busy is unknown (no GPU utilization samples for this job's GPU), so whether the "
+        'device is starved cannot be told; measured: exposed communication 0%, 100ms steps; MFU 50%',
+        [   'GPU busy is the share of time a kernel ran, from NVML utilization: `nvidia-smi -q -d UTILIZATION` '
+            'as this user shows whether the driver reports it; MIG slices and many vGPUs report no utilization',
+            "if NVML cannot be loaded (no libnvidia-ml in the container), mount the driver's libraries (NVIDIA "
+            'container toolkit) so the probe can read the GPU',
+            'meanwhile, the losses that are measured still speak: a data wait or exposed communication of 10% or '
+            'more would have been named'],
+        {'comm_exposed_frac': 0.0, 'data_wait_frac': None, 'device_busy': None, 'step_time_median_s': 0.1},
         None),
     'memory_ooms_device': (
         'memory', 'crit',
@@ -492,18 +517,87 @@ EXPECTED = {
          '(key u: every line)', *WAIT_FIXES],
         {'device_busy': 0.4, 'host_wait_frac': 0.75, 'syncs_per_step': 0.0, 'where_top': '/home/u/train.py:21'},
         None),
-    'host_overhead': (
-        'host_overhead', 'crit',
-        'Host overhead: the device idles 55% of each step with no other measured cause (busy 45% of a 250ms step); the CPU cannot feed it'
-        '; cannot tell a host that waits (I/O, a lock, a service) from launch overhead (no stack samples of the training thread in steps)',
-        ['larger batch per step',
-         'torch.compile or CUDA graphs to cut launch overhead',
-         'fuse small ops; avoid Python work per micro-op'],
-        {'comm_exposed_frac': 0.0,
-         'data_wait_frac': 0.0,
-         'device_busy': 0.45,
-         'step_time_median_s': 0.25,
-         'syncs_per_step': 0.0},
+    'host_overhead': (   'host_overhead',
+        'crit',
+        'Host overhead: the device idles 55% of each step with no other measured cause (busy 45% of a 250ms '
+        'step); the host stays only 2ms ahead of 250ms of device work a step, too little to keep it fed; cannot '
+        'tell a host that waits (I/O, a lock, a service) from launch overhead (no stack samples of the training '
+        'thread in steps)',
+        [   'larger batch per step',
+            'torch.compile or CUDA graphs to cut launch overhead',
+            'fuse small ops; avoid Python work per micro-op'],
+        {   'comm_exposed_frac': 0.0,
+            'data_wait_frac': 0.0,
+            'device_busy': 0.45,
+            'host_lead_steps': 0.008,
+            'step_time_median_s': 0.25,
+            'syncs_per_step': 0.0},
+        None),
+    'not_measured_host_ahead': (   'not_measured',
+        'warn',
+        'Not measured: the device idles 55% of each step with no measured cause; the host keeps 1.6 steps of '
+        'work queued ahead of it (400ms ahead of a 250ms step), so launches are not what idles it; what it waits '
+        'for (another stream, a collective nobody timed, time outside the steps) is not measured; measured: data '
+        'wait 0%, exposed communication 0%, device idle, no other cause 55%, 250ms steps; MFU 50%',
+        IDLE_FIXES,
+        {   'comm_exposed_frac': 0.0,
+            'data_wait_frac': 0.0,
+            'device_busy': 0.45,
+            'host_lead_steps': 1.6,
+            'step_time_median_s': 0.25,
+            'syncs_per_step': 0.0},
+        None),
+    'not_measured_lead_unknown': (   'not_measured',
+        'warn',
+        'Not measured: the device idles 55% of each step with no measured cause; measured: data wait 0%, exposed '
+        'communication 0%, device idle, no other cause 55%, 250ms steps; MFU 50%; cannot tell a host that waits '
+        '(I/O, a lock, a service) from launch overhead (no stack samples of the training thread in steps); '
+        'cannot tell launch overhead from an idle the host does not cause (host lead not measured: no step of '
+        'the window timed with CUDA events)',
+        ["turn on CUDA step timing: mon.watch(model=...) on the model on the GPU (it times about ten steps a "
+         "second; watch(gpu_events=False) turns it off)", *IDLE_FIXES],
+        {   'comm_exposed_frac': 0.0,
+            'data_wait_frac': 0.0,
+            'device_busy': 0.45,
+            'step_time_median_s': 0.25,
+            'syncs_per_step': 0.0},
+        None),
+    'not_measured_busy_unknown_on_a_rank': (   'not_measured',
+        'warn',
+        'Not measured: CUDA busy is unknown (rank 1: NVML: NoPermission), so whether the device is starved '
+        'cannot be told; measured: no loss measured, 100ms steps',
+        [   'GPU busy is the share of time a kernel ran, from NVML utilization: `nvidia-smi -q -d UTILIZATION` '
+            'as this user shows whether the driver reports it; MIG slices and many vGPUs report no utilization',
+            "if NVML cannot be loaded (no libnvidia-ml in the container), mount the driver's libraries (NVIDIA "
+            'container toolkit) so the probe can read the GPU',
+            'meanwhile, the losses that are measured still speak: a data wait or exposed communication of 10% or '
+            'more would have been named'],
+        {'comm_exposed_frac': None, 'data_wait_frac': None, 'device_busy': None, 'step_time_median_s': 0.1},
+        None),
+    'low_fill': (   'low_fill',
+        'info',
+        'Low SM fill: a kernel runs 98% of each 100ms step, but the running kernels occupy 56% of the SMs (SM '
+        'activity 55%): small kernels, a small batch, unfused ops or low occupancy',
+        FILL_FIXES,
+        {   'comm_exposed_frac': 0.0,
+            'data_wait_frac': None,
+            'device_busy': 0.98,
+            'device_fill': 0.56,
+            'sm_active': 0.55,
+            'step_time_median_s': 0.1},
+        None),
+    'low_fill_warn': (   'low_fill',
+        'warn',
+        'Low SM fill: a kernel runs 100% of each 100ms step, but the running kernels occupy 45% of the SMs (SM '
+        'activity 45%); MFU 21% of a 100TFLOP/s peak (device table, bf16): small kernels, a small batch, unfused '
+        'ops or low occupancy',
+        FILL_FIXES,
+        {   'comm_exposed_frac': 0.0,
+            'data_wait_frac': None,
+            'device_busy': 1.0,
+            'device_fill': 0.45,
+            'sm_active': 0.45,
+            'step_time_median_s': 0.1},
         None),
     'compute_efficiency_mfu': (
         'compute_efficiency', 'info',
@@ -717,8 +811,8 @@ def test_arrival_straggler_mentions_its_gaps_from_five_percent(gap, said):
 def test_unknown_step_time_and_unmeasured_loader_are_said_plainly():
     assert V.evaluate(_idle(step_time_median_s=None)).headline == (
         "Host overhead: the device idles 55% of each step with no other measured cause (busy 45% of a n/a step); "
-        "the CPU cannot feed it; cannot tell a host that waits (I/O, a lock, a service) from launch overhead (no "
-        "stack samples of the training thread in steps)")
+        "the host stays only 2ms ahead of 250ms of device work a step, too little to keep it fed; cannot tell a host "
+        "that waits (I/O, a lock, a service) from launch overhead (no stack samples of the training thread in steps)")
     v = V.evaluate(_idle(data_wait_frac=0.3, loader_workers=None, loader_cpu=None, data_cpu_frac=None))
     assert v.bottleneck == "data_loading" and v.undecided == {"loader_cpu": v.evidence["skipped"]["loader_cpu"]}
     assert v.headline == ("Data loading: 30% of each step waits for the loader; cannot tell CPU-bound "
@@ -822,17 +916,18 @@ def test_a_straggler_on_a_multi_node_job_is_named_with_its_host():
 
 
 def test_host_overhead_quotes_how_far_the_host_runs_ahead_of_the_gpu():
-    recs = records(Rank(dur=0.1, gpu_util=55, syncs=0.0), device="cuda")
+    recs = records(Rank(dur=0.1, gpu_util=55, syncs=0.0, gpu_time=0.1), device="cuda")
     for r in recs:
         if r["k"] == "step":
-            r["lead"] = 0.0999
+            r["lead"] = 0.0015
     model = RunModel()
     for r in recs:
         model.ingest("s", r)
     v = V.evaluate(model.view())
     assert v.bottleneck == "host_overhead"
     assert v.headline.startswith("Host overhead: the device idles 45% of each step with no other measured cause "
-                                 "(the host runs 99.9ms ahead of it)")
+                                 "(busy 55% of a 100ms step); the host stays only 1.5ms ahead of 100ms of device "
+                                 "work a step, too little to keep it fed")
 
 
 def test_a_device_memory_verdict_speaks_of_the_windows_peak():
