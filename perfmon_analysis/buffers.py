@@ -9,8 +9,9 @@ from __future__ import annotations
 import collections
 from typing import TYPE_CHECKING, Any, Deque
 
-from perfmon_analysis.readings import (CommReading, DeviceReading, EventReading, MemoryReading, SampleReading,
-                                       StallReading, StepReading, WhereInterval, hello_reading, step_reading)
+from perfmon_analysis.readings import (CommReading, DeviceReading, EventReading, LayoutReading, MemoryReading,
+                                       SampleReading, StallReading, StepOps, StepReading, WhereInterval, hello_reading,
+                                       step_reading)
 from perfmon_analysis.sketch import DurationSketch
 
 if TYPE_CHECKING:
@@ -30,6 +31,7 @@ COMM_BUFFER = 64
 EVENT_BUFFER = 200
 TIMELINE_STEPS = 120       # steps handed to the timeline/data panes per rank
 WHERE_BUFFER = 320         # ``where`` intervals (one per 2 s at most): the longest window the TUI offers (600 s)
+OPS_BUFFER = 64            # steps' operations (wire 1.5) kept per rank: the straggler what-if's window at most
 
 # Events whose ``seconds`` is time the training loop was blocked between steps.
 BLOCKING_EVENTS = frozenset({"checkpoint", "eval", "evaluation", "save", "pause"})
@@ -81,7 +83,7 @@ class RankState:
                  "events", "drops", "ended", "version", "first_start", "last_end", "inside", "gap_total", "unseen",
                  "parser", "loader_seen", "last_t", "recv_clock", "stall", "profile", "capture",
                  "summary_steps", "totals_through", "device", "where", "unmeasured", "run_times", "summary_times",
-                 "_cache", "_health")
+                 "layout", "ops", "_cache", "_health")
 
     def __init__(self, rank: int, stream: str, hello: dict[str, Any], generation: int) -> None:
         self.rank = rank
@@ -119,6 +121,8 @@ class RankState:
         self.unmeasured: dict[str, str] = {}   # quantity -> why the probe cannot measure it (its warning)
         self.run_times = DurationSketch()       # every step's time but the first: the run's percentiles
         self.summary_times: Any = None          # (window, run) step times while a relay summarises the rank
+        self.layout: LayoutReading | None = None   # the rank's place in the job's layout (wire 1.5)
+        self.ops: Deque[StepOps] = collections.deque(maxlen=OPS_BUFFER)   # its steps' operations (wire 1.5)
         self._cache: tuple[int, Any] | None = None
         self._health: dict[str, Any] = {}       # perfmon_analysis.health's parts, each by what it reads
 

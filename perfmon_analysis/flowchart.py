@@ -128,6 +128,7 @@ class Answer:
     measure: str = ""
     decided_by: str = ""
     otherwise: str | None = None
+    silent: bool = False     # nothing to ask of this job: the walk takes "no" without listing the question
 
     @property
     def asked(self) -> bool:
@@ -175,6 +176,10 @@ class Question:
 
     def unasked(self, reason: str, applies: bool = True, measure: str = "", otherwise: str | None = None) -> Answer:
         return Answer(self, None, None, self.threshold, reason, applies, measure, otherwise=otherwise)
+
+    def silenced(self, reason: str) -> Answer:
+        """Nothing to ask of this job (its input does not exist for it): passed on "no", unlisted."""
+        return Answer(self, None, None, self.threshold, reason, applies=False, silent=True)
 
     def rewired(self, **exits: str) -> "Question":
         """This question with other exits (``yes``, ``no``, ``unmeasured``): how a chart puts a new
@@ -281,8 +286,13 @@ class Chart:
         qid = self.root
         while True:
             q = self.questions[qid]
-            path.append(qid)
             ans = answers[qid]
+            if ans.silent:
+                qid = q.no
+                if qid in self.outcomes:
+                    break
+                continue
+            path.append(qid)
             if ans.answer is None:
                 skipped[qid] = ans.reason
                 if not ans.applies:           # the question does not apply to this job: its "no" is the answer

@@ -163,7 +163,7 @@ class CommExposed(Question):
     quantity = "comm_exposed_frac"
     threshold = COMM_EXPOSED_MIN
     source = "PyTorch Profiler TB plugin communication rule (> 10%)"
-    yes, no, unmeasured = "straggler", "syncs", "syncs"
+    yes, no, unmeasured = "worker_slow", "syncs", "syncs"      # straggler_verdict's questions, then Straggler
     short = "comm"
 
     def ask(self, view: JobView, losses: Losses) -> Answer:
@@ -197,6 +197,9 @@ class Straggler(Question):
 
     def ask(self, view: JobView, losses: Losses) -> Answer:
         m = view.metrics
+        if view.layout.stages > 1:
+            return self.unasked("pipeline stages do different work by design: their compute is not compared",
+                                applies=False)
         if m.compute_ratio is None:
             if view.world_size <= 1 and len(view.ranks) <= 1:
                 return self.unasked("one rank: there is no peer to wait for", applies=False)

@@ -14,6 +14,7 @@ from typing import Any, Iterable
 
 from perfmon_analysis import units
 from perfmon_analysis.capture import capture_reading
+from perfmon_analysis.layout_report import layout_lines, rank_note, rank_place
 from perfmon_analysis.metrics import Metric, Unit, by_name, job_values, loss_metrics, rank_values, rounded
 from perfmon_analysis.health import text_lines as health_lines
 from perfmon_analysis.overhead import text_lines as overhead_lines
@@ -35,7 +36,8 @@ def build(view: JobView, verdict: Verdict, *, retired: Iterable[tuple[int, dict[
     metrics = job_values(view)
     metrics["memory"] = {k: rounded(v) for k, v in view.metrics.memory.as_json().items()}
     ranks = [{"rank": r.rank, "host": r.host, "pid": r.pid, "restart": r.restart, "generation": r.generation,
-              **rank_values(r), "straggler": r.rank == verdict.straggler_rank, "ended": r.ended, "drops": r.drops}
+              **rank_values(r), "straggler": r.rank == verdict.straggler_rank, "ended": r.ended, "drops": r.drops,
+              **rank_place(view.layout, r.rank)}
              for r in view.ranks]
     return {
         "schema": SCHEMA,
@@ -60,6 +62,8 @@ def build(view: JobView, verdict: Verdict, *, retired: Iterable[tuple[int, dict[
         "profile": view.profile.as_json() if view.profile is not None else None,
         "captures": [c.as_json() for c in view.captures],
         "overhead": view.overhead.as_json() if view.overhead is not None else None,
+        "layout": view.layout.as_json(),
+        "straggling": view.straggling.as_json(view.layout) if view.straggling is not None else None,
         "source": source or {},
         "groups": [g.as_json() for g in view.groups],     # through a relay tree (docs/tree.md); else []
         "as_of": round(view.now, 3),     # the instant the window ends (newest record, or now when live)
@@ -177,6 +181,7 @@ def render_text(report: dict[str, Any], width: int = 80) -> str:
             wrap(loss.get("source") or loss.get("why_unknown") or "", first=f"  {loss['label']:<30} {shown:>12}  ",
                  indent=" " * 48)
     lines.extend(gains_lines(v, width))
+    lines.extend(layout_lines(report, width))
     if v.get("where") is not None:
         lines.append("Where the unexplained time goes (in-step stack samples, share of the step ± 95%):")
         if not v["where"]:
@@ -241,7 +246,8 @@ def render_text(report: dict[str, Any], width: int = 80) -> str:
         lines.append(f"{'RANK':>4} {'GEN':>3} {'PID':>8} {'STEPS':>6} {'STEP':>7} {'COMPUTE':>7} {'BUSY':>5} "
                      f"{'DATA':>5} {'COMM':>5} {'ETTR':>5}  NOTE")
         for r in report["ranks"]:
-            note = "straggler" if r.get("straggler") else ("ended" if r.get("ended") else "")
+            note = " ".join(x for x in (rank_note(r), "straggler" if r.get("straggler") else
+                                        ("ended" if r.get("ended") else "")) if x)
             row = (f"{r['rank']:>4} {r.get('generation', 0):>3} {str(r.get('pid') or units.NA):>8} {r['steps']:>6} "
                    f"{units.seconds(r['step_time_median_s']):>7} {units.seconds(r.get('compute_s')):>7} "
                    f"{_pct(r.get('device_busy')):>5} {_pct(r.get('data_wait_frac')):>5} "
@@ -261,14 +267,18 @@ def gains_lines(v: dict[str, Any], width: int = 80) -> list[str]:
         return []
     unit = basis["device_unit"]
     priced = any(g.get("price") for g in rows)
-    lines = [f"What fixing it buys (upper bounds; {basis['ranks']} rank(s), {units.hours(basis.get('hours'))} h "
-             "so far):",
+    lines = [f"What fixing it buys (upper bounds unless marked; {basis['ranks']} rank(s), "
+             f"{units.hours(basis.get('hours'))} h so far):",
              f"  {'loss':<28} {'speedup':>7} {unit + '/day':>10} {'so far':>8} {'cost/day' if priced else '':>9}"
              .rstrip()]
     for g in rows + ([v["gains_combined"]] if v.get("gains_combined") else []):
         cost = units.money((g.get("price") or {}).get("per_day")) if priced else ""
-        lines.append(f"  {g['label'][:28]:<28} {units.speedup(g['speedup_bound']):>7} "
+        mark = "~" if g.get("basis") == "simulated" else ""
+        lines.append(f"  {g['label'][:28]:<28} {mark + units.speedup(g['speedup_bound']):>7} "
                      f"{units.hours(g.get('per_day')):>10} {units.hours(g.get('device_hours')):>8} {cost:>9}".rstrip())
+    if any(g.get("basis") == "simulated" for g in rows):
+        lines.extend(textwrap.wrap("~ simulated: the step without the straggler, from the ranks' operations "
+                                   "(not a bound)", width, initial_indent="  ", subsequent_indent="    "))
     if not priced:
         lines.extend(textwrap.wrap(rows[0].get("why_no_price", ""), width, initial_indent="  money: ",
                                    subsequent_indent="    ", break_on_hyphens=False))

@@ -26,9 +26,9 @@ import time
 from typing import Any
 
 from perfmon_analysis.buffers import EVENT_BUFFER, MIN_STEPS, WINDOW_SAMPLES, WINDOW_SECONDS, WINDOW_STEPS, RankState
-from perfmon_analysis.readings import (HostReading, StepReading, comm_reading, dropped, event_reading, gpu_rows,
-                                       hello_reading, memory_reading, record_time, sample_reading, stall_reading,
-                                       where_interval)
+from perfmon_analysis.readings import (HostReading, StepOps, StepReading, comm_reading, dropped, event_reading,
+                                       gpu_rows, hello_reading, layout_reading, memory_reading, record_time,
+                                       sample_reading, stall_reading, step_ops, where_interval)
 from perfmon_analysis.comm_stats import comm_rows
 from perfmon_analysis.stats import RankStats, job_metrics, rank_stats, rank_view, summary_stats, window_of
 from perfmon_analysis.where_stats import job_where
@@ -41,7 +41,11 @@ from perfmon_analysis.profile import ModuleProfile, profile_reading, with_overhe
 from perfmon_analysis.overhead import worst
 from perfmon_analysis.stuck import diagnose
 from perfmon_analysis.summary import apply_summary, summary_record
+from perfmon_analysis.layout import Layout, assemble
+from perfmon_analysis.stragglers import Straggling, analyse
 from perfmon_analysis.views import JobView
+
+STRAGGLING_PERIOD = 5.0    # s of probe time between two what-if analyses of a live job (each replays the window)
 
 
 class RunModel:
@@ -68,6 +72,7 @@ class RunModel:
         self.history = History()     # the whole run, downsampled (the trends screen, the HTML report)
         self.exit: JobExit | None = None     # how the job's command ended (``perfmon run``), when known
         self.groups: dict[str, list[GroupReduction]] = {}   # group relay -> its reductions (the relay tree)
+        self._straggling: tuple[tuple, float, Straggling | None] | None = None   # (window key, at, analysis)
 
     # -- ingest -------------------------------------------------------------------------------
     def ingest(self, stream_id: str, record: dict[str, Any], received: float | None = None) -> None:
@@ -101,10 +106,15 @@ class RunModel:
                     self._summaries.pop(state, None)
                 state.add_step(step)
                 self.history.add_step(state.rank, state.info.host, step)
+                ops = step_ops(record)
+                if ops is not None:
+                    state.ops.append(ops)
                 if state.stall is not None and step.step > (state.stall.step if state.stall.step is not None else -1):
                     state.stall = None     # progress again (its ``resumed`` record may have been dropped)
         elif kind == "summary":
             self._summaries[state] = apply_summary(state, record)
+        elif kind == "layout":
+            state.layout = layout_reading(record)
         elif kind == "stall":
             state.stall = stall_reading(record)
         elif kind == "resumed":
@@ -262,6 +272,7 @@ class RunModel:
         window = {"steps": max((st.n for st in stats), default=0),
                   "seconds": round(max((st.span for st in stats), default=0.0), 3)}
         comm_ops = comm_rows([st.comm_delta for st in stats])
+        layout = assemble({s.rank: s.layout for s in states if s.layout is not None}, world)
         events = [dict(e.record, rank=s.rank)
                   for s, e in sorted(((s, e) for s in states for e in s.events), key=lambda se: se[1].t or 0.0)]
         view = JobView(
@@ -295,8 +306,32 @@ class RunModel:
             where=job_where([(st.where, st.off_cpu_frac) for _, st in ready]),
             overhead=worst(st.overhead for st in stats),
             health=job_health(healths, self.exit, max((r.steps for r in ranks), default=None)),
+            layout=layout,
+            straggling=self._analyse(states, layout, now, clock is not None, metrics.cpu_contention_frac),
         )
         return _with_groups(view, self.groups) if self.groups else view
+
+    def _analyse(self, states: list[RankState], layout: Layout, now: float, live: bool,
+                 contention: float | None) -> Straggling | None:
+        """The what-if over the window's operations (``perfmon_analysis.stragglers``), None when no rank
+        sends any. A replay of the whole window: redone when the window has new steps; for a live
+        view at most every ``STRAGGLING_PERIOD`` s of probe time (at once when there is none yet)."""
+        steps: dict[int, dict[int, StepOps]] = {}
+        for s in states:
+            if s.ops:
+                window = {w.step for w in window_of(s, self.window_steps, self.window_seconds)}
+                for ops in s.ops:
+                    if ops.step in window:
+                        steps.setdefault(ops.step, {})[s.rank] = ops
+        if not steps:
+            return None
+        key = (tuple(sorted((s.rank, s.ops[-1].step) for s in states if s.ops)), layout.dims, tuple(sorted(layout.coords.items())), self.window_steps, self.window_seconds)
+        cached = self._straggling
+        if cached is not None and (cached[0] == key or (live and now - cached[1] < STRAGGLING_PERIOD)):
+            return cached[2]
+        result = analyse(layout, steps, noise=contention)
+        self._straggling = (key, now, result)
+        return result
 
     def steps_in_window(self) -> dict[int, list[StepReading]]:
         """Each rank's steps in the window, oldest first: the per-step samples behind the view's

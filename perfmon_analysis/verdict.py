@@ -27,7 +27,7 @@ import dataclasses
 from dataclasses import dataclass, field
 from typing import Any
 
-from perfmon_analysis import units
+from perfmon_analysis import straggler_verdict, units
 from perfmon_analysis.buffers import MIN_STEPS
 from perfmon_analysis.explain import findings as secondary_findings  # beside the named outcome
 from perfmon_analysis.explain import where_text
@@ -121,7 +121,8 @@ class Verdict:
 
 
 # -- evaluation --------------------------------------------------------------------------------
-CHART = Chart(QUESTIONS, OUTCOMES, root="memory", before=("crashed", "stuck", "warming_up"))
+CHART = Chart((*QUESTIONS, *straggler_verdict.QUESTIONS), (*OUTCOMES, *straggler_verdict.OUTCOMES), root="memory",
+              before=("crashed", "stuck", "warming_up"))
 BOTTLENECKS: tuple[str, ...] = tuple(CHART.outcomes)
 
 
@@ -143,7 +144,8 @@ def evaluate(view: JobView, chart: Chart = CHART) -> Verdict:
     leaf, path, evidence = chart.walk(answers)
     m = view.metrics
     outcome = chart.outcomes[leaf]
-    straggler = view.straggler_rank if leaf == "load_imbalance" else None
+    straggler = view.straggler_rank if leaf == "load_imbalance" else \
+        view.straggling.rank if leaf == "slow_worker" and view.straggling is not None else None
     for key, value in (("step_time_median_s", m.step_time_median_s), ("device_busy", m.device_busy),
                        ("data_wait_frac", m.data_wait_frac), ("comm_exposed_frac", m.comm_exposed_frac)):
         evidence.setdefault(key, round4(value))
@@ -153,7 +155,10 @@ def evaluate(view: JobView, chart: Chart = CHART) -> Verdict:
         headline += f"; cannot tell {chart.questions[qid].decides_between} ({_short_reason(undecided[qid])})"
     evidence.update(extra)
     found = _loss_findings(outcome, losses, view.where) + secondary_findings(view)
-    gains = estimate_gains(view, losses, tuple(x.id for x in qualifying(losses)))
+    simulated = view.straggling if leaf in straggler_verdict.CAUSE_OUTCOMES.values() else None
+    gains = estimate_gains(view, losses, tuple(x.id for x in qualifying(losses)),
+                           simulated={outcome.loss: (simulated.gain, simulated.why_no_gain or "")}
+                           if simulated is not None and outcome.loss else None)
     return Verdict(leaf, outcome.severity(view, losses), headline, path, evidence, suggestions, straggler, found,
                    losses=losses, undecided=dict(undecided), straggler_host=_host_of(view, straggler),
                    where=view.where, answers=answers, gains=gains)

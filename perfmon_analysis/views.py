@@ -14,6 +14,8 @@ from perfmon_analysis.capture import CaptureSummary
 from perfmon_analysis.health import JobHealth
 from perfmon_analysis.step_times import StepTimes
 from perfmon_analysis.groups import GroupReduction
+from perfmon_analysis.layout import Layout, world_layout
+from perfmon_analysis.stragglers import Straggling
 from perfmon_analysis.overhead import Overhead
 from perfmon_analysis.profile import ModuleProfile
 from perfmon_analysis.stuck import StuckDiagnosis
@@ -296,3 +298,5 @@ class JobView:
     comm_status: str | None = None        # why communication is not measured, in the probe's words
     health: JobHealth = JobHealth()       # step-time percentiles and outliers, memory growth, crash
     groups: tuple[GroupReduction, ...] = ()   # through group relays: reductions by key, ("job", "") last
+    layout: Layout = field(default_factory=lambda: world_layout(1))   # each rank's place (perfmon_analysis.layout)
+    straggling: Straggling | None = None  # the what-if over the window's operations (perfmon_analysis.stragglers)

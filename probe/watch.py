@@ -30,7 +30,7 @@ import time
 import weakref
 from typing import Any, Iterator
 
-from probe import comm, flops
+from probe import comm, flops, layout
 from probe.hooks import Hook, remove_all
 from probe.gpu import cuda as gpu_cuda
 from probe.gpu.job import STEP_DEVICE_EVERY, job_placement, output_placement
@@ -360,6 +360,8 @@ class Watcher:
         state = self.comm_state or comm.install(self.probe)
         if state is None:
             return
+        if self.comm_state is None:
+            layout.install(state)        # the rank's place, and a pipeline stage's compute (probe.layout)
         self.comm_state = state
         if state.event_backend is None and self.device_type == "cuda":
             state.event_backend = gpu_cuda.backend
@@ -514,6 +516,10 @@ class Watcher:
             summary = state.tracker.drain()
             if summary is not None:
                 extras["comm"] = summary
+            ops = state.tracker.take_ops()
+            if ops is not None:
+                extras["ops"], extras["ops_dropped"] = ops      # made relative to the step's start on the sender
+            layout.step_end(state)
         if self.syncs is not None:
             count, site = self.syncs.take()
             extras["syncs"] = count

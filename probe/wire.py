@@ -169,6 +169,21 @@ from __future__ import annotations
 #         group not listed is held only in the counts], silent_s {src: seconds since its newest
 #         record}, keys [further reductions of the same ranks by another grouping, each {key, ranks,
 #         ...} as above]. The ranks' own records come tagged with ``src`` = "node/rank's src".
+# 1.5 (the job's parallel layout and what the what-if simulates, docs/layout.md):
+# layout  (new kind; sent when the rank's place is first known or changes, and in every backfill) dims [names,
+#         outer to inner: "pp", "dp", "tp", ... as the job's DeviceMesh names them], sizes [int], coord [this
+#         rank's coordinate along each dim], source ("mesh": a DeviceMesh | "pipeline": a
+#         torch.distributed.pipelining stage's index and count, replicas from its process group's ranks)
+# step    ops [[kind, start, dur, mb, peer(, waited)]] (at most MAX_OPS a step, in the order they were issued): the
+#         step's operations, start in s after the record's ``start``, dur in s; kind "fwd" | "bwd" (a
+#         pipeline stage's compute of micro-batch mb, -1 for none), "send" | "recv" (point-to-point; peer the
+#         other side's global rank; a receive lasts from its posting to its completion; a send's waited, when
+#         present, is when (s after start) the host began to wait for it, blocked until it completed), or a collective's
+#         name (peer the process group's name, the same on every member: "world", or torch's group name);
+#         ops_clock ("host": times are the training thread's, the time between two ops is its own work |
+#         "device": the device's timeline), ops_dropped (ops of the step over MAX_OPS, not sent),
+#         comm.p2p_exposed (s the training thread was blocked in point-to-point calls and their waits: a
+#         pipeline stage's time waiting on its neighbours, its bubble; absent when none)
 
 import struct
 from typing import Any, Iterator
@@ -180,6 +195,7 @@ MAX_FRAME = 1 << 20          # 1 MiB, checked before the body is read
 MAX_DEPTH = 8                # records are shallow; anything deeper is hostile
 MAX_CONTAINER = 10_000       # entries in any one map or list
 VIEWER_MAX_FRAME = 4096      # viewers only ever send a small hello
+MAX_OPS = 512                # ``ops`` of one step record (wire 1.5): 6 per micro-batch on a middle pipeline stage
 
 HEADER = struct.Struct(">I")
 
@@ -192,6 +208,7 @@ KIND_MINOR: dict[str, int] = {
     "summary": 2, "subscribe": 2,
     "where": 3,
     "group": 5,
+    "layout": 5,
 }
 KINDS = frozenset(KIND_MINOR)
 
@@ -217,13 +234,15 @@ REQUIRED: dict[str, dict[str, tuple[type, ...]]] = {
     "subscribe": {"srcs": (list,)},
     "where": {"samples": (int,), "lines": (list,)},
     "group": {"key": (list,)},
+    "layout": {"dims": (list,), "sizes": (list,), "coord": (list,)},
 }
 OPTIONAL: dict[str, dict[str, tuple[type, ...]]] = {
     "hello": {"job": (str,), "rank": (int,), "world_size": (int,), "pid": (int,), "host": (str,),
               "restart": (int,), "device": (dict,), "argv": (list,)},
     "step": {"start": _NUM, "phases": (dict,), "comm": (dict,), "mem": (dict,), "syncs": _NUM,
              "samples": _NUM, "tokens": _NUM, "flops": _NUM, "cpu": _NUM, "cpu_span": (str,),
-             "cpu_others": _NUM, "intra_threads": (int,)},
+             "cpu_others": _NUM, "intra_threads": (int,), "ops": (list,), "ops_clock": (str,),
+             "ops_dropped": (int,)},
     "sample": {"gpus": (list,), "host": (dict,), "cost": (dict,)},
     "stall": {"since": _NUM, "seconds": _NUM, "threshold": _NUM, "step": (int,), "where": (str,),
               "stack": (list,), "inflight": (list,), "seq": (dict,), "loader": (dict,), "device": (dict,),
@@ -240,6 +259,7 @@ OPTIONAL: dict[str, dict[str, tuple[type, ...]]] = {
     "subscribe": {"window": (list,)},
     "where": {"t0": _NUM, "t1": _NUM, "hz": _NUM, "other": (int,), "runq": _NUM},
     "group": {"q": (dict,), "reps": (list,), "silent_s": (dict,), "keys": (list,), "src": (str,)},
+    "layout": {"source": (str,)},
 }
 
 

@@ -7,7 +7,8 @@ holds every other module to it), and every key written or read here is named in 
 schema (``tests/unit/test_wire_keys.py``). Every field is None when the probe did not report it (unknown is never
 0); utilisations are 0..1. One module per family of records: ``steps`` (steps, events), ``samples``
 (hello, samples, memory, comm), ``where``, ``stall``, ``profiles`` (capture, profile), ``events`` (an
-exception's line, an evaluation's forwards, ``perfmon run``'s exit status); ``base`` holds
+exception's line, an evaluation's forwards, ``perfmon run``'s exit status), ``layout`` (a rank's place in
+the job's layout, a step's operations); ``base`` holds
 the value checks they share.
 """
 
@@ -27,6 +28,7 @@ from perfmon_analysis.readings.events import (ExceptionReading, exception_readin
                                               exit_reading)
 from perfmon_analysis.readings.profiles import (OpTime, CaptureRecord, capture_record, window_cpu, ModuleTimes,
                                                 ProfileRecord, profile_record)
+from perfmon_analysis.readings.layout import Op, StepOps, step_ops, LayoutReading, layout_reading
 
 __all__ = ['num', 'record_time', 'dropped', 'StepBar', 'StepReading', 'step_reading', 'EventReading', 'event_reading',
            'step_cpu', 'GpuReading', 'GpuRow', 'HostReading', 'RankTrace', 'gpu_reading', 'gpu_readings',
@@ -35,4 +37,5 @@ __all__ = ['num', 'record_time', 'dropped', 'StepBar', 'StepReading', 'step_read
            'CommOp', 'CommReading', 'comm_reading', 'own_gpus', 'gpu_rows', 'WhereCount', 'WhereInterval',
            'WHERE_STATES', 'where_interval', 'InFlight', 'FlightEntry', 'LoaderWorker', 'StallReading',
            'stall_reading', 'OpTime', 'CaptureRecord', 'capture_record', 'window_cpu', 'ModuleTimes', 'ProfileRecord',
-           'profile_record', 'ExceptionReading', 'exception_reading', 'eval_forwards', 'JobExit', 'exit_reading']
+           'profile_record', 'ExceptionReading', 'exception_reading', 'eval_forwards', 'JobExit', 'exit_reading',
+           'Op', 'StepOps', 'step_ops', 'LayoutReading', 'layout_reading']

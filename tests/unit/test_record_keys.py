@@ -29,6 +29,8 @@ ALLOWED: dict[tuple[str, str | None], tuple[frozenset[str] | None, str]] = {
     ("runmodel.py", "view"): (frozenset({"comm"}), "RankState.unmeasured, by the quantity the probe named"),
     ("metrics.py", "_idle"): (frozenset({"device_idle"}), "the loss accounting by loss id"),
     ("report.py", "render_text"): (None, "the report dict ``build`` made, not a record"),
+    ("layout_report.py", None): (None, "the report dict ``build`` made (its layout, straggling and rank rows), "
+                                       "not a record"),
     ("report.py", "gains_lines"): (None, "the report's verdict gains (Gains.as_json), not a record"),
     ("capture.py", "capture_reading"): (frozenset({"overhead", "baseline_step_s", "captured_step_s"}),
                                         "the report's captures entry (CaptureSummary.as_json), not a record"),

@@ -7,6 +7,7 @@ import dataclasses
 
 import pytest
 
+from tests.unit.test_straggler_verdict import STRAGGLER_LEAVES
 from tests.unit.verdict_synth import T0, Rank, job, records
 from perfmon_analysis import flowchart as chart
 from perfmon_analysis import verdict as V
@@ -100,7 +101,7 @@ def test_every_leaf_is_reached(name, ranks, kw, leaf, path):
 
 def test_all_leaves_of_the_chart_are_covered_by_the_table():
     leaves = {x for n in V.CHART.questions.values() for x in (n.yes, n.no, n.unmeasured) if x in V.BOTTLENECKS}
-    assert leaves == {x[3] for x in LEAVES}
+    assert leaves == {x[3] for x in LEAVES} | STRAGGLER_LEAVES     # those from operations: test_straggler_verdict
     assert leaves | {"crashed", "warming_up", "stuck"} == set(V.BOTTLENECKS)   # decided before the walk
 
 
@@ -245,7 +246,8 @@ def test_every_threshold_is_a_named_constant_with_a_source():
     documented = {"memory": (">", 0.90), "device_busy": ("<", 0.70), "data_wait": (">=", 0.05),
                   "loader_cpu": (">=", 0.30), "comm_exposed": (">=", 0.10), "straggler": ("<", 0.7),
                   "syncs": (">=", 1.0), "host_waiting": (">=", 0.50), "host_ahead": (">=", 1.0),
-                  "fill": ("<", 0.80), "mfu": ("<", 0.30)}
+                  "fill": ("<", 0.80), "mfu": ("<", 0.30),
+                  "worker_slow": (">=", 0.50), "rotating": (">=", 0.50), "stage_heavy": (">=", 1.10)}
     assert {n.id: (n.op, n.threshold) for n in V.CHART.questions.values()} == documented
     assert all(len(n.source) > 10 for n in V.CHART.questions.values())
     assert (chart.ETTR_MIN, chart.DEVICE_BUSY_CRIT, chart.FRAGMENTATION_MAX) == (0.90, 0.50, 0.20)

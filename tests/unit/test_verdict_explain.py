@@ -14,6 +14,8 @@ import pytest
 
 from tests.unit.test_stuck import SLEEPER, WAITER
 from tests.unit.test_where_model import FORWARD, SLEEP, intervals
+from tests.helpers.ops_jobs import view as ops_view
+from tests.unit.test_straggler_verdict import LEAVES as STRAGGLERS
 from tests.unit.verdict_synth import T0, Rank, job, records
 from perfmon_analysis import explain, units
 from perfmon_analysis.buffers import BLOCKING_EVENTS
@@ -115,6 +117,9 @@ VIEWS = {
     "healthy_steps_ettr_low": lambda: _cpu(ettr=0.18, gap_frac=0.82, step_time_median_s=0.0002),
     "healthy_steps_recent_gaps": lambda: _cpu(ettr=0.95, gap_frac=0.10),
     "warming_up": lambda: job(Rank(steps=3)).view(),
+    "slow_worker": lambda: ops_view(**STRAGGLERS[0][1]),
+    "slow_stage": lambda: ops_view(**STRAGGLERS[1][1]),
+    "rotating_imbalance": lambda: ops_view(**STRAGGLERS[2][1]),
     "crashed": lambda: dataclasses.replace(job(Rank(steps=3)).view(), health=JobHealth(crash=Crash(
         0, "RuntimeError", "CUDA error: device-side assert triggered", 41, "/home/u/train.py", 12, "main",
         "loss = model(x)", "exit code 1"))),
@@ -413,6 +418,32 @@ EXPECTED = {
          'device_busy': 0.9,
          'step_time_median_s': 0.1},
         None),
+    'slow_worker': (
+        'slow_worker', 'crit',
+        "Slow worker: dp2 pp1, rank 6, is slower than its stage's peers on 100% of steps; every other worker waits "
+        "for it (56% of the step exposed); without it: 1.8× (simulated)",
+        ['replace or drain the node of rank 6 (h): a worker slow on most steps is its host or hardware (throttling, '
+         'a failing device, another process)',
+         'check that node: clocks and throttle reasons, ECC and link errors, other processes on its cores',
+         'restart the job without that node (elastic training: exclude it) until it is fixed'],
+        {'worker_standout_frac': 1.0, 'straggler_rank': 6, 'worker': 'dp2 pp1', 'slowdown': 1.6222, 'gain': 1.8}, 6),
+    'slow_stage': (
+        'slow_stage', 'crit',
+        'Slow stage: pipeline stage 1 does the most work (36s of compute a step, 92%); the other stages wait for '
+        'it; balancing the stages: 1.3× (simulated)',
+        ["move layers out of stage 1 into its neighbours (the pipeline's split points)",
+         'the last stage also computes the loss and the output layer, the first the embedding: give them fewer '
+         'layers than the middle stages',
+         'more micro-batches shrink the fill and drain bubble, not an imbalance between stages'],
+        {'standout_frac': 0.0, 'stage_work_ratio': 1.5, 'stage': 1, 'slowdown': 1.4, 'gain': 1.3}, None),
+    'rotating_imbalance': (
+        'rotating_imbalance', 'warn',
+        'Rotating imbalance: on 100% of steps one worker is much slower than its peers, a different one each time '
+        '(4 workers), so every step waits for one; evening the work over the replicas: 1.6× (simulated)',
+        ['pack sequences so each micro-batch holds the same number of tokens',
+         "bucket samples by length: each replica's batch then costs the same",
+         'split batches by tokens (or by attention cost), not by sample count'],
+        {'standout_frac': 1.0, 'slowdown': 1.6, 'gain': 1.6}, None),
     'load_imbalance_compute': (
         'load_imbalance', 'crit',
         'Load imbalance: rank 1 computes 100ms/step vs 50ms on rank 0; the others wait 50% in collective',
