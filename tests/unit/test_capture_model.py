@@ -2,14 +2,18 @@
 
 from __future__ import annotations
 
-from perfmon_analysis.analysis import Analysis, render_text
+from perfmon_analysis.report import build
+from perfmon_analysis.verdict import evaluate
+from perfmon_analysis.analysis import render_text
 from perfmon_analysis.capture import capture_reading
 from perfmon_analysis.runmodel import RunModel
 
 
 def report_of(model):
-    """The report ``perfmon report`` prints for this model."""
-    return Analysis(model).report()
+    """The report ``perfmon report`` prints for this model: its view, judged, built as ``Analysis.report``
+    builds it."""
+    view = model.view()
+    return build(view, evaluate(view), retired=model.retired)
 
 
 RECORD = {"k": "capture", "t": 5.0, "id": 1, "steps": 3, "first_step": 10, "last_step": 12, "wall_s": 0.5,

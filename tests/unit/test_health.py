@@ -194,7 +194,7 @@ def test_the_exit_status_perfmon_run_saw_makes_or_unmakes_the_crash():
 def test_the_report_has_the_percentiles_outliers_growth_and_crash_in_its_json_and_text():
     recs = with_rss(stretched(records(Rank(steps=60)), 40, 0.7), lambda i: 500 * MB + i * 4 * MB)
     recs += [dict(EXC, t=T0 + 6.8), {"k": "bye", "t": T0 + 6.9}]
-    analysis = Analysis(feed(recs))
+    analysis = Analysis.of_records([(STREAM, recs)])
     report = analysis.report()
     jsonschema.validate(report, SCHEMA)
     m = report["metrics"]

@@ -16,7 +16,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from perfmon_analysis import metrics as M
 from perfmon_analysis.analysis import Analysis
 from probe.integrations import live
-from tests.unit.verdict_synth import Rank, job, records
+from tests.unit.verdict_synth import Rank, analysis_of, records
 from tui.export.prometheus import _Holder, registry_for
 
 SCHEMA = json.loads((Path(__file__).parents[2] / "tui" / "schemas" / "report.schema.json").read_text())
@@ -28,13 +28,13 @@ PEAK = 100e12
 
 
 def _report() -> dict:
-    return Analysis(job(BUSY, PEER, device="cuda", peak=PEAK)).report()
+    return analysis_of(BUSY, PEER, device="cuda", peak=PEAK).report()
 
 
 def _scrape() -> dict[str, dict[str, float]]:
     """Prometheus family name -> {rank: value}, as ``perfmon export --prometheus`` serves them."""
     holder = _Holder()
-    holder.snapshot = Analysis(job(BUSY, PEER, device="cuda", peak=PEAK)).snapshot()
+    holder.snapshot = analysis_of(BUSY, PEER, device="cuda", peak=PEAK).snapshot()
     text = generate_latest(registry_for(holder)).decode()
     return {f.name: {s.labels.get("rank"): s.value for s in f.samples if not s.name.endswith("_created")}
             for f in text_string_to_metric_families(text)}
@@ -138,7 +138,7 @@ def test_data_wait_is_stated_once_at_one_precision():
 
 
 def test_each_loss_is_the_share_the_verdict_judged():
-    analysis = Analysis(job(BUSY, PEER, device="cuda", peak=PEAK))
+    analysis = analysis_of(BUSY, PEER, device="cuda", peak=PEAK)
     snap = analysis.snapshot()
     report = analysis.report(snapshot=snap)
     for loss, entry in zip(snap.verdict.losses, report["verdict"]["losses"]):

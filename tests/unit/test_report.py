@@ -14,12 +14,16 @@ from probe.paths import base_name
 from probe.recording import RecordingWriter
 from tests.unit.verdict_synth import T0, Rank, job, records
 from tui import cli
+from perfmon_analysis.report import build
+from perfmon_analysis.verdict import evaluate
 from perfmon_analysis.analysis import Analysis, render_text
 
 
 def report_of(model):
-    """The report ``perfmon report`` prints for this model."""
-    return Analysis(model).report()
+    """The report ``perfmon report`` prints for this model: its view, judged, built as ``Analysis.report``
+    builds it."""
+    view = model.view()
+    return build(view, evaluate(view), retired=model.retired)
 
 
 SCHEMA = json.loads((Path(__file__).parents[2] / "tui" / "schemas" / "report.schema.json").read_text())

@@ -11,6 +11,8 @@ import pytest
 
 from probe import flight as F
 from tests.unit.verdict_synth import T0, Rank, job
+from perfmon_analysis.report import build
+from perfmon_analysis.verdict import evaluate
 from perfmon_analysis.analysis import Analysis
 from perfmon_analysis import verdict as V
 from perfmon_analysis.runmodel import RunModel
@@ -19,8 +21,10 @@ from perfmon_analysis.stuck import CALL_STATES, HEARTBEAT_S, NO_HELLO_S, diagnos
 
 
 def report_of(model):
-    """The report ``perfmon report`` prints for this model."""
-    return Analysis(model).report()
+    """The report ``perfmon report`` prints for this model: its view, judged, built as ``Analysis.report``
+    builds it."""
+    view = model.view()
+    return build(view, evaluate(view), retired=model.retired)
 
 
 SCHEMA = json.loads((Path(__file__).parents[2] / "tui" / "schemas" / "report.schema.json").read_text())

@@ -15,6 +15,8 @@ import jsonschema
 import pytest
 
 from tests.unit.verdict_synth import T0, Rank, job
+from perfmon_analysis.report import build
+from perfmon_analysis.verdict import evaluate
 from perfmon_analysis.analysis import Analysis, render_text
 from perfmon_analysis import verdict as V
 from perfmon_analysis.losses import by_id
@@ -24,8 +26,10 @@ from perfmon_analysis.summary import read_summary, summary_record
 
 
 def report_of(model):
-    """The report ``perfmon report`` prints for this model."""
-    return Analysis(model).report()
+    """The report ``perfmon report`` prints for this model: its view, judged, built as ``Analysis.report``
+    builds it."""
+    view = model.view()
+    return build(view, evaluate(view), retired=model.retired)
 
 
 SCHEMA = json.loads((Path(__file__).parents[2] / "tui" / "schemas" / "report.schema.json").read_text())

@@ -10,6 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from perfmon_analysis.analysis import Analysis
 from perfmon_analysis.runmodel import RunModel
 
 T0 = 1_700_000_000.0
@@ -122,10 +123,9 @@ def records(r: Rank, world: int = 1, device: str = "cpu", peak: float | None = N
     return out
 
 
-def job(*ranks: Rank, device: str = "cpu", peak: float | None = None, bye: bool = False,
-        model: RunModel | None = None) -> RunModel:
-    """A RunModel fed with every rank's records, interleaved by time like a live viewer sees them."""
-    model = model or RunModel()
+def interleaved(ranks: tuple[Rank, ...], device: str = "cpu", peak: float | None = None,
+                bye: bool = False) -> list[tuple[str, dict]]:
+    """Every rank's (stream, record), interleaved by time like a live viewer sees them."""
     world = len(ranks)
     streams = []
     for r in ranks:
@@ -133,6 +133,21 @@ def job(*ranks: Rank, device: str = "cpu", peak: float | None = None, bye: bool 
         streams.append((stream, records(r, world, device, peak, bye)))
     merged = sorted(((rec["t"], i, n, stream, rec) for i, (stream, recs) in enumerate(streams)
                      for n, rec in enumerate(recs)), key=lambda x: (x[0], x[1], x[2]))
-    for _, _, _, stream, rec in merged:
+    return [(stream, rec) for _, _, _, stream, rec in merged]
+
+
+def job(*ranks: Rank, device: str = "cpu", peak: float | None = None, bye: bool = False,
+        model: RunModel | None = None) -> RunModel:
+    """A RunModel fed with every rank's records, interleaved by time like a live viewer sees them."""
+    model = model or RunModel()
+    for stream, rec in interleaved(ranks, device, peak, bye):
         model.ingest(stream, rec)
     return model
+
+
+def analysis_of(*ranks: Rank, device: str = "cpu", peak: float | None = None, bye: bool = False) -> Analysis:
+    """The same records through the analysis facade, as the report and the callbacks read them."""
+    analysis = Analysis()
+    for stream, rec in interleaved(ranks, device, peak, bye):
+        analysis.ingest(stream, rec)
+    return analysis
