@@ -17,6 +17,7 @@ from typing import Any
 from perfmon_analysis.buffers import RankState
 from perfmon_analysis.readings import RankTrace, num
 from perfmon_analysis.stats import RankStats
+from perfmon_analysis.step_times import StepTimes
 from perfmon_analysis.views import MemoryMetrics
 
 SUMMARY_VERSION = 1     # a newer payload may add keys; a key keeps its meaning, so readers read what they know
@@ -65,6 +66,14 @@ STATS_PAYLOAD: tuple[PayloadKey, ...] = (
     PayloadKey("cpu_contention_frac", float, "cpu_contention_frac"),
     PayloadKey("power_w", float, "power_w"),
     PayloadKey("energy_per_step_j", float, "energy_per_step_j"),
+    PayloadKey("busy_why", str, "busy_why"),
+    PayloadKey("fill", float, "fill"),
+    PayloadKey("gpu_util", float, "gpu_util"),
+    PayloadKey("sm_active", float, "sm_active"),
+    PayloadKey("tensor_active", float, "tensor_active"),
+    PayloadKey("offloaded", float, "offloaded"),
+    PayloadKey("device_time", float, "device_time"),
+    PayloadKey("lead_steps", float, "lead_steps"),
 )
 
 # ``RankStats`` fields the payload does not carry as scalars, and why.
@@ -100,13 +109,28 @@ MEMORY_PAYLOAD: tuple[PayloadKey, ...] = (
 MEMORY_NOT_SENT: dict[str, str] = {}
 
 
-def summary_record(state: RankState, st: RankStats, t: float) -> dict[str, Any]:
-    """The ``summary`` record of ``state`` with its window statistics ``st`` (relay side)."""
+# ``StepTimes`` (the window's and the run's step-time percentiles) -> the payload's ``times``.
+TIMES_PAYLOAD: tuple[PayloadKey, ...] = (
+    PayloadKey("n", int, "n", 0),
+    PayloadKey("p50", float, "p50"),
+    PayloadKey("p90", float, "p90"),
+    PayloadKey("p99", float, "p99"),
+    PayloadKey("max", float, "max"),
+    PayloadKey("max_step", int, "max_step"),
+)
+
+
+def summary_record(state: RankState, st: RankStats, t: float, times: tuple[StepTimes, StepTimes] | None = None
+                   ) -> dict[str, Any]:
+    """The ``summary`` record of ``state`` with its window statistics ``st`` and its step times
+    (window, run) (relay side)."""
     last = state.steps[-1] if state.steps else None
     return {
         "k": "summary", "t": t, "v": SUMMARY_VERSION,
         "stats": _known(st, STATS_PAYLOAD),          # unknown (None) values left out: smaller frames
         "memory": _known(st.memory, MEMORY_PAYLOAD),
+        **({"times": {"window": _known(times[0], TIMES_PAYLOAD), "run": _known(times[1], TIMES_PAYLOAD)}}
+           if times is not None else {}),
         "comm": {op: list(v) for op, v in st.comm_delta.items()},
         "steps": (last.step + 1) if last is not None else 0,
         "first_start": state.first_start, "last_end": state.last_end, "inside": state.inside,
@@ -130,6 +154,7 @@ class RankSummary:
 
     stats: RankStats
     steps: int
+    times: tuple[StepTimes, StepTimes] | None = None     # the window's and the run's step times
 
 
 def read_summary(rec: dict[str, Any]) -> RankSummary:
@@ -146,7 +171,11 @@ def read_summary(rec: dict[str, Any]) -> RankSummary:
     trace = RankTrace(steps=(), data_wait=(), cpu=())      # a rank's history comes with its steps in full
     stats = RankStats(**values, trace=trace, memory=memory, comm_delta=comm)
     steps = rec.get("steps")
-    return RankSummary(stats, steps if isinstance(steps, int) and not isinstance(steps, bool) and steps >= 0 else 0)
+    raw = rec.get("times") if isinstance(rec.get("times"), dict) else None
+    times = (StepTimes(**_read(raw.get("window"), TIMES_PAYLOAD)), StepTimes(**_read(raw.get("run"), TIMES_PAYLOAD))) \
+        if raw is not None else None
+    return RankSummary(stats, steps if isinstance(steps, int) and not isinstance(steps, bool) and steps >= 0 else 0,
+                       times)
 
 
 def _typed(value: Any, kind: type, unknown: Any) -> Any:
@@ -175,4 +204,5 @@ def apply_summary(state: RankState, rec: dict[str, Any]) -> RankStats:
     state.unseen = num(rec.get("unseen")) or 0.0
     state.loader_seen = state.loader_seen or rec.get("loader_seen") is True
     state.totals_through = summary.steps - 1
+    state.summary_times = summary.times
     return summary.stats

@@ -150,8 +150,8 @@ def install(before: set[str], job: str | None = None) -> dict[str, Any]:
     global _before, _installed
     _before = before
     try:
-        from probe import auto, core
-        if core.current() is not None or auto.active():
+        from probe import auto, lifecycle
+        if lifecycle.current() is not None or auto.active():
             _remove_modules()
             return {"ok": False, "message": "a perfmon probe is already running in this process"}
         auto.install(optimizers=_optimizers(sys.modules["torch"]), job=job)
@@ -172,7 +172,7 @@ def detach() -> dict[str, Any]:
     steps = None
     gpu = None
     try:
-        from probe import auto, fetches, forks, hooks, tracing
+        from probe import auto, fetches, forks, hooks, layout, tracing
         from probe.comm import collectives
         mon = auto._auto.probe if auto._auto is not None else None
         steps = mon.steps if mon is not None else 0
@@ -180,6 +180,7 @@ def detach() -> dict[str, Any]:
         left += auto.uninstall()
         fetches.uninstall()
         collectives.uninstall()
+        layout.uninstall()
         hooks.unfilter_module_state()
         tracing.remove_finder()
         forks.disarm_all()

@@ -138,7 +138,7 @@ class Tally:
         lines = []
         for (filename, lineno, function, state), (n, libs) in ranked[:MAX_LINES]:
             line: dict[str, Any] = {"file": filename, "line": lineno, "function": function, "n": n}
-            call = _source(filename, lineno)
+            call = source_line(filename, lineno)
             if call:
                 line["call"] = call
             lib = max(libs.items(), key=lambda kv: kv[1])[0] if libs else None
@@ -176,7 +176,7 @@ def _qualified(frame: Any) -> str:
     return f"{module}.{getattr(code, 'co_qualname', code.co_name)}"
 
 
-def _source(filename: str, lineno: int) -> str | None:
+def source_line(filename: str, lineno: int) -> str | None:
     try:
         text = linecache.getline(filename, lineno).strip()
     except Exception:   # an unreadable file or a loader that fails: no source text

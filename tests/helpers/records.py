@@ -15,9 +15,6 @@ from typing import Any
 
 from probe import records, wire
 
-STEP = 0          # probe.core's hot-path tag of a step tuple
-
-
 def hello(rank: int = 0, *, t: float, job: str = "j", world_size: int = 1, local_rank: int | None = None,
           pid: int | None = None, restart: int = 0, host: str = "n1", device: dict[str, Any] | None = None,
           **fields: Any) -> dict[str, Any]:
@@ -42,7 +39,9 @@ def step(n: int, *, start: float, dur: float, phases: dict[str, float] | None = 
     measured = {k: v for k, v in (phases or {}).items() if k != "other"}
     # the probe's clock reads are perf_counter seconds, turned into unix seconds by its epoch: the
     # step from 0 to ``dur`` on a clock whose epoch is ``start`` keeps ``dur`` exact
-    item = (STEP, n, 0.0, dur, 0.0, measured, samples, tokens, flops, extras or None, gap, data_cpu, cpu, cpu_span)
+    item = records.StepItem(kind=records.ITEM_STEP, step=n, start=0.0, end=dur, data=0.0, phases=measured,
+                            samples=samples, tokens=tokens, flops=flops, extras=extras or None, gap=gap,
+                            data_cpu=data_cpu, cpu=cpu, cpu_span=cpu_span)
     rec = records.step_record(item, start)
     if rec.get("cpu_span", "") is None:
         del rec["cpu_span"]

@@ -291,9 +291,9 @@ def replay_app(recording: Path, verdicts: int = 0):
     ``verdicts`` instants on the way (``ReplayFeed``)."""
     from tui.app.perfmon_app import PerfmonApp
     from tui.stream.feed import ReplayFeed
-    from perfmon_analysis.runmodel import RunModel
+    from perfmon_analysis.analysis import Analysis
     from tui.stream.sources import load_recordings
-    return PerfmonApp(ReplayFeed(RunModel(), load_recordings(recording), speed=None, verdicts=verdicts),
+    return PerfmonApp(ReplayFeed(Analysis(), load_recordings(recording), speed=None, verdicts=verdicts),
                       watch_terminal=False)
 
 

@@ -22,13 +22,13 @@ from tui.stream import discovery
 from tui.app.perfmon_app import WINDOWS, PerfmonApp
 from tui.stream.discovery import read_token
 from tui.stream.feed import LiveFeed, ReplayFeed, TcpFeed
-from perfmon_analysis.runmodel import RunModel
+from perfmon_analysis.analysis import Analysis
 from tui.app.screens.flowchart import FlowchartScreen
 from tui.app.screens.help import HelpScreen
 from tui.app.screens.log import LogScreen
 from tui.app.screens.picker import JobChoice, PickerScreen
 from tui.stream.sources import load_recordings
-from perfmon_analysis.flowchart import NODES
+from perfmon_analysis.verdict import CHART
 from tui.app.widgets.memory import MemoryPane
 
 API_JOB = Path(__file__).resolve().parents[1] / "integration" / "jobs" / "api_job.py"
@@ -43,7 +43,7 @@ def start_api_job(job: str, steps: int, *flags: str, env: dict | None = None) ->
 
 def live_app(job: str) -> PerfmonApp:
     endpoints = discovery.jobs(discovery.list_endpoints()).get(job, [])
-    return PerfmonApp(LiveFeed(RunModel(), job, endpoints), watch_terminal=False)
+    return PerfmonApp(LiveFeed(Analysis(), job, endpoints), watch_terminal=False)
 
 
 # -- keys -------------------------------------------------------------------------------------
@@ -68,7 +68,7 @@ async def test_help_and_flowchart_open_and_close(recordings):
         await pilot.press("f")
         assert isinstance(app.screen, FlowchartScreen)
         text = screen_text(app)
-        assert NODES["straggler"].question in text and "now 0.5 → yes" in text
+        assert CHART.questions["straggler"].text in text and "now 0.5 → yes" in text
         await pilot.press("f")
         assert not isinstance(app.screen, FlowchartScreen)
 
@@ -120,7 +120,7 @@ async def test_window_key_recomputes_over_a_longer_window(recordings):
         await pilot.press("w")
         # 80 steps recorded, the first left out: the longer window holds all the others
         assert app.view.window["steps"] == 79
-        assert app.feed.model.window_steps == WINDOWS[1][0]
+        assert app.feed.analysis.window[0] == WINDOWS[1][0]
 
 
 async def test_no_color_draws_categories_with_characters(recordings, monkeypatch):
@@ -136,7 +136,7 @@ async def test_no_color_draws_categories_with_characters(recordings, monkeypatch
 async def test_log_key_tails_the_job_output(tmp_path, recordings):
     log = tmp_path / "job.log"
     log.write_text("epoch 1\nloss 2.5\n")
-    app = PerfmonApp(ReplayFeed(RunModel(), load_recordings(recordings["healthy"]), speed=None),
+    app = PerfmonApp(ReplayFeed(Analysis(), load_recordings(recordings["healthy"]), speed=None),
                      log_path=log, watch_terminal=False)
     async with app.run_test(size=(100, 30)) as pilot:
         await pilot.press("l")
@@ -163,7 +163,7 @@ async def test_log_screen_lists_the_probes_own_warnings(tmp_path):
         with mon.step():
             pass
     mon.close()
-    app = PerfmonApp(ReplayFeed(RunModel(), load_recordings(str(tmp_path)), speed=None), watch_terminal=False)
+    app = PerfmonApp(ReplayFeed(Analysis(), load_recordings(str(tmp_path)), speed=None), watch_terminal=False)
     async with app.run_test(size=(100, 30)) as pilot:
         await wait_until(pilot, lambda: app.view is not None and app.view.events, what="events replayed")
         await pilot.press("l")
@@ -183,7 +183,7 @@ async def test_replay_plays_pauses_speeds_up_and_jumps_to_end(recordings):
         ticks.append(time.monotonic())
         return ticks[-1]
 
-    feed = ReplayFeed(RunModel(), load_recordings(recordings["data_preprocessing"]), speed=4.0, monotonic=clock)
+    feed = ReplayFeed(Analysis(), load_recordings(recordings["data_preprocessing"]), speed=4.0, monotonic=clock)
     app = PerfmonApp(feed, watch_terminal=False)
     async with app.run_test(size=(120, 36)) as pilot:
         await wait_until(pilot, lambda: feed.progress > 0.05, what="replay progress")
@@ -298,11 +298,11 @@ async def test_tcp_with_token_streams_and_a_wrong_token_is_refused(perfmon_dir):
         assert proc.stdout.readline().strip()
         token_files = list(perfmon_dir.glob("*.token"))
         assert len(token_files) == 1 and oct(token_files[0].stat().st_mode & 0o777) == "0o600"
-        good = PerfmonApp(TcpFeed(RunModel(), "127.0.0.1", port, read_token(None)), watch_terminal=False)
+        good = PerfmonApp(TcpFeed(Analysis(), "127.0.0.1", port, read_token(None)), watch_terminal=False)
         async with good.run_test(size=(120, 36)) as pilot:
             await wait_until(pilot, lambda: good.view is not None and good.view.metrics.steps > 3, what="steps")
             assert good.view.job == "remote"
-        bad = PerfmonApp(TcpFeed(RunModel(), "127.0.0.1", port, "not-the-token"), watch_terminal=False)
+        bad = PerfmonApp(TcpFeed(Analysis(), "127.0.0.1", port, "not-the-token"), watch_terminal=False)
         async with bad.run_test(size=(120, 36)) as pilot:
             await wait_until(pilot, lambda: any(s.state == "error" for s in bad.feed.streams.values()),
                              what="refusal")

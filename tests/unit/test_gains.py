@@ -13,7 +13,7 @@ from perfmon_analysis.gains import NO_PRICE, PRICE_ENV, estimate, speedup_bound
 from perfmon_analysis.losses import Loss
 from perfmon_analysis.verdict import evaluate
 from tests.unit.test_report import _write_recording
-from tests.unit.verdict_synth import Rank, job, records
+from tests.unit.verdict_synth import Rank, analysis_of, job, records
 from tests.helpers.reports import REPORT_SCHEMA
 from tui.cli import main as cli_main
 from tui.pricing import price_per_device_hour
@@ -208,8 +208,7 @@ def test_a_restarted_energy_counter_leaves_the_power_unknown():
 
 
 def test_the_trainer_callbacks_log_the_bound_and_the_hours_of_each_known_loss():
-    from perfmon_analysis.analysis import Analysis
-    analysis = Analysis(job(Rank(data=0.03)))          # the unexplained wait is not measured: not logged
+    analysis = analysis_of(Rank(data=0.03))          # the unexplained wait is not measured: not logged
     logged = analysis.callback_numbers(analysis.snapshot())
     assert logged["perfmon/speedup_bound/data_wait"] == pytest.approx(1 / 0.7)
     assert logged["perfmon/device_hours_per_day/data_wait"] == pytest.approx(24 * 0.3)

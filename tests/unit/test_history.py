@@ -88,7 +88,7 @@ def _steps(rank: int, n: int, dur: float, host: str, slow_from: int | None = Non
 def test_run_model_feeds_the_history_and_the_trend_shows_a_doubling() -> None:
     analysis = Analysis.of_records([("r0", _steps(0, 5_000, 0.01, "n01", slow_from=2_500)),
                                     ("r1", _steps(1, 5_000, 0.01, "n02"))])
-    hist = analysis.model.history
+    hist = analysis.history
     assert set(hist.ranks) == {0, 1}
     assert hist.ranks[0].steps.points == 5_000 and len(hist.ranks[0].steps) <= hist.capacity
     assert [m for _, m in hist.ranks[1].memory.column("limit")][0] == 8_000_000
@@ -104,19 +104,19 @@ def test_run_model_feeds_the_history_and_the_trend_shows_a_doubling() -> None:
 def test_grid_orders_ranks_by_node_and_marks_the_slow_rank() -> None:
     analysis = Analysis.of_records([("a", _steps(0, 400, 0.01, "n02")), ("b", _steps(1, 400, 0.01, "n01")),
                                     ("c", _steps(2, 400, 0.01, "n02", slow_from=0))])
-    edges, ranks, rows = analysis.model.history.grid("step", 10)
+    edges, ranks, rows = analysis.history.grid("step", 10)
     assert [h.rank for h in ranks] == [0, 2, 1]         # n02's ranks together, in order of first rank
     assert len(edges) == 11 and all(len(r) == 10 for r in rows)
     slow = rows[1]
     assert all(v is None or math.isclose(v, 0.02) for v in slow) and any(v is not None for v in slow)
-    _, _, shares = analysis.model.history.grid("data", 10, share=True)
+    _, _, shares = analysis.history.grid("data", 10, share=True)
     assert all(v is None or math.isclose(v, 0.25) for row in shares for v in row)
 
 
 def test_judging_a_view_records_the_verdict_in_the_history() -> None:
     analysis = Analysis.of_records([("r0", _steps(0, 200, 0.01, "n01"))])
     snap = analysis.snapshot()
-    assert [c.bottleneck for c in analysis.model.history.verdicts] == [snap.verdict.bottleneck]
+    assert [c.bottleneck for c in analysis.history.verdicts] == [snap.verdict.bottleneck]
 
 
 def test_the_rank_closest_to_its_memory_limit_is_found_from_its_peak() -> None:

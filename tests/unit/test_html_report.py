@@ -20,14 +20,14 @@ from tui.stream.connect import load
 def test_a_replayed_recording_keeps_the_verdict_change_at_its_time(tmp_path):
     rec = scenarios.write("trends", tmp_path, steps=2000)
     analysis, _ = load(str(rec), 5.0, verdicts=60)
-    changes = list(analysis.model.history.verdicts)
+    changes = list(analysis.history.verdicts)
     # healthy; warned while the checkpoint before step 800 is in the window; data loading from the middle
     assert [(c.bottleneck, c.severity) for c in changes] == [("healthy", "ok"), ("healthy", "warn"),
                                                               ("healthy", "ok"), ("data_loading", "warn")]
     assert 85 < changes[1].t - scenarios.T0 < 85 + 2 * 5       # step 800 ends at T0 + 1 + 80 + 3 + 2 s
     # the loader falls behind at step 1000: T0 + 1 + 100 + 3 + 2 s; judged every ~5 s of the ~270 s run
     assert 106 < changes[3].t - scenarios.T0 < 106 + 3 * 5
-    trend = analysis.model.history.trend(50)
+    trend = analysis.history.trend(50)
     data = STEP_FIELDS.index("data")
     assert trend[0].mean[data] < 0.01 < 0.05 < trend[-1].mean[data]  # type: ignore[operator]
 
@@ -104,7 +104,7 @@ def test_a_heatmaps_hover_names_the_rank_and_node_of_the_row_under_the_pointer(t
     from tui.export import html as page
 
     analysis, _ = load(str(scenarios.write("many_nodes", tmp_path, nodes=3, per_node=2, slow_rank=4)), 5.0)
-    figures, _ = page._heatmaps(analysis.model.history, Range1d(0, 1))
+    figures, _ = page._heatmaps(analysis.history, Range1d(0, 1))
     hover = next(t for t in figures[0].tools if isinstance(t, HoverTool))
     assert ("rank", "$y{rank}") in hover.tooltips
     formatter = hover.formatters["$y"]

@@ -16,25 +16,25 @@ from prometheus_client.parser import text_string_to_metric_families
 from perfmon_analysis import metrics as M
 from perfmon_analysis.analysis import Analysis
 from probe.integrations import live
-from tests.unit.verdict_synth import Rank, job, records
+from tests.unit.verdict_synth import Rank, analysis_of, records
 from tests.helpers.reports import REPORT_SCHEMA
 from tui.export.prometheus import _Holder, registry_for
 
 # Two GPU ranks with every exported number measured (so "absent" can only mean "not exported there").
 BUSY = Rank(0, data=0.012, comm=0.021, exposed=0.0123, syncs=1.0, flops=2.2e12, tokens=4096, gpu_util=83,
-            loader_workers=2, loader_cpu=0.43, gap=0.002, probe_step_s=20e-6, probe_cores=0.004)
+            sm_active=0.71, loader_workers=2, loader_cpu=0.43, gap=0.002, probe_step_s=20e-6, probe_cores=0.004)
 PEER = dataclasses.replace(BUSY, rank=1, data=0.017, exposed=0.0031, gpu_util=79, flops=2.1e12)
 PEAK = 100e12
 
 
 def _report() -> dict:
-    return Analysis(job(BUSY, PEER, device="cuda", peak=PEAK)).report()
+    return analysis_of(BUSY, PEER, device="cuda", peak=PEAK).report()
 
 
 def _scrape() -> dict[str, dict[str, float]]:
     """Prometheus family name -> {rank: value}, as ``perfmon export --prometheus`` serves them."""
     holder = _Holder()
-    holder.snapshot = Analysis(job(BUSY, PEER, device="cuda", peak=PEAK)).snapshot()
+    holder.snapshot = analysis_of(BUSY, PEER, device="cuda", peak=PEAK).snapshot()
     text = generate_latest(registry_for(holder)).decode()
     return {f.name: {s.labels.get("rank"): s.value for s in f.samples if not s.name.endswith("_created")}
             for f in text_string_to_metric_families(text)}
@@ -140,7 +140,7 @@ def test_data_wait_is_stated_once_at_one_precision():
 
 
 def test_each_loss_is_the_share_the_verdict_judged():
-    analysis = Analysis(job(BUSY, PEER, device="cuda", peak=PEAK))
+    analysis = analysis_of(BUSY, PEER, device="cuda", peak=PEAK)
     snap = analysis.snapshot()
     report = analysis.report(snapshot=snap)
     assert snap.verdict.losses and len(report["verdict"]["losses"]) == len(snap.verdict.losses)

@@ -7,9 +7,11 @@ import dataclasses
 
 import pytest
 
+from tests.unit.test_straggler_verdict import STRAGGLER_LEAVES
 from tests.unit.verdict_synth import T0, Rank, job, records
 from perfmon_analysis import flowchart as chart
 from perfmon_analysis import verdict as V
+from perfmon_analysis.losses import by_id
 from perfmon_analysis.runmodel import RunModel
 from perfmon_analysis.readings import GpuReading, GpuRow
 from perfmon_analysis.views import JobView, MemoryMetrics
@@ -59,23 +61,28 @@ LEAVES = [
     ("host_sync: GPU idle and every step syncs",
      [Rank(gpu_util=40, syncs=3)], {"device": "cuda"}, "host_sync",
      ["memory", "device_busy", "data_wait", "comm_exposed", "syncs"]),
-    ("host_overhead: GPU idle, no data, comm or syncs",
-     [Rank(gpu_util=40, syncs=0)], {"device": "cuda"}, "host_overhead",
-     ["memory", "device_busy", "data_wait", "comm_exposed", "syncs", "host_waiting"]),
+    ("host_overhead: GPU idle, no data, comm or syncs, the host 1 ms ahead of a 100 ms step",
+     [Rank(gpu_util=40, syncs=0, gpu_time=0.1, lead=0.001)], {"device": "cuda"}, "host_overhead",
+     ["memory", "device_busy", "data_wait", "comm_exposed", "syncs", "host_waiting", "host_ahead"]),
+    ("not_measured: GPU idle half of each step although the host keeps steps queued ahead of it",
+     [Rank(gpu_util=40, syncs=0, gpu_time=0.05, lead=0.3)], {"device": "cuda"}, "not_measured",
+     ["memory", "device_busy", "data_wait", "comm_exposed", "syncs", "host_waiting", "host_ahead"]),
+    ("low_fill: busy in time, the kernels occupy half the SMs",
+     [Rank(gpu_util=97, sm_active=0.485)], {"device": "cuda"}, "low_fill", ["memory", "device_busy", "fill"]),
     ("host_wait: the CPU job's training thread off CPU 40% of the step",
      [Rank(cpu=0.06)], {}, "host_wait",
      ["memory", "device_busy", "data_wait", "comm_exposed", "syncs", "host_waiting"]),
     ("compute_efficiency: busy GPU at 10% MFU",
      [Rank(gpu_util=97, flops=PEAK * 0.1 * 0.1)], {"device": "cuda", "peak": PEAK}, "compute_efficiency",
-     ["memory", "device_busy", "mfu"]),
+     ["memory", "device_busy", "fill", "mfu"]),
     ("compute_efficiency: MFU unknown, tensor cores idle",
      [Rank(gpu_util=97, tensor_active=0.0)], {"device": "cuda"}, "compute_efficiency",
-     ["memory", "device_busy", "mfu"]),
-    ("healthy: busy GPU at 45% MFU",
-     [Rank(gpu_util=97, flops=PEAK * 0.45 * 0.1)], {"device": "cuda", "peak": PEAK}, "healthy",
-     ["memory", "device_busy", "mfu"]),
+     ["memory", "device_busy", "fill", "mfu"]),
+    ("healthy: busy GPU at 45% MFU, its kernels filling the SMs",
+     [Rank(gpu_util=97, sm_active=0.9, flops=PEAK * 0.45 * 0.1)], {"device": "cuda", "peak": PEAK}, "healthy",
+     ["memory", "device_busy", "fill", "mfu"]),
     ("healthy: CPU job computing all step",
-     [Rank()], {}, "healthy", ["memory", "device_busy", "mfu"]),
+     [Rank()], {}, "healthy", ["memory", "device_busy", "fill", "mfu"]),
     ("not_measured: CUDA job whose samples carry no utilization, every measured loss small",
      [Rank(flops=PEAK * 0.45 * 0.1)], {"device": "cuda", "peak": PEAK}, "not_measured", ["memory", "device_busy"]),
 ]
@@ -93,22 +100,22 @@ def test_every_leaf_is_reached(name, ranks, kw, leaf, path):
 
 
 def test_all_leaves_of_the_chart_are_covered_by_the_table():
-    leaves = {x for n in chart.FLOWCHART for x in (n.yes, n.no, chart.UNMEASURED[n.id]) if x in V.BOTTLENECKS}
-    assert leaves == {x[3] for x in LEAVES}
-    assert leaves | {"warming_up", "stuck"} == set(V.BOTTLENECKS)   # both decided before the walk
+    leaves = {x for n in V.CHART.questions.values() for x in (n.yes, n.no, n.unmeasured) if x in V.BOTTLENECKS}
+    assert leaves == {x[3] for x in LEAVES} | STRAGGLER_LEAVES     # those from operations: test_straggler_verdict
+    assert leaves | {"crashed", "warming_up", "stuck"} == set(V.BOTTLENECKS)   # decided before the walk
 
 
 def test_flowchart_is_well_formed_data():
-    ids = [n.id for n in chart.FLOWCHART]
-    assert len(ids) == len(set(ids)) and chart.ROOT == ids[0]
-    for n in chart.FLOWCHART:
-        assert n.question.endswith("?") and n.threshold_source and n.op in ("<", ">=", ">")
-        for exit_ in (n.yes, n.no):
-            assert exit_ in chart.NODES or exit_ in V.BOTTLENECKS
-    # every node is reachable from the root
-    seen, todo = set(), [chart.ROOT]
+    ids = list(V.CHART.questions)
+    assert len(ids) == len(set(ids)) and V.CHART.root == ids[0]
+    for n in V.CHART.questions.values():
+        assert n.text.endswith("?") and n.source and n.op in ("<", ">=", ">") and n.short
+        for exit_ in (n.yes, n.no, n.unmeasured):
+            assert exit_ in V.CHART.questions or exit_ in V.BOTTLENECKS
+    # every question is reachable from the root
+    seen, todo = set(), [V.CHART.root]
     while todo:
-        n = chart.NODES[todo.pop()]
+        n = V.CHART.questions[todo.pop()]
         seen.add(n.id)
         todo += [x for x in (n.yes, n.no) if x not in V.BOTTLENECKS and x not in seen]
     assert seen == set(ids)
@@ -162,9 +169,10 @@ def _base_view(**metrics) -> JobView:
 
 def _idle(**metrics) -> JobView:
     """Device 50% busy from an unnamed source: the gate is open, and idle with no other cause is unknown
-    (so the data and comm questions are tested on their own thresholds)."""
+    (so the data and comm questions are tested on their own thresholds); the host stays 1 ms ahead of a
+    100 ms step on the device, too little to hide the idle."""
     base = dict(device_busy=0.5, device_busy_source=None, data_wait_frac=0.0, comm_exposed_frac=0.0,
-                syncs_per_step=0.0, mfu=0.5)
+                syncs_per_step=0.0, mfu=0.5, host_lead_s=0.001, host_lead_steps=0.01, device_time_median_s=0.1)
     base.update(metrics)
     return _base_view(**base)
 
@@ -195,6 +203,11 @@ EDGES = [
     ("host_sync", lambda x: _idle(syncs_per_step=x, device_busy_source="nvml_util"), chart.SYNCS_PER_STEP_MIN, chart.SYNCS_PER_STEP_MIN - EPS,
      "host_sync", "host_overhead"),
     ("mfu", lambda x: _base_view(mfu=x), chart.MFU_MIN - EPS, chart.MFU_MIN, "compute_efficiency", "healthy"),
+    ("fill", lambda x: _base_view(device_fill=x, sm_active=0.97 * x), chart.FILL_MIN - EPS, chart.FILL_MIN,
+     "low_fill", "healthy"),
+    # the device idles 50% in time: the host is blamed only while its lead is under a step of device time
+    ("host_ahead", lambda x: _idle(device_busy_source="nvml_util", host_lead_steps=x), chart.HOST_AHEAD_STEPS,
+     chart.HOST_AHEAD_STEPS - EPS, "not_measured", "host_overhead"),
 ]
 
 
@@ -217,6 +230,11 @@ def test_recent_gap_share_edge_for_step_gaps_while_whole_run_ettr_is_still_high(
     assert "step_gaps" not in [f["id"] for f in held]
 
 
+def test_low_fill_is_a_warning_under_half_the_sms_as_nvidia_calls_that_likely_ineffective():
+    assert V.evaluate(_base_view(device_fill=chart.FILL_CRIT - EPS)).severity == "warn"
+    assert V.evaluate(_base_view(device_fill=chart.FILL_CRIT)).severity == "info"
+
+
 def test_device_busy_crit_edge():
     assert V.evaluate(_idle(device_busy=chart.DEVICE_BUSY_CRIT - EPS)).severity == "crit"
     assert V.evaluate(_idle(device_busy=chart.DEVICE_BUSY_CRIT)).severity == "warn"
@@ -227,9 +245,11 @@ def test_every_threshold_is_a_named_constant_with_a_source():
     # and names where it comes from
     documented = {"memory": (">", 0.90), "device_busy": ("<", 0.70), "data_wait": (">=", 0.05),
                   "loader_cpu": (">=", 0.30), "comm_exposed": (">=", 0.10), "straggler": ("<", 0.7),
-                  "syncs": (">=", 1.0), "host_waiting": (">=", 0.50), "mfu": ("<", 0.30)}
-    assert {n.id: (n.op, n.threshold) for n in chart.FLOWCHART} == documented
-    assert all(len(n.threshold_source) > 10 for n in chart.FLOWCHART)
+                  "syncs": (">=", 1.0), "host_waiting": (">=", 0.50), "host_ahead": (">=", 1.0),
+                  "fill": ("<", 0.80), "mfu": ("<", 0.30),
+                  "worker_slow": (">=", 0.50), "rotating": (">=", 0.50), "stage_heavy": (">=", 1.10)}
+    assert {n.id: (n.op, n.threshold) for n in V.CHART.questions.values()} == documented
+    assert all(len(n.source) > 10 for n in V.CHART.questions.values())
     assert (chart.ETTR_MIN, chart.DEVICE_BUSY_CRIT, chart.FRAGMENTATION_MAX) == (0.90, 0.50, 0.20)
 
 
@@ -244,8 +264,9 @@ def test_cpu_job_skips_host_sync_and_mfu_with_a_reason():
 
 def test_cpu_idle_passes_the_host_sync_node_as_not_applying():
     v = V.evaluate(dataclasses.replace(_idle(), device_type="cpu"))
-    assert v.path[-2:] == ["syncs", "host_waiting"] and "CPU job" in v.evidence["skipped"]["syncs"]
+    assert v.path[-3:] == ["syncs", "host_waiting", "host_ahead"] and "CPU job" in v.evidence["skipped"]["syncs"]
     assert "syncs" not in v.undecided and "host_waiting" in v.undecided    # no thread CPU time to tell
+    assert "host_ahead" not in v.undecided and "CPU job" in v.evidence["skipped"]["host_ahead"]
     assert v.bottleneck == "host_overhead"
 
 
@@ -384,7 +405,8 @@ def test_finding_ids_are_from_the_documented_list():
     for rec in records(restarted, world=1, device="cuda"):
         model.ingest("restarted", rec)
     ids = [f["id"] for f in V.evaluate(model.view()).findings]
-    assert sorted(ids) == sorted(set(chart.FINDINGS) - set(chart.LOSS_THRESHOLD))   # the loss findings: below
+    # the loss findings: below; the run's (memory growth, outliers) need a run of their own: test_health.py
+    assert sorted(ids) == sorted(set(chart.FINDINGS) - set(chart.LOSS_THRESHOLD) - {"memory_growth", "step_outliers"})
 
 
 # -- straggler by late arrival (equal compute, time lost outside the step) -----------------------
@@ -428,7 +450,7 @@ def test_every_answered_node_puts_its_measured_value_in_the_evidence(name, ranks
     _, walked, evidence = V.walk(view)
     skipped = evidence.get("skipped", {})
     for node_id in walked:
-        node = chart.NODES[node_id]
+        node = V.CHART.questions[node_id]
         if node_id in skipped:
             assert node.quantity not in evidence, node_id
             continue
@@ -465,7 +487,7 @@ def test_a_question_that_cannot_be_asked_says_why_and_goes_where_unmeasured_says
     leaf, walked, evidence = V.walk(v)
     assert evidence["skipped"][node] == reason and node not in {k for k in evidence if k != "skipped"}
     i = walked.index(node)
-    assert (walked[i + 1] if i + 1 < len(walked) else leaf) == chart.UNMEASURED[node]
+    assert (walked[i + 1] if i + 1 < len(walked) else leaf) == V.CHART.questions[node].unmeasured
 
 
 def test_an_unmeasured_gate_never_takes_an_exit():
@@ -538,17 +560,17 @@ def test_tensor_core_answer_when_mfu_is_unknown():
 def test_path_steps_give_each_questions_measured_value_and_the_exit_taken():
     io_bound = V.evaluate(job(Rank(dur=0.1, data=0.04, loader_workers=2, loader_cpu=0.05)).view())
     assert io_bound.bottleneck == "data_loading"
-    assert [(s.node.id, s.value, s.answer) for s in io_bound.steps()] == [
+    assert [(s.question.id, s.value, s.answer) for s in io_bound.steps()] == [
         ("memory", pytest.approx(0.0625), "no"), ("device_busy", pytest.approx(0.6), "yes"),
         ("data_wait", pytest.approx(0.4), "yes"), ("loader_cpu", pytest.approx(0.05), "no")]
     cpu_bound = V.evaluate(job(Rank(dur=0.1, data=0.04, loader_workers=2, loader_cpu=0.5)).view())
     assert cpu_bound.bottleneck == "data_preprocessing"
-    assert [(s.node.id, s.answer) for s in cpu_bound.steps()][-1] == ("loader_cpu", "yes")
+    assert [(s.question.id, s.answer) for s in cpu_bound.steps()][-1] == ("loader_cpu", "yes")
 
 
 def test_a_question_not_asked_is_a_step_without_value_or_exit_and_the_reports_unknown_says_why():
     v = V.evaluate(job(Rank(dur=0.1, data=0.04, rss=None)).view())       # no memory figure, no loader CPU
-    assert [(s.node.id, s.value, s.answer) for s in v.steps()] == [
+    assert [(s.question.id, s.value, s.answer) for s in v.steps()] == [
         ("memory", None, None), ("device_busy", pytest.approx(0.6), "yes"), ("data_wait", pytest.approx(0.4), "yes"),
         ("loader_cpu", None, None)]
     out = v.as_json()
@@ -575,10 +597,11 @@ def test_the_mfu_question_notes_the_peak_it_divided_by():
 
 
 def test_walk_on_its_own_accounts_the_losses_of_the_views_device():
-    view = job(Rank(dur=0.1, gpu_util=75), device="cuda").view()   # busy over 70% but idle 25%: the loss opens the gate
+    # busy over 70% but idle 25%: the loss opens the gate; the host 2 ms ahead of a 100 ms step
+    view = job(Rank(dur=0.1, gpu_util=75, gpu_time=0.1, lead=0.002), device="cuda").view()
     leaf, path, _ = V.walk(view)
     assert (leaf, path) == (V.evaluate(view).bottleneck, V.evaluate(view).path) == (
-        "host_overhead", ["memory", "device_busy", "data_wait", "comm_exposed", "syncs", "host_waiting"])
+        "host_overhead", ["memory", "device_busy", "data_wait", "comm_exposed", "syncs", "host_waiting", "host_ahead"])
 
 
 def test_a_warming_up_verdict_still_carries_the_loss_accounting():
@@ -607,10 +630,10 @@ def test_a_stuck_verdict_keeps_the_findings_and_the_loss_accounting():
 
 def test_every_question_is_answered_once_on_the_path_or_not_and_the_walk_follows_those_answers():
     v = V.evaluate(job(Rank(dur=0.1, data=0.04, loader_workers=2, loader_cpu=0.05)).view())
-    assert set(v.answers) == set(chart.NODES)
+    assert set(v.answers) == set(V.CHART.questions)
     assert v.steps() == [v.answers[n] for n in v.path]
     for step, nxt in zip(v.steps(), v.path[1:] + [v.bottleneck]):
-        assert nxt == (step.node.yes if step.answer == "yes" else step.node.no)
+        assert nxt == (step.question.yes if step.answer == "yes" else step.question.no)
     off = v.answers["comm_exposed"]       # off the path: still judged, by the same rule
     assert "comm_exposed" not in v.path and (off.answer, off.value) == ("no", 0.0)
     assert v.answers["mfu"].answer is None and v.answers["mfu"].reason.startswith("CPU job: no peak FLOP/s")
@@ -618,7 +641,7 @@ def test_every_question_is_answered_once_on_the_path_or_not_and_the_walk_follows
 
 def test_a_stuck_or_warming_up_verdict_still_carries_every_answer():
     warming = V.evaluate(job(Rank(steps=3)).view())
-    assert warming.bottleneck == "warming_up" and warming.path == [] and set(warming.answers) == set(chart.NODES)
+    assert warming.bottleneck == "warming_up" and warming.path == [] and set(warming.answers) == set(V.CHART.questions)
 
 
 def test_an_answer_decided_by_more_than_its_threshold_says_what_decided():
@@ -652,7 +675,7 @@ def test_untimed_communication_of_several_ranks_leaves_the_unexplained_wait_not_
     assert v.path[-1] == "comm_exposed" and v.evidence["skipped"]["comm_exposed"] == UNTIMED
     assert "communication is not timed in this 2-rank job" in v.headline and UNTIMED in v.headline
     assert any("perfmon capture" in fix for fix in v.suggestions)
-    assert V.by_id(v.losses)["comm_exposed"].source == UNTIMED
+    assert by_id(v.losses)["comm_exposed"].source == UNTIMED
 
 
 def test_one_rank_with_untimed_communication_still_names_the_wait():

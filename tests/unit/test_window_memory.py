@@ -1,4 +1,4 @@
-"""The CUDA memory the window counts (perfmon_analysis.stats._window_reserved): the highest sampled
+"""The CUDA memory the window counts (perfmon_analysis.memory_stats.window_reserved): the highest sampled
 ``reserved``, the allocator's ``peak_reserved`` only if it rose inside the window, else the
 allocated ``peak``."""
 
@@ -7,7 +7,7 @@ from __future__ import annotations
 import collections
 
 from perfmon_analysis.readings import MemoryReading, memory_reading
-from perfmon_analysis.stats import _window_reserved
+from perfmon_analysis.memory_stats import window_reserved as _window_reserved
 
 G = 1 << 30
 

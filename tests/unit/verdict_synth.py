@@ -10,6 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from perfmon_analysis.analysis import Analysis
 from perfmon_analysis.runmodel import RunModel
 from tests.helpers import records as R
 
@@ -29,7 +30,8 @@ class Rank:
     flops: float | None = None
     samples: float | None = 32
     tokens: float | None = None
-    gpu_time: float | None = None
+    gpu_time: float | None = None  # device time of the step (CUDA events), on every step that has a lead
+    lead: float | None = None      # how far the host finished ahead of the device (CUDA events)
     data_cpu: float | None = None
     cpu: float | None = None       # training thread CPU s per step (wire 1.3), over ``cpu_span``
     cpu_span: str | None = None    # "body" (API) | "active" (zero-code)
@@ -40,6 +42,9 @@ class Rank:
     gpu_util: float | None = None  # percent, NVML style
     gpu_power_w: float | None = None   # the GPU's draw: its total-energy counter (mJ) rises by this
     tensor_active: float | None = None
+    sm_active: float | None = None     # GPM SM activity, 0..1 (idle time counting 0)
+    gpu_why: dict[str, str] | None = None   # the GPU's ``why`` (NVML's reasons for a missing reading)
+    offloaded: float | None = None     # the job device's ``offloaded`` share (CUDA)
     throttle: list[str] = field(default_factory=list)
     pid: int | None = None
     restart: int = 0
@@ -53,6 +58,8 @@ def hello(r: Rank, world: int, device: str, peak: float | None, t: float) -> dic
     dev: dict[str, Any] = {"type": device, "name": "Simulated GPU" if device == "cuda" else "CPU", "count": 1}
     if device == "cuda":
         dev["memory_total"] = 80 << 30
+        if r.offloaded is not None:
+            dev["offloaded"] = r.offloaded
     if peak is not None:
         dev["peak_flops"] = {"bf16": peak}
     return R.hello(r.rank, t=t, proto=[1, 0], job="synth", local_rank=0, world_size=world, host="node1",
@@ -69,7 +76,8 @@ def records(r: Rank, world: int = 1, device: str = "cpu", peak: float | None = N
         phases = {"forward": rest / 2, "backward": rest / 2}
         if r.data:
             phases["data"] = r.data
-        extras: dict[str, Any] = {key: getattr(r, key) for key in ("syncs", "gpu_time") if getattr(r, key) is not None}
+        extras: dict[str, Any] = {key: getattr(r, key) for key in ("syncs", "gpu_time", "lead")
+                                  if getattr(r, key) is not None}
         if r.comm is not None:
             extras["comm"] = {"seconds": r.comm, "exposed": r.exposed if r.exposed is not None else r.comm,
                               "bytes": 4 << 20, "ops": 1}
@@ -93,7 +101,7 @@ def records(r: Rank, world: int = 1, device: str = "cpu", peak: float | None = N
                               "process_cpu": t - r.start, "queue_items": 0, "sent_bytes": 1000 * (i + 1), "why": {}}
         if peak is not None:   # what watch() reports: the compute dtype (the peak comes from hello's table)
             sample["compute"] = {"dtype": "bf16", "peak_flops": None, "peak_source": None}
-        if r.gpu_util is not None or r.tensor_active is not None or r.throttle:
+        if r.gpu_util is not None or r.tensor_active is not None or r.throttle or r.sm_active is not None or r.gpu_why:
             gpu: dict[str, Any] = {"index": 0, "name": "Simulated GPU", "throttle": list(r.throttle)}
             if r.gpu_util is not None:
                 gpu["util"] = r.gpu_util
@@ -101,6 +109,10 @@ def records(r: Rank, world: int = 1, device: str = "cpu", peak: float | None = N
                 gpu["energy_mj"] = round(1e9 + r.gpu_power_w * (t - r.start) * 1000)
             if r.tensor_active is not None:
                 gpu["tensor_active"] = r.tensor_active
+            if r.sm_active is not None:
+                gpu["sm_active"] = r.sm_active
+            if r.gpu_why:
+                gpu["why"] = dict(r.gpu_why)
             sample["gpus"] = [gpu]
         out.append(sample)
     out.extend(r.extra_records)
@@ -109,10 +121,9 @@ def records(r: Rank, world: int = 1, device: str = "cpu", peak: float | None = N
     return out
 
 
-def job(*ranks: Rank, device: str = "cpu", peak: float | None = None, bye: bool = False,
-        model: RunModel | None = None) -> RunModel:
-    """A RunModel fed with every rank's records, interleaved by time like a live viewer sees them."""
-    model = model or RunModel()
+def interleaved(ranks: tuple[Rank, ...], device: str = "cpu", peak: float | None = None,
+                bye: bool = False) -> list[tuple[str, dict]]:
+    """Every rank's (stream, record), interleaved by time like a live viewer sees them."""
     world = len(ranks)
     streams = []
     for r in ranks:
@@ -120,6 +131,21 @@ def job(*ranks: Rank, device: str = "cpu", peak: float | None = None, bye: bool 
         streams.append((stream, records(r, world, device, peak, bye)))
     merged = sorted(((rec["t"], i, n, stream, rec) for i, (stream, recs) in enumerate(streams)
                      for n, rec in enumerate(recs)), key=lambda x: (x[0], x[1], x[2]))
-    for _, _, _, stream, rec in merged:
+    return [(stream, rec) for _, _, _, stream, rec in merged]
+
+
+def job(*ranks: Rank, device: str = "cpu", peak: float | None = None, bye: bool = False,
+        model: RunModel | None = None) -> RunModel:
+    """A RunModel fed with every rank's records, interleaved by time like a live viewer sees them."""
+    model = model or RunModel()
+    for stream, rec in interleaved(ranks, device, peak, bye):
         model.ingest(stream, rec)
     return model
+
+
+def analysis_of(*ranks: Rank, device: str = "cpu", peak: float | None = None, bye: bool = False) -> Analysis:
+    """The same records through the analysis facade, as the report and the callbacks read them."""
+    analysis = Analysis()
+    for stream, rec in interleaved(ranks, device, peak, bye):
+        analysis.ingest(stream, rec)
+    return analysis

@@ -91,6 +91,7 @@ class PerfmonApp(App[int]):
         Binding("right_square_bracket", "rank_page(1)", "next page of ranks", show=False),
         Binding("left_square_bracket", "rank_page(-1)", "previous page of ranks", show=False),
         Binding("g", "slowest_rank", "select the slowest rank", show=False),
+        Binding("number_sign", "goto_rank", "select a rank by number", show=False),
         Binding("w", "window", "window", show=False),
         Binding("plus,equals_sign", "speed(1)", "faster", show=False),
         Binding("minus", "speed(-1)", "slower", show=False),
@@ -116,7 +117,6 @@ class PerfmonApp(App[int]):
         self.log_path = log_path
         self.refresh_hz = refresh_hz
         self.watch_terminal = watch_terminal
-        self.analysis: Analysis | None = None     # the feed's model, judged with hysteresis
         self.view: JobView | None = None
         self.verdict: Verdict | None = None
         self.selected_rank: int | None = None
@@ -158,7 +158,7 @@ class PerfmonApp(App[int]):
     def _relayout(self) -> None:
         view = self.view
         new = plan(self.size.width, self.size.height,
-                   lead=self.verdict.rule.pane if self.verdict else None,
+                   lead=self.verdict.outcome.pane if self.verdict else None,
                    hidden=frozenset(self.hidden), shown=frozenset(self.shown),
                    multi_rank=view is not None and len(view.ranks) > 1,
                    many_ranks=view is not None and len(view.ranks) > HEATMAP_RANKS)
@@ -186,7 +186,7 @@ class PerfmonApp(App[int]):
         except asyncio.CancelledError:
             raise
         except Exception as exc:  # a bug in a feed must not take the screen down: show it in one line
-            feed.model.add_problem(f"reader stopped: {exc!r}"[:200])
+            feed.analysis.add_problem(f"reader stopped: {exc!r}"[:200])
         finally:
             if not first.done():
                 first.cancel()
@@ -220,8 +220,8 @@ class PerfmonApp(App[int]):
             self.exit(0)
             return
         steps, seconds = WINDOWS[self.window_index]
-        model = Analysis(window_steps=steps, window_seconds=seconds).model
-        self._start_feed(LiveFeed(model, choice.job, list(choice.endpoints)))
+        self._start_feed(LiveFeed(Analysis(window_steps=steps, window_seconds=seconds), choice.job,
+                                  list(choice.endpoints)))
 
     def _tick(self) -> None:
         """The refresh timer (``refresh_hz``), thinned by what the last refresh cost (``ticks_to_skip``)."""
@@ -240,11 +240,12 @@ class PerfmonApp(App[int]):
         feed = self.feed
         if feed is None or (self.display_paused and not feed.is_replay):
             return
-        if self.analysis is None or self.analysis.model is not feed.model:
-            self.analysis = Analysis(feed.model, steady=True)
-        snap = self.analysis.snapshot(feed.now(), clock=feed.clock())
+        snap = feed.analysis.snapshot(feed.now(), clock=feed.clock(), steady=True)
         self.view, self.verdict = snap.view, snap.verdict
         feed.follow(self._followed(self.view))
+        follow_ranks = getattr(feed, "follow_ranks", None)     # through a relay tree: any rank, by number
+        if follow_ranks is not None:
+            follow_ranks(set() if self.selected_rank is None else {self.selected_rank})
         self._relayout()
         self._draw()
         if isinstance(self.screen, FlowchartScreen):
@@ -254,7 +255,7 @@ class PerfmonApp(App[int]):
         elif isinstance(self.screen, WhereScreen):
             self.screen.show(self.verdict)
         elif isinstance(self.screen, TrendsScreen):
-            self.screen.show(self.analysis.model.history)
+            self.screen.show(feed.analysis.history)
         elif isinstance(self.screen, AskScreen):
             self.screen.show(self.view)
 
@@ -295,6 +296,16 @@ class PerfmonApp(App[int]):
         if not isinstance(self.screen, FlowchartScreen):
             self.push_screen(FlowchartScreen(self.verdict, self.no_color))
 
+    def action_goto_rank(self) -> None:
+        """``#``: a rank by number; through a relay tree one the ranks pane does not hold comes in full."""
+        from tui.app.screens.goto import GotoRankScreen
+
+        def chosen(rank: int | None) -> None:
+            if rank is not None:
+                self.selected_rank = rank
+                self.refresh_view()
+        self.push_screen(GotoRankScreen(self.view.world_size if self.view is not None else 0), chosen)
+
     def action_stuck(self) -> None:
         if not isinstance(self.screen, StuckScreen):
             self.push_screen(StuckScreen(self.view.stuck if self.view is not None else None))
@@ -305,7 +316,7 @@ class PerfmonApp(App[int]):
 
     def action_trends(self) -> None:
         if not isinstance(self.screen, TrendsScreen):
-            self.push_screen(TrendsScreen(self.analysis.model.history if self.analysis is not None else None))
+            self.push_screen(TrendsScreen(self.feed.analysis.history if self.feed is not None else None))
 
     def action_ask(self, op: str) -> None:
         """``m`` (module profile), ``c`` (torch.profiler capture): ask the selected rank, else the lowest."""
@@ -379,7 +390,7 @@ class PerfmonApp(App[int]):
         if self.feed is None:
             return
         self.window_index = (self.window_index + 1) % len(WINDOWS)
-        self.feed.model.set_window(*WINDOWS[self.window_index])
+        self.feed.analysis.set_window(*WINDOWS[self.window_index])
         self.refresh_view()
 
     def action_speed(self, direction: int) -> None:

@@ -19,7 +19,7 @@ from tui.errors import UserError
 
 
 def remote_feed(args: Any, analysis: Analysis | None = None) -> Any:
-    """A ``RelayFeed`` (into ``analysis``'s model, else a new one) when ``--hosts``/``--hostfile``/
+    """A ``RelayFeed`` (into ``analysis``, else a new one) when ``--hosts``/``--hostfile``/
     ``--slurm``/``--k8s`` name the job's nodes, else None."""
     from tui.stream import hosts
     k8s, namespace = getattr(args, "k8s", None), getattr(args, "namespace", None)
@@ -30,18 +30,27 @@ def remote_feed(args: Any, analysis: Analysis | None = None) -> Any:
     if not args.target:
         raise UserError("name the job to follow on those hosts (perfmon ls on a node lists them)")
     from tui.stream.remote import RelayFeed
-    model = (analysis or Analysis()).model
+    from tui.stream import tree
+    into = analysis or Analysis()
     via = hosts.transport(args.via, k8s, namespace)
     port = getattr(args, "relay_port", None)
+    size = getattr(args, "group_size", None)
+    if size is not None and size < 0:
+        raise UserError(f"--group-size {size}: give a number of hosts per group relay (0: no tree)")
+    if size or (size is None and len(found) >= tree.TREE_MIN_HOSTS):
+        if port is not None:
+            raise UserError("--relay-port with a relay tree: the group relays start the node relays through the "
+                            "transport (--group-size 0 for one relay per host over TCP)")
+        return tree.TreeFeed(into, args.target, tree.plan_groups(found, size or tree.GROUP_NODES), via)
     if port is None:
-        return RelayFeed(model, args.target, found, via)
+        return RelayFeed(into, args.target, found, via)
     if not 0 < port < 65536:
         raise UserError(f"--relay-port {port}: must be 1..65535")
     token = getattr(args, "token", None) or os.environ.get("PERFMON_TOKEN")
     if not token:
         raise UserError("--relay-port needs the relays' token: --token TOKEN or PERFMON_TOKEN "
                         "(set the same PERFMON_TOKEN for 'perfmon relay --tcp' on every host)")
-    return RelayFeed(model, args.target, found, via, port=port, token=token)
+    return RelayFeed(into, args.target, found, via, port=port, token=token)
 
 
 def load(target: str, seconds: float, args: Any = None, *, prog: str = "perfmon report",
@@ -65,7 +74,7 @@ def load(target: str, seconds: float, args: Any = None, *, prog: str = "perfmon 
                 raise UserError(str(exc)) from None
         for problem in analysis.problems:
             print(f"{prog}: {problem}", file=sys.stderr)
-        return analysis, {"kind": "live", "hosts": remote.hosts, "seconds": seconds}
+        return analysis, {"kind": "live", "hosts": getattr(remote, "nodes", remote.hosts), "seconds": seconds}
     looks_like_file = target.endswith(RECORD_SUFFIX) or ("/" in target and not target.endswith(SOCKET_SUFFIX))
     if sources.is_recording_target(target) or looks_like_file:
         loaded = sources.load_recordings(target)
@@ -80,13 +89,15 @@ def load(target: str, seconds: float, args: Any = None, *, prog: str = "perfmon 
             if rec.problem:
                 analysis.add_problem(rec.problem)
                 print(f"{prog}: {rec.problem}", file=sys.stderr)
+        for record in sources.load_exits(target):
+            analysis.note_exit(record)
         return analysis, {"kind": "recording", "paths": [str(r.path) for r in loaded]}
     from tui.stream import discovery
     from tui.stream.feed import LiveFeed
 
     endpoints = discovery.resolve_live(target)
     try:
-        follow(LiveFeed(analysis.model, endpoints[0].job, endpoints, rescan=False), seconds)
+        follow(LiveFeed(analysis, endpoints[0].job, endpoints, rescan=False), seconds)
     except sources.StreamError as exc:
         raise UserError(str(exc)) from None
     return analysis, {"kind": "live", "paths": [ep.socket for ep in endpoints], "seconds": seconds}

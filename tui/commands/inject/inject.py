@@ -21,7 +21,8 @@ from typing import Any
 
 from probe.paths import safe_job
 from tui.errors import UserError
-from tui.injector import POLL, Target, across_hosts, check, chosen, detach, host_failures, on_hosts, relay_output, run
+from tui.commands.inject.fanout import across_hosts, chosen, host_failures, on_hosts, relay_output
+from tui.injector import POLL, Target, check, detach, run
 from tui.stream import discovery
 
 
@@ -80,7 +81,7 @@ def _here(args: Any) -> int:
     from tui.stream.feed import LiveFeed
 
     needs_terminal()
-    code = run_app(app_for(LiveFeed(Analysis().model, endpoints[0].job, endpoints)))
+    code = run_app(app_for(LiveFeed(Analysis(), endpoints[0].job, endpoints)))
     if _ask_detach(remove.removeprefix("--job ")):
         for target in entered:
             print(f"{target.pid}: {detach(target).get('message')}")
@@ -107,7 +108,7 @@ def _everywhere(args: Any, found: list[str], via: str) -> int:
     from tui.stream.remote import RelayFeed
 
     needs_terminal()
-    code = run_app(app_for(RelayFeed(Analysis().model, job, found, via)))
+    code = run_app(app_for(RelayFeed(Analysis(), job, found, via)))
     if _ask_detach(f"job {job} on {len(found)} host{'s' * (len(found) != 1)}"):
         results = on_hosts("detach", job, found, via, args.timeout, args.method)
         relay_output("detach", [r for r in results if r.code == 0])
