@@ -16,6 +16,7 @@ from pathlib import Path
 import pytest
 
 
+from tests.helpers.net import free_port
 from tests.tui import scenarios
 from tests.tui.scenarios import screen_text, settle, wait_until
 from tui.stream import discovery
@@ -289,10 +290,7 @@ async def test_restarted_rank_is_reattached():
 
 @pytest.mark.slow
 async def test_tcp_with_token_streams_and_a_wrong_token_is_refused(perfmon_dir):
-    import socket
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
+    port = free_port()
     proc = start_api_job("remote", 100000, "--linger", env={"PERFMON_TCP": f"127.0.0.1:{port}"})
     try:
         assert proc.stdout.readline().strip()
