@@ -26,8 +26,8 @@ MODEL_MODULES = ["perfmon_analysis.runmodel", "perfmon_analysis.verdict", "perfm
 STREAM_MODULES = ["tui.stream.discovery", "tui.stream.sources", "tui.stream.feed", "tui.stream.native",
                   "tui.stream.hosts", "tui.stream.remote", "tui.stream.connect", "tui.commands.relay"]
 UI = ("textual", "rich")
-# Checked in the model's own source: importing ``probe.wire`` runs ``probe/__init__``, which
-# loads the probe's socket code, so sys.modules cannot tell whether the model itself does I/O.
+# Checked in the model's own source: the interpreter's own start-up loads socket and selectors
+# modules, so sys.modules cannot tell whether the model itself does I/O.
 MODEL_SOURCE_FORBIDDEN = (*UI, "torch", "asyncio", "socket", "selectors", "tui")
 
 
@@ -48,12 +48,15 @@ def test_probe_import_and_start_do_not_import_textual_or_rich(tmp_path):
 
 @pytest.mark.slow
 @pytest.mark.parametrize("module", VIEWER_MODULES)
-def test_viewer_modules_do_not_import_torch(module):
+def test_viewer_modules_do_not_import_torch_or_the_probe_core(module):
+    """The viewer reads the probe's wire, paths and recording modules only: a copy of perfmon without
+    torch or psutil (another user's, a login node's) runs ``attach`` and ``report``."""
     loaded = modules_after(f"import importlib.util\n"
                            f"if importlib.util.find_spec({module!r}) is None: raise SystemExit('missing {module}')\n"
                            f"import {module}")
     assert module in loaded
-    assert not {m for m in loaded if m.split(".")[0] == "torch"}
+    assert not {m for m in loaded if m.split(".")[0] in ("torch", "psutil")}
+    assert "probe.core" not in loaded
 
 
 @pytest.mark.slow

@@ -96,7 +96,9 @@ def test_a_cpu_model_on_a_gpu_host_is_a_cpu_job(simulated_cuda, simulated_nvml, 
     view = run.view()
     verdict = V.evaluate(view)
     assert view.device_type == "cpu" and view.metrics.device_busy_source == "thread_cpu"
-    assert verdict.bottleneck == "healthy", verdict.headline
+    # judged as the CPU job it is: healthy, or host_wait where a loaded host took the CPU from its
+    # thread; never host_overhead, as the idle host GPU would have it
+    assert verdict.bottleneck in ("healthy", "host_wait"), verdict.headline
 
 
 def test_watch_before_cuda_follows_the_model_to_the_gpu(simulated_cuda, simulated_nvml, tmp_path):
