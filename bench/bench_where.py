@@ -20,7 +20,7 @@ import tempfile
 import time
 
 import probe
-from probe import core, where
+from probe import core, thread_clocks, where
 
 POLICIES = {"shipped": (core.CPU_TIMED_STEP_S, core.CPU_TIMED_EVERY_MASK),
             "every step": (0.0, 0),
@@ -93,7 +93,7 @@ def training(mon, blocks: int, block_steps: int) -> dict[str, list[float]]:
                 step()
             per_step[mode].append((time.perf_counter() - t0) / block_steps * 1e3)
             if sampler is not None:
-                cpu = where._reader(sampler.ident)()[0]          # the sampler thread's own CPU time
+                cpu = thread_clocks._reader(sampler.ident)()[0]          # the sampler thread's own CPU time
                 sampler_cpu.append(cpu / (time.perf_counter() - t0) * 100)
                 sampler.stop_event.set()
                 sampler.join()

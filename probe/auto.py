@@ -136,6 +136,7 @@ class _Auto:
             self.turn_off()
             return
         self.probe = mon
+        mon.opening = self.finder.opening
         restart = mon.restart
         if restart > 0:
             mon.event("restart", restart=restart, max_restarts=_env_int("TORCHELASTIC_MAX_RESTARTS"),

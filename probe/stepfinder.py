@@ -53,6 +53,7 @@ class StepFinder:
         self.data_cpu: float | None = None
         self.prev_end: float | None = None
         self.start_cpu: float | None = None      # the fetching thread's CPU clock at the open step's first fetch
+        self.opened_by: int | None = None        # the iterator whose fetch opened the last step (None: a forward)
         self._waiting: Waits | None = None       # fetches while closed: the next step's batches
         self._pending: tuple[float, int] | None = None          # (end, optimizer) of a step not yet settled
         self._fwd_t0: float | None = None
@@ -132,10 +133,18 @@ class StepFinder:
         """Settle a step whose end is still pending (at exit)."""
         self._settle()
 
+    def opening(self) -> bool:
+        """Has a fetch from the training loader (the iterator that opened the last step) come since the
+        last step ended? The next step then runs from that fetch: the time after it is the step's, not
+        the loop's between steps. Read from another thread (probe.where): a stale answer costs one sample."""
+        waiting = self._waiting
+        return not self.is_open and waiting is not None and waiting.source == self.opened_by
+
     # -- internals ----------------------------------------------------------------------------
     def _open(self, t: float) -> None:
         waits, self._waiting = self._waiting, None
         self.start_cpu = None
+        self.opened_by = waits.source if waits is not None else None
         if waits is not None:
             t, self.start_cpu = waits.start, waits.cpu0
             if waits.seconds > 0:

@@ -150,7 +150,7 @@ from typing import Any, Iterator
 
 import msgpack
 
-PROTO: tuple[int, int] = (1, 4)
+PROTO: tuple[int, int] = (1, 5)
 MAX_FRAME = 1 << 20          # 1 MiB, checked before the body is read
 MAX_DEPTH = 8                # records are shallow; anything deeper is hostile
 MAX_CONTAINER = 10_000       # entries in any one map or list
@@ -211,7 +211,8 @@ OPTIONAL: dict[str, dict[str, tuple[type, ...]]] = {
     "summary": {"src": (str,), "v": (int,), "memory": (dict,), "comm": (dict,), "steps": (int,), "first_start": _NUM,
                 "last_end": _NUM, "inside": _NUM, "unseen": _NUM, "loader_seen": (bool,)},
     "subscribe": {"window": (list,)},
-    "where": {"t0": _NUM, "t1": _NUM, "hz": _NUM, "other": (int,), "runq": _NUM},
+    "where": {"t0": _NUM, "t1": _NUM, "hz": _NUM, "other": (int,), "runq": _NUM, "between": (list,),
+              "between_samples": (int,), "between_other": (int,), "holders": (list,)},
 }
 
 
