@@ -2,6 +2,13 @@
 
 Formulas and their sources are listed in ``perfmon_analysis.runmodel``'s docstring and next to
 each function. Input: ``RankState`` buffers; output: ``RankStats`` and the view types.
+
+One whole for every share (docs/verdict.md, "One whole"): the iteration, from one step's start to
+the next's, over the wall time. Pauses between steps (checkpoints, evaluation: ``perfmon_analysis.pauses``)
+recur less often than a window may hold, so their share is the run's (1 − ETTR); the rest of the whole,
+1 − that, is the loop, and every window quantity in seconds is a share of the whole by its part of the
+window's in-loop time (its steps' durations less their pauses): share = seconds / in-loop seconds x
+(1 − pauses). The shares of the whole then add up to at most 1.
 """
 
 from __future__ import annotations
@@ -31,7 +38,7 @@ class RankStats:
     span: float
     warming_up: bool
     step_median: float | None
-    gap_frac: float | None           # share of the window's wall time spent between steps
+    gap_frac: float | None           # share of the window's wall time spent between steps (loop work and pauses)
     compute_median: float | None
     arrive_median: float | None      # step time minus exposed wait: when the rank reached the collective
     data_frac: float | None
@@ -60,6 +67,8 @@ class RankStats:
     overhead: Overhead | None = None      # the probe's own cost over the window's samples (wire 1.4)
     power_w: float | None = None          # the rank's GPU's mean power over the samples (NVML energy counter)
     energy_per_step_j: float | None = None    # that power times the mean step (its wall time between steps too)
+    loop_frac: float | None = None        # the loop's own work between steps, of the iteration (the window)
+    pause_frac: float | None = None       # pauses between steps, of the wall time (the run: 1 - ETTR)
 
 
 def _window(nums: Deque[StepReading], max_steps: int, max_seconds: float) -> list[StepReading]:
@@ -107,17 +116,26 @@ def rank_stats(state: RankState, max_steps: int, max_seconds: float, timeline: b
     samples = samples[-WINDOW_SAMPLES:] or list(state.samples)[-1:]
     hosts = [s.host for s in recent_records(samples)]
 
-    data_frac = data_sum / active_sum if n and data_known else None
+    pause_w = sum(s.pause for s in win)
+    pause_frac = run_pauses(state)
+    if pause_frac is None and n and dur_sum > 0:
+        pause_frac = pause_w / dur_sum          # no run totals yet: the window's own
+    loop_s = dur_sum - pause_w                  # the window's in-loop time: its pauses are the run's
+    kept = 1.0 - (pause_frac or 0.0)
+    scale = kept / loop_s if loop_s > 0 else 0.0   # share of the whole per in-loop second
+    loop_frac = scale * sum(s.loop for s in win) if n else None
+    data_frac = data_sum * scale if n and data_known else None
     data_cpu = sum_known([s.data_cpu for s in win])
     data_cpu_frac = (data_cpu / data_sum) if data_cpu is not None and data_sum > 0 else None
     none_single = 0.0 if single and n else None     # one process: no peers to communicate with
-    comm_frac = secs_sum / active_sum if secs_known else none_single
-    exposed_frac = sum(exposed) / active_sum if comm_known else none_single
+    comm_frac = secs_sum * scale if secs_known else none_single
+    exposed_frac = sum(exposed) * scale if comm_known else none_single
     estimated = any(s.estimated for s in win) if comm_known else None
 
     device = state.device
-    thread_busy, off_cpu = _thread_cpu(win)
-    where = where_table(state.rank, state.where, win, win_start) if state.where else None
+    thread_busy, off_cpu = _thread_cpu(win, kept)
+    between_share = (loop_frac or 0.0) + (pause_w / dur_sum if dur_sum > 0 else 0.0)
+    where = where_table(state.rank, state.where, win, win_start, scale, between_share) if state.where else None
     contention = where.contention if where is not None else None
     busy, busy_src = None, None
     power = gpu_power(samples, state.info.local_rank) if device.type == "cuda" and not device.status else None
@@ -134,7 +152,7 @@ def rank_stats(state: RankState, max_steps: int, max_seconds: float, timeline: b
     elif n:
         # CPU without thread CPU times (a probe that cannot read them): busy is the step time not lost
         # to a measured cause
-        busy, busy_src = sum(computes) / active_sum, "step_accounting"
+        busy, busy_src = sum(computes) * scale, "step_accounting"
 
     samples_sum = sum_known([s.samples for s in win])
     tokens_sum = sum_known([s.tokens for s in win])
@@ -174,6 +192,8 @@ def rank_stats(state: RankState, max_steps: int, max_seconds: float, timeline: b
         peak_source=peak_source,
         power_w=power,
         energy_per_step_j=power * dur_sum / n if power is not None and n else None,
+        loop_frac=loop_frac,
+        pause_frac=pause_frac,
         syncs=syncs / n if syncs is not None and n else None,
         host_lead=known(statistics.median, [s.lead for s in win]),
         loader_cpu=statistics.fmean(loader_cpus) if loader_cpus else None,
@@ -200,23 +220,25 @@ def _cost_span(state: RankState, win_start: float | None) -> list[CostReading]:
     return [s.cost for s in costs[first:] if s.cost is not None]
 
 
-def _thread_cpu(win: list[StepReading]) -> tuple[float | None, float | None]:
-    """(CPU busy, off-CPU loss) over the window's steps whose thread CPU time was measured.
+def _thread_cpu(win: list[StepReading], kept: float) -> tuple[float | None, float | None]:
+    """(CPU busy, off-CPU loss) over the window's steps whose thread CPU time was measured, as shares of
+    the whole: their in-loop time (durations less pauses) is the share ``kept`` (1 - pauses).
 
-    busy = (body CPU + CPU inside the data wait) / active; the loss = the body's time off CPU
-    that exposed communication does not explain: max(0, body - body CPU - exposed) / active,
-    summed before it is clamped, so clock noise in one step does not count as a loss. Time the
-    thread was runnable but had no core (CPU contention, from the ``where`` records) is off its CPU
-    clock too; ``rank_stats`` takes it out, since its cause is measured."""
+    busy = (body CPU + CPU inside the data wait); the loss = the body's time off CPU that exposed
+    communication does not explain: max(0, body - body CPU - exposed), summed before it is clamped,
+    so clock noise in one step does not count as a loss. Time the thread was runnable but had no core
+    (CPU contention, from the ``where`` records) is off its CPU clock too; ``rank_stats`` takes it out,
+    since its cause is measured."""
     known = [s for s in win if s.cpu is not None]
-    active = sum(s.active for s in known)
-    if not known or active <= 0:
+    loop_s = sum(s.dur - s.pause for s in known)
+    if not known or loop_s <= 0:
         return None, None
+    scale = kept / loop_s
     body_cpu = sum(s.cpu or 0.0 for s in known)
     body = sum(max(0.0, s.active - s.data) for s in known)
     exposed = sum(s.exposed or 0.0 for s in known)
     data_cpu = sum(s.data_cpu or 0.0 for s in known)
-    return min(1.0, (body_cpu + data_cpu) / active), max(0.0, body - body_cpu - exposed) / active
+    return min(1.0, (body_cpu + data_cpu) * scale), max(0.0, body - body_cpu - exposed) * scale
 
 
 # 95% two-sided normal quantile, for the binomial error bars of the where-table's shares.
@@ -254,21 +276,28 @@ def rank_view(state: RankState, st: RankStats, now: float, silent_s: float | Non
 
 
 def _ettr(state: RankState, now: float, step_median: float | None) -> float | None:
-    """Time inside steps / wall time since the first step (Meta ETTR, Google goodput).
+    """Time in the training loop (inside steps, and the loop's own work between them) / wall time
+    since the first step (Meta ETTR, Google goodput: the time not lost to pauses; docs/verdict.md).
 
     While the rank is live, wall time runs to ``now`` less one typical step: the
     step in progress is not lost time, but a stall longer than a step lowers
     ETTR as it happens. Once the rank ended, wall time stops at its last step;
     spans of steps lost to drops are excluded.
     """
+    lost = run_pauses(state, None if state.ended else max(state.last_end or 0.0, now - (step_median or 0.0)))
+    return None if lost is None else 1.0 - lost
+
+
+def run_pauses(state: RankState, end: float | None = None) -> float | None:
+    """Share of the wall time since the first step lost to pauses between steps, over the run: 1 - (time
+    inside steps + the loop's work between them) / wall time to ``end`` (default: the last step's end)."""
     seen = state.summary_steps if state.summary_steps is not None else len(state.steps)
     if state.first_start is None or state.last_end is None or seen < 2:
         return None
-    end = state.last_end if state.ended else max(state.last_end, now - (step_median or 0.0))
-    wall = end - state.first_start - state.unseen
+    wall = (end if end is not None else state.last_end) - state.first_start - state.unseen
     if wall <= 0:
         return None
-    return max(0.0, min(1.0, state.inside / wall))
+    return max(0.0, min(1.0, 1.0 - (state.inside + state.loop_total) / wall))
 
 
 def job_metrics(ready: list[tuple[RankState, RankStats]], ranks: list[RankView], states: list[RankState],
@@ -314,6 +343,9 @@ def job_metrics(ready: list[tuple[RankState, RankStats]], ranks: list[RankView],
         flops_per_s=mean_known([x.flops_per_s for x in st]),
         ettr=min_known([r.ettr for r in ranks]),
         gap_frac=max_known([x.gap_frac for x in st]),
+        loop_frac=max_known([x.loop_frac for x in st]),
+        pause_frac=max_known([x.pause_frac for x in st]),
+        loop_wait_frac=where.between_wait_frac if where is not None else None,
         loader_cpu=max_known([x.loader_cpu for x in st]),
         loader_workers=max_known([x.loader_workers for x in st]),
         compute_ratio=ratio,

@@ -65,6 +65,8 @@ STATS_PAYLOAD: tuple[PayloadKey, ...] = (
     PayloadKey("cpu_contention_frac", float, "cpu_contention_frac"),
     PayloadKey("power_w", float, "power_w"),
     PayloadKey("energy_per_step_j", float, "energy_per_step_j"),
+    PayloadKey("loop_frac", float, "loop_frac"),
+    PayloadKey("pause_frac", float, "pause_frac"),
 )
 
 # ``RankStats`` fields the payload does not carry as scalars, and why.
@@ -110,7 +112,7 @@ def summary_record(state: RankState, st: RankStats, t: float) -> dict[str, Any]:
         "comm": {op: list(v) for op, v in st.comm_delta.items()},
         "steps": (last.step + 1) if last is not None else 0,
         "first_start": state.first_start, "last_end": state.last_end, "inside": state.inside,
-        "unseen": state.unseen, "loader_seen": state.loader_seen,
+        "loop": state.loop_total, "unseen": state.unseen, "loader_seen": state.loader_seen,
     }
 
 
@@ -172,6 +174,7 @@ def apply_summary(state: RankState, rec: dict[str, Any]) -> RankStats:
     state.first_start = num(rec.get("first_start"))
     state.last_end = num(rec.get("last_end"))
     state.inside = num(rec.get("inside")) or 0.0
+    state.loop_total = num(rec.get("loop")) or 0.0     # an older relay: no loop work between steps told apart
     state.unseen = num(rec.get("unseen")) or 0.0
     state.loader_seen = state.loader_seen or rec.get("loader_seen") is True
     state.totals_through = summary.steps - 1

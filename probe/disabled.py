@@ -55,6 +55,7 @@ class _Disabled:
         self.closed = True
         self.first_batch_wait: float | None = None
         self.loader_iterators: collections.deque = collections.deque(maxlen=0)
+        self.opening: Callable[[], bool] | None = None
         self.attached = Attachments()
         self.failures = _NoFailures()
         self.device: dict[str, Any] = {"type": "cpu", "name": "", "count": 0}

@@ -209,7 +209,7 @@ OPTIONAL: dict[str, dict[str, tuple[type, ...]]] = {
     "capture": {"id": (int,), "first_step": (int,), "last_step": (int,), "wall_s": _NUM, "path": (str,),
                 "top": (list,), "device_busy": _NUM, "gaps": (list,), "error": (str,), "cost": (dict,)},
     "summary": {"src": (str,), "v": (int,), "memory": (dict,), "comm": (dict,), "steps": (int,), "first_start": _NUM,
-                "last_end": _NUM, "inside": _NUM, "unseen": _NUM, "loader_seen": (bool,)},
+                "last_end": _NUM, "inside": _NUM, "loop": _NUM, "unseen": _NUM, "loader_seen": (bool,)},
     "subscribe": {"window": (list,)},
     "where": {"t0": _NUM, "t1": _NUM, "hz": _NUM, "other": (int,), "runq": _NUM, "between": (list,),
               "between_samples": (int,), "between_other": (int,), "holders": (list,)},
