@@ -1,26 +1,19 @@
-"""What the verdict says about each outcome: a headline and fixes that quote the job's own
-numbers, and the secondary findings (gaps, throttling, fragmentation, restarts, drops, the
-probe's own failures). Pure: everything comes from the ``JobView`` and the verdict's own loss
-accounting (passed in, never recomputed, so a headline quotes the shares the verdict judged);
+"""Words the outcomes and findings share (who, where, the MFU's peak, time lost between steps),
+and the secondary findings beside the named outcome (gaps, throttling, fragmentation, contention,
+restarts, drops, the probe's own cost and failures). Pure: everything comes from the ``JobView``;
 every number goes through ``perfmon_analysis.units``."""
 
 from __future__ import annotations
 
-from typing import Any, Callable
+from typing import Any
 
 from perfmon_analysis import units
 from perfmon_analysis.buffers import BLOCKING_EVENTS
-from perfmon_analysis.flowchart import (CPU_CONTENTION_MIN, ETTR_MIN, FRAGMENTATION_MAX, LOADER_MAIN, THROTTLE_REASONS,
-                                        Answer)
-from perfmon_analysis.losses import Loss, by_id
+from perfmon_analysis.flowchart import CPU_CONTENTION_MIN, ETTR_MIN, FRAGMENTATION_MAX, THROTTLE_REASONS, round4
 from perfmon_analysis.overhead import finding as overhead_finding
-from perfmon_analysis.views import JobView, RankView, WhereLine
+from perfmon_analysis.views import JobView, WhereLine
 
 _pct = units.pct
-
-
-def round4(x: Any) -> Any:
-    return round(x, 4) if isinstance(x, float) else x
 
 
 def peak_note(v: JobView) -> str:
@@ -36,110 +29,6 @@ def tensor_active(v: JobView) -> float | None:
     return sum(vals) / len(vals) if vals else None
 
 
-def _step(m: Any) -> str:
-    """The window's median step; unknown when no step was timed (never '0ms')."""
-    return units.seconds(m.step_time_median_s or None)
-
-
-# -- the outcomes: headline and fixes that quote the job's own numbers --------------------------
-Explained = tuple[str, list[str], dict[str, Any]]
-# Each outcome's words from the view, the verdict's losses and its answers to the chart's questions.
-Losses = tuple[Loss, ...]
-Answers = dict[str, Answer]
-Explain = Callable[[JobView, int | None, Losses, Answers], Explained]
-
-
-def explain_warming_up(v: JobView, straggler: int | None, losses: Losses, answers: Answers) -> Explained:
-    return "Warming up", [], {}
-
-
-_STUCK_FIXES = {
-    "collective": ["the culprit's stack (key s in the TUI, verdict.stuck.where in the JSON) is where it left "
-                   "the collective order the other ranks follow",
-                   "a rank that skips or adds a collective (a data-dependent branch, an uneven last batch) "
-                   "hangs the others: make every rank call the same collectives in the same order",
-                   "the flight recorders (key s; verdict.stuck.calls) say whether each rank enqueued the call: one "
-                   "that never did stalled on the host, one that did waits on its device or the network"],
-    "data": ["a worker idle at 0% CPU waits on I/O or a lock (network filesystem, a dead connection): "
-             "check what it reads; DataLoader(timeout=...) turns a hang into an error",
-             "a worker that is gone died (OOM killer, a crash in native code): see dmesg and its stderr"],
-    "between_steps": ["its stack shows the call it is in: checkpoint writes to network storage and evaluation "
-                      "loops are the usual ones; time them with mon.event('checkpoint', seconds=...)"],
-    "in_step": ["its stack shows the call it is in: a custom op, a lock, or a host loop that never ends"],
-    "unresponsive": ["a process that sends nothing holds the GIL in native code or is stopped (SIGSTOP, "
-                     "swapped out): `py-spy dump --native --pid PID` shows its native stack",
-                     "the other ranks' stacks show what they wait for"],
-}
-
-
-def explain_stuck(v: JobView, straggler: int | None, losses: Losses, answers: Answers) -> Explained:
-    stuck = v.stuck
-    if stuck is None:
-        return "Stuck", [], {}
-    return f"Stuck: {stuck.headline}", list(_STUCK_FIXES.get(stuck.kind, [])), {"stuck": stuck.as_json()}
-
-
-def explain_memory(v: JobView, straggler: int | None, losses: Losses, answers: Answers) -> Explained:
-    mem = v.metrics.memory
-    what = (f"{mem.ooms} out-of-memory error(s)" if mem.ooms else
-            "allocator retries rising" if mem.alloc_retries_rising else
-            f"{'window' if mem.source == 'device' else 'recent'} peak {units.nbytes(mem.peak_bytes)} is "
-            f"{_pct(mem.peak_frac)} of the {units.nbytes(mem.limit_bytes)} limit")
-    where = "device memory" if mem.source == "device" else "host RSS"
-    fixes = ["activation checkpointing (torch.utils.checkpoint) on the largest blocks",
-             "mixed precision (bf16 autocast) to halve activations",
-             "smaller micro-batch with gradient accumulation to keep the global batch",
-             "shard optimizer state and gradients (FSDP / ZeRO)"]
-    if mem.source == "device":
-        fixes.append("PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True against fragmentation")
-    return f"Memory, {where}: {what}", fixes, {"memory_rank": mem.rank}
-
-
-def explain_data_preprocessing(v: JobView, straggler: int | None, losses: Losses, answers: Answers) -> Explained:
-    m = v.metrics
-    w = m.loader_workers
-    cpu = answers["loader_cpu"]
-    workers = f"its {w} workers" if w else "its workers"
-    who = (f"the main process spends {_pct(cpu.value)} of the wait on CPU (num_workers=0)" if cpu.measure == LOADER_MAIN
-           else f"its worker is CPU-bound ({_pct(cpu.value)} of a core)" if w == 1
-           else f"{workers} are CPU-bound ({_pct(cpu.value)} of a core each)")
-    fixes = ([f"raise num_workers from {w} (up to the free cores)"] if w else
-             ["use DataLoader(num_workers=N): loading runs in the training process now"])
-    fixes += ["move per-sample transforms to the device or batch them",
-              "preprocess offline (cache decoded/tokenized data)",
-              "persistent_workers=True so workers are not re-forked every epoch"]
-    return f"Data preprocessing: {_pct(m.data_wait_frac)} of each step waits for the loader; {who}", fixes, {}
-
-
-def explain_data_loading(v: JobView, straggler: int | None, losses: Losses, answers: Answers) -> Explained:
-    m = v.metrics
-    w = m.loader_workers
-    fixes = [f"raise num_workers from {w} and prefetch_factor to hide read latency" if w is not None
-             else "raise num_workers and prefetch_factor to hide read latency",
-             "pin_memory=True and non_blocking copies",
-             "persistent_workers=True", "faster or local storage; cache the dataset in RAM or on local SSD"]
-    cpu = answers["loader_cpu"]
-    said = "" if not cpu.asked else "; not CPU-bound" if cpu.measure == LOADER_MAIN else \
-        f"; not CPU-bound (workers at {_pct(cpu.value)} CPU)"
-    return f"Data loading: {_pct(m.data_wait_frac)} of each step waits for the loader{said}", fixes, {}
-
-
-def explain_communication(v: JobView, straggler: int | None, losses: Losses, answers: Answers) -> Explained:
-    m = v.metrics
-    op = (m.comm_op or "collective").replace("_", "-")
-    bw = f" at {units.bandwidth(m.busbw)} busbw" if m.busbw else ""
-    est = " (estimated)" if m.comm_estimated else ""
-    fixes = [f"overlap {op} with backward (DDP bucket_cap_mb; no sync inside backward)",
-             "gradient accumulation with no_sync() to communicate every N micro-batches",
-             "gradient compression hooks (bf16/fp16 compress, PowerSGD)"]
-    if m.samples_per_s is not None and m.step_time_median_s:
-        per_step = m.samples_per_s * m.step_time_median_s / max(1, v.world_size)
-        fixes.append(f"larger per-rank batch (about {units.count(per_step)} samples per rank per step now)")
-    fixes.append("check the interconnect: busbw should approach the link's bandwidth")
-    return (f"Communication: exposed {op} is {_pct(m.comm_exposed_frac)} of the step{bw}{est}", fixes,
-            {"busbw": round4(m.busbw), "comm_op": m.comm_op})
-
-
 def who(v: JobView, rank: int | None) -> str:
     """'rank 3', or 'rank 3 on n02' when the job spans more than one node."""
     if rank is None:
@@ -149,123 +38,9 @@ def who(v: JobView, rank: int | None) -> str:
     return f"rank {rank} on {host}" if host and len(hosts) > 1 else f"rank {rank}"
 
 
-def explain_load_imbalance(v: JobView, straggler: int | None, losses: Losses, answers: Answers) -> Explained:
-    m = v.metrics
-    op = (m.comm_op or "collective").replace("_", "-")
-    row = _rank_row(v.ranks, straggler) if straggler is not None else None
-    if m.straggler_by == "arrival":
-        own = _pct(row.comm_exposed_frac if row else None)
-        gap = f"; it loses {_pct(m.gap_frac)} between steps" if m.gap_frac and m.gap_frac >= 0.05 else ""
-        headline = (f"Load imbalance: {who(v, straggler)} arrives last at {op}; the others wait "
-                    f"{_pct(m.comm_exposed_frac)} of the step for it (it waits {own}){gap}")
-        fixes = [f"find what delays rank {straggler} outside its compute: work between steps, logging, "
-                 "checkpointing on that rank only, its data path",
-                 f"check rank {straggler}'s host for other processes or throttling"]
-        return headline, fixes, {"straggler_rank": straggler, "arrival_ratio": round4(m.arrival_ratio)}
-    fast = min((r for r in v.ranks if r.compute_s is not None), key=lambda r: r.compute_s, default=None)
-    slow = units.seconds(row.compute_s if row else None)
-    quick = units.seconds(fast.compute_s if fast else None)
-    headline = (f"Load imbalance: {who(v, straggler)} computes {slow}/step vs {quick} on rank "
-                f"{fast.rank if fast else units.NA}; the others wait {_pct(m.comm_exposed_frac)} in {op}")
-    fixes = [f"find what makes rank {straggler} slower: its data shard, sequence lengths, host load",
-             "balance work per rank (bucket samples by length, even shards)",
-             f"check rank {straggler}'s host for other processes or throttling"]
-    return headline, fixes, {"straggler_rank": straggler, "compute_ratio": round4(m.compute_ratio)}
-
-
-def _idle_text(v: JobView, losses: Losses) -> str:
-    idle = by_id(losses)["device_idle"].share
-    if v.device_type != "cuda":
-        if idle is None:
-            return "no measured loss explains the step's time"
-        return f"the training thread is off CPU {_pct(idle)} of each step with no other measured cause"
-    lead = v.metrics.host_lead_s
-    # the starvation signal: a host that keeps only a few ms ahead of the GPU cannot keep it fed
-    ahead = f" (the host runs {units.seconds(lead)} ahead of it)" if lead is not None else ""
-    return f"the device idles {_pct(idle)} of each step with no other measured cause{ahead}"
-
-
-def explain_host_sync(v: JobView, straggler: int | None, losses: Losses, answers: Answers) -> Explained:
-    m = v.metrics
-    site = next((s.sync_site for t in v.traces.values() for s in reversed(t.steps) if s.sync_site), None)
-    where = f" (most at {site})" if site else ""
-    return (f"Host-device sync: {_idle_text(v, losses)}; {units.number(m.syncs_per_step, 2)} syncs per step{where}",
-            ["remove .item() / .cpu() / print(tensor) from the step; log every N steps",
-             "keep metrics on the device and read them asynchronously (non_blocking=True into pinned memory)"],
-            {"syncs_per_step": round4(m.syncs_per_step)})
-
-
-def explain_host_overhead(v: JobView, straggler: int | None, losses: Losses, answers: Answers) -> Explained:
-    m = v.metrics
-    return (f"Host overhead: {_idle_text(v, losses)} (busy {_pct(m.device_busy)} of a {_step(m)} step); "
-            "the CPU cannot feed it",
-            ["larger batch per step", "torch.compile or CUDA graphs to cut launch overhead",
-             "fuse small ops; avoid Python work per micro-op"], {})
-
-
 def where_text(line: WhereLine) -> str:
     """'time.sleep(0.05) at train.py:21 in fetch_from_service'."""
     return f"{line.what} at {line.site} in {line.function}"
-
-
-def _top_waiting(v: JobView) -> WhereLine | None:
-    return next(iter(v.where.top(1, "waiting")), None) if v.where is not None else None
-
-
-_WAIT_FIXES = ["move the call off the training thread (a background thread or process feeding a queue), so the "
-               "step never waits for it",
-               "overlap it: start the request before forward and collect its result after backward "
-               "(concurrent.futures)",
-               "batch it: one call every N steps instead of one per step; cache what it returns",
-               "a lock or GIL contention with a background thread shows as waiting too: find the other holder"]
-
-
-def explain_host_wait(v: JobView, straggler: int | None, losses: Losses, answers: Answers) -> Explained:
-    """The host thread waits off CPU inside the step: the top waiting line says where."""
-    idle = by_id(losses)["device_idle"].share
-    line = _top_waiting(v)
-    if v.device_type != "cuda":
-        off = f"off CPU {_pct(idle)} of the step, no other measured cause"
-    else:
-        off = (f"device idle {_pct(idle)} with no other cause; the host is off CPU in "
-               f"{_pct(v.metrics.host_wait_frac)} of its in-step samples")
-    fixes = list(_WAIT_FIXES)
-    if line is None:
-        return (f"Host wait: {_idle_text(v, losses)}; no stack samples say where",
-                fixes + ["py-spy dump of the training process during a step shows the call it waits in"], {})
-    fixes.insert(0, f"start with {where_text(line)}: {_pct(line.share)} ± {_pct(line.err)} of each step waits "
-                    "there (key u: every line)")
-    return (f"Host wait: {_pct(line.share)} of each step waiting in {where_text(line)} ({off})", fixes,
-            {"where_top": f"{line.file}:{line.line}"})
-
-
-def explain_compute_efficiency(v: JobView, straggler: int | None, losses: Losses, answers: Answers) -> Explained:
-    m = v.metrics
-    if m.mfu is not None:
-        what = f"MFU {_pct(m.mfu)}" + (f" {peak_note(v)}" if m.peak_flops else "")
-        extra: dict[str, Any] = {"mfu": round4(m.mfu)}
-    else:
-        what = f"tensor cores {_pct(tensor_active(v))} active"
-        extra = {}
-    fixes = ["bf16 autocast (torch.autocast('cuda', dtype=torch.bfloat16))",
-             "torch.backends.cuda.matmul.allow_tf32 = True for fp32 matmuls",
-             "fused kernels (fused AdamW, flash attention) and torch.compile", "larger batch per step"]
-    cited = v.profile.citation() if v.profile is not None else None
-    if cited is None:
-        fixes.append("`perfmon profile` (key m) times each module for a few steps: which one wastes the device")
-        return f"Compute efficiency: device busy {_pct(m.device_busy)} but {what}", fixes, extra
-    extra["profile_marked"] = cited
-    return (f"Compute efficiency: device busy {_pct(m.device_busy)} but {what}; slowest for its FLOPs: {cited}",
-            [f"start with {v.profile.marked.name} ({v.profile.marked.type}): "  # type: ignore[union-attr]
-             "batch its small ops into large matmuls, or fuse them (torch.compile)", *fixes], extra)
-
-
-_GAP_FIXES = ["time what runs between steps with mon.event('checkpoint', seconds=...) or a stack (py-spy dump): "
-              "checkpoints, evaluation, logging that syncs (.item(), print of a tensor), batch preparation "
-              "outside a DataLoader",
-              "batches built in the training loop: move them into a Dataset and a DataLoader with workers, "
-              "so they are prepared while the step runs",
-              "checkpoints: save asynchronously (torch.distributed.checkpoint.async_save) or less often"]
 
 
 def gaps_lost(m: Any) -> str | None:
@@ -275,66 +50,6 @@ def gaps_lost(m: Any) -> str | None:
     if m.gap_frac is not None and m.gap_frac >= 1.0 - ETTR_MIN:
         return f"{_pct(m.gap_frac)} of recent time passes between steps"
     return None
-
-
-def explain_healthy(v: JobView, straggler: int | None, losses: Losses, answers: Answers) -> Explained:
-    """Healthy steps; the time between them is outside the step's accounting, so the headline says it too."""
-    m = v.metrics
-    busy = f"{v.device_type.upper()} busy {_pct(m.device_busy)}"
-    note = f" {peak_note(v)}" if m.peak_flops else ""
-    extra = f", MFU {_pct(m.mfu)}{note}" if m.mfu is not None else ""
-    gaps = gaps_lost(m)
-    if gaps is None:
-        return f"Healthy: {busy} of a {_step(m)} step, no measured loss of 10% or more{extra}", [], {}
-    return (f"Healthy steps ({busy} of a {_step(m)} step, no measured loss of 10% or more{extra}), "
-            f"but {gaps}"), list(_GAP_FIXES), {}
-
-
-_BUSY_FIXES = {
-    "cuda": ["GPU busy comes from NVML (GPM SM activity, else utilization): `nvidia-smi -q -d UTILIZATION` "
-             "as this user shows whether the driver reports it; MIG slices and many vGPUs report no "
-             "utilization",
-             "if NVML cannot be loaded (no libnvidia-ml in the container), mount the driver's libraries "
-             "(NVIDIA container toolkit) so the probe can read the GPU",
-             "meanwhile, the losses that are measured still speak: a data wait or exposed communication of 10% "
-             "or more would have been named"],
-}
-
-
-_COMM_FIXES = [
-    "time it: run the job under `perfmon run` (zero-code mode times DDP's gradient all-reduce) or call "
-    "mon.watch(model=ddp_model) in the script",
-    "without a restart: `perfmon capture JOB --steps 3` records a torch.profiler trace of each rank, whose "
-    "collectives show how long each step waits in them",
-    "the ranks pane's compute times show whether one rank is slower and the others wait for it",
-]
-
-
-def explain_not_measured(v: JobView, straggler: int | None, losses: Losses, answers: Answers) -> Explained:
-    """A question the walk could not pass: the device's busy share is unknown and no measured loss
-    is large, or communication of a job of several ranks is not timed while much of each step has
-    no measured cause. Says what is missing and what the measured numbers still say; never a
-    healthy verdict."""
-    m = v.metrics
-    known = [x for x in losses if x.id != "step_gaps" and x.share is not None]
-    said = ", ".join(f"{x.label} {_pct(x.share)}" for x in known) or "no loss measured"
-    mfu = f"; MFU {_pct(m.mfu)}" if m.mfu is not None else ""
-    comm = answers.get("comm_exposed")
-    if comm is not None and comm.otherwise == "not_measured" and answers["device_busy"].asked:
-        idle = by_id(losses)["device_idle"]
-        ranks = max(v.world_size, len(v.ranks))
-        headline = (f"Not measured: communication is not timed in this {ranks}-rank job ({comm.reason}), and "
-                    f"{idle.label} is {_pct(idle.share)} of each step, which may be waiting in collectives; "
-                    f"measured: {said}, {_step(m)} steps{mfu}")
-        return headline, list(_COMM_FIXES), {}
-    why = v.device_status or "no utilization samples for this job's GPU"
-    headline = (f"Not measured: {v.device_type.upper()} busy is unknown ({why}), so whether the device is "
-                f"starved cannot be told; measured: {said}, {_step(m)} steps{mfu}")
-    return headline, list(_BUSY_FIXES.get(v.device_type, [])), {}
-
-
-def _rank_row(ranks: list[RankView], rank: int) -> RankView | None:
-    return next((r for r in ranks if r.rank == rank), None)
 
 
 def findings(v: JobView) -> list[dict[str, Any]]:

@@ -1,15 +1,28 @@
-"""The diagnosis flowchart: its questions, thresholds (each with its source) and exits.
+"""The diagnosis flowchart's parts: thresholds (each with its source), and the three types a chart
+is made of: a ``Question`` (one class per question, ``perfmon_analysis.questions``), an ``Outcome``
+(one class per outcome, ``perfmon_analysis.outcomes``) and the ``Chart`` that joins them by the
+questions' exits and walks them.
 
-Data only, plus ``compare`` and the ``Answer`` type: ``perfmon_analysis.verdict`` asks and walks
-it, ``perfmon_analysis.explain`` words its outcomes, the flowchart screen and the panes draw its
-answers. The order and every threshold's source: docs/verdict.md.
+One object owns everything said about its question or outcome, as
+``torch/profiler/_pattern_matcher.py`` has one class per pattern: a question its id, wording,
+quantity, threshold and source, how it is asked, where the walk goes when it cannot be asked
+and what it decides between; an outcome its label, the pane with its evidence, the loss it
+names, its headline, fixes and severity. The walk, the verdict bar, the flowchart screen and
+the report read these objects, never a table keyed by their ids. The order and every
+threshold's source: docs/verdict.md.
 """
 
 from __future__ import annotations
 
+import copy
 from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Iterable
 
 from perfmon_analysis.comm_stats import STRAGGLER_RATIO
+
+if TYPE_CHECKING:
+    from perfmon_analysis.losses import Loss
+    from perfmon_analysis.views import JobView
 
 # -- thresholds (each with its source) ---------------------------------------------------------
 # The usual first triage step: GPU utilization under 70% points at communication or data loading.
@@ -65,49 +78,33 @@ FRAGMENTATION_MAX = 0.20
 # (probe/gpu/nvml.py THROTTLE_BITS); idle, app_clocks, sync_boost, display_clocks are not throttling.
 THROTTLE_REASONS = frozenset({"sw_power_cap", "hw_slowdown", "sw_thermal", "hw_thermal", "hw_power_brake"})
 
-FINDINGS = ("step_gaps", "throttling", "fragmentation", "rank_restarted", "drops", "probe_warnings", "cpu_contention", "perfmon_cost",
-            "data_wait", "comm_exposed", "device_idle")
+FINDINGS = ("step_gaps", "throttling", "fragmentation", "rank_restarted", "drops", "probe_warnings", "cpu_contention",
+            "perfmon_cost", "data_wait", "comm_exposed", "device_idle")
 # The share at which each step loss counts as a cause (and, when not the largest, a secondary finding).
 LOSS_THRESHOLD = {"data_wait": DATA_WAIT_MIN, "comm_exposed": COMM_EXPOSED_MIN, "device_idle": LOSS_MIN}
 
-
-@dataclass(frozen=True)
-class Node:
-    """One question of the flowchart. ``yes``/``no`` name an outcome (a ``Rule`` id; the root
-    node shares the name "memory" with its outcome) or else the next node.
-
-    ``op`` is how ``quantity`` is compared with ``threshold`` for a "yes"
-    ("<", ">=", ">"); ``unit`` is "frac" (shown as %) or "ratio"/"count".
-    """
-
-    id: str
-    question: str
-    quantity: str
-    threshold: float
-    threshold_source: str
-    yes: str
-    no: str
-    op: str = ">="
-    unit: str = "frac"
+Losses = tuple["Loss", ...]
+# An outcome's words: headline, fixes, extra evidence.
+Explained = tuple[str, list[str], dict[str, Any]]
 
 
 @dataclass(frozen=True)
 class Answer:
-    """One flowchart question as the verdict's rule answered it: the one judgement of that number,
-    which the verdict bar, the flowchart screen and every pane marker display.
+    """One question as the verdict asked it: the one judgement of that number, which the verdict
+    bar, the flowchart screen and every pane marker display.
 
-    ``answer``: "yes" (the node's problem exit), "no", or None when the question could not be
+    ``answer``: "yes" (the question's problem exit), "no", or None when the question could not be
     asked (not measured; or, with ``applies`` False, it does not apply to this job and the walk
     takes "no"). ``value`` and ``threshold``: the number judged and the line it was judged
     against; ``measure``: what ``value`` is, where the question measures it more than one way;
     ``decided_by``: the test that decided, where it was not ``value`` against ``threshold``
     alone (a larger loss, an OOM, a late rank), so a pane never shows a bare comparison
     that the answer contradicts. ``otherwise``: where the walk goes when the question could not
-    be asked, if not ``UNMEASURED``'s exit (an unmeasured cause that the rest of the walk would
-    blame on something else).
+    be asked, if not the question's own ``unmeasured`` exit (an unmeasured cause that the rest
+    of the walk would blame on something else).
     """
 
-    node: Node
+    question: "Question"
     answer: str | None
     value: float | None
     threshold: float
@@ -122,74 +119,185 @@ class Answer:
         return self.answer is not None
 
 
-FLOWCHART: tuple[Node, ...] = (
-    Node("memory", "OOM or allocator retries in the window, or the window's peak over 90% of the limit?",
-         "memory_peak_frac", MEMORY_PEAK_MAX,
-         "PyTorch Profiler TB plugin memory rule (peak > 0.9 x device memory), over the window",
-         yes="memory", no="device_busy", op=">"),
-    Node("device_busy", "Is the device starved: busy under 70%, or one measured loss 10% or more of the step?",
-         "device_busy", DEVICE_BUSY_MIN,
-         "common triage: GPU utilization < 70% points at communication or data loading; one loss >= 10%: "
-         "perfmon loss accounting (docs/verdict.md)",
-         yes="data_wait", no="mfu", op="<"),
-    Node("data_wait", "Is waiting for the next batch the largest loss, at 5% or more of the step?",
-         "data_wait_frac", DATA_WAIT_MIN, "PyTorch Profiler TB plugin DataLoader rule (> 5% of step time)",
-         yes="loader_cpu", no="comm_exposed"),
-    Node("loader_cpu", "Are the loader workers (or the main process) CPU-bound?", "loader_cpu", LOADER_CPU_BOUND,
-         "perfmon: I/O-bound workers sit near 0% CPU, CPU-bound ones >= 30% even on a contended host",
-         yes="data_preprocessing", no="data_loading"),
-    Node("comm_exposed", "Is blocking on communication the largest loss, at 10% or more of the step?",
-         "comm_exposed_frac", COMM_EXPOSED_MIN, "PyTorch Profiler TB plugin communication rule (> 10%)",
-         yes="straggler", no="syncs"),
-    Node("straggler", "Is one rank slower than the rest (fastest/slowest < 0.7)?",
-         "compute_ratio", STRAGGLER_RATIO_MAX,
-         "NVIDIA Resiliency Extension relative straggler score 0.7; HTA late-arrival straggler",
-         yes="load_imbalance", no="communication", op="<", unit="ratio"),
-    Node("syncs", "The device idles with no other measured cause: does every step force a host-device sync?",
-         "syncs_per_step", SYNCS_PER_STEP_MIN,
-         "synchronous device-to-host copies in the model code (.item(), .cpu()) idle the GPU", yes="host_sync",
-         no="host_waiting",
-         unit="count"),
-    Node("host_waiting", "The host thread: is it off CPU (waiting) for most of the unexplained time?",
-         "host_wait_frac", HOST_WAIT_MIN,
-         "perfmon: in-step stack samples with the thread's CPU clock (off CPU = under half the wall time); "
-         "a CPU job's unexplained loss is off-CPU time by definition",
-         yes="host_wait", no="host_overhead"),
-    Node("mfu", "Not starved: is MFU under 30% (or are the tensor cores idle)?", "mfu", MFU_MIN,
-         "Llama 3 (arXiv 2407.21783) 38-43% MFU, PaLM (arXiv 2204.02311) 46%", yes="compute_efficiency",
-         no="healthy",
-         op="<"),
-)
-# Where the walk goes when a question cannot be answered. Never through the question's own
-# exits: an unmeasured quantity decides nothing (docs/verdict.md "Unknown is unknown").
-# * a screening question (is it memory? the loader? communication?) leaves that cause unchecked,
-#   listed as not measured, and the walk asks the next question;
-# * the gate "is the device starved?" cannot be passed: the outcome is ``not_measured``, which says
-#   what is missing and what the measured losses do say;
-# * the question that tells two causes of one measured loss apart (``DECIDES_BETWEEN``) ends at the
-#   outcome that names the loss's family (data loading, communication, host overhead) and the
-#   verdict says which causes it cannot tell apart;
-#   (syncs not counted still asks whether the host waits, which the stack samples can tell);
-# * MFU unknown ends at healthy: the device is busy and no measured loss is large; efficiency is
-#   then listed as not measured.
-UNMEASURED = {"memory": "device_busy", "device_busy": "not_measured", "data_wait": "comm_exposed",
-              "loader_cpu": "data_loading", "comm_exposed": "syncs", "straggler": "communication",
-              "syncs": "host_waiting", "host_waiting": "host_overhead", "mfu": "healthy"}
-NODES: dict[str, Node] = {n.id: n for n in FLOWCHART}
-ROOT = "memory"
-# The last questions before an outcome: when one cannot be asked, the verdict says what it cannot tell apart.
-DECIDES_BETWEEN = {"loader_cpu": "CPU-bound preprocessing from slow I/O",
-                   "straggler": "a slow rank from slow communication",
-                   "syncs": "host-device syncs from launch overhead or an unmeasured loss",
-                   "host_waiting": "a host that waits (I/O, a lock, a service) from launch overhead"}
+class Question:
+    """One question of the chart. Subclasses set the attributes and write ``ask``.
+
+    ``yes``/``no`` name an outcome or the next question (an outcome id wins where both exist:
+    the root question shares the name "memory" with its outcome); ``op`` is how ``quantity`` is
+    compared with ``threshold`` for a "yes" ("<", ">=", ">"); ``unit`` is "frac" (shown as %),
+    "ratio" or "count". ``unmeasured``: where the walk goes when the question cannot be asked;
+    never one of its own exits' judgements, since an unmeasured quantity decides nothing
+    (docs/verdict.md, "Unknown is unknown"). ``decides_between``: set on the last question
+    before an outcome, the causes the verdict cannot tell apart when it cannot be asked.
+    ``short``: its name on the verdict bar's path.
+    """
+
+    id: str
+    text: str
+    quantity: str
+    threshold: float
+    source: str
+    yes: str
+    no: str
+    unmeasured: str
+    op: str = ">="
+    unit: str = "frac"
+    short: str = ""
+    decides_between: str | None = None
+
+    def ask(self, view: "JobView", losses: Losses) -> Answer:
+        raise NotImplementedError
+
+    def fires(self, value: float) -> bool:
+        """Does ``value`` take the "yes" exit (the direction that names a problem)? The one
+        comparison: the verdict and the panes' judged numbers both use it."""
+        return compare(value, self)
+
+    def judged(self, value: float | None, fired: bool, reason: str = "", measure: str = "",
+               threshold: float | None = None, decided_by: str = "") -> Answer:
+        return Answer(self, "yes" if fired else "no", value, self.threshold if threshold is None else threshold,
+                      reason, measure=measure, decided_by=decided_by)
+
+    def unasked(self, reason: str, applies: bool = True, measure: str = "", otherwise: str | None = None) -> Answer:
+        return Answer(self, None, None, self.threshold, reason, applies, measure, otherwise=otherwise)
+
+    def rewired(self, **exits: str) -> "Question":
+        """This question with other exits (``yes``, ``no``, ``unmeasured``): how a chart puts a new
+        question behind an existing one (``Chart.with_question``)."""
+        new = copy.copy(self)
+        for name, target in exits.items():
+            if name not in ("yes", "no", "unmeasured"):
+                raise ValueError(f"{name!r} is not an exit")
+            setattr(new, name, target)
+        return new
 
 
-def compare(value: float, node: Node) -> bool:
-    """Does ``value`` take the node's "yes" exit (the direction that names a problem)?
+class Outcome:
+    """One outcome of the chart. Subclasses set the attributes and write ``explain``.
 
-    The one definition: the verdict and the panes' judged numbers both use it."""
-    if node.op == "<":
-        return value < node.threshold
-    if node.op == ">":
-        return value > node.threshold
-    return value >= node.threshold
+    ``pane``: the pane that shows its evidence (highlighted in the TUI); ``loss``: the loss of
+    ``perfmon_analysis.losses`` it names, if any. An outcome in ``Chart.before`` ends the verdict
+    before the walk when ``applies`` says so (a job that stopped has no steps to judge).
+    """
+
+    id: str
+    label: str
+    pane: str | None = None
+    loss: str | None = None
+
+    def applies(self, view: "JobView") -> bool:
+        return False
+
+    def explain(self, view: "JobView", straggler: int | None, losses: Losses,
+                answers: dict[str, Answer]) -> Explained:
+        raise NotImplementedError
+
+    def severity(self, view: "JobView", losses: Losses) -> str:
+        """"crit" when the device is idle half the time or the named loss takes half the step
+        (TB plugin "low GPU utilization" rule, < 50%), else "warn"."""
+        busy = view.metrics.device_busy
+        named = next((x for x in losses if x.id == self.loss), None)
+        if (busy is not None and busy < DEVICE_BUSY_CRIT) or \
+                (named is not None and named.share is not None and named.share >= 1.0 - DEVICE_BUSY_CRIT):
+            return "crit"
+        return "warn"
+
+
+class Chart:
+    """Questions joined by their exits, the outcomes they lead to, and the outcomes that come
+    before any question. Checked when built: every exit leads somewhere, every question is
+    reachable from the root, and no walk can loop."""
+
+    def __init__(self, questions: Iterable[Question], outcomes: Iterable[Outcome], root: str,
+                 before: Iterable[str] = ()) -> None:
+        self.questions: dict[str, Question] = {q.id: q for q in questions}
+        self.outcomes: dict[str, Outcome] = {o.id: o for o in outcomes}
+        self.root = root
+        self.before = tuple(self.outcomes[o] for o in before)
+        self._check()
+
+    def exit_target(self, target: str) -> Question | Outcome:
+        return self.outcomes.get(target) or self.questions[target]
+
+    def _check(self) -> None:
+        for q in self.questions.values():
+            for name in ("yes", "no", "unmeasured"):
+                target = getattr(q, name)
+                if target not in self.outcomes and target not in self.questions:
+                    raise ValueError(f"question {q.id!r}: its {name} exit {target!r} leads nowhere")
+        seen: set[str] = set()
+
+        def visit(qid: str, trail: tuple[str, ...]) -> None:
+            if qid in trail:
+                raise ValueError(f"the chart loops: {' > '.join(trail + (qid,))}")
+            seen.add(qid)
+            q = self.questions[qid]
+            for target in {q.yes, q.no, q.unmeasured}:
+                if target not in self.outcomes:
+                    visit(target, trail + (qid,))
+
+        visit(self.root, ())
+        unreached = set(self.questions) - seen
+        if unreached:
+            raise ValueError(f"questions no walk reaches: {sorted(unreached)}")
+
+    def with_question(self, question: Question, after: str, exit: str = "no") -> "Chart":
+        """A chart with ``question`` put into question ``after``'s ``exit``; the new question's own
+        exits must already say where it goes."""
+        questions = [q.rewired(**{exit: question.id}) if q.id == after else q for q in self.questions.values()]
+        return Chart([*questions, question], self.outcomes.values(), self.root, (o.id for o in self.before))
+
+    def ask(self, view: "JobView", losses: Losses) -> dict[str, Answer]:
+        """Every question answered once, on the walk's path or not: the one judgement of each
+        number, which the walk follows and the panes display."""
+        return {qid: q.ask(view, losses) for qid, q in self.questions.items()}
+
+    def walk(self, answers: dict[str, Answer]) -> tuple[str, list[str], dict[str, Any]]:
+        """Walk by the answers: (outcome, question ids visited, evidence).
+
+        A question that cannot be asked is listed under ``evidence["skipped"]`` and the walk goes
+        on with what is known; when it was the outcome's own question (``decides_between``),
+        ``evidence["undecided"]`` says what is left open.
+        """
+        path: list[str] = []
+        evidence: dict[str, Any] = {}
+        skipped: dict[str, str] = {}
+        undecided: dict[str, str] = {}
+        qid = self.root
+        while True:
+            q = self.questions[qid]
+            path.append(qid)
+            ans = answers[qid]
+            if ans.answer is None:
+                skipped[qid] = ans.reason
+                if not ans.applies:           # the question does not apply to this job: its "no" is the answer
+                    qid = q.no
+                else:                         # not measured: never one of the question's exits
+                    if q.decides_between is not None:
+                        undecided[qid] = ans.reason
+                    qid = ans.otherwise or q.unmeasured
+            else:
+                evidence[q.quantity] = round4(ans.value)
+                if ans.reason:
+                    evidence.setdefault("notes", {})[qid] = ans.reason
+                qid = q.yes if ans.answer == "yes" else q.no
+            if qid in self.outcomes:
+                break
+        if skipped:
+            evidence["skipped"] = skipped
+        if undecided:
+            evidence["undecided"] = undecided
+        return qid, path, evidence
+
+
+def round4(x: Any) -> Any:
+    return round(x, 4) if isinstance(x, float) else x
+
+
+def compare(value: float, question: Question) -> bool:
+    """Does ``value`` take the question's "yes" exit (the direction that names a problem)?"""
+    if question.op == "<":
+        return value < question.threshold
+    if question.op == ">":
+        return value > question.threshold
+    return value >= question.threshold

@@ -18,7 +18,6 @@ from perfmon_analysis.views import JobView, RankView
 
 RATIO_BANDS = (1.1, 1.25, 1.5, 2.0)       # x the fastest rank: levels 1..4
 SHARE_BANDS = (0.05, 0.15, 0.30, 0.50)    # share of the step: levels 1..4
-LEVELS = len(RATIO_BANDS) + 1
 
 # (row label, what the level measures, value of a rank, judged as a ratio to the fastest rank?)
 METRICS: tuple[tuple[str, str, Callable[[RankView], float | None], bool], ...] = (

@@ -14,25 +14,9 @@ replayed recording has a window too), whichever is fewer, but never fewer than
 ``MIN_STEPS``; a rank with fewer steps is warming up. The first step a rank
 reports (lazy init, allocator warm-up) is left out while there are others.
 
-Formulas (sources in the comments next to each):
-* active step time = ``dur`` − ``gap`` (time between steps lost to checkpoints,
-  evaluation, stalls; from the step's ``gap`` key, else from the ``seconds`` of
-  blocking events such as ``checkpoint`` that fell before the step);
-* data wait share = Σ phases.data / Σ active;
-* comm share = Σ comm.seconds / Σ active; exposed share = Σ comm.exposed / Σ active;
-* compute time of a step = active − data − exposed comm;
-* device busy: CUDA = the mean NVML utilization of the rank's GPU in the window
-  (measured activity; never the elapsed time between two CUDA events, which
-  includes idle gaps), unknown without NVML; CPU = (Σ thread CPU of the step body
-  + Σ data_cpu) / Σ active where the probe measures the training thread's CPU time
-  (step ``cpu``), else Σ compute / Σ active, the share not lost to a measured cause;
-* off-CPU share (CPU jobs' device idle) = max(0, Σ body − Σ body CPU − Σ exposed) / Σ active,
-  body = active − data;
-* where-table: in-step stack samples of the window per user line and state, share =
-  samples / in-step samples × (sampled span / active), 95% Wilson error bar;
-* busbw = bytes / seconds × nccl-tests factor of the collective;
-* MFU = Σ flops / Σ dur / peak FLOP/s of the device for the dtype in use (none without that peak);
-* ETTR = time inside steps / wall time since the first step.
+The formulas (shares, busy, ETTR, busbw, MFU) and their sources are in docs/verdict.md §1 and
+docs/metrics.md, and next to each function of ``perfmon_analysis.stats`` and the modules beside it;
+they are not repeated here, where they would go stale.
 """
 
 from __future__ import annotations

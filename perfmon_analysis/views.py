@@ -229,20 +229,6 @@ class Metrics:
     energy_per_token_j: float | None = None
     memory: MemoryMetrics = field(default_factory=MemoryMetrics)
 
-    def as_json(self) -> dict[str, Any]:
-        out = {name: getattr(self, name) for name in _METRIC_KEYS}
-        out["memory"] = self.memory.as_json()
-        return out
-
-
-_METRIC_KEYS = ("steps", "step_time_median_s", "samples_per_s", "tokens_per_s", "device_busy", "data_wait_frac",
-                "comm_frac", "comm_exposed_frac", "syncs_per_step", "mfu", "ettr", "loader_cpu",
-                "busbw", "comm_op", "comm_estimated", "loader_workers", "data_cpu_frac", "gap_frac",
-                "compute_ratio", "arrival_ratio", "straggler_by", "flops_per_s", "memory_headroom",
-                "device_busy_source", "peak_flops", "peak_source", "host_lead_s", "off_cpu_frac", "host_wait_frac",
-                "cpu_contention_frac", "overhead_step_frac", "overhead_cpu_frac", "power_w", "energy_per_step_j",
-                "energy_per_sample_j", "energy_per_token_j", "loop_frac", "pause_frac", "loop_wait_frac")
-
 
 @dataclass(frozen=True)
 class RankView:

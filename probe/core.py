@@ -148,7 +148,7 @@ class _Step:
         data_cpu = p._data_cpu
         p._data_cpu = None
         p._q.append((_STEP, p._step_no, p._prev_end, t, data, phases, self.samples, self.tokens, self.flops, extras,
-                     p._gap, data_cpu, cpu, records.CPU_SPAN_BODY))
+                     p._gap, data_cpu, cpu, records.CPU_SPAN_BODY))      # a records.StepItem
         p._cpu_next = t - p._prev_end >= CPU_TIMED_STEP_S or not p._step_no & CPU_TIMED_EVERY_MASK
         p._step_no += 1
         p._prev_end = t
@@ -506,7 +506,7 @@ class Probe:
         self._data_cpu = None
         prev = self._prev_end if self._prev_end is not None and self._prev_end <= start else start
         self._q.append((_STEP, self._step_no, prev, end, data, merged, samples, tokens, None, extras, start - prev,
-                        data_cpu, cpu, records.CPU_SPAN_ACTIVE))
+                        data_cpu, cpu, records.CPU_SPAN_ACTIVE))      # a records.StepItem
         self._step_no += 1
         self._prev_end = end
         self._in_step = False
@@ -540,7 +540,9 @@ class Probe:
 
     # -- record building (sender thread) -----------------------------------------------------
     def _build(self, item: tuple) -> dict[str, Any] | None:
-        return item[1] if item[0] == _REC else records.step_record(item, self._epoch, self._device_reads)
+        if item[0] == _REC:
+            return item[1]
+        return records.step_record(records.StepItem._make(item), self._epoch, self._device_reads)
 
     def _hello(self) -> dict[str, Any]:
         return records.hello(self)
@@ -634,8 +636,6 @@ class Probe:
             sys.stderr.write(f"perfmon: {message}\n")
         except (OSError, ValueError):
             pass
-
-    _internal_error = report_error    # older name, kept for instrumentation modules not yet renamed
 
     def _after_fork_in_child(self) -> None:
         """Forked child (DataLoader worker): go silent; close inherited fds; touch no locks."""

@@ -5,7 +5,7 @@ from __future__ import annotations
 import platform
 import sys
 import time
-from typing import Any, Callable
+from typing import Any, Callable, NamedTuple
 
 from probe import wire
 
@@ -14,6 +14,30 @@ CPU_SPAN_ACTIVE = "active"  # zero-code and trainer callbacks: the step's start 
 
 
 DEVICE_WAIT = 5.0      # seconds the sender waits for a step's device number to reach the host
+
+
+class StepItem(NamedTuple):
+    """One finished step as the hot path queues it (``probe.core``: ``step()``'s exit and zero-code
+    ``add_step``), read here by name on the sender thread. The training thread appends a plain tuple
+    in this field order (``StepItem(...)`` costs a Python-level call there, ~0.3-0.5 µs a step;
+    bench/RESULTS.md "Hot path"); ``Probe._build`` makes it a ``StepItem`` once it is off that thread,
+    and tests/unit/test_probe_records.py ties every field the hot path fills to its name.
+    Times are ``perf_counter`` seconds."""
+
+    kind: int                      # probe.core._STEP
+    step: int
+    start: float                   # the previous step's end (the step's ``dur`` includes the gap before it)
+    end: float
+    data: float                    # seconds blocked in the loader
+    phases: dict[str, float]
+    samples: float | None
+    tokens: Any                    # a number, or a ``DeviceScalar`` read here
+    flops: Any
+    extras: dict[str, Any] | None  # keys the step hooks added (comm, mem, lead, ...)
+    gap: float                     # time between steps, outside the loader wait
+    data_cpu: float | None
+    cpu: float | None              # training thread CPU seconds over ``cpu_span``
+    cpu_span: str | None
 
 
 class DeviceScalar:
@@ -82,32 +106,27 @@ class DeviceReads:
         return True
 
 
-def step_record(item: tuple, epoch: float, reads: DeviceReads | None = None) -> dict[str, Any]:
-    """``item`` is the hot path's tuple (``probe.core``); ``epoch`` turns perf_counter into unix seconds;
+def step_record(item: StepItem, epoch: float, reads: DeviceReads | None = None) -> dict[str, Any]:
+    """The ``step`` record of one hot-path step; ``epoch`` turns perf_counter into unix seconds;
     ``reads`` turns device numbers (``DeviceScalar``) into host ones."""
-    _, step_no, start, end, data, phases, samples, tokens, flops, extras, gap, data_cpu, cpu, cpu_span = item
-    dur = end - start
-    phases = dict(phases)
-    if data:
-        phases["data"] = data
+    dur = item.end - item.start
+    phases = dict(item.phases)
+    if item.data:
+        phases["data"] = item.data
     known = sum(v for v in phases.values())
-    gap = max(0.0, gap)
+    gap = max(0.0, item.gap)
     phases["other"] = max(0.0, dur - known - gap)   # phases + gap add up to dur
-    rec: dict[str, Any] = {"k": "step", "t": end + epoch, "step": step_no, "start": start + epoch,
+    rec: dict[str, Any] = {"k": "step", "t": item.end + epoch, "step": item.step, "start": item.start + epoch,
                            "dur": dur, "phases": phases, "gap": gap}
-    if samples is not None:
-        rec["samples"] = samples
-    if tokens is not None:
-        rec["tokens"] = tokens
-    if flops is not None:
-        rec["flops"] = flops
-    if data_cpu is not None:
-        rec["data_cpu"] = data_cpu
-    if cpu is not None:
-        rec["cpu"] = cpu
-        rec["cpu_span"] = cpu_span
-    if extras:
-        rec.update(extras)
+    for key, value in (("samples", item.samples), ("tokens", item.tokens), ("flops", item.flops),
+                       ("data_cpu", item.data_cpu)):
+        if value is not None:
+            rec[key] = value
+    if item.cpu is not None:
+        rec["cpu"] = item.cpu
+        rec["cpu_span"] = item.cpu_span
+    if item.extras:
+        rec.update(item.extras)
     if isinstance(rec.get("tokens"), DeviceScalar) or isinstance(rec.get("flops"), DeviceScalar):
         _read_device_values(rec, reads or DeviceReads())
     return rec

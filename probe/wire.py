@@ -14,7 +14,7 @@ from __future__ import annotations
 # Record keys (v1.0). Absent or None means unknown. Times are unix seconds, durations
 # seconds, sizes bytes, shares fractions 0..1 unless named otherwise.
 #
-# hello   proto [1,1], job, rank, local_rank, world_size, host, pid, restart, argv, torch,
+# hello   proto [1,1], job, rank, local_rank, world_size, host, pid, restart, argv, torch, python (version),
 #         name (socket base name), device (the job's device when the probe started, as in ``sample``),
 #         gpus (1.x: the GPUs this process can see, a fact about the host whatever the job uses:
 #         count, name, memory_total, driver, status (why none, e.g. "no NVIDIA GPU: NVML library not found"))
@@ -74,7 +74,8 @@ from __future__ import annotations
 #         DataLoader's next()), stack [innermost last: "file:line in function"] (training thread),
 #         inflight [{op, group (name), group_rank, group_size, seq (per-group sequence number of
 #         this rank's call), bytes, since (unix s)}], seq {group: calls issued} (every group this rank
-#         has used), loader {waiting, workers [{pid, alive, cpu (share of one core)}]} (when a
+#         has used), loader {waiting, awaited_pid (the worker whose batch is awaited), workers [{pid, alive,
+#         cpu (share of one core)}]} (when a
 #         DataLoader is watched), device {pending (bool: queued GPU work not finished) } (CUDA),
 #         flight {source (the sources joined by "+"), sources (1.x: the recorders read, "nccl":
 #         ProcessGroupNCCL's, "generic": gloo and other CPU backends), groups {group: {enqueued,

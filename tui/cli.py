@@ -27,8 +27,8 @@ COMMANDS = {
     "profile": "tui.commands.profile",
     "export": "tui.commands.export",
     "capture": "tui.commands.capture",
-    "inject": "tui.commands.inject",
-    "detach": "tui.commands.detach",
+    "inject": "tui.commands.inject.inject",
+    "detach": "tui.commands.inject.detach",
 }
 
 

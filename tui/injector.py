@@ -26,26 +26,47 @@ import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 from probe import inject as target_side
-from probe import paths
 from tui.errors import UserError
+from tui.processes import environ_of, python_command
+
 
 ANSWER_SECONDS = 15.0          # the target's injected thread loads the probe and answers
+
+
 ENTER_SECONDS = 10.0           # ptrace, dlopen and the code run on the interrupted thread
+
+
 POLL = 0.05
+
+
 SAFE_SECONDS = 5.0             # to find a thread parked in the kernel
+
+
 PARK_SAMPLE = 0.02
+
+
 _ENTER = ("import sys\nfrom hypno import inject_py\ntry:\n    inject_py(int(sys.argv[1]), sys.stdin.read())\n"
           "except Exception as exc:\n    sys.exit(f'{type(exc).__name__}: {exc}'.splitlines()[0])\n")
+
+
 # system calls a thread may make while it holds malloc's lock: a thread in one is not parked
 MEMORY_SYSCALLS = {"x86_64": {9, 10, 11, 12, 25, 28}, "aarch64": {214, 215, 216, 222, 226, 233}}
+
+
 CAP_SYS_PTRACE = 19
+
+
 METHODS = ("auto", "remote-exec", "ptrace")
+
+
 WANTED = "wanted"        # the marker the remote-exec entry file claims (probe.inject.ENTRY)
-LAUNCHERS = ("torch.distributed.run", "torch.distributed.launch", "torchrun")
+
+
 _LIBPYTHON = re.compile(r"libpython(\d+)\.(\d+)")
+
+
 _EXE_VERSION = re.compile(r"python(\d+)\.(\d+)")
 
 
@@ -166,7 +187,7 @@ def why_not_remote_exec(pid: int) -> str | None:
         cmdline = _read(f"/proc/{pid}/cmdline").split("\0")[:-1]
     except OSError:
         cmdline = []
-    off = remote_debug_off(cmdline, _environ(pid))
+    off = remote_debug_off(cmdline, environ_of(pid))
     return None if off is None else f"remote debugging is off in {pid}: {off}"
 
 
@@ -196,164 +217,10 @@ def remote_debug_off(cmdline: list[str], environ: dict[str, str]) -> str | None:
     return None
 
 
-@dataclass(frozen=True)
-class PythonCommand:
-    """A CPython command line as the interpreter reads it: its one-letter flags and ``-X`` options
-    (those before what it runs), and what it runs: ``kind`` "script" (``what`` its path), "module"
-    (``-m``, the module's name), "command" (``-c``), or None (an interactive interpreter, stdin)."""
-
-    flags: frozenset[str]
-    xoptions: tuple[str, ...]
-    kind: str | None
-    what: str = ""
-
-
-def python_command(cmdline: list[str]) -> PythonCommand:
-    """``cmdline`` (the executable first) read as CPython reads its arguments."""
-    flags: set[str] = set()
-    xoptions: list[str] = []
-    args = iter(cmdline[1:])
-    for arg in args:
-        if arg == "--check-hash-based-pycs":
-            next(args, None)
-        elif arg == "--":
-            return PythonCommand(frozenset(flags), tuple(xoptions), "script", next(args, ""))
-        elif arg.startswith("--"):
-            continue
-        elif arg == "-":
-            break
-        elif not arg.startswith("-"):
-            return PythonCommand(frozenset(flags), tuple(xoptions), "script", arg)
-        else:
-            for i, flag in enumerate(arg[1:], start=1):
-                if flag in "cm":
-                    return PythonCommand(frozenset(flags), tuple(xoptions), "command" if flag == "c" else "module",
-                                         arg[i + 1:] or next(args, ""))
-                if flag in "WX":            # options with a value: attached, or the next argument
-                    value = arg[i + 1:] or next(args, "")
-                    if flag == "X":
-                        xoptions.append(value)
-                    break
-                flags.add(flag)
-    return PythonCommand(frozenset(flags), tuple(xoptions), None)
-
-
 def _python_version(exe: str, maps: str) -> tuple[int, int] | None:
     """CPython's minor version from the process's libpython, else from its executable's name."""
     found = _LIBPYTHON.search(maps) or _EXE_VERSION.fullmatch(os.path.basename(exe).rstrip("dmu"))
     return (int(found.group(1)), int(found.group(2))) if found else None
-
-
-def workers(pid: int) -> list[int]:
-    """A torchrun launcher's worker processes (its children), or ``[pid]`` for any other process."""
-    try:
-        cmdline = _read(f"/proc/{pid}/cmdline").split("\0")
-    except OSError:
-        return [pid]
-    if not _is_launcher(cmdline):
-        return [pid]
-    children: list[int] = []
-    for entry in os.listdir("/proc"):
-        if entry.isdigit():
-            try:
-                stat = _read(f"/proc/{entry}/stat")
-            except OSError:
-                continue
-            if int(stat.rsplit(")", 1)[1].split()[1]) == pid:
-                children.append(int(entry))
-    if not children:
-        raise UserError(f"{pid} is a torchrun launcher with no worker processes (yet?)")
-    return sorted(children)
-
-
-_PYTHON_EXE = re.compile(r"python(\d+(\.\d+)?)?[dmu]*")
-
-
-def script_name(cmdline: list[str]) -> str | None:
-    """The name perfmon gives a Python process's job by default (``probe.core``: the stem of its
-    ``sys.argv[0]``), read from its command line; None for a process that is not a Python one or
-    runs no script, module or command."""
-    if not cmdline or not _PYTHON_EXE.fullmatch(os.path.basename(cmdline[0])):
-        return None
-    command = python_command(cmdline)
-    if command.kind == "script":
-        return Path(command.what).stem or "python"
-    if command.kind == "module":
-        return command.what.rsplit(".", 1)[-1] or "python"
-    return "python" if command.kind == "command" else None
-
-
-def _environ(pid: int) -> dict[str, str]:
-    try:
-        with open(f"/proc/{pid}/environ", "rb") as f:
-            items = f.read().split(b"\0")
-    except OSError:
-        return {}
-    return dict(item.decode(errors="replace").split("=", 1) for item in items if b"=" in item)
-
-
-def _parent(pid: int) -> int:
-    try:
-        return int(_read(f"/proc/{pid}/stat").rsplit(")", 1)[1].split()[1])
-    except (OSError, IndexError, ValueError):
-        return 0
-
-
-def _is_launcher(cmdline: list[str]) -> bool:
-    return any(arg in LAUNCHERS or os.path.basename(arg) == "torchrun" for arg in cmdline[:3])
-
-
-def job_processes(job: str) -> list[int]:
-    """The processes of ``job`` on this node: Python processes with torch loaded whose job perfmon
-    names ``job`` (their script's name, or with ``-<run id>`` under torchrun; ``PERFMON_JOB`` for a
-    job that has a probe already), less torchrun launchers and DataLoader workers (the children of
-    another such process). Processes of several distinct jobs by that name (no shared torchrun run
-    or rendezvous) make a UserError: which one is meant is the user's to say, by PID."""
-    wanted = paths.safe_job(job)
-    found: dict[int, tuple[str, ...]] = {}
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit() or int(entry) == os.getpid():
-            continue
-        pid = int(entry)
-        try:
-            cmdline = _read(f"/proc/{pid}/cmdline").split("\0")[:-1]
-        except OSError:
-            continue
-        script = script_name(cmdline)
-        if script is None or _is_launcher(cmdline):
-            continue
-        env = _environ(pid)
-        run_id = env.get("TORCHELASTIC_RUN_ID", "none")
-        names = {script, f"{script}-{run_id}", env.get("PERFMON_JOB", script)}
-        if wanted not in {paths.safe_job(name) for name in names}:
-            continue
-        try:
-            if "libtorch" not in _read(f"/proc/{pid}/maps"):
-                continue
-        except OSError:
-            continue
-        found[pid] = (run_id, env.get("MASTER_ADDR", ""), env.get("MASTER_PORT", "")) if "RANK" in env else (str(pid),)
-    ranks = [pid for pid in found if not _has_ancestor_in(pid, found)]
-    if not ranks:
-        raise UserError(f"no process of job {job} on this node (a Python process with torch loaded, running "
-                        f"{job}.py or `-m ...{job}`); give its PID instead")
-    jobs: dict[tuple[str, ...], list[int]] = {}
-    for pid in sorted(ranks):
-        jobs.setdefault(found[pid], []).append(pid)
-    if len(jobs) > 1:
-        listed = "; ".join(", ".join(map(str, pids)) for pids in jobs.values())
-        raise UserError(f"{len(jobs)} jobs named {job} run on this node (processes {listed}): give the PID of one "
-                        "(or its torchrun launcher's)")
-    return sorted(ranks)
-
-
-def _has_ancestor_in(pid: int, pids: dict[int, object]) -> bool:
-    parent, hops = _parent(pid), 0
-    while parent > 1 and hops < 64:
-        if parent in pids:
-            return True
-        parent, hops = _parent(parent), hops + 1
-    return False
 
 
 def _paths() -> list[str]:
@@ -553,54 +420,3 @@ def detach(target: Target, timeout: float = ANSWER_SECONDS) -> dict:
         return _await(target.pid, result, timeout)
     finally:
         shutil.rmtree(directory, ignore_errors=True)
-
-
-def chosen(args: Any) -> list[int]:
-    """The processes ``perfmon inject`` / ``detach`` act on here: ``--job NAME``'s, else the PID's
-    (a torchrun launcher's workers)."""
-    if (args.pid is None) == (args.job is None):
-        raise UserError("give a PID or --job NAME (one of them)")
-    return job_processes(args.job) if args.job is not None else workers(args.pid)
-
-
-def across_hosts(args: Any) -> tuple[list[str], str] | None:
-    """The hosts ``--hosts``/``--hostfile``/``--slurm``/``--k8s`` name and the transport to them,
-    for a job across nodes; None when none is named (this node)."""
-    from tui.stream import hosts
-
-    found = hosts.choose_hosts(args.hosts, args.hostfile, args.slurm, args.k8s, args.namespace)
-    if found is None:
-        if args.via is not None:
-            raise UserError("--via goes with --hosts, --hostfile, --slurm or --k8s")
-        return None
-    if args.pid is not None or args.job is None:
-        raise UserError("a PID is a process of one node: name the job on those hosts with --job NAME")
-    return found, hosts.transport(args.via, args.k8s, args.namespace)
-
-
-def on_hosts(action: str, job: str, found: list[str], via: str, timeout: float, method: str = "auto") -> list[Any]:
-    """``perfmon ACTION --job JOB`` on every host at once through the transport (``tui.stream.hosts``);
-    each host's ``HostRun``."""
-    from tui.stream.hosts import run_on_hosts
-
-    command = ["perfmon", action, "--job", job]
-    if action == "inject":
-        command[2:2] = ["--timeout", f"{timeout:g}"]
-    if method != "auto":
-        command[2:2] = ["--method", method]
-    return run_on_hosts(found, via, command, timeout + ENTER_SECONDS + ANSWER_SECONDS)
-
-
-def relay_output(action: str, results: list[Any]) -> None:
-    """What the hosts said, line by line under each host's name (their ``perfmon ACTION: `` taken off)."""
-    for result in results:
-        for line in result.out.splitlines():
-            print(f"{result.host}: {line}", flush=True)
-        for line in result.err.splitlines():
-            print(f"perfmon {action}: {result.host}: {line.removeprefix(f'perfmon {action}: ')}", file=sys.stderr,
-                  flush=True)
-
-
-def host_failures(action: str, results: list[Any]) -> str:
-    """One line naming each host that failed and why ('' when none did)."""
-    return "; ".join(f"{r.host}: {r.problem().removeprefix(f'perfmon {action}: ')}" for r in results if r.code != 0)

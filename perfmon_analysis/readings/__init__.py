@@ -1,9 +1,10 @@
 """Typed readings: what each wire record says, parsed once.
 
 The run model, its statistics, the panes, the verdict and the exports read these instead of
-wire dicts, so a wire key is spelled in ``probe/wire.py``'s schema and in this package only (and in
+wire dicts: past the probe's writers, a wire key is read in this package only (and in
 ``perfmon_analysis.summary``, which writes and reads its own payload; ``tests/unit/test_record_keys.py``
-holds every other module to it). Every field is None when the probe did not report it (unknown is never
+holds every other module to it), and every key written or read here is named in ``probe/wire.py``'s
+schema (``tests/unit/test_wire_keys.py``). Every field is None when the probe did not report it (unknown is never
 0); utilisations are 0..1. One module per family of records: ``steps`` (steps, events), ``samples``
 (hello, samples, memory, comm), ``where``, ``stall``, ``profiles`` (capture, profile); ``base`` holds
 the value checks they share.

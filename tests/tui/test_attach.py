@@ -140,9 +140,9 @@ def test_a_hung_up_terminal_is_detected(monkeypatch):
 
 def test_every_verdict_leads_with_a_pane_the_layout_knows_and_it_is_kept():
     from tui.app.widgets.layout import PANE_ORDER
-    from perfmon_analysis.verdict import RULES_TABLE
+    from perfmon_analysis.verdict import CHART
 
-    panes = {r.pane for r in RULES_TABLE if r.pane is not None}
+    panes = {o.pane for o in CHART.outcomes.values() if o.pane is not None}
     assert panes <= set(PANE_ORDER)
     for pane in panes:
         assert pane in plan(60, 20, lead=pane).visible       # room for one pane: the verdict's

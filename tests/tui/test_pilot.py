@@ -27,7 +27,7 @@ from tui.app.screens.help import HelpScreen
 from tui.app.screens.log import LogScreen
 from tui.app.screens.picker import JobChoice, PickerScreen
 from tui.stream.sources import load_recordings
-from perfmon_analysis.flowchart import NODES
+from perfmon_analysis.verdict import CHART
 from tui.app.widgets.memory import MemoryPane
 
 API_JOB = Path(__file__).resolve().parents[1] / "integration" / "jobs" / "api_job.py"
@@ -67,7 +67,7 @@ async def test_help_and_flowchart_open_and_close(recordings):
         await pilot.press("f")
         assert isinstance(app.screen, FlowchartScreen)
         text = screen_text(app)
-        assert NODES["straggler"].question in text and "now 0.5 → yes" in text
+        assert CHART.questions["straggler"].text in text and "now 0.5 → yes" in text
         await pilot.press("f")
         assert not isinstance(app.screen, FlowchartScreen)
 

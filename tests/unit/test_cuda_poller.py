@@ -234,14 +234,14 @@ def test_six_n_of_device_tokens_is_read_with_them_and_zero_tokens_give_no_flops(
     cuda = SimulatedCuda()
     host, event = cuda.copy_to_host(SimulatedDeviceTensor(cuda, 10.0))
     estimate = flops.six_n(1000, records.DeviceScalar(host, event))
-    item = (0, 3, 1.0, 2.0, 0.0, {}, None, records.DeviceScalar(host, event), None,
-            {"flops": estimate, "flops_source": "6N"}, 0.0, None, None, None)
+    item = records.StepItem(0, 3, 1.0, 2.0, 0.0, {}, None, records.DeviceScalar(host, event), None,
+                            {"flops": estimate, "flops_source": "6N"}, 0.0, None, None, None)
     rec = records.step_record(item, 0.0)
     assert rec["tokens"] == 10.0 and rec["flops"] == 60_000.0 and rec["flops_source"] == "6N"
     zero_host, zero_event = cuda.copy_to_host(SimulatedDeviceTensor(cuda, 0.0))
-    item = (0, 4, 1.0, 2.0, 0.0, {}, None, records.DeviceScalar(zero_host, zero_event), None,
-            {"flops": flops.six_n(1000, records.DeviceScalar(zero_host, zero_event)), "flops_source": "6N"},
-            0.0, None, None, None)
+    item = records.StepItem(0, 4, 1.0, 2.0, 0.0, {}, None, records.DeviceScalar(zero_host, zero_event), None,
+                            {"flops": flops.six_n(1000, records.DeviceScalar(zero_host, zero_event)),
+                             "flops_source": "6N"}, 0.0, None, None, None)
     rec = records.step_record(item, 0.0)
     assert rec["tokens"] == 0.0 and "flops" not in rec and "flops_source" not in rec
 

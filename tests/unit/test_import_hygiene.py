@@ -19,7 +19,7 @@ import pytest
 VIEWER_MODULES = ["tui.cli", "tui.stream.discovery", "tui.stream.sources", "tui.stream.feed", "tui.commands.ls",
                   "tui.commands.record", "tui.commands.report", "perfmon_analysis.runmodel", "perfmon_analysis.verdict",
                   "tui.commands.attach", "tui.app.perfmon_app", "tui.commands.relay", "tui.stream.remote",
-                  "tui.commands.inject", "tui.commands.detach"]
+                  "tui.commands.inject.inject", "tui.commands.inject.detach"]
 ROOT = Path(__file__).resolve().parents[2]
 MODEL_MODULES = ["perfmon_analysis.runmodel", "perfmon_analysis.verdict", "perfmon_analysis.readings", "perfmon_analysis.flowchart",
                  "perfmon_analysis.explain", "perfmon_analysis.units", "perfmon_analysis.losses", "perfmon_analysis.stuck"]
@@ -58,7 +58,7 @@ def test_viewer_modules_do_not_import_torch(module):
 
 @pytest.mark.slow
 def test_no_command_loads_the_ptrace_injector_into_perfmon_itself():
-    loaded = modules_after("import tui.commands.attach, tui.commands.inject, tui.commands.detach")
+    loaded = modules_after("import tui.commands.attach, tui.commands.inject.inject, tui.commands.inject.detach")
     assert not {m for m in loaded if m.split(".")[0] in ("hypno", "pyinjector")}
 
 

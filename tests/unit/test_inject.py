@@ -16,7 +16,8 @@ import torch  # noqa: F401  (this process must have loaded torch for check() to 
 
 from probe import inject as target_side
 from tests.integration.streamutil import wait_for
-from tui import injector
+from tui import injector, processes
+from tui.commands.inject import fanout
 from tui.errors import UserError
 from tui.stream import discovery
 
@@ -58,7 +59,7 @@ def test_ptrace_rights_follow_yama_and_the_capability(monkeypatch, scope, privil
 
 
 def test_a_process_that_is_no_launcher_stands_for_itself():
-    assert injector.workers(os.getpid()) == [os.getpid()]
+    assert processes.workers(os.getpid()) == [os.getpid()]
 
 
 def test_the_probe_loads_from_perfmons_installation_with_its_dependencies():
@@ -131,12 +132,12 @@ def test_the_code_enters_through_a_thread_parked_in_the_kernel_never_a_busy_one(
     (["/usr/bin/bash", "train.py"], None),                                 # not Python
 ])
 def test_the_job_name_of_a_process_is_its_scripts_as_the_probe_names_it(cmdline, name):
-    assert injector.script_name(cmdline) == name
+    assert processes.script_name(cmdline) == name
 
 
 def test_no_process_of_a_job_is_one_line_that_says_what_was_looked_for():
     with pytest.raises(UserError, match="no process of job no-such-job on this node .*no-such-job.py"):
-        injector.job_processes("no-such-job")
+        processes.job_processes("no-such-job")
 
 
 def _args(**given) -> argparse.Namespace:
@@ -153,7 +154,7 @@ def _args(**given) -> argparse.Namespace:
 ])
 def test_inject_needs_one_of_a_pid_and_a_job(given, message):
     with pytest.raises(UserError, match=message):
-        injector.chosen(_args(**given))
+        fanout.chosen(_args(**given))
 
 
 @pytest.mark.parametrize("given, message", [
@@ -164,16 +165,16 @@ def test_inject_needs_one_of_a_pid_and_a_job(given, message):
 ])
 def test_a_job_across_nodes_is_named_by_job_and_hosts(given, message):
     with pytest.raises(UserError, match=message):
-        injector.across_hosts(_args(**given))
+        fanout.across_hosts(_args(**given))
 
 
 def test_hosts_and_transport_across_nodes(monkeypatch):
     monkeypatch.delenv("PERFMON_VIA", raising=False)
-    assert injector.across_hosts(_args(job="train")) is None
-    assert injector.across_hosts(_args(job="train", hosts="n[01-02]")) == (["n01", "n02"],
+    assert fanout.across_hosts(_args(job="train")) is None
+    assert fanout.across_hosts(_args(job="train", hosts="n[01-02]")) == (["n01", "n02"],
                                                                           "ssh -T -o BatchMode=yes {host}")
     monkeypatch.setenv("PERFMON_VIA", "srun --overlap -w {host}")
-    assert injector.across_hosts(_args(job="train", hosts="g7"))[1] == "srun --overlap -w {host}"
+    assert fanout.across_hosts(_args(job="train", hosts="g7"))[1] == "srun --overlap -w {host}"
 
 
 def test_what_the_hosts_said_is_relayed_under_each_hosts_name_and_failures_are_one_line(capsys):
@@ -181,11 +182,11 @@ def test_what_the_hosts_said_is_relayed_under_each_hosts_name_and_failures_are_o
     results = [HostRun("n01", 0, "injected 7: job t rank 0 (/s)\n", "perfmon inject: 7: dormant hooks installed\n"),
                HostRun("n02", 2, "", "perfmon inject: no process of job t on this node\n"),
                HostRun("n03", 255, "", "")]
-    injector.relay_output("inject", results[:1])
+    fanout.relay_output("inject", results[:1])
     out, err = capsys.readouterr()
     assert out == "n01: injected 7: job t rank 0 (/s)\n"
     assert err == "perfmon inject: n01: 7: dormant hooks installed\n"
-    assert injector.host_failures("inject", results) == ("n02: no process of job t on this node; "
+    assert fanout.host_failures("inject", results) == ("n02: no process of job t on this node; "
                                                          "n03: exit status 255")
 
 
@@ -230,7 +231,7 @@ def test_this_perfmon_sends_remote_exec_only_on_python_3_14_with_remote_debuggin
 ])
 def test_the_entry_method_auto_takes_remote_exec_where_both_sides_allow_it(monkeypatch, local, environ, asked, method):
     monkeypatch.setattr(injector, "_local_remote_exec", lambda: local)
-    monkeypatch.setattr(injector, "_environ", lambda pid: environ)
+    monkeypatch.setattr(injector, "environ_of", lambda pid: environ)
     pid = os.getpid()
     if method in injector.METHODS:
         target = injector.check(pid, asked)

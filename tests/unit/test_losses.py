@@ -89,7 +89,7 @@ def test_never_healthy_with_a_measured_loss_of_ten_percent(busy, data, comm, syn
     if worst >= chart.LOSS_MIN:
         assert v.bottleneck != "healthy", (v.headline, v.losses)
     # an unknown never selects an exit: the outcome's loss, when it names one, was measured
-    named = v.rule.loss
+    named = v.outcome.loss
     if named is not None:
         assert by_id(v.losses)[named].share is not None or v.undecided, (v.headline, v.losses)
     # a skipped outcome question is said in the headline

@@ -10,6 +10,7 @@ import pytest
 from tests.unit.verdict_synth import T0, Rank, job, records
 from perfmon_analysis import flowchart as chart
 from perfmon_analysis import verdict as V
+from perfmon_analysis.losses import by_id
 from perfmon_analysis.runmodel import RunModel
 from perfmon_analysis.readings import GpuReading, GpuRow
 from perfmon_analysis.views import JobView, MemoryMetrics
@@ -93,22 +94,22 @@ def test_every_leaf_is_reached(name, ranks, kw, leaf, path):
 
 
 def test_all_leaves_of_the_chart_are_covered_by_the_table():
-    leaves = {x for n in chart.FLOWCHART for x in (n.yes, n.no, chart.UNMEASURED[n.id]) if x in V.BOTTLENECKS}
+    leaves = {x for n in V.CHART.questions.values() for x in (n.yes, n.no, n.unmeasured) if x in V.BOTTLENECKS}
     assert leaves == {x[3] for x in LEAVES}
     assert leaves | {"warming_up", "stuck"} == set(V.BOTTLENECKS)   # both decided before the walk
 
 
 def test_flowchart_is_well_formed_data():
-    ids = [n.id for n in chart.FLOWCHART]
-    assert len(ids) == len(set(ids)) and chart.ROOT == ids[0]
-    for n in chart.FLOWCHART:
-        assert n.question.endswith("?") and n.threshold_source and n.op in ("<", ">=", ">")
-        for exit_ in (n.yes, n.no):
-            assert exit_ in chart.NODES or exit_ in V.BOTTLENECKS
-    # every node is reachable from the root
-    seen, todo = set(), [chart.ROOT]
+    ids = list(V.CHART.questions)
+    assert len(ids) == len(set(ids)) and V.CHART.root == ids[0]
+    for n in V.CHART.questions.values():
+        assert n.text.endswith("?") and n.source and n.op in ("<", ">=", ">") and n.short
+        for exit_ in (n.yes, n.no, n.unmeasured):
+            assert exit_ in V.CHART.questions or exit_ in V.BOTTLENECKS
+    # every question is reachable from the root
+    seen, todo = set(), [V.CHART.root]
     while todo:
-        n = chart.NODES[todo.pop()]
+        n = V.CHART.questions[todo.pop()]
         seen.add(n.id)
         todo += [x for x in (n.yes, n.no) if x not in V.BOTTLENECKS and x not in seen]
     assert seen == set(ids)
@@ -228,8 +229,8 @@ def test_every_threshold_is_a_named_constant_with_a_source():
     documented = {"memory": (">", 0.90), "device_busy": ("<", 0.70), "data_wait": (">=", 0.05),
                   "loader_cpu": (">=", 0.30), "comm_exposed": (">=", 0.10), "straggler": ("<", 0.7),
                   "syncs": (">=", 1.0), "host_waiting": (">=", 0.50), "mfu": ("<", 0.30)}
-    assert {n.id: (n.op, n.threshold) for n in chart.FLOWCHART} == documented
-    assert all(len(n.threshold_source) > 10 for n in chart.FLOWCHART)
+    assert {n.id: (n.op, n.threshold) for n in V.CHART.questions.values()} == documented
+    assert all(len(n.source) > 10 for n in V.CHART.questions.values())
     assert (chart.ETTR_MIN, chart.DEVICE_BUSY_CRIT, chart.FRAGMENTATION_MAX) == (0.90, 0.50, 0.20)
 
 
@@ -428,7 +429,7 @@ def test_every_answered_node_puts_its_measured_value_in_the_evidence(name, ranks
     _, walked, evidence = V.walk(view)
     skipped = evidence.get("skipped", {})
     for node_id in walked:
-        node = chart.NODES[node_id]
+        node = V.CHART.questions[node_id]
         if node_id in skipped:
             assert node.quantity not in evidence, node_id
             continue
@@ -465,7 +466,7 @@ def test_a_question_that_cannot_be_asked_says_why_and_goes_where_unmeasured_says
     leaf, walked, evidence = V.walk(v)
     assert evidence["skipped"][node] == reason and node not in {k for k in evidence if k != "skipped"}
     i = walked.index(node)
-    assert (walked[i + 1] if i + 1 < len(walked) else leaf) == chart.UNMEASURED[node]
+    assert (walked[i + 1] if i + 1 < len(walked) else leaf) == V.CHART.questions[node].unmeasured
 
 
 def test_an_unmeasured_gate_never_takes_an_exit():
@@ -538,17 +539,17 @@ def test_tensor_core_answer_when_mfu_is_unknown():
 def test_path_steps_give_each_questions_measured_value_and_the_exit_taken():
     io_bound = V.evaluate(job(Rank(dur=0.1, data=0.04, loader_workers=2, loader_cpu=0.05)).view())
     assert io_bound.bottleneck == "data_loading"
-    assert [(s.node.id, s.value, s.answer) for s in io_bound.steps()] == [
+    assert [(s.question.id, s.value, s.answer) for s in io_bound.steps()] == [
         ("memory", pytest.approx(0.0625), "no"), ("device_busy", pytest.approx(0.6), "yes"),
         ("data_wait", pytest.approx(0.4), "yes"), ("loader_cpu", pytest.approx(0.05), "no")]
     cpu_bound = V.evaluate(job(Rank(dur=0.1, data=0.04, loader_workers=2, loader_cpu=0.5)).view())
     assert cpu_bound.bottleneck == "data_preprocessing"
-    assert [(s.node.id, s.answer) for s in cpu_bound.steps()][-1] == ("loader_cpu", "yes")
+    assert [(s.question.id, s.answer) for s in cpu_bound.steps()][-1] == ("loader_cpu", "yes")
 
 
 def test_a_question_not_asked_is_a_step_without_value_or_exit_and_the_reports_unknown_says_why():
     v = V.evaluate(job(Rank(dur=0.1, data=0.04, rss=None)).view())       # no memory figure, no loader CPU
-    assert [(s.node.id, s.value, s.answer) for s in v.steps()] == [
+    assert [(s.question.id, s.value, s.answer) for s in v.steps()] == [
         ("memory", None, None), ("device_busy", pytest.approx(0.6), "yes"), ("data_wait", pytest.approx(0.4), "yes"),
         ("loader_cpu", None, None)]
     out = v.as_json()
@@ -607,10 +608,10 @@ def test_a_stuck_verdict_keeps_the_findings_and_the_loss_accounting():
 
 def test_every_question_is_answered_once_on_the_path_or_not_and_the_walk_follows_those_answers():
     v = V.evaluate(job(Rank(dur=0.1, data=0.04, loader_workers=2, loader_cpu=0.05)).view())
-    assert set(v.answers) == set(chart.NODES)
+    assert set(v.answers) == set(V.CHART.questions)
     assert v.steps() == [v.answers[n] for n in v.path]
     for step, nxt in zip(v.steps(), v.path[1:] + [v.bottleneck]):
-        assert nxt == (step.node.yes if step.answer == "yes" else step.node.no)
+        assert nxt == (step.question.yes if step.answer == "yes" else step.question.no)
     off = v.answers["comm_exposed"]       # off the path: still judged, by the same rule
     assert "comm_exposed" not in v.path and (off.answer, off.value) == ("no", 0.0)
     assert v.answers["mfu"].answer is None and v.answers["mfu"].reason.startswith("CPU job: no peak FLOP/s")
@@ -618,7 +619,7 @@ def test_every_question_is_answered_once_on_the_path_or_not_and_the_walk_follows
 
 def test_a_stuck_or_warming_up_verdict_still_carries_every_answer():
     warming = V.evaluate(job(Rank(steps=3)).view())
-    assert warming.bottleneck == "warming_up" and warming.path == [] and set(warming.answers) == set(chart.NODES)
+    assert warming.bottleneck == "warming_up" and warming.path == [] and set(warming.answers) == set(V.CHART.questions)
 
 
 def test_an_answer_decided_by_more_than_its_threshold_says_what_decided():
@@ -652,7 +653,7 @@ def test_untimed_communication_of_several_ranks_leaves_the_unexplained_wait_not_
     assert v.path[-1] == "comm_exposed" and v.evidence["skipped"]["comm_exposed"] == UNTIMED
     assert "communication is not timed in this 2-rank job" in v.headline and UNTIMED in v.headline
     assert any("perfmon capture" in fix for fix in v.suggestions)
-    assert V.by_id(v.losses)["comm_exposed"].source == UNTIMED
+    assert by_id(v.losses)["comm_exposed"].source == UNTIMED
 
 
 def test_one_rank_with_untimed_communication_still_names_the_wait():

@@ -458,7 +458,7 @@ def test_headline_severity_fixes_and_evidence(name):
     out = v.as_json()
     assert {k: out[k] for k in ("bottleneck", "label", "severity", "headline", "path", "evidence", "suggestions",
                                 "straggler_rank")} == {
-        "bottleneck": bottleneck, "label": V.RULES[bottleneck].label, "severity": severity, "headline": headline,
+        "bottleneck": bottleneck, "label": V.CHART.outcomes[bottleneck].label, "severity": severity, "headline": headline,
         "path": v.path, "evidence": v.evidence, "suggestions": suggestions, "straggler_rank": straggler}
     assert out["losses"] == [x.as_json() for x in v.losses] and out["undecided"] == v.undecided
 
@@ -641,7 +641,7 @@ def test_the_probes_own_failures_are_one_finding_with_the_newest_count_per_rank_
 
 
 def test_outcome_labels_come_from_the_rule_table_and_unknown_ids_are_spelled_out():
-    assert [V.label(r.id) for r in V.RULES_TABLE] == [r.label for r in V.RULES_TABLE]
+    assert [V.label(o.id) for o in V.CHART.outcomes.values()] == [o.label for o in V.CHART.outcomes.values()]
     assert V.label("host_sync") == "HOST-DEVICE SYNC" and V.label("data_loading") == "DATA LOADING"
     assert V.label("stuck_in_io") == "STUCK IN IO"
 
@@ -709,7 +709,7 @@ def test_headlines_quote_the_verdicts_own_loss_accounting_not_a_second_one():
     view = _idle(step_time_median_s=0.25)
     verdict = V.evaluate(view)
     planted = tuple(Loss(x.id, x.label, 0.33, "planted") if x.id == "device_idle" else x for x in verdict.losses)
-    headline, _, _ = explain.explain_host_overhead(view, None, planted, verdict.answers)
+    headline, _, _ = V.CHART.outcomes["host_overhead"].explain(view, None, planted, verdict.answers)
     assert headline.startswith("Host overhead: the device idles 33% of each step")
     assert verdict.headline.startswith("Host overhead: the device idles 55% of each step")
 

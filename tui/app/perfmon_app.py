@@ -158,7 +158,7 @@ class PerfmonApp(App[int]):
     def _relayout(self) -> None:
         view = self.view
         new = plan(self.size.width, self.size.height,
-                   lead=self.verdict.rule.pane if self.verdict else None,
+                   lead=self.verdict.outcome.pane if self.verdict else None,
                    hidden=frozenset(self.hidden), shown=frozenset(self.shown),
                    multi_rank=view is not None and len(view.ranks) > 1,
                    many_ranks=view is not None and len(view.ranks) > HEATMAP_RANKS)

@@ -12,8 +12,7 @@ from textual.containers import VerticalScroll
 from textual.screen import Screen
 from textual.widgets import Footer, Static
 
-from perfmon_analysis.flowchart import NODES, ROOT
-from perfmon_analysis.verdict import RULES, Verdict, label as outcome_label
+from perfmon_analysis.verdict import CHART, Verdict, label as outcome_label
 from tui.app.widgets import glyphs
 from tui.app.widgets.verdictbar import format_value
 
@@ -21,24 +20,24 @@ from tui.app.widgets.verdictbar import format_value
 def chart(verdict: Verdict | None, mono: bool = False) -> Group:
     """The chart as a tree; nodes and exits on the live path are bold and marked ▶."""
     on_path = set(verdict.path) if verdict else set()
-    answers = {step.node.id: step for step in verdict.steps()} if verdict else {}
+    answers = {step.question.id: step for step in verdict.steps()} if verdict else {}
     hot = glyphs.SEVERITY.get(verdict.severity, glyphs.ACCENT) if verdict else glyphs.ACCENT
 
-    def label(node_id: str) -> Text:
-        node = NODES[node_id]
-        live = node_id in on_path
+    def label(question_id: str) -> Text:
+        q = CHART.questions[question_id]
+        live = question_id in on_path
         text = Text.assemble(("▶ " if live else "  ", f"bold {hot}"))
-        text.append(node.question, style="bold" if live else "")
-        text.append(f"  [{node.quantity} {glyphs.threshold_text(node, lambda v, n=node: format_value(n, v))}]",
+        text.append(q.text, style="bold" if live else "")
+        text.append(f"  [{q.quantity} {glyphs.threshold_text(q, lambda v, q=q: format_value(q, v))}]",
                     style=glyphs.DIM)
-        if node_id in answers:
-            said = answers[node_id]
+        if question_id in answers:
+            said = answers[question_id]
             if said.answer is None:
                 text.append(f"  skipped: {said.reason}", style=glyphs.WARN)
             else:
-                text.append(f"  now {format_value(node, said.value)} → {said.answer}",
+                text.append(f"  now {format_value(q, said.value)} → {said.answer}",
                             style=f"bold {glyphs.BAD if said.answer == 'yes' else glyphs.OK}")
-        text.append(f"\n    source: {node.threshold_source}", style=glyphs.DIM)
+        text.append(f"\n    source: {q.source}", style=glyphs.DIM)
         return text
 
     def leaf(name: str, exit_label: str, live: bool) -> Text:
@@ -46,18 +45,18 @@ def chart(verdict: Verdict | None, mono: bool = False) -> Group:
         text.append(outcome_label(name), style=f"bold reverse {hot}" if live else "bold")
         return text
 
-    def grow(tree: Tree, node_id: str) -> None:
-        node = NODES[node_id]
-        for exit_label, target in (("yes", node.yes), ("no ", node.no)):
-            if target in RULES:   # an outcome (the root question shares its name with the memory leaf)
-                live = node_id in on_path and verdict is not None and target == verdict.bottleneck
+    def grow(tree: Tree, question_id: str) -> None:
+        q = CHART.questions[question_id]
+        for exit_label, target in (("yes", q.yes), ("no ", q.no)):
+            if target in CHART.outcomes:   # an outcome (the root question shares its name with the memory outcome)
+                live = question_id in on_path and verdict is not None and target == verdict.bottleneck
                 tree.add(leaf(target, exit_label, live))
             else:
                 branch = tree.add(Text.assemble((f"{exit_label} ", glyphs.DIM), label(target)))
                 grow(branch, target)
 
-    root = Tree(label(ROOT), guide_style=glyphs.DIM)
-    grow(root, ROOT)
+    root = Tree(label(CHART.root), guide_style=glyphs.DIM)
+    grow(root, CHART.root)
     parts: list = [root]
     if verdict is not None:
         parts.append(Text(""))

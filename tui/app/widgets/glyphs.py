@@ -12,8 +12,8 @@ from typing import Callable, Iterable, Sequence
 
 from rich.text import Text
 
-from perfmon_analysis.flowchart import NODES, Answer, Node
-from perfmon_analysis.verdict import Verdict
+from perfmon_analysis.flowchart import Answer, Question
+from perfmon_analysis.verdict import CHART, Verdict
 
 # Severity colours (the verdict bar, judged numbers, straggler rows).
 OK = "green"
@@ -120,24 +120,24 @@ def stacked_bar(parts: Iterable[tuple[str, float]], total: float, width: int, mo
     return text
 
 
-def threshold_text(node: Node, fmt: Callable[[float | None], str], threshold: float | None = None) -> str:
-    """'≥5%', '<70%', '>90%': the flowchart node's test as the panes print it."""
-    sign = {"<": "<", ">": ">"}.get(node.op, "≥")
-    return sign + fmt(node.threshold if threshold is None else threshold)
+def threshold_text(question: Question, fmt: Callable[[float | None], str], threshold: float | None = None) -> str:
+    """'≥5%', '<70%', '>90%': the question's test as the panes print it."""
+    sign = {"<": "<", ">": ">"}.get(question.op, "≥")
+    return sign + fmt(question.threshold if threshold is None else threshold)
 
 
-def answer(verdict: Verdict | None, node_id: str) -> Answer | None:
+def answer(verdict: Verdict | None, question_id: str) -> Answer | None:
     """The verdict's answer to one question; None before the first verdict."""
-    return verdict.answers.get(node_id) if verdict is not None else None
+    return verdict.answers.get(question_id) if verdict is not None else None
 
 
-def says_yes(verdict: Verdict | None, node_id: str) -> bool:
+def says_yes(verdict: Verdict | None, question_id: str) -> bool:
     """Did the verdict take the question's problem exit?"""
-    got = answer(verdict, node_id)
+    got = answer(verdict, question_id)
     return got is not None and got.answer == "yes"
 
 
-def judged(verdict: Verdict | None, node_id: str, fmt: Callable[[float | None], str]) -> Text:
+def judged(verdict: Verdict | None, question_id: str, fmt: Callable[[float | None], str]) -> Text:
     """``38% ! (≥5%)``: the verdict's answer to a flowchart question, as every pane draws it.
 
     Value, marker and threshold all come from the verdict's ``Answer`` (``!`` for its "yes",
@@ -147,19 +147,19 @@ def judged(verdict: Verdict | None, node_id: str, fmt: Callable[[float | None], 
     for questions on the verdict's live path; off the path the marker stays but is dimmed, so
     a number that did not decide anything does not shout.
     """
-    node = NODES[node_id]
-    got = answer(verdict, node_id)
+    question = CHART.questions[question_id]
+    got = answer(verdict, question_id)
     text = Text.assemble((fmt(got.value if got is not None else None), "bold"))
     if got is not None and got.answer is not None:
         yes = got.answer == "yes"
-        live = verdict is not None and node_id in verdict.path
+        live = verdict is not None and question_id in verdict.path
         if live:
             text.stylize(BAD if yes else OK)
         text.append(" !" if yes else " ·", style=(BAD if yes else DIM) if live else DIM)
     if got is not None and got.decided_by:
         text.append(f" ({got.decided_by})", style=DIM)
     else:
-        text.append(f" ({threshold_text(node, fmt, got.threshold if got is not None else None)})", style=DIM)
+        text.append(f" ({threshold_text(question, fmt, got.threshold if got is not None else None)})", style=DIM)
     return text
 
 

@@ -53,9 +53,9 @@ class Pane(Widget, can_focus=True):
     def show(self, view: JobView, verdict: Verdict | None, ui: UiState) -> None:
         """Draw the view; the pane holding the verdict's evidence (its rule's ``pane``) is marked."""
         self._view, self._verdict, self._ui = view, verdict, ui
-        suspect = verdict is not None and verdict.rule.pane == self.NAME
+        suspect = verdict is not None and verdict.outcome.pane == self.NAME
         self.set_class(suspect, "-suspect")
-        self.border_subtitle = verdict.rule.label.lower() if suspect and verdict is not None else ""
+        self.border_subtitle = verdict.outcome.label.lower() if suspect and verdict is not None else ""
         self.refresh()
 
     def render(self) -> RenderableType:

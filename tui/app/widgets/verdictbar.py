@@ -10,21 +10,18 @@ from __future__ import annotations
 from rich.text import Text
 from textual.widget import Widget
 
-from perfmon_analysis.flowchart import Node
+from perfmon_analysis.flowchart import Question
 from perfmon_analysis.verdict import Verdict, label as outcome_label
 from perfmon_analysis import units
 from tui.app.widgets import glyphs
 
-SHORT_NODE = {"memory": "mem", "device_busy": "busy", "data_wait": "data", "loader_cpu": "loader",
-              "comm_exposed": "comm", "straggler": "balance", "syncs": "syncs", "host_waiting": "wait",
-              "mfu": "MFU"}
 COMPACT_BELOW = 100      # columns: a narrower bar says the gain in short, leaving room for the fix
 
 
-def format_value(node: Node, value: float | None) -> str:
+def format_value(question: Question, value: float | None) -> str:
     if value is None:
         return units.NA
-    return units.pct(value) if node.unit == "frac" else units.number(value, 2)
+    return units.pct(value) if question.unit == "frac" else units.number(value, 2)
 
 
 class VerdictBar(Widget):
@@ -73,7 +70,7 @@ class VerdictBar(Widget):
         for i, step in enumerate(v.steps()):
             if i:
                 line3.append(" › ", style=glyphs.DIM)
-            line3.append(f"{SHORT_NODE.get(step.node.id, step.node.id)} {format_value(step.node, step.value)} ")
+            line3.append(f"{step.question.short or step.question.id} {format_value(step.question, step.value)} ")
             if step.answer is None:
                 line3.append("skip", style=glyphs.DIM)
             else:

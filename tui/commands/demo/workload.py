@@ -42,7 +42,6 @@ from tui.commands.demo import scenarios
 from tui.commands.demo.scenarios import ModelSize, Scenario
 
 MEMORY_HOLD = 0.92      # keep predictions up to here: over the 90% verdict mark, under the limit
-TOKEN_BYTES = 2         # shards store tokens as int16
 
 
 # -- the model ------------------------------------------------------------------------------

@@ -13,7 +13,8 @@ from typing import Any
 
 from probe.paths import safe_job
 from tui.errors import UserError
-from tui.injector import across_hosts, check, chosen, detach, host_failures, on_hosts, relay_output
+from tui.commands.inject.fanout import across_hosts, chosen, host_failures, on_hosts, relay_output
+from tui.injector import check, detach
 
 HOST_SECONDS = 30.0
 

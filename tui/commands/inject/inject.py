@@ -21,7 +21,8 @@ from typing import Any
 
 from probe.paths import safe_job
 from tui.errors import UserError
-from tui.injector import POLL, Target, across_hosts, check, chosen, detach, host_failures, on_hosts, relay_output, run
+from tui.commands.inject.fanout import across_hosts, chosen, host_failures, on_hosts, relay_output
+from tui.injector import POLL, Target, check, detach, run
 from tui.stream import discovery
 
 

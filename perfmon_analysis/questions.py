@@ -1,0 +1,271 @@
+"""The flowchart's questions, one class each: what it asks, against which threshold and source,
+how it is measured, and where the walk goes when it cannot be (docs/verdict.md §2).
+
+The order follows the seed's triage (常见瓶颈识别流程): memory first, then "is the device
+starved?", then the largest measured loss names the cause (data wait, exposed communication,
+device idle with no other cause), then compute efficiency. ``QUESTIONS`` lists them in the
+order the verdict asks them; ``perfmon_analysis.verdict`` joins them into its chart.
+"""
+
+from __future__ import annotations
+
+from perfmon_analysis import units
+from perfmon_analysis.explain import peak_note, tensor_active
+from perfmon_analysis.flowchart import (COMM_EXPOSED_MIN, DATA_WAIT_MIN, DEVICE_BUSY_MIN, HOST_WAIT_MIN,
+                                        LOADER_CPU_BOUND, LOADER_MAIN, LOADER_WORKERS, LOSS_MIN, LOSS_THRESHOLD,
+                                        MEMORY_PEAK_MAX, MFU_MIN, STRAGGLER_RATIO_MAX, SYNCS_PER_STEP_MIN,
+                                        TENSOR_ACTIVE_MIN, Answer, Losses, Question)
+from perfmon_analysis.losses import STEP_LOSSES, Loss, by_id
+from perfmon_analysis.views import JobView
+
+_pct = units.pct
+
+
+def qualifying(losses: Losses) -> list[Loss]:
+    """Step losses measured at or over their own threshold, largest first."""
+    out = [x for x in losses if x.id in LOSS_THRESHOLD and x.share is not None and x.share >= LOSS_THRESHOLD[x.id]]
+    return sorted(out, key=lambda x: -(x.share or 0.0))
+
+
+def ask_largest(q: Question, loss: Loss, losses: Losses, reason: str = "") -> Answer:
+    """Is this measured loss over its threshold and at least as large as every other one that is?"""
+    fired = qualifying(losses)
+    larger = next((x for x in fired if (x.share or 0.0) > (loss.share or 0.0)), None)
+    if loss in fired and larger is not None:
+        return q.judged(loss.share, False, reason, decided_by=f"{larger.label} {_pct(larger.share)} is larger")
+    return q.judged(loss.share, loss in fired, reason)
+
+
+class Memory(Question):
+    """An OOM or allocator retries in the window decide it whatever the peak says."""
+
+    id = "memory"
+    text = "OOM or allocator retries in the window, or the window's peak over 90% of the limit?"
+    quantity = "memory_peak_frac"
+    threshold = MEMORY_PEAK_MAX
+    source = "PyTorch Profiler TB plugin memory rule (peak > 0.9 x device memory), over the window"
+    yes, no, unmeasured = "memory", "device_busy", "device_busy"
+    op = ">"
+    short = "mem"
+
+    def ask(self, view: JobView, losses: Losses) -> Answer:
+        m = view.metrics.memory
+        if m.ooms:
+            return self.judged(m.peak_frac, True, f"{m.ooms} out-of-memory error(s) in the window",
+                               decided_by=f"{m.ooms} OOM")
+        if m.alloc_retries_rising:
+            return self.judged(m.peak_frac, True, f"allocator retries rising ({m.alloc_retries} so far)",
+                               decided_by="allocator retries rising")
+        if m.peak_frac is None:
+            return self.unasked("memory limit or peak not reported")
+        return self.judged(m.peak_frac, self.fires(m.peak_frac))
+
+
+class DeviceBusy(Question):
+    """The gate: starved when busy is low or one measured loss is 10% or more. "Not starved" needs
+    busy measured: small or zero measured losses say nothing about the time they do not cover, so
+    the gate cannot be passed unmeasured (the outcome is ``not_measured``)."""
+
+    id = "device_busy"
+    text = "Is the device starved: busy under 70%, or one measured loss 10% or more of the step?"
+    quantity = "device_busy"
+    threshold = DEVICE_BUSY_MIN
+    source = ("common triage: GPU utilization < 70% points at communication or data loading; one loss >= 10%: "
+              "perfmon loss accounting (docs/verdict.md)")
+    yes, no, unmeasured = "data_wait", "mfu", "not_measured"
+    op = "<"
+    short = "busy"
+
+    def ask(self, view: JobView, losses: Losses) -> Answer:
+        busy = view.metrics.device_busy
+        known = [x for x in losses if x.id in STEP_LOSSES and x.share is not None]
+        big = max(known, key=lambda x: x.share or 0.0, default=None)
+        low = busy is not None and self.fires(busy)
+        if big is not None and (big.share or 0.0) >= LOSS_MIN and not low:
+            return self.judged(busy, True, f"{big.label} is {_pct(big.share)} of the step (>= {_pct(LOSS_MIN)})",
+                               decided_by=f"a loss of {_pct(big.share)} ≥{_pct(LOSS_MIN)}")
+        if busy is None:
+            return self.unasked(f"{view.device_type.upper()} busy not measured ({busy_missing(view)})")
+        return self.judged(busy, low, view.metrics.device_busy_source or "")
+
+
+def busy_missing(view: JobView) -> str:
+    """Why a device's busy share is unknown, in the probe's words where it gave any."""
+    if view.device_type == "cuda":
+        return view.device_status or "no GPU utilization samples for this job's GPU"
+    return "no step timing yet"
+
+
+class DataWait(Question):
+    id = "data_wait"
+    text = "Is waiting for the next batch the largest loss, at 5% or more of the step?"
+    quantity = "data_wait_frac"
+    threshold = DATA_WAIT_MIN
+    source = "PyTorch Profiler TB plugin DataLoader rule (> 5% of step time)"
+    yes, no, unmeasured = "loader_cpu", "comm_exposed", "comm_exposed"
+    short = "data"
+
+    def ask(self, view: JobView, losses: Losses) -> Answer:
+        d = by_id(losses)["data_wait"]
+        if d.share is None:
+            return self.unasked("loader wait not measured (wrap the loader: mon.loader(...))")
+        return ask_largest(self, d, losses)
+
+
+class LoaderCpu(Question):
+    """Without workers the loading runs in the training process: its CPU share inside the data wait
+    is the measure; with workers, their CPU per worker."""
+
+    id = "loader_cpu"
+    text = "Are the loader workers (or the main process) CPU-bound?"
+    quantity = "loader_cpu"
+    threshold = LOADER_CPU_BOUND
+    source = "perfmon: I/O-bound workers sit near 0% CPU, CPU-bound ones >= 30% even on a contended host"
+    yes, no, unmeasured = "data_preprocessing", "data_loading", "data_loading"
+    short = "loader"
+    decides_between = "CPU-bound preprocessing from slow I/O"
+
+    def ask(self, view: JobView, losses: Losses) -> Answer:
+        m = view.metrics
+        if m.loader_workers == 0 or (m.loader_workers is None and m.loader_cpu is None):
+            if m.data_cpu_frac is not None:
+                return self.judged(m.data_cpu_frac, self.fires(m.data_cpu_frac),
+                                   "num_workers=0: main-process CPU share of the data wait", LOADER_MAIN)
+            return self.unasked("loader CPU not measured: cannot tell preprocessing from I/O", measure=LOADER_MAIN)
+        if m.loader_cpu is None:
+            return self.unasked("loader worker CPU not measured: cannot tell preprocessing from I/O",
+                                measure=LOADER_WORKERS)
+        return self.judged(m.loader_cpu, self.fires(m.loader_cpu), f"{m.loader_workers} workers", LOADER_WORKERS)
+
+
+class CommExposed(Question):
+    """Untimed in a job of several ranks (not at all, or DDP's own traffic while the script's other
+    collectives are timed: ``comm_status``), communication cannot be ruled out as the time nothing
+    measured explains when that time is the larger: the walk then stops at ``not_measured`` rather
+    than blame it on the host (the outcomes after this question all claim it)."""
+
+    id = "comm_exposed"
+    text = "Is blocking on communication the largest loss, at 10% or more of the step?"
+    quantity = "comm_exposed_frac"
+    threshold = COMM_EXPOSED_MIN
+    source = "PyTorch Profiler TB plugin communication rule (> 10%)"
+    yes, no, unmeasured = "straggler", "syncs", "syncs"
+    short = "comm"
+
+    def ask(self, view: JobView, losses: Losses) -> Answer:
+        c = by_id(losses)["comm_exposed"]
+        idle = by_id(losses)["device_idle"]
+        several = view.world_size > 1 or len(view.ranks) > 1
+        unexplained = idle.share is not None and idle.share >= LOSS_MIN and idle.share > (c.share or 0.0)
+        if c.share is None:
+            if view.metrics.comm_frac is not None:
+                return self.unasked(f"communication takes {_pct(view.metrics.comm_frac)} of the step but its "
+                                    "exposed part is not measured (NCCL: PERFMON_NCCL_TIMING=1)")
+            reason = view.comm_status or "collectives not measured (mon.watch(model=ddp_model) measures them)"
+            return self.unasked(reason, otherwise="not_measured" if several and unexplained else None)
+        if view.comm_status is not None and several and unexplained:
+            return self.unasked(f"{view.comm_status} (the {_pct(c.share)} timed is the other collectives)",
+                                otherwise="not_measured")
+        return ask_largest(self, c, losses, "estimated" if view.metrics.comm_estimated else "")
+
+
+class Straggler(Question):
+    id = "straggler"
+    text = "Is one rank slower than the rest (fastest/slowest < 0.7)?"
+    quantity = "compute_ratio"
+    threshold = STRAGGLER_RATIO_MAX
+    source = "NVIDIA Resiliency Extension relative straggler score 0.7; HTA late-arrival straggler"
+    yes, no, unmeasured = "load_imbalance", "communication", "communication"
+    op = "<"
+    unit = "ratio"
+    short = "balance"
+    decides_between = "a slow rank from slow communication"
+
+    def ask(self, view: JobView, losses: Losses) -> Answer:
+        m = view.metrics
+        if m.compute_ratio is None:
+            if view.world_size <= 1 and len(view.ranks) <= 1:
+                return self.unasked("one rank: there is no peer to wait for", applies=False)
+            return self.unasked("needs compute time of two or more ranks")
+        if m.straggler_by == "arrival":
+            return self.judged(m.compute_ratio, True,
+                               f"compute is even, but rank {view.straggler_rank} reaches the collective last "
+                               f"(arrival ratio {units.ratio(m.arrival_ratio)})",
+                               decided_by=f"rank {view.straggler_rank} arrives last")
+        return self.judged(m.compute_ratio, self.fires(m.compute_ratio))
+
+
+class Syncs(Question):
+    id = "syncs"
+    text = "The device idles with no other measured cause: does every step force a host-device sync?"
+    quantity = "syncs_per_step"
+    threshold = SYNCS_PER_STEP_MIN
+    source = "synchronous device-to-host copies in the model code (.item(), .cpu()) idle the GPU"
+    yes, no, unmeasured = "host_sync", "host_waiting", "host_waiting"
+    unit = "count"
+    short = "syncs"
+    decides_between = "host-device syncs from launch overhead or an unmeasured loss"
+
+    def ask(self, view: JobView, losses: Losses) -> Answer:
+        if view.device_type != "cuda":
+            return self.unasked("CPU job: there is no host-device sync to find", applies=False)
+        s = view.metrics.syncs_per_step
+        if s is None:
+            return self.unasked("syncs not counted (opt-in: watch(syncs=True) or PERFMON_SYNCS=1)")
+        if not self.fires(s) and by_id(losses)["device_idle"].share is None:
+            return self.unasked("no measured loss explains the low busy share (device idle not measured)")
+        return self.judged(s, self.fires(s))
+
+
+class HostWaiting(Question):
+    id = "host_waiting"
+    text = "The host thread: is it off CPU (waiting) for most of the unexplained time?"
+    quantity = "host_wait_frac"
+    threshold = HOST_WAIT_MIN
+    source = ("perfmon: in-step stack samples with the thread's CPU clock (off CPU = under half the wall time); "
+              "a CPU job's unexplained loss is off-CPU time by definition")
+    yes, no, unmeasured = "host_wait", "host_overhead", "host_overhead"
+    short = "wait"
+    decides_between = "a host that waits (I/O, a lock, a service) from launch overhead"
+
+    def ask(self, view: JobView, losses: Losses) -> Answer:
+        if view.device_type != "cuda":
+            if by_id(losses)["device_idle"].share is None:
+                return self.unasked("the training thread's CPU time is not reported")
+            return self.judged(1.0, self.fires(1.0), "CPU job: the unexplained loss is the training thread's time "
+                                                     "off CPU")
+        frac = view.metrics.host_wait_frac
+        if frac is None:
+            return self.unasked("no stack samples of the training thread in steps")
+        n = (view.where.waiting + view.where.busy) if view.where is not None else 0
+        return self.judged(frac, self.fires(frac), f"{n} stack samples")
+
+
+class Mfu(Question):
+    """MFU unknown ends at healthy: the device is busy and no measured loss is large; efficiency is
+    then listed as not measured."""
+
+    id = "mfu"
+    text = "Not starved: is MFU under 30% (or are the tensor cores idle)?"
+    quantity = "mfu"
+    threshold = MFU_MIN
+    source = "Llama 3 (arXiv 2407.21783) 38-43% MFU, PaLM (arXiv 2204.02311) 46%"
+    yes, no, unmeasured = "compute_efficiency", "healthy", "healthy"
+    op = "<"
+    short = "MFU"
+
+    def ask(self, view: JobView, losses: Losses) -> Answer:
+        mfu = view.metrics.mfu
+        if mfu is not None:
+            return self.judged(mfu, self.fires(mfu), peak_note(view))
+        tensor = tensor_active(view) if view.device_type == "cuda" else None
+        if tensor is not None:
+            return self.judged(tensor, tensor < TENSOR_ACTIVE_MIN, "tensor-core activity (MFU unknown)",
+                               "tensor-core activity", TENSOR_ACTIVE_MIN)
+        if view.device_type != "cuda":
+            return self.unasked("CPU job: no peak FLOP/s known (set PERFMON_PEAK_TFLOPS for an MFU)")
+        return self.unasked("MFU unknown: pass flops= to mon.step() or mon.watch(model=...)")
+
+
+QUESTIONS: tuple[Question, ...] = (Memory(), DeviceBusy(), DataWait(), LoaderCpu(), CommExposed(), Straggler(),
+                                   Syncs(), HostWaiting(), Mfu())
