@@ -22,9 +22,10 @@ from typing import Any
 from perfmon_analysis import units
 from perfmon_analysis.views import Metrics
 
-# The ids, in the order the verdict's flowchart asks about them.
-STEP_LOSSES = ("data_wait", "comm_exposed", "device_idle")
 LOOP = "loop"              # the loop's own work between steps
+# The losses of the iteration's loop, in the order the verdict's flowchart asks about them (pauses, over
+# the run, are ETTR's).
+STEP_LOSSES = ("data_wait", "comm_exposed", LOOP, "device_idle")
 PAUSES = "step_gaps"       # pauses between steps (ETTR)
 WINDOW = "window"
 RUN = "run"

@@ -176,6 +176,9 @@ METRICS: tuple[Metric, ...] = (
            job=lambda v: v.metrics.pause_frac, loss="step_gaps"),
     Metric("loop_wait_frac", Unit.RATIO, "Between-step stack samples off CPU over all between-step samples",
            job=lambda v: v.metrics.loop_wait_frac),
+    Metric("loop_prep_frac", Unit.RATIO, "Busy between-step samples taken before the lines the loop runs its "
+           "step from (preparing its input) over all busy between-step samples",
+           job=lambda v: v.metrics.loop_prep_frac),
     Metric("compute_ratio", Unit.RATIO, "Fastest over slowest rank compute time (1 = balanced)",
            job=lambda v: v.metrics.compute_ratio),
     Metric("arrival_ratio", Unit.RATIO, "First over last rank to reach the collective",

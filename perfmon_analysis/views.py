@@ -142,6 +142,7 @@ class WhereTable:
     between_waiting: int = 0
     between_busy: int = 0
     holders: tuple[HolderLine, ...] = ()
+    between_busy_before: int = 0      # busy between-step samples before the loop's step lines (data preparation)
 
     @property
     def contention(self) -> float | None:
@@ -159,6 +160,11 @@ class WhereTable:
         """Between-step waiting samples / (waiting + busy samples); None without any."""
         n = self.between_waiting + self.between_busy
         return self.between_waiting / n if n else None
+
+    @property
+    def between_prep_frac(self) -> float | None:
+        """Busy between-step samples taken before the loop's step lines / all busy between-step samples."""
+        return self.between_busy_before / self.between_busy if self.between_busy else None
 
     def top(self, n: int = 5, state: str | None = None, span: str | None = "step") -> tuple[WhereLine, ...]:
         """The ``n`` largest lines of ``span`` (None: either) in ``state`` (None: any)."""
@@ -215,6 +221,7 @@ class Metrics:
     loop_frac: float | None = None          # the loop's own work between steps, of the iteration (window)
     pause_frac: float | None = None         # pauses between steps, of the wall time (the run: 1 - ETTR)
     loop_wait_frac: float | None = None     # between-step stack samples off CPU / (off + on CPU)
+    loop_prep_frac: float | None = None     # busy between-step samples before the loop's step lines / all busy ones
     loader_cpu: float | None = None         # mean share of one core per loader worker (worst rank)
     loader_workers: int | None = None
     compute_ratio: float | None = None      # fastest / slowest rank compute time (1.0 = balanced)

@@ -36,7 +36,8 @@ def where_table(rank: int, intervals: Iterable[WhereInterval], win: list[StepRea
     ``stats.Whole``); between them, ``between_share``. Its error bar is the Wilson half-width of the sample
     proportion, scaled the same way. ``runq``: the intervals' run-queue shares (the thread runnable, no
     core free), weighted by samples. Threads seen holding the GIL while the training thread waited are
-    summed the same way."""
+    summed the same way. Busy samples between steps taken before the loop's step lines (preparing the
+    next step's input, ``probe.where.LoopLines``) are counted apart."""
     if not win or win_start is None:
         return None
     end = win[-1].t if win[-1].t is not None else win_start
@@ -54,8 +55,9 @@ def where_table(rank: int, intervals: Iterable[WhereInterval], win: list[StepRea
             runq += iv.runq * iv.samples
             runq_samples += iv.samples
         for c in iv.lines + iv.between:
-            row = counts.setdefault((c.file, c.line, c.function, c.state, c.span), [0, c.call, {}])
+            row = counts.setdefault((c.file, c.line, c.function, c.state, c.span), [0, c.call, {}, 0])
             row[0] += c.n
+            row[3] += c.before
             row[1] = row[1] or c.call
             row[2][c.lib] = row[2].get(c.lib, 0) + c.n
         for h in iv.holders:
@@ -70,7 +72,7 @@ def where_table(rank: int, intervals: Iterable[WhereInterval], win: list[StepRea
                               lib=max(libs.items(), key=lambda kv: (kv[1], kv[0] is not None))[0], state=st,
                               samples=n, share=spans[sp][1] * n / spans[sp][0],
                               err=spans[sp][1] * wilson_half_width(n, spans[sp][0]), span=sp)
-                    for (f, ln, fn, st, sp), (n, call, libs) in counts.items()),
+                    for (f, ln, fn, st, sp), (n, call, libs, _) in counts.items()),
                    key=lambda x: (-x.share, x.file, x.line, x.state or "", x.span))
     waiting = {sp: sum(row[0] for key, row in counts.items() if key[3] == "waiting" and key[4] == sp) for sp in spans}
     busy = {sp: sum(row[0] for key, row in counts.items() if key[3] == "busy" and key[4] == sp) for sp in spans}
@@ -83,7 +85,9 @@ def where_table(rank: int, intervals: Iterable[WhereInterval], win: list[StepRea
                       busy=busy[STEP], lines=tuple(lines[:WHERE_LINES]),
                       runq=runq / runq_samples if runq_samples else None, between_samples=between,
                       between_share=between_share, between_waiting=waiting[BETWEEN],
-                      between_busy=busy[BETWEEN], holders=tuple(held_lines[:WHERE_LINES]))
+                      between_busy=busy[BETWEEN], holders=tuple(held_lines[:WHERE_LINES]),
+                      between_busy_before=sum(row[3] for key, row in counts.items()
+                                              if key[3] == "busy" and key[4] == BETWEEN))
 
 
 def job_where(ranks: list[tuple[WhereTable | None, float | None]]) -> WhereTable | None:

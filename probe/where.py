@@ -8,7 +8,8 @@ so a periodic loop cannot alias with it; 0 turns it off) and, once the training 
 takes one sample of the training thread, saying which span it fell in: ``step`` (inside a step:
 the probe's step, or in zero-code mode the time after the batch fetch that opens the next one) or
 ``between`` (after a step's end, before the next begins, outside the batch fetch: the loop's own
-work between steps and its pauses). A sample in the batch fetch between steps is not taken: the
+work between steps and its pauses), and for the latter whether it was before the step's lines in
+the loop (preparing the next step's input) or after them (``LoopLines``). A sample in the batch fetch between steps is not taken: the
 data wait is timed by the loader hooks. Between-step samples are held until the next step begins,
 so the time after the last step (the script's own end) is never counted as the loop's:
 
@@ -72,6 +73,8 @@ GIL_LATE = 0.1          # this thread woke a tenth of a switch interval late (0.
 
 STEP = "step"
 BETWEEN = "between"
+BEFORE = "before"
+AFTER = "after"
 
 _PROBE_DIR = os.path.dirname(os.path.abspath(__file__))
 _OWN_DIRS = (_PROBE_DIR, os.path.join(os.path.dirname(_PROBE_DIR), "tui"))   # perfmon's packages
@@ -130,15 +133,16 @@ class Tally:
         self.t0 = t0                  # unix s
         self.samples = 0
         self.other = 0
-        self.lines: dict[tuple[str, int, str, str | None], list[Any]] = {}   # key -> [n, {lib: n}]
+        self.lines: dict[tuple[str, int, str, str | None], list[Any]] = {}   # key -> [n, {lib: n}, before, after]
 
     def add(self, frame: Any, state: str | None, places: Places) -> None:
         """Count one sample of a stack whose innermost frame is ``frame``."""
         self.count(place(frame, places), state)
 
     def count(self, where_: tuple[str, int, str, str | None], state: str | None, n: int = 1,
-              libs: dict[str | None, int] | None = None) -> None:
-        """Count ``n`` samples at ``where_`` (``place()``) in ``state`` (``libs``: their library calls)."""
+              libs: dict[str | None, int] | None = None, before: int = 0, after: int = 0) -> None:
+        """Count ``n`` samples at ``where_`` (``place()``) in ``state`` (``libs``: their library calls;
+        ``before``/``after``: how many were taken before or after the step's lines in the loop, ``LoopLines``)."""
         filename, lineno, function, lib = where_
         key = (filename, lineno, function, state)
         self.samples += n
@@ -147,8 +151,10 @@ class Tally:
             if len(self.lines) >= MAX_KEYS:
                 self.other += n
                 return
-            entry = self.lines[key] = [0, {}]
+            entry = self.lines[key] = [0, {}, 0, 0]
         entry[0] += n
+        entry[2] += before
+        entry[3] += after
         known = entry[1]
         for name, k in (libs or {lib: n}).items():
             if name in known or len(known) < MAX_LIBS:
@@ -156,8 +162,8 @@ class Tally:
 
     def merge(self, other: "Tally") -> None:
         """Add ``other``'s counts (a gap's samples, once the next step began)."""
-        for (filename, lineno, function, state), (n, libs) in other.lines.items():
-            self.count((filename, lineno, function, None), state, n, libs)
+        for (filename, lineno, function, state), (n, libs, before, after) in other.lines.items():
+            self.count((filename, lineno, function, None), state, n, libs, before, after)
         self.samples += other.other
         self.other += other.other
 
@@ -165,8 +171,12 @@ class Tally:
         """The ``MAX_LINES`` largest lines as the wire lists them."""
         ranked = sorted(self.lines.items(), key=lambda kv: -kv[1][0])
         lines = []
-        for (filename, lineno, function, state), (n, libs) in ranked[:MAX_LINES]:
+        for (filename, lineno, function, state), (n, libs, before, after) in ranked[:MAX_LINES]:
             line: dict[str, Any] = {"file": filename, "line": lineno, "function": function, "n": n}
+            if before:
+                line["before"] = before
+            if after:
+                line["after"] = after
             call = _source(filename, lineno)
             if call:
                 line["call"] = call
@@ -184,6 +194,56 @@ class Tally:
         listed = sum(line["n"] for line in lines)
         return {"k": "where", "t": t1, "t0": self.t0, "t1": t1, "hz": hz, "samples": self.samples,
                 "lines": lines, "other": self.samples - listed}
+
+
+class LoopLines:
+    """Where a between-step sample is in the training loop: before the step's lines (preparing what the
+    next step takes: a batch built by hand, tokenizing) or after them (logging, metrics, a lock after the
+    optimizer step). Inside steps, each user function's lines seen are remembered (the lowest and the
+    highest; bounded); between steps, the innermost frame of a function seen in steps whose line lies
+    outside those lines says which: below them is before, above them after. The loop's function is that
+    frame (its calls into the step are the step's lines), whether the loop calls the model directly or a
+    helper that does; a loop whose lines run out of order (a ``while`` with the batch built at its end)
+    reads after, and a function never seen in steps says nothing."""
+
+    def __init__(self, places: Places) -> None:
+        self.places = places
+        self.ranges: dict[Any, list[int]] = {}    # code object -> [lowest, highest] line seen in steps
+
+    def seen(self, frame: Any) -> None:
+        """Remember the lines of the user's frames of an in-step stack."""
+        depth = 0
+        ranges = self.ranges
+        while frame is not None and depth < MAX_DEPTH:
+            code = frame.f_code
+            if self.places.is_user(code.co_filename):
+                line = frame.f_lineno or 0
+                known = ranges.get(code)
+                if known is None:
+                    if len(ranges) >= MAX_FILES:
+                        ranges.clear()
+                    ranges[code] = [line, line]
+                elif line < known[0]:
+                    known[0] = line
+                elif line > known[1]:
+                    known[1] = line
+            frame = frame.f_back
+            depth += 1
+
+    def order(self, frame: Any) -> str | None:
+        """"before" or "after" the step's lines, for a between-step stack; None when no frame says."""
+        depth = 0
+        while frame is not None and depth < MAX_DEPTH:
+            known = self.ranges.get(frame.f_code)
+            if known is not None:
+                line = frame.f_lineno or 0
+                if line < known[0]:
+                    return BEFORE
+                if line > known[1]:
+                    return AFTER
+            frame = frame.f_back
+            depth += 1
+        return None
 
 
 class Holders:
@@ -280,6 +340,7 @@ class WhereSampler(threading.Thread):
         self.places = places or Places(fetch_codes=fetch_codes())
         self.clock = ThreadClock()
         self.others = OtherThreads()
+        self.loop = LoopLines(self.places)
         self.stop_event = threading.Event()
         self.tally = Tally(time.time())          # in-step samples of the interval
         self.between = Tally(self.tally.t0)      # between-step samples of gaps that ended in the interval
@@ -322,10 +383,14 @@ class WhereSampler(threading.Thread):
         # the stack as soon as this thread holds the GIL: a thread running Python gives it up only
         # every switch interval (5 ms), so a second wait for it would land samples later still
         at = place(frame, self.places) if frame is not None else None
-        fetching = span == BETWEEN and frame is not None and in_fetch(frame, self.places.fetch_codes)
+        order = None
+        if frame is not None and span == STEP:
+            self.loop.seen(frame)
+        elif frame is not None:
+            if in_fetch(frame, self.places.fetch_codes):   # the data wait: timed by the loader hooks, not the loop's
+                return
+            order = self.loop.order(frame)
         del frame
-        if fetching:      # the data wait between steps: timed by the loader hooks, not the loop's
-            return
         self.others.refresh(thread_id)
         others = self.others.cpu() if self.others.readers else {}
         others_frames = {i: frames[i] for i in others if i in frames}
@@ -351,7 +416,7 @@ class WhereSampler(threading.Thread):
             if holder is not None:
                 self.holders.count(holder[0], holder[1], STEP)
         else:
-            self.pending.count(at, state)
+            self.pending.count(at, state, before=int(order == BEFORE), after=int(order == AFTER))
             self.pending_after = steps
             if holder is not None and len(self.pending_holders) < MAX_KEYS:
                 self.pending_holders.append(holder)

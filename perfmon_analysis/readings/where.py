@@ -24,6 +24,8 @@ class WhereCount:
     state: str | None
     n: int
     span: str = "step"      # "step": inside a step | "between": after a step's end, before the next one
+    before: int = 0         # between steps: samples taken before the lines the loop runs its step from
+    after: int = 0          # ... and after them (probe.where.LoopLines)
 
 
 @dataclass(frozen=True)
@@ -86,8 +88,9 @@ def _counts(items: Any, span: str) -> tuple[WhereCount, ...]:
         state = item.get("state")
         if file is None or line is None or n is None or n <= 0 or (state is not None and state not in WHERE_STATES):
             continue
+        before, after = (max(0, min(n, _int(item.get(key)) or 0)) for key in ("before", "after"))
         lines.append(WhereCount(file=file, line=line, function=function or "?", call=_text(item.get("call")),
-                                lib=_text(item.get("lib")), state=state, n=n, span=span))
+                                lib=_text(item.get("lib")), state=state, n=n, span=span, before=before, after=after))
     return tuple(lines)
 
 

@@ -255,6 +255,30 @@ def test_a_python_thread_holding_the_gil_while_the_training_thread_waits_is_name
     wire.validate(record)
 
 
+def test_a_between_step_sample_is_before_or_after_the_lines_the_loop_runs_its_step_from():
+    places = where.Places(roots=("/lib/",))
+    loop = where.LoopLines(places)
+    class Code:                                  # hashable, as code objects are
+        def __init__(self, name: str) -> None:
+            self.co_filename, self.co_name, self.co_qualname = "/u/train.py", name, name
+
+    train, tokenize = Code("train"), Code("tokenize")
+
+    def at(line, code=train, back=None):
+        return types.SimpleNamespace(f_code=code, f_lineno=line, f_back=back, f_globals={"__name__": "user"})
+
+    for line in (20, 21, 24):                    # forward at 20 ... optimizer step at 24, seen inside steps
+        loop.seen(_frame("/lib/torch/module.py", 9, "_call_impl", at(line), module="torch"))
+    assert loop.order(at(18)) == "before" and loop.order(at(27)) == "after"
+    assert loop.order(at(3, tokenize, at(18))) == "before"       # a helper called before the step: the loop's line
+    assert loop.order(at(22)) is None and loop.order(at(5, tokenize)) is None
+    tally = where.Tally(0.0)
+    tally.count(("/u/train.py", 3, "tokenize", None), "busy", before=1)
+    tally.count(("/u/train.py", 3, "tokenize", None), "busy")
+    line = tally.listed()[0]
+    assert (line["n"], line["before"], "after" in line) == (2, 1, False)
+
+
 def test_no_sample_is_taken_outside_a_step_and_an_empty_interval_sends_nothing():
     stop = threading.Event()
     thread = threading.Thread(target=sleeper, args=(stop,), daemon=True)

@@ -21,7 +21,9 @@ class Rank:
     steps: int = 30
     dur: float = 0.100             # step time (includes data and gap)
     data: float = 0.0              # loader wait per step
-    gap: float = 0.0               # time between steps outside the loader
+    gap: float = 0.0               # time between steps outside the loader, every step (the loop's own work)
+    pause: float = 0.0             # a pause between steps (a checkpoint) of this many seconds ...
+    pause_every: int = 0           # ... before every this many-th step (0: never), on top of ``gap``
     comm: float | None = None      # collective seconds per step (None: not measured)
     exposed: float | None = None   # blocked part of it (defaults to comm)
     syncs: float | None = None
@@ -48,6 +50,16 @@ class Rank:
     extra_records: list[dict[str, Any]] = field(default_factory=list)
 
 
+def between(t0: float, t1: float, lines: list[tuple[int, str, int, int]], step_lines: int = 0) -> dict[str, Any]:
+    """A ``where`` record (wire 1.5) of [t0, t1] with stack samples between steps: ``lines`` as (line, state,
+    samples, of them before the loop's step lines); ``step_lines`` in-step samples at /u/train.py:50."""
+    return {"k": "where", "t": t1, "t0": t0, "t1": t1, "hz": 19.0, "samples": step_lines,
+            "lines": [{"file": "/u/train.py", "line": 50, "function": "train", "n": step_lines, "state": "busy"}]
+            if step_lines else [], "other": 0, "between_samples": sum(n for _, _, n, _ in lines),
+            "between": [{"file": "/u/train.py", "line": ln, "function": "train", "n": n, "state": st, "before": b}
+                        for ln, st, n, b in lines]}
+
+
 def hello(r: Rank, world: int, device: str, peak: float | None, t: float) -> dict[str, Any]:
     dev: dict[str, Any] = {"type": device, "name": "Simulated GPU" if device == "cuda" else "CPU", "count": 1}
     if device == "cuda":
@@ -69,8 +81,10 @@ def records(r: Rank, world: int = 1, device: str = "cpu", peak: float | None = N
         phases = {"forward": rest / 2, "backward": rest / 2, "other": 0.0}
         if r.data:
             phases["data"] = r.data
-        step: dict[str, Any] = {"k": "step", "t": t + r.dur, "step": i, "start": t, "dur": r.dur,
-                                "phases": phases, "gap": r.gap}
+        paused = r.pause if r.pause_every and i % r.pause_every == r.pause_every - 1 else 0.0
+        dur = r.dur + paused
+        step: dict[str, Any] = {"k": "step", "t": t + dur, "step": i, "start": t, "dur": dur,
+                                "phases": phases, "gap": r.gap + paused}
         if r.comm is not None:
             step["comm"] = {"seconds": r.comm, "exposed": r.exposed if r.exposed is not None else r.comm,
                             "bytes": 4 << 20, "ops": 1}
@@ -78,7 +92,7 @@ def records(r: Rank, world: int = 1, device: str = "cpu", peak: float | None = N
             if getattr(r, key) is not None:
                 step[key] = getattr(r, key)
         out.append(step)
-        t += r.dur
+        t += dur
         host: dict[str, Any] = {"cpu": 1.0, "cpu_count": 8}
         if r.rss is not None:
             host["rss"] = r.rss
