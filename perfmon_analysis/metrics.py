@@ -174,7 +174,8 @@ METRICS: tuple[Metric, ...] = (
     Metric("pause_frac", Unit.RATIO, "Share of the wall time lost to occasional pauses between steps "
            "(checkpoints, evaluation, stalls) over the whole run: 1 - ETTR",
            job=lambda v: v.metrics.pause_frac, loss="step_gaps"),
-    Metric("loop_wait_frac", Unit.RATIO, "Between-step stack samples off CPU over all between-step samples",
+    Metric("loop_wait_frac", Unit.RATIO, "Share of the loop's work between steps the training thread spends off CPU "
+           "(its CPU clock in the gaps, zero-code mode; else the between-step stack samples)",
            job=lambda v: v.metrics.loop_wait_frac),
     Metric("loop_prep_frac", Unit.RATIO, "Busy between-step samples taken before the lines the loop runs its "
            "step from (preparing its input) over all busy between-step samples",

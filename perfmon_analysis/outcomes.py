@@ -358,7 +358,8 @@ class Healthy(Outcome):
     def explain(self, view: JobView, straggler: int | None, losses: Losses,
                 answers: Answers) -> Explained:
         m = view.metrics
-        busy = f"{view.device_type.upper()} busy {_pct(m.device_busy)}"
+        judged = answers["device_busy"]      # busy while the loop runs: pauses are said apart
+        busy = f"{view.device_type.upper()} busy {_pct(judged.value if judged.asked else m.device_busy)}"
         note = f" {peak_note(view)}" if m.peak_flops else ""
         extra = f", MFU {_pct(m.mfu)}{note}" if m.mfu is not None else ""
         gaps = gaps_lost(m)

@@ -9,8 +9,9 @@ they recur:
 
 * the loop's level is the median of the previous ``HISTORY`` steps' gaps: time that at least half the
   steps have between them;
-* a gap is a pause by the part of it over that level, when that part is at least the level again
-  (``OVER_LOOP``: the gap is twice the usual) and at least a quarter of a usual iteration
+* a gap is a pause by the part of it over that level, when that part is at least twice the level
+  (``OVER_LOOP``: the gap is three times the usual, so work that varies around its level, a lock
+  held for a while by another thread, stays the loop's) and at least half a usual iteration
   (``OVER_ITERATION``: the median step, its gap included); else the whole gap is the loop's;
 * time a blocking event (``checkpoint``, ``eval``, ...: ``buffers.BLOCKING_EVENTS``) says the loop spent
   before the step is a pause whatever its size;
@@ -29,8 +30,8 @@ from typing import Deque
 
 HISTORY = 49          # gaps the loop's level is the median of: a window's worth (buffers.WINDOW_STEPS - 1)
 MIN_HISTORY = 4       # fewer known gaps: no level yet
-OVER_LOOP = 1.0       # a pause is at least the level again over it ...
-OVER_ITERATION = 0.25  # ... and at least a quarter of a usual iteration
+OVER_LOOP = 2.0       # a pause is at least twice the level over it ...
+OVER_ITERATION = 0.5  # ... and at least half a usual iteration
 
 
 class Pauses:

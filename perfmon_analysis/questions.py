@@ -231,7 +231,8 @@ class LoopWaiting(Question):
     text = "The loop's work between steps: is the training thread off CPU (waiting) for most of it?"
     quantity = "loop_wait_frac"
     threshold = HOST_WAIT_MIN
-    source = "perfmon: between-step stack samples with the thread's CPU clock (off CPU = under half the wall time)"
+    source = ("perfmon: the training thread's CPU clock over the gaps (zero-code), else between-step stack samples "
+              "(off CPU = under half the wall time); most is the majority")
     yes, no, unmeasured = "host_wait", "loop_feeds", "loop_work"
     short = "wait"
     decides_between = "a wait (a lock, a service, a sleep) from work between steps"
@@ -239,10 +240,8 @@ class LoopWaiting(Question):
     def ask(self, view: JobView, losses: Losses) -> Answer:
         frac = view.metrics.loop_wait_frac
         if frac is None:
-            return self.unasked("no stack samples of the training thread between steps")
-        where = view.where
-        n = (where.between_waiting + where.between_busy) if where is not None else 0
-        return self.judged(frac, self.fires(frac), f"{n} stack samples between steps")
+            return self.unasked("neither the thread's CPU time between steps nor stack samples there")
+        return self.judged(frac, self.fires(frac), "the training thread's time off CPU between steps")
 
 
 class LoopFeeds(Question):

@@ -166,14 +166,13 @@ def render_text(report: dict[str, Any], width: int = 80) -> str:
                 wrap(frame, first="    ", indent="      ")
     if v.get("losses"):
         w = report["window"]
-        lines.append(f"Where the iteration goes (shares of one iteration, a step's start to the next's; the last "
-                     f"{w['steps']} steps, pauses over the run):")
+        wrap(f"Where the step goes (shares of one step: from a step's start to the next's; over the last "
+             f"{w['steps']} steps, pauses over the whole run):")
         for loss in v["losses"]:
             share = metric_at(m, loss["metric"])
             shown = _pct(share) if share is not None else "not measured"
-            over = " (over the run)" if loss.get("span") == "run" and share is not None else ""
-            wrap((loss.get("source") or loss.get("why_unknown") or "") + over,
-                 first=f"  {loss['label']:<30} {shown:>12}  ", indent=" " * 48)
+            wrap(loss.get("source") or loss.get("why_unknown") or "", first=f"  {loss['label']:<30} {shown:>12}  ",
+                 indent=" " * 48)
     lines.extend(gains_lines(v, width))
     if v.get("where") is not None:
         lines.append("Where the unexplained time goes (stack samples in steps and between them, share of the "

@@ -68,6 +68,7 @@ class RankStats:
     power_w: float | None = None          # the rank's GPU's mean power over the samples (NVML energy counter)
     energy_per_step_j: float | None = None    # that power times the mean step (its wall time between steps too)
     loop_frac: float | None = None        # the loop's own work between steps, of the iteration (the window)
+    loop_wait_frac: float | None = None   # of that work, the share off CPU (its thread CPU clock, zero-code)
     pause_frac: float | None = None       # pauses between steps, of the wall time (the run: 1 - ETTR)
 
 
@@ -194,6 +195,7 @@ def rank_stats(state: RankState, max_steps: int, max_seconds: float, timeline: b
         energy_per_step_j=power * dur_sum / n if power is not None and n else None,
         loop_frac=loop_frac,
         pause_frac=pause_frac,
+        loop_wait_frac=_loop_wait(win, where.between_runq if where is not None else None),
         syncs=syncs / n if syncs is not None and n else None,
         host_lead=known(statistics.median, [s.lead for s in win]),
         loader_cpu=statistics.fmean(loader_cpus) if loader_cpus else None,
@@ -218,6 +220,18 @@ def _cost_span(state: RankState, win_start: float | None) -> list[CostReading]:
         first = max(0, next((i for i, s in enumerate(costs) if (s.t or 0.0) >= win_start), len(costs)) - 1)
     first = max(first, len(costs) - WINDOW_SAMPLES - 1)
     return [s.cost for s in costs[first:] if s.cost is not None]
+
+
+def _loop_wait(win: list[StepReading], runq: float | None) -> float | None:
+    """The share of the loop's work between steps the training thread spent off CPU: 1 - its CPU time in
+    the gaps without a pause / those gaps, less the time it was runnable with no core free there (``runq``,
+    from the between-step samples: a loaded machine does not turn work into waiting). None without the
+    gaps' CPU time (API mode, an older probe)."""
+    known = [s for s in win if s.gap_cpu is not None and s.pause == 0.0]
+    gap = sum(s.gap for s in known)
+    if not known or gap <= 0:
+        return None
+    return max(0.0, min(1.0, 1.0 - sum(s.gap_cpu or 0.0 for s in known) / gap - (runq or 0.0)))
 
 
 def _thread_cpu(win: list[StepReading], kept: float) -> tuple[float | None, float | None]:
@@ -345,7 +359,8 @@ def job_metrics(ready: list[tuple[RankState, RankStats]], ranks: list[RankView],
         gap_frac=max_known([x.gap_frac for x in st]),
         loop_frac=max_known([x.loop_frac for x in st]),
         pause_frac=max_known([x.pause_frac for x in st]),
-        loop_wait_frac=where.between_wait_frac if where is not None else None,
+        loop_wait_frac=max_known([x.loop_wait_frac for x in st]) if any(x.loop_wait_frac is not None for x in st)
+        else where.between_wait_frac if where is not None else None,
         loop_prep_frac=where.between_prep_frac if where is not None else None,
         loader_cpu=max_known([x.loader_cpu for x in st]),
         loader_workers=max_known([x.loader_workers for x in st]),

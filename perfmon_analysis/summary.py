@@ -67,6 +67,7 @@ STATS_PAYLOAD: tuple[PayloadKey, ...] = (
     PayloadKey("energy_per_step_j", float, "energy_per_step_j"),
     PayloadKey("loop_frac", float, "loop_frac"),
     PayloadKey("pause_frac", float, "pause_frac"),
+    PayloadKey("loop_wait_frac", float, "loop_wait_frac"),
 )
 
 # ``RankStats`` fields the payload does not carry as scalars, and why.

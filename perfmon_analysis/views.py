@@ -143,6 +143,7 @@ class WhereTable:
     between_busy: int = 0
     holders: tuple[HolderLine, ...] = ()
     between_busy_before: int = 0      # busy between-step samples before the loop's step lines (data preparation)
+    between_runq: float | None = None   # share of the sampled between-step time runnable with no core free
 
     @property
     def contention(self) -> float | None:
@@ -220,7 +221,7 @@ class Metrics:
     gap_frac: float | None = None           # share of window wall time between steps (loop work and pauses)
     loop_frac: float | None = None          # the loop's own work between steps, of the iteration (window)
     pause_frac: float | None = None         # pauses between steps, of the wall time (the run: 1 - ETTR)
-    loop_wait_frac: float | None = None     # between-step stack samples off CPU / (off + on CPU)
+    loop_wait_frac: float | None = None     # the loop's work between steps off CPU: thread CPU clock, else samples
     loop_prep_frac: float | None = None     # busy between-step samples before the loop's step lines / all busy ones
     loader_cpu: float | None = None         # mean share of one core per loader worker (worst rank)
     loader_workers: int | None = None

@@ -42,7 +42,7 @@ def where_table(rank: int, intervals: Iterable[WhereInterval], win: list[StepRea
         return None
     end = win[-1].t if win[-1].t is not None else win_start
     span_share = scale * sum(s.active if s.cpu_active else max(0.0, s.active - s.data) for s in win)
-    total, between, hz, runq, runq_samples = 0, 0, None, 0.0, 0
+    total, between, hz, runq, runq_samples, between_runq, between_runq_samples = 0, 0, None, 0.0, 0, 0.0, 0
     counts: dict[tuple[str, int, str, str | None, str], list[Any]] = {}
     holders: dict[tuple[str, str, int, str, str], list[Any]] = {}
     for iv in intervals:
@@ -54,6 +54,9 @@ def where_table(rank: int, intervals: Iterable[WhereInterval], win: list[StepRea
         if iv.runq is not None and iv.samples > 0:
             runq += iv.runq * iv.samples
             runq_samples += iv.samples
+        if iv.between_runq is not None and iv.between_samples > 0:
+            between_runq += iv.between_runq * iv.between_samples
+            between_runq_samples += iv.between_samples
         for c in iv.lines + iv.between:
             row = counts.setdefault((c.file, c.line, c.function, c.state, c.span), [0, c.call, {}, 0])
             row[0] += c.n
@@ -87,7 +90,8 @@ def where_table(rank: int, intervals: Iterable[WhereInterval], win: list[StepRea
                       between_share=between_share, between_waiting=waiting[BETWEEN],
                       between_busy=busy[BETWEEN], holders=tuple(held_lines[:WHERE_LINES]),
                       between_busy_before=sum(row[3] for key, row in counts.items()
-                                              if key[3] == "busy" and key[4] == BETWEEN))
+                                              if key[3] == "busy" and key[4] == BETWEEN),
+                      between_runq=between_runq / between_runq_samples if between_runq_samples else None)
 
 
 def job_where(ranks: list[tuple[WhereTable | None, float | None]]) -> WhereTable | None:

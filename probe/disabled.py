@@ -118,5 +118,6 @@ class _Disabled:
         pass
 
     def add_step(self, start: float, end: float, phases: dict[str, float] | None = None,
-                 samples: float | None = None, data_cpu: float | None = None, tokens: float | None = None) -> None:
+                 samples: float | None = None, data_cpu: float | None = None, tokens: float | None = None,
+                 gap_cpu: float | None = None) -> None:
         pass

@@ -37,12 +37,11 @@ class ThreadClock:
         self.thread_id: int | None = None
         self.read: Reader | None = None   # -> (cpu s, run-queue s | None)
         self.last: tuple[float, float, float | None] | None = None        # (wall, cpu, runq) at the previous look
-        self.runq_s = 0.0           # run-queue seconds in the looks ``state(..., count=True)`` summed
-        self.wall_s = 0.0           # wall seconds of those looks (0: none, or no schedstat)
+        self.queued: dict[str, list[float]] = {}   # count key -> [run-queue s, wall s] of the looks counted
 
-    def state(self, thread_id: int, alive: bool, count: bool = False) -> str | None:
+    def state(self, thread_id: int, alive: bool, count: str | None = None) -> str | None:
         """"busy" or "waiting" over the time since the previous look (the first: None); None when not known.
-        ``count``: add this look's run-queue and wall time to ``runq_s``/``wall_s``."""
+        ``count``: add this look's run-queue and wall time to ``queued[count]`` (schedstat only)."""
         if thread_id != self.thread_id:
             self.thread_id, self.read, self.last = thread_id, None, None
         if self.read is None:
@@ -64,14 +63,20 @@ class ThreadClock:
         wanted = cpu - last[1]
         if runq is not None and last[2] is not None:
             wanted += runq - last[2]
-            if count:
-                self.runq_s += runq - last[2]
-                self.wall_s += span
+            if count is not None:
+                summed = self.queued.setdefault(count, [0.0, 0.0])
+                summed[0] += runq - last[2]
+                summed[1] += span
         return BUSY if wanted >= BUSY_SHARE * span else WAITING
 
     @property
     def known(self) -> bool:
         return self.read is not None
+
+    def runq_share(self, key: str) -> float | None:
+        """The counted looks' run-queue share of their wall time (None: none counted), then forget them."""
+        runq, wall = self.queued.pop(key, (0.0, 0.0))
+        return min(1.0, max(0.0, runq / wall)) if wall > 0 else None
 
 
 def _reader(thread_id: int) -> Reader | None:

@@ -75,6 +75,9 @@ STEP = "step"
 BETWEEN = "between"
 BEFORE = "before"
 AFTER = "after"
+STEP_LINE_SHARE = 0.25  # a function's step lines: those with this share of its most sampled line's samples
+MAX_STEP_LINES = 64     # lines counted per function
+WARM_STEPS = 10         # steps before the loop's lines are counted (warm-up, compilation: other call sites)
 
 _PROBE_DIR = os.path.dirname(os.path.abspath(__file__))
 _OWN_DIRS = (_PROBE_DIR, os.path.join(os.path.dirname(_PROBE_DIR), "tui"))   # perfmon's packages
@@ -199,34 +202,34 @@ class Tally:
 class LoopLines:
     """Where a between-step sample is in the training loop: before the step's lines (preparing what the
     next step takes: a batch built by hand, tokenizing) or after them (logging, metrics, a lock after the
-    optimizer step). Inside steps, each user function's lines seen are remembered (the lowest and the
-    highest; bounded); between steps, the innermost frame of a function seen in steps whose line lies
-    outside those lines says which: below them is before, above them after. The loop's function is that
-    frame (its calls into the step are the step's lines), whether the loop calls the model directly or a
-    helper that does; a loop whose lines run out of order (a ``while`` with the batch built at its end)
-    reads after, and a function never seen in steps says nothing."""
+    optimizer step). Inside steps, from the ``WARM_STEPS``-th step on (warm-up steps called from other lines
+    before the loop do not count), each user function's lines are counted; its step lines are those with
+    at least ``STEP_LINE_SHARE`` of the samples of its most sampled line (a line of the step that takes
+    little time falls out of them). Between steps, the innermost frame of a function seen in steps whose
+    line lies outside its step lines says which: below them is before, above them after. The loop's
+    function is that frame (its calls into the step are the step's lines), whether the loop calls the
+    model directly or a helper that does; a loop whose lines run out of order (a ``while`` with the batch
+    built at its end) reads after, and a function never seen in steps says nothing."""
 
     def __init__(self, places: Places) -> None:
         self.places = places
-        self.ranges: dict[Any, list[int]] = {}    # code object -> [lowest, highest] line seen in steps
+        self.lines: dict[Any, dict[int, int]] = {}    # code object -> {line: in-step samples}
 
     def seen(self, frame: Any) -> None:
-        """Remember the lines of the user's frames of an in-step stack."""
+        """Count the lines of the user's frames of an in-step stack."""
         depth = 0
-        ranges = self.ranges
+        known = self.lines
         while frame is not None and depth < MAX_DEPTH:
             code = frame.f_code
             if self.places.is_user(code.co_filename):
+                counts = known.get(code)
+                if counts is None:
+                    if len(known) >= MAX_FILES:
+                        known.clear()
+                    counts = known[code] = {}
                 line = frame.f_lineno or 0
-                known = ranges.get(code)
-                if known is None:
-                    if len(ranges) >= MAX_FILES:
-                        ranges.clear()
-                    ranges[code] = [line, line]
-                elif line < known[0]:
-                    known[0] = line
-                elif line > known[1]:
-                    known[1] = line
+                if line in counts or len(counts) < MAX_STEP_LINES:
+                    counts[line] = counts.get(line, 0) + 1
             frame = frame.f_back
             depth += 1
 
@@ -234,12 +237,14 @@ class LoopLines:
         """"before" or "after" the step's lines, for a between-step stack; None when no frame says."""
         depth = 0
         while frame is not None and depth < MAX_DEPTH:
-            known = self.ranges.get(frame.f_code)
-            if known is not None:
+            counts = self.lines.get(frame.f_code)
+            if counts:
+                floor = STEP_LINE_SHARE * max(counts.values())
+                steps = [line for line, n in counts.items() if n >= floor]
                 line = frame.f_lineno or 0
-                if line < known[0]:
+                if line < min(steps):
                     return BEFORE
-                if line > known[1]:
+                if line > max(steps):
                     return AFTER
             frame = frame.f_back
             depth += 1
@@ -286,7 +291,20 @@ def place(frame: Any, places: Places) -> tuple[str, int, str, str | None]:
     if user is None:
         user = innermost
     code = user.f_code
-    return code.co_filename, user.f_lineno or 0, code.co_name, None if user is innermost else _qualified(innermost)
+    return code.co_filename, user.f_lineno or 0, _function(user), None if user is innermost else _qualified(innermost)
+
+
+def _function(frame: Any) -> str:
+    """The frame's function; a generator expression or comprehension is named by the function it is in
+    (``encode_forever``, not ``<genexpr>``), as the user wrote it."""
+    name = frame.f_code.co_name
+    back = frame.f_back
+    while name in _NESTED and back is not None and back.f_code.co_filename == frame.f_code.co_filename:
+        name, back = back.f_code.co_name, back.f_back
+    return name
+
+
+_NESTED = frozenset({"<genexpr>", "<listcomp>", "<dictcomp>", "<setcomp>"})
 
 
 def in_fetch(frame: Any, codes: frozenset[Any]) -> bool:
@@ -365,9 +383,7 @@ class WhereSampler(threading.Thread):
     def tick(self) -> dict[str, Any] | None:
         """One look: a sample when the training loop has begun; the interval's record when
         ``INTERVAL_S`` has passed (returned, and emitted)."""
-        steps, _, in_step, thread_id, _ = self.probe.progress()
-        opening = getattr(self.probe, "opening", None)
-        span = STEP if in_step or (opening is not None and opening()) else BETWEEN if steps > 0 else None
+        steps, span, thread_id = self._where_now()
         if self.pending.samples and (steps != self.pending_after or span == STEP):
             self._gap_ended()
         if span is not None and thread_id is not None:
@@ -376,16 +392,28 @@ class WhereSampler(threading.Thread):
             return self.flush()
         return None
 
+    def _where_now(self) -> tuple[int, str | None, int | None]:
+        """(steps so far, the span the training thread is in, its id)."""
+        steps, _, in_step, thread_id, _ = self.probe.progress()
+        opening = getattr(self.probe, "opening", None)
+        span = STEP if in_step or (opening is not None and opening()) else BETWEEN if steps > 0 else None
+        return steps, span, thread_id
+
     def _sample(self, thread_id: int, span: str, steps: int) -> None:
         clock = self.clock
         frames = sys._current_frames()
+        # the look may have waited for the GIL while the thread crossed a step's boundary: such a stack is
+        # of neither span for sure, and one in the wrong span would put a gap's line among the step's
+        if self._where_now() != (steps, span, thread_id):
+            return
         frame = frames.get(thread_id)
         # the stack as soon as this thread holds the GIL: a thread running Python gives it up only
         # every switch interval (5 ms), so a second wait for it would land samples later still
         at = place(frame, self.places) if frame is not None else None
         order = None
         if frame is not None and span == STEP:
-            self.loop.seen(frame)
+            if steps >= WARM_STEPS:
+                self.loop.seen(frame)
         elif frame is not None:
             if in_fetch(frame, self.places.fetch_codes):   # the data wait: timed by the loader hooks, not the loop's
                 return
@@ -399,7 +427,7 @@ class WhereSampler(threading.Thread):
         t0 = time.perf_counter()
         self.stop_event.wait(WINDOW_S)     # the state: the thread's over this window, from the sample on
         late = time.perf_counter() - t0 - WINDOW_S
-        state = clock.state(thread_id, False, count=span == STEP)
+        state = clock.state(thread_id, False, count=span)
         if at is None or (state is None and clock.known):
             return
         holder = None
@@ -433,20 +461,20 @@ class WhereSampler(threading.Thread):
     def flush(self) -> dict[str, Any] | None:
         """Send the interval's counts (nothing when no sample was taken) and start a new interval."""
         tally, between, holders, now = self.tally, self.between, self.holders, time.time()
-        clock = self.clock
-        runq = clock.runq_s / clock.wall_s if clock.wall_s > 0 else None
+        runq, between_runq = self.clock.runq_share(STEP), self.clock.runq_share(BETWEEN)
         self.tally, self.between, self.holders = Tally(now), Tally(now), Holders()
-        clock.runq_s, clock.wall_s = 0.0, 0.0
         if not tally.samples and not between.samples:
             return None
         record = tally.record(now, self.hz)
         if runq is not None:
-            record["runq"] = min(1.0, max(0.0, runq))
+            record["runq"] = runq
         if between.samples:
             lines = between.listed()
             record["between"] = lines
             record["between_samples"] = between.samples
             record["between_other"] = between.samples - sum(line["n"] for line in lines)
+            if between_runq is not None:
+                record["between_runq"] = between_runq
         if holders.counts:
             record["holders"] = holders.listed()
         self.emit(record)

@@ -197,7 +197,7 @@ OPTIONAL: dict[str, dict[str, tuple[type, ...]]] = {
               "restart": (int,), "device": (dict,), "argv": (list,)},
     "step": {"start": _NUM, "phases": (dict,), "comm": (dict,), "mem": (dict,), "syncs": _NUM,
              "samples": _NUM, "tokens": _NUM, "flops": _NUM, "cpu": _NUM, "cpu_span": (str,),
-             "cpu_others": _NUM, "intra_threads": (int,)},
+             "cpu_others": _NUM, "intra_threads": (int,), "gap_cpu": _NUM},
     "sample": {"gpus": (list,), "host": (dict,), "cost": (dict,)},
     "stall": {"since": _NUM, "seconds": _NUM, "threshold": _NUM, "step": (int,), "where": (str,),
               "stack": (list,), "inflight": (list,), "seq": (dict,), "loader": (dict,), "device": (dict,),
@@ -213,7 +213,7 @@ OPTIONAL: dict[str, dict[str, tuple[type, ...]]] = {
                 "last_end": _NUM, "inside": _NUM, "loop": _NUM, "unseen": _NUM, "loader_seen": (bool,)},
     "subscribe": {"window": (list,)},
     "where": {"t0": _NUM, "t1": _NUM, "hz": _NUM, "other": (int,), "runq": _NUM, "between": (list,),
-              "between_samples": (int,), "between_other": (int,), "holders": (list,)},
+              "between_samples": (int,), "between_other": (int,), "between_runq": _NUM, "holders": (list,)},
 }
 
 

@@ -55,6 +55,7 @@ class StepReading:
     gap_inferred: bool = False
     record: dict[str, Any] = field(default_factory=dict, repr=False)   # as held: a relay forwards it, gap included
     pause: float = 0.0
+    gap_cpu: float | None = None    # the training thread's CPU s in the gap (zero-code mode, wire 1.5)
 
     @property
     def active(self) -> float:
@@ -110,7 +111,7 @@ def step_reading(rec: dict[str, Any], pending_gap: float = 0.0,
         data_cpu=num(rec.get("data_cpu")), lead=num(rec.get("lead")),
         sync_site=site if isinstance(site, str) and site else None,
         mem_peak=_int(mem.get("reserved")) or _int(mem.get("peak")), cpu=cpu, cpu_active=cpu_active,
-        gap_inferred=inferred, record=dict(rec, gap=gap) if inferred else rec)
+        gap_inferred=inferred, record=dict(rec, gap=gap) if inferred else rec, gap_cpu=num(rec.get("gap_cpu")))
 
 
 def _comm_value(comm: dict[str, Any] | None, key: str) -> float | None:

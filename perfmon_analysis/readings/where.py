@@ -57,6 +57,7 @@ class WhereInterval:
     between_samples: int = 0
     between: tuple[WhereCount, ...] = ()
     holders: tuple[HolderCount, ...] = ()
+    between_runq: float | None = None    # as ``runq``, over the between-step samples
 
 
 WHERE_STATES = ("waiting", "busy")
@@ -68,13 +69,14 @@ def where_interval(rec: dict[str, Any]) -> WhereInterval | None:
     t0, t1, samples = num(rec.get("t0")), num(rec.get("t1")), _int(rec.get("samples"))
     if t0 is None or t1 is None or samples is None or samples < 0:
         return None
-    runq = num(rec.get("runq"))
+    runq, between_runq = num(rec.get("runq")), num(rec.get("between_runq"))
     between = max(0, _int(rec.get("between_samples")) or 0)
     return WhereInterval(t0=t0, t1=t1, hz=num(rec.get("hz")), samples=samples, lines=_counts(rec.get("lines"), "step"),
                          other=max(0, _int(rec.get("other")) or 0),
                          runq=None if runq is None else max(0.0, min(1.0, runq)), between_samples=between,
                          between=_counts(rec.get("between"), "between") if between else (),
-                         holders=_holders(rec.get("holders")))
+                         holders=_holders(rec.get("holders")),
+                         between_runq=None if between_runq is None else max(0.0, min(1.0, between_runq)))
 
 
 def _counts(items: Any, span: str) -> tuple[WhereCount, ...]:

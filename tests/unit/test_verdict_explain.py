@@ -411,7 +411,7 @@ EXPECTED = {
     'loop_work': (
         'loop_work', 'warn',
         "Loop work: 30% of each step is the loop's own work between steps; cannot tell a wait (a lock, a service, "
-        "a sleep) from work between steps (no stack samples of the training thread between steps)",
+        "a sleep) from work between steps (neither the thread's CPU time between steps nor stack samples there)",
         ['do it every N steps instead of every step (logging, metrics, validation of the batch)',
          'hand it to a background thread or process through a queue; keep the training thread stepping',
          'keep metrics on the device and read them every N steps',

@@ -150,7 +150,7 @@ def test_the_most_frequent_library_call_of_a_line_is_named_and_the_keys_are_boun
 def spin_forever(stop: threading.Event) -> None:
     x = 0
     while not stop.is_set():
-        x += 1                                                             # HOG_LINE
+        x += sum(i for i in range(3))                                      # HOG_LINE
 
 
 def gil_waiter(stop: threading.Event) -> None:
@@ -248,6 +248,7 @@ def test_a_python_thread_holding_the_gil_while_the_training_thread_waits_is_name
         hog.join()
     waiting = sum(line["n"] for line in record["lines"] if line["state"] == "waiting")
     holders = record["holders"]
+    # the generator expression it runs is named by the function it is in
     named = sum(h["n"] for h in holders if (h["thread"], h["function"], h["span"]) ==
                 ("metrics-encoder", "spin_forever", "step"))
     assert holders[0]["line"] in (_line_of("# HOG_LINE"), _line_of("# HOG_LINE") - 1)   # the loop's two lines
@@ -267,8 +268,9 @@ def test_a_between_step_sample_is_before_or_after_the_lines_the_loop_runs_its_st
     def at(line, code=train, back=None):
         return types.SimpleNamespace(f_code=code, f_lineno=line, f_back=back, f_globals={"__name__": "user"})
 
-    for line in (20, 21, 24):                    # forward at 20 ... optimizer step at 24, seen inside steps
+    for line in (20, 21, 24) * 5:                # forward at 20 ... optimizer step at 24, seen inside steps
         loop.seen(_frame("/lib/torch/module.py", 9, "_call_impl", at(line), module="torch"))
+    loop.seen(at(8))                             # a warm-up step called from line 8, under a quarter of a line's
     assert loop.order(at(18)) == "before" and loop.order(at(27)) == "after"
     assert loop.order(at(3, tokenize, at(18))) == "before"       # a helper called before the step: the loop's line
     assert loop.order(at(22)) is None and loop.order(at(5, tokenize)) is None
