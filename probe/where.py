@@ -78,6 +78,7 @@ AFTER = "after"
 STEP_LINE_SHARE = 0.25  # a function's step lines: those with this share of its most sampled line's samples
 MAX_STEP_LINES = 64     # lines counted per function
 WARM_STEPS = 10         # steps before the loop's lines are counted (warm-up, compilation: other call sites)
+SLIP_S = 0.001          # a look this late got the GIL from Python code that held it (the switch interval is 5 ms)
 
 _PROBE_DIR = os.path.dirname(os.path.abspath(__file__))
 _OWN_DIRS = (_PROBE_DIR, os.path.join(os.path.dirname(_PROBE_DIR), "tui"))   # perfmon's packages
@@ -370,9 +371,13 @@ class WhereSampler(threading.Thread):
 
     def run(self) -> None:
         period = 1.0 / self.hz
-        while not self.stop_event.wait(period * self._rng.uniform(0.5, 1.5)):
+        while True:
+            wait = period * self._rng.uniform(0.5, 1.5)
+            due = time.perf_counter() + wait
+            if self.stop_event.wait(wait):
+                break
             try:
-                self.tick()
+                self.tick(due)
             except Exception as exc:   # never let the thread die; the next tick tries again
                 self.probe.report_error("where sampler", exc)
         try:
@@ -380,17 +385,26 @@ class WhereSampler(threading.Thread):
         except Exception as exc:
             self.probe.report_error("where sampler", exc)
 
-    def tick(self) -> dict[str, Any] | None:
+    def tick(self, due: float | None = None) -> dict[str, Any] | None:
         """One look: a sample when the training loop has begun; the interval's record when
-        ``INTERVAL_S`` has passed (returned, and emitted)."""
+        ``INTERVAL_S`` has passed (returned, and emitted). ``due``: when the look was meant to be
+        (``perf_counter``); a look that got the GIL ``SLIP_S`` later, after a step had ended, is left
+        out: the stack is past the step's end, the time it stands for was the step's."""
         steps, span, thread_id = self._where_now()
         if self.pending.samples and (steps != self.pending_after or span == STEP):
             self._gap_ended()
-        if span is not None and thread_id is not None:
+        if span is not None and thread_id is not None and not self._slipped(due):
             self._sample(thread_id, span, steps)
         if time.time() - self.tally.t0 >= INTERVAL_S:
             return self.flush()
         return None
+
+    def _slipped(self, due: float | None) -> bool:
+        """Did the look wait for the GIL past a step's end (``tick``)?"""
+        if due is None or time.perf_counter() - due < SLIP_S:
+            return False
+        ended = self.probe.progress()[1]
+        return ended is not None and ended > due
 
     def _where_now(self) -> tuple[int, str | None, int | None]:
         """(steps so far, the span the training thread is in, its id)."""

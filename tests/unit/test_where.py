@@ -22,10 +22,11 @@ class FakeProbe:
         self.thread_id = thread_id
         self.in_step = True
         self.steps = 0
+        self.ended = 0.0          # perf_counter of the last step's end
         self.errors: list = []
 
     def progress(self):
-        return self.steps, 0.0, self.in_step, self.thread_id, None
+        return self.steps, self.ended, self.in_step, self.thread_id, None
 
     def report_error(self, where_, exc):
         self.errors.append((where_, exc))
@@ -214,6 +215,27 @@ def test_a_batch_fetch_between_steps_is_the_data_wait_not_sampled_even_inside_th
         for _ in range(8):
             sampler.tick()
         assert sampler.tally.samples >= 6
+    finally:
+        stop.set()
+        thread.join()
+
+
+def test_a_look_that_got_the_gil_only_after_a_step_ended_is_left_out():
+    """The look was due inside the step; Python held the GIL past the step's end: the stack it finds is
+    the gap's, the time it stands for the step's. Late without a step ending, or on time, it counts."""
+    stop, (thread,) = _threads(sleeper)
+    fake = FakeProbe(thread.ident)
+    fake.in_step, fake.steps = False, 1
+    sampler = where.WhereSampler(fake, lambda rec: None, hz=19.0)
+    try:
+        due = time.perf_counter() - 0.004
+        fake.ended = due + 0.002                  # the step ended 2 ms after the look was due
+        sampler.tick(due)
+        assert sampler.pending.samples == 0
+        fake.ended = due - 0.001
+        sampler.tick(due)                          # late, but the step had ended before
+        sampler.tick(time.perf_counter())          # on time
+        assert sampler.pending.samples == 2
     finally:
         stop.set()
         thread.join()

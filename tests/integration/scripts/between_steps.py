@@ -124,12 +124,12 @@ for i in range(args.steps):
         t0 = time.perf_counter()
         # the batch's text, ~1/3 of the iteration and longer than the GIL's switch interval (5 ms), which a
         # stack sample of busy Python waits for: shorter work lands its samples on the next call releasing it
-        ids = tokenize(max(0.5 * compute, 0.015))
+        ids = tokenize(max(0.5 * compute, 0.03))
         extra = time.perf_counter() - t0
     loss = step()
     if args.mode == "lock":
         t0 = time.perf_counter()
-        with lock:
+        with lock:                      # waits while the flusher writes
             metrics.append(float(loss))
         extra = time.perf_counter() - t0
     elif args.mode == "log":
