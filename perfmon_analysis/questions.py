@@ -212,7 +212,7 @@ class LoopWork(Question):
     cost, judged as any other loss; the occasional pauses are ETTR's."""
 
     id = "loop"
-    text = "Is the loop's own work between steps the largest loss, at 10% or more of the iteration?"
+    text = "Is the loop's own work between steps the largest loss, at 10% or more of the step?"
     quantity = "loop_frac"
     threshold = LOSS_MIN
     source = "perfmon loss accounting (docs/verdict.md, Between steps)"
