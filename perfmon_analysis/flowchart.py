@@ -73,6 +73,9 @@ GIL_HOLDER_MIN = 0.50
 # CPU contention: the training thread runnable with no free core for 10% of the step or more, the same
 # share at which a measured loss counts (LOSS_MIN); its cause is other processes or threads, not the step.
 CPU_CONTENTION_MIN = 0.10
+# A late rank's own time between steps is named beside the arrival straggler from the data wait's line
+# (5%): less would not explain its late arrival.
+LATE_GAP_MIN = DATA_WAIT_MIN
 # Llama 3 reports ">90% effective training time" (arXiv 2407.21783 §3.3.4): less is time worth finding.
 ETTR_MIN = 0.90
 # Severe idleness: TB plugin "low GPU utilization" rule, gpu_utilization < 0.5.

@@ -17,6 +17,8 @@ from typing import Callable
 from perfmon_analysis.views import JobView, RankView
 
 RATIO_BANDS = (1.1, 1.25, 1.5, 2.0)       # x the fastest rank: levels 1..4
+# The slowest rank or node is marked from the map's second level, where its cells warm.
+SLOW_MARK = RATIO_BANDS[1]
 SHARE_BANDS = (0.05, 0.15, 0.30, 0.50)    # share of the step: levels 1..4
 
 # (row label, what the level measures, value of a rank, judged as a ratio to the fastest rank?)
@@ -41,6 +43,15 @@ class HeatMap:
     slowest_ratio: float | None = None           # its time / the fastest rank's
     slowest_node: str | None = None              # by the median time of its ranks (2+ nodes, >= 1.1x the fastest)
     slowest_node_ratio: float | None = None      # that median / the fastest node's
+
+    @property
+    def slowest_rank_marked(self) -> bool:
+        """Is the slowest rank slow enough to mark (``SLOW_MARK`` x the fastest)?"""
+        return self.slowest_ratio is not None and self.slowest_ratio >= SLOW_MARK
+
+    @property
+    def slowest_node_marked(self) -> bool:
+        return self.slowest_node_ratio is not None and self.slowest_node_ratio >= SLOW_MARK
 
     @property
     def nodes(self) -> list[tuple[str | None, int, int]]:

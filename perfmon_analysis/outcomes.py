@@ -13,7 +13,7 @@ from typing import Any
 
 from perfmon_analysis import units
 from perfmon_analysis.explain import gaps_lost, peak_note, tensor_active, where_text, who
-from perfmon_analysis.flowchart import LOADER_MAIN, Answer, Explained, Losses, Outcome, round4
+from perfmon_analysis.flowchart import LATE_GAP_MIN, LOADER_MAIN, Answer, Explained, Losses, Outcome, round4
 from perfmon_analysis.loop_outcomes import LoopWorkOutcome, gil_fixes, gil_text, holder, loop_prep, loop_wait, via_loop
 from perfmon_analysis.losses import LOOP, by_id
 from perfmon_analysis.views import JobView, RankView, WhereLine
@@ -210,7 +210,7 @@ class LoadImbalance(Outcome):
         row = _rank_row(view.ranks, straggler) if straggler is not None else None
         if m.straggler_by == "arrival":
             own = _pct(row.comm_exposed_frac if row else None)
-            gap = f"; it loses {_pct(m.gap_frac)} between steps" if m.gap_frac and m.gap_frac >= 0.05 else ""
+            gap = f"; it loses {_pct(m.gap_frac)} between steps" if m.gap_frac and m.gap_frac >= LATE_GAP_MIN else ""
             headline = (f"Load imbalance: {who(view, straggler)} arrives last at {op}; the others wait "
                         f"{_pct(m.comm_exposed_frac)} of the step for it (it waits {own}){gap}")
             fixes = [f"find what delays rank {straggler} outside its compute: work between steps, logging, "

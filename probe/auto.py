@@ -130,15 +130,15 @@ class _Auto:
     # -- start at the first training step ----------------------------------------------------
     def start(self) -> None:
         """Training seen: start the probe, narrow the forward hooks to the roots, call watch()."""
-        from probe import core
+        from probe import core, lifecycle
 
         if self.probe is not None or self.off:
             return
         self.train_thread = get_ident()
-        if core.current() is not None:      # the script started the probe itself: the API wins
+        if lifecycle.current() is not None:      # the script started the probe itself: the API wins
             self.turn_off()
             return
-        mon = core.start(self.job, **_distributed_rank(self.torch))
+        mon = lifecycle.start(self.job, **_distributed_rank(self.torch))
         if not isinstance(mon, core.Probe):
             self.turn_off()
             return

@@ -1,15 +1,16 @@
-"""The in-process probe: the hot path, its lifecycle, and fork safety.
+"""The in-process probe: the hot path and the probe's own lifecycle (setup, close, fork).
 
 The hot path (``loader``, ``step``, ``phase``) reads ``perf_counter`` and
 appends a tuple to a bounded deque; nothing else. Building records, packing,
 sending and recording happen on the sender thread (``probe.server``), slow
-numbers on the sampler thread (``probe.sampler``). ``start()`` never raises:
+numbers on the sampler thread (``probe.sampler``). Setting up never raises:
 anything that fails leaves a probe that still works for whatever did not.
 
 This module is a little over 500 lines on purpose: the hot-path context managers and the
-lifecycle (setup, close, fork) share the probe's private state and are kept together;
-everything else (endpoints, records, the disabled probe, attachments, failure reporting,
-the loader CPU policy) lives in its own module.
+lifecycle share the probe's private state and are kept together; the steps zero-code mode finds are queued by ``probe.zero_code_steps`` (a mixin),
+the process's one probe is made and found by ``probe.lifecycle`` (``start``, ``current``), and
+everything else (endpoints, records, the disabled probe, attachments, failure reporting, the
+loader CPU policy) lives in its own module.
 """
 
 from __future__ import annotations
@@ -24,20 +25,22 @@ import weakref
 from pathlib import Path
 from typing import Any, Callable, Iterable, Iterator
 
-from probe import forks, paths, records
+from probe import paths, records
 from probe.attachments import Attachments
-from probe.cost import CostSource, calibrate
-from probe.disabled import _Disabled
+from probe.cost import CostSource, calibrate, hook_name
 from probe.endpoints import cpu_name, listen_tcp, listen_unix
 from probe.health import FailureReporter, HealthSource
+from probe.host import other_threads_cpu
 from probe.loader_policy import CpuTimingPolicy
 from probe.recording import RecordingWriter
+from probe.records import ITEM_RECORD, ITEM_STEP
 from probe.sampler import Sampler
 from probe.server import Sender
 from probe.stall import StallWatch
 from probe.where import WhereSampler, sampling_hz
+from probe.zero_code_steps import ZeroCodeSteps
 
-__all__ = ["Probe", "StepArgs", "current", "start"]
+__all__ = ["Probe", "StepArgs"]
 
 QUEUE_ITEMS = 65_536   # hot-path buffer; at 200 B a step this bounds it near 13 MB
 LOADER_ITERATORS = 16  # loaders remembered (weakly) for worker discovery; older ones are forgotten
@@ -47,34 +50,6 @@ CLOSE_SECONDS = 2.0    # close() returns within this, whatever the threads are d
 # in one step out of CPU_TIMED_EVERY_MASK + 1 of faster loops (a small fraction of a µs per step)
 CPU_TIMED_STEP_S = 0.002
 CPU_TIMED_EVERY_MASK = 31
-# zero-code: a step settled later than this after its end (a pending optimizer step) has no CPU
-# time: the clock ran on past the end (by at most 2% of the step when it is sent)
-LATE_END_S = 0.002
-LATE_SHARE = 0.02
-_STEP = 0
-_REC = 1
-
-_lock = threading.Lock()
-_current: "Probe | None" = None
-
-
-def _env_int(*names: str, default: int = 0) -> int:
-    for name in names:
-        value = os.environ.get(name)
-        if value is not None and value.strip().lstrip("-").isdigit():
-            return int(value)
-    return default
-
-
-def _in_dataloader_worker() -> bool:
-    data_mod = sys.modules.get("torch.utils.data")
-    if data_mod is None:
-        return False
-    try:
-        return data_mod.get_worker_info() is not None
-    except Exception:
-        return False
-
 
 class _Phase:
     """Reusable context manager for one phase name (no allocation per use)."""
@@ -131,10 +106,10 @@ class _Step:
         p = self.probe
         t = time.perf_counter()
         cpu = time.thread_time() - p._cpu0 if p._cpu0 is not None else None
-        others = _other_threads_cpu(p._proc0, cpu) if cpu is not None else None
+        others = other_threads_cpu(p._proc0, cpu) if cpu is not None else None
         tokens = self.tokens
         if tokens is not None and type(tokens) is not int and type(tokens) is not float:
-            self.tokens = _host_number(p, tokens)
+            self.tokens = records.host_number(tokens, p.report_error)
         extras: dict[str, Any] | None = others
         if p._end_hooks:
             extras = extras or {}
@@ -147,7 +122,7 @@ class _Step:
         p._data = 0.0
         data_cpu = p._data_cpu
         p._data_cpu = None
-        p._q.append((_STEP, p._step_no, p._prev_end, t, data, phases, self.samples, self.tokens, self.flops, extras,
+        p._q.append((ITEM_STEP, p._step_no, p._prev_end, t, data, phases, self.samples, self.tokens, self.flops, extras,
                      p._gap, data_cpu, cpu, records.CPU_SPAN_BODY))      # a records.StepItem
         p._cpu_next = t - p._prev_end >= CPU_TIMED_STEP_S or not p._step_no & CPU_TIMED_EVERY_MASK
         p._step_no += 1
@@ -163,25 +138,7 @@ class _Step:
 StepArgs = _Step   # the type of ``Probe.step_args``
 
 
-def _host_number(probe: "Probe", value: Any) -> Any:
-    """A step argument that is not a Python number, at step end on the training thread: a CPU
-    tensor (or numpy scalar) becomes its number; a device tensor is not read here (that would
-    synchronize the host with the device): a CUDA one is copied without blocking and read on
-    the sender thread, any other is handed to the sender thread as it is (``records.DeviceScalar``)."""
-    try:
-        device = getattr(value, "device", None)
-        if device is None or getattr(device, "type", device) == "cpu":
-            return float(value)
-        if getattr(value, "is_cuda", False):
-            from probe.gpu import cuda
-            return records.DeviceScalar(*cuda.backend.copy_to_host(value))
-        return records.DeviceScalar(value)
-    except Exception as exc:
-        probe.report_error("step argument", exc)
-        return None
-
-
-class Probe:
+class Probe(ZeroCodeSteps):
     """One per process. Use ``probe.start()`` rather than constructing it.
 
     ``probe.disabled._Disabled`` has the same public surface (a test walks both)."""
@@ -271,7 +228,7 @@ class Probe:
         dt = pc() - t0
         self._batches += 1
         self.first_batch_wait = dt
-        self._q.append((_REC, {"k": "event", "t": time.time(), "name": "first_batch", "seconds": dt}))
+        self._q.append((ITEM_RECORD, {"k": "event", "t": time.time(), "name": "first_batch", "seconds": dt}))
         if self._prev_end is not None:
             self._data += dt
         if type(it).__name__ == "_MultiProcessingDataLoaderIter":   # workers load; the sampler watches them
@@ -329,20 +286,19 @@ class Probe:
         try:
             rec = {"k": "event", "t": time.time(), "name": str(name)}
             rec.update({k: v for k, v in fields.items() if k not in ("k", "t")})
-            self._q.append((_REC, rec))
+            self._q.append((ITEM_RECORD, rec))
         except Exception:
             pass
 
     def emit(self, record: dict[str, Any]) -> None:
         """Queue a ready-made record (sampler and instrumentation threads use this)."""
-        self._q.append((_REC, record))
+        self._q.append((ITEM_RECORD, record))
 
     def close(self) -> None:
         """Flush, say ``bye``, close sockets and the recording, release what is attached.
 
         Idempotent; returns within ``CLOSE_SECONDS`` whatever the threads are doing (a thread
         still busy then is a daemon and is left to finish or die with the process)."""
-        global _current
         if self.closed or os.getpid() != self.pid:
             return
         self.closed = True
@@ -384,9 +340,6 @@ class Probe:
         self.loader_iterators.clear()
         self._begin_hooks = []
         self._end_hooks = []
-        with _lock:
-            if _current is self:
-                _current = None
 
     def watch(self, model: Any = None, optimizer: Any = None, **options: Any) -> None:
         """Attach phase hooks, communication timing, memory breakdown and FLOPs (probe.watch).
@@ -428,10 +381,10 @@ class Probe:
         """Register callables run at step begin / end. ``end(extras, phases)`` fills extra step-record
         keys and may add phases (seconds by name) when the script timed none."""
         if begin is not None:
-            self._hook_names[begin] = _hook_name(begin)
+            self._hook_names[begin] = hook_name(begin)
             self._begin_hooks = self._begin_hooks + [begin]
         if end is not None:
-            self._hook_names[end] = _hook_name(end)
+            self._hook_names[end] = hook_name(end)
             self._end_hooks = self._end_hooks + [end]
 
     def remove_step_hooks(self, begin: Callable[[], None] | None = None,
@@ -456,73 +409,6 @@ class Probe:
         from probe.requests import handle
         return handle(self, request)
 
-    def begin_step(self, cpu0: float | None = None) -> None:
-        """Zero-code mode (``probe.auto``): hooks found a step beginning; run the step-begin hooks.
-
-        ``cpu0`` is ``time.thread_time()`` at the step's start when the caller read it there (the
-        start lies before this call when the step opened with a batch fetch); else it is read now."""
-        t = time.perf_counter()
-        self._cpu0 = cpu0 if cpu0 is not None else time.thread_time()
-        self._proc0 = time.process_time()
-        self._in_step = True
-        if self._began is None:
-            self._began = time.perf_counter()
-            self._train_thread = threading.get_ident()
-        if self._begin_hooks:
-            self._run_hooks(self._begin_hooks)
-        self._own_s += time.perf_counter() - t
-
-    def add_step(self, start: float, end: float, phases: dict[str, float] | None = None,
-                 samples: float | None = None, data_cpu: float | None = None, tokens: float | None = None,
-                 gap_cpu: float | None = None) -> None:
-        """Queue a step whose boundaries hooks found (``perf_counter`` seconds; zero-code mode).
-
-        Unlike ``step()`` the step's own start is explicit: the time since the previous
-        step's end becomes the record's ``gap`` (checkpoints, evaluation: lost time in
-        ETTR). ``phases`` (``data`` included) add to those timed with ``phase()``;
-        ``data_cpu`` is the training thread's CPU time inside the loader waits; ``tokens`` the
-        step's tokens where a trainer counts them; ``gap_cpu`` its CPU time between the previous step's
-        end and this one's start (the record's ``gap_cpu``: the loop's work there, busy or waiting).
-        """
-        t = time.perf_counter()
-        if tokens is not None and type(tokens) is not int and type(tokens) is not float:
-            tokens = _host_number(self, tokens)
-        cpu = None
-        others = None
-        if self._cpu0 is not None and time.perf_counter() - end <= max(LATE_END_S, LATE_SHARE * (end - start)):
-            cpu = max(0.0, time.thread_time() - self._cpu0)
-            others = _other_threads_cpu(self._proc0, cpu)
-        self._cpu0 = None
-        extras: dict[str, Any] | None = others
-        if gap_cpu is not None:
-            extras = extras or {}
-            extras["gap_cpu"] = gap_cpu
-        if self._end_hooks:
-            extras = extras or {}
-            self._run_hooks(self._end_hooks, extras, self._phases)
-        merged = self._phases
-        self._phases = {}
-        for name, seconds in (phases or {}).items():
-            merged[name] = merged.get(name, 0.0) + seconds
-        data = merged.pop("data", 0.0) + self._data
-        self._data = 0.0
-        if data_cpu is not None or self._data_cpu is not None:
-            data_cpu = (data_cpu or 0.0) + (self._data_cpu or 0.0)
-        self._data_cpu = None
-        prev = self._prev_end if self._prev_end is not None and self._prev_end <= start else start
-        self._q.append((_STEP, self._step_no, prev, end, data, merged, samples, tokens, None, extras, start - prev,
-                        data_cpu, cpu, records.CPU_SPAN_ACTIVE))      # a records.StepItem
-        self._step_no += 1
-        self._prev_end = end
-        self._in_step = False
-        if self._train_thread is None:
-            self._train_thread = threading.get_ident()
-        if self._first_end is None:
-            self._first_end = end
-        self._own_s += time.perf_counter() - t
-        self._own_steps += 1
-        self._auto_steps += 1
-
     def _run_hooks(self, hooks: list[Callable[..., Any]], *args: Any) -> None:
         """Run step hooks, adding each one's seconds to ``_hook_s`` by name (one clock read a hook)."""
         spent, names = self._hook_s, self._hook_names
@@ -540,12 +426,12 @@ class Probe:
     def _on_step_exception(self, et: Any, ev: Any) -> None:
         name = getattr(et, "__name__", "Exception")
         kind = "oom" if "OutOfMemory" in name or name == "MemoryError" else "exception"
-        self._q.append((_REC, {"k": "event", "t": time.time(), "name": kind, "error": name,
+        self._q.append((ITEM_RECORD, {"k": "event", "t": time.time(), "name": kind, "error": name,
                                "message": str(ev)[:300], "step": self._step_no}))
 
     # -- record building (sender thread) -----------------------------------------------------
     def _build(self, item: tuple) -> dict[str, Any] | None:
-        if item[0] == _REC:
+        if item[0] == ITEM_RECORD:
             return item[1]
         return records.step_record(records.StepItem._make(item), self._epoch, self._device_reads)
 
@@ -617,7 +503,6 @@ class Probe:
                 self.where.start()
         except Exception as exc:
             self._problem(f"where sampling off: {exc!r}")
-        _register_fork_handler(self)
         atexit.register(self._join_at_exit)   # runs after close() (atexit is last-in, first-out)
         atexit.register(self.close)
 
@@ -662,90 +547,3 @@ def _attach_gpu(probe: Probe) -> None:
 
 
 _device_extensions.append(_attach_gpu)
-
-_fork_registered = False
-_probes: "weakref.WeakSet[Probe]" = weakref.WeakSet()
-
-
-def _register_fork_handler(probe: Probe) -> None:
-    global _fork_registered
-    _probes.add(probe)
-    if not _fork_registered:
-        forks.after_in_child(_on_fork_child)
-        _fork_registered = True
-
-
-def _on_fork_child() -> None:
-    global _current, _lock
-    _lock = threading.Lock()   # a lock held by another thread at fork time stays held in the child
-    _current = None
-    for probe in list(_probes):
-        try:
-            probe._after_fork_in_child()
-        except Exception:
-            pass
-
-
-def start(job: str | None = None, *, record: str | os.PathLike | None = None, rank: int | None = None,
-          world_size: int | None = None, serve: bool = True, sample_hz: float | None = None) -> Probe | _Disabled:
-    """Start (or return) this process's probe. Idempotent; ``PERFMON_*`` env vars override; never raises."""
-    global _current
-    try:
-        if os.environ.get("PERFMON_DISABLE") == "1" or _in_dataloader_worker():
-            return _Disabled()
-        with _lock:
-            if _current is not None and not _current.closed and _current.pid == os.getpid():
-                return _current
-            job = os.environ.get("PERFMON_JOB") or job or _default_job()
-            record = os.environ.get("PERFMON_RECORD") or record
-            hz = sample_hz if sample_hz is not None else float(os.environ.get("PERFMON_SAMPLE_HZ") or 1.0)
-            _current = Probe(
-                job=job,
-                rank=rank if rank is not None else _env_int("RANK", "PERFMON_RANK"),
-                local_rank=_env_int("LOCAL_RANK", default=0),
-                world_size=world_size if world_size is not None else _env_int("WORLD_SIZE", default=1),
-                restart=_env_int("TORCHELASTIC_RESTART_COUNT", default=0),
-                record=record, serve=serve, sample_hz=hz)
-            return _current
-    except Exception as exc:  # never into training code
-        try:
-            sys.stderr.write(f"perfmon: probe disabled: {exc!r}\n")
-        except (OSError, ValueError):
-            pass
-        return _Disabled()
-
-
-def _other_threads_cpu(proc0: float, cpu: float) -> dict[str, Any] | None:
-    """A timed step's ``cpu_others`` (CPU s of the process's other threads over the step) and
-    ``intra_threads`` (torch's intra-op thread count, read on the training thread, where a
-    ``torch.set_num_threads`` applies): on CPU, torch's intra-op threads do part of each op while
-    the training thread waits for them off its CPU, which is work, not an unexplained wait
-    (``perfmon_analysis.readings.step_cpu``). One more clock read and a torch call, on timed steps only."""
-    try:
-        out: dict[str, Any] = {"cpu_others": max(0.0, time.process_time() - proc0 - cpu)}
-        torch = sys.modules.get("torch")
-        if torch is not None:
-            out["intra_threads"] = int(torch.get_num_threads())
-        return out
-    except Exception:
-        return None
-
-
-def _hook_name(hook: Callable[..., Any]) -> str:
-    """A step hook's name in the probe's cost: its module and qualified name (``probe.watch.Watcher.begin``)."""
-    func = getattr(hook, "__func__", hook)
-    module = getattr(func, "__module__", None) or ""
-    name = getattr(func, "__qualname__", None) or type(hook).__qualname__
-    return f"{module}.{name}" if module else name
-
-
-def current() -> Probe | None:
-    return _current
-
-
-def _default_job() -> str:
-    run_id = os.environ.get("TORCHELASTIC_RUN_ID")
-    script = Path(sys.argv[0]).stem if sys.argv and sys.argv[0] not in ("", "-c") else "python"
-    if run_id and run_id != "none":
-        return f"{script}-{run_id}"
-    return script

@@ -165,3 +165,11 @@ class CostSource:
             why["recorded_bytes"] = "not recording"
         cost["why"] = why
         return {"cost": cost}
+
+
+def hook_name(hook: Callable[..., Any]) -> str:
+    """A step hook's name in the probe's cost: its module and qualified name (``probe.watch.Watcher.begin``)."""
+    func = getattr(hook, "__func__", hook)
+    module = getattr(func, "__module__", None) or ""
+    name = getattr(func, "__qualname__", None) or type(hook).__qualname__
+    return f"{module}.{name}" if module else name

@@ -7,6 +7,8 @@ The memory limit is what a CPU job is judged against:
 from __future__ import annotations
 
 import os
+import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -93,3 +95,19 @@ class HostSource:
             "mem_limit": self.limit,
             "mem_limit_source": self.limit_source,
         }}
+
+
+def other_threads_cpu(proc0: float, cpu: float) -> dict[str, Any] | None:
+    """A timed step's ``cpu_others`` (CPU s of the process's other threads over the step) and
+    ``intra_threads`` (torch's intra-op thread count, read on the training thread, where a
+    ``torch.set_num_threads`` applies): on CPU, torch's intra-op threads do part of each op while
+    the training thread waits for them off its CPU, which is work, not an unexplained wait
+    (``perfmon_analysis.readings.step_cpu``). One more clock read and a torch call, on timed steps only."""
+    try:
+        out: dict[str, Any] = {"cpu_others": max(0.0, time.process_time() - proc0 - cpu)}
+        torch = sys.modules.get("torch")
+        if torch is not None:
+            out["intra_threads"] = int(torch.get_num_threads())
+        return out
+    except Exception:
+        return None

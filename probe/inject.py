@@ -150,8 +150,8 @@ def install(before: set[str], job: str | None = None) -> dict[str, Any]:
     global _before, _installed
     _before = before
     try:
-        from probe import auto, core
-        if core.current() is not None or auto.active():
+        from probe import auto, lifecycle
+        if lifecycle.current() is not None or auto.active():
             _remove_modules()
             return {"ok": False, "message": "a perfmon probe is already running in this process"}
         auto.install(optimizers=_optimizers(sys.modules["torch"]), job=job)

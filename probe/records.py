@@ -14,6 +14,9 @@ CPU_SPAN_ACTIVE = "active"  # zero-code and trainer callbacks: the step's start 
 
 
 DEVICE_WAIT = 5.0      # seconds the sender waits for a step's device number to reach the host
+# What the hot path queues (``Probe._q``): (ITEM_STEP, ...) a ``StepItem``, or (ITEM_RECORD, record).
+ITEM_STEP = 0
+ITEM_RECORD = 1
 
 
 class StepItem(NamedTuple):
@@ -24,7 +27,7 @@ class StepItem(NamedTuple):
     and tests/unit/test_probe_records.py ties every field the hot path fills to its name.
     Times are ``perf_counter`` seconds."""
 
-    kind: int                      # probe.core._STEP
+    kind: int                      # ITEM_STEP
     step: int
     start: float                   # the previous step's end (the step's ``dur`` includes the gap before it)
     end: float
@@ -64,6 +67,25 @@ class DeviceScalar:
 
     def scaled(self, factor: float) -> "DeviceScalar":
         return DeviceScalar(self.host, self.event, self.scale * factor)
+
+
+def host_number(value: Any, on_error: Callable[[str, BaseException], None]) -> Any:
+    """A step argument that is not a Python number, at step end on the training thread: a CPU
+    tensor (or numpy scalar) becomes its number; a device tensor is not read here (that would
+    synchronize the host with the device): a CUDA one is copied without blocking and read on
+    the sender thread, any other is handed to the sender thread as it is (``DeviceScalar``); a failure
+    goes to ``on_error`` and leaves the number unknown."""
+    try:
+        device = getattr(value, "device", None)
+        if device is None or getattr(device, "type", device) == "cpu":
+            return float(value)
+        if getattr(value, "is_cuda", False):
+            from probe.gpu import cuda
+            return DeviceScalar(*cuda.backend.copy_to_host(value))
+        return DeviceScalar(value)
+    except Exception as exc:
+        on_error("step argument", exc)
+        return None
 
 
 class DeviceReads:

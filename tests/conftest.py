@@ -9,6 +9,7 @@ stays fast as tests are added.
 
 from __future__ import annotations
 
+import _posixsubprocess
 import multiprocessing.process
 import os
 import subprocess
@@ -94,10 +95,21 @@ class ProcessInFastTest(AssertionError):
     """A test not marked ``slow`` started a process."""
 
 
+# Every way this interpreter starts a process, each patched where it is looked up at call time:
+# subprocess, os.popen and multiprocessing's spawn/forkserver helpers reach ``fork_exec``; os.spawn*
+# and multiprocessing's fork start reach ``os.fork``; the rest are calls of their own into libc.
+PROCESS_STARTS = [(subprocess.Popen, "_execute_child", "subprocess"),
+                  (_posixsubprocess, "fork_exec", "_posixsubprocess.fork_exec"),
+                  (multiprocessing.process.BaseProcess, "start", "multiprocessing"),
+                  *((os, name, f"os.{name}") for name in ("fork", "forkpty", "posix_spawn", "posix_spawnp", "system")
+                    if hasattr(os, name))]
+
+
 @pytest.fixture(autouse=True)
 def _no_process_in_fast_tests(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> None:
-    """Fail a test that is not ``slow`` as soon as it starts a process (a subprocess, a fork or a
-    multiprocessing child): starting interpreters is what makes a tier slow."""
+    """Fail a test that is not ``slow`` as soon as it starts a process (``PROCESS_STARTS``: a
+    subprocess, a fork, a spawn, a shell, a multiprocessing child): starting interpreters is what
+    makes a tier slow."""
     if request.node.get_closest_marker("slow"):
         return
     name = request.node.nodeid
@@ -107,6 +119,5 @@ def _no_process_in_fast_tests(request: pytest.FixtureRequest, monkeypatch: pytes
             raise ProcessInFastTest(f"{name} starts a process ({what}): mark it @pytest.mark.slow")
         return start
 
-    monkeypatch.setattr(subprocess.Popen, "_execute_child", refuse("subprocess"))
-    monkeypatch.setattr(os, "fork", refuse("os.fork"))
-    monkeypatch.setattr(multiprocessing.process.BaseProcess, "start", refuse("multiprocessing"))
+    for owner, attr, what in PROCESS_STARTS:
+        monkeypatch.setattr(owner, attr, refuse(what))

@@ -1,5 +1,6 @@
-"""``perfmon compare`` on real CPU jobs under ``perfmon run``: a job whose loader costs ~30% of each
-step against its fixed twin (three loader workers instead of one), and the fixed job recorded twice."""
+"""``perfmon compare`` on real CPU jobs under ``perfmon run``: a job whose loader costs 2/3 of each
+step against its fixed twin (the batches cached in memory), and the fixed job recorded twice
+(tests/integration/scripts/loader_pair.py, recorded once for this file and test_gains.py)."""
 
 from __future__ import annotations
 
@@ -13,15 +14,7 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
 VALIDATOR = jsonschema.Draft202012Validator(json.loads((ROOT / "tui" / "schemas" / "compare.schema.json").read_text()))
-SCRIPT = str(Path(__file__).parent / "scripts" / "loader_pair.py")
 PY = sys.executable
-
-
-def _record(directory: Path, mode: str) -> str:
-    run = subprocess.run([PY, "-m", "tui.cli", "run", "--no-tui", "--record", str(directory), "--", PY, SCRIPT, mode],
-                         capture_output=True, text=True, timeout=120)
-    assert run.returncode == 0, run.stderr[-2000:]
-    return str(directory)
 
 
 def _compare(*argv: str) -> tuple[int, dict]:
@@ -32,10 +25,9 @@ def _compare(*argv: str) -> tuple[int, dict]:
     return out.returncode, result
 
 
-@pytest.fixture(scope="module")
-def runs(tmp_path_factory) -> dict[str, str]:
-    root = tmp_path_factory.mktemp("compare")
-    return {name: _record(root / name, name.rstrip("2")) for name in ("slow", "fixed", "fixed2")}
+@pytest.fixture
+def runs(loader_pair) -> dict[str, str]:
+    return {name: str(path) for name, path in loader_pair.items()}
 
 
 @pytest.mark.slow

@@ -147,3 +147,20 @@ def test_a_busy_device_starved_by_a_large_loss_says_what_decided():
 def test_before_any_verdict_a_pane_judges_nothing():
     shown = markers(_comm_over_data(), None)
     assert len(shown) >= 5 and set(shown.values()) == {("n/a", None)}
+
+
+def test_the_ranks_pane_calls_a_rank_stalled_by_the_probes_stall_rule_only():
+    """The state column draws the probe's stall (docs/verdict.md §2, 0), never a rule of its own: a rank
+    long past its usual step with no stall reading is not called stalled, one with a stall is."""
+    import dataclasses
+
+    from perfmon_analysis.readings import stall_reading
+    from tests.unit.verdict_synth import Rank, job
+    from tui.app.widgets.ranks import _state
+
+    row = job(Rank(dur=0.1)).view().ranks[0]
+    late = dataclasses.replace(row, since_last_step_s=30.0)
+    assert _state(late, None).plain == "ok"
+    stall = stall_reading({"k": "stall", "t": 100.0, "seconds": 20.0, "where": "step", "stack": []})
+    stalled = dataclasses.replace(row, stall=stall, stalled_s=21.0)
+    assert _state(stalled, None).plain == "stalled 21s"

@@ -14,7 +14,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import probe
-from probe import core
+from probe import lifecycle
 
 OPS = st.lists(st.one_of(
     st.just(("start",)), st.just(("watch",)), st.just(("close",)), st.just(("exit",)),
@@ -65,7 +65,7 @@ def run_ops(ops: list[tuple]) -> None:
         it.close()
     if mon is not None:
         mon.close()
-    cur = core.current()
+    cur = lifecycle.current()
     if cur is not None:
         cur.close()
 

@@ -1,10 +1,17 @@
-"""A job whose loader costs ~30% of each step, and its fixed twin (``perfmon compare``'s pair).
+"""A job whose loader costs two thirds of each step, and its fixed twin (``perfmon compare``'s pair,
+and ``perfmon report``'s gains against a real fix).
 
-Plain PyTorch (no perfmon API), run under ``perfmon run``. Each batch costs the worker a simulated
-storage read (a sleep, no CPU) of ``compute / (1 - 0.3)``, timed on this machine, so:
+Plain PyTorch (no perfmon API), run under ``perfmon run``. Every planted cost is a wait, not
+computation, so the pair differs by the same amount on any number of cores and under any load:
 
-* ``slow``   one loader worker: a batch arrives every read, and the step waits ~30% of it;
-* ``fixed``  three workers read in parallel: batches arrive faster than the step computes them.
+* each step waits ``STEP_S`` on a simulated accelerator (a sleep in the forward, as a host waits
+  on a GPU) around a tiny real model;
+* ``slow``: one loader worker reads each batch from simulated storage, ``READ_S`` = 3 x ``STEP_S``
+  (a sleep): a batch arrives every ``READ_S``, and the step waits ~2/3 of its time for it;
+* ``fixed``: the batches cached in memory (no worker, no read): the step never waits.
+
+The batch is the stored bytes (the step decodes them), so the slow twin's worker hands no tensor
+over through shared memory: no per-batch round trip to a worker that may be waiting for a core.
 """
 
 from __future__ import annotations
@@ -17,49 +24,50 @@ from torch import nn
 from torch.utils.data import DataLoader, Dataset
 
 torch.set_num_threads(1)
-WIDTH, BATCH, WAIT_SHARE = 512, 256, 0.3
+WIDTH, BATCH = 64, 32
+STEP_S = 0.04
+READ_S = 3 * STEP_S
+WAIT_SHARE = 1 - STEP_S / READ_S      # the slow twin's planted data wait, as a share of its step
 
 
-class SlowStorage(Dataset):
-    """Whole batches, each after ``read_s`` of simulated storage latency."""
+class Storage(Dataset):
+    """Whole batches as stored bytes, each after ``read_s`` of simulated storage latency."""
 
     def __init__(self, read_s: float) -> None:
-        self.x, self.y, self.read_s = torch.randn(BATCH, WIDTH), torch.randn(BATCH, 1), read_s
+        self.stored, self.read_s = torch.randn(BATCH, WIDTH + 1).numpy().tobytes(), read_s
 
     def __len__(self) -> int:
         return 1_000_000
 
-    def __getitem__(self, i: int):
-        time.sleep(self.read_s)
-        return self.x.clone(), self.y.clone()
+    def __getitem__(self, i: int) -> bytes:
+        if self.read_s:
+            time.sleep(self.read_s)
+        return self.stored
 
 
-def compute_s(model: nn.Module, steps: int = 20) -> float:
-    """Median forward + backward time on an in-memory batch (no optimizer step: not a training step)."""
-    x, y = torch.randn(BATCH, WIDTH), torch.randn(BATCH, 1)
-    times = []
-    for _ in range(steps):
-        t0 = time.perf_counter()
-        nn.functional.mse_loss(model(x), y).backward()
-        times.append(time.perf_counter() - t0)
-    model.zero_grad(set_to_none=True)
-    return sorted(times)[len(times) // 2]
+class Accelerator(nn.Module):
+    """The step's device time, simulated: the host waits ``STEP_S`` for it, using no CPU."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        time.sleep(STEP_S)
+        return x
 
 
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("mode", choices=["slow", "fixed"])
-    ap.add_argument("--steps", type=int, default=150)
+    ap.add_argument("--steps", type=int, default=60)
     args = ap.parse_args()
-    model = nn.Sequential(nn.Linear(WIDTH, WIDTH), nn.ReLU(), nn.Linear(WIDTH, WIDTH), nn.ReLU(), nn.Linear(WIDTH, 1))
+    model = nn.Sequential(nn.Linear(WIDTH, WIDTH), nn.ReLU(), Accelerator(), nn.Linear(WIDTH, 1))
     opt = torch.optim.SGD(model.parameters(), lr=1e-3)
-    read_s = compute_s(model) / (1.0 - WAIT_SHARE)
-    workers = 1 if args.mode == "slow" else 3
-    batches = iter(DataLoader(SlowStorage(read_s), batch_size=None, num_workers=workers, persistent_workers=True,
-                              prefetch_factor=2))
+    if args.mode == "slow":
+        loader = DataLoader(Storage(READ_S), batch_size=None, num_workers=1, persistent_workers=True)
+    else:
+        loader = DataLoader(Storage(0.0), batch_size=None)
+    batches = iter(loader)
     for _ in range(args.steps):
-        xb, yb = next(batches)
-        loss = nn.functional.mse_loss(model(xb), yb)
+        batch = torch.frombuffer(bytearray(next(batches)), dtype=torch.float32).view(BATCH, WIDTH + 1)
+        loss = nn.functional.mse_loss(model(batch[:, :WIDTH]), batch[:, WIDTH:])
         opt.zero_grad()
         loss.backward()
         opt.step()

@@ -11,14 +11,13 @@ from dataclasses import dataclass
 from rich.text import Text
 
 from perfmon_analysis import units
-from perfmon_analysis.heatmap import METRICS, RATIO_BANDS, HeatMap
+from perfmon_analysis.heatmap import METRICS, HeatMap
 from tui.app.widgets import glyphs
 
 FILL = "·░▒▓█"                 # level 0 (cool) .. 4 (hot)
 HEAT = ("grey42", "#87af5f", "#d7af00", "#ff8700", "#ff005f")
 LABEL_W = 5                   # "step " before each row
 BAND_ROWS = 1 + len(METRICS)  # the node names, then a row per quantity
-SLOW = RATIO_BANDS[1]         # a slowest rank or node is marked from the map's second level, where its cells warm
 
 
 @dataclass(frozen=True)
@@ -86,7 +85,7 @@ def _headline(hm: HeatMap, width: int) -> Text:
     line = Text()
     if hm.slowest_rank is not None and hm.slowest_ratio is not None:
         where = f" on {hm.slowest_rank_host}" if hm.slowest_rank_host and len(hm.nodes) > 1 else ""
-        style = glyphs.BAD if hm.slowest_ratio >= SLOW else ""
+        style = glyphs.BAD if hm.slowest_rank_marked else ""
         line.append(f"slowest rank {hm.slowest_rank}{where}: {hm.slowest_by} {units.ratio(hm.slowest_ratio)}x "
                     "the fastest",
                     style=style)
@@ -94,7 +93,7 @@ def _headline(hm: HeatMap, width: int) -> Text:
     if hm.slowest_node is not None and hm.slowest_node_ratio is not None:
         line.append(" · " if line.plain else "")
         line.append(f"slowest node {hm.slowest_node} {units.ratio(hm.slowest_node_ratio)}x",
-                    style=glyphs.BAD if hm.slowest_node_ratio >= SLOW else "")
+                    style=glyphs.BAD if hm.slowest_node_marked else "")
     if not line.plain:
         line.append("no step times yet", style=glyphs.DIM)
     line.truncate(width, overflow="ellipsis")

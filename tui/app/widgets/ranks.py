@@ -103,9 +103,8 @@ def _state(r: RankView, straggler: int | None, short: bool = False,
         return Text("warming up", style=glyphs.DIM)
     if r.generation:
         return Text(f"restart {r.generation}", style=glyphs.WARN)
-    if r.since_last_step_s is not None and r.step_time_median_s and r.since_last_step_s > max(
-            5.0, 10 * r.step_time_median_s):
-        return Text(f"stalled {units.age(r.since_last_step_s)}", style=glyphs.WARN)
+    if r.stall is not None:      # the probe's stall rule (docs/verdict.md §2, 0): no step progress past its threshold
+        return Text(f"stalled {units.age(r.stalled_s)}", style=glyphs.WARN)
     return Text("ok", style=glyphs.OK)
 
 
