@@ -3,8 +3,10 @@
 1. Hot path, µs/step: ``loader()`` + empty ``step()`` minus the bare loop, interleaved in one
    process for three CPU-clock policies: as shipped (every step after one of 2 ms or more, one
    fast step in 32), every step (two ``thread_time()`` reads each), never.
-2. A real CPU training step (torch Linear forward/backward/SGD, ~10 ms, plus a little Python) with
-   the ``where`` sampler on (default rate) and off, in alternating blocks of the same process.
+2. A real CPU training step (torch Linear forward/backward/SGD, ~10 ms, plus a little Python) and a
+   little Python between steps (the loop's own work, which the sampler now covers too), beside a
+   metrics thread that sleeps most of the time (its clocks are read when the training thread waits),
+   with the ``where`` sampler on (default rate) and off, in alternating blocks of the same process.
 3. Attribution: steps of 30 ms busy work then a 20 ms sleep, the busy part either pure Python
    (holds the GIL) or torch calls (release it): the sleep line's share of the samples vs 40%.
 
@@ -17,6 +19,7 @@ import argparse
 import os
 import statistics
 import tempfile
+import threading
 import time
 
 import probe
@@ -77,6 +80,16 @@ def training(mon, blocks: int, block_steps: int) -> dict[str, list[float]]:
             loss.backward()
             opt.step()
             opt.zero_grad()
+        " ".join(sorted(words)).split()              # and between steps: the loop's own work
+        time.sleep(0.0005)
+
+    stop = threading.Event()
+
+    def metrics() -> None:                           # another Python thread: mostly asleep
+        while not stop.wait(0.05):
+            sorted(words)
+
+    threading.Thread(target=metrics, name="metrics", daemon=True).start()
 
     for _ in range(20):
         step()
@@ -98,6 +111,7 @@ def training(mon, blocks: int, block_steps: int) -> dict[str, list[float]]:
                 sampler.stop_event.set()
                 sampler.join()
             drain(mon)
+    stop.set()
     print(f"sampler thread CPU: {statistics.median(sampler_cpu):.3f}% of one core (median of {len(sampler_cpu)} blocks)")
     return per_step
 

@@ -14,10 +14,11 @@ from perfmon_analysis import units
 from perfmon_analysis.explain import where_text
 from perfmon_analysis.flowchart import GIL_HOLDER_MIN, Answer, Explained, Losses, Outcome
 from perfmon_analysis.losses import LOOP, by_id
+from perfmon_analysis.readings import SPANS
 from perfmon_analysis.views import HolderLine, JobView, WhereLine
 
 _pct = units.pct
-STEP, BETWEEN = "step", "between"
+STEP, BETWEEN = SPANS
 
 
 def via_loop(answers: dict[str, Answer]) -> bool:

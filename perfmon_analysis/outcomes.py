@@ -14,7 +14,8 @@ from typing import Any
 from perfmon_analysis import units
 from perfmon_analysis.explain import gaps_lost, peak_note, tensor_active, where_text, who
 from perfmon_analysis.flowchart import LATE_GAP_MIN, LOADER_MAIN, Answer, Explained, Losses, Outcome, round4
-from perfmon_analysis.loop_outcomes import LoopWorkOutcome, gil_fixes, gil_text, holder, loop_prep, loop_wait, via_loop
+from perfmon_analysis.loop_outcomes import (STEP, LoopWorkOutcome, gil_fixes, gil_text, holder, loop_prep, loop_wait,
+                                            via_loop)
 from perfmon_analysis.losses import LOOP, by_id
 from perfmon_analysis.views import JobView, RankView, WhereLine
 
@@ -271,7 +272,7 @@ class HostWait(Outcome):
             return loop_wait(view, losses)
         idle = by_id(losses)["device_idle"].share
         line = _top_waiting(view)
-        held = holder(view, "step")
+        held = holder(view, STEP)
         if view.device_type != "cuda":
             off = f"off CPU {_pct(idle)} of the step, no other measured cause"
         else:
