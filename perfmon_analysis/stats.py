@@ -223,15 +223,17 @@ def _cost_span(state: RankState, win_start: float | None) -> list[CostReading]:
 
 
 def _loop_wait(win: list[StepReading], runq: float | None) -> float | None:
-    """The share of the loop's work between steps the training thread spent off CPU: 1 - its CPU time in
-    the gaps without a pause / those gaps, less the time it was runnable with no core free there (``runq``,
-    from the between-step samples: a loaded machine does not turn work into waiting). None without the
-    gaps' CPU time (API mode, an older probe)."""
+    """The share of the loop's work between steps the training thread spent off CPU, from its CPU time in
+    the gaps without a pause: off CPU / (off CPU + on CPU), where the time it was runnable with no core
+    free (``runq``, the between-step samples' share) is neither: a loaded machine turns neither work nor
+    a wait into the other. None without the gaps' CPU time (API mode, an older probe)."""
     known = [s for s in win if s.gap_cpu is not None and s.pause == 0.0]
     gap = sum(s.gap for s in known)
     if not known or gap <= 0:
         return None
-    return max(0.0, min(1.0, 1.0 - sum(s.gap_cpu or 0.0 for s in known) / gap - (runq or 0.0)))
+    cpu = min(gap, sum(s.gap_cpu or 0.0 for s in known))
+    off = max(0.0, gap * (1.0 - (runq or 0.0)) - cpu)
+    return off / (off + cpu) if off + cpu > 0 else None
 
 
 def _thread_cpu(win: list[StepReading], kept: float) -> tuple[float | None, float | None]:
