@@ -404,6 +404,22 @@ def test_finding_ids_are_from_the_documented_list():
     assert sorted(ids) == sorted(set(chart.FINDINGS) - set(chart.LOSS_THRESHOLD) - {"accounting"})
 
 
+def test_the_loops_wait_between_steps_is_read_from_its_cpu_clock_with_queued_time_neither_wait_nor_work():
+    """20 ms between every two steps, 4 ms of it on CPU: the loop waits 80% of its work (host_wait, naming
+    the loop's loss); with 18 ms on CPU it works (loop_work). Time runnable without a core (the between-step
+    samples' run-queue share) counts as neither."""
+    waits = V.evaluate(job(Rank(gap=0.02, gap_cpu=0.004)).view())
+    assert (waits.bottleneck, waits.loss) == ("host_wait", "loop")
+    assert waits.answers["loop_waiting"].value == pytest.approx(0.8)
+    assert "waits between steps" in waits.headline and "no stack samples say where" in waits.headline
+    works = V.evaluate(job(Rank(gap=0.02, gap_cpu=0.018)).view())
+    assert (works.bottleneck, works.loss) == ("loop_work", "loop")
+    queued = between(T0, T0 + 3.0, [(60, "busy", 10, 0)])
+    queued["between_runq"] = 0.3              # off CPU: 20 ms x 0.7 - 4 ms = 10 ms, against 4 ms on it
+    v = V.evaluate(job(Rank(gap=0.02, gap_cpu=0.004, extra_records=[queued])).view())
+    assert v.answers["loop_waiting"].value == pytest.approx(10 / 14)
+
+
 def test_losses_that_add_up_past_the_whole_are_a_finding_never_clamped():
     """Two losses that count the same time (a probe that charged a collective to the data wait too): the
     accounting says so instead of hiding it; 2% over is rounding and sampling, not a problem."""

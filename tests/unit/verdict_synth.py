@@ -34,6 +34,7 @@ class Rank:
     data_cpu: float | None = None
     cpu: float | None = None       # training thread CPU s per step (wire 1.3), over ``cpu_span``
     cpu_span: str | None = None    # "body" (API) | "active" (zero-code)
+    gap_cpu: float | None = None   # training thread CPU s in each gap (wire 1.5, zero-code)
     loader_workers: int | None = None
     loader_cpu: float | None = None
     rss: int | None = 1 << 30
@@ -88,7 +89,7 @@ def records(r: Rank, world: int = 1, device: str = "cpu", peak: float | None = N
         if r.comm is not None:
             step["comm"] = {"seconds": r.comm, "exposed": r.exposed if r.exposed is not None else r.comm,
                             "bytes": 4 << 20, "ops": 1}
-        for key in ("syncs", "flops", "samples", "tokens", "gpu_time", "data_cpu", "cpu", "cpu_span"):
+        for key in ("syncs", "flops", "samples", "tokens", "gpu_time", "data_cpu", "cpu", "cpu_span", "gap_cpu"):
             if getattr(r, key) is not None:
                 step[key] = getattr(r, key)
         out.append(step)
