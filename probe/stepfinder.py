@@ -9,7 +9,7 @@ loading, for single-process loaders; None when unknown). The rules:
 * a step starts at its first DataLoader fetch or training forward after the
   previous step ended (a backward or an optimizer step with neither before it
   starts one too), so the time between steps (checkpoints, evaluation, logging)
-  stays outside every step and counts as lost time in ETTR;
+  stays outside every step: the loop's own work there, or pauses (ETTR's);
 * its data wait is the time its batches took to fetch: the fetches since the
   previous step ended (an accumulation window fetched before its first forward
   included; an evaluation loader's fetches are not, ``fetches.before_step``) and
