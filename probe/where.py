@@ -435,7 +435,6 @@ class WhereSampler(threading.Thread):
         del frame
         self.others.refresh(thread_id)
         others = self.others.cpu() if self.others.readers else {}
-        others_frames = {i: frames[i] for i in others if i in frames}
         del frames
         clock.state(thread_id, at is not None)
         t0 = time.perf_counter()
@@ -450,9 +449,12 @@ class WhereSampler(threading.Thread):
         # GIL makes no one late, and is not named
         if state == WAITING and others and late >= GIL_LATE * sys.getswitchinterval():
             busiest = self.others.busiest(others, time.perf_counter() - t0)
-            if busiest is not None and busiest[0] in others_frames:
-                holder = (busiest[1], place(others_frames[busiest[0]], self.places))
-        del others_frames
+            # its stack now, still running: one taken before the window may have returned since (a
+            # generator's frame then loses the function it ran in)
+            frame = sys._current_frames().get(busiest[0]) if busiest is not None else None
+            if frame is not None and busiest is not None:
+                holder = (busiest[1], place(frame, self.places))
+            del frame
         if span == STEP:
             self.tally.count(at, state)
             if holder is not None:

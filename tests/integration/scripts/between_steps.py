@@ -16,7 +16,8 @@ evaluation pass (forwards without grad over a held-out set) every ``--eval-every
 The last stdout line is JSON by the script's own clock over the last ``WINDOW`` iterations (an
 iteration: from one iteration's forward to the next's, as a step's start to the next's): ``share``,
 the extra work's share of the iterations; ``iter_median_s``; with ``--mode pauses`` ``ettr``, the share
-of the whole run (first iteration's start to the last's end) not spent in checkpoints and evaluation.
+of the whole run (the first step's start, warm-up included, to the last's end) not spent in checkpoints
+and evaluation.
 """
 
 import argparse
@@ -102,6 +103,7 @@ def step() -> torch.Tensor:
     return loss
 
 
+first = time.perf_counter()             # the first step: where perfmon's wall time starts
 for _ in range(3):                      # warm up, then the step's own time: the extra work's budget
     step()
 timed = []
@@ -149,5 +151,5 @@ end = time.perf_counter()
 stop.set()
 spans = [b - a for a, b in zip(starts, starts[1:] + [end])]
 own = {"mode": args.mode, "share": sum(extras[-WINDOW:]) / sum(spans[-WINDOW:]),
-       "iter_median_s": statistics.median(spans), "ettr": 1 - paused / (end - starts[0])}
+       "iter_median_s": statistics.median(spans), "ettr": 1 - paused / (end - first)}
 print(json.dumps(own), flush=True)

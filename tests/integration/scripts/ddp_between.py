@@ -1,6 +1,7 @@
 """A 2-rank DDP (gloo) CPU training loop that knows nothing of perfmon; ``--sleep K`` sleeps K times its
-forward and backward's own compute after ``opt.zero_grad()``, before the forward (5 ms on an idle machine
-with K = 2): under ``perfmon run`` that is time between steps, the loop's own wait, on every step.
+forward and backward's own compute after ``opt.zero_grad()``, before the forward (~5 ms on an idle
+machine with K = 2; the test takes 4, so the sleep outweighs the all-reduce however slow the machine's
+gloo): under ``perfmon run`` that is time between steps, the loop's own wait, on every step.
 
 Each rank prints one JSON line by its own clock over the last ``WINDOW`` iterations (an iteration: from
 one ``zero_grad`` to the next, as a step's start to the next's): ``rank``, ``iter_median_s``, ``sleep_share``
@@ -39,11 +40,12 @@ def build() -> nn.Module:
 
 x, y = torch.randn(64, 512), torch.randn(64, 1)
 # one bucket: the all-reduce starts when backward's compute is done and nothing overlaps it, so the time
-# backward spends beyond its compute is the all-reduce's, not compute slowed by a gloo thread beside it
-model = DDP(build(), bucket_cap_mb=64)
+# backward spends beyond its compute is the all-reduce's, not compute slowed by a gloo thread beside it;
+# gradients as views of the bucket: no copies in and out of it either
+model = DDP(build(), bucket_cap_mb=64, gradient_as_bucket_view=True)
 opt = torch.optim.SGD(model.parameters(), lr=1e-4)
 solo_bwd, solo_step = [], []
-for _ in range(15):                     # the backward's own compute: DDP without its all-reduce (no_sync)
+for _ in range(35):                     # the backward's own compute: DDP without its all-reduce (no_sync)
     with model.no_sync():
         t0 = time.perf_counter()
         loss = nn.functional.mse_loss(model(x), y)
