@@ -13,6 +13,7 @@ calls at their cost calibrated at start-up; and its upper bound with the GIL wai
 plus the CPU its threads used during the loop.
 
     python bench/bench_hot_path.py [--steps 100000] [--repeats 7]
+    python bench/bench_hot_path.py --ab /tmp/perfmon-main [--rounds 6]   # against another tree (bench/ab.py)
 """
 
 from __future__ import annotations
@@ -83,7 +84,15 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--steps", type=int, default=100_000)
     ap.add_argument("--repeats", type=int, default=7)
+    ap.add_argument("--ab", metavar="OTHER_TREE", help="alternate rounds with another tree's probe (bench/ab.py)")
+    ap.add_argument("--rounds", type=int, default=6, help="with --ab: rounds of each tree")
+    ap.add_argument("--ab-json", action="store_true", help=argparse.SUPPRESS)
     args = ap.parse_args()
+    if args.ab:
+        sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+        from ab import compare
+        compare("bench/bench_hot_path.py", args.ab, args.rounds, ["--steps", str(args.steps), "--repeats", "1"])
+        return
     os.environ.setdefault("PERFMON_DIR", tempfile.mkdtemp(prefix="pm-bench-"))
     os.chmod(os.environ["PERFMON_DIR"], 0o700)
     mon = probe.start(job="bench-hot-path")
@@ -110,6 +119,11 @@ def main() -> None:
             viewer.wait()
     calibrated = {name: round(seconds * 1e6, 2) for name, seconds in (mon._wrapper_cost or {}).items()}
     mon.close()
+    if args.ab_json:         # one round's figures for bench/ab.py: µs/step, wall and thread CPU per case
+        import json
+        print(json.dumps({f"{case} {key}": statistics.median(got[key]) for case, got in results.items()
+                          for key in ("wall", "cpu")}))
+        return
     print(f"python {sys.version.split()[0]}, {os.cpu_count()} cpus, {args.steps} steps x {args.repeats} repeats; "
           f"wrappers calibrated at start-up (µs a call): {calibrated}")
     print("µs/step, medians    measured: wall (min-max)   thread CPU | reported: total (clock reads)  bound w/ GIL")

@@ -10,6 +10,7 @@ drown the difference. Also reported: the DDP comm hook's cost per bucket (one gl
 rank in this process), which adds per bucket, not per step.
 
     python bench/bench_watch.py [--steps 20000] [--repeats 7]
+    python bench/bench_watch.py --ab /tmp/perfmon-main [--rounds 6]   # against another tree (bench/ab.py)
 """
 
 from __future__ import annotations
@@ -107,11 +108,23 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--steps", type=int, default=20_000)
     ap.add_argument("--repeats", type=int, default=7)
+    ap.add_argument("--ab", metavar="OTHER_TREE", help="alternate rounds with another tree's probe (bench/ab.py)")
+    ap.add_argument("--rounds", type=int, default=6, help="with --ab: rounds of each tree")
+    ap.add_argument("--ab-json", action="store_true", help=argparse.SUPPRESS)
     args = ap.parse_args()
+    if args.ab:
+        sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+        from ab import compare
+        compare("bench/bench_watch.py", args.ab, args.rounds, ["--steps", str(args.steps), "--repeats", "1"])
+        return
     os.environ.setdefault("PERFMON_DIR", tempfile.mkdtemp(prefix="pm-bench-"))
     os.chmod(os.environ["PERFMON_DIR"], 0o700)
     torch.set_num_threads(1)
     costs = watch_cost(args.steps, args.repeats)
+    if args.ab_json:         # one round's figure for bench/ab.py
+        import json
+        print(json.dumps({"watch() µs/step (thread CPU)": statistics.median(costs)}))
+        return
     print(f"python {sys.version.split()[0]}, torch {torch.__version__}, {os.cpu_count()} cpus")
     print(f"watch() main-thread cost: median {statistics.median(costs):.2f} µs/step "
           f"(min {min(costs):.2f}, max {max(costs):.2f}; {args.steps} steps x {args.repeats})")

@@ -61,6 +61,10 @@ class Analysis:
     def add_problem(self, message: str) -> None:
         self.model.add_problem(message)
 
+    def note_exit(self, record: dict[str, Any]) -> None:
+        """How the job's command ended (``perfmon run``'s exit record: ``returncode``, ``t``)."""
+        self.model.note_exit(record)
+
     @property
     def problems(self) -> list[str]:
         return self.model.problems

@@ -10,8 +10,10 @@ import collections
 from typing import TYPE_CHECKING, Any, Deque
 
 from perfmon_analysis.pauses import Pauses
-from perfmon_analysis.readings import (CommReading, DeviceReading, EventReading, MemoryReading, SampleReading,
-                                       StallReading, StepReading, WhereInterval, hello_reading, step_reading)
+from perfmon_analysis.readings import (CommReading, DeviceReading, EventReading, LayoutReading, MemoryReading,
+                                       SampleReading, StallReading, StepOps, StepReading, WhereInterval, hello_reading,
+                                       step_reading)
+from perfmon_analysis.sketch import DurationSketch
 
 if TYPE_CHECKING:
     from perfmon_analysis.capture import CaptureSummary
@@ -30,6 +32,7 @@ COMM_BUFFER = 64
 EVENT_BUFFER = 200
 TIMELINE_STEPS = 120       # steps handed to the timeline/data panes per rank
 WHERE_BUFFER = 320         # ``where`` intervals (one per 2 s at most): the longest window the TUI offers (600 s)
+OPS_BUFFER = 64            # steps' operations (wire 1.5) kept per rank: the straggler what-if's window at most
 
 # Events whose ``seconds`` is time the training loop was blocked between steps.
 BLOCKING_EVENTS = frozenset({"checkpoint", "eval", "evaluation", "save", "pause"})
@@ -83,7 +86,8 @@ class RankState:
                  "events", "drops", "ended", "version", "first_start", "last_end", "inside", "gap_total", "loop_total",
                  "unseen",
                  "parser", "loader_seen", "last_t", "recv_clock", "stall", "profile", "capture",
-                 "summary_steps", "totals_through", "device", "where", "unmeasured", "_cache")
+                 "summary_steps", "totals_through", "device", "where", "unmeasured", "run_times", "summary_times",
+                 "layout", "ops", "_cache", "_health")
 
     def __init__(self, rank: int, stream: str, hello: dict[str, Any], generation: int) -> None:
         self.rank = rank
@@ -120,7 +124,12 @@ class RankState:
         self.device: DeviceReading = self.info.device
         self.where: Deque[WhereInterval] = collections.deque(maxlen=WHERE_BUFFER)   # in-step stack samples
         self.unmeasured: dict[str, str] = {}   # quantity -> why the probe cannot measure it (its warning)
+        self.run_times = DurationSketch()       # every step's time but the first: the run's percentiles
+        self.summary_times: Any = None          # (window, run) step times while a relay summarises the rank
+        self.layout: LayoutReading | None = None   # the rank's place in the job's layout (wire 1.5)
+        self.ops: Deque[StepOps] = collections.deque(maxlen=OPS_BUFFER)   # its steps' operations (wire 1.5)
         self._cache: tuple[int, Any] | None = None
+        self._health: dict[str, Any] = {}       # perfmon_analysis.health's parts, each by what it reads
 
     def set_hello(self, hello: dict[str, Any]) -> None:
         """A hello for this process (its first, or a repeat on re-attach)."""
@@ -138,6 +147,8 @@ class RankState:
             if step.step > prev.step + 1:
                 self.unseen += max(0.0, step.start - self.last_end)
         if new:
+            if step.step > 0:
+                self.run_times.add(step.dur, step.step)
             if step.t is not None:
                 self.last_end = step.t
             self.inside += step.dur - step.gap

@@ -10,6 +10,7 @@ from typing import Any
 from perfmon_analysis import units
 from perfmon_analysis.buffers import BLOCKING_EVENTS
 from perfmon_analysis.flowchart import CPU_CONTENTION_MIN, ETTR_MIN, FRAGMENTATION_MAX, THROTTLE_REASONS, round4
+from perfmon_analysis.health_verdict import findings as health_findings
 from perfmon_analysis.overhead import finding as overhead_finding
 from perfmon_analysis.views import JobView, WhereLine
 
@@ -90,7 +91,7 @@ def findings(v: JobView) -> list[dict[str, Any]]:
     probe_warning = _probe_warnings(v.events)
     if probe_warning is not None:
         out.append(probe_warning)
-    return out
+    return out + health_findings(v)
 
 
 def _probe_warnings(events: list[dict[str, Any]]) -> dict[str, Any] | None:

@@ -45,6 +45,18 @@ MEMORY_PEAK_MAX = 0.90
 # MFU below 30% with the device busy is inefficient compute: well under the reference bands of
 # large training runs (Llama 3 38–43%, PaLM 46%).
 MFU_MIN = 0.30
+# Fill (GPM SM activity over busy): NVIDIA's DCGM user guide, profiling metrics, on SM activity: "a value
+# of 0.8 or greater is necessary, but not sufficient, for effective use of the GPU. A value less than
+# 0.5 likely indicates ineffective GPU usage." Read of the time a kernel runs (fill), so a device idle
+# half the time with full kernels is not called poorly filled; under 0.5 the outcome is a warning.
+FILL_MIN = 0.80
+FILL_CRIT = 0.50
+# A host whose lead is at least the step's device time queued each step whole before the device began
+# it; a stream runs its queue back to back (PyTorch, CUDA semantics: "each device executes operations in
+# the order they are queued"), so launches cannot have idled the device inside the step and the host is
+# not blamed for its idle time. A lead is read late, never short: under one step as read is under one in
+# truth, which is what blaming the host needs.
+HOST_AHEAD_STEPS = 1.0
 # TB plugin AMP rule fires when the tensor-core time share is 0; a small tolerance for sampling noise
 # of the GPM counter.
 TENSOR_ACTIVE_MIN = 0.01
@@ -88,7 +100,8 @@ FRAGMENTATION_MAX = 0.20
 THROTTLE_REASONS = frozenset({"sw_power_cap", "hw_slowdown", "sw_thermal", "hw_thermal", "hw_power_brake"})
 
 FINDINGS = ("step_gaps", "throttling", "fragmentation", "rank_restarted", "drops", "probe_warnings", "cpu_contention",
-            "perfmon_cost", "accounting", "data_wait", "comm_exposed", "loop", "device_idle")
+            "perfmon_cost", "accounting", "data_wait", "comm_exposed", "loop", "device_idle", "memory_growth",
+            "step_outliers")
 # The share at which each loss of the iteration counts as a cause (and, when not the largest, a secondary
 # finding); the loop's own work between steps counts from the same share as device idle.
 LOSS_THRESHOLD = {"data_wait": DATA_WAIT_MIN, "comm_exposed": COMM_EXPOSED_MIN, "loop": LOSS_MIN,
@@ -124,6 +137,7 @@ class Answer:
     measure: str = ""
     decided_by: str = ""
     otherwise: str | None = None
+    silent: bool = False     # nothing to ask of this job: the walk takes "no" without listing the question
 
     @property
     def asked(self) -> bool:
@@ -171,6 +185,10 @@ class Question:
 
     def unasked(self, reason: str, applies: bool = True, measure: str = "", otherwise: str | None = None) -> Answer:
         return Answer(self, None, None, self.threshold, reason, applies, measure, otherwise=otherwise)
+
+    def silenced(self, reason: str) -> Answer:
+        """Nothing to ask of this job (its input does not exist for it): passed on "no", unlisted."""
+        return Answer(self, None, None, self.threshold, reason, applies=False, silent=True)
 
     def rewired(self, **exits: str) -> "Question":
         """This question with other exits (``yes``, ``no``, ``unmeasured``): how a chart puts a new
@@ -282,8 +300,13 @@ class Chart:
         qid = self.root
         while True:
             q = self.questions[qid]
-            path.append(qid)
             ans = answers[qid]
+            if ans.silent:
+                qid = q.no
+                if qid in self.outcomes:
+                    break
+                continue
+            path.append(qid)
             if ans.answer is None:
                 skipped[qid] = ans.reason
                 if not ans.applies:           # the question does not apply to this job: its "no" is the answer

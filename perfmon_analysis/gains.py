@@ -20,6 +20,11 @@ and per sample (NVML's total-energy counter) times the loss's share of wall time
 estimate, since an idle GPU draws less than the window's mean power. An unknown input makes the
 figure unknown (None, with the reason), never 0.
 
+Where the verdict names a straggler (a slow worker, a slow stage, rotating imbalance) the loss it
+names (the exposed wait) is priced by the what-if instead (``perfmon_analysis.stragglers``): the
+measured step over the step simulated without the cause, a prediction from the job's own
+operations rather than a bound (``basis`` "simulated"; docs/layout.md).
+
 Pure: ``estimate(view, losses, over)`` depends on its inputs only; the verdict calls it once.
 """
 
@@ -82,6 +87,7 @@ class Gain:
     of: tuple[str, ...] = ()          # the combination: the losses it removes
     energy: dict[str, Any] | None = None     # ``Energy.spent``: the GPUs' energy in this loss
     why_no_energy: str | None = None
+    basis: str = "bound"              # "bound": 1 / (1 - share) | "simulated": the what-if's step without it
 
     def cost(self, price: float | None) -> tuple[float | None, float | None]:
         """(money lost so far, money lost per day) at ``price`` per device-hour; None where unknown."""
@@ -96,7 +102,7 @@ class Gain:
         out: dict[str, Any] = {
             "loss": self.loss, "label": self.label, "share": _round(self.share),
             "speedup_bound": _round(self.speedup_bound), "wall_share": _round(self.wall_share),
-            "device_hours": _round(self.device_hours), "per_day": _round(self.per_day),
+            "device_hours": _round(self.device_hours), "per_day": _round(self.per_day), "basis": self.basis,
             "price": None if price is None else {"per_device_hour": price, "so_far": _round(so_far),
                                                   "per_day": _round(per_day)},
         }
@@ -133,7 +139,10 @@ class Gains:
         if gain is None or gain.speedup_bound is None:
             return None
         bound = units.speedup(gain.speedup_bound)
-        text = f"up to {bound}" if compact else f"fixing it: up to {bound} faster"
+        if gain.basis == "simulated":
+            text = f"{bound} (sim.)" if compact else f"fixing it: {bound} faster (simulated)"
+        else:
+            text = f"up to {bound}" if compact else f"fixing it: up to {bound} faster"
         if gain.per_day is not None:
             text += f", {units.hours(gain.per_day)} {self.device_unit}/day"
             _, money = gain.cost(price)
@@ -168,10 +177,12 @@ def speedup_bound(share: float | None) -> float | None:
     return 1.0 / (1.0 - max(0.0, share))
 
 
-def estimate(view: JobView, losses: tuple[Loss, ...], over: tuple[str, ...]) -> Gains:
+def estimate(view: JobView, losses: tuple[Loss, ...], over: tuple[str, ...],
+             simulated: dict[str, tuple[float | None, str]] | None = None) -> Gains:
     """The gains of ``losses`` (the verdict's accounting); ``over``: ids of the step losses over
     their threshold, whose removal the combination prices (the time between steps joins them when
-    it is over its own line)."""
+    it is over its own line); ``simulated``: loss id -> (the what-if's speedup without its cause, why
+    it is None), which replaces that loss's bound."""
     ranks = max(1, view.world_size, len(view.ranks))
     hours = (view.now - view.started) / 3600.0 if view.started is not None and view.now >= view.started else None
     unit = "GPU-h" if view.device_type == "cuda" else "CPU-h"
@@ -179,12 +190,24 @@ def estimate(view: JobView, losses: tuple[Loss, ...], over: tuple[str, ...]) -> 
     energy = Energy(m.energy_per_step_j, m.energy_per_sample_j, m.energy_per_token_j, m.power_w,
                     None if m.power_w is not None else NO_ENERGY_GPU if view.device_type == "cuda" else NO_ENERGY_CPU)
     bounding = {COMM: _comm_bounding(losses, m.comm_frac)}
-    per_loss = tuple(_with_energy(_gain(x.id, x.label, x.share, x.share, ranks, hours, x.source,
-                                        bound=speedup_bound(bounding[x.id]) if bounding.get(x.id) is not None
-                                        else None), energy)
+    for loss_id, (speedup, _) in (simulated or {}).items():      # the combination removes the simulated share
+        bounding[loss_id] = None if speedup is None else max(0.0, 1.0 - 1.0 / speedup)
+    per_loss = tuple(_with_energy(_simulated(x, simulated[x.id], ranks, hours) if simulated and x.id in simulated
+                                  else _gain(x.id, x.label, x.share, x.share, ranks, hours, x.source,
+                                             bound=speedup_bound(bounding[x.id]) if bounding.get(x.id) is not None
+                                             else None), energy)
                      for x in losses)
     combined = _combined(losses, over, ranks, hours, bounding)
     return Gains(per_loss, combined and _with_energy(combined, energy), unit, ranks, hours, energy)
+
+
+def _simulated(loss: Loss, sim: tuple[float | None, str], ranks: int, hours: float | None) -> Gain:
+    """A loss priced by the what-if: its speedup the simulated one, its share of the step what that
+    speedup takes off the step (1 - 1/speedup), for the device-hours."""
+    speedup, why = sim
+    share = None if speedup is None else max(0.0, 1.0 - 1.0 / speedup)
+    gain = _gain(loss.id, loss.label, share, share, ranks, hours, why or loss.source, bound=speedup)
+    return dataclasses.replace(gain, basis="simulated")
 
 
 def _comm_bounding(losses: tuple[Loss, ...], comm_frac: float | None) -> float | None:

@@ -1,5 +1,6 @@
 """The ranks of a large job at a glance: a heat level per rank for step time, data wait, exposed
-communication and compute, ranks grouped by node, and the slowest rank and node named.
+communication and compute, ranks grouped by node (or, in a job with a layout beyond data parallel,
+by stage and replica: the ranks doing the same work side by side), and the slowest rank and node named.
 
 Levels are computed here, before any pane sees them (the ranks pane only picks glyphs and colours).
 Times are judged against the fastest rank (a rank 1.5x slower than the best one is what holds a
@@ -14,6 +15,7 @@ import statistics
 from dataclasses import dataclass
 from typing import Callable
 
+from perfmon_analysis.layout import Layout
 from perfmon_analysis.views import JobView, RankView
 
 RATIO_BANDS = (1.1, 1.25, 1.5, 2.0)       # x the fastest rank: levels 1..4
@@ -37,6 +39,8 @@ class HeatMap:
     ranks: tuple[int, ...]
     hosts: tuple[str | None, ...]
     levels: dict[str, tuple[int | None, ...]]
+    groups: tuple[str | None, ...] = ()         # per column: its group's label (its node, or its stage and replica)
+    group_by: str = "node"                      # "node" | "stage": what the columns are grouped by
     slowest_by: str = "compute"                  # "compute" (median compute time), else "step" (step time)
     slowest_rank: int | None = None
     slowest_rank_host: str | None = None
@@ -55,9 +59,10 @@ class HeatMap:
 
     @property
     def nodes(self) -> list[tuple[str | None, int, int]]:
-        """(host, first column, column count) of each run of one node's ranks."""
+        """(group, first column, column count) of each run of one group's ranks (a node's, or with a
+        layout beyond data parallel a stage's replica's)."""
         out: list[tuple[str | None, int, int]] = []
-        for i, host in enumerate(self.hosts):
+        for i, host in enumerate(self.groups or self.hosts):
             if out and out[-1][0] == host:
                 out[-1] = (host, out[-1][1], out[-1][2] + 1)
             else:
@@ -77,6 +82,11 @@ def heatmap(view: JobView) -> HeatMap:
     for r in view.ranks:
         first[r.host] = min(first.get(r.host, r.rank), r.rank)
     ranks = sorted(view.ranks, key=lambda r: (first[r.host], r.rank))
+    lay = view.layout
+    by_stage = lay.beyond_dp and all(r.rank in lay.coords for r in view.ranks)
+    if by_stage:          # ranks that do the same work side by side: stage, then replica
+        ranks = sorted(view.ranks, key=lambda r: (lay.stage(r.rank), lay.replica(r.rank), r.rank))
+    groups = tuple(_group_label(lay, r.rank) if by_stage else r.host for r in ranks)
     levels: dict[str, tuple[int | None, ...]] = {}
     for label, _, get, relative in METRICS:
         values = [get(r) for r in ranks]
@@ -93,9 +103,16 @@ def heatmap(view: JobView) -> HeatMap:
     several = slow is not None and len(timed) > 1
     node, node_ratio = _slowest_node(timed)
     return HeatMap(
-        ranks=tuple(r.rank for r in ranks), hosts=tuple(r.host for r in ranks), levels=levels, slowest_by=by,
+        ranks=tuple(r.rank for r in ranks), hosts=tuple(r.host for r in ranks), groups=groups,
+        group_by="stage" if by_stage else "node", levels=levels, slowest_by=by,
         slowest_rank=slow[0].rank if several else None, slowest_rank_host=slow[0].host if several else None,
         slowest_ratio=slow[1] / fast if several and fast else None, slowest_node=node, slowest_node_ratio=node_ratio)
+
+
+def _group_label(lay: Layout, rank: int) -> str:
+    """'pp1 dp0': the stage and replica a column's rank is in (its worker; tp/cp peers share it)."""
+    worker = lay.worker(rank)
+    return lay.worker_label(*worker) if worker is not None else "?"
 
 
 def _slowest_node(timed: list[tuple[RankView, float]]) -> tuple[str | None, float | None]:

@@ -92,7 +92,9 @@ def overrun(losses: tuple[Loss, ...]) -> float | None:
 
 
 def _device_idle(m: Metrics, device_type: str, data: Loss, loop: Loss, pauses: Loss) -> Loss:
-    """GPU idle time the other measured losses do not explain: 1 − busy − data wait − time between steps.
+    """GPU idle time the other measured losses do not explain: 1 − busy − data wait − time between steps,
+    busy in time (a kernel running: NVML utilization or the steps' CUDA timeline), never SM activity,
+    which also counts the SMs a running kernel leaves empty (that is fill, a question of its own).
 
     The GPU idles while the step waits for the next batch and between steps, so those shares
     are subtracted; what is left is the host failing to feed the device (syncs,
@@ -111,10 +113,11 @@ def _device_idle(m: Metrics, device_type: str, data: Loss, loop: Loss, pauses: L
                     "CPU job: the training thread's CPU time is not reported, so a wait inside the step cannot "
                     "be told from work (busy is the time not lost to a measured cause)")
     if m.device_busy is None or m.device_busy_source not in MEASURED_BUSY:
+        unknown = "; ".join(f"rank {r}: {why}" for r, why in sorted((m.device_busy_unknown or {}).items()))
         return Loss("device_idle", "device idle, no other cause", None,
-                    "GPU activity not measured (neither GPM SM activity nor NVML utilization readable)")
+                    f"GPU busy in time not measured ({unknown or 'NVML utilization not readable'})")
     rest = 1.0 - m.device_busy - (data.share or 0.0) - (loop.share or 0.0) - (pauses.share or 0.0)
-    label = "SM activity" if m.device_busy_source == "sm_active" else "NVML utilization"
+    label = "NVML utilization" if m.device_busy_source == "nvml_util" else "the steps' CUDA timeline"
     return Loss("device_idle", "device idle, no other cause", max(0.0, rest),
                 f"1 - GPU busy ({label}) - data wait - time between steps")
 
@@ -123,15 +126,17 @@ CPU_IDLE_LABEL = "waiting, no measured cause"
 CPU_IDLE_SOURCE = "training thread off CPU (thread CPU time)"
 CPU_IDLE_SOURCE_RUNQ = "training thread off CPU, less the time it waited for a core (thread CPU time, scheduler)"
 
-# What each ``Metrics.device_busy_source`` means (README "The verdict" says the same). The GPU
-# ones measure activity, never the elapsed time between two CUDA events (which includes idle gaps).
+# What each ``Metrics.device_busy_source`` means (docs/verdict.md says the same). The GPU ones
+# measure time with a kernel running, never the elapsed time between two CUDA events (which includes
+# idle gaps) and never SM activity (which is fill: ``Metrics.device_fill``).
 BUSY_SOURCES = {
-    "sm_active": "GPM SM activity: the share of SMs busy",
     "nvml_util": "NVML utilization: the share of time any kernel ran",
+    "cuda_timeline": "the steps' CUDA timeline: time the host kept each step's work queued ahead of the device "
+                     "(a lower bound, used where it proves more than NVML utilization)",
     "thread_cpu": "CPU: the training thread's CPU time in the step",
     "step_accounting": "CPU: the step time not lost to a measured cause",
 }
-MEASURED_BUSY = {k: BUSY_SOURCES[k] for k in ("sm_active", "nvml_util")}
+MEASURED_BUSY = {k: BUSY_SOURCES[k] for k in ("nvml_util", "cuda_timeline")}
 
 
 def by_id(losses: tuple[Loss, ...]) -> dict[str, Loss]:

@@ -122,6 +122,12 @@ def _idle(view: "JobView") -> float | None:
     return by_id(account(view.metrics, view.device_type, view.comm_status))["device_idle"].share
 
 
+def _times(rank: "RankView", name: str, run: bool = False) -> float | None:
+    """A percentile of the rank's step times (``perfmon_analysis.step_times``), None before any."""
+    times = rank.run_step_times if run else rank.step_times
+    return getattr(times, name) if times is not None else None
+
+
 _RP = Surface.REPORT | Surface.PROMETHEUS
 
 METRICS: tuple[Metric, ...] = (
@@ -129,15 +135,44 @@ METRICS: tuple[Metric, ...] = (
            job=lambda v: v.metrics.steps, rank=lambda r: r.steps, surfaces=_RP, counter=True),
     Metric("step_time_median_s", Unit.SECONDS, "Median step time over the window: the iteration, from one step's start to the next's (data wait and time between steps included)",
            job=lambda v: v.metrics.step_time_median_s, rank=lambda r: r.step_time_median_s, surfaces=ALL),
+    Metric("step_time_p90_s", Unit.SECONDS, "90th percentile of the step time over the window",
+           job=lambda v: v.health.window.p90, rank=lambda r: _times(r, "p90"), surfaces=_RP),
+    Metric("step_time_p99_s", Unit.SECONDS, "99th percentile of the step time over the window",
+           job=lambda v: v.health.window.p99, rank=lambda r: _times(r, "p99"), surfaces=_RP),
+    Metric("step_time_max_s", Unit.SECONDS, "Longest step over the window",
+           job=lambda v: v.health.window.max, rank=lambda r: _times(r, "max"), surfaces=_RP),
+    Metric("run_step_time_p50_s", Unit.SECONDS, "Median step time over the whole run (first step left out; "
+           "within 1%)", job=lambda v: v.health.run.p50, rank=lambda r: _times(r, "p50", run=True)),
+    Metric("run_step_time_p90_s", Unit.SECONDS, "90th percentile of the step time over the whole run (within 1%)",
+           job=lambda v: v.health.run.p90, rank=lambda r: _times(r, "p90", run=True)),
+    Metric("run_step_time_p99_s", Unit.SECONDS, "99th percentile of the step time over the whole run (within 1%)",
+           job=lambda v: v.health.run.p99, rank=lambda r: _times(r, "p99", run=True)),
+    Metric("run_step_time_max_s", Unit.SECONDS, "Longest step of the whole run (first step left out)",
+           job=lambda v: v.health.run.max, rank=lambda r: _times(r, "max", run=True)),
     Metric("compute_s", Unit.SECONDS, "Median compute time per step: step - gaps - data wait - exposed comm",
            rank=lambda r: r.compute_s),
     Metric("samples_per_s", Unit.PER_SECOND, "Samples per second over the window",
            job=lambda v: v.metrics.samples_per_s, rank=lambda r: r.samples_per_s, surfaces=ALL),
     Metric("tokens_per_s", Unit.PER_SECOND, "Tokens per second over the window",
            job=lambda v: v.metrics.tokens_per_s, rank=lambda r: r.tokens_per_s, surfaces=ALL),
-    Metric("device_busy", Unit.RATIO, "Device busy share: GPM SM activity, else NVML utilization, on GPU; "
-           "step time not lost on CPU",
+    Metric("device_busy", Unit.RATIO, "Device busy share, in time: on GPU the share of the step a kernel ran "
+           "(NVML utilization, or the steps' CUDA timeline where it proves more); on CPU the training thread's "
+           "CPU time in the step. Least busy rank; not measured when any rank's is not",
            job=lambda v: v.metrics.device_busy, rank=lambda r: r.device_busy, surfaces=ALL),
+    Metric("device_busy_unknown", Unit.LABEL, "Ranks whose busy is not measured, each with why (NVML's words: "
+           "NotSupported, NoPermission, GpuIsLost, no NVML)", job=lambda v: v.metrics.device_busy_unknown),
+    Metric("gpu_util", Unit.RATIO, "NVML utilization over the window: the share of time a kernel ran, as "
+           "nvidia-smi shows it (least of the ranks), whichever source device_busy used",
+           job=lambda v: v.metrics.gpu_util),
+    Metric("device_fill", Unit.RATIO, "GPU fill: how much of the device the running kernels use, GPM SM "
+           "activity over busy (Hopper and newer; least filled rank)",
+           job=lambda v: v.metrics.device_fill, rank=lambda r: r.device_fill, surfaces=ALL),
+    Metric("sm_active", Unit.RATIO, "GPM SM activity: the share of SMs with a warp resident, over time, idle "
+           "time counting 0 (least of the ranks)", job=lambda v: v.metrics.sm_active),
+    Metric("tensor_active", Unit.RATIO, "GPM tensor-core activity over time (mean over ranks)",
+           job=lambda v: v.metrics.tensor_active),
+    Metric("params_offloaded", Unit.RATIO, "CUDA job: share of the watched parameters' bytes held in host "
+           "memory (CPU offload, a CPU embedding)", job=lambda v: v.metrics.params_offloaded),
     Metric("data_wait_frac", Unit.RATIO, "Share of the iteration blocked waiting for the next batch",
            job=lambda v: v.metrics.data_wait_frac, rank=lambda r: r.data_wait_frac, surfaces=ALL,
            loss="data_wait"),
@@ -196,8 +231,13 @@ METRICS: tuple[Metric, ...] = (
            job=lambda v: v.metrics.peak_flops),
     Metric("peak_source", Unit.LABEL, "Where the peak FLOP/s came from",
            job=lambda v: v.metrics.peak_source),
-    Metric("host_lead_s", Unit.SECONDS, "How far the host runs ahead of the GPU (least of the ranks)",
-           job=lambda v: v.metrics.host_lead_s),
+    Metric("host_lead_s", Unit.SECONDS, "How far the host runs ahead of the GPU (least of the ranks; CUDA "
+           "events on about ten steps a second)", job=lambda v: v.metrics.host_lead_s),
+    Metric("host_lead_steps", Unit.COUNT, "The host's lead over the step's device time: 1 or more, each step was "
+           "queued whole before the device began it (least of the ranks)", job=lambda v: v.metrics.host_lead_steps),
+    Metric("device_time_median_s", Unit.SECONDS, "Device time of a step, its first CUDA event to its last (idle "
+           "gaps inside included), over the timed steps (slowest rank)",
+           job=lambda v: v.metrics.device_time_median_s),
     Metric("off_cpu_frac", Unit.RATIO, "Share of the iteration the step body is off CPU with no other measured cause",
            job=lambda v: v.metrics.off_cpu_frac),
     Metric("host_wait_frac", Unit.RATIO, "In-step stack samples off CPU over all in-step samples",
@@ -220,6 +260,33 @@ METRICS: tuple[Metric, ...] = (
            job=lambda v: v.metrics.energy_per_token_j),
 )
 
+
+# The relay tree's per-group series (``perfmon_analysis.groups``): quantity -> (Prometheus name, help).
+# Each has a ``stat`` label (min, p50, p90, max); the ranks holding the extremes are
+# ``perfmon_group_extreme_rank{quantity, end}``. Labels: job, group (a group of nodes: a node
+# when there is no tree), and the grouping's dimension when it is not the tree's own.
+GROUP_QUANTITIES: dict[str, tuple[str, str]] = {
+    "step_time": ("perfmon_group_step_time_seconds", "Step time (window median per rank) across the group's ranks"),
+    "compute": ("perfmon_group_compute_seconds", "Compute time per step across the group's ranks"),
+    "arrival": ("perfmon_group_arrival_seconds", "Time from the step's start to the collective across the group's ranks"),
+    "data_wait": ("perfmon_group_data_wait_ratio", "Data-wait share of the step across the group's ranks"),
+    "exposed_comm": ("perfmon_group_comm_exposed_ratio", "Exposed-communication share across the group's ranks"),
+    "busy": ("perfmon_group_device_busy_ratio", "Device busy share across the group's ranks"),
+    "memory": ("perfmon_group_memory_peak_ratio", "Peak memory over the limit across the group's ranks"),
+}
+GROUP_STATS: tuple[tuple[str, float | None], ...] = (("min", None), ("p50", 0.5), ("p90", 0.9), ("max", None))
+GROUP_COUNTS: dict[str, tuple[str, str]] = {
+    "ranks": ("perfmon_group_ranks", "Ranks of the group that said hello"),
+    "timed": ("perfmon_group_timed_ranks", "Ranks of the group past warm-up"),
+    "stalled": ("perfmon_group_stalled_ranks", "Ranks of the group that report a stall"),
+    "silent": ("perfmon_group_silent_ranks", "Ranks of the group silent past the heartbeat"),
+}
+GROUP_SUMS: dict[str, tuple[str, str]] = {
+    "samples_per_s": ("perfmon_group_samples_per_second", "Samples per second summed over the group's ranks"),
+    "tokens_per_s": ("perfmon_group_tokens_per_second", "Tokens per second summed over the group's ranks"),
+}
+GROUP_EXTREME_RANK = "perfmon_group_extreme_rank"
+GROUP_RELAYS_DOWN = "perfmon_group_relays_down"
 
 
 def on(surface: Surface) -> tuple[Metric, ...]:

@@ -12,11 +12,15 @@ from __future__ import annotations
 from typing import Any
 
 from perfmon_analysis import units
+from perfmon_analysis.advice import PARALLELISM, comm_fixes, comm_what, exposed_split, loader_fixes, parallelism
 from perfmon_analysis.explain import gaps_lost, peak_note, tensor_active, where_text, who
-from perfmon_analysis.flowchart import LATE_GAP_MIN, LOADER_MAIN, Answer, Explained, Losses, Outcome, round4
+from perfmon_analysis.flowchart import (FILL_CRIT, LATE_GAP_MIN, LOADER_MAIN, Answer, Explained, Losses, Outcome,
+                                        round4)
+from perfmon_analysis.health_verdict import Crashed, memory_explained, memory_severity
 from perfmon_analysis.loop_outcomes import (STEP, LoopWorkOutcome, gil_fixes, gil_text, holder, loop_prep, loop_wait,
                                             via_loop)
 from perfmon_analysis.losses import LOOP, by_id
+from perfmon_analysis.questions import busy_missing
 from perfmon_analysis.views import JobView, RankView, WhereLine
 
 Answers = dict[str, Answer]
@@ -103,28 +107,18 @@ class WarmingUp(Outcome):
 
 
 class MemoryFull(Outcome):
+    """Full, out of memory, or growing every step: the words and fixes are ``health_verdict``'s."""
+
     id = "memory"
     label = "MEMORY"
     pane = "memory"
 
     def severity(self, view: JobView, losses: Losses, loss: str | None = None) -> str:
-        return "crit" if view.metrics.memory.ooms else "warn"
+        return memory_severity(view)
 
     def explain(self, view: JobView, straggler: int | None, losses: Losses,
                 answers: Answers) -> Explained:
-        mem = view.metrics.memory
-        what = (f"{mem.ooms} out-of-memory error(s)" if mem.ooms else
-                "allocator retries rising" if mem.alloc_retries_rising else
-                f"{'window' if mem.source == 'device' else 'recent'} peak {units.nbytes(mem.peak_bytes)} is "
-                f"{_pct(mem.peak_frac)} of the {units.nbytes(mem.limit_bytes)} limit")
-        where = "device memory" if mem.source == "device" else "host RSS"
-        fixes = ["activation checkpointing (torch.utils.checkpoint) on the largest blocks",
-                 "mixed precision (bf16 autocast) to halve activations",
-                 "smaller micro-batch with gradient accumulation to keep the global batch",
-                 "shard optimizer state and gradients (FSDP / ZeRO)"]
-        if mem.source == "device":
-            fixes.append("PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True against fragmentation")
-        return f"Memory, {where}: {what}", fixes, {"memory_rank": mem.rank}
+        return memory_explained(view)
 
 
 class DataLoading(Outcome):
@@ -136,11 +130,7 @@ class DataLoading(Outcome):
     def explain(self, view: JobView, straggler: int | None, losses: Losses,
                 answers: Answers) -> Explained:
         m = view.metrics
-        w = m.loader_workers
-        fixes = [f"raise num_workers from {w} and prefetch_factor to hide read latency" if w is not None
-                 else "raise num_workers and prefetch_factor to hide read latency",
-                 "pin_memory=True and non_blocking copies",
-                 "persistent_workers=True", "faster or local storage; cache the dataset in RAM or on local SSD"]
+        fixes = loader_fixes(view, preprocessing=False)
         cpu = answers["loader_cpu"]
         said = "" if not cpu.asked else "; not CPU-bound" if cpu.measure == LOADER_MAIN else \
             f"; not CPU-bound (workers at {_pct(cpu.value)} CPU)"
@@ -167,11 +157,7 @@ class DataPreprocessing(Outcome):
         who = (f"the main process spends {_pct(cpu.value)} of the wait on CPU (num_workers=0)" if cpu.measure == LOADER_MAIN
                else f"its worker is CPU-bound ({_pct(cpu.value)} of a core)" if w == 1
                else f"{workers} are CPU-bound ({_pct(cpu.value)} of a core each)")
-        fixes = ([f"raise num_workers from {w} (up to the free cores)"] if w else
-                 ["use DataLoader(num_workers=N): loading runs in the training process now"])
-        fixes += ["move per-sample transforms to the device or batch them",
-                  "preprocess offline (cache decoded/tokenized data)",
-                  "persistent_workers=True so workers are not re-forked every epoch"]
+        fixes = loader_fixes(view, preprocessing=True)
         return f"Data preprocessing: {_pct(m.data_wait_frac)} of each step waits for the loader; {who}", fixes, {}
 
 
@@ -187,15 +173,16 @@ class Communication(Outcome):
         op = (m.comm_op or "collective").replace("_", "-")
         bw = f" at {units.bandwidth(m.busbw)} busbw" if m.busbw else ""
         est = " (estimated)" if m.comm_estimated else ""
-        fixes = [f"overlap {op} with backward (DDP bucket_cap_mb; no sync inside backward)",
-                 "gradient accumulation with no_sync() to communicate every N micro-batches",
-                 "gradient compression hooks (bf16/fp16 compress, PowerSGD)"]
+        fixes = comm_fixes(view, op)
         if m.samples_per_s is not None and m.step_time_median_s:
             per_step = m.samples_per_s * m.step_time_median_s / max(1, view.world_size)
             fixes.append(f"larger per-rank batch (about {units.count(per_step)} samples per rank per step now)")
         fixes.append("check the interconnect: busbw should approach the link's bandwidth")
-        return (f"Communication: exposed {op} is {_pct(m.comm_exposed_frac)} of the step{bw}{est}", fixes,
-                {"busbw": round4(m.busbw), "comm_op": m.comm_op})
+        used = parallelism(view.comm_ops)
+        by = f" ({', '.join(PARALLELISM[p] for p in used)})" if used else ""
+        split = {s.op: round4(s.share) for s in exposed_split(view)}
+        return (f"Communication{by}: {comm_what(view, op)} of the step{bw}{est}", fixes,
+                {"busbw": round4(m.busbw), "comm_op": m.comm_op, **({"comm_exposed_by_op": split} if split else {})})
 
 
 class LoadImbalance(Outcome):
@@ -295,6 +282,10 @@ class HostWait(Outcome):
 
 
 class HostOverhead(Outcome):
+    """The device idles in time and the host's lead is too short to hide it (docs/verdict.md, the host
+    rule): the host launches each step while the device runs it, so launch and Python overhead leave
+    the device waiting. On a CPU job, the unexplained loss the thread's clock cannot tell apart."""
+
     id = "host_overhead"
     label = "HOST OVERHEAD"
     pane = "timeline"
@@ -303,10 +294,51 @@ class HostOverhead(Outcome):
     def explain(self, view: JobView, straggler: int | None, losses: Losses,
                 answers: Answers) -> Explained:
         m = view.metrics
-        return (f"Host overhead: {_idle_text(view, losses)} (busy {_pct(m.device_busy)} of a {_step(m)} step); "
-                "the CPU cannot feed it",
-                ["larger batch per step", "torch.compile or CUDA graphs to cut launch overhead",
-                 "fuse small ops; avoid Python work per micro-op"], {})
+        ahead = answers.get("host_ahead")
+        fixes = ["larger batch per step", "torch.compile or CUDA graphs to cut launch overhead",
+                 "fuse small ops; avoid Python work per micro-op"]
+        if view.device_type == "cuda" and ahead is not None and ahead.asked:
+            idle = by_id(losses)["device_idle"].share
+            return (f"Host overhead: the device idles {_pct(idle)} of each step with no other measured cause (busy "
+                    f"{_pct(m.device_busy)} of a {_step(m)} step); the host stays only {units.seconds(m.host_lead_s)} "
+                    f"ahead of {units.seconds(m.device_time_median_s)} of device work a step, too little to keep it "
+                    "fed", fixes, {})
+        return f"Host overhead: {_idle_text(view, losses)} (busy {_pct(m.device_busy)} of a {_step(m)} step)", fixes, {}
+
+
+_FILL_FIXES = ["a larger micro-batch per step: fewer, larger kernels that occupy every SM (gradient accumulation "
+               "keeps the global batch)",
+               "fuse small ops into larger kernels: torch.compile (and fused optimizers, flash attention)",
+               "CUDA graphs (torch.compile(mode='reduce-overhead') or torch.cuda.graphs) for steps of many small "
+               "kernels",
+               "`perfmon capture` (key c) lists the kernels by device time: the largest ones with few blocks or low "
+               "occupancy (registers, shared memory per block) are where the SMs sit empty"]
+
+
+class LowFill(Outcome):
+    """Busy in time, poorly filled: a kernel runs most of the step, but the running kernels occupy few
+    of the SMs (small kernels, a small batch, unfused ops, low occupancy). Measured by GPM (Hopper and
+    newer): SM activity over busy, against NVIDIA's line for effective use (docs/verdict.md). It comes
+    before compute_efficiency (MFU < 30%) in the chart: it is one cause of a low MFU, measured directly,
+    with fixes of its own; a warning under 50%, which NVIDIA calls likely ineffective, else information
+    as compute_efficiency is."""
+
+    id = "low_fill"
+    label = "LOW SM FILL"
+    pane = "device"
+
+    def severity(self, view: JobView, losses: Losses, loss: str | None = None) -> str:
+        fill = view.metrics.device_fill
+        return "warn" if fill is not None and fill < FILL_CRIT else "info"
+
+    def explain(self, view: JobView, straggler: int | None, losses: Losses,
+                answers: Answers) -> Explained:
+        m = view.metrics
+        mfu = f"; MFU {_pct(m.mfu)} {peak_note(view)}".rstrip() if m.mfu is not None else ""
+        headline = (f"Low SM fill: a kernel runs {_pct(m.device_busy)} of each {_step(m)} step, but the running "
+                    f"kernels occupy {_pct(m.device_fill)} of the SMs (SM activity {_pct(m.sm_active)}){mfu}: "
+                    "small kernels, a small batch, unfused ops or low occupancy")
+        return headline, list(_FILL_FIXES), {"device_fill": round4(m.device_fill), "sm_active": round4(m.sm_active)}
 
 
 class ComputeEfficiency(Outcome):
@@ -371,7 +403,7 @@ class Healthy(Outcome):
 
 
 _BUSY_FIXES = {
-    "cuda": ["GPU busy comes from NVML (GPM SM activity, else utilization): `nvidia-smi -q -d UTILIZATION` "
+    "cuda": ["GPU busy is the share of time a kernel ran, from NVML utilization: `nvidia-smi -q -d UTILIZATION` "
              "as this user shows whether the driver reports it; MIG slices and many vGPUs report no "
              "utilization",
              "if NVML cannot be loaded (no libnvidia-ml in the container), mount the driver's libraries "
@@ -416,12 +448,44 @@ class NotMeasured(Outcome):
                         f"{idle.label} is {_pct(idle.share)} of each step, which may be waiting in collectives; "
                         f"measured: {said}, {_step(m)} steps{mfu}")
             return headline, list(_COMM_FIXES), {}
-        why = view.device_status or "no utilization samples for this job's GPU"
+        if answers["device_busy"].asked and by_id(losses)["device_idle"].share is not None:
+            return _idle_not_explained(view, losses, answers, said, mfu)
+        why = busy_missing(view)
         headline = (f"Not measured: {view.device_type.upper()} busy is unknown ({why}), so whether the device is "
                     f"starved cannot be told; measured: {said}, {_step(m)} steps{mfu}")
         return headline, list(_BUSY_FIXES.get(view.device_type, [])), {}
 
 
-OUTCOMES: tuple[Outcome, ...] = (Stuck(), WarmingUp(), MemoryFull(), DataLoading(), DataPreprocessing(),
+_IDLE_FIXES = ["`perfmon capture` (key c) records a torch.profiler trace of a few steps: its device rows show what "
+               "the device waits for between kernels",
+               "work on another CUDA stream (a side stream, a collective's stream) is not on the stream the step's "
+               "events time: waits on it show as idle here",
+               "time the collectives (mon.watch(model=ddp_model), PERFMON_NCCL_TIMING=1) so a wait for peers is "
+               "measured as such"]
+
+
+def _idle_not_explained(view: JobView, losses: Losses, answers: Answers, said: str, mfu: str) -> Explained:
+    """The device idles in time and no measured cause explains it, while the host is not shown to be the
+    cause: its lead says it keeps each step queued, or its lead is not measured. What is known is said,
+    and what is not; never "the CPU cannot feed it"."""
+    m = view.metrics
+    idle = by_id(losses)["device_idle"].share
+    ahead = answers.get("host_ahead")
+    if ahead is not None and ahead.answer == "yes":
+        known = (f"the host keeps {units.number(m.host_lead_steps, 2)} steps of work queued ahead of it "
+                 f"({units.seconds(m.host_lead_s)} ahead of a {units.seconds(m.device_time_median_s)} step), so "
+                 "launches are not what idles it; what it waits for (another stream, a collective nobody timed, "
+                 "time outside the steps) is not measured")
+        fixes = list(_IDLE_FIXES)
+    else:       # the lead is not measured: the undecided questions say what cannot be told
+        known = ""
+        fixes = ["turn on CUDA step timing: mon.watch(model=...) on the model on the GPU (it times about ten steps a "
+                 "second; watch(gpu_events=False) turns it off)", *_IDLE_FIXES]
+    headline = (f"Not measured: the device idles {_pct(idle)} of each step with no measured cause"
+                f"{'; ' + known if known else ''}; measured: {said}, {_step(m)} steps{mfu}")
+    return headline, fixes, {}
+
+
+OUTCOMES: tuple[Outcome, ...] = (Crashed(), Stuck(), WarmingUp(), MemoryFull(), DataLoading(), DataPreprocessing(),
                                  Communication(), LoadImbalance(), HostSync(), HostWait(), HostOverhead(),
-                                 LoopWorkOutcome(), ComputeEfficiency(), Healthy(), NotMeasured())
+                                 LoopWorkOutcome(), LowFill(), ComputeEfficiency(), Healthy(), NotMeasured())

@@ -11,11 +11,11 @@ from __future__ import annotations
 
 from perfmon_analysis import units
 from perfmon_analysis.explain import peak_note, tensor_active
-from perfmon_analysis.flowchart import (COMM_EXPOSED_MIN, DATA_WAIT_MIN, DEVICE_BUSY_MIN, HOST_WAIT_MIN,
-                                        LOADER_CPU_BOUND, LOADER_MAIN, LOADER_WORKERS, LOOP_PREP_MIN, LOSS_MIN,
-                                        LOSS_THRESHOLD,
-                                        MEMORY_PEAK_MAX, MFU_MIN, STRAGGLER_RATIO_MAX, SYNCS_PER_STEP_MIN,
-                                        TENSOR_ACTIVE_MIN, Answer, Losses, Question)
+from perfmon_analysis.health_verdict import leak
+from perfmon_analysis.flowchart import (COMM_EXPOSED_MIN, DATA_WAIT_MIN, DEVICE_BUSY_MIN, FILL_MIN, HOST_AHEAD_STEPS,
+                                        HOST_WAIT_MIN, LOADER_CPU_BOUND, LOADER_MAIN, LOADER_WORKERS, LOOP_PREP_MIN,
+                                        LOSS_MIN, LOSS_THRESHOLD, MEMORY_PEAK_MAX, MFU_MIN, STRAGGLER_RATIO_MAX,
+                                        SYNCS_PER_STEP_MIN, TENSOR_ACTIVE_MIN, Answer, Losses, Question)
 from perfmon_analysis.losses import LOOP, PAUSES, STEP_LOSSES, Loss, by_id
 from perfmon_analysis.views import JobView
 
@@ -38,10 +38,12 @@ def ask_largest(q: Question, loss: Loss, losses: Losses, reason: str = "") -> An
 
 
 class Memory(Question):
-    """An OOM or allocator retries in the window decide it whatever the peak says."""
+    """An OOM or allocator retries in the window decide it whatever the peak says; so does memory that
+    grows every step (a leak, ``perfmon_analysis.memory_growth``), whatever the limit."""
 
     id = "memory"
-    text = "OOM or allocator retries in the window, or the window's peak over 90% of the limit?"
+    text = "OOM or allocator retries in the window, the window's peak over 90% of the limit, or memory growing " \
+           "every step?"
     quantity = "memory_peak_frac"
     threshold = MEMORY_PEAK_MAX
     source = "PyTorch Profiler TB plugin memory rule (peak > 0.9 x device memory), over the window"
@@ -57,9 +59,15 @@ class Memory(Question):
         if m.alloc_retries_rising:
             return self.judged(m.peak_frac, True, f"allocator retries rising ({m.alloc_retries} so far)",
                                decided_by="allocator retries rising")
+        growth = leak(view)
+        grows = f"{growth.label} grows {units.nbytes(growth.per_step)} every step" if growth is not None else ""
         if m.peak_frac is None:
+            if growth is not None:
+                return self.judged(None, True, grows, decided_by=grows)
             return self.unasked("memory limit or peak not reported")
-        return self.judged(m.peak_frac, self.fires(m.peak_frac))
+        if growth is not None and not self.fires(m.peak_frac):
+            return self.judged(m.peak_frac, True, grows, decided_by=grows)
+        return self.judged(m.peak_frac, self.fires(m.peak_frac), grows)
 
 
 class DeviceBusy(Question):
@@ -75,7 +83,7 @@ class DeviceBusy(Question):
     threshold = DEVICE_BUSY_MIN
     source = ("common triage: GPU utilization < 70% points at communication or data loading; one loss >= 10%: "
               "perfmon loss accounting (docs/verdict.md)")
-    yes, no, unmeasured = "data_wait", "mfu", "not_measured"
+    yes, no, unmeasured = "data_wait", "fill", "not_measured"
     op = "<"
     short = "busy"
 
@@ -102,7 +110,12 @@ def in_loop(busy: float | None, pauses: float | None) -> float | None:
 
 
 def busy_missing(view: JobView) -> str:
-    """Why a device's busy share is unknown, in the probe's words where it gave any."""
+    """Why a device's busy share is unknown, in the probe's words where it gave any: each rank whose
+    busy is not measured, with NVML's reason (a rank without it makes the job's busy unknown)."""
+    unknown = view.metrics.device_busy_unknown
+    if unknown:
+        ranks = sorted(unknown, key=lambda r: int(r) if r.isdigit() else 0)
+        return "; ".join(f"rank {r}: {unknown[r]}" for r in ranks)
     if view.device_type == "cuda":
         return view.device_status or "no GPU utilization samples for this job's GPU"
     return "no step timing yet"
@@ -161,7 +174,7 @@ class CommExposed(Question):
     quantity = "comm_exposed_frac"
     threshold = COMM_EXPOSED_MIN
     source = "PyTorch Profiler TB plugin communication rule (> 10%)"
-    yes, no, unmeasured = "straggler", "loop", "loop"
+    yes, no, unmeasured = "worker_slow", "loop", "loop"      # straggler_verdict's questions, then Straggler
     short = "comm"
 
     def ask(self, view: JobView, losses: Losses) -> Answer:
@@ -195,6 +208,9 @@ class Straggler(Question):
 
     def ask(self, view: JobView, losses: Losses) -> Answer:
         m = view.metrics
+        if view.layout.stages > 1:
+            return self.unasked("pipeline stages do different work by design: their compute is not compared",
+                                applies=False)
         if m.compute_ratio is None:
             if view.world_size <= 1 and len(view.ranks) <= 1:
                 return self.unasked("one rank: there is no peer to wait for", applies=False)
@@ -274,13 +290,19 @@ class Syncs(Question):
     decides_between = "host-device syncs from launch overhead or an unmeasured loss"
 
     def ask(self, view: JobView, losses: Losses) -> Answer:
+        """A sync costs the time it leaves the device idle: syncs count only with the device idle in
+        time (busy, never SM fill) for 10% of the step or more; one that never idles it costs nothing."""
         if view.device_type != "cuda":
             return self.unasked("CPU job: there is no host-device sync to find", applies=False)
         s = view.metrics.syncs_per_step
         if s is None:
             return self.unasked("syncs not counted (opt-in: watch(syncs=True) or PERFMON_SYNCS=1)")
-        if not self.fires(s) and by_id(losses)["device_idle"].share is None:
-            return self.unasked("no measured loss explains the low busy share (device idle not measured)")
+        idle = by_id(losses)["device_idle"].share
+        if idle is None:
+            return self.unasked("device idle in time not measured: the time syncs cost cannot be told")
+        if self.fires(s) and idle < LOSS_MIN:
+            return self.judged(s, False, f"the device idles only {_pct(idle)} of the step: the syncs cost little",
+                               decided_by=f"device idle {_pct(idle)} < {_pct(LOSS_MIN)}")
         return self.judged(s, self.fires(s))
 
 
@@ -291,7 +313,7 @@ class HostWaiting(Question):
     threshold = HOST_WAIT_MIN
     source = ("perfmon: in-step stack samples with the thread's CPU clock (off CPU = under half the wall time); "
               "a CPU job's unexplained loss is off-CPU time by definition")
-    yes, no, unmeasured = "host_wait", "host_overhead", "host_overhead"
+    yes, no, unmeasured = "host_wait", "host_ahead", "host_ahead"
     short = "wait"
     decides_between = "a host that waits (I/O, a lock, a service) from launch overhead"
 
@@ -301,11 +323,72 @@ class HostWaiting(Question):
                 return self.unasked("the training thread's CPU time is not reported")
             return self.judged(1.0, self.fires(1.0), "CPU job: the unexplained loss is the training thread's time "
                                                      "off CPU")
+        ahead = view.metrics.host_lead_steps
+        if ahead is not None and ahead >= HOST_AHEAD_STEPS:
+            return self.unasked("the host keeps each step queued ahead of the device: whether it waits does not "
+                                "idle the device", applies=False)
         frac = view.metrics.host_wait_frac
         if frac is None:
             return self.unasked("no stack samples of the training thread in steps")
         n = (view.where.waiting + view.where.busy) if view.where is not None else 0
         return self.judged(frac, self.fires(frac), f"{n} stack samples")
+
+
+class HostAhead(Question):
+    """The host is blamed only with evidence: the device idles in time (this question is reached on the
+    device-idle branch) and the host's lead is too short to hide it. A host that keeps at least one
+    step of device work queued (its lead over the step's device time; a lead is read late, never short,
+    so a lead under a step as read is one in truth) launched each step whole before the device began it: its idle then comes from
+    something else (another stream, a collective nobody timed, time outside the steps), which is not
+    measured. Without a lead the host is not measured either, never guessed."""
+
+    id = "host_ahead"
+    text = "Is the host a step or more ahead of the device (each step queued whole before it starts)?"
+    quantity = "host_lead_steps"
+    threshold = HOST_AHEAD_STEPS
+    source = ("PyTorch CUDA semantics: a device runs its queue in order, back to back; a host that queues each "
+              "step whole before the device starts it cannot be what idles it")
+    yes, no, unmeasured = "not_measured", "host_overhead", "not_measured"
+    unit = "ratio"
+    short = "lead"
+    decides_between = "launch overhead from an idle the host does not cause"
+
+    def ask(self, view: JobView, losses: Losses) -> Answer:
+        if view.device_type != "cuda":
+            return self.unasked("CPU job: no device queue for the host to keep ahead of", applies=False)
+        ahead = view.metrics.host_lead_steps
+        if ahead is None:
+            return self.unasked("host lead not measured: no step of the window timed with CUDA events")
+        lead = units.seconds(view.metrics.host_lead_s)
+        step = units.seconds(view.metrics.device_time_median_s)
+        return self.judged(ahead, self.fires(ahead), f"lead {lead} over a {step} step on the device")
+
+
+class Fill(Question):
+    """Not starved: busy in time, but do the running kernels use the device? SM activity over busy is
+    the share of SMs a running kernel occupies (docs/verdict.md, "Busy and fill"). It comes before MFU
+    because it measures one cause of a low MFU directly, from the hardware, and names its fixes; MFU
+    needs a FLOP count and a peak, and is often unknown. Without GPM (before Hopper) it is not
+    measured, and the walk asks about MFU."""
+
+    id = "fill"
+    text = "Busy in time: do the running kernels fill the device (SM activity over busy 80% or more)?"
+    quantity = "device_fill"
+    threshold = FILL_MIN
+    source = ("NVIDIA DCGM user guide, profiling metrics: SM activity of 0.8 or more is necessary for effective "
+              "use of the GPU, under 0.5 likely ineffective")
+    yes, no, unmeasured = "low_fill", "mfu", "mfu"
+    op = "<"
+    short = "fill"
+
+    def ask(self, view: JobView, losses: Losses) -> Answer:
+        if view.device_type != "cuda":
+            return self.unasked("CPU job: no SMs to fill", applies=False)
+        fill = view.metrics.device_fill
+        if fill is None:
+            return self.unasked("SM activity not measured (GPM: Hopper and newer)")
+        return self.judged(fill, self.fires(fill), f"SM activity {_pct(view.metrics.sm_active)} over busy "
+                                                   f"{_pct(view.metrics.device_busy)}")
 
 
 class Mfu(Question):
@@ -335,4 +418,5 @@ class Mfu(Question):
 
 
 QUESTIONS: tuple[Question, ...] = (Memory(), DeviceBusy(), DataWait(), LoaderCpu(), CommExposed(), Straggler(),
-                                   LoopWork(), LoopWaiting(), LoopFeeds(), Syncs(), HostWaiting(), Mfu())
+                                   LoopWork(), LoopWaiting(), LoopFeeds(), Syncs(), HostWaiting(), HostAhead(), Fill(),
+                                   Mfu())

@@ -14,7 +14,9 @@ from typing import Any, Iterable
 
 from perfmon_analysis import units
 from perfmon_analysis.capture import capture_reading
+from perfmon_analysis.layout_report import layout_lines, rank_note, rank_place
 from perfmon_analysis.metrics import Metric, Unit, by_name, job_values, loss_metrics, rank_values, rounded
+from perfmon_analysis.health import text_lines as health_lines
 from perfmon_analysis.overhead import text_lines as overhead_lines
 from perfmon_analysis.profile import profile_lines
 from perfmon_analysis.verdict import Verdict, label as outcome_label
@@ -34,7 +36,8 @@ def build(view: JobView, verdict: Verdict, *, retired: Iterable[tuple[int, dict[
     metrics = job_values(view)
     metrics["memory"] = {k: rounded(v) for k, v in view.metrics.memory.as_json().items()}
     ranks = [{"rank": r.rank, "host": r.host, "pid": r.pid, "restart": r.restart, "generation": r.generation,
-              **rank_values(r), "straggler": r.rank == verdict.straggler_rank, "ended": r.ended, "drops": r.drops}
+              **rank_values(r), "straggler": r.rank == verdict.straggler_rank, "ended": r.ended, "drops": r.drops,
+              **rank_place(view.layout, r.rank)}
              for r in view.ranks]
     return {
         "schema": SCHEMA,
@@ -46,6 +49,9 @@ def build(view: JobView, verdict: Verdict, *, retired: Iterable[tuple[int, dict[
         "metrics": metrics,
         "verdict": _verdict_json(verdict, metrics, price),
         "findings": _jsonable(verdict.findings),
+        "step_outliers": [o.as_json() for o in view.health.outliers],
+        "memory_growth": view.health.growth.as_json() if view.health.growth is not None else None,
+        "crash": view.health.crash.as_json() if view.health.crash is not None else None,
         "comm_ops": [{"op": c.op, "count": c.count, "bytes": c.bytes, "seconds": rounded(c.seconds),
                       "busbw": rounded(c.busbw), "algbw": rounded(c.algbw)} for c in view.comm_ops],
         "ended": view.ended,
@@ -56,7 +62,10 @@ def build(view: JobView, verdict: Verdict, *, retired: Iterable[tuple[int, dict[
         "profile": view.profile.as_json() if view.profile is not None else None,
         "captures": [c.as_json() for c in view.captures],
         "overhead": view.overhead.as_json() if view.overhead is not None else None,
+        "layout": view.layout.as_json(),
+        "straggling": view.straggling.as_json(view.layout) if view.straggling is not None else None,
         "source": source or {},
+        "groups": [g.as_json() for g in view.groups],     # through a relay tree (docs/tree.md); else []
         "as_of": round(view.now, 3),     # the instant the window ends (newest record, or now when live)
     }
 
@@ -174,6 +183,7 @@ def render_text(report: dict[str, Any], width: int = 80) -> str:
             wrap(loss.get("source") or loss.get("why_unknown") or "", first=f"  {loss['label']:<30} {shown:>12}  ",
                  indent=" " * 48)
     lines.extend(gains_lines(v, width))
+    lines.extend(layout_lines(report, width))
     if v.get("where") is not None:
         lines.append("Where the unexplained time goes (stack samples in steps and between them, share of the "
                      "iteration ± 95%):")
@@ -186,7 +196,7 @@ def render_text(report: dict[str, Any], width: int = 80) -> str:
                  first=f"  {_pct(w['share']):>4} ± {_pct(w['err']):<4} ", indent=" " * 15)
     shown_ev = [f"{p}={_evidence_text(p.rpartition('.')[2], metric_at(m, p))}" for p in v.get("evidence_metrics", [])]
     shown_ev += [f"{k}={_evidence_text(k, val)}" for k, val in (v.get("evidence") or {}).items()
-                 if k not in ("skipped", "notes", "undecided", "stuck")]
+                 if k not in ("skipped", "notes", "undecided", "stuck") and not isinstance(val, (dict, list))]
     if shown_ev:
         lines.append("Evidence:")
         wrap(", ".join(shown_ev), indent="  ")
@@ -200,13 +210,22 @@ def render_text(report: dict[str, Any], width: int = 80) -> str:
     wrap(f"Window: {w['steps']} steps, {units.seconds(w['seconds'])}. Steps {m['steps']}, step "
          f"{units.seconds(m['step_time_median_s'])} median, {units.rate(m['samples_per_s'], ' samples')}")
     busy_source = f" ({m['device_busy_source']})" if m.get("device_busy_source") else ""
-    wrap(f"Busy {_pct(m['device_busy'])}{busy_source}  data wait {_pct(m['data_wait_frac'])}  comm {_pct(m['comm_frac'])}"
-         f" (exposed {_pct(m['comm_exposed_frac'])})  MFU {_pct(m['mfu'])}  ETTR {_pct(m['ettr'])}"
-         f"  loader CPU {_pct(m['loader_cpu'])}")
+    fill = f"  fill {_pct(m['device_fill'])} (SM activity {_pct(m.get('sm_active'))})" \
+        if m.get("device_fill") is not None else ""
+    wrap(f"Busy {_pct(m['device_busy'])}{busy_source}{fill}  data wait {_pct(m['data_wait_frac'])}  comm "
+         f"{_pct(m['comm_frac'])} (exposed {_pct(m['comm_exposed_frac'])})  MFU {_pct(m['mfu'])}  ETTR {_pct(m['ettr'])}"
+         f"  loader CPU {_loader_cpu(m)}")
+    for rank, why in sorted((m.get("device_busy_unknown") or {}).items()):
+        wrap(why, first=f"Busy not measured on rank {rank}: ", indent="  ")
+    if m.get("params_offloaded"):
+        wrap(f"{_pct(m['params_offloaded'])} of the parameters' bytes live in host memory (CPU embedding or offload)")
     mem = m.get("memory") or {}
     if mem.get("peak_bytes") is not None:
         wrap(f"Memory ({mem.get('source')}): peak {units.nbytes(mem['peak_bytes'])} of "
              f"{units.nbytes(mem.get('limit_bytes'))} ({_pct(mem.get('peak_frac'))})")
+    for line in health_lines(report):
+        for part in line.split("\n"):
+            wrap(part, first="", indent="  ")
     for f in report.get("findings") or []:
         wrap(f.get("message") or f["id"], first=f"Finding {f['id']}: ", indent="  ")
     for p in report.get("problems") or []:
@@ -231,7 +250,8 @@ def render_text(report: dict[str, Any], width: int = 80) -> str:
         lines.append(f"{'RANK':>4} {'GEN':>3} {'PID':>8} {'STEPS':>6} {'STEP':>7} {'COMPUTE':>7} {'BUSY':>5} "
                      f"{'DATA':>5} {'COMM':>5} {'ETTR':>5}  NOTE")
         for r in report["ranks"]:
-            note = "straggler" if r.get("straggler") else ("ended" if r.get("ended") else "")
+            note = " ".join(x for x in (rank_note(r), "straggler" if r.get("straggler") else
+                                        ("ended" if r.get("ended") else "")) if x)
             row = (f"{r['rank']:>4} {r.get('generation', 0):>3} {str(r.get('pid') or units.NA):>8} {r['steps']:>6} "
                    f"{units.seconds(r['step_time_median_s']):>7} {units.seconds(r.get('compute_s')):>7} "
                    f"{_pct(r.get('device_busy')):>5} {_pct(r.get('data_wait_frac')):>5} "
@@ -251,14 +271,18 @@ def gains_lines(v: dict[str, Any], width: int = 80) -> list[str]:
         return []
     unit = basis["device_unit"]
     priced = any(g.get("price") for g in rows)
-    lines = [f"What fixing it buys (upper bounds; {basis['ranks']} rank(s), {units.hours(basis.get('hours'))} h "
-             "so far):",
+    lines = [f"What fixing it buys (upper bounds unless marked; {basis['ranks']} rank(s), "
+             f"{units.hours(basis.get('hours'))} h so far):",
              f"  {'loss':<28} {'speedup':>7} {unit + '/day':>10} {'so far':>8} {'cost/day' if priced else '':>9}"
              .rstrip()]
     for g in rows + ([v["gains_combined"]] if v.get("gains_combined") else []):
         cost = units.money((g.get("price") or {}).get("per_day")) if priced else ""
-        lines.append(f"  {g['label'][:28]:<28} {units.speedup(g['speedup_bound']):>7} "
+        mark = "~" if g.get("basis") == "simulated" else ""
+        lines.append(f"  {g['label'][:28]:<28} {mark + units.speedup(g['speedup_bound']):>7} "
                      f"{units.hours(g.get('per_day')):>10} {units.hours(g.get('device_hours')):>8} {cost:>9}".rstrip())
+    if any(g.get("basis") == "simulated" for g in rows):
+        lines.extend(textwrap.wrap("~ simulated: the step without the straggler, from the ranks' operations "
+                                   "(not a bound)", width, initial_indent="  ", subsequent_indent="    "))
     if not priced:
         lines.extend(textwrap.wrap(rows[0].get("why_no_price", ""), width, initial_indent="  money: ",
                                    subsequent_indent="    ", break_on_hyphens=False))
@@ -270,6 +294,14 @@ def gains_lines(v: dict[str, Any], width: int = 80) -> list[str]:
                                        f"{units.number(e['per_day_kwh'])} kWh/day", width,
                                        initial_indent="  energy in ", subsequent_indent="    "))
     return lines
+
+
+def _loader_cpu(m: dict[str, Any]) -> str:
+    """The loader workers' CPU, or with no workers (num_workers=0) the main process's CPU share of its
+    data wait, the measure the verdict's loader question uses then."""
+    if m.get("loader_cpu") is None and m.get("data_cpu_frac") is not None and not m.get("loader_workers"):
+        return f"{_pct(m['data_cpu_frac'])} (main process)"
+    return _pct(m.get("loader_cpu"))
 
 
 def _site(file: str, line: int) -> str:

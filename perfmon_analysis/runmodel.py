@@ -21,23 +21,31 @@ they are not repeated here, where they would go stale.
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from typing import Any
 
 from perfmon_analysis.buffers import EVENT_BUFFER, MIN_STEPS, WINDOW_SAMPLES, WINDOW_SECONDS, WINDOW_STEPS, RankState
-from perfmon_analysis.readings import (HostReading, StepReading, comm_reading, dropped, event_reading, gpu_rows,
-                                       hello_reading, memory_reading, record_time, sample_reading, stall_reading,
-                                       where_interval)
+from perfmon_analysis.readings import (HostReading, StepOps, StepReading, comm_reading, dropped, event_reading,
+                                       gpu_rows, hello_reading, layout_reading, memory_reading, record_time,
+                                       sample_reading, stall_reading, step_ops, where_interval)
 from perfmon_analysis.comm_stats import comm_rows
 from perfmon_analysis.stats import RankStats, job_metrics, rank_stats, rank_view, summary_stats, window_of
 from perfmon_analysis.where_stats import job_where
 from perfmon_analysis.capture import capture_reading, with_cost
+from perfmon_analysis.readings import JobExit, exit_reading
+from perfmon_analysis.health import job_health, rank_health
+from perfmon_analysis.groups import GroupReduction, merge_groups
 from perfmon_analysis.history import History
 from perfmon_analysis.profile import ModuleProfile, profile_reading, with_overhead
 from perfmon_analysis.overhead import worst
 from perfmon_analysis.stuck import diagnose
 from perfmon_analysis.summary import apply_summary, summary_record
+from perfmon_analysis.layout import Layout, assemble
+from perfmon_analysis.stragglers import Straggling, analyse
 from perfmon_analysis.views import JobView
+
+STRAGGLING_PERIOD = 5.0    # s of probe time between two what-if analyses of a live job (each replays the window)
 
 
 class RunModel:
@@ -62,6 +70,9 @@ class RunModel:
         self.orphans = 0
         self.last_t: float | None = None
         self.history = History()     # the whole run, downsampled (the trends screen, the HTML report)
+        self.exit: JobExit | None = None     # how the job's command ended (``perfmon run``), when known
+        self.groups: dict[str, list[GroupReduction]] = {}   # group relay -> its reductions (the relay tree)
+        self._straggling: tuple[tuple, float, Straggling | None] | None = None   # (window key, at, analysis)
 
     # -- ingest -------------------------------------------------------------------------------
     def ingest(self, stream_id: str, record: dict[str, Any], received: float | None = None) -> None:
@@ -95,10 +106,15 @@ class RunModel:
                     self._summaries.pop(state, None)
                 state.add_step(step)
                 self.history.add_step(state.rank, state.info.host, step)
+                ops = step_ops(record)
+                if ops is not None:
+                    state.ops.append(ops)
                 if state.stall is not None and step.step > (state.stall.step if state.stall.step is not None else -1):
                     state.stall = None     # progress again (its ``resumed`` record may have been dropped)
         elif kind == "summary":
             self._summaries[state] = apply_summary(state, record)
+        elif kind == "layout":
+            state.layout = layout_reading(record)
         elif kind == "stall":
             state.stall = stall_reading(record)
         elif kind == "resumed":
@@ -157,6 +173,40 @@ class RunModel:
             state.ended = True
             state.version += 1
 
+    def note_exit(self, record: dict[str, Any]) -> None:
+        """How the job's command ended, as ``perfmon run`` wrote it (``perfmon_analysis.readings.exit_reading``)."""
+        self.exit = exit_reading(record) or self.exit
+
+    def forget(self, stream_id: str) -> None:
+        """Drop a rank a group relay no longer sends on (no longer among its worst): it is held in
+        that group's reductions only (``perfmon_analysis.groups``)."""
+        state = self._streams.pop(stream_id, None)
+        if state is None:
+            return
+        if self._ranks.get(state.rank) is state:
+            del self._ranks[state.rank]
+        self._summaries.pop(state, None)
+        self._hosts.pop(state, None)
+
+    def stream_ended(self, stream_id: str) -> bool:
+        """The rank behind ``stream_id`` is held and has ended (bye, or its stream closed)."""
+        state = self._streams.get(stream_id)
+        return state is not None and state.ended
+
+    def heard(self, stream_id: str, clock: float) -> None:
+        """The rank's newest record reached its group relay at ``clock`` (the viewer's monotonic
+        clock), earlier than it reached the viewer: its silence counts from then."""
+        state = self._streams.get(stream_id)
+        if state is not None:
+            state.recv_clock = clock
+
+    def set_groups(self, relay: str, reductions: list[GroupReduction]) -> None:
+        """A group relay's latest reductions (its ``group`` record); ``[]`` when it is gone."""
+        if reductions:
+            self.groups[relay] = reductions
+        else:
+            self.groups.pop(relay, None)
+
     def add_problem(self, message: str) -> None:
         """A one-line stream problem (torn recording, bad frame) to show with the view."""
         if message not in self.problems:
@@ -214,14 +264,18 @@ class RunModel:
         device = states[0].device if states else None
         world = _world_size(states)
         ranks = [rank_view(s, st, _probe_now(s, now, clock), _silence(s, clock)) for s, st in zip(states, stats)]
+        healths = [rank_health(s, window_of(s, self.window_steps, self.window_seconds), st.memory.limit_bytes)
+                   for s, st in zip(states, stats)]
+        ranks = [dataclasses.replace(r, step_times=h.window, run_step_times=h.run) for r, h in zip(ranks, healths)]
         ready = [(s, st) for s, st in zip(states, stats) if not st.warming_up]
         metrics, straggler = job_metrics(ready, ranks, states, stats)
         window = {"steps": max((st.n for st in stats), default=0),
                   "seconds": round(max((st.span for st in stats), default=0.0), 3)}
         comm_ops = comm_rows([st.comm_delta for st in stats])
+        layout = assemble({s.rank: s.layout for s in states if s.layout is not None}, world)
         events = [dict(e.record, rank=s.rank)
                   for s, e in sorted(((s, e) for s in states for e in s.events), key=lambda se: se[1].t or 0.0)]
-        return JobView(
+        view = JobView(
             job=states[0].info.job if states else None,
             world_size=world,
             device_type=(device.type if device is not None else None) or "cpu",
@@ -251,7 +305,33 @@ class RunModel:
                            for s in states if s.capture is not None),
             where=job_where([(st.where, st.off_cpu_frac) for _, st in ready]),
             overhead=worst(st.overhead for st in stats),
+            health=job_health(healths, self.exit, max((r.steps for r in ranks), default=None)),
+            layout=layout,
+            straggling=self._analyse(states, layout, now, clock is not None, metrics.cpu_contention_frac),
         )
+        return _with_groups(view, self.groups) if self.groups else view
+
+    def _analyse(self, states: list[RankState], layout: Layout, now: float, live: bool,
+                 contention: float | None) -> Straggling | None:
+        """The what-if over the window's operations (``perfmon_analysis.stragglers``), None when no rank
+        sends any. A replay of the whole window: redone when the window has new steps; for a live
+        view at most every ``STRAGGLING_PERIOD`` s of probe time (at once when there is none yet)."""
+        steps: dict[int, dict[int, StepOps]] = {}
+        for s in states:
+            if s.ops:
+                window = {w.step for w in window_of(s, self.window_steps, self.window_seconds)}
+                for ops in s.ops:
+                    if ops.step in window:
+                        steps.setdefault(ops.step, {})[s.rank] = ops
+        if not steps:
+            return None
+        key = (tuple(sorted((s.rank, s.ops[-1].step) for s in states if s.ops)), layout.dims, tuple(sorted(layout.coords.items())), self.window_steps, self.window_seconds)
+        cached = self._straggling
+        if cached is not None and (cached[0] == key or (live and now - cached[1] < STRAGGLING_PERIOD)):
+            return cached[2]
+        result = analyse(layout, steps, noise=contention)
+        self._straggling = (key, now, result)
+        return result
 
     def steps_in_window(self) -> dict[int, list[StepReading]]:
         """Each rank's steps in the window, oldest first: the per-step samples behind the view's
@@ -278,7 +358,8 @@ class RunModel:
         if state is None or state.version == after or not state.info.answered:
             return None
         stats = rank_stats(state, self.window_steps, self.window_seconds, timeline=False)
-        return state.version, summary_record(state, stats, t)
+        health = rank_health(state, window_of(state, self.window_steps, self.window_seconds), None)
+        return state.version, summary_record(state, stats, t, (health.window, health.run))
 
     def buffered(self, stream_id: str) -> list[dict[str, Any]]:
         """The step, memory and comm records held for ``stream_id``, oldest first: what a viewer that
@@ -293,6 +374,19 @@ class RunModel:
     def retired(self) -> list[tuple[int, dict[str, Any]]]:
         """(rank, hello) of every older generation seen (restarted workers)."""
         return [(s.rank, s.hello) for s in self._retired]
+
+
+def _with_groups(view: JobView, groups: dict[str, list[GroupReduction]]) -> JobView:
+    """The view of a job seen through group relays: its ranks are the groups' worst (every
+    worst-rank quantity of ``Metrics`` is exact), its sums the groups' sums, and the reductions
+    themselves, merged by key (``("job", "")``: every rank)."""
+    merged = merge_groups(red for reds in groups.values() for red in reds)
+    job = merged[("job", "")]
+    metrics = dataclasses.replace(view.metrics, steps=max(view.metrics.steps, job.steps),
+                                  samples_per_s=job.samples_per_s if job.timed else view.metrics.samples_per_s,
+                                  tokens_per_s=job.tokens_per_s if job.timed else view.metrics.tokens_per_s)
+    return dataclasses.replace(view, metrics=metrics, groups=tuple(merged.values()),
+                               world_size=max(view.world_size, job.ranks))
 
 
 def _latest_profile(states: list[RankState]) -> ModuleProfile | None:

@@ -21,7 +21,8 @@ from typing import Deque
 
 from perfmon_analysis.buffers import MIN_STEPS, TIMELINE_STEPS, WINDOW_SAMPLES, RankState, recent_records
 from perfmon_analysis.comm_stats import comm_delta, comm_rows, find_straggler
-from perfmon_analysis.device_stats import gpu_busy, gpu_power, peak_flops_of
+from perfmon_analysis.device_stats import (busy_unknown_reason, gpu_busy, gpu_fill, gpu_power, lead_steps,
+                                          peak_flops_of, timed_steps, timeline_busy)
 from perfmon_analysis.known import known, max_known, mean_known, min_known, per_item, sum_all, sum_known
 from perfmon_analysis.memory_stats import job_memory, rank_memory
 from perfmon_analysis.overhead import Overhead, overhead, worst
@@ -70,6 +71,14 @@ class RankStats:
     loop_frac: float | None = None        # the loop's own work between steps, of the iteration (the window)
     loop_wait_frac: float | None = None   # of that work, the share off CPU (its thread CPU clock, zero-code)
     pause_frac: float | None = None       # pauses between steps, of the wall time (the run: 1 - ETTR)
+    busy_why: str | None = None           # CUDA: why ``device_busy`` is not measured (NVML's words)
+    gpu_util: float | None = None         # NVML utilization over the window's samples, whatever busy used
+    fill: float | None = None             # GPM SM activity over busy: the device the running kernels use
+    sm_active: float | None = None        # GPM SM activity over the samples (idle time counting 0)
+    tensor_active: float | None = None    # GPM tensor-core activity over the samples
+    offloaded: float | None = None        # CUDA: share of the watched parameters' bytes in host memory
+    device_time: float | None = None      # median device time of the lead-timed steps (CUDA events)
+    lead_steps: float | None = None       # median lead (as read: never short) over those steps' device time
 
 
 def _window(nums: Deque[StepReading], max_steps: int, max_seconds: float) -> list[StepReading]:
@@ -138,13 +147,24 @@ def rank_stats(state: RankState, max_steps: int, max_seconds: float, timeline: b
     between_share = (loop_frac or 0.0) + (pause_w / dur_sum if dur_sum > 0 else 0.0)
     where = where_table(state.rank, state.where, win, win_start, scale, between_share) if state.where else None
     contention = where.contention if where is not None else None
-    busy, busy_src = None, None
+    busy, busy_src, busy_why = None, None, None
+    fill = sm_active = tensor_active = util = None
+    timed: list[StepReading] = []
     power = gpu_power(samples, state.info.local_rank) if device.type == "cuda" and not device.status else None
     if n and device.type == "cuda":
-        # measured activity only: the elapsed time between two CUDA events includes every idle gap;
-        # a job device with a ``status`` has no GPU counters the probe could tie to it
+        # busy is time: NVML utilization, or the steps' own CUDA timeline where it proves more; a job
+        # device with a ``status`` has no GPU counters the probe could tie to it
+        local = state.info.local_rank
         if not device.status:
-            busy, busy_src = gpu_busy(samples, state.info.local_rank)
+            busy, busy_src = gpu_busy(samples, local)
+            util = busy
+            fill, sm_active, tensor_active = gpu_fill(samples, local)
+        timed = timed_steps(state.steps, win, max_seconds)
+        bound, exact = timeline_busy(timed)
+        if bound is not None and (bound > busy if busy is not None else exact):
+            busy, busy_src = bound, "cuda_timeline"
+        if busy is None:
+            busy_why = busy_unknown_reason(samples, local, device.status)
     elif n and thread_busy is not None:
         # CPU: the CPU is the device; busy is the training thread's measured CPU time in the step,
         # plus the time it was ready to run but other processes held the cores: that time had work
@@ -155,6 +175,7 @@ def rank_stats(state: RankState, max_steps: int, max_seconds: float, timeline: b
         # to a measured cause
         busy, busy_src = sum(computes) * scale, "step_accounting"
 
+    device_time, queued_steps = lead_steps(timed)
     samples_sum = sum_known([s.samples for s in win])
     tokens_sum = sum_known([s.tokens for s in win])
     flops_sum = sum_known([s.flops for s in win])
@@ -196,8 +217,16 @@ def rank_stats(state: RankState, max_steps: int, max_seconds: float, timeline: b
         loop_frac=loop_frac,
         pause_frac=pause_frac,
         loop_wait_frac=_loop_wait(win, where.between_runq if where is not None else None),
+        busy_why=busy_why,
+        gpu_util=util,
+        fill=fill,
+        sm_active=sm_active,
+        tensor_active=tensor_active,
+        offloaded=device.offloaded if device.type == "cuda" else None,
+        device_time=device_time,
+        lead_steps=queued_steps,
         syncs=syncs / n if syncs is not None and n else None,
-        host_lead=known(statistics.median, [s.lead for s in win]),
+        host_lead=known(statistics.median, [s.lead for s in timed]),
         loader_cpu=statistics.fmean(loader_cpus) if loader_cpus else None,
         loader_workers=workers,
         trace=trace,
@@ -288,7 +317,7 @@ def rank_view(state: RankState, st: RankStats, now: float, silent_s: float | Non
         drops=state.drops, stall=state.stall, stalled_s=state.stall.lasted(now) if state.stall else None,
         silent_s=silent_s, answered=h.answered,
         overhead_step_frac=st.overhead.step_frac if st.overhead is not None else None,
-        overhead_cpu_frac=st.overhead.cpu_frac if st.overhead is not None else None)
+        overhead_cpu_frac=st.overhead.cpu_frac if st.overhead is not None else None, device_fill=st.fill)
 
 
 def _ettr(state: RankState, now: float, step_median: float | None) -> float | None:
@@ -300,20 +329,25 @@ def _ettr(state: RankState, now: float, step_median: float | None) -> float | No
     ETTR as it happens. Once the rank ended, wall time stops at its last step;
     spans of steps lost to drops are excluded.
     """
-    lost = run_pauses(state, None if state.ended else max(state.last_end or 0.0, now - (step_median or 0.0)))
-    return None if lost is None else 1.0 - lost
-
-
-def run_pauses(state: RankState, end: float | None = None) -> float | None:
-    """Share of the wall time since the first step lost to pauses between steps, over the run: 1 - (time
-    inside steps + the loop's work between them) / wall time to ``end`` (default: the last step's end)."""
     seen = state.summary_steps if state.summary_steps is not None else len(state.steps)
     if state.first_start is None or state.last_end is None or seen < 2:
         return None
-    wall = (end if end is not None else state.last_end) - state.first_start - state.unseen
+    end = state.last_end if state.ended else max(state.last_end, now - (step_median or 0.0))
+    wall = end - state.first_start - state.unseen
     if wall <= 0:
         return None
-    return max(0.0, min(1.0, 1.0 - (state.inside + state.loop_total) / wall))
+    return max(0.0, min(1.0, (state.inside + state.loop_total) / wall))
+
+
+def run_pauses(state: RankState) -> float | None:
+    """Share of the run's steps (from each one's start to the next's: the time they cover) lost to pauses
+    between them: 1 - ETTR once the rank has ended; a live stall lowers ETTR before it becomes a step's
+    gap. None before two steps."""
+    seen = state.summary_steps if state.summary_steps is not None else len(state.steps)
+    covered = state.inside + state.gap_total
+    if seen < 2 or covered <= 0:
+        return None
+    return max(0.0, min(1.0, (state.gap_total - state.loop_total) / covered))
 
 
 def job_metrics(ready: list[tuple[RankState, RankStats]], ranks: list[RankView], states: list[RankState],
@@ -334,13 +368,22 @@ def job_metrics(ready: list[tuple[RankState, RankStats]], ranks: list[RankView],
     tokens = [x.tokens_per_s for x in st]
     where = job_where([(x.where, x.off_cpu_frac) for x in st])
     power = sum_all([x.power_w for x in st])
+    # a rank whose busy is not measured makes the job's busy not measured: the least busy rank may be it
+    busy_unknown = {str(s.rank): x.busy_why or "not measured" for s, x in ready if x.device_busy is None}
+    least_busy = min((x for x in st if x.device_busy is not None), key=lambda x: x.device_busy or 0.0, default=None)
     metrics = Metrics(
         steps=steps,
         step_time_median_s=max_known([x.step_median for x in st]),
         samples_per_s=sum_known(samples),
         tokens_per_s=sum_known(tokens),
-        device_busy=min_known([x.device_busy for x in st]),
-        device_busy_source=st[0].busy_source,
+        device_busy=least_busy.device_busy if least_busy is not None and not busy_unknown else None,
+        device_busy_source=least_busy.busy_source if least_busy is not None and not busy_unknown else None,
+        device_busy_unknown=busy_unknown or None,
+        device_fill=min_known([x.fill for x in st]),
+        gpu_util=min_known([x.gpu_util for x in st]),
+        sm_active=min_known([x.sm_active for x in st]),
+        tensor_active=mean_known([x.tensor_active for x in st]),
+        params_offloaded=max_known([x.offloaded for x in st]),
         data_wait_frac=max_known([x.data_frac for x in st]),
         data_cpu_frac=max_known([x.data_cpu_frac for x in st]),
         comm_frac=max_known([x.comm_frac for x in st]),
@@ -350,6 +393,8 @@ def job_metrics(ready: list[tuple[RankState, RankStats]], ranks: list[RankView],
         busbw=top.busbw if top else None,
         syncs_per_step=mean_known([x.syncs for x in st]),
         host_lead_s=min_known([x.host_lead for x in st]),
+        host_lead_steps=min_known([x.lead_steps for x in st]),
+        device_time_median_s=max_known([x.device_time for x in st]),
         off_cpu_frac=max_known([x.off_cpu_frac for x in st]),
         cpu_contention_frac=max_known([x.cpu_contention_frac for x in st]),
         host_wait_frac=where.wait_frac if where is not None else None,

@@ -17,6 +17,7 @@ from typing import Any
 from perfmon_analysis.buffers import RankState
 from perfmon_analysis.readings import RankTrace, num
 from perfmon_analysis.stats import RankStats
+from perfmon_analysis.step_times import StepTimes
 from perfmon_analysis.views import MemoryMetrics
 
 SUMMARY_VERSION = 1     # a newer payload may add keys; a key keeps its meaning, so readers read what they know
@@ -68,6 +69,14 @@ STATS_PAYLOAD: tuple[PayloadKey, ...] = (
     PayloadKey("loop_frac", float, "loop_frac"),
     PayloadKey("pause_frac", float, "pause_frac"),
     PayloadKey("loop_wait_frac", float, "loop_wait_frac"),
+    PayloadKey("busy_why", str, "busy_why"),
+    PayloadKey("fill", float, "fill"),
+    PayloadKey("gpu_util", float, "gpu_util"),
+    PayloadKey("sm_active", float, "sm_active"),
+    PayloadKey("tensor_active", float, "tensor_active"),
+    PayloadKey("offloaded", float, "offloaded"),
+    PayloadKey("device_time", float, "device_time"),
+    PayloadKey("lead_steps", float, "lead_steps"),
 )
 
 # ``RankStats`` fields the payload does not carry as scalars, and why.
@@ -103,17 +112,32 @@ MEMORY_PAYLOAD: tuple[PayloadKey, ...] = (
 MEMORY_NOT_SENT: dict[str, str] = {}
 
 
-def summary_record(state: RankState, st: RankStats, t: float) -> dict[str, Any]:
-    """The ``summary`` record of ``state`` with its window statistics ``st`` (relay side)."""
+# ``StepTimes`` (the window's and the run's step-time percentiles) -> the payload's ``times``.
+TIMES_PAYLOAD: tuple[PayloadKey, ...] = (
+    PayloadKey("n", int, "n", 0),
+    PayloadKey("p50", float, "p50"),
+    PayloadKey("p90", float, "p90"),
+    PayloadKey("p99", float, "p99"),
+    PayloadKey("max", float, "max"),
+    PayloadKey("max_step", int, "max_step"),
+)
+
+
+def summary_record(state: RankState, st: RankStats, t: float, times: tuple[StepTimes, StepTimes] | None = None
+                   ) -> dict[str, Any]:
+    """The ``summary`` record of ``state`` with its window statistics ``st`` and its step times
+    (window, run) (relay side)."""
     last = state.steps[-1] if state.steps else None
     return {
         "k": "summary", "t": t, "v": SUMMARY_VERSION,
         "stats": _known(st, STATS_PAYLOAD),          # unknown (None) values left out: smaller frames
         "memory": _known(st.memory, MEMORY_PAYLOAD),
+        **({"times": {"window": _known(times[0], TIMES_PAYLOAD), "run": _known(times[1], TIMES_PAYLOAD)}}
+           if times is not None else {}),
         "comm": {op: list(v) for op, v in st.comm_delta.items()},
         "steps": (last.step + 1) if last is not None else 0,
         "first_start": state.first_start, "last_end": state.last_end, "inside": state.inside,
-        "loop": state.loop_total, "unseen": state.unseen, "loader_seen": state.loader_seen,
+        "loop": state.loop_total, "gaps": state.gap_total, "unseen": state.unseen, "loader_seen": state.loader_seen,
     }
 
 
@@ -133,6 +157,7 @@ class RankSummary:
 
     stats: RankStats
     steps: int
+    times: tuple[StepTimes, StepTimes] | None = None     # the window's and the run's step times
 
 
 def read_summary(rec: dict[str, Any]) -> RankSummary:
@@ -149,7 +174,11 @@ def read_summary(rec: dict[str, Any]) -> RankSummary:
     trace = RankTrace(steps=(), data_wait=(), cpu=())      # a rank's history comes with its steps in full
     stats = RankStats(**values, trace=trace, memory=memory, comm_delta=comm)
     steps = rec.get("steps")
-    return RankSummary(stats, steps if isinstance(steps, int) and not isinstance(steps, bool) and steps >= 0 else 0)
+    raw = rec.get("times") if isinstance(rec.get("times"), dict) else None
+    times = (StepTimes(**_read(raw.get("window"), TIMES_PAYLOAD)), StepTimes(**_read(raw.get("run"), TIMES_PAYLOAD))) \
+        if raw is not None else None
+    return RankSummary(stats, steps if isinstance(steps, int) and not isinstance(steps, bool) and steps >= 0 else 0,
+                       times)
 
 
 def _typed(value: Any, kind: type, unknown: Any) -> Any:
@@ -176,7 +205,9 @@ def apply_summary(state: RankState, rec: dict[str, Any]) -> RankStats:
     state.last_end = num(rec.get("last_end"))
     state.inside = num(rec.get("inside")) or 0.0
     state.loop_total = num(rec.get("loop")) or 0.0     # an older relay: no loop work between steps told apart
+    state.gap_total = num(rec.get("gaps")) or 0.0
     state.unseen = num(rec.get("unseen")) or 0.0
     state.loader_seen = state.loader_seen or rec.get("loader_seen") is True
     state.totals_through = summary.steps - 1
+    state.summary_times = summary.times
     return summary.stats

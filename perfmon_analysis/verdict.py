@@ -27,7 +27,7 @@ import dataclasses
 from dataclasses import dataclass, field
 from typing import Any
 
-from perfmon_analysis import units
+from perfmon_analysis import straggler_verdict, units
 from perfmon_analysis.buffers import MIN_STEPS
 from perfmon_analysis.explain import findings as secondary_findings  # beside the named outcome
 from perfmon_analysis.explain import where_text
@@ -90,7 +90,7 @@ class Verdict:
     def gain_headline(self, price: float | None = None, compact: bool = False) -> str | None:
         """What fixing the named loss buys ('fixing it: up to 1.4× faster, 3.1 GPU-h/day'); a healthy
         job that loses time between steps is priced on that time."""
-        if self.gains is None or self.bottleneck in ("stuck", "warming_up"):
+        if self.gains is None or self.bottleneck in ("crashed", "stuck", "warming_up"):
             return None
         loss = self.loss or ("step_gaps" if self.bottleneck == "healthy" and self.severity != "ok" else None)
         return self.gains.headline(loss, price, compact)
@@ -123,7 +123,8 @@ class Verdict:
 
 
 # -- evaluation --------------------------------------------------------------------------------
-CHART = Chart(QUESTIONS, OUTCOMES, root="memory", before=("stuck", "warming_up"))
+CHART = Chart((*QUESTIONS, *straggler_verdict.QUESTIONS), (*OUTCOMES, *straggler_verdict.OUTCOMES), root="memory",
+              before=("crashed", "stuck", "warming_up"))
 BOTTLENECKS: tuple[str, ...] = tuple(CHART.outcomes)
 
 
@@ -145,7 +146,8 @@ def evaluate(view: JobView, chart: Chart = CHART) -> Verdict:
     leaf, path, evidence = chart.walk(answers)
     m = view.metrics
     outcome = chart.outcomes[leaf]
-    straggler = view.straggler_rank if leaf == "load_imbalance" else None
+    straggler = view.straggler_rank if leaf == "load_imbalance" else \
+        view.straggling.rank if leaf == "slow_worker" and view.straggling is not None else None
     for key, value in (("step_time_median_s", m.step_time_median_s), ("device_busy", m.device_busy),
                        ("data_wait_frac", m.data_wait_frac), ("comm_exposed_frac", m.comm_exposed_frac)):
         evidence.setdefault(key, round4(value))
@@ -156,7 +158,10 @@ def evaluate(view: JobView, chart: Chart = CHART) -> Verdict:
     evidence.update(extra)
     named = outcome.named(answers)
     found = _loss_findings(named, losses, view.where) + _accounting(losses) + secondary_findings(view)
-    gains = estimate_gains(view, losses, tuple(x.id for x in qualifying(losses)))
+    simulated = view.straggling if leaf in straggler_verdict.CAUSE_OUTCOMES.values() else None
+    gains = estimate_gains(view, losses, tuple(x.id for x in qualifying(losses)),
+                           simulated={outcome.loss: (simulated.gain, simulated.why_no_gain or "")}
+                           if simulated is not None and outcome.loss else None)
     return Verdict(leaf, outcome.severity(view, losses, named), headline, path, evidence, suggestions, straggler,
                    found, losses=losses, undecided=dict(undecided), straggler_host=_host_of(view, straggler),
                    where=view.where, answers=answers, gains=gains, loss=named)

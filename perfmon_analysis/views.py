@@ -11,6 +11,11 @@ from typing import Any
 
 from perfmon_analysis.readings import GpuRow, HostReading, RankTrace, StallReading
 from perfmon_analysis.capture import CaptureSummary
+from perfmon_analysis.health import JobHealth
+from perfmon_analysis.step_times import StepTimes
+from perfmon_analysis.groups import GroupReduction
+from perfmon_analysis.layout import Layout, world_layout
+from perfmon_analysis.stragglers import Straggling
 from perfmon_analysis.overhead import Overhead
 from perfmon_analysis.profile import ModuleProfile
 from perfmon_analysis.stuck import StuckDiagnosis
@@ -186,7 +191,9 @@ class Metrics:
     all: ``device_busy`` the least busy rank, ``data_wait_frac``, ``comm_frac``,
     ``comm_exposed_frac`` and ``loader_cpu`` the highest; ``ettr`` the least
     productive rank; ``step_time_median_s`` the slowest rank (it sets the
-    pace); throughputs are summed; the rest are means over ranks.
+    pace); throughputs are summed; the rest are means over ranks. A rank whose busy is not measured
+    makes the job's ``device_busy`` not measured (``device_busy_unknown`` names it and says why): the
+    least busy rank may be that one.
     Keys besides the flowchart quantities: busbw, comm_op, comm_estimated, loader_workers,
     data_cpu_frac, gap_frac, compute_ratio, arrival_ratio, straggler_by, flops_per_s,
     memory_headroom, device_busy_source, peak_flops, peak_source, host_lead_s, off_cpu_frac (the
@@ -199,8 +206,14 @@ class Metrics:
     step_time_median_s: float | None = None
     samples_per_s: float | None = None
     tokens_per_s: float | None = None
-    device_busy: float | None = None
+    device_busy: float | None = None        # share of the step a kernel ran (time; docs/verdict.md)
     device_busy_source: str | None = None   # a key of perfmon_analysis.losses.BUSY_SOURCES
+    device_busy_unknown: dict[str, str] | None = None   # rank -> why its busy is not measured (NVML's words)
+    device_fill: float | None = None        # GPM SM activity / busy: the device the running kernels fill
+    gpu_util: float | None = None           # NVML utilization over the window, least of the ranks
+    sm_active: float | None = None          # GPM SM activity (idle counting 0), least of the ranks
+    tensor_active: float | None = None      # GPM tensor-core activity, mean over ranks
+    params_offloaded: float | None = None   # CUDA: share of parameter bytes in host memory (most of the ranks)
     data_wait_frac: float | None = None
     data_cpu_frac: float | None = None      # main-thread CPU share of the data wait (num_workers=0)
     comm_frac: float | None = None
@@ -210,6 +223,8 @@ class Metrics:
     busbw: float | None = None              # bytes/s of comm_op (nccl-tests definition)
     syncs_per_step: float | None = None
     host_lead_s: float | None = None        # how far the host runs ahead of the GPU (least of the ranks)
+    host_lead_steps: float | None = None    # the host's lead in steps of device time (least of the ranks)
+    device_time_median_s: float | None = None   # device time of the timed steps, first event to last (slowest rank)
     off_cpu_frac: float | None = None       # step body off CPU, no other measured cause (thread CPU time)
     host_wait_frac: float | None = None     # in-step stack samples off CPU / (off + on CPU)
     cpu_contention_frac: float | None = None  # step time the training thread was runnable with no core free
@@ -280,6 +295,9 @@ class RankView:
     answered: bool = True               # its hello arrived (False: a connected socket that never spoke)
     overhead_step_frac: float | None = None   # perfmon's own cost: share of the step (perfmon_analysis.overhead)
     overhead_cpu_frac: float | None = None    # ... and of the process's CPU
+    step_times: StepTimes | None = None       # step-time percentiles over the window (perfmon_analysis.step_times)
+    run_step_times: StepTimes | None = None   # ... and over the whole run
+    device_fill: float | None = None    # GPM SM activity over busy (perfmon_analysis.device_stats.gpu_fill)
 
 
 @dataclass(frozen=True)
@@ -340,3 +358,7 @@ class JobView:
     where: WhereTable | None = None       # in-step stack samples (wire 1.3), None when no rank sent any
     overhead: Overhead | None = None      # perfmon's own cost on the rank where it is highest (wire 1.4)
     comm_status: str | None = None        # why communication is not measured, in the probe's words
+    health: JobHealth = JobHealth()       # step-time percentiles and outliers, memory growth, crash
+    groups: tuple[GroupReduction, ...] = ()   # through group relays: reductions by key, ("job", "") last
+    layout: Layout = field(default_factory=lambda: world_layout(1))   # each rank's place (perfmon_analysis.layout)
+    straggling: Straggling | None = None  # the what-if over the window's operations (perfmon_analysis.stragglers)

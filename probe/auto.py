@@ -40,7 +40,9 @@ from _thread import get_ident
 from typing import Any, Iterable
 
 from probe import fetches, forks
+from probe.exceptions import exception_event
 from probe.hooks import Hook, remove_all
+from probe.part_names import part_name
 from probe.stepfinder import StepFinder
 from probe.tracing import HiddenPhases, compiling_check, dynamo_has_compiled, run_eagerly
 
@@ -58,7 +60,7 @@ class _Auto:
     def __init__(self, torch: Any, job: str | None = None) -> None:
         self.torch = torch
         self.job = job                          # the name ``perfmon inject --job`` gave (else the default)
-        self.finder = StepFinder(self._emit, self._on_open)
+        self.finder = StepFinder(self._emit, self._on_open, self._on_eval)
         self.off = False
         self.errors = 0
         self.probe: Any = None
@@ -87,6 +89,8 @@ class _Auto:
         self.gap_cpu: float | None = None        # ... and the CPU s from there to the open step's start
         self.roots_pending = False               # started before any forward was seen: find the roots later
         self.excepthook: Any = None              # (ours, the one it chains to), once chained
+        self.evals: list[dict[str, Any]] = []    # eval-shaped work seen before the probe started
+        self.trained_roots: list[weakref.ref] = []   # the roots hooked at start (optimizer part names)
 
     # -- steps ----------------------------------------------------------------------------------
     def _emit(self, start: float, end: float, phases: dict[str, float], samples: int | None,
@@ -101,13 +105,27 @@ class _Auto:
             return
         if self.roots_pending:
             self._late_roots()
-        if not self.hidden.done:
+        if not self.hidden.done and self.finder.last_parts <= 1:   # a step of several parts names them instead
             self.hidden.step(phases, ("forward", "backward", "optimizer") if self.finder.optimizers
                              else ("forward", "backward"))
         gap_cpu, self.gap_cpu = self.gap_cpu, None
         mon.add_step(start, end, phases, samples=samples, data_cpu=data_cpu, gap_cpu=gap_cpu)
         self.end_cpu = _tt()
         self.emitted += 1
+
+    def _on_eval(self, start: float, end: float, forwards: int, cpu0: float | None) -> None:
+        """Eval-shaped work (training forwards that no backward followed) was cut off the step's start:
+        an ``eval`` event, a pause between steps (``perfmon_analysis.buffers.BLOCKING_EVENTS``); the step's
+        CPU clock starts again at the training batch."""
+        event = {"seconds": end - start, "forwards": forwards, "source": "zero-code",
+                 "message": f"{forwards} training-mode forwards with no backward after them (an evaluation run "
+                            "without no_grad()/model.eval()?): time between steps"}
+        if self.probe is None:
+            self.evals.append(event)
+            return
+        self.probe.event("eval", **event)
+        if self.finder.is_open:
+            self.probe.restart_step_clock(cpu0)
 
     def _say(self, message: str) -> None:
         if self.probe is not None:
@@ -149,6 +167,9 @@ class _Auto:
             mon.event("restart", restart=restart, max_restarts=_env_int("TORCHELASTIC_MAX_RESTARTS"),
                       message=f"worker restarted by torchrun (restart {restart}); earlier attempts are separate "
                               "recordings")
+        for event in self.evals:
+            mon.event("eval", **event)
+        self.evals = []
         if self.first_batch is not None:
             mon.first_batch_wait = self.first_batch
             mon.event("first_batch", seconds=self.first_batch)
@@ -194,6 +215,7 @@ class _Auto:
         if dynamo_has_compiled():
             return roots
         remove_all(self.global_handles)
+        self.trained_roots = [weakref.ref(m) for m in roots]
         for module in roots:
             try:
                 self.root_handles.append(module.register_forward_pre_hook(Hook(_fwd_pre)))
@@ -360,6 +382,8 @@ def _opt_post(optimizer: Any, args: Any, kwargs: Any) -> None:
         a.optimizer_ref = weakref.ref(optimizer)
         if a.probe is None:
             a.start()       # inside the first step, where the script's own timer sees the start-up cost too
+        if id(optimizer) not in a.finder.labels:
+            a.finder.labels[id(optimizer)] = part_name(optimizer, a.trained_roots, a.finder.labels.values())
         a.finder.optimizer_end(_pc(), id(optimizer))
     except Exception as exc:
         a.fail(exc)
@@ -459,9 +483,8 @@ def _chain_excepthook(a: _Auto) -> None:
     def excepthook(et: Any, ev: Any, tb: Any) -> None:
         try:
             if a.probe is not None and not a.off:
-                name = getattr(et, "__name__", "Exception")
-                a.probe.event("oom" if "OutOfMemory" in name else "exception", error=name,
-                              message=str(ev)[:300], step=a.emitted)
+                fields = exception_event(et, ev, tb, a.emitted)
+                a.probe.event(fields.pop("name"), **fields)
         except Exception:
             pass
         previous(et, ev, tb)

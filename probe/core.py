@@ -29,6 +29,7 @@ from probe import paths, records
 from probe.attachments import Attachments
 from probe.cost import CostSource, calibrate, hook_name
 from probe.endpoints import cpu_name, listen_tcp, listen_unix
+from probe.exceptions import exception_event
 from probe.health import FailureReporter, HealthSource
 from probe.host import other_threads_cpu
 from probe.loader_policy import CpuTimingPolicy
@@ -115,7 +116,7 @@ class _Step:
             extras = extras or {}
             p._run_hooks(p._end_hooks, extras, p._phases)
         if et is not None:
-            p._on_step_exception(et, ev)
+            p._on_step_exception(et, ev, tb)
         phases = p._phases
         p._phases = {}
         data = p._data
@@ -423,11 +424,8 @@ class Probe(ZeroCodeSteps):
             spent[name] = spent.get(name, 0.0) + (t1 - t0)
             t0 = t1
 
-    def _on_step_exception(self, et: Any, ev: Any) -> None:
-        name = getattr(et, "__name__", "Exception")
-        kind = "oom" if "OutOfMemory" in name or name == "MemoryError" else "exception"
-        self._q.append((ITEM_RECORD, {"k": "event", "t": time.time(), "name": kind, "error": name,
-                               "message": str(ev)[:300], "step": self._step_no}))
+    def _on_step_exception(self, et: Any, ev: Any, tb: Any = None) -> None:
+        self._q.append((ITEM_RECORD, {"k": "event", "t": time.time(), **exception_event(et, ev, tb, self._step_no)}))
 
     # -- record building (sender thread) -----------------------------------------------------
     def _build(self, item: tuple) -> dict[str, Any] | None:

@@ -117,6 +117,9 @@ class _Disabled:
     def begin_step(self, cpu0: float | None = None) -> None:
         pass
 
+    def restart_step_clock(self, cpu0: float | None = None) -> None:
+        pass
+
     def add_step(self, start: float, end: float, phases: dict[str, float] | None = None,
                  samples: float | None = None, data_cpu: float | None = None, tokens: float | None = None,
                  gap_cpu: float | None = None) -> None:

@@ -80,23 +80,36 @@ def parse_flight(dump: dict[str, Any], source: str) -> dict[str, Any]:
 
 
 def merge(parts: list[dict[str, Any]]) -> dict[str, Any]:
-    """The recorders read as one ``flight``: ``sources`` (those read), ``source`` (the same joined
-    by '+', for 1.0 readers), the groups (a group both recorders report has two sequences, one per
-    backend, and is left out: its number is ambiguous), the entries of all, and ``note`` when
-    none recorded anything."""
-    groups: dict[str, dict[str, Any]] = {}
-    twice: set[str] = set()
+    """The recorders read as one ``flight``: ``sources`` (those read), ``source`` (the same joined by
+    '+', for 1.0 readers), every group either recorder reports with its sequence numbers, the entries
+    of all, and ``note`` when none recorded anything.
+
+    A group both recorders report (the default world of ``init_process_group("cpu:gloo,cuda:nccl")``
+    carries CPU tensors on gloo and CUDA tensors on NCCL) has one sequence per backend, each counting
+    only its own calls: both are kept, each under ``group:backend`` (``world:nccl``, ``world:gloo``),
+    and so are the group's entries, so the numbers of neither are lost or mixed."""
+    reported: dict[str, list[str]] = {}
     for part in parts:
         for group, status in part["groups"].items():
-            if group in groups:
-                twice.add(group)
-            groups[group] = status
+            reported.setdefault(group, []).append(str(status.get("backend") or part["source"]))
+    shared = {g for g, backends in reported.items() if len(backends) > 1}
+    groups: dict[str, dict[str, Any]] = {}
+    entries: list[dict[str, Any]] = []
+    for part in parts:
+        for group, status in part["groups"].items():
+            groups[_qualified(group, status.get("backend") or part["source"], shared)] = status
+        entries.extend(dict(e, group=_qualified(e["group"], e.get("backend") or part["source"], shared))
+                       for e in part["entries"])
     flight: dict[str, Any] = {"source": "+".join(p["source"] for p in parts), "sources": [p["source"] for p in parts],
-                              "groups": {g: s for g, s in groups.items() if g not in twice},
-                              "entries": [e for p in parts for e in p["entries"]]}
-    if not groups and not flight["entries"]:
+                              "groups": groups, "entries": entries}
+    if not groups and not entries:
         flight["note"] = _empty_reason()
     return flight
+
+
+def _qualified(group: str, backend: str, shared: set[str]) -> str:
+    """A group both recorders report, named with its backend; any other keeps its name."""
+    return f"{group}:{backend}" if group in shared else group
 
 
 def from_flight(flight: dict[str, Any]) -> dict[str, Any]:

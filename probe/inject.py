@@ -172,7 +172,7 @@ def detach() -> dict[str, Any]:
     steps = None
     gpu = None
     try:
-        from probe import auto, fetches, forks, hooks, tracing
+        from probe import auto, fetches, forks, hooks, layout, tracing
         from probe.comm import collectives
         mon = auto._auto.probe if auto._auto is not None else None
         steps = mon.steps if mon is not None else 0
@@ -180,6 +180,7 @@ def detach() -> dict[str, Any]:
         left += auto.uninstall()
         fetches.uninstall()
         collectives.uninstall()
+        layout.uninstall()
         hooks.unfilter_module_state()
         tracing.remove_finder()
         forks.disarm_all()

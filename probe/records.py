@@ -149,9 +149,20 @@ def step_record(item: StepItem, epoch: float, reads: DeviceReads | None = None) 
         rec["cpu_span"] = item.cpu_span
     if item.extras:
         rec.update(item.extras)
+        if "ops" in item.extras:
+            _relative_ops(rec, item.start)
     if isinstance(rec.get("tokens"), DeviceScalar) or isinstance(rec.get("flops"), DeviceScalar):
         _read_device_values(rec, reads or DeviceReads())
     return rec
+
+
+def _relative_ops(rec: dict[str, Any], start: float) -> None:
+    """The step's operations (perf_counter) as wire 1.5 ``ops``: s after the step's start, host clock."""
+    rec["ops"] = [[op[0], round(op[1] - start, 6), round(op[2], 6), *op[3:5], *(round(w - start, 6) for w in op[5:])]
+                  for op in rec["ops"]]
+    rec["ops_clock"] = "host"
+    if not rec.get("ops_dropped"):
+        rec.pop("ops_dropped", None)
 
 
 def _read_device_values(rec: dict[str, Any], reads: DeviceReads) -> None:

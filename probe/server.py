@@ -120,7 +120,7 @@ class Sender(threading.Thread):
         self.backfill_events: Deque[bytes] = collections.deque(maxlen=BACKFILL_EVENTS)
         self.latest: dict[str, bytes] = {}
         self.stalled: tuple[bytes, int] | None = None   # the newest stall frame while stuck, and its minor
-        self.results: dict[str, tuple[bytes, int]] = {}   # latest profile/capture: to each 1.1 viewer at hello
+        self.results: dict[str, tuple[bytes, int]] = {}   # latest profile/capture/layout: to each viewer at hello
         self._backfill_batch: list[tuple[bytes, int]] | None = None   # joined once per tick, shared by its connects
         self.stop_event = threading.Event()
         self.stopped = threading.Event()
@@ -214,7 +214,7 @@ class Sender(threading.Thread):
             if minor:
                 versioned.append((frame, minor))
                 self.stalled = (frame, minor) if kind == "stall" else None if kind == "resumed" else self.stalled
-                if kind in ("profile", "capture"):
+                if kind in ("profile", "capture", "layout"):
                     self.results[kind] = (frame, minor)
                 continue
             if kind == "step":

@@ -28,11 +28,12 @@ import os
 import sys
 import time
 import weakref
-from typing import Any
+from typing import Any, Iterator
 
-from probe import comm, flops
+from probe import comm, flops, layout
 from probe.hooks import Hook, remove_all
 from probe.gpu import cuda as gpu_cuda
+from probe.gpu.job import STEP_DEVICE_EVERY, job_placement, output_placement
 from probe.step_flops import StepFlops
 from probe.memory import MemorySource, SavedTensorMeter, StateWalker
 from probe.tracing import HiddenPhases, compiling_check, dynamo_has_compiled, run_eagerly
@@ -133,6 +134,8 @@ class Watcher:
         self.device_type: str | None = None
         self.device_index: int | None = None
         self.pending_device: tuple[str, int | None] | None = None   # set by probe.gpu.job, applied at step begin
+        self.step_device: tuple[str, int | None] | None = None      # where the root forward's output lives
+        self.step_device_due = 0.0
         self.n_params = 0
         self.dtype: str | None = None
         self.peak: float | None = None
@@ -240,31 +243,33 @@ class Watcher:
         return total
 
     def _learn_device(self, params: Any) -> None:
-        """``watch()`` time (training thread): the device of the parameters just given."""
-        first = next(iter(params), None)
-        if first is None:
+        """``watch()`` time (training thread): the device of the parameters just given (CUDA when any of
+        them is on CUDA: a CPU embedding in front of GPU layers is a CUDA job)."""
+        params = list(params)
+        if not params:
             return
         if self.param_dtype is None:
-            self.param_dtype = first.dtype
-        placement = _placement(first)
-        if placement is not None:
-            self._set_device(placement)
+            self.param_dtype = params[0].dtype
+        placed = job_placement(params, None)
+        if placed is not None:
+            self._set_device(placed[0])
 
-    def param_placement(self) -> tuple[str, int | None] | None:
-        """Sampler thread (``probe.gpu.job``): where the first watched parameter lives now, None
-        when nothing watched is alive. A few attribute reads; the training thread is not touched."""
+    def watched_params(self) -> Iterator[Any]:
+        """Sampler thread: every parameter of the live watched models and optimizers (may repeat one)."""
         for ref in self.models:
             model = ref()
-            first = next(iter(model.parameters()), None) if model is not None else None
-            if first is not None:
-                return _placement(first)
+            if model is not None:
+                yield from model.parameters()
         for ref in self.optimizers:
             optimizer = ref()
-            groups = optimizer.param_groups if optimizer is not None else []
-            first = next((p for g in groups for p in g["params"]), None)
-            if first is not None:
-                return _placement(first)
-        return None
+            for group in (optimizer.param_groups if optimizer is not None else []):
+                yield from group["params"]
+
+    def placement(self) -> tuple[tuple[str, int | None], float | None] | None:
+        """Sampler thread (``probe.gpu.job``): where the job computes now, from all its tensors (every
+        watched parameter, and the root forward's output), with the share of parameter bytes in host
+        memory on a CUDA job; None when nothing watched is alive. The training thread is not touched."""
+        return job_placement(self.watched_params(), self.step_device)
 
     def device_moved(self, placement: tuple[str, int | None]) -> None:
         """Sampler thread: the job's device changed; the training thread applies it at the next step
@@ -355,6 +360,8 @@ class Watcher:
         state = self.comm_state or comm.install(self.probe)
         if state is None:
             return
+        if self.comm_state is None:
+            layout.install(state)        # the rank's place, and a pipeline stage's compute (probe.layout)
         self.comm_state = state
         if state.event_backend is None and self.device_type == "cuda":
             state.event_backend = gpu_cuda.backend
@@ -428,6 +435,9 @@ class Watcher:
                 self.n_fwd += 1
                 if self.timer is not None:
                     self.timer.forward_end()
+                elif now >= self.step_device_due:     # a CPU-placed model computing on CUDA (CPU offload)
+                    self.step_device_due = now + STEP_DEVICE_EVERY
+                    self.step_device = output_placement(output)
                 if self.meter is not None and self.meter.ctx is not None:
                     self.meter.stop(now)
             else:
@@ -506,6 +516,10 @@ class Watcher:
             summary = state.tracker.drain()
             if summary is not None:
                 extras["comm"] = summary
+            ops = state.tracker.take_ops()
+            if ops is not None:
+                extras["ops"], extras["ops_dropped"] = ops      # made relative to the step's start on the sender
+            layout.step_end(state)
         if self.syncs is not None:
             count, site = self.syncs.take()
             extras["syncs"] = count
@@ -531,15 +545,6 @@ class Watcher:
             gpu_cuda.disable_sync_counting(gpu_cuda.backend, self.syncs)
             self.syncs = None
         self.flops.close(deadline)
-
-def _placement(tensor: Any) -> tuple[str, int | None] | None:
-    """(type, index) of a tensor, asked through the CUDA backend (so the simulated device of the
-    tests can place a model on its GPU); None when it cannot be read."""
-    try:
-        return gpu_cuda.backend.tensor_device(tensor)
-    except Exception:
-        return None
-
 
 def _safe(fn: Any) -> Any:
     try:

@@ -181,7 +181,7 @@ class Tally:
                 line["before"] = before
             if after:
                 line["after"] = after
-            call = _source(filename, lineno)
+            call = source_line(filename, lineno)
             if call:
                 line["call"] = call
             lib = max(libs.items(), key=lambda kv: kv[1])[0] if libs else None
@@ -270,7 +270,7 @@ class Holders:
         for (thread, filename, lineno, function, span), n in ranked:
             item: dict[str, Any] = {"thread": thread, "file": filename, "line": lineno, "function": function,
                                     "span": span, "n": n}
-            call = _source(filename, lineno)
+            call = source_line(filename, lineno)
             if call:
                 item["call"] = call
             out.append(item)
@@ -326,7 +326,7 @@ def _qualified(frame: Any) -> str:
     return f"{module}.{getattr(code, 'co_qualname', code.co_name)}"
 
 
-def _source(filename: str, lineno: int) -> str | None:
+def source_line(filename: str, lineno: int) -> str | None:
     try:
         text = linecache.getline(filename, lineno).strip()
     except Exception:   # an unreadable file or a loader that fails: no source text

@@ -35,7 +35,8 @@ from __future__ import annotations
 #         on the training thread),
 #         syncs (host-device syncs in the step), sync_site ("file:line" of the most frequent),
 #         samples, tokens, flops, flops_source ("user"|"counted"|"6N"), mem {allocated, peak, reserved},
-#         gpu_time (device time of the step from events), lead (host-ahead-of-device s),
+#         gpu_time (device time of the step from events), lead (host-ahead-of-device s; both on a
+#         sampled subset of steps, about ten a second: probe.gpu.cuda.StepTimer),
 #         gpu_step (the step gpu_time/lead belong to: device results arrive a step or more late),
 #         gpu_phases {forward, backward, optimizer} (device s, when the step had one forward)
 # sample  host {cpu (cores busy in this process), cpu_count, sys_cpu, rss, mem_used, mem_total,
@@ -44,14 +45,19 @@ from __future__ import annotations
 #         power_w, power_limit_w, energy_mj (1.x: NVML's total energy counter since the driver
 #         loaded, mJ; None without one), sm_clock, sm_clock_max, temp_c, throttle [reason names],
 #         pcie_tx, pcie_rx, nvlink_tx, nvlink_rx (bytes/s), and on GPM devices sm_active,
-#         sm_occupancy, tensor_active, dram_bw (0..1), lost (true once NVML says the GPU is lost)}],
+#         sm_occupancy, tensor_active, dram_bw (0..1), lost (true once NVML says the GPU is lost),
+#         why (1.x: {field: reason} for util and sm_active when NVML gave none, in NVML's words, e.g.
+#         "NVML: NotSupported on this GPU", "GPM unsupported on this GPU ..."), errors (1.x: failed
+#         NVML calls for this GPU so far)}],
 #         gpu_status (str when no GPU data), compute {dtype ("fp32"|"tf32"|"bf16"|"fp16"|"fp8"),
 #         peak_flops (FLOP/s for that dtype, None when unknown: no MFU), peak_source, flops_source,
 #         params (trainable parameter count), device} (after watch()),
 #         device (1.x; the job's device now, from where its tensors live (probe.gpu.job); a reader takes
 #         the newest one over the hello's: type "cpu"|"cuda"|other torch device types, name, count,
 #         index (CUDA), memory_total, peak_flops {dtype: FLOP/s}, driver, status (CUDA: why the GPU's
-#         counters cannot be read as this job's, e.g. NVML not loadable; busy is then not measured))
+#         counters cannot be read as this job's, e.g. NVML not loadable; busy is then not measured),
+#         offloaded (1.x, CUDA: the share of the watched parameters' bytes held in host memory: CPU
+#         offload, a CPU embedding in front of GPU layers))
 # memory  device, params, grads, optimizer, activations, cache, fragmentation, other, limit,
 #         peak, reserved, allocated, alloc_retries, ooms; CUDA: peak = allocated peak since the
 #         allocator's last reset (never reset by the probe), peak_reserved, fragmentation = inactive
@@ -60,9 +66,14 @@ from __future__ import annotations
 # comm    backend, world_size, nccl_timing, ops [{op, count, bytes, seconds, busbw (bytes/s), busbytes}]
 #         (cumulative since start; seconds/busbw None when not timed; busbytes (1.x) = Σ timed bytes x
 #         busbw_factor(op, that call's group size), so a viewer's window busbw is Δbusbytes / Δseconds)
-# event   name (checkpoint|oom|exception|restart|warning|error|first_batch|<custom>), message,
+# event   name (checkpoint|oom|exception|restart|warning|error|first_batch|eval|<custom>), message,
 #         seconds, source, unmeasured (1.x, on a warning: the quantity it says the probe cannot
-#         measure, "comm"; the message is the reason the verdict quotes), and free-form fields
+#         measure, "comm"; the message is the reason the verdict quotes), and free-form fields;
+#         exception/oom (1.x): error (the exception type's name), step (steps done before it), file,
+#         line, function, call (the user's line it came from, probe/exceptions.py); eval (1.x, zero-
+#         code mode): forwards (training-mode forwards that no backward followed), seconds
+# (not a record: ``perfmon run --record`` leaves {job, cmd, returncode, t} beside the recordings
+#         as <job>.run.p<pid>.exit.json: how the command ended, read by perfmon report)
 # drops   count (since the last drops record), total, reason
 # bye     (clean shutdown)
 #
@@ -79,7 +90,9 @@ from __future__ import annotations
 #         DataLoader is watched), device {pending (bool: queued GPU work not finished) } (CUDA),
 #         flight {source (the sources joined by "+"), sources (1.x: the recorders read, "nccl":
 #         ProcessGroupNCCL's, "generic": gloo and other CPU backends), groups {group: {enqueued,
-#         started, completed (sequence numbers, -1: none), backend}}, entries [{op, group, seq, state
+#         started, completed (sequence numbers, -1: none), backend}} (a group both recorders report,
+#         one sequence per backend, is listed once per backend as "group:backend", its entries too),
+#         entries [{op, group, seq, state
 #         ("scheduled": enqueued, not started | "started" | "completed" | "enqueued": not completed,
 #         the recorder sees no starts), backend ("nccl"|"gloo"|...)}] (not retired), note (why it is
 #         empty)} (torch's flight recorders, probe/flight.py), n (1 for the first record of this stall),
@@ -145,6 +158,46 @@ from __future__ import annotations
 #         why {part: why it is not measured}}
 # profile, capture: cost {thread_cpu_s (CPU s of the probe thread that built the result)}; their
 #         training-thread cost is the window's steps against the steps before, from the step records
+#
+# 1.5 kinds (a group relay and its viewer: the relay tree, ``tui.commands.relay.group``, docs/tree.md):
+# group   (group relay -> viewer, once a second) key [dimension, value] (["group", name]: the relay's
+#         own group of nodes), ranks, timed (past warm-up), stalled, silent, steps (the most done),
+#         sums {samples_per_s, tokens_per_s}, q {quantity (``perfmon_analysis.groups.QUANTITIES``):
+#         {n, min, min_rank, min_src, max, max_rank, max_src, sketch {z (count at zero), b [bucket,
+#         count, ...] (DDSketch buckets, ``groups.SKETCH_ACCURACY``)}}}, relays_down [nodes],
+#         reps [src: the ranks sent on in full, hello, samples, stalls and summaries; a rank of the
+#         group not listed is held only in the counts], silent_s {src: seconds since its newest
+#         record}, keys [further reductions of the same ranks by another grouping, each {key, ranks,
+#         ...} as above]. The ranks' own records come tagged with ``src`` = "node/rank's src".
+# 1.5 (the job's parallel layout and what the what-if simulates, docs/layout.md):
+# layout  (new kind; sent when the rank's place is first known or changes, and in every backfill) dims [names,
+#         outer to inner: "pp", "dp", "tp", ... as the job's DeviceMesh names them], sizes [int], coord [this
+#         rank's coordinate along each dim], source ("mesh": a DeviceMesh | "pipeline": a
+#         torch.distributed.pipelining stage's index and count, replicas from its process group's ranks)
+# step    ops [[kind, start, dur, mb, peer(, waited)]] (at most MAX_OPS a step, in the order they were issued): the
+#         step's operations, start in s after the record's ``start``, dur in s; kind "fwd" | "bwd" (a
+#         pipeline stage's compute of micro-batch mb, -1 for none), "send" | "recv" (point-to-point; peer the
+#         other side's global rank; a receive lasts from its posting to its completion; a send's waited, when
+#         present, is when (s after start) the host began to wait for it, blocked until it completed), or a collective's
+#         name (peer the process group's name, the same on every member: "world", or torch's group name);
+#         ops_clock ("host": times are the training thread's, the time between two ops is its own work |
+#         "device": the device's timeline), ops_dropped (ops of the step over MAX_OPS, not sent),
+#         comm.p2p_exposed (s the training thread was blocked in point-to-point calls and their waits: a
+#         pipeline stage's time waiting on its neighbours, its bubble; absent when none)
+# 1.5 (the iteration attributed: where the time between steps goes, docs/verdict.md "Between steps"):
+# step    gap_cpu (the training thread's CPU s in ``gap``: from the previous step's end to this one's
+#         start, the batch fetch that opens it excluded; zero-code mode; absent when not measured)
+# where   samples, lines and other stay the in-step ones; between [lines, as ``lines``, each with
+#         before/after: how many of its samples were taken in the loop's function at a line before /
+#         after the lines it runs the step from, probe.where.LoopLines; absent when 0] (samples taken
+#         between steps: after a step's end, before the next one's start, outside the batch fetch;
+#         the gaps they fell in ended in this interval: samples after the last step are never sent),
+#         between_samples (int), between_other (int), between_runq (as runq, over the between-step
+#         samples); holders [{thread (name), file, line, function, call, span ("step" | "between"),
+#         n}] (the 20 largest: samples in which the training thread waited while that Python thread
+#         was on CPU and held the GIL, probe.where)
+# summary loop, gaps (the rank's running totals of time between steps, and of it the loop's own work: ETTR
+#         and the pauses' share)
 
 import struct
 from typing import Any, Iterator
@@ -156,6 +209,7 @@ MAX_FRAME = 1 << 20          # 1 MiB, checked before the body is read
 MAX_DEPTH = 8                # records are shallow; anything deeper is hostile
 MAX_CONTAINER = 10_000       # entries in any one map or list
 VIEWER_MAX_FRAME = 4096      # viewers only ever send a small hello
+MAX_OPS = 512                # ``ops`` of one step record (wire 1.5): 6 per micro-batch on a middle pipeline stage
 
 HEADER = struct.Struct(">I")
 
@@ -167,6 +221,8 @@ KIND_MINOR: dict[str, int] = {
     "stall": 1, "resumed": 1, "request": 1, "answer": 1, "profile": 1, "capture": 1,
     "summary": 2, "subscribe": 2,
     "where": 3,
+    "group": 5,
+    "layout": 5,
 }
 KINDS = frozenset(KIND_MINOR)
 
@@ -191,13 +247,16 @@ REQUIRED: dict[str, dict[str, tuple[type, ...]]] = {
     "summary": {"stats": (dict,)},
     "subscribe": {"srcs": (list,)},
     "where": {"samples": (int,), "lines": (list,)},
+    "group": {"key": (list,)},
+    "layout": {"dims": (list,), "sizes": (list,), "coord": (list,)},
 }
 OPTIONAL: dict[str, dict[str, tuple[type, ...]]] = {
     "hello": {"job": (str,), "rank": (int,), "world_size": (int,), "pid": (int,), "host": (str,),
               "restart": (int,), "device": (dict,), "argv": (list,)},
     "step": {"start": _NUM, "phases": (dict,), "comm": (dict,), "mem": (dict,), "syncs": _NUM,
              "samples": _NUM, "tokens": _NUM, "flops": _NUM, "cpu": _NUM, "cpu_span": (str,),
-             "cpu_others": _NUM, "intra_threads": (int,), "gap_cpu": _NUM},
+             "cpu_others": _NUM, "intra_threads": (int,), "ops": (list,), "ops_clock": (str,),
+             "ops_dropped": (int,), "gap_cpu": _NUM},
     "sample": {"gpus": (list,), "host": (dict,), "cost": (dict,)},
     "stall": {"since": _NUM, "seconds": _NUM, "threshold": _NUM, "step": (int,), "where": (str,),
               "stack": (list,), "inflight": (list,), "seq": (dict,), "loader": (dict,), "device": (dict,),
@@ -210,10 +269,12 @@ OPTIONAL: dict[str, dict[str, tuple[type, ...]]] = {
     "capture": {"id": (int,), "first_step": (int,), "last_step": (int,), "wall_s": _NUM, "path": (str,),
                 "top": (list,), "device_busy": _NUM, "gaps": (list,), "error": (str,), "cost": (dict,)},
     "summary": {"src": (str,), "v": (int,), "memory": (dict,), "comm": (dict,), "steps": (int,), "first_start": _NUM,
-                "last_end": _NUM, "inside": _NUM, "loop": _NUM, "unseen": _NUM, "loader_seen": (bool,)},
+                "last_end": _NUM, "inside": _NUM, "loop": _NUM, "gaps": _NUM, "unseen": _NUM, "loader_seen": (bool,)},
     "subscribe": {"window": (list,)},
     "where": {"t0": _NUM, "t1": _NUM, "hz": _NUM, "other": (int,), "runq": _NUM, "between": (list,),
               "between_samples": (int,), "between_other": (int,), "between_runq": _NUM, "holders": (list,)},
+    "group": {"q": (dict,), "reps": (list,), "silent_s": (dict,), "keys": (list,), "src": (str,)},
+    "layout": {"source": (str,)},
 }
 
 

@@ -60,6 +60,13 @@ class ZeroCodeSteps:
             self._run_hooks(self._begin_hooks)
         self._own_s += time.perf_counter() - t
 
+    def restart_step_clock(self, cpu0: float | None = None) -> None:
+        """Zero-code mode: the step in course now starts later (evaluation cut off its start): its CPU
+        clocks count from ``cpu0`` (the thread's CPU clock at the new start; else from now)."""
+        now = time.thread_time()
+        self._cpu0 = cpu0 if cpu0 is not None else now
+        self._proc0 = time.process_time() - (now - self._cpu0)
+
     def add_step(self, start: float, end: float, phases: dict[str, float] | None = None,
                  samples: float | None = None, data_cpu: float | None = None, tokens: float | None = None,
                  gap_cpu: float | None = None) -> None:

@@ -5,8 +5,13 @@
 #
 # 1. the machine: GPU, driver, torch, Python
 # 2. the GPU's busy readings straight from NVML (scripts/gpu_busy_raw.py), then perfmon doctor: the
-#    planted-truth checks (CPU, then CUDA events, kernels back to back, NVML, a half-idle GPU, a sync
-#    per step, launch-bound kernels, a CPU job on the GPU host)
+#    planted-truth checks (CPU, then perfmon's step timer against the host clock, kernels back to back,
+#    NVML utilization and the verdict on a half-idle GPU, GPM fill of full and one-block kernels and a
+#    poorly filled GPU-bound loop (low_fill), a sync per step, a sync on a device that never idles (not
+#    host_sync), launch-bound kernels, a hybrid model (CPU embedding, GPU layers: a CUDA job with its
+#    host share), a CPU job on the GPU host)
+# 2b. perfmon's own cost on ~5 ms GPU steps with a .item() each: no probe, CUDA events on every step,
+#    events on one step per 0.1 s, alternated (bench/bench_gpu_step_cost.py --cuda; target under 0.5%)
 # 3. perfmon demo --headless on the GPU: real jobs through `perfmon run`'s path, the verdict and
 #    the device pane's numbers in the report JSON (healthy, host_sync, data_loading)
 # 4. python -m pytest -m gpu: the compatibility matrix's GPU cells
@@ -49,9 +54,10 @@ r = json.load(open(sys.argv[1]))
 v, m = r["verdict"], r["metrics"]
 print("verdict:", v["bottleneck"], "|", v["headline"])
 print("device:", r["device"], "| window:", r["window"])
-for k in ("step_time_median_s", "device_busy", "device_busy_source", "device_idle_frac", "syncs_per_step",
-          "data_wait_frac", "host_lead_s", "mfu", "peak_flops", "peak_source", "memory_headroom", "memory",
-          "overhead_step_frac", "overhead_cpu_frac"):
+for k in ("step_time_median_s", "device_busy", "device_busy_source", "gpu_util", "device_fill", "sm_active",
+          "device_idle_frac", "syncs_per_step", "data_wait_frac", "host_lead_s", "host_lead_steps",
+          "device_time_median_s", "device_busy_unknown", "params_offloaded", "mfu", "peak_flops", "peak_source",
+          "memory_headroom", "memory", "overhead_step_frac", "overhead_cpu_frac"):
     print(f"  {k} = {m.get(k)}")
 print("  unknown:", v.get("unknown"), "| problems:", r.get("problems"))
 EOF
@@ -67,7 +73,8 @@ fi
 step install 120 python3 -m pip install -q --no-deps --no-build-isolation -e .
 command -v perfmon >/dev/null || { echo "perfmon not on PATH"; exit 1; }
 step busy_raw 60 python3 scripts/gpu_busy_raw.py
-step doctor 240 perfmon doctor
+step doctor 300 perfmon doctor
+step gpu_step_cost 200 python3 bench/bench_gpu_step_cost.py --cuda --seconds 3 --rounds 5
 for s in healthy host_sync data_loading; do step "demo_$s" 90 demo "$s"; done
 step pytest_gpu 200 python3 -m pytest -m gpu -p no:randomly -p no:cacheprovider --no-cov -q -rs ${GPU_TESTS:-tests}
 step fast_tier "${FAST_S:-300}" python3 -m pytest -m "not slow" -p no:randomly -p no:cacheprovider --no-cov -q \

@@ -69,6 +69,9 @@ def _hosts_options(p: argparse.ArgumentParser, token: bool = True, relays: bool 
                             "(token: --token or $PERFMON_TOKEN)")
     if token:
         where.add_argument("--token", default=None, help="the relays' token with --relay-port (default: $PERFMON_TOKEN)")
+    where.add_argument("--group-size", type=int, default=None, metavar="N",
+                       help="a relay tree: one group relay per N hosts (default: 32 hosts a group from 64 hosts "
+                            "on; 0: one relay per host whatever the count; docs/tree.md)")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -190,6 +193,17 @@ def build_parser() -> argparse.ArgumentParser:
     how.add_argument("--stdio", action="store_true", help="speak the wire protocol on stdin/stdout")
     how.add_argument("--tcp", metavar="[HOST:]PORT", help="serve one viewer on TCP (127.0.0.1 by default) that "
                      "sends the token ($PERFMON_TOKEN, else a new one in a 0600 file)")
+    group = relay.add_argument_group("a group relay: the middle of a relay tree (docs/tree.md)")
+    group.add_argument("--nodes", default=None, metavar="LIST", help="reduce the ranks of these nodes' relays "
+                       "(SLURM syntax allowed) rather than this node's ranks")
+    group.add_argument("--nodes-via", default=None, metavar="TEMPLATE", help="transport to the nodes, "
+                       "percent-encoded (default: $PERFMON_VIA, else ssh)")
+    group.add_argument("--relay-port", type=int, default=None, metavar="PORT",
+                       help="connect to 'perfmon relay --tcp PORT JOB' on each node (token: $PERFMON_TOKEN)")
+    group.add_argument("--relay-argv", default=None, help=argparse.SUPPRESS)   # the node relay's command, comma-joined
+    group.add_argument("--group", default=None, metavar="NAME", help="the group's name (default: its first node)")
+    group.add_argument("--prometheus", default=None, metavar="[HOST:]PORT",
+                       help="serve the group's numbers on /metrics (per group and its worst ranks only)")
 
     doctor = sub.add_parser("doctor", help="check that perfmon measures and diagnoses correctly on this machine")
     doctor.add_argument("--cpu-only", action="store_true", help="skip the GPU checks even when a GPU is present")

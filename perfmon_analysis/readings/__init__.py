@@ -6,7 +6,9 @@ wire dicts: past the probe's writers, a wire key is read in this package only (a
 holds every other module to it), and every key written or read here is named in ``probe/wire.py``'s
 schema (``tests/unit/test_wire_keys.py``). Every field is None when the probe did not report it (unknown is never
 0); utilisations are 0..1. One module per family of records: ``steps`` (steps, events), ``samples``
-(hello, samples, memory, comm), ``where``, ``stall``, ``profiles`` (capture, profile); ``base`` holds
+(hello, samples, memory, comm), ``where``, ``stall``, ``profiles`` (capture, profile), ``events`` (an
+exception's line, an evaluation's forwards, ``perfmon run``'s exit status), ``layout`` (a rank's place in
+the job's layout, a step's operations); ``base`` holds
 the value checks they share.
 """
 
@@ -23,8 +25,11 @@ from perfmon_analysis.readings.samples import (GpuReading, GpuRow, HostReading, 
 from perfmon_analysis.readings.where import (HolderCount, WhereCount, WhereInterval, SPANS, WHERE_STATES,
                                              where_interval)
 from perfmon_analysis.readings.stall import (InFlight, FlightEntry, LoaderWorker, StallReading, stall_reading)
+from perfmon_analysis.readings.events import (ExceptionReading, exception_reading, eval_forwards, JobExit,
+                                              exit_reading)
 from perfmon_analysis.readings.profiles import (OpTime, CaptureRecord, capture_record, window_cpu, ModuleTimes,
                                                 ProfileRecord, profile_record)
+from perfmon_analysis.readings.layout import Op, StepOps, step_ops, LayoutReading, layout_reading
 
 __all__ = ['num', 'record_time', 'dropped', 'StepBar', 'StepReading', 'step_reading', 'EventReading', 'event_reading',
            'step_cpu', 'GpuReading', 'GpuRow', 'HostReading', 'RankTrace', 'gpu_reading', 'gpu_readings',
@@ -33,4 +38,5 @@ __all__ = ['num', 'record_time', 'dropped', 'StepBar', 'StepReading', 'step_read
            'CommOp', 'CommReading', 'comm_reading', 'own_gpus', 'gpu_rows', 'HolderCount', 'WhereCount',
            'WhereInterval', 'SPANS', 'WHERE_STATES', 'where_interval', 'InFlight', 'FlightEntry', 'LoaderWorker', 'StallReading',
            'stall_reading', 'OpTime', 'CaptureRecord', 'capture_record', 'window_cpu', 'ModuleTimes', 'ProfileRecord',
-           'profile_record']
+           'profile_record', 'ExceptionReading', 'exception_reading', 'eval_forwards', 'JobExit', 'exit_reading',
+           'Op', 'StepOps', 'step_ops', 'LayoutReading', 'layout_reading']

@@ -27,6 +27,13 @@ class GpuReading:
     sm_clock_mhz: float | None = None
     temp_c: float | None = None
     throttle: tuple[str, ...] = ()
+    why: tuple[tuple[str, str], ...] = ()   # field ("util", "sm_active") -> why NVML did not give it
+    errors: int | None = None               # failed NVML calls for this GPU so far (the probe's count)
+    lost: bool = False                      # NVML says the GPU is lost
+
+    def why_not(self, field: str) -> str | None:
+        """Why ``field`` is missing, in NVML's words (None: it is not, or the probe did not say)."""
+        return next((why for name, why in self.why if name == field), None)
 
 
 @dataclass(frozen=True)
@@ -63,13 +70,16 @@ class RankTrace:
 
 def gpu_reading(g: dict[str, Any]) -> GpuReading:
     throttle = g.get("throttle") if isinstance(g.get("throttle"), list) else []
+    why = g.get("why")
     return GpuReading(
         index=_int(g.get("index")), util=_frac(g.get("util")), name=_text(g.get("name")), uuid=_text(g.get("uuid")),
         sm_active=_frac(g.get("sm_active")),
         tensor_active=_frac(g.get("tensor_active")), mem_used=_int(g.get("mem_used")),
         mem_total=_int(g.get("mem_total")), power_w=num(g.get("power_w")), power_limit_w=num(g.get("power_limit_w")),
         energy_mj=num(g.get("energy_mj")), sm_clock_mhz=num(g.get("sm_clock")), temp_c=num(g.get("temp_c")),
-        throttle=tuple(t for t in throttle if isinstance(t, str)))
+        throttle=tuple(t for t in throttle if isinstance(t, str)),
+        why=tuple((str(k), str(v)) for k, v in why.items() if isinstance(v, str)) if isinstance(why, dict) else (),
+        errors=_whole(g.get("errors")), lost=g.get("lost") is True)
 
 
 def gpu_readings(sample: dict[str, Any]) -> tuple[GpuReading, ...]:
@@ -95,6 +105,7 @@ class DeviceReading:
     memory_total: int | None = None
     dtype: str | None = None             # the compute dtype
     peak_flops: tuple[tuple[str, float], ...] = ()    # dtype -> peak FLOP/s of the device's table
+    offloaded: float | None = None       # CUDA job: share of its parameters' bytes held in host memory
 
     def peak(self, dtype: str) -> float | None:
         return next((v for d, v in self.peak_flops if d == dtype), None)
@@ -106,7 +117,8 @@ def device_reading(d: Any) -> DeviceReading | None:
     peaks = d.get("peak_flops") if isinstance(d.get("peak_flops"), dict) else {}
     known = tuple((str(dtype), peak) for dtype, peak in ((k, num(v)) for k, v in peaks.items()) if peak)
     return DeviceReading(type=_text(d.get("type")), name=_text(d.get("name")), status=_text(d.get("status")),
-                         memory_total=_int(d.get("memory_total")), dtype=_text(d.get("dtype")), peak_flops=known)
+                         memory_total=_int(d.get("memory_total")), dtype=_text(d.get("dtype")), peak_flops=known,
+                         offloaded=_frac(d.get("offloaded")))
 
 
 @dataclass(frozen=True)

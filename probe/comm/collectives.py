@@ -8,6 +8,7 @@ import time
 from typing import Any, Callable
 
 from probe.comm.functional import FUNCOL_SPECS, FuncolTiming
+from probe.comm.p2p import PendingWorks, peer_of, wrap_batch
 from probe.comm.guards import first_tensor as _first_tensor, in_hook as _in_hook, is_compiling as _is_compiling
 from probe.comm.guards import as_wrapper, list_bytes as _list_bytes, nbytes as _nbytes, tls as _tls
 from probe.comm.pollers import MAX_ASYNC, EventPairPoller, WorkPoller, gpu_poller
@@ -63,6 +64,7 @@ class CommState:
         self.funcol: FuncolTiming | None = None
         self.orig_wait: Callable[..., Any] | None = None
         self.async_works: dict[int, tuple[Any, CollectiveCall]] = {}
+        self.pending = PendingWorks(self)     # works with no future (gloo's point-to-point)
         self.group_sizes: dict[int, int] = {}     # one per process group: bounded by the script's groups
         self.group_names: dict[int, tuple[str, int | None]] = {}   # same key: (name, this rank in it)
         self.ledger = Ledger()                    # sequence numbers and calls in flight, for stall records
@@ -86,6 +88,7 @@ class CommState:
     def close(self) -> None:
         """The probe closed: release the works and pending completions kept for timing."""
         self.async_works.clear()
+        self.pending.clear()
         if self._work_poller is not None:
             self._work_poller.closed = True
             self._work_poller.pending.clear()
@@ -147,6 +150,7 @@ class CommState:
         def collective(*args: Any, **kwargs: Any) -> Any:
             if _is_compiling() or getattr(_tls, "depth", 0) > 0 or state.probe.closed:
                 return orig(*args, **kwargs)
+            state.pending.poll()
             try:
                 prepared = state._prepare(args, kwargs, names, async_pos, group_pos, nbytes_of, op)
             except Exception:
@@ -209,8 +213,11 @@ class CommState:
         device = tensor.device.index if is_cuda else None
         group_name, group_rank = self.group_identity(group)
         token = self.ledger.begin(op, group_name, group_rank, n, nbytes)
-        return (is_async, is_cuda, CollectiveCall(op, 1, nbytes, n, None, None, launch=time.perf_counter()), device,
-                token)
+        # host-timed calls carry where they went: the step's operations (wire 1.5 ``ops``)
+        peer = None if is_cuda else peer_of(op, args_n, kwargs, group)
+        item = CollectiveCall(op, 1, nbytes, n, None, None, launch=time.perf_counter(), peer=peer,
+                              group=None if is_cuda or op in ("send", "recv") else group_name)
+        return is_async, is_cuda, item, device, token
 
     def _sync_cuda(self, orig: Callable[..., Any], args: tuple, kwargs: dict, item: CollectiveCall, device: Any) -> Any:
         cuda = self.event_backend
@@ -253,7 +260,12 @@ class CommState:
             if len(works) >= MAX_ASYNC:
                 works.pop(next(iter(works)))
             works[id(work)] = (work, item)
-            work.get_future().then(self._async_done(item, id(work), token))
+            try:
+                future = work.get_future()
+            except RuntimeError:        # gloo's send/recv works have none: completion seen by polling
+                self.pending.add(work, item, token)
+                return True
+            future.then(self._async_done(item, id(work), token))
             return True
         except Exception:
             self.tracker.error()
@@ -287,7 +299,9 @@ class CommState:
             return self.orig_wait(work, *args, **kwargs)  # type: ignore[misc]
         finally:
             try:
-                self.tracker.add(CollectiveCall(entry[1].op, 0, 0, entry[1].n, None, time.perf_counter() - t0))
+                t1 = time.perf_counter()
+                self.tracker.add(CollectiveCall(entry[1].op, 0, 0, entry[1].n, None, t1 - t0))
+                self.pending.waited(work, t0, t1)
             except Exception:
                 self.tracker.error()
 
@@ -360,6 +374,12 @@ def install(probe: Any) -> CommState | None:
             setattr(c10d, name, wrapper)
             if getattr(dist, name, None) is orig:
                 setattr(dist, name, wrapper)
+        orig_batch = getattr(c10d, "batch_isend_irecv", None)
+        if orig_batch is not None and not getattr(orig_batch, "_perfmon", False):
+            state.originals["batch_isend_irecv"] = orig_batch
+            c10d.batch_isend_irecv = wrap_batch(state, orig_batch)
+            if getattr(dist, "batch_isend_irecv", None) is orig_batch:
+                dist.batch_isend_irecv = c10d.batch_isend_irecv
         patch_functional(state)
         work_cls = getattr(dist, "Work", None)
         if work_cls is not None and getattr(work_cls, "wait", None) is not None:

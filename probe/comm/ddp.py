@@ -44,7 +44,8 @@ class DdpTiming:
         tracker = self.state.tracker
         try:
             nbytes = buf.numel() * buf.element_size()
-            item = CollectiveCall("all_reduce", 1, nbytes, self.n, None, None, pass_id=pass_id, launch=t0, last=last)
+            item = CollectiveCall("all_reduce", 1, nbytes, self.n, None, None, pass_id=pass_id, launch=t0, last=last,
+                                  group=None if buf.is_cuda else self.state.group_identity(self.pg)[0])
             token = self._enter(nbytes)
             if buf.is_cuda:
                 self.state.ledger.end(token)     # the device part is the flight recorder's to see
@@ -71,7 +72,8 @@ class DdpTiming:
             fut = hook(user_state, bucket)
         finally:
             _tls.depth -= 1
-        item = CollectiveCall("all_reduce", 1, nbytes, self.n, None, None, pass_id=pass_id, launch=t0, last=last)
+        item = CollectiveCall("all_reduce", 1, nbytes, self.n, None, None, pass_id=pass_id, launch=t0, last=last,
+                              group=None if buf.is_cuda else self.state.group_identity(self.pg)[0])
         if buf.is_cuda:
             self.state.tracker.add(item)
             return fut

@@ -8,20 +8,23 @@ import os
 import time
 from typing import Any
 
-from probe.wire import busbw_factor
+from probe.wire import MAX_OPS, busbw_factor
 
+P2P_OPS = frozenset({"send", "recv"})
 COMM_PERIOD = 2.0      # seconds between ``comm`` records (when something changed); one more at close
 
 
 class CollectiveCall:
-    """One finished (or partly known) collective."""
+    """One finished (or partly known) collective. ``group`` (its process group's name) and ``peer``
+    (a point-to-point call's other rank) are set on host-timed calls only: those become the step's
+    ``ops`` (wire 1.5), whose times must be the host's."""
 
     __slots__ = ("op", "count", "nbytes", "n", "seconds", "exposed", "estimated", "pass_id", "launch", "done",
-                 "last")
+                 "last", "group", "peer", "waited")
 
     def __init__(self, op: str, count: int, nbytes: int, n: int, seconds: float | None, exposed: float | None,
                  estimated: bool = False, pass_id: int | None = None, launch: float = 0.0, done: float = 0.0,
-                 last: bool = False) -> None:
+                 last: bool = False, group: str | None = None, peer: int | None = None) -> None:
         self.op = op
         self.count = count
         self.nbytes = nbytes
@@ -33,6 +36,9 @@ class CollectiveCall:
         self.launch = launch
         self.done = done
         self.last = last
+        self.group = group
+        self.peer = peer
+        self.waited: float | None = None     # a send's: when the host began waiting for it (Work.wait)
 
 
 class CommTracker:
@@ -47,12 +53,30 @@ class CommTracker:
         self.nccl_timing = _env_on("PERFMON_NCCL_TIMING") or _env_on("TORCH_NCCL_ENABLE_TIMING")
         self._ddp_pending: dict[int, list[CollectiveCall]] = {}
         self._covered = float("-inf")   # host time up to which collectives were already charged
+        self.ops: list[tuple] = []   # this step's operations (take_ops): (kind, t0, dur, mb, peer[, waited])
+        self.ops_dropped = 0
 
     def add(self, item: CollectiveCall) -> None:
         self.done.append(item)
 
     def error(self) -> None:
         self.errors += 1
+
+    def add_op(self, kind: str, t0: float, dur: float, mb: int, peer: int | str, waited: float | None = None) -> None:
+        """One operation of the step in course (perf_counter ``t0``; ``waited``: when the host began to
+        wait for a send): at most ``MAX_OPS`` a step."""
+        if len(self.ops) < MAX_OPS:
+            self.ops.append((kind, t0, dur, mb, peer) if waited is None else (kind, t0, dur, mb, peer, waited))
+        else:
+            self.ops_dropped += 1
+
+    def take_ops(self) -> tuple[list[tuple], int] | None:
+        """The step's operations and how many the bound dropped, since the last take; None when none."""
+        if not self.ops and not self.ops_dropped:
+            return None
+        ops, dropped = self.ops, self.ops_dropped
+        self.ops, self.ops_dropped = [], 0
+        return ops, dropped
 
     def drain(self) -> dict[str, Any] | None:
         """The step record's ``comm`` map for everything finished since the last drain.
@@ -74,16 +98,22 @@ class CommTracker:
                 break
         self._charge_host_intervals([i for i in items if i.done and i.seconds is not None])
         ops = nbytes = 0
-        seconds = exposed = 0.0
+        seconds = exposed = p2p_exposed = 0.0
         timed = exposed_known = estimated = False
         passes: dict[int, list[CollectiveCall]] = {}
         totals = self.totals
         for item in items:
             ops += item.count
             nbytes += item.nbytes
+            if item.count and item.done and (item.group is not None or item.peer is not None):
+                self.add_op(item.op, item.launch, item.done - item.launch, -1,
+                            item.peer if item.peer is not None else item.group,   # type: ignore[arg-type]
+                            item.waited)
             if item.seconds is not None:
                 seconds += item.seconds
                 timed = True
+            if item.op in P2P_OPS and item.exposed is not None:
+                p2p_exposed += item.exposed
             if item.pass_id is not None:
                 passes.setdefault(item.pass_id, []).append(item)
             elif item.exposed is not None:
@@ -107,8 +137,11 @@ class CommTracker:
             estimated = estimated or is_estimate
         if timed and exposed_known:
             exposed = min(exposed, seconds)
-        return {"seconds": seconds if timed else None, "exposed": exposed if exposed_known else None,
-                "bytes": nbytes, "ops": ops, "estimated": estimated}
+        out = {"seconds": seconds if timed else None, "exposed": exposed if exposed_known else None,
+               "bytes": nbytes, "ops": ops, "estimated": estimated}
+        if p2p_exposed:
+            out["p2p_exposed"] = p2p_exposed
+        return out
 
     def _charge_host_intervals(self, items: list[CollectiveCall]) -> None:
         items.sort(key=lambda i: i.launch)

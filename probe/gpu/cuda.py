@@ -8,10 +8,10 @@
   while nothing is pending and, while something is, as long as its clients expect.
 * ``EventPool``: timing events reused across module profiles.
 * ``StepTimer``: a reused pool of timing events recorded on the current stream at
-  step and phase boundaries (creating events is costly, so they are pooled, as
-  ATen's EventPool does). The host time at which the step's last event is seen
-  complete, minus the host time it was recorded, is how far the host runs ahead
-  of the device: near zero means the device is starved.
+  step and phase boundaries of a sampled subset of steps, ten a second (creating events
+  is costly, so they are pooled, as ATen's EventPool does). The host time at which the
+  step's last event is seen complete, minus the host time it was recorded, is how far the
+  host runs ahead of the device: near zero means the device is starved.
 * ``SyncCounter`` (opt-in: ``watch(syncs=True)`` or ``PERFMON_SYNCS=1``): counts host-device
   synchronizations with ``torch.cuda.set_sync_debug_mode("warn")``. PyTorch offers no hook on
   its C++ warnings (``TORCH_WARN`` becomes a Python warning, through the user's filters), so
@@ -305,38 +305,38 @@ class EventPool:
 
 
 class _Pending:
-    __slots__ = ("step", "host_end", "events", "fwd", "bwd", "timed_lead")
+    __slots__ = ("step", "host_end", "events", "fwd", "bwd")
 
-    def __init__(self, step: int, host_end: float, events: list, fwd: int, bwd: bool, timed_lead: bool) -> None:
+    def __init__(self, step: int, host_end: float, events: list, fwd: int, bwd: bool) -> None:
         self.step = step
         self.host_end = host_end
         self.events = events
         self.fwd = fwd
         self.bwd = bwd
-        self.timed_lead = timed_lead
 
 
 class StepTimer:
-    """Device time per step from pooled events: [start, forward end, backward end, step end].
+    """Device time and the host's lead for a sampled subset of steps, from pooled events: [start,
+    forward end, backward end, step end], recorded for one step per ``TIME_EVERY`` seconds.
 
-    Every step gets its device time (exact: event to event). The host lead needs the host
-    time at which the step's last event completes, which only a poll at that moment sees, so
-    it is timed for one step per ``LEAD_EVERY`` seconds: those steps the poller looks at on a
-    schedule (``poll``), the others it drains whenever it wakes (at least every
-    ``Poller.MAX_WAIT``) and they carry no lead. Given the probe's ``poller``, the timer
-    registers there and calls ``wake`` when a lead-timed step ends."""
+    The lead needs the host time at which the step's last event completes, which only a poll at that
+    moment sees, so the poller looks at a timed step on a schedule (``poll``). The other steps record
+    no event at all: on the first GPU run (an H200; README, "GPU: what is verified") the step hooks
+    with event records on every step and sync counting took 57 + 54 µs, 2% of a 6.8 ms step, so a
+    5 ms step records events on one step in twenty (bench/RESULTS.md, "GPU step cost"). The viewer
+    reads device time and lead as medians over a window of steps at 1-2 Hz, which ten timed steps a
+    second fill. Given the probe's ``poller``, the timer registers there and calls ``wake`` when a
+    timed step ends."""
 
     POOL = 64    # event sets in flight at most; beyond that a step goes untimed
-    # 10 leads a second: the viewer reads the lead as a median over a window of steps (50 steps
-    # or 30 s) at 1-2 Hz, and polling every step of a 100-step/s job would wake the poller
-    # 100-300 times a second (bench/bench_poller.py).
-    LEAD_EVERY = 0.1
-    # The schedule for a lead-timed step: the first look at half the previous lead (a lead that
-    # halves is still seen at its true value within one timed step), then looks spaced a
-    # quarter of the time waited so far, so a lead reads at most ~25% (or Poller.MIN_WAIT) long.
+    # Ten timed steps a second: enough for the window's medians, and polling every step of a 100-step/s
+    # job would wake the poller 100-300 times a second (bench/bench_poller.py).
+    TIME_EVERY = 0.1
+    # The schedule for a timed step: the first look at half the previous lead (a lead that halves is
+    # still seen at its true value within one timed step), then looks spaced a quarter of the time
+    # waited so far, so a lead reads at most ~25% (or Poller.MIN_WAIT) long.
     FIRST_LOOK = 0.5
     PRECISION = 0.25
-    UNTIMED = math.inf   # ``poll``'s answer when only steps without a lead are pending
 
     def __init__(self, cuda: Any, index: int | None = None, poller: "Poller | None" = None) -> None:
         self.cuda = cuda
@@ -346,12 +346,12 @@ class StepTimer:
         self.cur: list | None = None
         self.n_fwd = 0
         self.bwd = False
-        self.pending: collections.deque = collections.deque()      # every step, oldest first
-        self.lead_timed: collections.deque = collections.deque()   # the lead-timed among them
+        self.pending: collections.deque = collections.deque()      # timed steps, oldest first
         self.results: collections.deque = collections.deque(maxlen=64)
         self.skipped = 0
+        self.timed = 0
         self.last_lead: float | None = None
-        self.last_timed_end = -math.inf
+        self.last_begin = -math.inf
         self.wake: Callable[[float], None] | None = None
         if poller is not None:
             self.wake = poller.wake
@@ -359,6 +359,10 @@ class StepTimer:
 
     # main thread ---------------------------------------------------------------------------
     def begin(self) -> None:
+        now = time.perf_counter()
+        if now - self.last_begin < self.TIME_EVERY:
+            self.cur = None               # an untimed step: no event, a clock read and a comparison
+            return
         events = self.free.popleft() if self.free else None
         if events is None:
             if self.created >= self.POOL:
@@ -367,6 +371,7 @@ class StepTimer:
                 return
             events = [self.cuda.new_event() for _ in range(4)]
             self.created += 1
+        self.last_begin = now
         self.cuda.record_on(events[0], self.index)
         self.cur = events
         self.n_fwd = 0
@@ -387,15 +392,10 @@ class StepTimer:
         if events is None:
             return
         self.cuda.record_on(events[3], self.index)
-        now = time.perf_counter()
-        timed = now - self.last_timed_end >= self.LEAD_EVERY
-        pending = _Pending(step, now, events, self.n_fwd, self.bwd, timed)
-        if timed:
-            self.last_timed_end = now
-            self.lead_timed.append(pending)
-        self.pending.append(pending)
+        self.pending.append(_Pending(step, time.perf_counter(), events, self.n_fwd, self.bwd))
         self.cur = None
-        if timed and self.wake is not None:
+        self.timed += 1
+        if self.wake is not None:
             lead = self.last_lead
             self.wake(0.0 if lead is None else self.FIRST_LOOK * lead)
 
@@ -409,34 +409,30 @@ class StepTimer:
     # poller thread -------------------------------------------------------------------------
     def poll(self) -> bool | float:
         """Collect completed steps. Then: False when nothing is pending; else seconds until the
-        oldest lead-timed step is worth another look (True before any lead is known: the
-        poller's own back-off; ``UNTIMED`` when no lead-timed step is pending)."""
+        oldest pending step is worth another look (True before any lead is known: the poller's own
+        back-off)."""
         while self.pending:
             head = self.pending[0]
             if not head.events[3].query():
                 break
             seen = time.perf_counter()     # after the query: a lead is never read short
             self.pending.popleft()
-            if head.timed_lead and self.lead_timed and self.lead_timed[0] is head:
-                self.lead_timed.popleft()
             try:
                 self.results.append(self._result(head, seen))
             finally:
                 self.free.append(head.events)
         if not self.pending:
             return False
-        if not self.lead_timed:
-            return self.UNTIMED
         if self.last_lead is None:
             return True
-        age = time.perf_counter() - self.lead_timed[0].host_end
+        age = time.perf_counter() - self.pending[0].host_end
         return max(self.FIRST_LOOK * self.last_lead - age, self.PRECISION * age)
 
     def _result(self, done: _Pending, seen: float) -> dict[str, Any]:
         start, fwd, bwd, end = done.events
-        result: dict[str, Any] = {"gpu_step": done.step, "gpu_time": start.elapsed_time(end) / 1e3}
-        if done.timed_lead:
-            result["lead"] = self.last_lead = max(0.0, seen - done.host_end)
+        self.last_lead = max(0.0, seen - done.host_end)
+        result: dict[str, Any] = {"gpu_step": done.step, "gpu_time": start.elapsed_time(end) / 1e3,
+                                  "lead": self.last_lead}
         if done.fwd == 1 and done.bwd:   # device phases only when unambiguous
             result["gpu_phases"] = {"forward": start.elapsed_time(fwd) / 1e3,
                                     "backward": fwd.elapsed_time(bwd) / 1e3,

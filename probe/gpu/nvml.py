@@ -56,6 +56,18 @@ PCIE_EVERY = 5               # nvmlDeviceGetPcieThroughput samples a counter ove
 # NVML_ERROR_* codes that mean "this device will never answer this call".
 _PERMANENT = {2, 3, 4, 13}   # INVALID_ARGUMENT, NOT_SUPPORTED, NO_PERMISSION, FUNCTION_NOT_FOUND
 _GPU_IS_LOST = 15
+# Why a reading is missing, in NVML's own words (its NVML_ERROR_* names), for the viewer to quote.
+_REASON = {
+    2: "NVML: InvalidArgument",
+    3: "NVML: NotSupported on this GPU",
+    4: "NVML: NoPermission",
+    13: "NVML: FunctionNotFound (the driver lacks this call)",
+    15: "NVML: GpuIsLost",
+}
+GPM_UNSUPPORTED = "GPM unsupported on this GPU (Hopper and newer have it)"
+# The reading of each ``gpus[]`` field that a ``why`` entry explains, by the NVML call behind it.
+UTIL_CALL = "nvmlDeviceGetUtilizationRates"
+GPM_CALLS = ("nvmlGpmQueryDeviceSupport", "nvmlGpmSampleGet", "nvmlGpmMetricsGet")
 _STATUS = {
     12: "no NVIDIA GPU: NVML library not found",
     9: "no NVIDIA GPU: NVIDIA driver not loaded",
@@ -99,6 +111,9 @@ class Device:
         self.nvlink_prev: tuple[float, int, int] | None = None
         self.pcie_cache: tuple[float | None, float | None] = (None, None)
         self.reads = 0
+        self.errors = 0                     # failed NVML calls for this device (its samples' ``errors``)
+        self.failed: dict[str, str] = {}    # NVML call -> why its last try failed (cleared by a success)
+        self.gpm_why: str | None = None     # why this device has no GPM session
 
 
 class _Gpm:
@@ -130,6 +145,9 @@ class _Gpm:
                     metric = mg.metrics[i]
                     if metric.nvmlReturn == 0:
                         values[name] = float(metric.value) * scale
+                    elif name == "sm_active":     # the fill reading: say why it is missing
+                        dev.failed["nvmlGpmMetricsGet"] = _REASON.get(metric.nvmlReturn,
+                                                                      f"NVML: error {metric.nvmlReturn}")
         self.prev, self.cur = self.cur, self.prev
         self.prev_t = now
         return values
@@ -205,17 +223,23 @@ class Nvml:
         fn = getattr(self.nv, name, None)
         if fn is None:
             dev.unsupported.add(key)
+            dev.failed[name] = _REASON[13]
             return None
         try:
-            return fn(*args)
+            value = fn(*args)
         except Exception as exc:
             self.errors += 1
+            dev.errors += 1
             code = getattr(exc, "value", None)
+            dev.failed[name] = _REASON.get(code) or f"NVML: {_error_text(exc)}"[:120]
             if code in _PERMANENT:
                 dev.unsupported.add(key)
             elif code == _GPU_IS_LOST:
                 dev.lost = True
             return None
+        if dev.failed:
+            dev.failed.pop(name, None)
+        return value
 
     # -- per device -------------------------------------------------------------------------
     def _describe(self, dev: Device) -> Device:
@@ -232,9 +256,15 @@ class Nvml:
         if support is not None and getattr(support, "isSupportedDevice", 0):
             try:
                 dev.gpm = _Gpm(self.nv)
-            except Exception:
+            except Exception as exc:
                 self.errors += 1
+                dev.errors += 1
                 dev.gpm = None
+                dev.gpm_why = f"GPM: {_error_text(exc)}"[:120]
+        elif support is not None:
+            dev.gpm_why = GPM_UNSUPPORTED
+        else:
+            dev.gpm_why = dev.failed.get("nvmlGpmQueryDeviceSupport", GPM_UNSUPPORTED)
         return dev
 
     def read(self, dev: Device) -> dict[str, Any]:
@@ -273,15 +303,39 @@ class Nvml:
         else:
             links = (*self._pcie(dev), *self._nvlink(dev))
         out["pcie_tx"], out["pcie_rx"], out["nvlink_tx"], out["nvlink_rx"] = links
+        why = self._why(dev, out, gpm)
+        if why:
+            out["why"] = why
+        if dev.errors:
+            out["errors"] = dev.errors
         return out
+
+    @staticmethod
+    def _why(dev: Device, out: dict[str, Any], gpm: dict[str, float | None] | None) -> dict[str, str]:
+        """Why the busy and fill readings are missing, in NVML's words: the viewer states it beside
+        "not measured" (docs/verdict.md, "When something is not measured"). A GPM value missing only
+        because the previous sample is under ``GPM_MIN_INTERVAL`` old has no reason: it is not missing."""
+        why: dict[str, str] = {}
+        lost = "NVML: GpuIsLost" if dev.lost else None
+        if out["util"] is None:
+            why["util"] = lost or dev.failed.get(UTIL_CALL, "NVML: no utilization reported")
+        if gpm is None:
+            why["sm_active"] = lost or dev.gpm_why or GPM_UNSUPPORTED
+        elif out.get("sm_active") is None:
+            failed = lost or next((dev.failed[c] for c in GPM_CALLS if c in dev.failed), None)
+            if failed is not None:
+                why["sm_active"] = failed
+        return why
 
     def _gpm_values(self, dev: Device) -> dict[str, float | None] | None:
         if dev.gpm is None:
             return None
         try:
             return dev.gpm.read(self, dev)
-        except Exception:
+        except Exception as exc:
             self.errors += 1
+            dev.errors += 1
+            dev.failed["nvmlGpmMetricsGet"] = f"GPM: {_error_text(exc)}"[:120]
             return {name: None for _, name, _ in GPM_METRICS}
 
     def _pcie(self, dev: Device) -> tuple[float | None, float | None]:

@@ -79,4 +79,14 @@ def test_fsdp2_job_bound_by_gathering_weights_is_called_communication(tmp_path: 
     metrics = report["metrics"]
     assert metrics["comm_frac"] is not None and metrics["comm_exposed_frac"] is not None
     assert metrics["comm_exposed_frac"] > 0.3, metrics
-    assert report["verdict"]["bottleneck"] == "communication", report["verdict"]
+    verdict = report["verdict"]
+    assert verdict["bottleneck"] == "communication", verdict
+    # FSDP's own knobs, not DDP's; the exposed share split between its two collectives
+    fixes = " ".join(verdict["suggestions"])
+    assert "reshard_after_forward" in fixes and "set_modules_to_forward_prefetch" in fixes
+    assert "set_requires_gradient_sync" in fixes and "bucket_cap_mb" not in fixes and "no_sync()" not in fixes
+    assert verdict["headline"].startswith("Communication (FSDP): exposed communication is "), verdict["headline"]
+    assert "all-gather" in verdict["headline"] and "reduce-scatter" in verdict["headline"]
+    split = verdict["evidence"]["comm_exposed_by_op"]
+    assert set(split) == {"all_gather", "reduce_scatter"}
+    assert sum(split.values()) == pytest.approx(metrics["comm_exposed_frac"], abs=0.01)

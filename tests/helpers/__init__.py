@@ -1,1 +1,1 @@
-"""Test helpers shared by more than one test module (one copy each, never pasted)."""
+"""Helpers shared by test files (never copied between them)."""

@@ -48,6 +48,9 @@ def test_two_rank_job_waiting_on_peers_is_communication(tmp_path):
     assert 0.10 <= comm["share"] <= 0.7 and comm["source"] == "time blocked in collectives"
     assert v["path"][:4] == ["memory", "device_busy", "data_wait", "comm_exposed"]
     assert v["unknown"]["data_wait_frac"].startswith("loader wait not measured")   # no loader: said, not 0
+    # data parallel only: no layout beyond dp, rank rows and path as before the layout existed (issue 41)
+    assert rep["layout"] == {"dims": ["dp"], "sizes": [2], "source": "world", "coords": {"0": [0], "1": [1]}}
+    assert all("stage" not in r for r in rep["ranks"]) and v["path"][4:] == ["straggler"]
 
 
 @pytest.mark.slow

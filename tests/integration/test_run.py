@@ -160,7 +160,7 @@ def test_exit_code_passes_through(tmp_path):
     assert out.returncode == 128 + signal.SIGTERM
 
 
-def test_exception_exit_leaves_a_complete_recording(tmp_path):
+def test_exception_exit_leaves_a_complete_recording_whose_report_is_the_crash(tmp_path):
     rec = tmp_path / "rec"
     out = run_job(rec, PY, script("mlp_train.py"), "--steps", "50", "--fail-at", "6", options=("--job", "crashy"))
     assert out.returncode == 1 and "simulated failure after 6 steps" in out.stderr
@@ -170,6 +170,13 @@ def test_exception_exit_leaves_a_complete_recording(tmp_path):
     assert len([r for r in result.records if r["k"] == "step"]) == 6
     errors = [r for r in result.records if r["k"] == "event" and r["name"] == "exception"]
     assert errors and errors[0]["error"] == "RuntimeError"
+    rep = report(rec)
+    crash = rep["crash"]                         # the report's story ends there: what, where, when
+    assert crash["error"] == "RuntimeError" and crash["step"] == 6 and crash["exit"] == "exit code 1"
+    assert crash["file"] == script("mlp_train.py") and "raise RuntimeError" in crash["call"]
+    verdict = rep["verdict"]
+    assert verdict["bottleneck"] == "crashed" and verdict["severity"] == "crit"
+    assert verdict["headline"].startswith("Crashed: RuntimeError on rank 0 at step 6 (mlp_train.py:")
 
 
 @pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM, signal.SIGHUP])

@@ -13,9 +13,14 @@ The device is one stream on the host's clock (``time.perf_counter``), as real CU
   reads 20 ms elapsed. It refuses incomplete events, like CUDA's;
 * ``busy_fraction(t0, t1)`` is the share of [t0, t1] with a kernel running (what NVML's
   utilization reports; ``simulated_pynvml.SimulatedGpu(timeline=...)`` reads it);
+* a kernel has a ``fill``: the share of the SMs its blocks occupy (a one-block kernel on an H100:
+  1/132). ``sm_active_fraction(t0, t1)`` averages it over [t0, t1], idle time counting 0, which is
+  DCGM's SM activity ("a kernel using N/5 blocks over the whole interval reads 0.2, and so does one
+  using N blocks over a fifth of it"); GPM's SM_UTIL of a ``SimulatedGpu(timeline=...)`` reads it;
 * ``synchronizing_op()`` is a host-device sync (``loss.item()``): it warns or raises
   according to the sync debug mode, as c10 does, then blocks the host until the stream
-  has drained; ``synchronize()`` is the same wait for tests.
+  has drained, or reached the tensor read (``SimulatedDeviceTensor.item``: work queued after
+  it keeps running); ``synchronize()`` is the same wait for tests.
 
 ``memory_stats`` returns the dict a test set (the keys of ``torch.cuda.memory_stats``).
 Every call is logged in ``calls`` so tests can assert what the probe never does.
@@ -34,6 +39,7 @@ import torch
 
 BUSY_HISTORY = 10_000     # kernel intervals kept for busy_fraction
 LAUNCH_QUEUE = 1024       # pending launches before a launch blocks the host
+SPIN_S = 0.001            # a synchronize spins this long before the stream drains (and sleeps before)
 
 
 class SimulatedDeviceTensor:
@@ -46,14 +52,17 @@ class SimulatedDeviceTensor:
     def __init__(self, cuda: "SimulatedCuda", value: float) -> None:
         self.cuda = cuda
         self.value = value
+        self.ready_t = max(time.perf_counter(), cuda.free_at)   # after the work queued before it, not later work
         self.device = type("device", (), {"type": "cuda", "index": 0})()
         self.reads: list[int] = []
 
     def item(self) -> float:
+        """The host waits for the kernels that compute it (stream order): work queued after it keeps
+        the device busy meanwhile."""
         import threading
 
         self.reads.append(threading.get_ident())
-        self.cuda.synchronizing_op()
+        self.cuda.synchronizing_op(until=self.ready_t)
         return self.value
 
     __float__ = item
@@ -103,7 +112,7 @@ class SimulatedCuda:
         self.uuid = uuid
         self.sync_mode = sync_mode
         self.free_at = 0.0                  # host-clock time the stream drains
-        self.busy: collections.deque[tuple[float, float]] = collections.deque(maxlen=BUSY_HISTORY)
+        self.busy: collections.deque[tuple[float, float, float]] = collections.deque(maxlen=BUSY_HISTORY)
         self.launch_queue = LAUNCH_QUEUE
         self.queued: collections.deque[float] = collections.deque()   # end times of pending launches
         self.calls: list[str] = []
@@ -172,8 +181,9 @@ class SimulatedCuda:
         self.record_on(event)
         return SimulatedHostCopy(tensor.value, event), event
 
-    def run(self, seconds: float) -> None:
-        """Enqueue ``seconds`` of kernels on the stream; the host waits only for a full launch queue."""
+    def run(self, seconds: float, fill: float = 1.0) -> None:
+        """Enqueue ``seconds`` of kernels on the stream, occupying ``fill`` of the SMs while they run; the
+        host waits only for a full launch queue."""
         now = time.perf_counter()
         while self.queued and self.queued[0] <= now:
             self.queued.popleft()
@@ -182,7 +192,7 @@ class SimulatedCuda:
             now = time.perf_counter()
         start = max(now, self.free_at)
         self.free_at = start + seconds
-        self.busy.append((start, self.free_at))
+        self.busy.append((start, self.free_at, fill))
         self.queued.append(self.free_at)
 
     def pending(self, index: int) -> bool:
@@ -190,19 +200,34 @@ class SimulatedCuda:
         self.calls.append("pending")
         return time.perf_counter() < self.free_at
 
-    def synchronize(self) -> None:
-        """Block the host until the stream has drained (``torch.cuda.synchronize()``)."""
-        delay = self.free_at - time.perf_counter()
-        if delay > 0:
-            time.sleep(delay)
+    def synchronize(self, until: float | None = None) -> None:
+        """Block the host until the stream has drained (``torch.cuda.synchronize()``), or has reached
+        ``until`` (a tensor's ``item()`` waits for the work queued before it). CUDA's default schedule
+        spins while it waits, so the host resumes within microseconds of the last kernel: the wait
+        sleeps until ``SPIN_S`` before the time and spins the rest (a sleep alone wakes milliseconds
+        late on a loaded host, an idle gap no GPU would show)."""
+        end = self.free_at if until is None else until
+        delay = end - time.perf_counter()
+        if delay > SPIN_S:
+            time.sleep(delay - SPIN_S)
+        while time.perf_counter() < end:
+            pass
 
     def busy_fraction(self, t0: float, t1: float) -> float:
         """Share of the host-clock interval [t0, t1] during which a kernel ran."""
         if t1 <= t0:
             return 0.0
         intervals = list(self.busy)     # one C call: the training thread appends while NVML's sampler reads
-        covered = sum(max(0.0, min(b, t1) - max(a, t0)) for a, b in intervals)
+        covered = sum(max(0.0, min(b, t1) - max(a, t0)) for a, b, _ in intervals)
         return min(1.0, covered / (t1 - t0))
+
+    def sm_active_fraction(self, t0: float, t1: float) -> float:
+        """SM activity over [t0, t1]: each kernel's ``fill`` weighted by its time in the interval."""
+        if t1 <= t0:
+            return 0.0
+        intervals = list(self.busy)
+        active = sum(fill * max(0.0, min(b, t1) - max(a, t0)) for a, b, fill in intervals)
+        return min(1.0, active / (t1 - t0))
 
     def get_sync_debug_mode(self) -> int:
         return self.sync_mode
@@ -216,7 +241,7 @@ class SimulatedCuda:
                           "synchronizing operations", UserWarning, stacklevel=2)
         self.sync_mode = mode
 
-    def synchronizing_op(self) -> None:
+    def synchronizing_op(self, until: float | None = None) -> None:
         """A host-device sync (``loss.item()``) as c10's ``warn_or_error_on_sync`` treats it: debug mode
         1 raises the ``TORCH_WARN`` as a Python ``UserWarning`` from the caller's line (through the
         warnings filters, as torch's PyWarningHandler does), 2 raises an error, 0 says nothing."""
@@ -227,7 +252,7 @@ class SimulatedCuda:
             warnings.warn(SYNC_MESSAGE + " (simulated)", UserWarning, stacklevel=2)
         elif self.sync_mode == 2:
             raise RuntimeError(SYNC_MESSAGE + " (simulated)")
-        self.synchronize()
+        self.synchronize(until)
 
 
 def memory_stats(*, allocated: int, reserved: int, peak: int, peak_reserved: int | None = None,

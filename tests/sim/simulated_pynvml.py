@@ -63,9 +63,12 @@ class SimulatedGpu:
     errors: dict[str, int] = field(default_factory=dict)             # function -> NVML error code
     # A SimulatedCuda whose kernels this GPU runs: utilization is then measured on its timeline
     # over the last ``util_period`` seconds (NVML: "percent of time over the past sample period
-    # during which one or more kernels was executing", a period of 1/6 s to 1 s by product).
+    # during which one or more kernels was executing", a period of 1/6 s to 1 s by product), and,
+    # when ``gpm`` lists SM_UTIL (2), GPM's SM activity over the time between the two GPM samples
+    # (the kernels' SM fill weighted by their time, idle time counting 0).
     timeline: Any = None
     util_period: float = 1 / 6
+    sm_from_timeline: bool = True     # False: GPM's SM activity stays the scripted value (a GPM that disagrees)
     calls: dict[str, int] = field(default_factory=dict)              # function -> times called
     nvlink_counters: list[int] = field(default_factory=lambda: [0, 0])
     # total energy since the driver loaded, mJ (nvmlDeviceGetTotalEnergyConsumption): tests advance it
@@ -80,6 +83,7 @@ class _Struct(types.SimpleNamespace):
 class _GpmSample:
     def __init__(self) -> None:
         self.device: SimulatedGpu | None = None
+        self.t = 0.0
 
 
 class _GpmMetric:
@@ -247,6 +251,7 @@ def build(devices: list[SimulatedGpu] | None = None, *, init_error: int | None =
         if h.gpm is None:
             raise NVMLError(NVML_ERROR_NOT_SUPPORTED)
         sample.device = h
+        sample.t = time.perf_counter()
         return sample
 
     def nvmlGpmMetricsGet(mg: c_nvmlGpmMetricsGet_t) -> c_nvmlGpmMetricsGet_t:
@@ -260,6 +265,8 @@ def build(devices: list[SimulatedGpu] | None = None, *, init_error: int | None =
         for i in range(mg.numMetrics):
             slot = mg.metrics[i]
             value = (dev.gpm or {}).get(slot.metricId)
+            if slot.metricId == 2 and value is not None and dev.timeline is not None and dev.sm_from_timeline:
+                value = 100.0 * dev.timeline.sm_active_fraction(mg.sample1.t, mg.sample2.t)
             if value is None:
                 slot.nvmlReturn = NVML_ERROR_NOT_SUPPORTED
             else:

@@ -164,3 +164,16 @@ def test_the_ranks_pane_calls_a_rank_stalled_by_the_probes_stall_rule_only():
     stall = stall_reading({"k": "stall", "t": 100.0, "seconds": 20.0, "where": "step", "stack": []})
     stalled = dataclasses.replace(row, stall=stall, stalled_s=21.0)
     assert _state(stalled, None).plain == "stalled 21s"
+
+
+def test_the_ranks_pane_shows_each_ranks_place_and_marks_no_rank_the_verdict_does_not_name():
+    """A pipeline's ranks carry their place, in stage order; a slow stage names no rank, so none is
+    marked, whatever the per-rank statistics would pick."""
+    from tests.helpers.ops_jobs import view
+    from tui.app.widgets.ranks import RanksPane
+
+    v = view(pp=2, dp=2, steps=8, compute=lambda st, s, d: (3.0, 6.0) if s == 1 else (1.0, 2.0))
+    verdict = V.evaluate(v)
+    assert verdict.bottleneck == "slow_stage" and verdict.straggler_rank is None
+    text = draw(RanksPane, v, verdict)
+    assert "place" in text and "pp1 dp1" in text and "straggler" not in text and "◀" not in text

@@ -27,6 +27,7 @@ CALLS = {
     "handle_request": [(({"k": "request", "t": 0.0, "id": 1, "op": "profile"},), {}),
                        ((), {"request": {"k": "request", "t": 0.0, "id": 2, "op": "nothing"}})],
     "begin_step": [((), {}), ((None,), {}), ((), {"cpu0": None})],
+    "restart_step_clock": [((), {}), ((None,), {}), ((), {"cpu0": None})],
     "progress": [((), {})],
     "add_step": [((1.0, 2.0), {}), ((1.0, 2.0, {"forward": 0.5}, 4, 0.1), {}),
                  ((), {"start": 1.0, "end": 2.0, "phases": None, "samples": None, "data_cpu": None, "tokens": 64})],

@@ -44,13 +44,13 @@ class TinySteps(Outcome):
 def _with_tiny_steps() -> Chart:
     outcomes = [*V.CHART.outcomes.values(), TinySteps()]
     chart = Chart(V.CHART.questions.values(), outcomes, V.CHART.root, ("stuck", "warming_up"))
-    return chart.with_question(ShortSteps(), after="device_busy", exit="no")
+    return chart.with_question(ShortSteps(), after="fill", exit="no")
 
 
 def test_a_new_question_and_outcome_are_two_objects_the_walk_asks_and_reaches():
     chart = _with_tiny_steps()
     fast = V.evaluate(job(Rank(dur=0.002, cpu=0.002)).view(), chart)
-    assert fast.path == ["memory", "device_busy", "short_steps"] and fast.bottleneck == "tiny_steps"
+    assert fast.path == ["memory", "device_busy", "fill", "short_steps"] and fast.bottleneck == "tiny_steps"
     assert fast.headline == "Tiny steps: 2.0 ms each" and fast.suggestions == ["a larger batch"]
     assert fast.answers["short_steps"].answer == "yes" and fast.evidence["step_time_median_s"] == 0.002
     slow = V.evaluate(job(Rank(dur=0.1, cpu=0.1)).view(), chart)
@@ -65,7 +65,7 @@ def test_a_chart_refuses_an_exit_that_leads_nowhere_a_loop_and_an_unreachable_qu
         Chart([*questions, ShortSteps()], V.CHART.outcomes.values(), "memory").with_question(
             ShortSteps(), after="device_busy")
     looped = [q.rewired(no="device_busy") if q.id == "mfu" else q for q in questions]
-    with pytest.raises(ValueError, match="the chart loops: memory > device_busy > mfu > device_busy"):
+    with pytest.raises(ValueError, match="the chart loops: memory > device_busy > fill > mfu > device_busy"):
         Chart(looped, V.CHART.outcomes.values(), "memory")
     outcomes = [*V.CHART.outcomes.values(), TinySteps()]
     with pytest.raises(ValueError, match=r"questions no walk reaches: \['short_steps'\]"):

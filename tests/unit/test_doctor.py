@@ -12,16 +12,22 @@ import pytest
 import torch
 
 from tests.sim.fixtures import simulated_cuda, simulated_nvml  # noqa: F401  (fixtures)
-from tests.sim.simulated_pynvml import SimulatedGpu
+from tests.sim.simulated_cuda import SimulatedDeviceTensor, SimulatedEvent
+from tests.sim.simulated_pynvml import NVML_ERROR_NOT_SUPPORTED, SimulatedGpu
 from tui.commands import doctor
 from tui.commands.doctor import checks as C
+from tui.commands.doctor import gpu as G
+from tui.commands.doctor import workloads
+from tui.commands.doctor.workloads import nvml_support
 
 
 class SimDevice:
-    """``doctor.Device`` on the simulated GPU: kernels go on its stream, syncs block and warn."""
+    """``doctor.Device`` on the simulated GPU: kernels go on its stream (full ones fill every SM, narrow ones
+    one of 132, as a one-block kernel on an H100), syncs block and warn."""
 
     name = "simulated H100"
     LAUNCH_S = 0.0005
+    SMS = 132
 
     def __init__(self, cuda) -> None:
         self.cuda = cuda
@@ -35,6 +41,10 @@ class SimDevice:
         for _ in range(max(1, round(seconds / self.LAUNCH_S))):   # launches of matmul length, as on a GPU
             self.cuda.run(self.LAUNCH_S)
 
+    def narrow_kernels(self, seconds: float) -> None:
+        for _ in range(max(1, round(seconds / self.LAUNCH_S))):
+            self.cuda.run(self.LAUNCH_S, fill=1 / self.SMS)
+
     def tiny_kernels(self, n: int) -> None:
         for _ in range(n):                       # each launch costs the host ~20 us, the device 1 us
             end = time.perf_counter() + 20e-6
@@ -44,6 +54,12 @@ class SimDevice:
 
     def sync(self) -> None:
         self.cuda.synchronizing_op()
+
+    def result(self):
+        return SimulatedDeviceTensor(self.cuda, 1.0)
+
+    def read(self, result) -> float:
+        return result.item()
 
     def synchronize(self) -> None:
         self.cuda.synchronize()
@@ -57,22 +73,52 @@ class SimDevice:
         return start.elapsed_time(end) / 1e3
 
     def kernel_seconds(self, seconds: float) -> float:
+        reps = 10                                 # one synchronize's wake-up late, over ten kernels
         self.cuda.synchronize()
         t0 = time.perf_counter()
-        self.cuda.run(seconds)
+        for _ in range(reps):
+            self.cuda.run(seconds)
         self.cuda.synchronize()
-        return time.perf_counter() - t0
+        return (time.perf_counter() - t0) / reps
+
+    def hybrid(self):
+        model = _Hybrid(self.cuda)
+        host = sum(p.numel() * p.element_size() for p in model.embed.parameters())
+        return model, torch.randint(0, 256, (32,)), host / sum(p.numel() * p.element_size() for p in model.parameters())
+
+    def uuid(self) -> str | None:
+        return self.cuda.uuid
+
+
+class _Hybrid(torch.nn.Module):
+    def __init__(self, cuda) -> None:
+        super().__init__()
+        self.cuda = cuda
+        self.embed = torch.nn.Embedding(256, 256)                 # in host memory
+        self.layers = torch.nn.Sequential(torch.nn.Linear(256, 256), torch.nn.Linear(256, 256))
+        cuda.place(self.layers)                                   # .cuda()
+
+    def forward(self, x):
+        self.cuda.run(0.001)
+        return self.layers(self.embed(x))
 
 
 @pytest.fixture
 def gpu_host(simulated_cuda, simulated_nvml, monkeypatch):
-    """A machine with one GPU, as the probe's own detection sees it: NVML lists the simulated GPU
-    (its utilization measured on the simulated stream), torch reports CUDA available, and CUDA calls
-    reach the simulated backend. ``gpu_host(util=...)`` gives an NVML that reports a fixed value."""
+    """A machine with one GPU, as the probe's own detection sees it: NVML lists the simulated GPU (its
+    utilization, and with ``gpm=True`` its GPM SM activity, measured on the simulated stream), torch
+    reports CUDA available, and CUDA calls reach the simulated backend. ``gpu_host(util=...)`` gives an
+    NVML that reports a fixed utilization, ``gpu_host(sm_fixed=20.0)`` a GPM whose SM activity is fixed
+    whatever the kernels fill."""
 
-    def install(**nvml_kwargs) -> SimDevice:
+    def install(gpm: bool = False, sm_fixed: float | None = None, **nvml_kwargs) -> SimDevice:
+        monkeypatch.setattr(workloads, "GPU_SECONDS", 1.0)   # a second of 20 Hz samples: enough here, and cheap
         cuda = simulated_cuda()
-        gpu = SimulatedGpu(gpm=None, **nvml_kwargs) if nvml_kwargs else SimulatedGpu(timeline=cuda, gpm=None)
+        counters = dict(SimulatedGpu().gpm) if gpm or sm_fixed is not None else None
+        if sm_fixed is not None:
+            counters[2] = sm_fixed
+        gpu = SimulatedGpu(timeline=None if "util" in nvml_kwargs else cuda, gpm=counters,
+                           sm_from_timeline=sm_fixed is None, **nvml_kwargs)
         simulated_nvml([gpu])
         monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
         return SimDevice(cuda)
@@ -137,48 +183,128 @@ def test_between_steps_check_reads_the_planted_ettr_and_fails_on_an_ettr_off_by_
 
 
 # -- GPU checks on the simulated GPU host -------------------------------------------------------
-def test_gpu_checks_pass_on_a_device_that_behaves_like_cuda(gpu_host):
-    device = gpu_host()
-    checks = {c.name: c for c in C.gpu_checks(device) if c.name != "CPU-only job on the GPU host"}
-    assert set(checks) == {"CUDA events time a kernel", "GPU busy back to back", "NVML utilization", "GPM SM activity",
-                           "GPU idle half of each step", "a sync every step", "launch-bound tiny kernels"}
-    assert checks["GPM SM activity"].ok is None                    # this simulated GPU has no GPM
-    failed = [c for c in checks.values() if c.ok is False]
+GPU_ROWS = {name for name, _ in G.GPU_CHECKS} - {"CPU-only job on the GPU host"}
+
+
+def _without_the_cpu_row(monkeypatch) -> None:
+    """The GPU rows alone: the CPU-only row trains a real CPU model (slow tests below check it)."""
+    monkeypatch.setattr(G, "cpu_job_on_gpu_host", lambda: doctor.Check("CPU-only job on the GPU host", "", "", None))
+
+
+def test_gpu_checks_pass_on_a_hopper_like_device_that_behaves_like_cuda(gpu_host, monkeypatch):
+    _without_the_cpu_row(monkeypatch)
+    checks = {c.name: c for c in G.gpu_checks(gpu_host(gpm=True)) if c.name in GPU_ROWS}
+    assert set(checks) == GPU_ROWS
+    failed = [c for c in checks.values() if c.ok is not True]
     assert not failed, failed
 
 
-def test_events_check_fails_on_a_device_whose_events_lie(gpu_host):
-    class Lying(SimDevice):
-        def event_elapsed(self, seconds: float) -> float:
-            super().event_elapsed(seconds)                        # the kernel runs; its events say 3x
-            return seconds * 3
-
+def test_without_gpm_the_fill_rows_say_why_nvml_gave(gpu_host):
+    """Before: the "GPM SM activity" row was ok or skipped, never failed. Without GPM (NVML, asked
+    directly, says so) the fill rows do not run and say why; the rows that read other measurements are
+    the full run's above."""
     device = gpu_host()
-    assert C.events_vs_host(device).ok is True
-    lying = C.events_vs_host(Lying(device.cuda))
+    util_why, gpm_why = nvml_support(device.uuid())
+    assert util_why is None and gpm_why == "GPM unsupported on this GPU (Hopper and newer have it)"
+    rows = G.gpm_fill(device, gpm_why)
+    assert [(c.name, c.ok) for c in rows] == [("GPM SM fill", None), ("narrow kernels back to back", None)]
+    assert all(c.measured == f"not run: {gpm_why}" for c in rows)
+
+
+def _lying_events(cuda) -> None:
+    """Plant: every CUDA event reads three times the time between it and its partner."""
+    class Lying(SimulatedEvent):
+        def elapsed_time(self, other):
+            return 3 * super().elapsed_time(other)
+
+    cuda.new_event = lambda: Lying(cuda)
+
+
+def test_cuda_timing_reads_perfmons_own_step_timer_and_fails_on_events_that_lie(gpu_host):
+    """Before: the row timed torch's events around a kernel, not perfmon's step timer."""
+    device = gpu_host()
+    assert G.cuda_timing(device).ok is True
+    _lying_events(device.cuda)
+    lying = G.cuda_timing(device)
     assert lying.ok is False and lying.verdict == "FAIL", lying
 
 
-def test_half_idle_check_fails_when_nvml_reports_a_busy_gpu(gpu_host):
-    device = gpu_host(util=95)                                    # NVML's figure, whatever the stream did
-    checks = {c.name: c for c in C.half_idle(device)}
-    assert checks["NVML utilization"].ok is True
-    assert checks["GPU idle half of each step"].ok is False, checks["GPU idle half of each step"]
+def test_cuda_timing_fails_on_a_broken_step_timer(gpu_host, monkeypatch):
+    """Plant: the step timer reads the step from its first event to its forward's end, not its last."""
+    from probe.gpu import cuda as gpu_cuda
+
+    real = gpu_cuda.StepTimer._result
+
+    def broken(self, done, seen):
+        result = real(self, done, seen)
+        result["gpu_time"] = result["gpu_time"] / 2
+        return result
+
+    monkeypatch.setattr(gpu_cuda.StepTimer, "_result", broken)
+    check = G.cuda_timing(gpu_host())
+    assert check.ok is False, check
 
 
-def test_back_to_back_check_fails_when_the_busy_source_under_reads_a_gpu_bound_job(gpu_host):
-    check, busy = C.back_to_back(gpu_host(util=40))               # kernels never stop; NVML says 40%
-    assert busy == pytest.approx(0.40) and check.ok is False, check
+def test_nvml_row_reads_utilization_itself_and_fails_when_nvml_reports_a_busy_gpu(gpu_host):
+    good = {c.name: c for c in G.half_idle(gpu_host(), None)}
+    assert good["NVML utilization"].ok is True and good["GPU idle half of each step"].ok is True
+    checks = {c.name: c for c in G.half_idle(gpu_host(util=95), None)}    # NVML's figure, whatever the stream did
+    assert checks["NVML utilization"].ok is False and checks["GPU idle half of each step"].ok is False
 
 
-def test_half_idle_expectation_is_the_kernel_share_scaled_by_the_back_to_back_reading(gpu_host):
-    device = gpu_host()
-    honest = {c.name: c for c in C.half_idle(device, full=1.0)}["GPU idle half of each step"]
-    assert honest.ok is True, honest
-    # kernels that read 50% busy back to back must read about half their share here: a busy reading
-    # of the full share is then wrong
-    scaled = {c.name: c for c in C.half_idle(device, full=0.5)}["GPU idle half of each step"]
-    assert scaled.ok is False, scaled
+def test_nvml_row_does_not_pass_on_gpm_when_utilization_is_unreadable(gpu_host):
+    """Before: "NVML utilization readable" passed on a busy that GPM gave. NVML asked directly says it
+    gives no utilization: the row does not run (and never reads ok)."""
+    device = gpu_host(gpm=True, errors={"nvmlDeviceGetUtilizationRates": NVML_ERROR_NOT_SUPPORTED})
+    util_why, gpm_why = nvml_support(device.uuid())
+    assert util_why is not None and gpm_why is None
+    nvml = {c.name: c for c in G.half_idle(device, util_why)}["NVML utilization"]
+    assert nvml.ok is None and nvml.measured.startswith("not run: NVML gives no utilization")
+
+
+def test_half_idle_verdict_row_fails_when_the_hosts_lead_is_misread(gpu_host, monkeypatch):
+    """Plant: the step timer reads every lead 10 s long (the host looks far ahead of an idle device)."""
+    from probe.gpu import cuda as gpu_cuda
+
+    real = gpu_cuda.StepTimer._result
+    monkeypatch.setattr(gpu_cuda.StepTimer, "_result", lambda self, done, seen: real(self, done, seen + 10.0))
+    checks = {c.name: c for c in G.half_idle(gpu_host(), None)}
+    assert checks["GPU idle half of each step"].ok is False, checks
+
+
+def test_back_to_back_check_fails_when_busy_under_reads_a_gpu_bound_job(gpu_host, monkeypatch):
+    """Kernels never stop. Busy has two sources (NVML, and the steps' CUDA timeline where the host queues
+    each step whole), so plant both errors: NVML at 40% and every lead read 0."""
+    from probe.gpu import cuda as gpu_cuda
+
+    real = gpu_cuda.StepTimer._result
+    monkeypatch.setattr(gpu_cuda.StepTimer, "_result", lambda self, done, seen: real(self, done, done.host_end))
+    check = G.back_to_back(gpu_host(util=40))
+    assert check.ok is False and "busy 40%" in check.measured, check
+
+
+def test_gpm_row_fails_when_gpm_disagrees_with_the_planted_fill(gpu_host):
+    """Before: the GPM row could only be ok or skipped. Plant: GPM reads 20% SM activity whatever the
+    kernels fill, so full kernels back to back read 20% fill."""
+    rows = {c.name: c for c in G.gpm_fill(gpu_host(gpm=True), None)}
+    assert rows["GPM SM fill"].ok is True and rows["narrow kernels back to back"].ok is True
+    rows = {c.name: c for c in G.gpm_fill(gpu_host(sm_fixed=20.0), None)}
+    assert rows["GPM SM fill"].ok is False, rows["GPM SM fill"]
+
+
+def test_gpm_rows_fail_when_gpm_reads_narrow_kernels_as_full(gpu_host):
+    rows = {c.name: c for c in G.gpm_fill(gpu_host(sm_fixed=95.0), None)}
+    assert rows["GPM SM fill"].ok is False and rows["narrow kernels back to back"].ok is False, rows
+
+
+def test_gpm_row_fails_when_nvml_supports_gpm_but_perfmon_reads_none(gpu_host, monkeypatch):
+    from probe.gpu import nvml as probe_nvml
+
+    monkeypatch.setattr(probe_nvml, "GPM_METRICS", tuple(m for m in probe_nvml.GPM_METRICS if m[1] != "sm_active"))
+    device = gpu_host(gpm=True)
+    assert nvml_support(device.uuid())[1] is None                 # NVML, asked directly, has GPM
+    rows = {c.name: c for c in G.gpm_fill(device, None)}
+    assert rows["GPM SM fill"].ok is False and "n/a" in rows["GPM SM fill"].measured, rows
 
 
 def test_sync_check_fails_when_the_sync_counter_misses_the_syncs(gpu_host):
@@ -187,13 +313,31 @@ def test_sync_check_fails_when_the_sync_counter_misses_the_syncs(gpu_host):
             self.cuda.synchronize()
 
     device = gpu_host()
-    check = C.sync_every_step(Unseen(device.cuda))
+    check = G.sync_every_step(Unseen(device.cuda))
     assert check.ok is False and "syncs/step 0.00" in check.measured, check
 
 
+def test_a_sync_on_a_device_that_never_idles_is_not_host_sync_and_fails_when_nvml_under_reads(gpu_host):
+    assert G.sync_never_idle(gpu_host()).ok is True
+    check = G.sync_never_idle(gpu_host(util=40))                # NVML reads the busy device 40% busy
+    assert check.ok is False and check.measured.startswith("host_sync"), check
+
+
 def test_launch_bound_check_fails_when_nvml_reports_a_busy_gpu(gpu_host):
-    check = C.launch_bound(gpu_host(util=95))
+    check = G.launch_bound(gpu_host(util=95))
     assert check.ok is False, check
+
+
+def test_hybrid_model_row_fails_when_the_device_is_the_first_parameters(gpu_host, monkeypatch):
+    """Plant: the job's device from its first parameter only (the CPU embedding), as before."""
+    from probe import watch
+
+    device = gpu_host()
+    assert G.hybrid_model(device).ok is True
+    real = watch.job_placement
+    monkeypatch.setattr(watch, "job_placement", lambda params, step: real(list(params)[:1], None))
+    check = G.hybrid_model(device)
+    assert check.ok is False and check.measured.startswith("cpu job"), check
 
 
 @pytest.mark.slow
@@ -213,8 +357,8 @@ def test_a_cpu_job_on_a_gpu_host_gets_a_cpu_verdict(gpu_host):
 
 # -- the table and the command ------------------------------------------------------------------
 def test_without_a_gpu_the_gpu_checks_say_why_and_do_not_fail():
-    checks = C.gpu_checks(None, "not run: no CUDA GPU visible to torch")
-    assert {c.name for c in checks} == {name for name, _ in C.GPU_CHECKS}
+    checks = G.gpu_checks(None, "not run: no CUDA GPU visible to torch")
+    assert {c.name for c in checks} == {name for name, _ in G.GPU_CHECKS}
     assert all(c.ok is None and c.measured == "not run: no CUDA GPU visible to torch" for c in checks)
 
 

@@ -98,3 +98,14 @@ def test_a_rank_without_compute_is_unknown_and_a_node_of_zero_times_names_nothin
     assert hm.levels["comp"] == (0, 0, None, 0)
     zero = heatmap(_compute(_job(4, 2), {0: 0.0, 1: 0.0}))     # node n01 measured no compute at all
     assert zero.slowest_node is None and zero.levels["comp"][:2] == (0, 0)
+
+
+def test_a_layout_beyond_data_parallel_groups_the_columns_by_stage_and_replica():
+    """A dp2 x pp2 job (ranks numbered pp-major): the columns go stage by stage, each labelled with its
+    place, not its node; a data-parallel job keeps its node grouping."""
+    from tests.helpers.ops_jobs import even, view
+
+    hm = heatmap(view(pp=2, dp=2, steps=6, compute=even()))
+    assert (hm.group_by, hm.ranks) == ("stage", (0, 1, 2, 3))
+    assert [g for g, _, _ in hm.nodes] == ["dp0 pp0", "dp1 pp0", "dp0 pp1", "dp1 pp1"]
+    assert heatmap(_job(16, 8)).group_by == "node"

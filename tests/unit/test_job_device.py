@@ -146,6 +146,7 @@ def test_a_cuda_job_whose_utilization_is_not_supported_is_never_healthy(simulate
     view = run.view()
     verdict = V.evaluate(view)
     assert view.device_type == "cuda" and view.metrics.device_busy is None
+    assert view.metrics.device_busy_unknown["0"].startswith("NVML: NotSupported on this GPU")
     assert verdict.bottleneck == "not_measured" and verdict.severity == "warn"
     assert "device_busy" in verdict.as_json()["unknown"]
 
@@ -171,15 +172,117 @@ def test_two_gpus_and_a_failing_uuid_lookup_leave_busy_unmeasured(simulated_cuda
     assert view.device_type == "cuda" and view.metrics.device_busy is None
 
 
-@pytest.mark.parametrize("sm_active,util,busy,source", [
-    (0.05, 100, 0.05, "sm_active"),      # one small kernel: any-kernel utilization 100%, SMs 5% busy
-    (None, 60, 0.60, "nvml_util"),       # no GPM (pre-Hopper): utilization, labelled as such
+@pytest.mark.parametrize("sm_active,util,busy,fill", [
+    (0.05, 100, 1.00, 0.05),      # one small kernel: a kernel ran all the time (busy), on 5% of the SMs (fill)
+    (0.35, 40, 0.40, 0.875),      # kernels 40% of the time filling most of the device while they ran
+    (None, 60, 0.60, None),       # no GPM (pre-Hopper): busy from utilization, fill not measured
 ])
-def test_gpu_busy_prefers_sm_activity_and_names_its_source(sm_active, util, busy, source):
+def test_gpu_busy_is_time_a_kernel_ran_and_sm_activity_is_fill(sm_active, util, busy, fill):
+    """Busy answers "did a kernel run" (NVML utilization); SM activity over it is the fill. Before the
+    split, SM activity was read as busy: the first row read 5% busy on a device that never idled."""
     model = RunModel()
-    for rec in records(Rank(gpu_util=util), device="cuda"):
-        if rec["k"] == "sample" and sm_active is not None:
-            rec["gpus"][0]["sm_active"] = sm_active
+    for rec in records(Rank(gpu_util=util, sm_active=sm_active), device="cuda"):
         model.ingest("r0", rec)
     m = model.view().metrics
-    assert m.device_busy == pytest.approx(busy) and m.device_busy_source == source
+    assert m.device_busy == pytest.approx(busy) and m.device_busy_source == "nvml_util"
+    assert m.device_fill == (None if fill is None else pytest.approx(fill))
+    assert m.sm_active == (None if sm_active is None else pytest.approx(sm_active))
+
+
+class _Hybrid(torch.nn.Module):
+    """A CPU embedding in front of layers on the (simulated) GPU: the embedding's lookups run on the host,
+    the layers' kernels on the device, as a model too large for device memory is often split."""
+
+    def __init__(self, cuda) -> None:
+        super().__init__()
+        self.cuda = cuda
+        self.embed = torch.nn.Embedding(256, 256)                       # 256 KiB of fp32, left on the CPU
+        self.layers = torch.nn.Sequential(torch.nn.Linear(256, 256), torch.nn.Linear(256, 256))
+        cuda.place(self.layers)                                          # self.layers.cuda()
+
+    def forward(self, x):
+        out = self.layers(self.embed(x))
+        self.cuda.run(0.001)                                             # the layers' kernels
+        return out
+
+
+class _Offloaded(torch.nn.Module):
+    """Parameters kept in host memory and the compute on the GPU (FSDP CPUOffload, ZeRO-offload): no
+    parameter is on CUDA, the step's tensors are."""
+
+    def __init__(self, cuda) -> None:
+        super().__init__()
+        self.cuda = cuda
+        self.lin = torch.nn.Linear(64, 64)
+
+    def forward(self, x):
+        out = self.lin(x)
+        self.cuda.place(out)                  # the output tensor lives on the device
+        self.cuda.run(0.001)
+        return out
+
+
+def _offload_job(name, module, inputs, tmp_path):
+    opt = torch.optim.SGD(module.parameters(), lr=0.01)
+    mon = probe.start(job=name, record=tmp_path, serve=False, sample_hz=20)
+    seen = threading.Semaphore(0)
+    mon.add_tap(lambda rec: seen.release() if rec.get("k") == "sample" and
+                rec.get("device", {}).get("type") == "cuda" else None)
+    try:
+        mon.watch(model=module, optimizer=opt)
+        deadline = time.monotonic() + 30
+        steps = 0
+        for _ in range(2):                              # two samples that saw the job on CUDA, 10 steps
+            while not seen.acquire(timeout=0.01) or steps < 10:
+                assert time.monotonic() < deadline, "the job was never seen on CUDA"
+                with mon.step():
+                    module(inputs).sum().backward()
+                    opt.step()
+                    opt.zero_grad()
+                steps += 1
+        watcher = mon.attached.watcher
+        timed = watcher.device_type == "cuda" and watcher.timer is not None
+    finally:
+        mon.close()
+    run, records = _view(mon.record_path)
+    return run, [r for r in records if r["k"] == "sample"][-1]["device"], timed
+
+
+def test_a_cpu_embedding_in_front_of_gpu_layers_is_a_cuda_job_with_its_host_share(simulated_cuda, simulated_nvml,
+                                                                                   tmp_path):
+    """Before: the job's device was its first parameter's, the CPU embedding's: a CUDA job judged as a CPU
+    one, with no CUDA timing. Any parameter on CUDA makes it a CUDA job; the embedding's bytes are stated
+    as the share of parameters in host memory."""
+    cuda = simulated_cuda()
+    simulated_nvml([SimulatedGpu(timeline=cuda, gpm=None)])
+    model = _Hybrid(cuda)
+    run, device, timed = _offload_job("hybrid", model, torch.randint(0, 256, (32,)), tmp_path)
+    embed = 256 * 256 * 4
+    layers = 2 * (256 * 256 + 256) * 4
+    assert device["type"] == "cuda" and device["offloaded"] == pytest.approx(embed / (embed + layers), abs=1e-4)
+    assert timed                                                      # CUDA events time its steps
+    view = run.view()
+    assert view.device_type == "cuda" and view.metrics.params_offloaded == pytest.approx(0.3325, abs=1e-3)
+
+
+def test_parameters_offloaded_to_the_cpu_with_the_compute_on_cuda_is_a_cuda_job(simulated_cuda, simulated_nvml,
+                                                                               tmp_path):
+    """Every parameter in host memory, the forward's output on the device: the job computes on CUDA, all
+    of its parameter bytes offloaded. Before: a CPU job (its first parameter's device)."""
+    cuda = simulated_cuda()
+    simulated_nvml([SimulatedGpu(timeline=cuda, gpm=None)])
+    run, device, timed = _offload_job("offload", _Offloaded(cuda), torch.randn(8, 64), tmp_path)
+    assert device["type"] == "cuda" and device["offloaded"] == 1.0 and timed
+    assert run.view().device_type == "cuda"
+
+
+def test_job_placement_counts_every_parameter_and_the_step_output():
+    from probe.gpu.job import job_placement, output_placement
+
+    cpu = [torch.zeros(10), torch.zeros(30)]
+    assert job_placement(cpu, None) == (("cpu", None), None)
+    assert job_placement(cpu, ("cuda", 0)) == (("cuda", 0), 1.0)
+    assert job_placement([], None) is None
+    assert job_placement(cpu + cpu, None) == (("cpu", None), None)         # a shared parameter counts once
+    assert output_placement({"logits": torch.zeros(2), "loss": None}) == ("cpu", None)
+    assert output_placement((torch.zeros(1),)) == ("cpu", None) and output_placement(3) is None

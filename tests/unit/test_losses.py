@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -56,8 +57,8 @@ def test_a_loss_under_the_busy_gate_still_names_the_bottleneck():
 
 def test_the_largest_loss_names_the_verdict_and_the_others_become_findings():
     v = V.evaluate(_view(device_busy=0.55, device_busy_source="nvml_util", data_wait_frac=0.15, comm_exposed_frac=0.25,
-                         compute_ratio=1.0, loader_workers=2, loader_cpu=0.02))
-    # idle 1 - 0.55 - 0.15 = 30% > comm 25% > data 15%
+                         compute_ratio=1.0, loader_workers=2, loader_cpu=0.02, host_lead_steps=0.01))
+    # idle 1 - 0.55 - 0.15 = 30% > comm 25% > data 15%; the host's lead is too short to hide the idle
     assert v.bottleneck == "host_overhead"
     assert [(f["id"], f["share"]) for f in v.findings if f["id"] in chart.LOSS_THRESHOLD] == [
         ("comm_exposed", 0.25), ("data_wait", 0.15)]
@@ -78,26 +79,47 @@ def test_a_data_wait_between_5_and_10_percent_is_a_finding_of_a_healthy_job():
 @given(busy=st.one_of(st.none(), st.floats(0.0, 1.0)), data=st.one_of(st.none(), st.floats(0.0, 0.6)),
        comm=st.one_of(st.none(), st.floats(0.0, 0.6)), syncs=st.one_of(st.none(), st.floats(0.0, 4.0)),
        cpu=st.one_of(st.none(), st.floats(0.0, 1.0)), ratio=st.one_of(st.none(), st.floats(0.1, 1.0)),
+       fill=st.one_of(st.none(), st.floats(0.0, 1.0)), lead=st.one_of(st.none(), st.floats(0.0, 3.0)),
        loop=st.one_of(st.none(), st.floats(0.0, 0.6)), loop_wait=st.one_of(st.none(), st.floats(0.0, 1.0)),
        device=st.sampled_from(["cpu", "cuda"]))
-def test_never_healthy_with_a_measured_loss_of_ten_percent(busy, data, comm, syncs, cpu, ratio, loop, loop_wait,
-                                                           device):
-    view = _view(device=device, device_busy=busy, device_busy_source="nvml_util" if device == "cuda" else
+def test_never_healthy_with_a_measured_loss_of_ten_percent(busy, data, comm, syncs, cpu, ratio, fill, lead, loop,
+                                                           loop_wait, device):
+    """The verdict's invariants over any mix of measured and unknown numbers, fill (SM activity over busy),
+    the host's lead (in steps of device time) and the loop's own work between steps included."""
+    cuda = device == "cuda"
+    view = _view(device=device, device_busy=busy, device_busy_source="nvml_util" if cuda else
                  "step_accounting", data_wait_frac=data, comm_exposed_frac=comm, syncs_per_step=syncs,
-                 loader_cpu=cpu, loader_workers=2, compute_ratio=ratio, mfu=0.5, loop_frac=loop,
+                 loader_cpu=cpu, loader_workers=2, compute_ratio=ratio, mfu=0.5,
+                 device_fill=fill if cuda else None, host_lead_steps=lead if cuda else None, loop_frac=loop,
                  loop_wait_frac=loop_wait)
     view = dataclasses.replace(view, world_size=2)
     v = V.evaluate(view)
+    by = by_id(v.losses)
     worst = max((x.share for x in v.losses if x.id in chart.LOSS_THRESHOLD and x.share is not None), default=0.0)
     if worst >= chart.LOSS_MIN:
         assert v.bottleneck != "healthy", (v.headline, v.losses)
     # an unknown never selects an exit: the outcome's loss, when it names one, was measured
     named = v.loss
     if named is not None:
-        assert by_id(v.losses)[named].share is not None or v.undecided, (v.headline, v.losses)
+        assert by[named].share is not None or v.undecided, (v.headline, v.losses)
     # a skipped outcome question is said in the headline
     for node_id in v.undecided:
         assert "cannot tell" in v.headline and node_id in v.evidence["skipped"]
+    idle = by["device_idle"].share
+    if cuda:
+        # the host is blamed only with evidence: the device idle in time and a lead too short to hide it
+        if v.bottleneck == "host_overhead":
+            assert idle is not None and idle >= chart.LOSS_MIN and lead is not None and lead < chart.HOST_AHEAD_STEPS
+        # a sync costs the idle it causes: never host_sync on a device that idles under 10% of the step
+        if v.bottleneck == "host_sync":
+            assert idle is not None and idle >= chart.LOSS_MIN and syncs is not None and syncs >= 1
+        # busy in time and poorly filled: low_fill, never healthy; fill is never read as idle time
+        if busy is not None and busy >= chart.DEVICE_BUSY_MIN and worst < chart.LOSS_MIN and fill is not None:
+            assert (v.bottleneck == "low_fill") == (fill < chart.FILL_MIN), (v.headline, fill)
+        if v.bottleneck == "low_fill":
+            assert fill is not None and fill < chart.FILL_MIN and busy is not None and busy >= chart.DEVICE_BUSY_MIN
+        if fill is not None and busy is not None:      # the device idles between steps too: not this loss
+            assert by["device_idle"].share == pytest.approx(max(0.0, 1.0 - busy - (data or 0.0) - (loop or 0.0)))
 
 
 def test_an_early_memory_spike_stops_counting_once_it_leaves_the_window():
@@ -163,7 +185,7 @@ def test_each_loss_names_its_source_or_why_it_is_unknown_in_the_reports_words():
          "span": "run"}]
     gpu_unknown = rows("cuda", device_busy=None, data_wait_frac=0.1, comm_exposed_frac=None, pause_frac=0.0)
     assert gpu_unknown[2] == {"id": "device_idle", "label": "device idle, no other cause", "share": None,
-                              "why_unknown": "GPU activity not measured (neither GPM SM activity nor NVML utilization readable)",
+                              "why_unknown": "GPU busy in time not measured (NVML utilization not readable)",
                               "span": "window"}
     assert gpu_unknown[4]["share"] == 0.0
 

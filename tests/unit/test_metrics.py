@@ -22,7 +22,7 @@ from tui.export.prometheus import _Holder, registry_for
 SCHEMA = json.loads((Path(__file__).parents[2] / "tui" / "schemas" / "report.schema.json").read_text())
 # Two GPU ranks with every exported number measured (so "absent" can only mean "not exported there").
 BUSY = Rank(0, data=0.012, comm=0.021, exposed=0.0123, syncs=1.0, flops=2.2e12, tokens=4096, gpu_util=83,
-            loader_workers=2, loader_cpu=0.43, gap=0.002, probe_step_s=20e-6, probe_cores=0.004)
+            sm_active=0.71, loader_workers=2, loader_cpu=0.43, gap=0.002, probe_step_s=20e-6, probe_cores=0.004)
 PEER = dataclasses.replace(BUSY, rank=1, data=0.017, exposed=0.0031, gpu_util=79, flops=2.1e12)
 PEAK = 100e12
 

@@ -19,12 +19,13 @@ import probe
 from probe import gpu
 from probe.attachments import Attachments
 from probe.gpu import cuda as gpu_cuda
-from probe.gpu.nvml import GPM_ONLY, Nvml, decode_throttle
+from probe.gpu.nvml import GPM_ONLY, GPM_UNSUPPORTED, Nvml, decode_throttle
 from probe.recording import read_recording
 from probe.sampler import Sampler
 from tests.sim.simulated_cuda import memory_stats
 from tests.sim.simulated_pynvml import (NVML_ERROR_FUNCTION_NOT_FOUND, NVML_ERROR_GPU_IS_LOST,
-                                        NVML_ERROR_NOT_SUPPORTED, NVML_ERROR_UNKNOWN, SimulatedGpu, build)
+                                        NVML_ERROR_NO_PERMISSION, NVML_ERROR_NOT_SUPPORTED, NVML_ERROR_UNKNOWN,
+                                        SimulatedGpu, build)
 
 BASE_FIELDS = ("index", "name", "util", "mem_used", "mem_total", "power_w", "power_limit_w", "energy_mj", "sm_clock",
                "sm_clock_max", "temp_c", "throttle", "pcie_tx", "pcie_rx", "nvlink_tx", "nvlink_rx")
@@ -113,6 +114,34 @@ def test_nvml_errors_become_absent_values_and_unsupported_calls_stop(simulated_n
     assert dev.calls["nvmlDeviceGetCurrentClocksEventReasons"] == 1
     assert dev.calls["nvmlDeviceGetPowerUsage"] == 3             # transient error: asked again
     assert nvml.errors >= 5
+
+
+def test_a_missing_busy_or_fill_reading_carries_nvmls_reason_and_the_error_count(simulated_nvml):
+    """Nobody read ``Nvml.errors``: a busy not measured said only "not measured". Each GPU entry now says
+    why its utilization and SM activity are missing, in NVML's words, and counts the failed calls."""
+    denied = _no_gpm_gpu(errors={"nvmlDeviceGetUtilizationRates": NVML_ERROR_NO_PERMISSION})
+    simulated_nvml([denied])
+    nvml = Nvml()
+    entry = nvml.read(nvml.devices[0])
+    assert entry["why"] == {"util": "NVML: NoPermission", "sm_active": GPM_UNSUPPORTED}
+    assert entry["errors"] == 1 and nvml.errors >= 1
+    denied.errors.clear()                      # permanent: not asked again, the reason stays
+    assert nvml.read(nvml.devices[0])["why"]["util"] == "NVML: NoPermission"
+
+
+def test_a_lost_gpu_and_a_failing_gpm_metric_say_so(simulated_nvml):
+    gpu = SimulatedGpu(errors={"nvmlGpmMetricsGet": NVML_ERROR_NOT_SUPPORTED})
+    simulated_nvml([gpu])
+    nvml = Nvml()
+    dev = nvml.devices[0]
+    assert "why" not in nvml.read(dev)               # the first GPM sample: nothing missing yet
+    dev.gpm.prev_t -= 1.0
+    entry = nvml.read(dev)
+    assert entry["sm_active"] is None and entry["why"] == {"sm_active": "NVML: NotSupported on this GPU"}
+    gpu.errors["nvmlDeviceGetUtilizationRates"] = NVML_ERROR_GPU_IS_LOST
+    assert nvml.read(dev)["why"]["util"] == "NVML: GpuIsLost"
+    entry = nvml.read(dev)
+    assert entry["lost"] is True and entry["why"] == {"util": "NVML: GpuIsLost", "sm_active": "NVML: GpuIsLost"}
 
 
 def test_gpm_metrics_failure_gives_none_fields_not_an_exception(simulated_nvml):
@@ -335,7 +364,7 @@ def test_watch_on_a_simulated_gpu_fills_step_and_memory_records(simulated_cuda, 
     slack = STEP_PAUSE / 2
     assert all(0.010 - 1e-6 <= s["gpu_time"] <= 0.010 + by_step[s["gpu_step"]]["dur"] + slack for s in timed), \
         [(s["gpu_time"], by_step[s["gpu_step"]]["dur"]) for s in timed]
-    # the lead (timed for one step per StepTimer.LEAD_EVERY; the others carry none): from the host ending
+    # the lead (of the steps timed, one per StepTimer.TIME_EVERY; the others carry neither): from the host ending
     # step gpu_step to the poller seeing its end event complete. The poller can only see it after the host
     # ended the step, and must have seen it before the step whose record carries it ended (plus that step's
     # end hooks, well under 50 ms); never 0, as the clamp would make it

@@ -1,6 +1,7 @@
 """A wire key is read in the ``perfmon_analysis.readings`` package only: every other module of the analysis
 core reads typed readings, so a key is spelled in the wire schema and one parser, and a renamed
-key cannot leave a second reader behind. ``summary.py`` writes and reads its own payload."""
+key cannot leave a second reader behind. ``summary.py`` and ``groups.py`` write and read their own
+payloads (a relay's ``summary``, a group relay's ``group``)."""
 
 from __future__ import annotations
 
@@ -10,23 +11,26 @@ from pathlib import Path
 import perfmon_analysis
 
 PACKAGE = Path(perfmon_analysis.__file__).parent
-PARSERS = {"readings", "summary.py"}    # the readings package, and the relay summary's own payload
+PARSERS = {"readings", "summary.py", "groups.py"}    # the readings package, a relay's summary and a group relay's group
 
 # Literal keys read outside the parsers on purpose, per module and function (None: any function).
 ALLOWED: dict[tuple[str, str | None], tuple[frozenset[str] | None, str]] = {
     ("runmodel.py", "ingest"): (frozenset({"k"}), "ingest dispatches on the record's kind"),
     ("profile.py", "profile_lines"): (None, "the report's profile JSON (ModuleProfile.as_json), not a record"),
     ("profile.py", "_top"): (None, "rows of the report's profile JSON, not a record"),
+    ("sketch.py", "read"): (frozenset({"z", "b"}), "a sketch's own wire form (Sketch.wire), inside a group record"),
     ("verdict.py", None): (frozenset({"skipped", "undecided", "id"}), "the verdict's own evidence and findings"),
     ("questions.py", None): (frozenset({"data_wait", "comm_exposed", "device_idle"}),
                              "the verdict's loss accounting by loss id"),
-    ("outcomes.py", None): (frozenset({"loader_cpu", "device_idle", "comm_exposed", "device_busy"}),
+    ("outcomes.py", None): (frozenset({"loader_cpu", "device_idle", "comm_exposed", "device_busy", "host_ahead"}),
                             "the verdict's answers and losses by question and loss id"),
     ("explain.py", None): (frozenset({"name", "source", "rank", "count", "where"}),
                            "JobView.events: event records as the log pane lists them"),
     ("runmodel.py", "view"): (frozenset({"comm"}), "RankState.unmeasured, by the quantity the probe named"),
     ("metrics.py", "_idle"): (frozenset({"device_idle"}), "the loss accounting by loss id"),
     ("report.py", "render_text"): (None, "the report dict ``build`` made, not a record"),
+    ("layout_report.py", None): (None, "the report dict ``build`` made (its layout, straggling and rank rows), "
+                                       "not a record"),
     ("report.py", "gains_lines"): (None, "the report's verdict gains (Gains.as_json), not a record"),
     ("capture.py", "capture_reading"): (frozenset({"overhead", "baseline_step_s", "captured_step_s"}),
                                         "the report's captures entry (CaptureSummary.as_json), not a record"),
@@ -35,6 +39,9 @@ ALLOWED: dict[tuple[str, str | None], tuple[frozenset[str] | None, str]] = {
     ("compare.py", "_moved_words"): (None, "the comparison dict ``compare`` made, not a record"),
     ("compare.py", "_fmt_change"): (None, "a row of the comparison dict, not a record"),
     ("overhead.py", "text_lines"): (None, "the report's overhead JSON (Overhead.as_json), not a record"),
+    ("health.py", "text_lines"): (None, "the report's metrics, outliers and memory growth (as_json), not a record"),
+    ("health.py", "_times"): (None, "the report's metrics, not a record"),
+    ("report.py", "_loader_cpu"): (None, "the report's metrics, not a record"),
     ("report.py", "_verdict_json"): (frozenset({"evidence"}), "the verdict's JSON, not a record"),
     ("report.py", "build"): (frozenset({"seconds", "steps", "pid", "restart"}),
                              "the view's window, and the hellos of retired processes the run model keeps"),

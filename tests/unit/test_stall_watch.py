@@ -241,7 +241,7 @@ def test_nccl_only_states_follow_its_start_events(monkeypatch):
     assert started["groups"]["world"]["backend"] == "nccl"
 
 
-def test_both_recorders_merge_with_each_entry_tagged_and_a_group_both_number_left_out():
+def test_both_recorders_merge_with_each_entry_tagged_and_a_group_both_report_kept_once_per_backend():
     nccl_world, gloo_only = nccl_dump(started=True), copy.deepcopy(WAITING)     # world on NCCL, group 1 on gloo
     nccl_world["pg_status"] = {"0": nccl_world["pg_status"]["0"]}
     nccl_world["entries"] = [e for e in nccl_world["entries"] if e["pg_id"] == 0]
@@ -252,8 +252,15 @@ def test_both_recorders_merge_with_each_entry_tagged_and_a_group_both_number_lef
     assert [(e["group"], e["seq"], e["state"], e["backend"]) for e in flight["entries"]] == [
         ("world", 4, "started", "nccl"), ("1", 1, "enqueued", "gloo")]
     assert {g: s["backend"] for g, s in flight["groups"].items()} == {"world": "nccl", "1": "gloo"}
+    # the default cpu:gloo,cuda:nccl world: both recorders number its calls, each its own. Before, the
+    # merge dropped the group (its number ambiguous) and the stall record lost both sequences
     both = F.merge([F.parse_flight(nccl_world, source="nccl"), F.parse_flight(WAITING, source="generic")])
-    assert set(both["groups"]) == {"1"} and "note" not in both     # world: one sequence per backend
+    assert both["groups"] == {"world:nccl": {"enqueued": 4, "started": -1, "completed": 3, "backend": "nccl"},
+                              "world:gloo": {"enqueued": 4, "started": -1, "completed": 3, "backend": "gloo"},
+                              "1": {"enqueued": 1, "started": -1, "completed": 1, "backend": "gloo"}}
+    assert [(e["group"], e["seq"], e["backend"]) for e in both["entries"]] == [
+        ("world:nccl", 4, "nccl"), ("world:gloo", 4, "gloo")] and "note" not in both
+    assert F.from_flight(both)["seq"] == {"world:nccl": 4, "world:gloo": 4, "1": 1}
 
 
 def test_an_empty_recorder_says_why(monkeypatch):

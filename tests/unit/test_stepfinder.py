@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from probe.stepfinder import StepFinder
+from probe.stepfinder import WAIT_SEGMENTS, StepFinder
 
 
 class Loop:
@@ -13,7 +13,9 @@ class Loop:
     def __init__(self, optimizers: int = 1) -> None:
         self.t = 0.0
         self.steps: list[tuple[float, float, dict, int | None]] = []
-        self.f = StepFinder(lambda s, e, ph, n, cpu: self.steps.append((s, e, ph, n)))
+        self.evals: list[tuple[float, float, int, float | None]] = []
+        self.f = StepFinder(lambda s, e, ph, n, cpu: self.steps.append((s, e, ph, n)),
+                            on_eval=lambda *a: self.evals.append(a))
         self.f.optimizers = optimizers
 
     def fetch(self, secs: float = 0.01, samples: int = 8, source: int = 1) -> None:
@@ -108,14 +110,79 @@ def test_optimizers_stepped_back_to_back_are_one_step():
     assert loop.f.closers == {2}
 
 
-def test_each_optimizer_step_after_its_own_backward_is_a_step():
-    loop = Loop(optimizers=2)                    # GAN: discriminator then generator
-    for _ in range(2):
+def gan_iteration(loop: Loop, critic: int = 1, d: int = 1, g: int = 2) -> None:
+    """A (W)GAN iteration: ``critic`` discriminator steps, each on its own batch, then a generator step."""
+    for _ in range(critic):
         loop.fetch()
-        loop.forward(); loop.backward(); loop.opt(which=1)
-        loop.forward(); loop.backward(); loop.opt(which=2)
+        loop.forward(); loop.backward(); loop.forward(); loop.forward(); loop.backward(); loop.opt(which=d)
+    loop.forward(); loop.backward(); loop.opt(which=g)
+
+
+def test_a_gan_iteration_of_two_optimizer_steps_is_one_step_with_a_part_per_optimizer():
+    loop = Loop(optimizers=2)
+    loop.f.labels = {1: "Discriminator", 2: "Generator"}
+    for _ in range(4):
+        gan_iteration(loop)
     loop.f.flush()
     assert len(loop.steps) == 4
+    durations = {round(e - s, 6) for s, e, _, _ in loop.steps}
+    assert durations == {0.19}                                     # the whole iteration, every time
+    _, _, phases, samples = loop.steps[2]
+    assert phases == pytest.approx({"data": 0.01, "Discriminator": 0.125, "Generator": 0.055})
+    assert samples == 8
+
+
+def test_a_wgan_iteration_of_five_critic_steps_and_a_generator_step_is_one_step():
+    loop = Loop(optimizers=2)
+    for _ in range(3):
+        gan_iteration(loop, critic=5)
+    loop.f.flush()
+    assert len(loop.steps) == 3
+    assert all(e - s == pytest.approx(5 * 0.135 + 0.055) for s, e, _, _ in loop.steps)
+    assert loop.steps[1][2]["optimizer 1"] == pytest.approx(5 * 0.125)
+    assert loop.steps[1][3] == 40
+
+
+def test_a_generator_stepped_before_its_critics_is_found_as_the_rarer_optimizer():
+    """G first, then 5 critic steps: the first step ends at the first critic step (equals so far:
+    the one that stepped last), after that every step is one generator and five critic steps."""
+    loop = Loop(optimizers=2)
+    for _ in range(4):
+        loop.forward(); loop.backward(); loop.opt(which=2)
+        for _ in range(5):
+            loop.fetch(); loop.forward(); loop.backward(); loop.opt(which=1)
+    loop.f.flush()
+    sizes = [round((e - s) / 0.065) for s, e, _, _ in loop.steps]
+    assert sizes[0] == 2 and set(sizes[2:]) == {6}
+
+
+def test_one_optimizer_per_task_stepped_in_turn_is_one_step():
+    loop = Loop(optimizers=3)
+    for _ in range(3):
+        loop.fetch()
+        for task in (1, 2, 3):
+            loop.forward(); loop.backward(); loop.opt(which=task)
+    loop.f.flush()
+    assert len(loop.steps) == 3
+    assert set(loop.steps[2][2]) == {"data", "optimizer 1", "optimizer 2", "optimizer 3"}
+
+
+def test_an_optimizer_built_but_never_stepped_holds_only_the_first_step():
+    loop = Loop(optimizers=2)
+    for _ in range(12):
+        loop.fetch(); loop.forward(); loop.backward(); loop.opt(which=1)
+    loop.f.flush()
+    assert len(loop.steps) == 12 - WAIT_SEGMENTS + 1
+    assert loop.steps[-1][1] - loop.steps[-1][0] == pytest.approx(0.065)
+
+
+def test_an_inner_optimizer_stepped_inside_the_outer_one_does_not_hold_the_first_step():
+    loop = Loop(optimizers=2)                   # ZeroRedundancyOptimizer builds its local optimizer
+    loop.f.inner.add(99)
+    for _ in range(3):
+        loop.fetch(); loop.forward(); loop.backward(); loop.opt(which=1)
+    loop.f.flush()
+    assert len(loop.steps) == 3
 
 
 def test_without_an_optimizer_a_backward_ends_the_step():
@@ -217,3 +284,109 @@ def test_an_unseen_optimizer_step_with_nothing_open_emits_nothing():
     loop = Loop()
     loop.f.optimizer_unseen(1.0)
     assert loop.steps == []
+
+
+def train_step(loop: Loop) -> None:
+    loop.fetch(); loop.forward(); loop.backward(); loop.opt()
+
+
+def eval_pass(loop: Loop, batches: int, with_loader: bool = True) -> None:
+    """An evaluation run in train mode with grad enabled: forwards that no backward follows."""
+    for _ in range(batches):
+        if with_loader:
+            loop.fetch(0.002, samples=4, source=2)
+        loop.forward(0.01)
+
+
+def test_an_evaluation_without_no_grad_is_cut_off_the_next_step_and_reported():
+    loop = Loop()
+    for epoch in range(2):
+        eval_pass(loop, 8)
+        for _ in range(3):
+            train_step(loop)
+    loop.f.flush()
+    assert len(loop.steps) == 6
+    assert all(e - s == pytest.approx(0.065) for s, e, _, _ in loop.steps[1:])
+    start, end, phases, samples = loop.steps[3]
+    assert phases == pytest.approx({"data": 0.01, "forward": 0.02, "backward": 0.03, "optimizer": 0.005})
+    assert samples == 8
+    assert len(loop.evals) == 1                   # the first epoch's: no training seen yet to compare with
+    e0, e1, forwards, _ = loop.evals[0]
+    assert (e1 - e0, forwards, e1) == (pytest.approx(8 * 0.012), 8, pytest.approx(start))
+
+
+def test_an_evaluation_on_tensors_without_a_loader_is_cut_at_the_training_forward():
+    loop = Loop()
+    for _ in range(3):
+        train_step(loop)
+    eval_pass(loop, 6, with_loader=False)
+    loop.forward(); loop.backward(); loop.opt()
+    loop.f.flush()
+    assert len(loop.evals) == 1 and loop.evals[0][2] == 6
+    s, e, phases, _ = loop.steps[-1]
+    assert e - s == pytest.approx(0.055) and phases["forward"] == pytest.approx(0.02)
+
+
+def test_forwards_that_a_training_step_always_makes_are_not_evaluation():
+    """A GAN's discriminator runs three forwards before the second backward; a two-loader loop
+    forwards each loader's batch before one backward: their usual shape, never evaluation."""
+    loop = Loop(optimizers=2)
+    for _ in range(4):
+        gan_iteration(loop)
+    two = Loop()
+    for _ in range(4):
+        two.fetch(source=1); two.forward(); two.fetch(source=2); two.forward(); two.backward(); two.opt()
+    two.f.flush()
+    assert loop.evals == [] and two.evals == []
+    assert all(e - s == pytest.approx(0.095) for s, e, _, _ in two.steps)
+
+
+def test_an_evaluation_at_the_end_of_training_is_reported_at_flush():
+    loop = Loop()
+    for _ in range(3):
+        train_step(loop)
+    eval_pass(loop, 5)
+    loop.f.flush()
+    assert len(loop.steps) == 3 and len(loop.evals) == 1
+    assert loop.evals[0][1] - loop.evals[0][0] == pytest.approx(5 * 0.012)
+
+
+def test_the_cut_steps_cpu_clock_starts_at_the_training_batchs_fetch():
+    evals = []
+    f = StepFinder(lambda *a: None, on_eval=lambda *a: evals.append(a))
+    f.optimizers = 1
+    t = 0.0
+    for i in range(2):
+        for _ in range(5 if i else 0):
+            f.fetch(t, t + 0.01, 4, source=2, cpu0=100.0 + t)
+            f.forward_begin(t + 0.01); f.forward_end(t + 0.02)
+            t += 0.02
+        f.fetch(t, t + 0.01, 8, source=1, cpu0=100.0 + t)
+        f.forward_begin(t + 0.01); f.forward_end(t + 0.02)
+        f.backward_begin(t + 0.02); f.backward_end(t + 0.03)
+        f.optimizer_begin(t + 0.03); f.optimizer_end(t + 0.04, 1)
+        t += 0.04
+    assert len(evals) == 1 and evals[0][3] == pytest.approx(100.0 + 0.04 + 5 * 0.02)
+
+
+def test_parts_are_named_after_the_module_each_optimizer_updates():
+    import weakref
+
+    import torch
+
+    from probe.part_names import part_name
+
+    class Generator(torch.nn.Linear):
+        pass
+
+    class Discriminator(torch.nn.Linear):
+        pass
+
+    g, d, stray = Generator(2, 2), Discriminator(2, 1), torch.nn.Linear(1, 1)
+    roots = [weakref.ref(g), weakref.ref(d)]
+    opts = [torch.optim.Adam(m.parameters()) for m in (d, g, stray)]
+    names: list[str] = []
+    for opt in opts:
+        names.append(part_name(opt, roots, names))
+    assert names == ["Discriminator", "Generator", "Adam 3"]
+    assert part_name(torch.optim.SGD(d.parameters(), lr=0.1), roots, names) == "Discriminator 4"

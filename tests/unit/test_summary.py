@@ -9,7 +9,7 @@ import pytest
 
 from probe import wire
 from tests.unit.verdict_synth import T0, Rank, job, records
-from tui.commands.relay import StdoutRelay
+from tui.commands.relay.node import StdoutRelay
 from perfmon_analysis.buffers import MIN_STEPS
 from perfmon_analysis.runmodel import RunModel
 from perfmon_analysis.summary import read_summary

@@ -14,6 +14,8 @@ import pytest
 
 from tests.unit.test_stuck import SLEEPER, WAITER
 from tests.unit.test_where_model import FORWARD, SLEEP, intervals
+from tests.helpers.ops_jobs import view as ops_view
+from tests.unit.test_straggler_verdict import LEAVES as STRAGGLERS
 from tests.unit.verdict_synth import T0, Rank, job, records
 from perfmon_analysis import explain, units
 from perfmon_analysis.buffers import BLOCKING_EVENTS
@@ -21,7 +23,10 @@ from perfmon_analysis.losses import Loss
 from perfmon_analysis import verdict as V
 from perfmon_analysis.readings import GpuRow, RankTrace, StepBar, gpu_reading
 from perfmon_analysis.runmodel import RunModel
-from perfmon_analysis.views import MemoryMetrics
+from perfmon_analysis.crash import Crash
+from perfmon_analysis.health import JobHealth
+from perfmon_analysis.memory_growth import MemoryGrowth
+from perfmon_analysis.views import CommOpRow, MemoryMetrics
 
 GB = 1 << 30
 PEAK = 100e12
@@ -39,8 +44,10 @@ def _view(ranks=None, device="cuda", peak=PEAK, **metrics):
 
 
 def _idle(**metrics):
-    """The same job with the device 45% busy and no measured loss, unless given."""
-    base = dict(device_busy=0.45, data_wait_frac=0.0, comm_exposed_frac=0.0, syncs_per_step=0.0, mfu=0.5)
+    """The same job with the device 45% busy and no measured loss, unless given; the host 2 ms ahead of
+    250 ms of device work a step."""
+    base = dict(device_busy=0.45, data_wait_frac=0.0, comm_exposed_frac=0.0, syncs_per_step=0.0, mfu=0.5,
+                host_lead_s=0.002, host_lead_steps=0.008, device_time_median_s=0.25)
     base.update(metrics)
     return _view(**base)
 
@@ -87,6 +94,14 @@ VIEWS = {
         traces={0: RankTrace(steps=(StepBar(0, 0.1, 0.0, (), "train.py:10"), StepBar(1, 0.1, 0.0, (), "train.py:42"),
                                     StepBar(2, 0.1, 0.0, ())), data_wait=(), cpu=())}),
     "host_overhead": lambda: _idle(step_time_median_s=0.25),
+    "not_measured_host_ahead": lambda: _idle(step_time_median_s=0.25, host_lead_s=0.4, host_lead_steps=1.6,
+                                             device_time_median_s=0.25),
+    "not_measured_lead_unknown": lambda: _idle(step_time_median_s=0.25, host_lead_s=None, host_lead_steps=None,
+                                               device_time_median_s=None),
+    "not_measured_busy_unknown_on_a_rank": lambda: job(Rank(0, gpu_util=95), Rank(1, gpu_why={
+        "util": "NVML: NoPermission"}), device="cuda").view(),
+    "low_fill": lambda: _view(device_busy=0.98, device_fill=0.56, sm_active=0.55, mfu=None),
+    "low_fill_warn": lambda: _view(device_busy=1.0, device_fill=0.45, sm_active=0.45, mfu=0.21),
     "host_wait_cpu": lambda: job(Rank(steps=40, cpu=0.06, extra_records=intervals(40, 0.1, [(SLEEP, 160),
                                                                                             (FORWARD, 240)]))).view(),
     "host_wait_cpu_no_samples": lambda: job(Rank(steps=40, cpu=0.06)).view(),
@@ -101,15 +116,53 @@ VIEWS = {
     # the same loop as the regression example, seen by a probe that sends no stack samples between steps
     "loop_work": lambda: _cpu(ettr=1.0, gap_frac=0.3, loop_frac=0.3, pause_frac=0.0),
     "warming_up": lambda: job(Rank(steps=3)).view(),
+    "slow_worker": lambda: ops_view(**STRAGGLERS[0][1]),
+    "slow_stage": lambda: ops_view(**STRAGGLERS[1][1]),
+    "rotating_imbalance": lambda: ops_view(**STRAGGLERS[2][1]),
+    "crashed": lambda: dataclasses.replace(job(Rank(steps=3)).view(), health=JobHealth(crash=Crash(
+        0, "RuntimeError", "CUDA error: device-side assert triggered", 41, "/home/u/train.py", 12, "main",
+        "loss = model(x)", "exit code 1"))),
+    "crashed_killed": lambda: dataclasses.replace(job(Rank()).view(), health=JobHealth(crash=Crash(
+        None, None, "", 120, exit="killed by SIGKILL"))),
+    "memory_leak_host": lambda: dataclasses.replace(_cpu(memory=LEAKING), health=JobHealth(growth=GROWTH)),
+    "memory_past_limit_host": lambda: _cpu(memory=dataclasses.replace(
+        LEAKING, peak_frac=1.14, peak_bytes=int(1.14 * 4 * GB), activations_bytes=3 * GB, other_bytes=int(0.3 * GB))),
+    "communication_fsdp": lambda: dataclasses.replace(
+        _comm(comm_exposed_frac=0.17, compute_ratio=0.95, comm_op="all_gather", busbw=None, samples_per_s=None),
+        comm_ops=[CommOpRow("all_gather", 40, 1 << 26, 0.9, None, None, 2),
+                  CommOpRow("reduce_scatter", 20, 1 << 26, 0.8, None, None, 2)]),
+    "data_loading_cpu_main_process": lambda: dataclasses.replace(
+        _idle(data_wait_frac=0.3, loader_workers=0, data_cpu_frac=0.01, loader_cpu=None), device_type="cpu"),
     "stuck": lambda: job(Rank(0, extra_records=[WAITER]), Rank(1, extra_records=[SLEEPER])).view(),
 }
 
+LEAKING = MemoryMetrics(source="host", rank=0, peak_frac=0.4, peak_bytes=int(1.6 * GB), limit_bytes=4 * GB,
+                        params_bytes=8 << 20, grads_bytes=8 << 20, optimizer_bytes=0, activations_bytes=15 << 20,
+                        other_bytes=int(1.5 * GB))
+GROWTH = MemoryGrowth(rank=0, series="rss", per_step=3.6e6, per_s=90e6, steps=400, points=40, first=int(0.2 * GB),
+                      last=int(1.6 * GB), fit=0.99, steady=True, kind="other", kind_per_step=3.5e6, limit=4 * GB,
+                      steps_to_limit=670)
 WAIT_FIXES = [
     "move the call off the training thread (a background thread or process feeding a queue), so the step never waits "
     "for it",
     "overlap it: start the request before forward and collect its result after backward (concurrent.futures)",
     "batch it: one call every N steps instead of one per step; cache what it returns",
     "a lock or GIL contention with a background thread shows as waiting too: find the other holder"]
+
+IDLE_FIXES = [
+    "`perfmon capture` (key c) records a torch.profiler trace of a few steps: its device rows show what the device "
+    "waits for between kernels",
+    "work on another CUDA stream (a side stream, a collective's stream) is not on the stream the step's events time: "
+    "waits on it show as idle here",
+    "time the collectives (mon.watch(model=ddp_model), PERFMON_NCCL_TIMING=1) so a wait for peers is measured as such"]
+
+FILL_FIXES = [
+    "a larger micro-batch per step: fewer, larger kernels that occupy every SM (gradient accumulation keeps the "
+    "global batch)",
+    "fuse small ops into larger kernels: torch.compile (and fused optimizers, flash attention)",
+    "CUDA graphs (torch.compile(mode='reduce-overhead') or torch.cuda.graphs) for steps of many small kernels",
+    "`perfmon capture` (key c) lists the kernels by device time: the largest ones with few blocks or low occupancy "
+    "(registers, shared memory per block) are where the SMs sit empty"]
 
 SUGGEST = {
     "memory_device": [   'activation checkpointing (torch.utils.checkpoint) on the largest blocks',
@@ -121,18 +174,119 @@ SUGGEST = {
 
 # name: (bottleneck, severity, headline, suggestions, evidence (without notes/skipped), straggler_rank)
 EXPECTED = {
-    'not_measured': (
-        'not_measured', 'warn',
-        "Not measured: CUDA busy is unknown (no utilization samples for this job's GPU), so whether the device "
-        "is starved cannot be told; measured: exposed communication 0%, loop work between steps 0%, 100ms steps; "
-        "MFU 50%",
-        ['GPU busy comes from NVML (GPM SM activity, else utilization): `nvidia-smi -q -d UTILIZATION` as this '
-         'user shows whether the driver reports it; MIG slices and many vGPUs report no utilization',
-         "if NVML cannot be loaded (no libnvidia-ml in the container), mount the driver's libraries (NVIDIA "
-         "container toolkit) so the probe can read the GPU",
-         'meanwhile, the losses that are measured still speak: a data wait or exposed communication of 10% or '
-         'more would have been named'],
-        {'device_busy': None, 'comm_exposed_frac': 0.0, 'step_time_median_s': 0.1},
+    'crashed': (
+        'crashed', 'crit',
+        'Crashed: RuntimeError on rank 0 at step 41 (train.py:12 in main): CUDA error: device-side assert '
+        'triggered (exit code 1)',
+        ['the line that raised, train.py:12 in main: loss = model(x); the whole traceback is in the '
+         "job's stderr (the job log when perfmon run shows the TUI)"],
+        {        'crash': {        'call': 'loss = model(x)',
+                           'error': 'RuntimeError',
+                           'exit': 'exit code 1',
+                           'file': '/home/u/train.py',
+                           'function': 'main',
+                           'headline': 'Crashed: RuntimeError on rank 0 at step 41 (train.py:12 in '
+                                       'main): CUDA error: device-side assert triggered',
+                           'line': 12,
+                           'message': 'CUDA error: device-side assert triggered',
+                           'rank': 0,
+                           'step': 41}},
+        None),
+    'crashed_killed': (
+        'crashed', 'crit',
+        'Crashed: killed by SIGKILL at step 120',
+        ["SIGKILL: the kernel's OOM killer (dmesg | grep -i kill) or the scheduler (its job log) ended it"],
+        {        'crash': {        'call': None,
+                           'error': None,
+                           'exit': 'killed by SIGKILL',
+                           'file': None,
+                           'function': None,
+                           'headline': 'Crashed: killed by SIGKILL at step 120',
+                           'line': None,
+                           'message': '',
+                           'rank': None,
+                           'step': 120}},
+        None),
+    'memory_leak_host': (
+        'memory', 'warn',
+        'Memory leak: host RSS grows 3.6MB every step (90.0MB/s) over the last 400 steps, now 1.7GB; most in '
+        'other (recent peak 1.7GB is 40% of the 4.3GB limit); at this rate the 4.3GB limit is reached in ~670 steps',
+        ['find what the loop keeps every step (host RSS grows 3.6MB per step, most in other): tensors '
+         'the loop keeps every step: a loss or an output appended to a list with its graph (keep '
+         'loss.item() or loss.detach()), metrics accumulated as tensors, a cache that never evicts',
+         'tracemalloc snapshots a few hundred steps apart show the Python lines whose memory grows',
+         "memory outside the model's tensors: the data pipeline (num_workers x prefetch_factor batches "
+         "in flight), Python objects and tensors the loop keeps, libraries' own buffers"],
+        {        'comm_exposed_frac': 0.0,
+         'data_wait_frac': None,
+         'device_busy': 1.0,
+         'memory_growth_per_step': 3600000,
+         'memory_growth_rank': 0,
+         'memory_peak_frac': 0.4,
+         'memory_rank': 0,
+         'step_time_median_s': 0.1},
+        None),
+    'memory_past_limit_host': (
+        'memory', 'crit',
+        'Memory, host RSS: recent peak 4.9GB is 114% of the 4.3GB limit',
+        ['activation checkpointing (torch.utils.checkpoint) on the largest blocks',
+         'mixed precision (bf16 autocast) to halve activations',
+         'smaller micro-batch with gradient accumulation to keep the global batch'],
+        {        'comm_exposed_frac': 0.0,
+         'data_wait_frac': None,
+         'device_busy': 1.0,
+         'memory_peak_frac': 1.14,
+         'memory_rank': 0,
+         'step_time_median_s': 0.1},
+        None),
+    'communication_fsdp': (
+        'communication', 'warn',
+        'Communication (FSDP): exposed communication is 17% (all-gather 9% + reduce-scatter 8%) of the step',
+        ["fully_shard(block, reshard_after_forward=False) keeps each block's parameters gathered from "
+         'forward to backward: one all-gather per block instead of two, for the memory of the gathered '
+         'block (an int reshards to a smaller group instead)',
+         "prefetch the next blocks' all-gathers: block.set_modules_to_forward_prefetch([next blocks]) "
+         'and set_modules_to_backward_prefetch([previous blocks])',
+         'with gradient accumulation, model.set_requires_gradient_sync(False) on all but the last '
+         'micro-batch: one reduce-scatter per step instead of one per micro-batch',
+         'MixedPrecisionPolicy(param_dtype=torch.bfloat16) halves the all-gather bytes; '
+         "reduce_dtype=torch.bfloat16 halves the reduce-scatter's",
+         'fully_shard each transformer block, not each layer: fewer, larger collectives; across nodes, '
+         'HSDP (a 2-D mesh: shard within a node, replicate across) keeps the all-gathers on the fast '
+         'links',
+         "check the interconnect: busbw should approach the link's bandwidth"],
+        {        'busbw': None,
+         'comm_exposed_by_op': {'all_gather': 0.09, 'reduce_scatter': 0.08},
+         'comm_exposed_frac': 0.17,
+         'comm_op': 'all_gather',
+         'compute_ratio': 0.95,
+         'data_wait_frac': 0.0,
+         'device_busy': 0.9,
+         'step_time_median_s': 0.1},
+        None),
+    'data_loading_cpu_main_process': (
+        'data_loading', 'crit',
+        'Data loading: 30% of each step waits for the loader; not CPU-bound',
+        ['raise num_workers from 0 and prefetch_factor to hide read latency',
+         'faster or local storage; cache the dataset in RAM or on local SSD'],
+        {        'comm_exposed_frac': 0.0,
+         'data_wait_frac': 0.3,
+         'device_busy': 0.45,
+         'loader_cpu': 0.01,
+         'step_time_median_s': 0.1},
+        None),
+    'not_measured': (   'not_measured',
+        'warn',
+        "Not measured: CUDA busy is unknown (no GPU utilization samples for this job's GPU), so whether the "
+        'device is starved cannot be told; measured: exposed communication 0%, loop work between steps 0%, 100ms '
+        'steps; MFU 50%',
+        [   'GPU busy is the share of time a kernel ran, from NVML utilization: `nvidia-smi -q -d UTILIZATION` '
+            'as this user shows whether the driver reports it; MIG slices and many vGPUs report no utilization',
+            "if NVML cannot be loaded (no libnvidia-ml in the container), mount the driver's libraries (NVIDIA "
+            'container toolkit) so the probe can read the GPU',
+            'meanwhile, the losses that are measured still speak: a data wait or exposed communication of 10% or '
+            'more would have been named'],
+        {'comm_exposed_frac': 0.0, 'data_wait_frac': None, 'device_busy': None, 'step_time_median_s': 0.1},
         None),
     'memory_ooms_device': (
         'memory', 'crit',
@@ -201,8 +355,7 @@ EXPECTED = {
         'Data preprocessing: 40% of each step waits for the loader; the main process spends 90% of the wait on CPU (num_workers=0)',
         ['use DataLoader(num_workers=N): loading runs in the training process now',
          'move per-sample transforms to the device or batch them',
-         'preprocess offline (cache decoded/tokenized data)',
-         'persistent_workers=True so workers are not re-forked every epoch'],
+         'preprocess offline (cache decoded/tokenized data)'],
         {'comm_exposed_frac': 0.0,
          'data_wait_frac': 0.4,
          'device_busy': 0.45,
@@ -227,7 +380,6 @@ EXPECTED = {
         'Data loading: 30% of each step waits for the loader; not CPU-bound',
         ['raise num_workers from 0 and prefetch_factor to hide read latency',
          'pin_memory=True and non_blocking copies',
-         'persistent_workers=True',
          'faster or local storage; cache the dataset in RAM or on local SSD'],
         {'comm_exposed_frac': 0.0,
          'data_wait_frac': 0.3,
@@ -266,6 +418,32 @@ EXPECTED = {
          'device_busy': 0.9,
          'step_time_median_s': 0.1},
         None),
+    'slow_worker': (
+        'slow_worker', 'crit',
+        "Slow worker: dp2 pp1, rank 6, is slower than its stage's peers on 100% of steps; every other worker waits "
+        "for it (56% of the step exposed); without it: 1.8× (simulated)",
+        ['replace or drain the node of rank 6 (h): a worker slow on most steps is its host or hardware (throttling, '
+         'a failing device, another process)',
+         'check that node: clocks and throttle reasons, ECC and link errors, other processes on its cores',
+         'restart the job without that node (elastic training: exclude it) until it is fixed'],
+        {'worker_standout_frac': 1.0, 'straggler_rank': 6, 'worker': 'dp2 pp1', 'slowdown': 1.6222, 'gain': 1.8}, 6),
+    'slow_stage': (
+        'slow_stage', 'crit',
+        'Slow stage: pipeline stage 1 does the most work (36s of compute a step, 92%); the other stages wait for '
+        'it; balancing the stages: 1.3× (simulated)',
+        ["move layers out of stage 1 into its neighbours (the pipeline's split points)",
+         'the last stage also computes the loss and the output layer, the first the embedding: give them fewer '
+         'layers than the middle stages',
+         'more micro-batches shrink the fill and drain bubble, not an imbalance between stages'],
+        {'standout_frac': 0.0, 'stage_work_ratio': 1.5, 'stage': 1, 'slowdown': 1.4, 'gain': 1.3}, None),
+    'rotating_imbalance': (
+        'rotating_imbalance', 'warn',
+        'Rotating imbalance: on 100% of steps one worker is much slower than its peers, a different one each time '
+        '(4 workers), so every step waits for one; evening the work over the replicas: 1.6× (simulated)',
+        ['pack sequences so each micro-batch holds the same number of tokens',
+         "bucket samples by length: each replica's batch then costs the same",
+         'split batches by tokens (or by attention cost), not by sample count'],
+        {'standout_frac': 1.0, 'slowdown': 1.6, 'gain': 1.6}, None),
     'load_imbalance_compute': (
         'load_imbalance', 'crit',
         'Load imbalance: rank 1 computes 100ms/step vs 50ms on rank 0; the others wait 50% in collective',
@@ -339,18 +517,89 @@ EXPECTED = {
          '(key u: every line)', *WAIT_FIXES],
         {'device_busy': 0.4, 'host_wait_frac': 0.75, 'syncs_per_step': 0.0, 'where_top': '/home/u/train.py:21'},
         None),
-    'host_overhead': (
-        'host_overhead', 'crit',
-        'Host overhead: the device idles 55% of each step with no other measured cause (busy 45% of a 250ms step); the CPU cannot feed it'
-        '; cannot tell a host that waits (I/O, a lock, a service) from launch overhead (no stack samples of the training thread in steps)',
-        ['larger batch per step',
-         'torch.compile or CUDA graphs to cut launch overhead',
-         'fuse small ops; avoid Python work per micro-op'],
-        {'comm_exposed_frac': 0.0,
-         'data_wait_frac': 0.0,
-         'device_busy': 0.45,
-         'step_time_median_s': 0.25,
-         'syncs_per_step': 0.0},
+    'host_overhead': (   'host_overhead',
+        'crit',
+        'Host overhead: the device idles 55% of each step with no other measured cause (busy 45% of a 250ms '
+        'step); the host stays only 2ms ahead of 250ms of device work a step, too little to keep it fed; cannot '
+        'tell a host that waits (I/O, a lock, a service) from launch overhead (no stack samples of the training '
+        'thread in steps)',
+        [   'larger batch per step',
+            'torch.compile or CUDA graphs to cut launch overhead',
+            'fuse small ops; avoid Python work per micro-op'],
+        {   'comm_exposed_frac': 0.0,
+            'data_wait_frac': 0.0,
+            'device_busy': 0.45,
+            'host_lead_steps': 0.008,
+            'step_time_median_s': 0.25,
+            'syncs_per_step': 0.0},
+        None),
+    'not_measured_host_ahead': (   'not_measured',
+        'warn',
+        'Not measured: the device idles 55% of each step with no measured cause; the host keeps 1.6 steps of '
+        'work queued ahead of it (400ms ahead of a 250ms step), so launches are not what idles it; what it waits '
+        'for (another stream, a collective nobody timed, time outside the steps) is not measured; measured: data '
+        'wait 0%, exposed communication 0%, device idle, no other cause 55%, loop work between steps 0%, 250ms '
+        'steps; MFU 50%',
+        IDLE_FIXES,
+        {   'comm_exposed_frac': 0.0,
+            'data_wait_frac': 0.0,
+            'device_busy': 0.45,
+            'host_lead_steps': 1.6,
+            'step_time_median_s': 0.25,
+            'syncs_per_step': 0.0},
+        None),
+    'not_measured_lead_unknown': (   'not_measured',
+        'warn',
+        'Not measured: the device idles 55% of each step with no measured cause; measured: data wait 0%, exposed '
+        'communication 0%, device idle, no other cause 55%, loop work between steps 0%, 250ms steps; MFU 50%; '
+        'cannot tell a host that waits '
+        '(I/O, a lock, a service) from launch overhead (no stack samples of the training thread in steps); '
+        'cannot tell launch overhead from an idle the host does not cause (host lead not measured: no step of '
+        'the window timed with CUDA events)',
+        ["turn on CUDA step timing: mon.watch(model=...) on the model on the GPU (it times about ten steps a "
+         "second; watch(gpu_events=False) turns it off)", *IDLE_FIXES],
+        {   'comm_exposed_frac': 0.0,
+            'data_wait_frac': 0.0,
+            'device_busy': 0.45,
+            'step_time_median_s': 0.25,
+            'syncs_per_step': 0.0},
+        None),
+    'not_measured_busy_unknown_on_a_rank': (   'not_measured',
+        'warn',
+        'Not measured: CUDA busy is unknown (rank 1: NVML: NoPermission), so whether the device is starved '
+        'cannot be told; measured: loop work between steps 0%, 100ms steps',
+        [   'GPU busy is the share of time a kernel ran, from NVML utilization: `nvidia-smi -q -d UTILIZATION` '
+            'as this user shows whether the driver reports it; MIG slices and many vGPUs report no utilization',
+            "if NVML cannot be loaded (no libnvidia-ml in the container), mount the driver's libraries (NVIDIA "
+            'container toolkit) so the probe can read the GPU',
+            'meanwhile, the losses that are measured still speak: a data wait or exposed communication of 10% or '
+            'more would have been named'],
+        {'comm_exposed_frac': None, 'data_wait_frac': None, 'device_busy': None, 'step_time_median_s': 0.1},
+        None),
+    'low_fill': (   'low_fill',
+        'info',
+        'Low SM fill: a kernel runs 98% of each 100ms step, but the running kernels occupy 56% of the SMs (SM '
+        'activity 55%): small kernels, a small batch, unfused ops or low occupancy',
+        FILL_FIXES,
+        {   'comm_exposed_frac': 0.0,
+            'data_wait_frac': None,
+            'device_busy': 0.98,
+            'device_fill': 0.56,
+            'sm_active': 0.55,
+            'step_time_median_s': 0.1},
+        None),
+    'low_fill_warn': (   'low_fill',
+        'warn',
+        'Low SM fill: a kernel runs 100% of each 100ms step, but the running kernels occupy 45% of the SMs (SM '
+        'activity 45%); MFU 21% of a 100TFLOP/s peak (device table, bf16): small kernels, a small batch, unfused '
+        'ops or low occupancy',
+        FILL_FIXES,
+        {   'comm_exposed_frac': 0.0,
+            'data_wait_frac': None,
+            'device_busy': 1.0,
+            'device_fill': 0.45,
+            'sm_active': 0.45,
+            'step_time_median_s': 0.1},
         None),
     'compute_efficiency_mfu': (
         'compute_efficiency', 'info',
@@ -567,8 +816,8 @@ def test_arrival_straggler_mentions_its_gaps_from_five_percent(gap, said):
 def test_unknown_step_time_and_unmeasured_loader_are_said_plainly():
     assert V.evaluate(_idle(step_time_median_s=None)).headline == (
         "Host overhead: the device idles 55% of each step with no other measured cause (busy 45% of a n/a step); "
-        "the CPU cannot feed it; cannot tell a host that waits (I/O, a lock, a service) from launch overhead (no "
-        "stack samples of the training thread in steps)")
+        "the host stays only 2ms ahead of 250ms of device work a step, too little to keep it fed; cannot tell a host "
+        "that waits (I/O, a lock, a service) from launch overhead (no stack samples of the training thread in steps)")
     v = V.evaluate(_idle(data_wait_frac=0.3, loader_workers=None, loader_cpu=None, data_cpu_frac=None))
     assert v.bottleneck == "data_loading" and v.undecided == {"loader_cpu": v.evidence["skipped"]["loader_cpu"]}
     assert v.headline == ("Data loading: 30% of each step waits for the loader; cannot tell CPU-bound "
@@ -673,17 +922,18 @@ def test_a_straggler_on_a_multi_node_job_is_named_with_its_host():
 
 
 def test_host_overhead_quotes_how_far_the_host_runs_ahead_of_the_gpu():
-    recs = records(Rank(dur=0.1, gpu_util=55, syncs=0.0), device="cuda")
+    recs = records(Rank(dur=0.1, gpu_util=55, syncs=0.0, gpu_time=0.1), device="cuda")
     for r in recs:
         if r["k"] == "step":
-            r["lead"] = 0.0999
+            r["lead"] = 0.0015
     model = RunModel()
     for r in recs:
         model.ingest("s", r)
     v = V.evaluate(model.view())
     assert v.bottleneck == "host_overhead"
     assert v.headline.startswith("Host overhead: the device idles 45% of each step with no other measured cause "
-                                 "(the host runs 99.9ms ahead of it)")
+                                 "(busy 55% of a 100ms step); the host stays only 1.5ms ahead of 100ms of device "
+                                 "work a step, too little to keep it fed")
 
 
 def test_a_device_memory_verdict_speaks_of_the_windows_peak():

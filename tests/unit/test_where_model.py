@@ -241,8 +241,10 @@ def test_cpu_wait_without_stack_samples_still_names_the_loss():
 
 
 def _gpu_idle(lines: list[tuple[dict, int]] | None) -> V.Verdict:
+    """The GPU 40% busy, the host 2 ms ahead of 100 ms of device work a step: too little to hide the idle."""
     extra = intervals(40, 0.1, lines) if lines is not None else []
-    return V.evaluate(job(Rank(steps=40, gpu_util=40, syncs=0, extra_records=extra), device="cuda").view())
+    return V.evaluate(job(Rank(steps=40, gpu_util=40, syncs=0, gpu_time=0.1, lead=0.002, extra_records=extra),
+                          device="cuda").view())
 
 
 def test_gpu_idle_with_a_waiting_host_is_host_wait():

@@ -30,7 +30,8 @@ class Rank:
     flops: float | None = None
     samples: float | None = 32
     tokens: float | None = None
-    gpu_time: float | None = None
+    gpu_time: float | None = None  # device time of the step (CUDA events), on every step that has a lead
+    lead: float | None = None      # how far the host finished ahead of the device (CUDA events)
     data_cpu: float | None = None
     cpu: float | None = None       # training thread CPU s per step (wire 1.3), over ``cpu_span``
     cpu_span: str | None = None    # "body" (API) | "active" (zero-code)
@@ -42,6 +43,9 @@ class Rank:
     gpu_util: float | None = None  # percent, NVML style
     gpu_power_w: float | None = None   # the GPU's draw: its total-energy counter (mJ) rises by this
     tensor_active: float | None = None
+    sm_active: float | None = None     # GPM SM activity, 0..1 (idle time counting 0)
+    gpu_why: dict[str, str] | None = None   # the GPU's ``why`` (NVML's reasons for a missing reading)
+    offloaded: float | None = None     # the job device's ``offloaded`` share (CUDA)
     throttle: list[str] = field(default_factory=list)
     pid: int | None = None
     restart: int = 0
@@ -65,6 +69,8 @@ def hello(r: Rank, world: int, device: str, peak: float | None, t: float) -> dic
     dev: dict[str, Any] = {"type": device, "name": "Simulated GPU" if device == "cuda" else "CPU", "count": 1}
     if device == "cuda":
         dev["memory_total"] = 80 << 30
+        if r.offloaded is not None:
+            dev["offloaded"] = r.offloaded
     if peak is not None:
         dev["peak_flops"] = {"bf16": peak}
     return {"k": "hello", "t": t, "proto": [1, 0], "job": "synth", "rank": r.rank, "local_rank": 0,
@@ -89,7 +95,8 @@ def records(r: Rank, world: int = 1, device: str = "cpu", peak: float | None = N
         if r.comm is not None:
             step["comm"] = {"seconds": r.comm, "exposed": r.exposed if r.exposed is not None else r.comm,
                             "bytes": 4 << 20, "ops": 1}
-        for key in ("syncs", "flops", "samples", "tokens", "gpu_time", "data_cpu", "cpu", "cpu_span", "gap_cpu"):
+        for key in ("syncs", "flops", "samples", "tokens", "gpu_time", "lead", "data_cpu", "cpu", "cpu_span",
+                    "gap_cpu"):
             if getattr(r, key) is not None:
                 step[key] = getattr(r, key)
         out.append(step)
@@ -111,7 +118,7 @@ def records(r: Rank, world: int = 1, device: str = "cpu", peak: float | None = N
                               "process_cpu": t - r.start, "queue_items": 0, "sent_bytes": 1000 * (i + 1), "why": {}}
         if peak is not None:   # what watch() reports: the compute dtype (the peak comes from hello's table)
             sample["compute"] = {"dtype": "bf16", "peak_flops": None, "peak_source": None}
-        if r.gpu_util is not None or r.tensor_active is not None or r.throttle:
+        if r.gpu_util is not None or r.tensor_active is not None or r.throttle or r.sm_active is not None or r.gpu_why:
             gpu: dict[str, Any] = {"index": 0, "name": "Simulated GPU", "throttle": list(r.throttle)}
             if r.gpu_util is not None:
                 gpu["util"] = r.gpu_util
@@ -119,6 +126,10 @@ def records(r: Rank, world: int = 1, device: str = "cpu", peak: float | None = N
                 gpu["energy_mj"] = round(1e9 + r.gpu_power_w * (t - r.start) * 1000)
             if r.tensor_active is not None:
                 gpu["tensor_active"] = r.tensor_active
+            if r.sm_active is not None:
+                gpu["sm_active"] = r.sm_active
+            if r.gpu_why:
+                gpu["why"] = dict(r.gpu_why)
             sample["gpus"] = [gpu]
         out.append(sample)
     out.extend(r.extra_records)

@@ -91,6 +91,7 @@ class PerfmonApp(App[int]):
         Binding("right_square_bracket", "rank_page(1)", "next page of ranks", show=False),
         Binding("left_square_bracket", "rank_page(-1)", "previous page of ranks", show=False),
         Binding("g", "slowest_rank", "select the slowest rank", show=False),
+        Binding("number_sign", "goto_rank", "select a rank by number", show=False),
         Binding("w", "window", "window", show=False),
         Binding("plus,equals_sign", "speed(1)", "faster", show=False),
         Binding("minus", "speed(-1)", "slower", show=False),
@@ -245,6 +246,9 @@ class PerfmonApp(App[int]):
         snap = self.analysis.snapshot(feed.now(), clock=feed.clock())
         self.view, self.verdict = snap.view, snap.verdict
         feed.follow(self._followed(self.view))
+        follow_ranks = getattr(feed, "follow_ranks", None)     # through a relay tree: any rank, by number
+        if follow_ranks is not None:
+            follow_ranks(set() if self.selected_rank is None else {self.selected_rank})
         self._relayout()
         self._draw()
         if isinstance(self.screen, FlowchartScreen):
@@ -294,6 +298,16 @@ class PerfmonApp(App[int]):
     def action_flowchart(self) -> None:
         if not isinstance(self.screen, FlowchartScreen):
             self.push_screen(FlowchartScreen(self.verdict, self.no_color))
+
+    def action_goto_rank(self) -> None:
+        """``#``: a rank by number; through a relay tree one the ranks pane does not hold comes in full."""
+        from tui.app.screens.goto import GotoRankScreen
+
+        def chosen(rank: int | None) -> None:
+            if rank is not None:
+                self.selected_rank = rank
+                self.refresh_view()
+        self.push_screen(GotoRankScreen(self.view.world_size if self.view is not None else 0), chosen)
 
     def action_stuck(self) -> None:
         if not isinstance(self.screen, StuckScreen):

@@ -17,6 +17,7 @@ or without a terminal they pass through unchanged. This module never imports tor
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
@@ -260,5 +261,22 @@ def main(args: Any) -> int:
         rc = exit_code(job.wait())
         _say(f"job output: {log_path}")
     if record is not None:
+        _write_exit(record, job_label, cmd, job.proc.returncode)
         _say(f"recordings: {record}  (perfmon report {record})")
     return rc
+
+
+def _write_exit(record: Path, job: str, cmd: list[str], returncode: int | None) -> None:
+    """Leave how the command ended beside its recordings (when it trained: a job that left no
+    recording leaves nothing): a non-zero exit is the report's verdict even when no process recorded
+    an exception (``perfmon_analysis.crash``)."""
+    from probe.recording import recording_files
+    from tui.stream.sources import exit_path
+
+    if not recording_files(record):
+        return
+    try:
+        exit_path(record, job, os.getpid()).write_text(json.dumps(
+            {"job": job, "cmd": cmd[:32], "returncode": returncode, "t": time.time()}))
+    except OSError as exc:
+        _say(f"could not write the exit status beside the recordings: {exc.strerror or exc}")

@@ -28,6 +28,7 @@ from perfmon_analysis import units
 from perfmon_analysis.analysis import Analysis
 from perfmon_analysis.history import MEMORY_FIELDS, STEP_FIELDS, History, memory_used
 from perfmon_analysis.profile import profile_lines
+from perfmon_analysis.layout_report import layout_lines
 from perfmon_analysis.report import gains_lines
 from perfmon_analysis.capture import capture_reading
 from perfmon_analysis.verdict import label as outcome_label
@@ -108,6 +109,9 @@ def _verdict_html(report: dict[str, Any]) -> str:
     gains = gains_lines(v, width=110)
     if gains:     # the text report's section, word for word: one place computes and words the gains
         parts.append(f"<h2>{_esc(gains[0].split(' (')[0])}</h2><pre>{_esc(chr(10).join(gains))}</pre>")
+    layout = layout_lines(report, width=110)
+    if layout:    # the text report's section too: the layout, the straggler what-if, each stage
+        parts.append(f"<h2>{_esc(layout[1].split(':')[0])}</h2><pre>{_esc(chr(10).join(layout[1:]))}</pre>")
     return "\n".join(parts)
 
 

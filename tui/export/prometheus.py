@@ -16,6 +16,7 @@ snapshot a second through the feed's ``Analysis`` on its asyncio loop, and the H
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import threading
 import time
 from typing import Any, Iterator
@@ -24,7 +25,10 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, InfoM
 from prometheus_client.registry import Collector, CollectorRegistry
 
 from perfmon_analysis.analysis import Analysis, Snapshot
-from perfmon_analysis.metrics import Surface, on
+from perfmon_analysis.groups import GroupReduction, RankRow, reduce_rows
+from perfmon_analysis.metrics import (GROUP_COUNTS, GROUP_EXTREME_RANK, GROUP_QUANTITIES, GROUP_RELAYS_DOWN,
+                                      GROUP_STATS, GROUP_SUMS, Surface, on)
+from perfmon_analysis.stuck import HEARTBEAT_S
 from perfmon_analysis.verdict import Verdict
 from perfmon_analysis.views import JobView, RankView
 from tui.stream.feed import Feed
@@ -72,6 +76,69 @@ def families(view: JobView, verdict: Verdict) -> list[Any]:
                             "straggler_rank": "" if verdict.straggler_rank is None else str(verdict.straggler_rank)})
     out.append(info)
     out.extend(_gain_families(job, verdict))
+    groups = view.groups or tuple(red for host, rows in rows_of_views(view.ranks).items()
+                                  for red in reduce_rows(rows, host, HEARTBEAT_S))
+    out.extend(group_families(job, [g for g in groups if g.key[0] != "job"]))
+    return out
+
+
+def rows_of_views(ranks: list[RankView]) -> dict[str, list[RankRow]]:
+    """The ranks of a view without a tree, by node: each node is a group (``perfmon export``)."""
+    out: dict[str, list[RankRow]] = {}
+    for r in ranks:
+        stats = {"warming_up": r.warming_up, "step_median": r.step_time_median_s, "compute_median": r.compute_s,
+                 "data_frac": r.data_wait_frac, "exposed_frac": r.comm_exposed_frac, "device_busy": r.device_busy,
+                 "samples_per_s": r.samples_per_s, "tokens_per_s": r.tokens_per_s}
+        out.setdefault(r.host or "", []).append(RankRow(src=r.stream, rank=r.rank, stats=stats, steps=r.steps,
+                                                        stalled=r.stall is not None, silent_s=r.silent_s))
+    return out
+
+
+def group_families(job: str, reductions: list[GroupReduction]) -> list[Any]:
+    """Per-group series (the relay tree's reductions; a node is a group without a tree): a few
+    dozen series per group, whatever its size (docs/tree.md)."""
+    labels = ("job", "group", "dimension")
+    quantities = {name: GaugeMetricFamily(prom, text, labels=(*labels, "stat"))
+                  for name, (prom, text) in GROUP_QUANTITIES.items()}
+    extreme = GaugeMetricFamily(GROUP_EXTREME_RANK, "The rank holding each quantity's extreme in the group",
+                                labels=(*labels, "quantity", "end"))
+    counts = {name: GaugeMetricFamily(prom, text, labels=labels) for name, (prom, text) in GROUP_COUNTS.items()}
+    sums = {name: GaugeMetricFamily(prom, text, labels=labels) for name, (prom, text) in GROUP_SUMS.items()}
+    down = GaugeMetricFamily(GROUP_RELAYS_DOWN, "Node relays of the group not running", labels=labels)
+    for red in reductions:
+        key = [job, red.key[1], red.key[0]]
+        for name, family in counts.items():
+            family.add_metric(key, float(getattr(red, name)))
+        for name, value in red.sums.items():
+            if name in sums:
+                sums[name].add_metric(key, value)
+        if red.key[0] == "group":
+            down.add_metric(key, float(len(red.relays_down)))
+        for name, q in red.quantities.items():
+            if name not in quantities or q.n == 0:
+                continue
+            for stat, at in GROUP_STATS:
+                value = q.quantile(at) if at is not None else getattr(q, stat)
+                if value is not None:
+                    quantities[name].add_metric([*key, stat], value)
+            for end in ("min", "max"):
+                rank = getattr(q, f"{end}_rank")
+                if rank is not None:
+                    extreme.add_metric([*key, name, end], float(rank))
+    return [*quantities.values(), extreme, *counts.values(), *sums.values(), down]
+
+
+def tree_families(view: JobView, verdict: Verdict, group: str, reductions: list[GroupReduction]) -> list[Any]:
+    """A group relay's ``/metrics``: the families of its representatives (its worst ranks: the
+    per-rank series stay bounded) with a ``group`` label, the group's verdict, and its reductions."""
+    out = []
+    for family in families(dataclasses.replace(view, groups=tuple(reductions)), verdict):
+        if family.name.startswith("perfmon_group_"):
+            out.append(family)
+            continue
+        relabelled = type(family)(family.name, family.documentation)
+        relabelled.samples = [s._replace(labels={**s.labels, "group": group}) for s in family.samples]
+        out.append(relabelled)
     return out
 
 

@@ -30,9 +30,18 @@ def remote_feed(args: Any, analysis: Analysis | None = None) -> Any:
     if not args.target:
         raise UserError("name the job to follow on those hosts (perfmon ls on a node lists them)")
     from tui.stream.remote import RelayFeed
+    from tui.stream import tree
     model = (analysis or Analysis()).model
     via = hosts.transport(args.via, k8s, namespace)
     port = getattr(args, "relay_port", None)
+    size = getattr(args, "group_size", None)
+    if size is not None and size < 0:
+        raise UserError(f"--group-size {size}: give a number of hosts per group relay (0: no tree)")
+    if size or (size is None and len(found) >= tree.TREE_MIN_HOSTS):
+        if port is not None:
+            raise UserError("--relay-port with a relay tree: the group relays start the node relays through the "
+                            "transport (--group-size 0 for one relay per host over TCP)")
+        return tree.TreeFeed(model, args.target, tree.plan_groups(found, size or tree.GROUP_NODES), via)
     if port is None:
         return RelayFeed(model, args.target, found, via)
     if not 0 < port < 65536:
@@ -65,7 +74,7 @@ def load(target: str, seconds: float, args: Any = None, *, prog: str = "perfmon 
                 raise UserError(str(exc)) from None
         for problem in analysis.problems:
             print(f"{prog}: {problem}", file=sys.stderr)
-        return analysis, {"kind": "live", "hosts": remote.hosts, "seconds": seconds}
+        return analysis, {"kind": "live", "hosts": getattr(remote, "nodes", remote.hosts), "seconds": seconds}
     looks_like_file = target.endswith(RECORD_SUFFIX) or ("/" in target and not target.endswith(SOCKET_SUFFIX))
     if sources.is_recording_target(target) or looks_like_file:
         loaded = sources.load_recordings(target)
@@ -80,6 +89,8 @@ def load(target: str, seconds: float, args: Any = None, *, prog: str = "perfmon 
             if rec.problem:
                 analysis.add_problem(rec.problem)
                 print(f"{prog}: {rec.problem}", file=sys.stderr)
+        for record in sources.load_exits(target):
+            analysis.note_exit(record)
         return analysis, {"kind": "recording", "paths": [str(r.path) for r in loaded]}
     from tui.stream import discovery
     from tui.stream.feed import LiveFeed

@@ -14,6 +14,7 @@ import re
 import shlex
 import shutil
 import subprocess
+import urllib.parse
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -166,6 +167,12 @@ def transport_argv(template: str, host: str, command: Sequence[str]) -> list[str
     if not parts:
         raise UserError("--via: empty transport template")
     return [p.replace("{host}", host) for p in parts] + list(command)
+
+
+def encode_via(template: str) -> str:
+    """The transport template as one shell-safe word (``perfmon relay --nodes-via``): it crosses ssh
+    (a remote shell) and srun or kubectl exec (an argv) alike."""
+    return urllib.parse.quote(template, safe="")
 
 
 def transport(via: str | None, k8s: str | None = None, namespace: str | None = None) -> str:

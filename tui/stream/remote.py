@@ -36,6 +36,7 @@ from tui.stream.sources import viewer_hello
 STDERR_LINES = 20
 CONNECT_S = 5.0     # to a relay's TCP listener
 STOP_S = 3.0        # a relay told to stop (stdin closed, SIGTERM) exits within this, else it is killed
+RESTART_S = (1.0, 2.0, 4.0, 8.0)   # a failed relay started again after these pauses (then every last one)
 
 
 class RelayFeed(Feed):
@@ -43,7 +44,7 @@ class RelayFeed(Feed):
 
     def __init__(self, model: RunModel, job: str, hosts: list[str], via: str,
                  relay: tuple[str, ...] = RELAY_ARGV, follow_all: bool = False, port: int | None = None,
-                 token: str | None = None) -> None:
+                 token: str | None = None, restart: bool = False) -> None:
         super().__init__(model, description=f"{job} on {len(hosts)} host{'s' * (len(hosts) != 1)}")
         self.job = job
         self.hosts = list(hosts)
@@ -60,6 +61,10 @@ class RelayFeed(Feed):
         self._results: dict[int, dict[str, Any]] = {}         # ... and their result records
         self._following: dict[str, tuple[Any, ...]] = {}      # host -> (srcs, window) last asked of its relay
         self._wanted_streams: set[str] | None = None if follow_all else set()
+        self.restart = restart        # start a failed relay again (the relay tree: docs/tree.md)
+        self.restarts: dict[str, int] = {}                    # host -> times its relay was started again
+        self._closing = False
+        self.received = 0             # bytes read from the relays (bench/bench_tree.py)
 
     def follow(self, stream_ids: set[str] | None) -> None:
         """Receive every record of these ranks (None: of all ranks), summaries of the others."""
@@ -129,17 +134,20 @@ class RelayFeed(Feed):
 
     @property
     def ended(self) -> bool:
-        """Every host's relay has finished (its ranks ended, or it failed)."""
+        """Every host's relay has finished (its ranks ended, or it failed and is not started again)."""
         return all(s.state in ("exited", "lost", "error") for s in self.relays.values())
 
     def state_line(self) -> str:
         line = super().state_line() if self.streams else "connecting to the relays"
         failed = [s.stream_id for s in self.relays.values() if s.state == "error"]
+        again = [s.stream_id for s in self.relays.values() if s.state == "restarting"]
+        if again:
+            line += f"; {len(again)} relay(s) lost, restarting: {', '.join(again)}"
         return f"{line}; {len(failed)} host(s) failed: {', '.join(failed)}" if failed else line
 
     async def run(self) -> None:
         self._loop = asyncio.get_running_loop()
-        tasks = [asyncio.ensure_future(self._host(host)) for host in self.hosts]
+        tasks = [asyncio.ensure_future(self._keep(host)) for host in self.hosts]
         try:
             await asyncio.gather(*tasks)
         finally:
@@ -157,11 +165,35 @@ class RelayFeed(Feed):
             await _reap(proc)
 
     def _stop_all(self) -> None:
+        self._closing = True
         for host, writer in self._writers.items():
             if host not in self._procs:
                 writer.close()           # a TCP relay ends when its viewer goes away
         for proc in self._procs.values():
             _stop(proc)
+
+    async def _keep(self, host: str) -> None:
+        """``host``'s relay; with ``restart``, started again after it failed (not after it ended
+        because the job left the host: exit status 0), its state ``restarting`` meanwhile."""
+        await self._host(host)
+        status = self.relays[host]
+        while self.restart and not self._closing and status.state == "error":
+            pause = RESTART_S[min(self.restarts.get(host, 0), len(RESTART_S) - 1)]
+            self.restarts[host] = self.restarts.get(host, 0) + 1
+            status.state = "restarting"
+            await asyncio.sleep(pause)
+            old = self._procs.pop(host, None)
+            if old is not None:
+                _stop(old)
+                await _reap(old)
+            if self._closing:
+                return
+            status.state = "connecting"
+            await self._host(host)
+
+    def _argv(self, host: str) -> list[str]:
+        """The command that starts ``host``'s relay through the transport."""
+        return via_argv(self.via, host, self.job, self.relay)
 
     async def _host(self, host: str) -> None:
         status = self.relays[host]
@@ -176,7 +208,7 @@ class RelayFeed(Feed):
                 self.stream_finished()
                 return
         else:
-            argv = via_argv(self.via, host, self.job, self.relay)
+            argv = self._argv(host)
             try:
                 proc = await asyncio.create_subprocess_exec(*argv, stdin=asyncio.subprocess.PIPE,
                                                             stdout=asyncio.subprocess.PIPE,
@@ -189,6 +221,7 @@ class RelayFeed(Feed):
             reader, writer = proc.stdout, proc.stdin      # type: ignore[assignment]
             stderr = asyncio.ensure_future(_tail(proc.stderr))   # drained as it comes: a full pipe would block it
         self._writers[host] = writer
+        self._following.pop(host, None)       # a new relay: tell it what to send in full
         try:
             writer.write(viewer_hello(self.token))
         except (OSError, RuntimeError):
@@ -202,6 +235,7 @@ class RelayFeed(Feed):
                 data = await reader.read(READ_CHUNK)
                 if not data:
                     break
+                self.received += len(data)
                 for rec in decoder.feed(data):
                     if not self._take(host, status, rec, srcs):
                         return
@@ -222,11 +256,16 @@ class RelayFeed(Feed):
             if not cancelled:
                 for sid in srcs.values():
                     self.model.end_stream(sid)
-                    if self.streams[sid].state in ("live", "connecting"):
-                        self.streams[sid].state = "lost"
+                    stream = self.streams.get(sid)       # a group relay's former representative: dropped
+                    if stream is not None and stream.state in ("live", "connecting"):
+                        stream.state = "lost"
                 if status.state != "error":
                     if proc is not None and stderr is not None:
-                        await self._ended(host, status, proc, await stderr)
+                        try:        # its last words; a transport that keeps stderr open must not hold us
+                            err = await asyncio.wait_for(asyncio.shield(stderr), STOP_S)
+                        except asyncio.TimeoutError:
+                            err = []
+                        await self._ended(host, status, proc, err)
                     elif status.state == "connecting":     # closed before its hello
                         self._fail(status, f"{host}: its relay on port {self.port} closed the connection: "
                                            "wrong token, or not a perfmon relay")
@@ -248,6 +287,11 @@ class RelayFeed(Feed):
                     return False
                 status.state = "live"
                 status.label = f"{host} (relay)"
+                if status.message is not None and status.message in self.model.problems:
+                    self.model.problems.remove(status.message)     # a restarted relay is back: no longer a problem
+                status.message = None
+            else:
+                self._other(host, rec)
             return True
         if rec["k"] == "answer":
             answer = self._answers.get(rec.get("id"))   # type: ignore[arg-type]
@@ -255,17 +299,28 @@ class RelayFeed(Feed):
                 answer.set_result(rec)
             return True
         sid = srcs.get(src)
-        if sid is None:
-            sid = srcs[src] = f"{host}/{src}"
+        if sid is None or sid not in self.streams:
+            sid = srcs[src] = self._stream_id(host, src)
             self.streams[sid] = StreamStatus(sid, src, state="live")
         if rec["k"] == "hello":
-            rec = {**rec, "host": host}
+            rec = self._rank_hello(host, sid, rec)
         self.ingest(sid, [rec])
         if rec["k"] in ("profile", "capture") and rec.get("id") in self._wanted:    # in the model already
             with self._results_ready:
                 self._results[rec["id"]] = rec
                 self._results_ready.notify_all()
         return True
+
+    def _stream_id(self, host: str, src: str) -> str:
+        """The viewer's name of rank ``src`` of ``host``'s relay: the node, then the rank's socket."""
+        return f"{host}/{src}"
+
+    def _rank_hello(self, host: str, sid: str, rec: dict[str, Any]) -> dict[str, Any]:
+        """A rank's hello as the model takes it: its host is the node as the user named it."""
+        return {**rec, "host": host}
+
+    def _other(self, host: str, rec: dict[str, Any]) -> None:
+        """A record of the relay's own (no ``src``) besides its hello: a node relay sends none."""
 
     async def _ended(self, host: str, status: StreamStatus, proc: asyncio.subprocess.Process,
                      err: list[str]) -> None:

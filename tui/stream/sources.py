@@ -8,6 +8,7 @@ the user can act on (version mismatch, bad frame, unreadable file) become
 
 from __future__ import annotations
 
+import json
 import os
 import stat
 import time
@@ -90,6 +91,32 @@ def load_recordings(target: str | Path) -> list[LoadedRecording]:
                 raise UserError(f"{path}: {exc}") from None
         loaded.append(LoadedRecording(path, result.records, result.message))
     return loaded
+
+
+EXIT_SUFFIX = ".exit.json"     # ``perfmon run --record DIR``: how the job's command ended, beside its recordings
+
+
+def exit_path(record_dir: Path, job: str, pid: int) -> Path:
+    """Where ``perfmon run`` (pid ``pid``) writes the exit status of job ``job``."""
+    return record_dir / f"{job}.run.p{pid}{EXIT_SUFFIX}"
+
+
+def load_exits(target: str | Path) -> list[dict[str, Any]]:
+    """The exit statuses ``perfmon run`` wrote under ``target`` (a recording directory, or the
+    directory of a recording file, for that file's job), oldest first; unreadable ones are skipped."""
+    target = Path(target)
+    folder, job = (target, None) if target.is_dir() else (target.parent, target.name.split(".", 1)[0])
+    found = []
+    for path in sorted(folder.glob(f"*{EXIT_SUFFIX}")):
+        if job is not None and not path.name.startswith(f"{job}.run."):
+            continue
+        try:
+            record = json.loads(path.read_text())
+        except (OSError, ValueError):
+            continue
+        if isinstance(record, dict):
+            found.append(record)
+    return sorted(found, key=lambda r: r.get("t") if isinstance(r.get("t"), (int, float)) else 0.0)
 
 
 def is_recording_target(target: str) -> bool:

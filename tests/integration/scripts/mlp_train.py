@@ -5,6 +5,9 @@ iteration's start to the next), in_steps_s, wall_s and ettr (time inside steps /
 time from the first step's start to the last step's end), pid. A step spans from the
 start of its first batch fetch to the end of ``optimizer.step()``. ``--step-sleep``
 stands in for device compute inside the step, so timings stay stable on a busy CPU.
+``--eval-every`` runs an evaluation pass between steps the wrong way (train mode, grad
+enabled: eval-shaped work); ``--leak-mb`` keeps every step's loss and a buffer alive (a
+leak), adding ``rss_growth_per_step`` (bytes, over the second half of the run) to the JSON.
 """
 
 import argparse
@@ -17,6 +20,14 @@ import time
 
 import torch
 from torch import nn
+
+
+def resource_rss() -> int:
+    """This process's resident set size now (bytes), from /proc."""
+    with open("/proc/self/statm") as fh:
+        return int(fh.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+
+
 from torch.utils.data import DataLoader, TensorDataset
 
 parser = argparse.ArgumentParser()
@@ -29,6 +40,9 @@ parser.add_argument("--step-sleep", type=float, default=0.02, help="seconds of '
 parser.add_argument("--checkpoint-every", type=int, default=0, help="save a checkpoint every N steps")
 parser.add_argument("--checkpoint-seconds", type=float, default=0.0, help="extra time each checkpoint takes")
 parser.add_argument("--fail-at", type=int, default=0, help="raise an error after this many steps")
+parser.add_argument("--eval-every", type=int, default=0, help="an evaluation pass every N steps (train mode, grad on)")
+parser.add_argument("--eval-batches", type=int, default=8, help="batches per evaluation pass")
+parser.add_argument("--leak-mb", type=float, default=0.0, help="keep each step's loss with its graph and this many MB")
 args = parser.parse_args()
 
 torch.set_num_threads(1)
@@ -50,11 +64,28 @@ def next_batch():
         return next(batches)
 
 
+eval_loader = DataLoader(TensorDataset(torch.randn(args.eval_batches * 16, 32), torch.randn(args.eval_batches * 16, 1)),
+                         batch_size=16)
+
+
+def evaluate():
+    """The mistake under test: no torch.no_grad(), no model.eval(): each forward builds a graph."""
+    total = 0.0
+    for x, y in eval_loader:
+        total += nn.functional.mse_loss(model(x), y).item()
+        time.sleep(args.step_sleep / 2)
+    return total
+
+
+kept = []
+rss = []
 spans = []
 ckpt = os.path.join(tempfile.mkdtemp(), "ckpt.pt")
 while args.forever or len(spans) < args.steps:
-    start = time.perf_counter()
+    if args.eval_every and spans and len(spans) % args.eval_every == 0:
+        evaluate()
     opt.zero_grad()
+    start = time.perf_counter()          # the step starts at its first batch fetch, as perfmon's does
     for _ in range(args.accum):
         x, y = next_batch()
         loss = nn.functional.mse_loss(model(x), y) / args.accum
@@ -62,6 +93,9 @@ while args.forever or len(spans) < args.steps:
         loss.backward()
     opt.step()
     spans.append((start, time.perf_counter()))
+    if args.leak_mb:
+        kept.append((loss, torch.ones(int(args.leak_mb * 2 ** 18))))     # the leak: float32, touched pages
+        rss.append(resource_rss())
     if len(spans) == args.fail_at:
         raise RuntimeError(f"simulated failure after {len(spans)} steps")
     if args.checkpoint_every and len(spans) % args.checkpoint_every == 0:
@@ -72,6 +106,9 @@ starts = [s for s, _ in spans]
 in_steps = sum(e - s for s, e in spans)
 wall = spans[-1][1] - spans[0][0]
 iter_median = statistics.median(b - a for a, b in zip(starts, starts[1:]))
-print(json.dumps({"optimizer_steps": len(spans), "pid": os.getpid(), "in_steps_s": in_steps, "wall_s": wall,
-                  "ettr": in_steps / wall, "iter_median_s": iter_median}))
+own = {"optimizer_steps": len(spans), "pid": os.getpid(), "in_steps_s": in_steps, "wall_s": wall,
+       "ettr": in_steps / wall, "iter_median_s": iter_median}
+if rss:
+    own["rss_growth_per_step"] = (rss[-1] - rss[len(rss) // 2]) / (len(rss) - 1 - len(rss) // 2)
+print(json.dumps(own))
 sys.stdout.flush()

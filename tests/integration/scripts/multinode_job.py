@@ -26,6 +26,9 @@ parser = argparse.ArgumentParser()
 parser.add_argument("--steps", type=int, default=400)
 parser.add_argument("--slow-rank", type=int, default=-1)
 parser.add_argument("--work", type=float, default=0.03, help="seconds of 'compute' per step")
+parser.add_argument("--stick-file", default=None, help="once this file exists, --stick-rank sleeps in its step for good")
+parser.add_argument("--stick-rank", type=int, default=-1)
+parser.add_argument("--data-ms", type=float, default=0.0, help="each batch takes this long to come (a sleep)")
 args = parser.parse_args()
 
 dist.init_process_group("gloo", timeout=timedelta(seconds=120))
@@ -43,11 +46,19 @@ def compute(seconds: float) -> None:
         sum(range(200))
 
 
-for _ in range(args.steps):
-    with mon.step(samples=16):
+def batches():
+    for i in range(args.steps):
+        time.sleep(args.data_ms / 1000)
+        yield i
+
+
+for _ in mon.loader(batches()):
+    with mon.step(samples=16, tokens=16 * 64):
         with mon.phase("forward"):
             loss = model(x).square().mean()
             compute(args.work * (3 if rank == args.slow_rank else 1))
+            if rank == args.stick_rank and os.path.exists(args.stick_file):
+                time.sleep(3600)    # STUCK: never reaches this step's all-reduce; the others wait in it
         with mon.phase("backward"):
             loss.backward()
         opt.step()

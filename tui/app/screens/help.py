@@ -19,6 +19,7 @@ KEYS: list[tuple[str, str]] = [
     ("Tab / ← →", "move the focus between panes"),
     ("r / R", "select the next / previous rank (its row and timeline are highlighted); a: all ranks"),
     ("[ / ]", "a job of more than 16 ranks: the previous / next page of the ranks heatmap; g: the slowest rank"),
+    ("#", "select a rank by its number (through a relay tree: any rank of the job, sent in full on demand)"),
     ("w", "change the window the verdict is computed over (steps)"),
     ("p  space", "pause: live freezes the display (data keeps coming); replay stops the clock"),
     ("+ / -", "replay speed"),

@@ -1,5 +1,7 @@
-"""Device pane: per-GPU utilisation history, SM/tensor activity, power, clocks, throttling;
-CPU use for CPU jobs, and a plain sentence when there is no GPU to show."""
+"""Device pane: busy in time and SM fill (two questions the verdict answers), why busy is not measured
+where it is not (per rank, NVML's words), the host's lead, per-GPU utilisation history, SM/tensor
+activity, power, clocks, throttling; CPU use for CPU jobs, and a plain sentence when there is no GPU
+to show."""
 
 from __future__ import annotations
 
@@ -13,7 +15,7 @@ from tui.app.widgets import glyphs
 from tui.app.widgets.pane import Pane, UiState
 
 # short forms of perfmon_analysis.losses.BUSY_SOURCES for the pane
-BUSY_SOURCE = {"sm_active": "SM activity (GPM)", "nvml_util": "NVML util: a kernel ran",
+BUSY_SOURCE = {"nvml_util": "time a kernel ran (NVML util)", "cuda_timeline": "steps queued whole (CUDA events)",
                "thread_cpu": "training thread CPU time",
                "step_accounting": "not lost to a measured cause"}
 
@@ -29,8 +31,12 @@ class DevicePane(Pane):
         if m.device_busy_source:
             busy.append(f"  {BUSY_SOURCE.get(m.device_busy_source, m.device_busy_source)}", style=glyphs.DIM)
         elif view.device_type == "cuda":
-            busy.append("  GPU activity not measured", style=glyphs.DIM)
+            busy.append("  not measured in time", style=glyphs.DIM)
         lines.append(busy)
+        for rank, why in sorted((m.device_busy_unknown or {}).items()):
+            lines.append(Text(f"  r{rank} busy not measured: {why}", style=glyphs.WARN))
+        if view.device_type == "cuda":
+            lines.extend(_fill_and_lead(view, verdict))
         if m.mfu is not None:
             mfu = Text.assemble("MFU ", (units.pct(m.mfu), "bold"))
             if m.peak_flops:
@@ -41,6 +47,27 @@ class DevicePane(Pane):
         else:
             lines.extend(_draw_cpu(view, width, height - len(lines)))
         return lines[:height]
+
+
+def _fill_and_lead(view: JobView, verdict: Verdict | None) -> list[Text]:
+    """Fill (SM activity over busy, GPM) as the verdict judged it, the share of parameters in host
+    memory, and the host's lead, timed on about ten steps a second (the others record no event)."""
+    m = view.metrics
+    lines = []
+    if m.device_fill is not None:
+        fill = Text("fill ")
+        fill.append_text(glyphs.judged(verdict, "fill", units.pct))
+        fill.append(f"  SM activity {units.pct(m.sm_active)} / busy", style=glyphs.DIM)
+        lines.append(fill)
+    if m.params_offloaded:
+        lines.append(Text(f"params in host memory {units.pct(m.params_offloaded)}", style=glyphs.DIM))
+    if m.host_lead_s is not None:
+        lead = Text(f"host lead {units.seconds(m.host_lead_s)}")
+        if m.device_time_median_s is not None:
+            lead.append(f" of {units.seconds(m.device_time_median_s)} a step on the device", style=glyphs.DIM)
+        lead.append("  (CUDA events, ~10 steps/s)", style=glyphs.DIM)
+        lines.append(lead)
+    return lines
 
 
 def _draw_gpus(view: JobView, width: int, height: int) -> list[Text]:

@@ -37,7 +37,12 @@ class HeaderBar(Widget):
         hosts = sorted({r.host for r in view.ranks if r.host})
         sep = (" · ", glyphs.DIM)
         line1.append(*sep)
-        line1.append(f"{len(view.ranks)}/{view.world_size} rank{'s' * (view.world_size != 1)}")
+        job = next((g for g in view.groups if g.key == ("job", "")), None)
+        seen = job.ranks if job is not None else len(view.ranks)      # through a relay tree: every rank counted
+        line1.append(f"{seen}/{view.world_size} rank{'s' * (view.world_size != 1)}")
+        if job is not None:
+            line1.append(f" ({sum(g.key[0] == 'group' for g in view.groups)} groups, {len(view.ranks)} shown)",
+                         style=glyphs.DIM)
         if hosts:
             line1.append(f"@{hosts[0]}" + (f"+{len(hosts) - 1}" if len(hosts) > 1 else ""), style=glyphs.DIM)
         line1.append(f" {view.device_type.upper()}")

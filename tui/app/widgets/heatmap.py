@@ -101,8 +101,10 @@ def _headline(hm: HeatMap, width: int) -> Text:
 
 
 def _node_row(hm: HeatMap, band: tuple[int | None, ...]) -> Text:
-    """Each node's name over its first column, cut to the columns its ranks take in this band."""
-    row = Text(f"{'node':<{LABEL_W}}", style=glyphs.DIM)
+    """Each group's name (its node, or its stage and replica) over its first column, cut to the columns
+    its ranks take in this band."""
+    groups = hm.groups or hm.hosts
+    row = Text(f"{'node' if hm.group_by == 'node' else 'place':<{LABEL_W}}", style=glyphs.DIM)
     i = 0
     while i < len(band):
         col = band[i]
@@ -111,9 +113,9 @@ def _node_row(hm: HeatMap, band: tuple[int | None, ...]) -> Text:
             i += 1
             continue
         j = i
-        while j < len(band) and band[j] is not None and hm.hosts[band[j]] == hm.hosts[col]:
+        while j < len(band) and band[j] is not None and groups[band[j]] == groups[col]:
             j += 1
-        row.append(f"{(hm.hosts[col] or '?')[:j - i]:<{j - i}}", style="bold")
+        row.append(f"{(groups[col] or '?')[:j - i]:<{j - i}}", style="bold")
         i = j
     return row
 

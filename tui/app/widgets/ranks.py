@@ -1,7 +1,10 @@
-"""Ranks pane: one row per rank (step time, compute, data wait, comm wait, CPU, state),
+"""Ranks pane: one row per rank (step time, compute, data wait, comm wait; where the pane is wide, the
+window's p99 and longest step, CPU; state),
 the straggler marked ◀, a stuck job's culprit ✖ and waiting or silent ranks, and the selected
-rank highlighted. A job of more than ``HEATMAP_RANKS`` ranks is drawn as a heatmap instead
-(``tui.app.widgets.heatmap``): a column per rank, grouped by node, paged with ``[`` and ``]``."""
+rank highlighted; with a layout beyond data parallel, each rank's place ("pp1 dp0 tp1") and the rows
+in stage and replica order. A job of more than ``HEATMAP_RANKS`` ranks is drawn as a heatmap instead
+(``tui.app.widgets.heatmap``): a column per rank, grouped by node (or by stage and replica), paged
+with ``[`` and ``]``."""
 
 from __future__ import annotations
 
@@ -31,12 +34,17 @@ class RanksPane(Pane):
         stuck = view.stuck
         roles = {r.rank: (r.role, r.seconds) for r in stuck.ranks} if stuck is not None else {}
         straggler = None if stuck is not None else getattr(verdict, "straggler_rank", None)
-        if straggler is None and stuck is None:
+        if straggler is None and stuck is None and getattr(verdict, "bottleneck", None) not in UNBLAMED:
             straggler = view.straggler_rank
-        columns = NARROW if width < 46 else WIDE if width >= 60 else NORMAL
+        columns = NARROW if width < 46 else WIDEST if width >= 80 else WIDE if width >= 60 else NORMAL
         if len({r.host for r in view.ranks if r.host}) > 1:       # a job across nodes: say which
             node_w = min(NODE_W, max(len(r.host or "") for r in view.ranks))
             columns = ((("node", node_w),) + columns[1:]) if columns is NARROW else (("node", node_w),) + columns
+        lay = view.layout
+        placed = lay.beyond_dp       # a layout beyond data parallel: each rank's place, rows by stage and replica
+        if placed:
+            place_w = min(PLACE_W, max(len(lay.label(r.rank)) for r in view.ranks) or 1)
+            columns = (("place", place_w),) + columns
         rank_w = max(4, max(len(str(r.rank)) for r in view.ranks))
         head = Text(f"{'rank':<{rank_w}}", style=glyphs.DIM)
         for name, w in columns:
@@ -45,10 +53,12 @@ class RanksPane(Pane):
         lines = [head]
         keep = {straggler, ui.selected_rank, *(stuck.culprit_ranks if stuck is not None else ())}
         shown = _rows_that_fit(view.ranks, max(1, height - 1), keep)
+        if placed:
+            shown.sort(key=lambda r: (lay.stage(r.rank) or 0, lay.replica(r.rank) or 0, r.rank))
         for r in shown:
             row = Text(f"{r.rank:<{rank_w}}")
             for name, w in columns:
-                row.append(f" {_cell(r, name):>{w}}")
+                row.append(f" {lay.label(r.rank)[:w] if name == 'place' else _cell(r, name):>{w}}")
             row.append(" ")
             row.append_text(_state(r, straggler, short=columns is NARROW, role=roles.get(r.rank)))
             if r.rank == straggler or roles.get(r.rank, ("",))[0] in ("culprit", "unresponsive"):
@@ -64,8 +74,11 @@ class RanksPane(Pane):
 
 NARROW = (("step", 6), ("comp", 6), ("data", 4), ("comm", 4))
 NORMAL = (("steps", 6), ("step", 6), ("compute", 7), ("data", 4), ("comm", 4))
-WIDE = NORMAL + (("cpu", 4), ("pid", 7))
+WIDE = NORMAL + (("p99", 6), ("max", 6), ("cpu", 4))     # p99, max: the window's slow steps (step_times)
+WIDEST = WIDE + (("pid", 7),)
 NODE_W = 10
+UNBLAMED = ("rotating_imbalance", "slow_stage")     # verdicts that name no rank: none is marked
+PLACE_W = 14
 
 
 def _cell(r: RankView, name: str) -> str:
@@ -81,6 +94,8 @@ def _cell(r: RankView, name: str) -> str:
         return units.pct(r.data_wait_frac)
     if name == "comm":
         return units.pct(r.comm_exposed_frac)
+    if name in ("p99", "max"):
+        return units.seconds(getattr(r.step_times, name) if r.step_times is not None else None)
     if name == "cpu":
         return units.number(r.cpu, 2)
     return str(r.pid or "?")

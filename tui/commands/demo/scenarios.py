@@ -2,9 +2,9 @@
 
 Every bottleneck comes from a real mechanism in a real training job (pure
 Python tokenisation in the loader workers, storage latency on reads, a large
-gradient all-reduce, uneven shards, predictions kept for an epoch metric,
-blocking checkpoints, ``.item()`` logging, a blocking call to a metrics service inside the
-step or after it); nothing fakes a record. Sizes are
+gradient all-reduce, uneven shards, a pipeline stage holding too many layers, predictions kept
+for an epoch metric, blocking checkpoints, ``.item()`` logging, a blocking call to a metrics
+service inside the step or after it); nothing fakes a record. Sizes are
 chosen so the verdict is unambiguous on two CPU cores within ~10 s. This module
 is pure Python: the launcher reads it without importing torch.
 """
@@ -55,6 +55,8 @@ class Scenario:
     stall_s: float | None = None      # PERFMON_STALL_S for the ranks (unless the user set it)
     gpu_model: ModelSize | None = None  # run alone on a GPU: this model and batch instead, so that the
     gpu_batch: int | None = None        # device's work, not the host's launches, bounds each step
+    pipeline: bool = False            # one pipeline stage per rank (torch.distributed.pipelining, 1F1B)
+    heavy_stage_factor: int = 1       # the last stage holds this many times the blocks of the others
 
     def on_gpu(self) -> "Scenario":
         """The scenario as it runs alone on a GPU: the small model of a CPU run leaves a large GPU idle
@@ -102,6 +104,10 @@ SCENARIOS: dict[str, Scenario] = {s.name: s for s in (
     Scenario("stuck", "2 ranks (gloo): after 30 steps the last rank blocks before its all-reduce "
              "(a lock that is never released) and the other waits in it for ever",
              expect="stuck", ranks=2, batch=4, seq=32, workers=0, hang_after=30, stall_s=5.0),
+    Scenario("slow_stage", "2 ranks (gloo) train the small GPT as a 2-stage pipeline (torch.distributed."
+             "pipelining, 1F1B): the last stage holds 3x the blocks, so the first waits for it in its bubble",
+             expect="slow_stage", ranks=2, model=replace(SMALL, layers=1), batch=8, seq=64, accumulate=4,
+             workers=0, pipeline=True, heavy_stage_factor=3),
     Scenario("host_sync", "every step logs each parameter's gradient norm with .item(): the host "
              "waits for the device dozens of times per step", expect="host_sync", needs_gpu=True,
              item_logging=True),

@@ -224,6 +224,7 @@ class Job:
     floor_limit: int | None = None
     grad_norms: dict[str, float] = field(default_factory=dict)
     compute_s: float = 0.0          # the previous step's time outside the metrics call (host_wait)
+    pipeline: Any = None            # this rank's pipeline stage and schedule (tui.commands.demo.pipeline)
 
 
 def setup_distributed(world: int) -> torch.device:
@@ -282,6 +283,14 @@ def checkpoint(job: Job, mb_per_s: float) -> None:
 def train_step(job: Job, sc: Scenario, batch: torch.Tensor) -> None:
     mon, model = job.mon, job.model
     batch = batch.to(job.device, non_blocking=True)
+    if job.pipeline is not None:          # the stages' schedule does forward and backward
+        with mon.step(samples=batch.shape[0], tokens=batch[:, :-1].numel()):
+            job.pipeline.step(batch)
+            with mon.phase("optimizer"):
+                job.optimizer.step()
+                job.optimizer.zero_grad(set_to_none=True)
+        job.step += 1
+        return
     if sc.keep_predictions:
         job.floor, job.floor_limit = memory_used(job)
     x, y = batch[:, :-1], batch[:, 1:]
@@ -384,7 +393,8 @@ def run(job: Job, phases: tuple[Scenario, ...], t0: float, seconds: float | None
                 release_predictions(job)   # the epoch metric is computed and its inputs freed
             current = sc
             seq = int(sc.seq * (sc.straggler_seq_factor if job.rank == job.world - 1 else 1.0))
-            loader_iter = iter(job.mon.loader(make_loader(sc, model_size.vocab, seq, job.rank, job.scratch)))
+            data_rank = 0 if sc.pipeline else job.rank     # every stage sees the same batches, in order
+            loader_iter = iter(job.mon.loader(make_loader(sc, model_size.vocab, seq, data_rank, job.scratch)))
             job.mon.event("demo", message=f"demo scenario: {sc.name}: {sc.summary}", scenario=sc.name)
             note(job, f"scenario {sc.name}: {sc.summary}")
         batch = next(loader_iter)  # type: ignore[arg-type]
@@ -460,9 +470,15 @@ def main(argv: list[str] | None = None) -> int:
         raise
     if device.type == "cuda" and len(phases) == 1:
         phases = (phases[0].on_gpu(),)
-    model: nn.Module = TinyGPT(phases[0].model).to(device)
-    if world > 1:
-        model = nn.parallel.DistributedDataParallel(model)
+    pipe = None
+    if phases[0].pipeline:
+        from tui.commands.demo.pipeline import Pipeline
+        pipe = Pipeline(phases[0], rank, world, device, Block)
+        model: nn.Module = pipe.module
+    else:
+        model = TinyGPT(phases[0].model).to(device)
+        if world > 1:
+            model = nn.parallel.DistributedDataParallel(model)
     optimizer = make_optimizer(model)
 
     limit = cpu_memory_limit(phases, args.memory_limit) if device.type == "cpu" else None
@@ -472,7 +488,7 @@ def main(argv: list[str] | None = None) -> int:
     if hasattr(mon, "watch"):
         mon.watch(model=model, optimizer=optimizer, syncs=True)   # sync counting is opt-in; the demo shows it
     with tempfile.TemporaryDirectory(prefix=f"perfmon-demo-r{rank}-") as scratch:
-        job = Job(rank, world, device, model, optimizer, mon, Path(scratch), limit)
+        job = Job(rank, world, device, model, optimizer, mon, Path(scratch), limit, pipeline=pipe)
         job.stop = bool(stop_requested)
         job_state["job"] = job
         if limit:

@@ -8,11 +8,16 @@ On every machine (``checks.cpu_checks``): a compute-bound loop (healthy, its CPU
 training thread's CPU clock and run-queue wait), a loader sleeping a known share of each step
 (that data wait, ± 5 points), a loader starving the loop (``data_loading``) and known time
 between steps (ETTR ± 0.05).
-With a CUDA GPU (``checks.gpu_checks``): CUDA events against the host clock across a synchronize,
-NVML readable, GPM present or not, a GPU idle half of each step (busy ≈ the planted share,
-``host_overhead``), a sync every step (``host_sync``), tiny kernels (``host_overhead``) and a CPU
-model on the GPU host (a CPU verdict). The GPU workloads reach the device through a ``Device``, so
-the tests run them on the simulated device layer.
+With a CUDA GPU (``gpu.gpu_checks``): perfmon's own step timer against the host clock across a
+synchronize, kernels back to back (busy in time, not starved), NVML's utilization against the planted
+kernel share of a GPU idle half of each step and the verdict on it (``host_overhead`` with the host's
+lead measured and short), GPM's SM fill against full and one-block kernels and the verdict on the
+narrow loop (``low_fill``), a sync every step (``host_sync``), a sync on a device that never idles (not
+``host_sync``), tiny kernels (``host_overhead``), a hybrid model (a CUDA job with its host share) and a
+CPU model on the GPU host (a CPU verdict). Every row can fail on a perfmon error, and none passes on
+another's evidence; a row whose reading the driver cannot give (asked of NVML directly) does not run.
+The GPU workloads reach the device through a ``Device``, so the tests run them on the simulated
+device layer.
 """
 
 from __future__ import annotations
@@ -20,7 +25,8 @@ from __future__ import annotations
 import argparse
 import shutil
 
-from tui.commands.doctor.checks import cpu_checks, gpu_checks
+from tui.commands.doctor.checks import cpu_checks
+from tui.commands.doctor.gpu import gpu_checks
 from tui.commands.doctor.table import Check, render
 from tui.commands.doctor.workloads import Device, TorchCudaDevice, why_no_gpu
 

@@ -27,13 +27,22 @@ class Device(Protocol):
         """Let the probe see this device (watch a model on it, with sync counting on)."""
 
     def kernels(self, seconds: float) -> None:
-        """Enqueue about ``seconds`` of device work; return at once."""
+        """Enqueue about ``seconds`` of device work that fills every SM; return at once."""
+
+    def narrow_kernels(self, seconds: float) -> None:
+        """Enqueue about ``seconds`` of kernels of one thread block each (one SM of many); return at once."""
 
     def tiny_kernels(self, n: int) -> None:
         """Launch ``n`` kernels that take almost no device time each."""
 
     def sync(self) -> None:
         """A host-device sync the way training code does it (``loss.item()``)."""
+
+    def result(self) -> Any:
+        """A device tensor computed after the work queued so far (a step's loss), not read yet."""
+
+    def read(self, result: Any) -> float:
+        """Read ``result`` on the host (``.item()``): a sync that waits for the work queued before it."""
 
     def synchronize(self) -> None:
         """Wait until the device has run everything queued (``torch.cuda.synchronize()``)."""
@@ -44,6 +53,13 @@ class Device(Protocol):
     def kernel_seconds(self, seconds: float) -> float:
         """Seconds ``kernels(seconds)`` keeps the device busy now, on the host clock across a synchronize."""
 
+    def hybrid(self) -> tuple[Any, Any, float]:
+        """(a model with its embedding in host memory and its layers on the device, an input batch, the share
+        of the model's parameter bytes in host memory), as a model too large for device memory is split."""
+
+    def uuid(self) -> str | None:
+        """The device's UUID, which ties it to its NVML device (the doctor asks NVML about it directly)."""
+
 
 def run_job(name: str, body: Callable[[Any], None], *, device: Device | None = None) -> Any:
     """Run ``body(mon)`` under a fresh probe recording to a temporary directory; return the
@@ -53,11 +69,15 @@ def run_job(name: str, body: Callable[[Any], None], *, device: Device | None = N
     from perfmon_analysis.analysis import Analysis
 
     with tempfile.TemporaryDirectory(prefix="perfmon-doctor-") as tmp:
+        if device is not None:
+            device.synchronize()          # each workload starts on an idle device, not another's queue
         mon = probe.start(job=f"doctor-{name}", record=Path(tmp), serve=False, sample_hz=20)
         try:
             if device is not None:
                 device.attach(mon)
             body(mon)
+            if device is not None:
+                device.synchronize()      # its queued kernels run while the probe still samples them
         finally:
             mon.close()
         analysis = Analysis(window_steps=WINDOW)
@@ -89,6 +109,44 @@ def run_queue_wait() -> float | None:
             return int(f.read().split()[1]) / 1e9
     except (OSError, ValueError, IndexError):
         return None
+
+
+def nvml_support(uuid: str | None) -> tuple[str | None, str | None]:
+    """Asked of NVML directly, never through perfmon: (why utilization cannot be read, why GPM cannot),
+    None for each that can. A check whose reading the driver cannot give does not run; one whose reading
+    the driver gives and perfmon does not fails."""
+    try:
+        import pynvml
+        pynvml.nvmlInit()
+    except Exception as exc:
+        return f"NVML unavailable ({exc})", f"NVML unavailable ({exc})"
+    try:
+        handles = [pynvml.nvmlDeviceGetHandleByIndex(i) for i in range(pynvml.nvmlDeviceGetCount())]
+        bare = (uuid or "").removeprefix("GPU-")
+        handle = next((h for h in handles if bare and _text(pynvml.nvmlDeviceGetUUID(h)).removeprefix("GPU-") == bare),
+                      handles[0] if len(handles) == 1 else None)
+        if handle is None:
+            return "the device is not among NVML's", "the device is not among NVML's"
+        util: str | None = None
+        try:
+            pynvml.nvmlDeviceGetUtilizationRates(handle)
+        except Exception as exc:
+            util = f"NVML gives no utilization ({exc})"
+        try:
+            gpm = None if pynvml.nvmlGpmQueryDeviceSupport(handle).isSupportedDevice else \
+                "GPM unsupported on this GPU (Hopper and newer have it)"
+        except Exception as exc:
+            gpm = f"GPM unsupported ({exc})"
+        return util, gpm
+    finally:
+        try:
+            pynvml.nvmlShutdown()
+        except Exception:
+            pass
+
+
+def _text(value: Any) -> str:
+    return value.decode() if isinstance(value, bytes) else str(value)
 
 
 def gpu_steps() -> Iterator[int]:
@@ -139,6 +197,7 @@ class TorchCudaDevice:
         self.b = torch.randn(self.SIDE, self.SIDE, device="cuda", dtype=torch.bfloat16)
         self.out = torch.empty_like(self.a)
         self.matmul_s = self._calibrate()
+        self._cycles_per_s: float | None = None
 
     def _calibrate(self) -> float:
         """Seconds per matmul: a batch long enough (>= 50 ms) that launch costs vanish beside it, after
@@ -171,12 +230,57 @@ class TorchCudaDevice:
         for _ in range(max(1, round(seconds / self.matmul_s))):
             self.torch.matmul(self.a, self.b, out=self.out)
 
+    def narrow_kernels(self, seconds: float) -> None:
+        """``torch.cuda._sleep``: one thread spinning ``cycles``, a one-block kernel on one SM."""
+        cycles = self._sleep_cycles_per_s()
+        for _ in range(max(1, round(seconds / 0.001))):
+            self.torch.cuda._sleep(int(cycles * 0.001))
+
+    def _sleep_cycles_per_s(self) -> float:
+        """Spin cycles per second of ``torch.cuda._sleep``, calibrated once on the host clock."""
+        if self._cycles_per_s is None:
+            self.torch.cuda._sleep(1_000_000)
+            self.synchronize()
+            t0 = time.perf_counter()
+            self.torch.cuda._sleep(50_000_000)
+            self.synchronize()
+            self._cycles_per_s = 50_000_000 / (time.perf_counter() - t0)
+        return self._cycles_per_s
+
     def tiny_kernels(self, n: int) -> None:
         for _ in range(n):
             self.scratch.add_(1.0)
 
+    def hybrid(self) -> tuple[Any, Any, float]:
+        torch = self.torch
+        nn = torch.nn
+
+        class Hybrid(nn.Module):
+            def __init__(self) -> None:
+                super().__init__()
+                self.embed = nn.Embedding(4096, 1024)                              # 16 MiB, in host memory
+                self.layers = nn.Sequential(nn.Linear(1024, 1024), nn.Linear(1024, 1024)).cuda()
+
+            def forward(self, x: Any) -> Any:
+                return self.layers(self.embed(x).cuda(non_blocking=True))
+
+        model = Hybrid()
+        host = sum(p.numel() * p.element_size() for p in model.embed.parameters())
+        total = sum(p.numel() * p.element_size() for p in model.parameters())
+        return model, torch.randint(0, 4096, (256,)), host / total
+
+    def uuid(self) -> str | None:
+        uuid = getattr(self.torch.cuda.get_device_properties(self.torch.cuda.current_device()), "uuid", None)
+        return str(uuid) if uuid is not None else None
+
     def sync(self) -> None:
         self.scratch.sum().item()
+
+    def result(self) -> Any:
+        return self.out[0, :8].float().sum()
+
+    def read(self, result: Any) -> float:
+        return float(result.item())
 
     def synchronize(self) -> None:
         self.torch.cuda.synchronize()

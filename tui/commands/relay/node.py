@@ -37,7 +37,6 @@ from typing import Any, BinaryIO
 
 from probe import paths, wire
 from tui.errors import UserError
-from perfmon_analysis.analysis import Analysis
 from perfmon_analysis.runmodel import RunModel
 from tui.stream import discovery
 
@@ -194,6 +193,7 @@ class ViewerInput:
 async def serve(job: str, out: StdoutRelay, stdin_fd: int | None, greeting: dict[str, Any] | None = None) -> None:
     """Follow the job's local ranks until the viewer goes away (``greeting``: its hello, when the
     TCP listener has read it already)."""
+    from perfmon_analysis.analysis import Analysis
     from tui.stream.feed import LiveFeed
 
     endpoints = discovery.resolve_live(job)
