@@ -12,13 +12,16 @@ they recur:
 * a gap is a pause by the part of it over that level, when that part is at least twice the level
   (``OVER_LOOP``: the gap is three times the usual, so work that varies around its level, a lock
   held for a while by another thread, stays the loop's) and at least half a usual iteration
-  (``OVER_ITERATION``: the median step, its gap included); else the whole gap is the loop's;
+  (``OVER_ITERATION``: the median step, its gap included), and when no more than ``RECENT_MAX`` of
+  the last ``RECENT`` gaps (this one included) were that far over it: long gaps on more steps than
+  that are the loop's work too (a wait that takes many steps, work the loop began doing, whose level
+  the median has not caught up with yet); else the whole gap is the loop's;
 * time a blocking event (``checkpoint``, ``eval``, ...: ``buffers.BLOCKING_EVENTS``) says the loop spent
   before the step is a pause whatever its size;
 * until ``MIN_HISTORY`` gaps are known, only those events make pauses.
 
-So a checkpoint every 5 steps is a pause (4 of 5 gaps are the level), and so is one every 100; work
-between every two steps is the loop's. Pure and per rank: ``StepParser`` classifies each step as it is
+So a checkpoint every 4 steps or fewer is a pause, and so is one every 100; work between every two
+steps is the loop's, and so is a long gap on 3 or more of 8 steps. Pure and per rank: ``StepParser`` classifies each step as it is
 parsed, so the run model, its running totals (ETTR) and the trace export agree on every pause.
 """
 
@@ -31,18 +34,21 @@ from typing import Deque
 HISTORY = 49          # gaps the loop's level is the median of: a window's worth (buffers.WINDOW_STEPS - 1)
 MIN_HISTORY = 4       # fewer known gaps: no level yet
 OVER_LOOP = 2.0       # a pause is at least twice the level over it ...
-OVER_ITERATION = 0.5  # ... and at least half a usual iteration
+OVER_ITERATION = 0.5  # ... and at least half a usual iteration ...
+RECENT = 8            # ... on no more than RECENT_MAX of the last RECENT gaps
+RECENT_MAX = 2
 
 
 class Pauses:
     """One rank's recent gaps and step durations, sorted for their medians (O(log n) inserts)."""
 
-    __slots__ = ("_gaps", "_durs", "_order")
+    __slots__ = ("_gaps", "_durs", "_order", "_over")
 
     def __init__(self) -> None:
         self._gaps: list[float] = []
         self._durs: list[float] = []
         self._order: Deque[tuple[float, float]] = collections.deque()
+        self._over: Deque[bool] = collections.deque(maxlen=RECENT)    # the last gaps: far over the level?
 
     def pause(self, gap: float, dur: float, marked: float = 0.0) -> float:
         """The pause in a step's ``gap`` (s; the rest is the loop's) of a step lasting ``dur`` (its gap
@@ -51,7 +57,9 @@ class Pauses:
         if len(self._order) >= MIN_HISTORY:
             level = _median(self._gaps)
             over = gap - level
-            if over > 0 and over >= OVER_LOOP * level and over >= OVER_ITERATION * _median(self._durs):
+            far = over > 0 and over >= OVER_LOOP * level and over >= OVER_ITERATION * _median(self._durs)
+            self._over.append(far)
+            if far and sum(self._over) <= RECENT_MAX:
                 pause = over
         self._remember(gap, dur)
         return min(gap, max(pause, marked))

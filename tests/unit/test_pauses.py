@@ -38,6 +38,17 @@ def test_a_pause_must_be_half_a_step_over_the_level():
     assert _pauses([0.001] * 10 + [0.06])[-1] == pytest.approx(0.059)
 
 
+def test_long_gaps_on_many_steps_are_the_loops_work_a_new_level_after_two():
+    """The loop begins waiting 15 ms on a lock after 10 steps without: the median takes 25 steps to catch
+    up, but long gaps on 3 of the last 8 steps are the loop's work, not pauses (the first two read as
+    pauses); a wait on every third step (3 of 8) too, while a checkpoint every 4 steps stays a pause."""
+    began = _pauses([0.0002] * 10 + [0.015] * 30, active=0.02)
+    assert sum(1 for p in began[10:] if p > 0) == 2
+    assert sum(1 for p in _pauses([0.0002, 0.0002, 0.03] * 20, active=0.02) if p > 0) == 2   # before it is seen
+    every4 = _pauses([0.0002, 0.0002, 0.0002, 0.03] * 20, active=0.02)
+    assert all(p == pytest.approx(0.03 - 0.0002) for p in every4[7::4])
+
+
 def test_a_blocking_events_seconds_are_a_pause_whatever_their_size():
     """An ``eval`` event (the probe marking an evaluation pass) inside a gap the size rule keeps: its seconds
     are a pause, the rest of the gap the loop's."""
