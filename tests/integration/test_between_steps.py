@@ -102,7 +102,7 @@ def test_checkpoints_and_evaluation_once_per_100_steps_are_pauses_over_the_run(j
     assert own["ettr"] < 0.8, own
     assert share(report, "step_gaps") == pytest.approx(1 - m["ettr"], abs=0.05)
     assert share(report, "step_gaps") == pytest.approx(1 - own["ettr"], abs=0.05)
-    assert share(report, "loop") <= 0.05
+    assert share(report, "loop") < 0.1                   # the loop does little between its steps
     gaps = next(g for g in v["gains"] if g["loss"] == "step_gaps")
     assert gaps["speedup_bound"] == pytest.approx(1 / m["ettr"], rel=0.05)
     assert next(x for x in v["losses"] if x["id"] == "step_gaps")["span"] == "run"

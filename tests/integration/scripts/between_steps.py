@@ -32,6 +32,8 @@ from torch import nn
 parser = argparse.ArgumentParser()
 parser.add_argument("--mode", choices=["lock", "tokenize", "log", "gil", "pauses"], required=True)
 parser.add_argument("--steps", type=int, default=0, help="iterations (default: 60; gil: 120, short ones)")
+parser.add_argument("--min-seconds", type=float, default=4.0,
+                    help="iterate for at least this long: the stack sampler's 19 looks a second need it")
 parser.add_argument("--checkpoint-every", type=int, default=0)
 parser.add_argument("--checkpoint-s", type=float, default=0.0)
 parser.add_argument("--eval-every", type=int, default=0)
@@ -43,7 +45,7 @@ args.steps = args.steps or (120 if args.mode == "gil" else 60)
 torch.set_num_threads(1)
 torch.manual_seed(0)
 # gil: many small layers, each op of which gives the GIL up and waits to take it back from the encoder
-width, depth = {"gil": (32, 12), "pauses": (128, 2)}.get(args.mode, (512, 2))
+width, depth = {"gil": (32, 12), "pauses": (128, 2), "log": (1024, 2)}.get(args.mode, (512, 2))
 model = nn.Sequential(*[layer for _ in range(depth) for layer in (nn.Linear(width, width), nn.ReLU())],
                       nn.Linear(width, 1))
 opt = torch.optim.SGD(model.parameters(), lr=1e-4)
@@ -119,7 +121,9 @@ if args.mode in threads:
                      daemon=True).start()
 starts, extras = [], []
 paused = 0.0
-for i in range(args.steps):
+began = time.perf_counter()
+i = -1
+while (i := i + 1) < args.steps or (args.mode != "pauses" and time.perf_counter() - began < args.min_seconds):
     starts.append(time.perf_counter())
     extra = 0.0
     if args.mode == "tokenize":
