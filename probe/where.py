@@ -216,39 +216,31 @@ class LoopLines:
         self.places = places
         self.lines: dict[Any, dict[int, int]] = {}    # code object -> {line: in-step samples}
 
-    def seen(self, frame: Any) -> None:
-        """Count the lines of the user's frames of an in-step stack."""
-        depth = 0
+    def seen(self, stack: list[tuple[Any, int]]) -> None:
+        """Count the lines of the user's frames of an in-step stack (``stack_of``)."""
         known = self.lines
-        while frame is not None and depth < MAX_DEPTH:
-            code = frame.f_code
+        for code, line in stack:
             if self.places.is_user(code.co_filename):
                 counts = known.get(code)
                 if counts is None:
                     if len(known) >= MAX_FILES:
                         known.clear()
                     counts = known[code] = {}
-                line = frame.f_lineno or 0
                 if line in counts or len(counts) < MAX_STEP_LINES:
                     counts[line] = counts.get(line, 0) + 1
-            frame = frame.f_back
-            depth += 1
 
-    def order(self, frame: Any) -> str | None:
-        """"before" or "after" the step's lines, for a between-step stack; None when no frame says."""
-        depth = 0
-        while frame is not None and depth < MAX_DEPTH:
-            counts = self.lines.get(frame.f_code)
+    def order(self, stack: list[tuple[Any, int]]) -> str | None:
+        """"before" or "after" the step's lines, for a between-step stack (``stack_of``); None when no
+        frame says."""
+        for code, line in stack:
+            counts = self.lines.get(code)
             if counts:
                 floor = STEP_LINE_SHARE * max(counts.values())
-                steps = [line for line, n in counts.items() if n >= floor]
-                line = frame.f_lineno or 0
+                steps = [at for at, n in counts.items() if n >= floor]
                 if line < min(steps):
                     return BEFORE
                 if line > max(steps):
                     return AFTER
-            frame = frame.f_back
-            depth += 1
         return None
 
 
@@ -308,16 +300,20 @@ def _function(frame: Any) -> str:
 _NESTED = frozenset({"<genexpr>", "<listcomp>", "<dictcomp>", "<setcomp>"})
 
 
-def in_fetch(frame: Any, codes: frozenset[Any]) -> bool:
+def stack_of(frame: Any) -> list[tuple[Any, int]]:
+    """(code object, line) of each frame of a stack, the innermost first (at most ``MAX_DEPTH``): read
+    once, at the look, so nothing walks another thread's frames after it may have moved on."""
+    out = []
+    while frame is not None and len(out) < MAX_DEPTH:
+        out.append((frame.f_code, frame.f_lineno or 0))
+        frame = frame.f_back
+    return out
+
+
+def in_fetch(stack: list[tuple[Any, int]], codes: frozenset[Any]) -> bool:
     """Is a batch fetch (a frame of one of ``codes``, ``fetch_codes()``) anywhere on the stack? A user's
     ``Dataset.__getitem__`` can be the innermost user frame of a fetch, so the whole stack is looked at."""
-    depth = 0
-    while frame is not None and depth < MAX_DEPTH:
-        if frame.f_code in codes:
-            return True
-        frame = frame.f_back
-        depth += 1
-    return False
+    return any(code in codes for code, _ in stack)
 
 
 def _qualified(frame: Any) -> str:
@@ -416,26 +412,27 @@ class WhereSampler(threading.Thread):
     def _sample(self, thread_id: int, span: str, steps: int) -> None:
         clock = self.clock
         frames = sys._current_frames()
+        frame = frames.get(thread_id)
+        # the stack as soon as this thread holds the GIL: a thread running Python gives it up only
+        # every switch interval (5 ms), so a second wait for it would land samples later still; read at
+        # once, before any call that could let the thread move on
+        at = place(frame, self.places) if frame is not None else None
+        stack = stack_of(frame)
+        del frame, frames
         # the look may have waited for the GIL while the thread crossed a step's boundary: such a stack is
         # of neither span for sure, and one in the wrong span would put a gap's line among the step's
         if self._where_now() != (steps, span, thread_id):
             return
-        frame = frames.get(thread_id)
-        # the stack as soon as this thread holds the GIL: a thread running Python gives it up only
-        # every switch interval (5 ms), so a second wait for it would land samples later still
-        at = place(frame, self.places) if frame is not None else None
         order = None
-        if frame is not None and span == STEP:
+        if span == STEP:
             if steps >= WARM_STEPS:
-                self.loop.seen(frame)
-        elif frame is not None:
-            if in_fetch(frame, self.places.fetch_codes):   # the data wait: timed by the loader hooks, not the loop's
+                self.loop.seen(stack)
+        else:
+            if in_fetch(stack, self.places.fetch_codes):   # the data wait: timed by the loader hooks, not the loop's
                 return
-            order = self.loop.order(frame)
-        del frame
+            order = self.loop.order(stack)
         self.others.refresh(thread_id)
         others = self.others.cpu() if self.others.readers else {}
-        del frames
         clock.state(thread_id, at is not None)
         t0 = time.perf_counter()
         self.stop_event.wait(WINDOW_S)     # the state: the thread's over this window, from the sample on

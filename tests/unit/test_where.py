@@ -291,11 +291,15 @@ def test_a_between_step_sample_is_before_or_after_the_lines_the_loop_runs_its_st
         return types.SimpleNamespace(f_code=code, f_lineno=line, f_back=back, f_globals={"__name__": "user"})
 
     for line in (20, 21, 24) * 5:                # forward at 20 ... optimizer step at 24, seen inside steps
-        loop.seen(_frame("/lib/torch/module.py", 9, "_call_impl", at(line), module="torch"))
-    loop.seen(at(8))                             # a warm-up step called from line 8, under a quarter of a line's
-    assert loop.order(at(18)) == "before" and loop.order(at(27)) == "after"
-    assert loop.order(at(3, tokenize, at(18))) == "before"       # a helper called before the step: the loop's line
-    assert loop.order(at(22)) is None and loop.order(at(5, tokenize)) is None
+        loop.seen(where.stack_of(_frame("/lib/torch/module.py", 9, "_call_impl", at(line), module="torch")))
+    loop.seen(where.stack_of(at(8)))             # a warm-up step called from line 8, under a quarter of a line's
+
+    def order(frame):
+        return loop.order(where.stack_of(frame))
+
+    assert order(at(18)) == "before" and order(at(27)) == "after"
+    assert order(at(3, tokenize, at(18))) == "before"       # a helper called before the step: the loop's line
+    assert order(at(22)) is None and order(at(5, tokenize)) is None
     tally = where.Tally(0.0)
     tally.count(("/u/train.py", 3, "tokenize", None), "busy", before=1)
     tally.count(("/u/train.py", 3, "tokenize", None), "busy")
