@@ -56,13 +56,13 @@ def self_cpu() -> float:
 async def view(base: Path, job: str, nodes: int, ranks: int, seconds: float, warmup: float,
                profile: str | None = None) -> dict:
     from tui.app.perfmon_app import PerfmonApp
-    from perfmon_analysis.runmodel import RunModel
+    from perfmon_analysis.analysis import Analysis
     from tui.stream.remote import RelayFeed
 
     hosts = [f"node{k + 1:02d}" for k in range(nodes)]
     # the relays and the simulated nodes run at nice 10: on a cluster they have their own nodes, here they
     # share two cores with the viewer, which must still get its share to be measured at its real rate
-    feed = RelayFeed(RunModel(), job, hosts, f"nice -n 10 env PERFMON_DIR={base}/{{host}}",
+    feed = RelayFeed(Analysis(), job, hosts, f"nice -n 10 env PERFMON_DIR={base}/{{host}}",
                      relay=(sys.executable, "-m", "tui.cli", "relay", "--stdio"))
     app = PerfmonApp(feed, watch_terminal=False)
     refreshes = [0]

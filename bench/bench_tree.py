@@ -52,13 +52,13 @@ STRAGGLER_LIMIT_S = 20.0
 
 
 async def view(args: argparse.Namespace, port: int, control: Path, log, sims: list[int]) -> dict:
-    from perfmon_analysis.runmodel import RunModel
+    from perfmon_analysis.analysis import Analysis
     from tui.app.perfmon_app import PerfmonApp
     from tui.stream.tree import TreeFeed, plan_groups
 
     world = args.ranks
     hosts = [address(n) for n in range(world // PER_NODE)]
-    feed = TreeFeed(RunModel(), "treebench", plan_groups(hosts, args.group_size),
+    feed = TreeFeed(Analysis(), "treebench", plan_groups(hosts, args.group_size),
                     f"env PERFMON_TOKEN={TOKEN}", relay=(sys.executable, "-m", "tui.cli", "relay", "--stdio"),
                     nodes_port=port)
     app = PerfmonApp(feed, watch_terminal=False)

@@ -20,7 +20,7 @@ class LiveNumbers:
     def __init__(self, probe: Any) -> None:
         from perfmon_analysis.analysis import Analysis
 
-        self.analysis = Analysis(steady=True)
+        self.analysis = Analysis()
         self.latest: dict[str, float] = {}
         self.bottleneck: str | None = None
         self.said: set[str] = set()        # verdict ids logged so far: the others are logged as 0
@@ -32,7 +32,7 @@ class LiveNumbers:
         now = time.monotonic()
         if rec["k"] == "step" and now >= self._next:
             self._next = now + EVERY_SECONDS
-            snapshot = self.analysis.snapshot()
+            snapshot = self.analysis.snapshot(steady=True)
             bottleneck = snapshot.verdict.bottleneck
             latest = self.analysis.callback_numbers(snapshot)
             latest[BOTTLENECK_PREFIX + bottleneck] = 1.0

@@ -7,16 +7,14 @@ against the report's schema."""
 from __future__ import annotations
 
 import json
-import subprocess
 import sys
 from pathlib import Path
 
-import jsonschema
+from tests.helpers.cli import perfmon
+from tests.helpers.reports import REPORT_VALIDATOR
 
 ROOT = Path(__file__).parents[2]
 SCRIPTS = ROOT / "tests" / "integration" / "scripts"
-SCHEMA = json.loads((ROOT / "tui" / "schemas" / "report.schema.json").read_text())
-PERFMON = [sys.executable, "-m", "tui.cli"]
 TORCHRUN = [sys.executable, "-m", "torch.distributed.run", "--standalone"]
 
 
@@ -26,15 +24,13 @@ def script(name: str) -> str:
 
 def run_and_report(rec: Path, *cmd: str, timeout: float = 180) -> tuple[list[dict], dict]:
     """(the JSON lines the job printed, the report JSON) for ``cmd`` run under ``perfmon run``."""
-    run = subprocess.run(PERFMON + ["run", "--no-tui", "--record", str(rec), "--", *cmd], capture_output=True,
-                         text=True, timeout=timeout, cwd=ROOT)
+    run = perfmon("run", "--no-tui", "--record", str(rec), "--", *cmd, timeout=timeout, cwd=ROOT)
     assert run.returncode == 0, run.stderr[-3000:]
     own = [json.loads(line) for line in run.stdout.splitlines() if line.startswith("{")]
-    out = subprocess.run(PERFMON + ["report", str(rec), "--json"], capture_output=True, text=True, timeout=60,
-                         cwd=ROOT)
+    out = perfmon("report", str(rec), "--json", timeout=60, cwd=ROOT)
     assert out.returncode == 0, out.stderr
     report = json.loads(out.stdout)
-    jsonschema.validate(report, SCHEMA)
+    REPORT_VALIDATOR.validate(report)
     return own, report
 
 

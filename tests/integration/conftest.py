@@ -35,6 +35,6 @@ def loader_pair(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
                                    stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
             for name in ("slow", "fixed", "fixed2")}
     for name, run in runs.items():
-        _, err = run.communicate(timeout=180)
+        _, err = run.communicate(timeout=600)
         assert run.returncode == 0, (name, err[-2000:])
     return {name: root / name for name in runs}

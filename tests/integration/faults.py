@@ -19,6 +19,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+from tests.helpers.cli import perfmon
+
 ROOT = Path(__file__).resolve().parents[2]
 JOB = ROOT / "tests" / "integration" / "jobs" / "fault_jobs.py"
 
@@ -28,11 +30,6 @@ def _env(**extra: str) -> dict[str, str]:
     env["PYTHONPATH"] = str(ROOT) + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
     env.update(extra)
     return env
-
-
-def _perfmon(*args: str, env: dict[str, str] | None = None, timeout: float = 120) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "tui.cli", *args], capture_output=True, text=True,
-                          timeout=timeout, env=env or _env(), cwd="/")
 
 
 # -- 1. kill -9 at random points ----------------------------------------------------------------
@@ -126,7 +123,7 @@ def _check_killed_file(d: Path, figures: dict[str, Any], run_report: bool, subpr
             figures["failures"].append(f"{path}: not an intact prefix")
         if not run_report:
             continue
-        rep = _perfmon("report", str(path), "--json") if subprocess_report else _report_in_process(str(path))
+        rep = perfmon("report", str(path), "--json", env=_env(), cwd="/") if subprocess_report else _report_in_process(str(path))
         if rep.returncode == 0 and json.loads(rep.stdout)["schema"] == "perfmon.report/2":
             figures["report_ok"] += 1
         elif rep.returncode != 0 and len(rep.stderr.strip().splitlines()) <= 2 and "Traceback" not in rep.stderr \

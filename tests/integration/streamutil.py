@@ -91,10 +91,6 @@ def start_job(*args: str, env: dict | None = None) -> tuple[subprocess.Popen, st
     return proc, path
 
 
-def perfmon(*args: str, env: dict | None = None, timeout: float = 60) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "tui.cli", *args], capture_output=True, text=True,
-                          timeout=timeout, env={**os.environ, **(env or {})})
-
 
 def kill_tree(proc: subprocess.Popen) -> None:
     """SIGKILL a launcher and every process under it: torchrun's workers are in process groups of

@@ -7,6 +7,7 @@ the loop's own wait; checkpoints and evaluation stay pauses, measured over the r
 
 from __future__ import annotations
 
+import sys
 from pathlib import Path
 
 import pytest
@@ -16,7 +17,7 @@ from tests.helpers.perfmon_jobs import TORCHRUN, line_of, losses_sum, run_and_re
 pytestmark = pytest.mark.slow
 LOOP = script("between_steps.py")
 DDP = script("ddp_between.py")
-PY = __import__("sys").executable
+PY = sys.executable
 SHARE_TOL = 0.1            # a loss against the script's own clock (issue: ±0.1)
 # Exposed communication against the script's own backward beyond its compute. The issue asks ±0.05; on this
 # 2-core machine (2 ranks, their gloo threads) perfmon read 0.03-0.14 under the script's figure, 0.07 typical

@@ -13,15 +13,16 @@ import msgpack
 
 from probe import paths, wire
 from probe.recording import read_recording
-from tests.integration.streamutil import perfmon, start_job
+from tests.helpers.cli import perfmon
+from tests.integration.streamutil import start_job
 
 
 def no_torch_env(tmp_path: Path) -> dict:
-    """PYTHONPATH with a `torch` package that refuses to import."""
+    """This environment, its PYTHONPATH led by a `torch` package that refuses to import."""
     fake = tmp_path / "notorch" / "torch"
     fake.mkdir(parents=True)
     (fake / "__init__.py").write_text("raise ImportError('torch is deliberately unimportable in this test')\n")
-    return {"PYTHONPATH": os.pathsep.join([str(fake.parent), os.environ.get("PYTHONPATH", "")])}
+    return {**os.environ, "PYTHONPATH": os.pathsep.join([str(fake.parent), os.environ.get("PYTHONPATH", "")])}
 
 
 def test_ls_json_lists_the_job_with_a_usable_socket_and_torch_unimportable(tmp_path):

@@ -22,10 +22,10 @@ import pytest
 
 from probe.recording import read_recording
 from tests.integration.demoutil import LOAD_IMBALANCE_SECONDS, demo_processes, run_headless
+from tests.helpers.reports import REPORT_SCHEMA
 from tui.commands.demo import scenarios
 
 ROOT = Path(__file__).parents[2]
-SCHEMA = json.loads((ROOT / "tui" / "schemas" / "report.schema.json").read_text())
 PERFMON = [sys.executable, "-m", "tui.cli"]
 # slow steps: more time for a full window; stuck: 30 steps, then the 5 s stall threshold and a repeat
 SECONDS = {"data_preprocessing": 10, "data_loading": 10, "stuck": 13, "load_imbalance": LOAD_IMBALANCE_SECONDS}
@@ -58,7 +58,7 @@ def test_headless_demo_names_the_scenario_as_the_bottleneck(name, perfmon_dir, r
     proc = run.proc
     assert proc.returncode == 0, proc.stderr[-3000:]
     report = json.loads(proc.stdout)
-    jsonschema.validate(report, SCHEMA)
+    jsonschema.validate(report, REPORT_SCHEMA)
     verdict = report["verdict"]
     assert verdict["bottleneck"] == sc.expect, (verdict, report["metrics"])
     assert len(report["ranks"]) == sc.ranks and report["job"] == f"demo-{name}"
@@ -164,7 +164,7 @@ def test_tour_switches_scenario_inside_one_live_job(tmp_path, perfmon_dir):
     proc = subprocess.run(PERFMON + ["demo", "--headless", "--seconds", "10", "--record", str(rec)], env=env,
                           capture_output=True, text=True, timeout=120, cwd=ROOT)
     assert proc.returncode == 0, proc.stderr[-3000:]
-    jsonschema.validate(json.loads(proc.stdout), SCHEMA)
+    jsonschema.validate(json.loads(proc.stdout), REPORT_SCHEMA)
     files = list(rec.glob("*.pmrec"))
     assert len(files) == 1                       # one process ran the whole tour
     events = [r for r in read_recording(files[0]).records if r["k"] == "event" and r["name"] == "demo"]

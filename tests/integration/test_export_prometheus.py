@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import json
 import os
-import socket
 import subprocess
 import sys
 import urllib.request
@@ -15,14 +14,9 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from tests.integration.streamutil import kill_tree, wait_for
+from tests.helpers.net import free_port
 
 API_JOB = Path(__file__).parent / "jobs" / "api_job.py"
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _scrape(port: int) -> dict[str, list]:
@@ -41,7 +35,7 @@ def _ranks_scraped(port: int) -> dict[str, list] | None:
 
 @pytest.mark.slow
 def test_the_endpoint_of_a_live_job_agrees_with_its_report():
-    job, port = "prom", _free_port()
+    job, port = "prom", free_port()
     ranks = [subprocess.Popen([sys.executable, str(API_JOB), job, "3000", "20", "5", "5"],
                               env={**os.environ, "RANK": str(r), "WORLD_SIZE": "2"}, stdout=subprocess.DEVNULL,
                               stderr=subprocess.PIPE, text=True, start_new_session=True) for r in range(2)]

@@ -3,13 +3,14 @@ leaves the file, and every chart drawn (ink in each plot's frame, read back from
 
 from __future__ import annotations
 
+import platform
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 
-from tests.integration import chromium
+from tests.helpers import chromium
 from tests.tui import scenarios
 
 pytestmark = [pytest.mark.slow,
@@ -50,14 +51,16 @@ def _report_html(target: Path, out: Path) -> subprocess.CompletedProcess[str]:
 
 
 def _check_in_browser(page: Path, titles: list[str], prepare: str = BARE) -> list[dict]:
+    """Load ``page``: no error, no outside request, exactly the charts ``titles`` (every chart the
+    page draws, counted from the page itself), and ink in each."""
     run = chromium.load(page, READY, PLOTS, prepare)
     assert run.ready, "Bokeh never finished drawing"
     assert run.errors == []
     assert run.requests == []
-    shown = {p["title"].split(" (")[0].split(";")[0]: p["ink"] for p in run.result}
-    for title in titles:
-        assert title in shown, (title, sorted(shown))
-        assert shown[title] > 0.005, f"{title}: nothing drawn ({shown[title]} of the frame)"
+    drawn = [(p["title"].split(" (")[0].split(";")[0], p["ink"]) for p in run.result]
+    assert sorted(title for title, _ in drawn) == sorted(titles), drawn
+    empty = [(title, ink) for title, ink in drawn if ink <= 0.005]
+    assert not empty, f"nothing drawn in {empty} (share of the frame with ink)"
     return run.result
 
 
@@ -75,7 +78,8 @@ def test_a_real_two_rank_recording_draws_in_the_browser(tmp_path, load_imbalance
     page = tmp_path / "report.html"
     _report_html(rec, page)
     _check_in_browser(page, ["Step time over the run", "Verdict over the run", "Per rank: step time",
-                             "Per rank: compute", "Per rank: exposed comm"])
+                             "Per rank: compute", "Per rank: data wait", "Per rank: exposed comm",
+                             f"Memory of rank 1 on {platform.node()}"])     # rank 1: 3x the batch
 
 
 def test_a_simulated_1024_rank_recording_draws_in_the_browser(tmp_path):
@@ -83,12 +87,12 @@ def test_a_simulated_1024_rank_recording_draws_in_the_browser(tmp_path):
     _report_html(scenarios.write("trends", tmp_path, ranks=1024, steps=30), page)
     assert page.stat().st_size < 5_000_000
     _check_in_browser(page, ["Step time over the run", "Verdict over the run", "Per rank: step time",
-                             "Per rank: data wait"])
+                             "Per rank: compute", "Per rank: data wait", "Memory of rank 0 on n01"])
 
 
-def test_the_browser_check_catches_an_error_a_request_and_a_blank_chart(tmp_path):
-    """The checks above are not vacuous: a planted console error, an outside request and a chart
-    with no data are each caught."""
+def test_the_browser_check_catches_an_error_a_request_a_blank_chart_and_a_chart_not_named(tmp_path):
+    """The checks above are not vacuous: a planted console error, an outside request, a chart with
+    no data and a chart the test does not name are each caught."""
     page = tmp_path / "report.html"
     _report_html(scenarios.write("trends", tmp_path, steps=400), page)
     text = page.read_text()
@@ -98,6 +102,12 @@ def test_the_browser_check_catches_an_error_a_request_and_a_blank_chart(tmp_path
     run = chromium.load(planted, READY, PLOTS)
     assert any("planted" in e for e in run.errors)
     assert any(r.startswith("http://example.invalid/") for r in run.requests)
-    hidden = BARE + "; for (const m of Bokeh.documents[0].all_models) if (m.type === 'GlyphRenderer') m.visible = false"
-    with pytest.raises(AssertionError, match="nothing drawn"):
-        _check_in_browser(page, ["Memory of rank 0 on n01"], prepare=hidden)
+    charts = ["Step time over the run", "Verdict over the run", "Per rank: step time", "Per rank: compute",
+              "Per rank: data wait", "Memory of rank 0 on n01"]
+    _check_in_browser(page, charts)
+    with pytest.raises(AssertionError, match="Per rank: compute"):       # one chart left out of the list
+        _check_in_browser(page, [c for c in charts if c != "Per rank: compute"])
+    blank = BARE + ("; for (const m of Bokeh.documents[0].all_models) if (m.type === 'Figure' && "
+                    "m.title.text.startsWith('Per rank: compute')) for (const r of m.renderers) r.visible = false")
+    with pytest.raises(AssertionError, match=r"nothing drawn in \[\('Per rank: compute'"):
+        _check_in_browser(page, charts, prepare=blank)

@@ -20,6 +20,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.helpers.cli import perfmon
 from tests.integration.streamutil import left_by_perfmon, wait_for
 
 SCRIPTS = Path(__file__).parent / "scripts"
@@ -42,10 +43,6 @@ METHODS = [
         not HAS_HYPNO, reason="the ptrace method needs hypno (pip install 'perfmon[inject]')")]),
     pytest.param("remote-exec", marks=[needs_ptrace, needs_remote_exec]),
 ]
-
-
-def perfmon(*args: str, timeout: float = 90, **kwargs) -> subprocess.CompletedProcess:
-    return subprocess.run([PY, "-m", "tui.cli", *args], capture_output=True, text=True, timeout=timeout, **kwargs)
 
 
 class Paused:

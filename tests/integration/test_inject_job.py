@@ -20,7 +20,9 @@ from pathlib import Path
 
 import pytest
 
+from tests.helpers.cli import perfmon, report_until
 from tests.integration.streamutil import left_by_perfmon
+from tui.stream import native
 
 SCRIPTS = Path(__file__).parent / "scripts"
 ROOT = Path(__file__).resolve().parents[2]
@@ -45,8 +47,14 @@ def _namespaces_work() -> bool:
         return False
 
 
-def perfmon(*args: str, env: dict | None = None) -> subprocess.CompletedProcess:
-    return subprocess.run([PY, "-m", "tui.cli", *args], capture_output=True, text=True, timeout=120, env=env)
+def stepping(ranks: int):
+    """A report's condition: ``ranks`` ranks, each with steps."""
+    return lambda report: len(report["ranks"]) == ranks and all(r["steps"] > 0 for r in report["ranks"])
+
+
+def stacks(pid: int) -> str:
+    """Where the job's threads are (py-spy), for a failure's message: what held the injected code up."""
+    return native.dump(pid)
 
 
 class Trainer:
@@ -100,9 +108,8 @@ def test_a_job_name_finds_the_trainer_not_its_loader_workers_and_two_jobs_by_one
     assert inject.returncode == 0, inject.stderr
     assert [line.split(" (")[0] for line in inject.stdout.splitlines() if line.startswith("injected")] == [
         f"injected {trainer.pid}: job {job_name} rank 0"]
-    report = perfmon("report", job_name, "--json", "--seconds", "1")
-    assert report.returncode == 0, report.stderr
-    assert [r["steps"] > 0 for r in json.loads(report.stdout)["ranks"]] == [True]
+    report = report_until(stepping(1), job_name)
+    assert [r["pid"] for r in report["ranks"]] == [trainer.pid]
     detach = perfmon("detach", "--job", job_name)
     assert detach.returncode == 0, detach.stderr
     assert detach.stdout == f"{trainer.pid}: detached\n"
@@ -132,11 +139,10 @@ def test_a_job_without_perfmon_in_its_environment_gets_the_probe_and_its_depende
     trainer = trainers(flags=("-S",), env=bare_environment)
     assert trainer.ready["importable"] == []
     inject = perfmon("inject", str(trainer.pid), "--timeout", "30")
-    assert inject.returncode == 0, inject.stderr
-    report = perfmon("report", str(trainer.pid), "--json", "--seconds", "1")
-    assert report.returncode == 0, report.stderr
-    assert json.loads(report.stdout)["ranks"][0]["steps"] > 0
-    assert perfmon("detach", str(trainer.pid)).returncode == 0
+    assert inject.returncode == 0, f"{inject.stderr}\n{stacks(trainer.proc.pid)}"
+    report_until(stepping(1), str(trainer.pid))
+    detach = perfmon("detach", str(trainer.pid))
+    assert detach.returncode == 0, f"{detach.stderr}\n{stacks(trainer.proc.pid)}"
     end = trainer.stop()
     assert left_by_perfmon(end) == {}
     modules = end["residue"]["modules"]
@@ -185,11 +191,8 @@ def test_one_inject_reaches_every_node_all_or_none_and_detach_leaves_nothing(nod
     assert injected == [f"n01: injected 1: job {job_name} rank 0", f"n02: injected 1: job {job_name} rank 1"]
     assert f"perfmon detach --job {job_name} --hosts n[01-02]" in inject.stdout
 
-    report = perfmon("report", job_name, *everywhere, "--json", "--seconds", "2", env=env)
-    assert report.returncode == 0, report.stderr
-    ranks = json.loads(report.stdout)["ranks"]
+    ranks = report_until(stepping(2), job_name, *everywhere, env=env)["ranks"]
     assert sorted((r["rank"], r["host"]) for r in ranks) == [(0, "n01"), (1, "n02")]
-    assert all(r["steps"] > 0 for r in ranks)
 
     detach = perfmon("detach", "--job", job_name, *everywhere, env=env)
     assert detach.returncode == 0, detach.stderr
@@ -265,8 +268,7 @@ def test_an_injected_probe_reads_the_jobs_nvml_and_leaves_it_initialised_as_it_f
     trainer = trainers("--simulated-nvml", env={**os.environ, "PYTHONPATH": str(ROOT)})
     inject = perfmon("inject", str(trainer.pid), "--timeout", "30")
     assert inject.returncode == 0, inject.stderr
-    report = perfmon("report", str(trainer.pid), "--json", "--seconds", "1")
-    assert report.returncode == 0, report.stderr
+    report_until(stepping(1), str(trainer.pid))
     assert perfmon("detach", str(trainer.pid)).returncode == 0
     end = trainer.stop()
     assert end["nvml"]["calls"] > 0              # the probe read the simulated GPU

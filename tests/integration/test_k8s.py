@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.helpers.cli import perfmon
 from tests.integration.streamutil import JOBS
 
 SCRIPTS = Path(__file__).parent / "scripts"
@@ -45,17 +46,12 @@ def pods(tmp_path):
         proc.wait()
 
 
-def _perfmon(env: dict, *args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "tui.cli", *args], capture_output=True, text=True, timeout=90,
-                          env=env)
-
-
 def _calls(env: dict) -> list[list[str]]:
     return [json.loads(line) for line in Path(env["KUBECTL_LOG"]).read_text().splitlines()]
 
 
 def test_the_pods_of_a_selector_are_found_and_reached_through_kubectl_exec(pods):
-    out = _perfmon(pods, "report", "k8sjob", "--k8s", "app=trainer", "--namespace", "ml", "--json", "--seconds", "4")
+    out = perfmon("report", "k8sjob", "--k8s", "app=trainer", "--namespace", "ml", "--json", "--seconds", "4", env=pods)
     assert out.returncode == 0, out.stderr
     assert sorted(r["rank"] for r in json.loads(out.stdout)["ranks"]) == [0, 1]
     calls = _calls(pods)
@@ -67,14 +63,14 @@ def test_the_pods_of_a_selector_are_found_and_reached_through_kubectl_exec(pods)
 
 
 def test_a_via_template_with_kubectl_exec_reaches_the_pods_too(pods):
-    out = _perfmon(pods, "report", "k8sjob", "--k8s", "app=trainer", "--via", "kubectl exec -i {host} --",
-                   "--json", "--seconds", "4")
+    out = perfmon("report", "k8sjob", "--k8s", "app=trainer", "--via", "kubectl exec -i {host} --",
+                  "--json", "--seconds", "4", env=pods)
     assert out.returncode == 0, out.stderr
     assert len(json.loads(out.stdout)["ranks"]) == 2
     assert ["exec", "-i", "trainer-1", "--", "perfmon", "relay", "--stdio", "k8sjob"] in _calls(pods)
 
 
 def test_no_running_pod_is_one_line(pods):
-    out = _perfmon({**pods, "KUBECTL_PODS": ""}, "report", "k8sjob", "--k8s", "app=none", "--namespace", "ml")
+    out = perfmon("report", "k8sjob", "--k8s", "app=none", "--namespace", "ml", env={**pods, "KUBECTL_PODS": ""})
     assert out.returncode == 2
     assert out.stderr == "perfmon report: --k8s app=none: no running pod matches in namespace ml\n"

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import json
 import os
-import socket
 import statistics
 import subprocess
 import sys
@@ -19,12 +18,7 @@ import torch
 
 import probe
 from probe.recording import read_recording
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
+from tests.helpers.net import free_port
 
 def _run_ranks(script: str, tmp: Path, world: int = 2, timeout: float = 120.0, env: dict | None = None) -> list[dict]:
     """Run ``script`` as ``world`` gloo ranks recording to tmp/rec; return each rank's JSON line."""
@@ -32,7 +26,7 @@ def _run_ranks(script: str, tmp: Path, world: int = 2, timeout: float = 120.0, e
     path.write_text(textwrap.dedent(script))
     sock_dir = tmp / "sock"
     sock_dir.mkdir(mode=0o700, exist_ok=True)
-    port = _free_port()
+    port = free_port()
     procs = []
     for rank in range(world):
         rank_env = {**os.environ, "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port), "RANK": str(rank),
@@ -448,7 +442,7 @@ def test_disabled_probe_has_a_noop_watch(monkeypatch):
 @pytest.fixture
 def one_rank_gloo():
     import torch.distributed as dist
-    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{_free_port()}", rank=0, world_size=1)
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{free_port()}", rank=0, world_size=1)
     try:
         yield dist
     finally:

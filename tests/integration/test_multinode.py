@@ -9,7 +9,6 @@ import re
 import shlex
 import shutil
 import os
-import socket
 import subprocess
 import sys
 import time
@@ -20,6 +19,7 @@ import pytest
 from probe import wire
 from probe.wire import PROTO, format_proto
 from tests.integration.streamutil import kill_tree
+from tests.helpers.net import free_port
 
 pytestmark = pytest.mark.slow
 
@@ -27,17 +27,11 @@ SCRIPTS = Path(__file__).parent / "scripts"
 BIN = str(Path(sys.executable).parent)          # `perfmon` as a remote shell would find it
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 @pytest.fixture(scope="module")
 def two_nodes(tmp_path_factory):
     """4 ranks on 2 "nodes" (n01: ranks 0-1, n02: ranks 2-3); rank 3 computes 3x longer."""
     base = tmp_path_factory.mktemp("nodes")
-    port, master = _free_port(), _free_port()
+    port, master = free_port(), free_port()
     launchers = []
     for node in (0, 1):
         sock_dir = base / f"n0{node + 1}"
@@ -153,26 +147,26 @@ async def test_a_profile_of_a_rank_on_another_node_goes_through_its_relay(two_no
     profile comes back with the rank's stream; a bad rank name is refused by the relay."""
     import asyncio
 
-    from perfmon_analysis.runmodel import RunModel
+    from perfmon_analysis.analysis import Analysis
     from tui.stream.remote import RelayFeed
     from tui.stream.requests import ask
     from tui.errors import UserError
 
     monkeypatch.setenv("PATH", two_nodes["PATH"])
-    feed = RelayFeed(RunModel(), "mn", ["n01", "n02"], two_nodes["PERFMON_VIA"])
+    feed = RelayFeed(Analysis(), "mn", ["n01", "n02"], two_nodes["PERFMON_VIA"])
     task = asyncio.ensure_future(feed.run())
     try:
         deadline = time.monotonic() + 60
-        while not any(r.rank == 3 and r.steps for r in feed.model.view().ranks):
+        while not any(r.rank == 3 and r.steps for r in feed.analysis.view().ranks):
             assert time.monotonic() < deadline, "rank 3 did not come through its relay"
             await asyncio.sleep(0.2)
-        stream = next(r.stream for r in feed.model.view().ranks if r.rank == 3)
+        stream = next(r.stream for r in feed.analysis.view().ranks if r.rank == 3)
         target = feed.request_target(stream)
         result = await asyncio.to_thread(ask, target, "profile", {"steps": 3, "depth": 1}, 90, "profile")
         bogus = feed.request_target(stream.replace(".r3.", ".r9."))
         with pytest.raises(UserError) as refused:
             await asyncio.to_thread(ask, bogus, "profile", {"steps": 3}, 30, "profile")
-        view = feed.model.view()            # the record came with the rank's stream, into the model first
+        view = feed.analysis.view()            # the record came with the rank's stream, into the model first
     finally:
         task.cancel()
         await asyncio.gather(task, return_exceptions=True)
@@ -277,16 +271,16 @@ async def test_a_view_through_relays_has_every_rank_summarised_and_the_followed_
     step records (the timeline) only of the rank it follows; following another rank moves them."""
     import asyncio
 
-    from perfmon_analysis.runmodel import RunModel
+    from perfmon_analysis.analysis import Analysis
     from tui.stream.remote import RelayFeed
 
     monkeypatch.setenv("PATH", two_nodes["PATH"])
-    feed = RelayFeed(RunModel(), "mn", ["n01", "n02"], two_nodes["PERFMON_VIA"])
+    feed = RelayFeed(Analysis(), "mn", ["n01", "n02"], two_nodes["PERFMON_VIA"])
     task = asyncio.ensure_future(feed.run())
 
     async def until(cond, what: str) -> None:
         deadline = time.monotonic() + 60
-        while not cond(feed.model.view()):
+        while not cond(feed.analysis.view()):
             assert time.monotonic() < deadline, what
             await asyncio.sleep(0.2)
 
@@ -294,16 +288,16 @@ async def test_a_view_through_relays_has_every_rank_summarised_and_the_followed_
         # a rank is summarised as soon as it has a step time; the straggler is decided once comm is measured
         await until(lambda v: len(v.ranks) == 4 and all(r.step_time_median_s for r in v.ranks)
                     and v.straggler_rank is not None, "4 summarised ranks and a straggler")
-        view = feed.model.view()
+        view = feed.analysis.view()
         assert all(not t.steps for t in view.traces.values())          # summaries only: no step records
         assert view.straggler_rank == 3 and {r.host for r in view.ranks} == {"n01", "n02"}
         stream3 = next(r.stream for r in view.ranks if r.rank == 3)
         feed.follow({stream3})
         await until(lambda v: len(v.traces[3].steps) > 50, "rank 3's steps after following it")
-        assert not feed.model.view().traces[0].steps
+        assert not feed.analysis.view().traces[0].steps
         feed.follow({next(r.stream for r in view.ranks if r.rank == 0)})
         await until(lambda v: v.traces[0].steps and not v.traces[3].steps, "rank 0 followed, rank 3 summarised")
-        view = feed.model.view()
+        view = feed.analysis.view()
         assert view.straggler_rank == 3 and view.ranks[3].steps > 0 and view.ranks[3].ettr is not None
     finally:
         task.cancel()

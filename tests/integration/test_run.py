@@ -18,6 +18,7 @@ import pytest
 
 from probe.paths import parse_name
 from probe.recording import read_recording, recording_files
+from tests.helpers.cli import perfmon
 from tests.integration.streamutil import wait_for
 
 SCRIPTS = Path(__file__).parent / "scripts"
@@ -26,10 +27,6 @@ TORCHRUN = [PY, "-m", "torch.distributed.run", "--standalone"]
 # the console script when the environment has it (its shebang runs the same interpreter)
 TORCHRUN_BIN = ([str(Path(PY).parent / "torchrun")] if (Path(PY).parent / "torchrun").exists() else TORCHRUN[:3]) \
     + ["--standalone"]
-
-
-def perfmon(*args: str, timeout: float = 90, **kwargs) -> subprocess.CompletedProcess:
-    return subprocess.run([PY, "-m", "tui.cli", *args], capture_output=True, text=True, timeout=timeout, **kwargs)
 
 
 def run_job(rec: Path, *cmd: str, timeout: float = 90, options: tuple[str, ...] = ()) -> subprocess.CompletedProcess:

@@ -16,6 +16,7 @@ from pathlib import Path
 import pytest
 
 from tests.integration.streamutil import kill_tree, wait_for
+from tui.injector import why_no_rights
 from tui.stream import native
 
 SCRIPT = Path(__file__).parent / "scripts" / "stuck_jobs.py"
@@ -137,8 +138,12 @@ def test_a_rank_holding_the_gil_is_unresponsive_and_the_other_waits(tmp_path):
     assert "rank 1 never reached all_reduce #20 (no record for" in rep["verdict"]["headline"]
 
 
-@pytest.mark.skipif(not native.available(), reason="py-spy not installed (optional: the stuck screen's d key)")
-def test_py_spy_reads_the_stack_of_a_process_holding_the_gil_from_outside(tmp_path):
+@pytest.mark.skipif(why_no_rights() is not None, reason=f"no ptrace rights here: {why_no_rights()}")
+def test_py_spy_reads_the_stack_of_a_process_holding_the_gil_from_outside(tmp_path, monkeypatch):
+    # py-spy is in the test extra; its command sits beside this interpreter, on PATH once the venv is
+    # active and put there here when pytest runs as .venv/bin/python without activating it
+    monkeypatch.setenv("PATH", f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}")
+    assert native.available(), "py-spy is not installed: pip install -e '.[test]'"
     code = ("import ctypes, sys\ndef hold_the_gil():\n    print('ready', flush=True)\n"
             "    ctypes.PyDLL(None).sleep(30)\nhold_the_gil()\n")
     proc = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True)

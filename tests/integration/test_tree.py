@@ -85,13 +85,13 @@ class TreeJob:
 
     async def _viewer(self, seen: dict) -> None:
         """The TUI through the tree; then drill-down into rank 2 and a group relay killed."""
-        from perfmon_analysis.runmodel import RunModel
+        from perfmon_analysis.analysis import Analysis
         from tests.tui.scenarios import screen_text
         from tui.app.perfmon_app import PerfmonApp
         from tui.stream.tree import TreeFeed, plan_groups
 
         os.environ["PATH"] = self.env["PATH"]
-        feed = TreeFeed(RunModel(), JOB, plan_groups(NODES, 2), self.env["PERFMON_VIA"])
+        feed = TreeFeed(Analysis(), JOB, plan_groups(NODES, 2), self.env["PERFMON_VIA"])
         app = PerfmonApp(feed, watch_terminal=False)
 
         async def until(cond, what: str, timeout: float = 60.0) -> None:
@@ -101,17 +101,17 @@ class TreeJob:
                 await pilot.pause(0.2)
 
         def counted() -> int:
-            view = feed.model.view()
+            view = feed.analysis.view()
             return next((g.ranks for g in view.groups if g.key == ("job", "")), 0)
 
         async with app.run_test(size=(120, 36)) as pilot:
             await until(lambda: "Rank 3 on n4 computes" in screen_text(app) and counted() == 4,
                         "the straggler through the tree")
             seen["screen"] = screen_text(app)
-            seen["shown"] = sorted(r.rank for r in feed.model.view().ranks)
+            seen["shown"] = sorted(r.rank for r in feed.analysis.view().ranks)
             await pilot.press("number_sign", "2", "enter")        # drill-down by rank number, wherever it is
             seen["followed_ranks"] = set(feed.ranks_followed)
-            await until(lambda: len(feed.model.view().traces.get(2, ()) and feed.model.view().traces[2].steps) > 20,
+            await until(lambda: len(feed.analysis.view().traces.get(2, ()) and feed.analysis.view().traces[2].steps) > 20,
                         "rank 2's steps in full")
             victim = feed._procs["n3"]
             killed = time.monotonic()
@@ -267,11 +267,11 @@ def test_a_stuck_rank_is_named_through_the_tree(tree):
 async def test_a_group_relay_that_dies_after_dropping_a_representative_is_started_again():
     """The viewer forgets the rank its group relay no longer sends on, then sees that relay die:
     the relay is shown failed and started again, and the feed goes on (no stale rank breaks it)."""
-    from perfmon_analysis.runmodel import RunModel
+    from perfmon_analysis.analysis import Analysis
     from tui.stream.tree import TreeFeed
 
     via = f"{sys.executable} {SCRIPTS / 'canned_group_relay.py'} {{host}}"
-    feed = TreeFeed(RunModel(), "canned", [("n1", ["n1", "n2"])], via, relay=())
+    feed = TreeFeed(Analysis(), "canned", [("n1", ["n1", "n2"])], via, relay=())
     task = asyncio.ensure_future(feed.run())
     try:
         deadline = time.monotonic() + 60
@@ -283,5 +283,5 @@ async def test_a_group_relay_that_dies_after_dropping_a_representative_is_starte
         task.cancel()
         await asyncio.gather(task, return_exceptions=True)
         await feed.aclose()
-    assert "relay exit status 3" in " ".join(feed.model.problems) or feed.relays["n1"].message
-    assert [r.rank for r in feed.model.view().ranks] in ([0], [])
+    assert "relay exit status 3" in " ".join(feed.analysis.problems) or feed.relays["n1"].message
+    assert [r.rank for r in feed.analysis.view().ranks] in ([0], [])

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import json
 import os
-import socket
 import subprocess
 import sys
 import time
@@ -19,17 +18,12 @@ import jsonschema
 import pytest
 
 from tests.integration.streamutil import wait_for
+from tests.helpers.reports import REPORT_SCHEMA
+from tests.helpers.net import free_port
 
 ROOT = Path(__file__).parents[2]
 WORKLOAD = Path(__file__).parent / "workloads" / "cpu_jobs.py"
-SCHEMA = json.loads((ROOT / "tui" / "schemas" / "report.schema.json").read_text())
 PERFMON = [sys.executable, "-m", "tui.cli"]
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def run_workload(scenario: str, rec: Path, ranks: int = 1, timeout: float = 120) -> None:
@@ -37,7 +31,7 @@ def run_workload(scenario: str, rec: Path, ranks: int = 1, timeout: float = 120)
     # (at 1 Hz the slow-reads loop once got a single read, so its loader CPU was unknown; seed 2712137222)
     env = dict(os.environ, PERFMON_RECORD=str(rec), PYTHONPATH=str(ROOT), OMP_NUM_THREADS="1", PERFMON_SAMPLE_HZ="4")
     if ranks > 1:
-        env.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(_free_port()), WORLD_SIZE=str(ranks))
+        env.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(free_port()), WORLD_SIZE=str(ranks))
     procs = [subprocess.Popen([sys.executable, str(WORKLOAD), scenario], env=dict(env, RANK=str(r)),
                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for r in range(ranks)]
     try:
@@ -55,7 +49,7 @@ def perfmon_report(target: str, *extra: str) -> tuple[dict, str]:
                           timeout=60, cwd=ROOT)
     assert proc.returncode == 0, proc.stderr
     report = json.loads(proc.stdout)
-    jsonschema.validate(report, SCHEMA)
+    jsonschema.validate(report, REPORT_SCHEMA)
     return report, proc.stderr
 
 

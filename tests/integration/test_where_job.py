@@ -65,7 +65,7 @@ def test_zero_code_steps_carry_cpu_over_their_whole_span_and_where_names_the_sle
     """``perfmon run`` on a script that knows nothing of perfmon: a DataLoader loop whose step
     sleeps 20 ms after the forward. Steps count CPU from their first fetch ("active")."""
     from probe.recording import read_recording
-    from tests.integration.streamutil import perfmon
+    from tests.helpers.cli import perfmon
     script = tmp_path / "zc.py"
     script.write_text(
         "import time, torch\n"
@@ -82,7 +82,7 @@ def test_zero_code_steps_carry_cpu_over_their_whole_span_and_where_names_the_sle
         "        opt.zero_grad()\n")
     (tmp_path / "sock").mkdir(mode=0o700)
     done = perfmon("run", "--no-tui", "--record", str(tmp_path / "rec"), "--", sys.executable, str(script),
-                   env={"PERFMON_DIR": str(tmp_path / "sock")}, timeout=120)
+                   env={**os.environ, "PERFMON_DIR": str(tmp_path / "sock")}, timeout=120)
     assert done.returncode == 0, done.stderr
     recs = read_recording(next((tmp_path / "rec").iterdir())).records
     steps = [r for r in recs if r["k"] == "step" and "cpu" in r]

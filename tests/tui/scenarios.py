@@ -15,6 +15,7 @@ from typing import Any, Callable
 
 from probe import paths, wire
 from probe.recording import RecordingWriter
+from tests.helpers import records as R
 
 T0 = 1_700_000_000.0
 HOST = "node-a"
@@ -23,9 +24,8 @@ GB = 1 << 30
 
 
 def _hello(job: str, rank: int, world: int, device: dict[str, Any]) -> dict[str, Any]:
-    return {"k": "hello", "t": T0, "proto": list(wire.PROTO), "job": job, "rank": rank, "local_rank": rank,
-            "world_size": world, "host": HOST, "pid": 4000 + rank, "restart": 0, "argv": ["train.py"],
-            "torch": "2.13.0", "device": device, "name": paths.base_name(job, rank, 0, 4000 + rank)}
+    return R.hello(rank, t=T0, job=job, world_size=world, host=HOST, pid=4000 + rank, device=device,
+                   argv=["train.py"], torch="2.13.0", name=paths.base_name(job, rank, 0, 4000 + rank))
 
 
 CPU = {"type": "cpu", "name": "Test CPU @ 2.0GHz", "count": 8,
@@ -38,10 +38,7 @@ def _steps(n: int, dur: Callable[[int], float], phases: Callable[[int], dict[str
     t = T0 + 1.0
     for i in range(n):
         d = dur(i)
-        rec = {"k": "step", "t": t + d, "step": i, "start": t, "dur": d, "phases": phases(i), "samples": samples}
-        if extra:
-            rec.update(extra(i))
-        out.append(rec)
+        out.append(R.step(i, start=t, dur=d, phases=phases(i), samples=samples, **(extra(i) if extra else {})))
         t += d
     return out
 
@@ -294,9 +291,9 @@ def replay_app(recording: Path, verdicts: int = 0):
     ``verdicts`` instants on the way (``ReplayFeed``)."""
     from tui.app.perfmon_app import PerfmonApp
     from tui.stream.feed import ReplayFeed
-    from perfmon_analysis.runmodel import RunModel
+    from perfmon_analysis.analysis import Analysis
     from tui.stream.sources import load_recordings
-    return PerfmonApp(ReplayFeed(RunModel(), load_recordings(recording), speed=None, verdicts=verdicts),
+    return PerfmonApp(ReplayFeed(Analysis(), load_recordings(recording), speed=None, verdicts=verdicts),
                       watch_terminal=False)
 
 

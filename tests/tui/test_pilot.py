@@ -10,18 +10,20 @@ import os
 import re
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
 
 
+from tests.helpers.net import free_port
 from tests.tui import scenarios
 from tests.tui.scenarios import screen_text, settle, wait_until
 from tui.stream import discovery
 from tui.app.perfmon_app import WINDOWS, PerfmonApp
 from tui.stream.discovery import read_token
 from tui.stream.feed import LiveFeed, ReplayFeed, TcpFeed
-from perfmon_analysis.runmodel import RunModel
+from perfmon_analysis.analysis import Analysis
 from tui.app.screens.flowchart import FlowchartScreen
 from tui.app.screens.help import HelpScreen
 from tui.app.screens.log import LogScreen
@@ -42,7 +44,7 @@ def start_api_job(job: str, steps: int, *flags: str, env: dict | None = None) ->
 
 def live_app(job: str) -> PerfmonApp:
     endpoints = discovery.jobs(discovery.list_endpoints()).get(job, [])
-    return PerfmonApp(LiveFeed(RunModel(), job, endpoints), watch_terminal=False)
+    return PerfmonApp(LiveFeed(Analysis(), job, endpoints), watch_terminal=False)
 
 
 # -- keys -------------------------------------------------------------------------------------
@@ -119,7 +121,7 @@ async def test_window_key_recomputes_over_a_longer_window(recordings):
         await pilot.press("w")
         # 80 steps recorded, the first left out: the longer window holds all the others
         assert app.view.window["steps"] == 79
-        assert app.feed.model.window_steps == WINDOWS[1][0]
+        assert app.feed.analysis.window[0] == WINDOWS[1][0]
 
 
 async def test_no_color_draws_categories_with_characters(recordings, monkeypatch):
@@ -135,7 +137,7 @@ async def test_no_color_draws_categories_with_characters(recordings, monkeypatch
 async def test_log_key_tails_the_job_output(tmp_path, recordings):
     log = tmp_path / "job.log"
     log.write_text("epoch 1\nloss 2.5\n")
-    app = PerfmonApp(ReplayFeed(RunModel(), load_recordings(recordings["healthy"]), speed=None),
+    app = PerfmonApp(ReplayFeed(Analysis(), load_recordings(recordings["healthy"]), speed=None),
                      log_path=log, watch_terminal=False)
     async with app.run_test(size=(100, 30)) as pilot:
         await pilot.press("l")
@@ -162,7 +164,7 @@ async def test_log_screen_lists_the_probes_own_warnings(tmp_path):
         with mon.step():
             pass
     mon.close()
-    app = PerfmonApp(ReplayFeed(RunModel(), load_recordings(str(tmp_path)), speed=None), watch_terminal=False)
+    app = PerfmonApp(ReplayFeed(Analysis(), load_recordings(str(tmp_path)), speed=None), watch_terminal=False)
     async with app.run_test(size=(100, 30)) as pilot:
         await wait_until(pilot, lambda: app.view is not None and app.view.events, what="events replayed")
         await pilot.press("l")
@@ -176,14 +178,20 @@ async def test_log_screen_lists_the_probes_own_warnings(tmp_path):
 # -- replay -----------------------------------------------------------------------------------
 
 async def test_replay_plays_pauses_speeds_up_and_jumps_to_end(recordings):
-    feed = ReplayFeed(RunModel(), load_recordings(recordings["data_preprocessing"]), speed=4.0)
+    ticks: list[float] = []          # each replay tick reads the clock once
+
+    def clock() -> float:
+        ticks.append(time.monotonic())
+        return ticks[-1]
+
+    feed = ReplayFeed(Analysis(), load_recordings(recordings["data_preprocessing"]), speed=4.0, monotonic=clock)
     app = PerfmonApp(feed, watch_terminal=False)
     async with app.run_test(size=(120, 36)) as pilot:
         await wait_until(pilot, lambda: feed.progress > 0.05, what="replay progress")
         await pilot.press("p")
         assert feed.paused
-        held = feed.progress
-        await pilot.pause(0.3)
+        held, seen = feed.progress, len(ticks)
+        await wait_until(pilot, lambda: len(ticks) >= seen + 3, what="three replay ticks while paused")
         assert feed.progress == held
         await pilot.press("p", "plus")
         assert not feed.paused and feed.speed == 8.0
@@ -282,20 +290,17 @@ async def test_restarted_rank_is_reattached():
 
 @pytest.mark.slow
 async def test_tcp_with_token_streams_and_a_wrong_token_is_refused(perfmon_dir):
-    import socket
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
+    port = free_port()
     proc = start_api_job("remote", 100000, "--linger", env={"PERFMON_TCP": f"127.0.0.1:{port}"})
     try:
         assert proc.stdout.readline().strip()
         token_files = list(perfmon_dir.glob("*.token"))
         assert len(token_files) == 1 and oct(token_files[0].stat().st_mode & 0o777) == "0o600"
-        good = PerfmonApp(TcpFeed(RunModel(), "127.0.0.1", port, read_token(None)), watch_terminal=False)
+        good = PerfmonApp(TcpFeed(Analysis(), "127.0.0.1", port, read_token(None)), watch_terminal=False)
         async with good.run_test(size=(120, 36)) as pilot:
             await wait_until(pilot, lambda: good.view is not None and good.view.metrics.steps > 3, what="steps")
             assert good.view.job == "remote"
-        bad = PerfmonApp(TcpFeed(RunModel(), "127.0.0.1", port, "not-the-token"), watch_terminal=False)
+        bad = PerfmonApp(TcpFeed(Analysis(), "127.0.0.1", port, "not-the-token"), watch_terminal=False)
         async with bad.run_test(size=(120, 36)) as pilot:
             await wait_until(pilot, lambda: any(s.state == "error" for s in bad.feed.streams.values()),
                              what="refusal")

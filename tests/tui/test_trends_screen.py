@@ -5,6 +5,7 @@ from __future__ import annotations
 import re
 
 from perfmon_analysis import units
+from tests.helpers import records as R
 from tests.tui import scenarios
 from tui.app.screens.trends import TrendsScreen
 from tui.app.widgets.trends import verdict_letters
@@ -30,7 +31,7 @@ async def test_trends_screen_shows_the_run_story_at_80x24(recordings):
         assert "max 3.1s" in text, text                  # the one 3 s spike survives the downsampling
         assert "87% of limit" in text, text               # 14 GB of a 16 GiB limit
         # the verdict strip: healthy first, data loading in the second half, on the same axis
-        letters = verdict_letters(app.analysis.model.history.verdicts)
+        letters = verdict_letters(app.feed.analysis.history.verdicts)
         strip = next(line for line in lines if line.startswith("verdict"))
         cells = re.match(r"verdict\s+([·A-Z]+)", strip).group(1)
         h, d = letters["healthy"], letters["data_loading"]
@@ -47,15 +48,14 @@ async def test_trends_screen_follows_the_model_as_records_arrive(recordings, mon
     app = scenarios.replay_app(recordings["healthy"])
     async with app.run_test(size=(80, 24)) as pilot:
         await _open_trends(pilot)
-        model = app.analysis.model
-        rank0 = model.history.ranks[0]
+        analysis = app.feed.analysis
+        rank0 = analysis.history.ranks[0]
         before = rank0.steps.points
         assert f"{units.count(before)} steps" in scenarios.screen_text(app)
-        stream = next(s for s in model._streams if model._streams[s].rank == 0)
+        stream = next(r.stream for r in analysis.view().ranks if r.rank == 0)
         t = rank0.steps._t1[-1]
         for i in range(1000):
-            model.ingest(stream, {"k": "step", "step": before + 10 + i, "t": t + 0.1 * (i + 1),
-                                  "start": t + 0.1 * i, "dur": 0.1, "phases": {"data": 0.05}})
+            analysis.ingest(stream, R.step(before + 10 + i, start=t + 0.1 * i, dur=0.1, phases={"data": 0.05}))
         app.refresh_view()
         await pilot.pause()
         text = scenarios.screen_text(app)

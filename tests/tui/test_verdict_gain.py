@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import pytest
 
+from perfmon_analysis.analysis import Analysis
 from perfmon_analysis import units
-from perfmon_analysis.runmodel import RunModel
 from tests.tui import scenarios
 from tests.tui.scenarios import settle
 from tui import cli
@@ -17,7 +17,7 @@ from tui.stream.sources import load_recordings
 
 
 def _app(recording, price=None) -> PerfmonApp:
-    return PerfmonApp(ReplayFeed(RunModel(), load_recordings(recording), speed=None), watch_terminal=False,
+    return PerfmonApp(ReplayFeed(Analysis(), load_recordings(recording), speed=None), watch_terminal=False,
                       price=price)
 
 

@@ -2,14 +2,11 @@
 
 from __future__ import annotations
 
-from perfmon_analysis.analysis import Analysis, render_text
+from perfmon_analysis.analysis import render_text
 from perfmon_analysis.capture import capture_reading
 from perfmon_analysis.runmodel import RunModel
-
-
-def report_of(model):
-    """The report ``perfmon report`` prints for this model."""
-    return Analysis(model).report()
+from tests.helpers import records as R
+from tests.helpers.reports import report_of
 
 
 RECORD = {"k": "capture", "t": 5.0, "id": 1, "steps": 3, "first_step": 10, "last_step": 12, "wall_s": 0.5,
@@ -34,9 +31,9 @@ def test_the_summary_keeps_what_the_probe_measured_and_drops_what_it_cannot_read
 def test_the_report_lists_each_ranks_latest_capture():
     model = RunModel()
     for rank in (1, 0):
-        model.ingest(f"s{rank}", {"k": "hello", "t": 0.0, "proto": [1, 1], "rank": rank, "job": "j", "pid": rank})
+        model.ingest(f"s{rank}", R.hello(rank, t=0.0, proto=[1, 1], pid=rank))
         for step in range(8):
-            model.ingest(f"s{rank}", {"k": "step", "t": 1.0 + step, "step": step, "dur": 1.0})
+            model.ingest(f"s{rank}", R.step(step, start=float(step), dur=1.0))
     model.ingest("s1", dict(RECORD, t=2.0, path="/old"))
     model.ingest("s1", RECORD)
     report = report_of(model)

@@ -12,9 +12,8 @@ from pathlib import Path
 from tests.unit.test_import_cycles import ROOT, module_graph
 
 COMMANDS = "tui.commands"
-# Modules that take the view, the verdict and the report from ``Analysis``.
-FACADE_USERS = [*sorted((ROOT / "tui" / "commands").rglob("*.py")), ROOT / "tui" / "export" / "prometheus.py",
-                ROOT / "tui" / "app" / "perfmon_app.py", ROOT / "probe" / "integrations" / "live.py"]
+# Modules that take the view, the verdict and the report from ``Analysis``: everything outside the core.
+FACADE_USERS = [*sorted((ROOT / "tui").rglob("*.py")), *sorted((ROOT / "probe").rglob("*.py"))]
 # What only the facade chains: building a run model, the verdict's hysteresis, assembling a report.
 CHAINED = {"RunModel", "VerdictTracker", "build"}
 
@@ -33,9 +32,16 @@ def cross_command_imports(graph: dict[str, set[str]]) -> list[tuple[str, str]]:
 
 def chained(path: Path) -> set[str]:
     """Names from ``CHAINED`` that the module calls (a ``RunModel(...)``) or imports from the
-    verdict or the report (``VerdictTracker``, ``build``)."""
+    verdict or the report (``VerdictTracker``, ``build``); "RunModel" too for an import of it, and
+    ".model" for reaching into a feed's or an analysis's run model (``x.analysis.model``,
+    ``feed.model``)."""
     found = set()
     for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if isinstance(node, ast.ImportFrom) and node.module == "perfmon_analysis.runmodel":
+            found.add("RunModel")
+        if isinstance(node, ast.Attribute) and node.attr in ("model", "_model") and \
+                any(word in ast.unparse(node.value).lower() for word in ("analysis", "feed")):
+            found.add(".model")
         if isinstance(node, ast.Call):
             name = node.func.id if isinstance(node.func, ast.Name) else getattr(node.func, "attr", None)
             if name == "RunModel":
@@ -62,6 +68,8 @@ def test_the_chain_finder_sees_a_model_built_by_hand(tmp_path):
     path.write_text("from perfmon_analysis.verdict import VerdictTracker\n"
                     "def f():\n    from perfmon_analysis import runmodel\n    return runmodel.RunModel()\n")
     assert chained(path) == {"RunModel", "VerdictTracker"}
+    path.write_text("def g(feed):\n    return feed.analysis._model.history, feed.model\n")
+    assert chained(path) == {".model"}
 
 
 def test_commands_exports_app_and_callbacks_go_through_the_facade():

@@ -16,6 +16,7 @@ from perfmon_analysis.analysis import Analysis
 from probe import wire
 from probe.paths import base_name
 from probe.recording import RecordingWriter
+from tests.helpers import records as R
 from tests.unit.verdict_synth import T0, Rank, hello
 from tui import cli
 
@@ -43,11 +44,10 @@ def run_records(durs: list[float], data: list[float] | None, *, rank: int = 0, w
         phases = {"forward": (dur - wait) / 2, "backward": (dur - wait) / 2}
         if data is not None:
             phases["data"] = wait
-        out.append({"k": "step", "t": t + dur, "step": i, "start": t, "dur": dur, "phases": phases, "gap": 0.0,
-                    "samples": 32, "cpu": dur - wait, "cpu_span": "body"})
+        out.append(R.step(i, start=t, dur=dur, phases=phases, samples=32, cpu=dur - wait))
         t += dur
-        out.append({"k": "sample", "t": t, "host": {"cpu": 1.0, "cpu_count": 8, "rss": 1 << 30,
-                                                     "mem_limit": 16 << 30, "mem_limit_source": "machine"}})
+        out.append(R.sample(t, host={"cpu": 1.0, "cpu_count": 8, "rss": 1 << 30, "mem_limit": 16 << 30,
+                                     "mem_limit_source": "machine"}))
     out.append({"k": "bye", "t": t + 0.01})
     return out
 

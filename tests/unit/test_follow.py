@@ -12,15 +12,15 @@ import pytest
 
 import probe
 from probe import wire
-from perfmon_analysis.runmodel import RunModel
+from perfmon_analysis.analysis import Analysis
 from tui.stream.discovery import Endpoint, resolve_live
 from tui.stream.feed import LiveFeed, follow
 from tui.stream.sources import StreamError
 
 
-def _feed(model: RunModel, target: str) -> LiveFeed:
+def _feed(analysis: Analysis, target: str) -> LiveFeed:
     endpoints = resolve_live(target)
-    return LiveFeed(model, endpoints[0].job, endpoints, rescan=False)
+    return LiveFeed(analysis, endpoints[0].job, endpoints, rescan=False)
 
 
 def test_deadline_stops_reading_without_ending_the_job_and_the_tap_sees_every_record():
@@ -29,14 +29,14 @@ def test_deadline_stops_reading_without_ending_the_job_and_the_tap_sees_every_re
         for _ in mon.loader(range(20)):
             with mon.step():
                 pass
-        model = RunModel()
-        feed = _feed(model, "follow-live")
+        analysis = Analysis()
+        feed = _feed(analysis, "follow-live")
         seen: list[str] = []
         feed.tap = lambda stream, rec: seen.append(rec["k"])
         t0 = time.monotonic()
         follow(feed, seconds=0.5)
         assert time.monotonic() - t0 >= 0.5
-        view = model.view()
+        view = analysis.view()
         assert not view.ended and view.metrics.steps == 20
         assert seen[0] == "hello" and seen.count("step") == 20
         assert feed.streams[str(mon.socket_path)].state == "live"
@@ -48,15 +48,15 @@ def test_returns_when_every_stream_has_ended():
     mon = probe.start(job="follow-end")
     with mon.step():
         pass
-    model = RunModel()
-    feed = _feed(model, "follow-end")
+    analysis = Analysis()
+    feed = _feed(analysis, "follow-end")
     closer = threading.Timer(0.2, mon.close)
     closer.start()
     t0 = time.monotonic()
     follow(feed, seconds=30)
     closer.join()
     assert time.monotonic() - t0 < 10
-    assert model.view().ended and feed.ended
+    assert analysis.view().ended and feed.ended
 
 
 def test_a_probe_of_another_major_version_is_one_stream_error(tmp_path):
@@ -73,7 +73,7 @@ def test_a_probe_of_another_major_version_is_one_stream_error(tmp_path):
 
     server = threading.Thread(target=serve, daemon=True)
     server.start()
-    feed = LiveFeed(RunModel(), "old", [Endpoint("old", 0, 0, 0, str(path), 0.0)], rescan=False)
+    feed = LiveFeed(Analysis(), "old", [Endpoint("old", 0, 0, 0, str(path), 0.0)], rescan=False)
     try:
         with pytest.raises(StreamError) as err:
             follow(feed, seconds=10)
@@ -92,8 +92,8 @@ def test_each_attach_gets_the_backfill_as_it_is_then():
             for _ in range(more):
                 with mon.step():
                     pass
-            model = RunModel()
-            follow(_feed(model, "follow-again"), seconds=0.3)
-            assert model.view().metrics.steps == total
+            analysis = Analysis()
+            follow(_feed(analysis, "follow-again"), seconds=0.3)
+            assert analysis.view().metrics.steps == total
     finally:
         mon.close()

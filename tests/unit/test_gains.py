@@ -4,7 +4,6 @@ money and unknown inputs, checked against figures planted in synthetic jobs."""
 from __future__ import annotations
 
 import json
-from pathlib import Path
 
 import jsonschema
 import pytest
@@ -14,11 +13,11 @@ from perfmon_analysis.gains import NO_PRICE, PRICE_ENV, estimate, speedup_bound
 from perfmon_analysis.losses import Loss
 from perfmon_analysis.verdict import evaluate
 from tests.unit.test_report import _write_recording
-from tests.unit.verdict_synth import Rank, job, records
+from tests.unit.verdict_synth import Rank, analysis_of, job, records
+from tests.helpers.reports import REPORT_SCHEMA
 from tui.cli import main as cli_main
 from tui.pricing import price_per_device_hour
 
-SCHEMA = json.loads((Path(__file__).parents[2] / "tui" / "schemas" / "report.schema.json").read_text())
 
 
 def _cpu(rank: int = 0, **kw) -> Rank:
@@ -126,7 +125,7 @@ def test_a_gpu_job_counts_gpu_hours():
 def test_the_report_carries_the_gains_in_json_and_text():
     view = job(_cpu(data=0.03), _cpu(rank=1, data=0.03)).view()
     out = report.build(view, evaluate(view), price=2.0)
-    jsonschema.validate(out, SCHEMA)
+    jsonschema.validate(out, REPORT_SCHEMA)
     v = out["verdict"]
     data = next(g for g in v["gains"] if g["loss"] == "data_wait")
     assert data["speedup_bound"] == round(1 / 0.7, 4) and data["price"]["per_day"] == round(2 * 24 * 0.3 * 2.0, 4)
@@ -212,8 +211,7 @@ def test_a_restarted_energy_counter_leaves_the_power_unknown():
 
 
 def test_the_trainer_callbacks_log_the_bound_and_the_hours_of_each_known_loss():
-    from perfmon_analysis.analysis import Analysis
-    analysis = Analysis(job(Rank(data=0.03)))          # the unexplained wait is not measured: not logged
+    analysis = analysis_of(Rank(data=0.03))          # the unexplained wait is not measured: not logged
     logged = analysis.callback_numbers(analysis.snapshot())
     assert logged["perfmon/speedup_bound/data_wait"] == pytest.approx(1 / 0.7)
     assert logged["perfmon/device_hours_per_day/data_wait"] == pytest.approx(24 * 0.3)

@@ -41,8 +41,11 @@ def test_queued_kernels_run_back_to_back_and_the_host_runs_ahead(simulated_cuda)
         cuda.run(0.01)
     event = cuda.new_event()
     cuda.record_on(event)
-    assert not event.query()                      # the host is ~50 ms ahead of the device
-    assert event.device_t - t0 == pytest.approx(0.05, abs=0.005)
+    assert not event.query()                      # the host is ahead of the device
+    kernels = list(cuda.busy)
+    assert len(kernels) == 5 and kernels[0][0] >= t0
+    assert all(a[1] == b[0] for a, b in zip(kernels, kernels[1:]))               # back to back
+    assert event.device_t == pytest.approx(kernels[0][0] + 0.05, abs=1e-9)       # after all five, however late the host
     cuda.synchronize()
     assert event.query() and time.perf_counter() >= event.device_t
 
@@ -95,7 +98,9 @@ def test_a_gpu_idle_half_of_each_step_reads_half_busy_and_is_host_overhead(simul
     Each 20 ms step launches 10 ms of kernels: busy 50%, although CUDA events would bracket ~100%."""
     cuda = simulated_cuda()
     view, v, truth = _train(cuda, tmp_path, monkeypatch, simulated_nvml, host_s=0.020, kernels_s=0.010, sync=False)
-    assert truth == pytest.approx(0.5, abs=0.1)        # the scenario (a loaded host overruns a little)
+    # the scenario: the device idle at least half of each step; a loaded host (slower between the
+    # kernels) only idles it more. The verdict is judged against the truth, whatever it came to
+    assert truth <= 0.6
     assert view.metrics.device_busy_source == "nvml_util"
     assert view.metrics.device_busy == pytest.approx(truth, abs=0.05)
     assert v.bottleneck == "host_overhead", v.headline
@@ -126,7 +131,7 @@ def test_a_host_bound_job_with_a_sync_every_step_is_host_sync(simulated_cuda, si
     (counted by the probe). 10 ms of host work, then 10 ms of kernels the host waits for: busy 50%."""
     cuda = simulated_cuda()
     view, v, truth = _train(cuda, tmp_path, monkeypatch, simulated_nvml, host_s=0.010, kernels_s=0.010, sync=True)
-    assert truth == pytest.approx(0.5, abs=0.1)
+    assert truth <= 0.6                                # as above: a loaded host only idles it more
     assert view.metrics.device_busy == pytest.approx(truth, abs=0.05)
     assert view.metrics.syncs_per_step == pytest.approx(1.0)
     assert v.bottleneck == "host_sync", v.headline

@@ -102,7 +102,7 @@ def _through_tree(records: dict[int, list[dict]], per_node: int, nodes_per_group
         for rec in recs:
             model.ingest(f"job.r{rank}", rec)
     plan = plan_groups(sorted(nodes), nodes_per_group)
-    viewer = TreeFeed(RunModel(), "job", plan, "via {host}")
+    viewer = TreeFeed(Analysis(), "job", plan, "via {host}")
     for name, members in plan:
         group = GroupRelay("job", name, members, "via {host}", ("perfmon", "relay", "--stdio"), None, None)
         group.out = _Out()
@@ -125,7 +125,7 @@ def test_a_job_through_group_relays_gets_the_verdict_of_every_rank_from_a_few_of
     full = Analysis.of_records((f"r{rank}", recs) for rank, recs in records.items())
     expected, want = full.view(), full.judge(full.view())
     feed = _through_tree(records, 8, 4)
-    tree = Analysis(feed.model)
+    tree = feed.analysis
     view = tree.view()
     got = tree.judge(view)
     assert len(view.ranks) < 32 and 37 in {r.rank for r in view.ranks}     # the worst ranks, not all 64
@@ -141,9 +141,9 @@ def test_a_job_through_group_relays_gets_the_verdict_of_every_rank_from_a_few_of
 def test_the_viewer_drops_a_rank_its_group_relay_no_longer_sends_on():
     records = scenarios.many_nodes(nodes=2, per_node=4, slow_rank=5)
     feed = _through_tree(records, 4, 2)
-    shown = {r.stream for r in feed.model.view().ranks}
+    shown = {r.stream for r in feed.analysis.view().ranks}
     extra = sorted(shown)[0]
     feed._other("n01", {"k": "group", "t": 0.0, "key": ["group", "n01"], "ranks": 8,
                         "reps": sorted(shown - {extra})})
-    assert extra not in {r.stream for r in feed.model.view().ranks}
-    assert feed.model.view().world_size == 8
+    assert extra not in {r.stream for r in feed.analysis.view().ranks}
+    assert feed.analysis.view().world_size == 8

@@ -4,9 +4,7 @@ findings and the verdict say each. Synthetic records with exact values (tests/un
 
 from __future__ import annotations
 
-import json
 import random
-from pathlib import Path
 
 import jsonschema
 import pytest
@@ -17,9 +15,9 @@ from perfmon_analysis.report import build, render_text
 from perfmon_analysis.runmodel import RunModel
 from perfmon_analysis.sketch import SKETCH_ACCURACY, DurationSketch
 from perfmon_analysis.step_times import window_times
+from tests.helpers.reports import REPORT_SCHEMA
 from tests.unit.verdict_synth import T0, Rank, job, records
 
-SCHEMA = json.loads((Path(__file__).parents[2] / "tui" / "schemas" / "report.schema.json").read_text())
 MB = 1 << 20
 STREAM = "/tmp/synth.r0.x0.p1000.sock"
 
@@ -194,9 +192,9 @@ def test_the_exit_status_perfmon_run_saw_makes_or_unmakes_the_crash():
 def test_the_report_has_the_percentiles_outliers_growth_and_crash_in_its_json_and_text():
     recs = with_rss(stretched(records(Rank(steps=60)), 40, 0.7), lambda i: 500 * MB + i * 4 * MB)
     recs += [dict(EXC, t=T0 + 6.8), {"k": "bye", "t": T0 + 6.9}]
-    analysis = Analysis(feed(recs))
+    analysis = Analysis.of_records([(STREAM, recs)])
     report = analysis.report()
-    jsonschema.validate(report, SCHEMA)
+    jsonschema.validate(report, REPORT_SCHEMA)
     m = report["metrics"]
     assert m["step_time_max_s"] == pytest.approx(0.8) and m["run_step_time_max_s"] == pytest.approx(0.8)
     assert m["run_step_time_p50_s"] == pytest.approx(0.1, rel=SKETCH_ACCURACY)

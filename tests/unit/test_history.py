@@ -6,6 +6,7 @@ import math
 
 from perfmon_analysis.analysis import Analysis
 from perfmon_analysis.history import BUCKETS, MEMORY_BUCKETS, STEP_FIELDS, History, Series
+from tests.helpers import records as R
 
 
 def test_series_stays_bounded_and_keeps_every_point_counted() -> None:
@@ -39,7 +40,9 @@ def test_unknown_values_stay_unknown_not_zero() -> None:
     s = Series(("known", "unknown"), capacity=4, ranged=("known", "unknown"))
     for i in range(100):
         s.add(float(i), (2.0, None), i)
-    for b in s.buckets():
+    buckets = s.buckets()
+    assert sum(b.n for b in buckets) == 100
+    for b in buckets:
         assert b.mean == (2.0, None) and b.lo == (2.0, None) and b.hi == (2.0, None)
 
 
@@ -71,22 +74,21 @@ def test_verdict_changes_are_kept_once_each_with_their_time() -> None:
 
 
 def _steps(rank: int, n: int, dur: float, host: str, slow_from: int | None = None) -> list[dict]:
-    out = [{"k": "hello", "v": [1, 0], "job": "j", "rank": rank, "world_size": 2, "pid": 100 + rank, "host": host,
-            "t": 1000.0}]
+    out = [R.hello(rank, t=1000.0, world_size=2, pid=100 + rank, host=host)]
     t = 1000.0
     for i in range(n):
         d = dur * (2 if slow_from is not None and i >= slow_from else 1)
+        out.append(R.step(i, start=t, dur=d, phases={"data": d / 4}))
         t += d
-        out.append({"k": "step", "step": i, "t": t, "start": t - d, "dur": d, "phases": {"data": d / 4}})
         if i % 100 == 0:
-            out.append({"k": "memory", "t": t, "device": "cpu", "rss": 1_000_000 + i, "limit": 8_000_000})
+            out.append(R.memory(t, device="cpu", rss=1_000_000 + i, limit=8_000_000))
     return out
 
 
 def test_run_model_feeds_the_history_and_the_trend_shows_a_doubling() -> None:
     analysis = Analysis.of_records([("r0", _steps(0, 5_000, 0.01, "n01", slow_from=2_500)),
                                     ("r1", _steps(1, 5_000, 0.01, "n02"))])
-    hist = analysis.model.history
+    hist = analysis.history
     assert set(hist.ranks) == {0, 1}
     assert hist.ranks[0].steps.points == 5_000 and len(hist.ranks[0].steps) <= hist.capacity
     assert [m for _, m in hist.ranks[1].memory.column("limit")][0] == 8_000_000
@@ -102,19 +104,19 @@ def test_run_model_feeds_the_history_and_the_trend_shows_a_doubling() -> None:
 def test_grid_orders_ranks_by_node_and_marks_the_slow_rank() -> None:
     analysis = Analysis.of_records([("a", _steps(0, 400, 0.01, "n02")), ("b", _steps(1, 400, 0.01, "n01")),
                                     ("c", _steps(2, 400, 0.01, "n02", slow_from=0))])
-    edges, ranks, rows = analysis.model.history.grid("step", 10)
+    edges, ranks, rows = analysis.history.grid("step", 10)
     assert [h.rank for h in ranks] == [0, 2, 1]         # n02's ranks together, in order of first rank
     assert len(edges) == 11 and all(len(r) == 10 for r in rows)
     slow = rows[1]
     assert all(v is None or math.isclose(v, 0.02) for v in slow) and any(v is not None for v in slow)
-    _, _, shares = analysis.model.history.grid("data", 10, share=True)
+    _, _, shares = analysis.history.grid("data", 10, share=True)
     assert all(v is None or math.isclose(v, 0.25) for row in shares for v in row)
 
 
 def test_judging_a_view_records_the_verdict_in_the_history() -> None:
     analysis = Analysis.of_records([("r0", _steps(0, 200, 0.01, "n01"))])
     snap = analysis.snapshot()
-    assert [c.bottleneck for c in analysis.model.history.verdicts] == [snap.verdict.bottleneck]
+    assert [c.bottleneck for c in analysis.history.verdicts] == [snap.verdict.bottleneck]
 
 
 def test_the_rank_closest_to_its_memory_limit_is_found_from_its_peak() -> None:

@@ -7,12 +7,11 @@ from __future__ import annotations
 import html
 import json
 import re
-import shutil
-import subprocess
 
 import pytest
 
 from perfmon_analysis.history import STEP_FIELDS
+from tests.helpers import chromium
 from tests.tui import scenarios
 from tui import cli
 from tui.stream.connect import load
@@ -21,13 +20,13 @@ from tui.stream.connect import load
 def test_a_replayed_recording_keeps_the_verdict_change_at_its_time(tmp_path):
     rec = scenarios.write("trends", tmp_path, steps=2000)
     analysis, _ = load(str(rec), 5.0, verdicts=60)
-    changes = list(analysis.model.history.verdicts)
+    changes = list(analysis.history.verdicts)
     # healthy (the checkpoint before step 800 is a pause of 3 s in ~85 s: ETTR stays over 90%, over the run,
     # whether or not the window holds it); data loading from the middle
     assert [(c.bottleneck, c.severity) for c in changes] == [("healthy", "ok"), ("data_loading", "warn")]
     # the loader falls behind at step 1000: T0 + 1 + 100 + 3 + 2 s; judged every ~5 s of the ~270 s run
     assert 106 < changes[1].t - scenarios.T0 < 106 + 3 * 5
-    trend = analysis.model.history.trend(50)
+    trend = analysis.history.trend(50)
     data = STEP_FIELDS.index("data")
     assert trend[0].mean[data] < 0.01 < 0.05 < trend[-1].mean[data]  # type: ignore[operator]
 
@@ -94,27 +93,28 @@ def test_the_page_carries_a_recorded_module_profile_and_capture(tmp_path, monkey
     assert "Module profile" not in plain.read_text() and "captures" not in plain.read_text()
 
 
-@pytest.mark.slow     # runs node on the formatter's code
+@pytest.mark.slow     # runs the formatter's code in headless Chromium
+@pytest.mark.skipif(chromium.executable() is None, reason="chromium not installed (.ci/run installs it)")
 def test_a_heatmaps_hover_names_the_rank_and_node_of_the_row_under_the_pointer(tmp_path):
     """Rows are ranks grouped by node, so a row number is not a rank: the hover's formatter maps the
-    pointer's row to its rank (run with node, when it is on this machine, as the browser runs it)."""
+    pointer's row to its rank, run in the browser engine that runs it on the page."""
     from bokeh.models import CustomJSHover, HoverTool
     from bokeh.models.ranges import Range1d
     from tui.export import html as page
 
     analysis, _ = load(str(scenarios.write("many_nodes", tmp_path, nodes=3, per_node=2, slow_rank=4)), 5.0)
-    figures, _ = page._heatmaps(analysis.model.history, Range1d(0, 1))
+    figures, _ = page._heatmaps(analysis.history, Range1d(0, 1))
     hover = next(t for t in figures[0].tools if isinstance(t, HoverTool))
     assert ("rank", "$y{rank}") in hover.tooltips
     formatter = hover.formatters["$y"]
     assert isinstance(formatter, CustomJSHover)
     labels = formatter.args["labels"]
     assert labels == ["0 (n01)", "1 (n01)", "2 (n02)", "3 (n02)", "4 (n03)", "5 (n03)"]
-    node = shutil.which("node")
-    if node is None:
-        return
-    script = (f"const labels = {json.dumps(labels)};\n"
-              f"const f = (value) => {{ {formatter.code} }};\n"
-              "console.log(JSON.stringify([f(0.2), f(3.99), f(5.5), f(6.0), f(-0.1)]));")
-    out = subprocess.run([node, "-e", script], capture_output=True, text=True, timeout=30)
-    assert json.loads(out.stdout) == ["0 (n01)", "3 (n02)", "5 (n03)", "", ""], out.stderr
+    blank = tmp_path / "blank.html"
+    blank.write_text("<!doctype html><title>formatter</title>")
+    call = (f"(() => {{ const labels = {json.dumps(labels)};\n"
+            f"const f = (value) => {{ {formatter.code} }};\n"
+            "return [f(0.2), f(3.99), f(5.5), f(6.0), f(-0.1)]; })()")
+    run = chromium.load(blank, "true", call)
+    assert run.errors == []
+    assert run.result == ["0 (n01)", "3 (n02)", "5 (n03)", "", ""]

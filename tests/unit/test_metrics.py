@@ -16,10 +16,10 @@ from prometheus_client.parser import text_string_to_metric_families
 from perfmon_analysis import metrics as M
 from perfmon_analysis.analysis import Analysis
 from probe.integrations import live
-from tests.unit.verdict_synth import Rank, job, records
+from tests.unit.verdict_synth import Rank, analysis_of, records
+from tests.helpers.reports import REPORT_SCHEMA
 from tui.export.prometheus import _Holder, registry_for
 
-SCHEMA = json.loads((Path(__file__).parents[2] / "tui" / "schemas" / "report.schema.json").read_text())
 # Two GPU ranks with every exported number measured (so "absent" can only mean "not exported there").
 BUSY = Rank(0, data=0.012, comm=0.021, exposed=0.0123, syncs=1.0, flops=2.2e12, tokens=4096, gpu_util=83,
             sm_active=0.71, loader_workers=2, loader_cpu=0.43, gap=0.002, probe_step_s=20e-6, probe_cores=0.004)
@@ -28,13 +28,13 @@ PEAK = 100e12
 
 
 def _report() -> dict:
-    return Analysis(job(BUSY, PEER, device="cuda", peak=PEAK)).report()
+    return analysis_of(BUSY, PEER, device="cuda", peak=PEAK).report()
 
 
 def _scrape() -> dict[str, dict[str, float]]:
     """Prometheus family name -> {rank: value}, as ``perfmon export --prometheus`` serves them."""
     holder = _Holder()
-    holder.snapshot = Analysis(job(BUSY, PEER, device="cuda", peak=PEAK)).snapshot()
+    holder.snapshot = analysis_of(BUSY, PEER, device="cuda", peak=PEAK).snapshot()
     text = generate_latest(registry_for(holder)).decode()
     return {f.name: {s.labels.get("rank"): s.value for s in f.samples if not s.name.endswith("_created")}
             for f in text_string_to_metric_families(text)}
@@ -60,16 +60,18 @@ def _callbacks(monkeypatch) -> tuple[dict[str, float], dict]:
 def test_every_metric_is_in_the_report_where_its_scope_says_and_nowhere_else():
     report = _report()
     assert set(report["metrics"]) - {"memory"} == {m.name for m in M.METRICS if m.job is not None}
+    assert [row["rank"] for row in report["ranks"]] == [0, 1]
     for row in report["ranks"]:
         rank_metrics = {k for k in row if k in {m.name for m in M.METRICS}}
         assert rank_metrics == {m.name for m in M.METRICS if m.rank is not None}
-    assert not list(jsonschema.Draft202012Validator(SCHEMA).iter_errors(report))
+    assert not list(jsonschema.Draft202012Validator(REPORT_SCHEMA).iter_errors(report))
 
 
 def test_the_prometheus_scrape_has_exactly_the_tables_prometheus_metrics_with_the_reports_values():
     report, scraped = _report(), _scrape()
     exported = M.on(M.Surface.PROMETHEUS)
     assert exported and all(m.rank is not None for m in exported)
+    assert [r["rank"] for r in report["ranks"]] == [0, 1]
     for m in exported:
         values = scraped[m.prometheus]
         assert values == {str(r["rank"]): r[m.name] for r in report["ranks"]}, m.name
@@ -141,9 +143,10 @@ def test_data_wait_is_stated_once_at_one_precision():
 
 
 def test_each_loss_is_the_share_the_verdict_judged():
-    analysis = Analysis(job(BUSY, PEER, device="cuda", peak=PEAK))
+    analysis = analysis_of(BUSY, PEER, device="cuda", peak=PEAK)
     snap = analysis.snapshot()
     report = analysis.report(snapshot=snap)
+    assert snap.verdict.losses and len(report["verdict"]["losses"]) == len(snap.verdict.losses)
     for loss, entry in zip(snap.verdict.losses, report["verdict"]["losses"]):
         assert entry["id"] == loss.id
         assert report["metrics"][entry["metric"]] == M.rounded(loss.share)

@@ -7,6 +7,7 @@ import pytest
 
 from perfmon_analysis.profile import MARK_MIN_SHARE, profile_lines, profile_reading, with_overhead
 from perfmon_analysis.runmodel import RunModel
+from tests.helpers import records as R
 
 
 def _module(name, depth, fwd_s, bwd_s, flops=None, fwd_flops=None, type_="Linear", params=100):
@@ -91,9 +92,10 @@ def test_overhead_is_measured_against_the_steps_before_and_unknown_without_them(
 
 def test_the_run_model_keeps_the_newest_profile_with_its_cost():
     model = RunModel()
-    model.ingest("s", {"k": "hello", "t": 0.0, "proto": [1, 1], "rank": 1, "job": "j", "pid": 5})
+    model.ingest("s", R.hello(1, t=0.0, proto=[1, 1], pid=5))
     for step in range(40):
-        model.ingest("s", {"k": "step", "t": 1.0 + step * 0.01, "step": step, "dur": 0.02 if 30 <= step <= 34 else 0.01})
+        dur = 0.02 if 30 <= step <= 34 else 0.01
+        model.ingest("s", R.step(step, start=1.0 + step * 0.01 - dur, dur=dur))
     model.ingest("s", _record(MODULES))
     view = model.view()
     assert view.profile is not None and view.profile.rank == 1

@@ -8,6 +8,7 @@ import pytest
 from perfmon_analysis.readings import (GpuReading, SampleReading, gpu_reading, gpu_rows, host_reading, num,
                                        own_gpus, sample_reading, step_reading)
 from perfmon_analysis.runmodel import RunModel
+from tests.helpers import records as R
 
 FULL_GPU = {"index": 1, "name": "H100", "uuid": "GPU-5fd2", "util": 0.87, "sm_active": 0.5, "tensor_active": 0.25,
             "mem_used": 40e9, "mem_total": 80e9, "power_w": 512.5, "power_limit_w": 700.0, "sm_clock": 1980,
@@ -90,11 +91,10 @@ def test_gpu_rows_list_each_gpu_once_per_host_with_its_history():
 
 def _cuda_job(local_rank: int, gpus: list[dict]) -> RunModel:
     model = RunModel()
-    model.ingest("s", {"k": "hello", "t": 100.0, "proto": [1, 0], "rank": 0, "local_rank": local_rank,
-                       "world_size": 1, "device": {"type": "cuda", "name": "GPU"}})
+    model.ingest("s", R.hello(0, t=100.0, proto=[1, 0], local_rank=local_rank, device={"type": "cuda", "name": "GPU"}))
     for i in range(10):
-        model.ingest("s", {"k": "step", "t": 101.0 + i, "step": i, "dur": 1.0, "phases": {"data": 0.0}})
-        model.ingest("s", {"k": "sample", "t": 101.0 + i, "gpus": gpus})
+        model.ingest("s", R.step(i, start=100.0 + i, dur=1.0, phases={"data": 0.0}))
+        model.ingest("s", R.sample(101.0 + i, gpus=gpus))
     return model
 
 
@@ -114,7 +114,7 @@ def test_the_gpu_status_line_is_the_probes_own_words_from_the_hello_else_the_new
         device = {"type": "cpu", "name": "CPU"}
         if device_status is not None:
             device["status"] = device_status
-        m.ingest("s", {"k": "hello", "t": 1.0, "proto": [1, 0], "rank": 0, "device": device})
+        m.ingest("s", R.hello(0, t=1.0, proto=[1, 0], device=device))
         for i, s in enumerate(samples):
             m.ingest("s", {"k": "sample", "t": 2.0 + i, **s})
         return m

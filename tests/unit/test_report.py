@@ -6,24 +6,17 @@ import json
 import os
 from pathlib import Path
 
-import jsonschema
 import pytest
 
 from probe import wire
 from probe.paths import base_name
 from probe.recording import RecordingWriter
 from tests.unit.verdict_synth import T0, Rank, job, records
+from tests.helpers.reports import REPORT_VALIDATOR, report_of
 from tui import cli
 from perfmon_analysis.analysis import Analysis, render_text
 
 
-def report_of(model):
-    """The report ``perfmon report`` prints for this model."""
-    return Analysis(model).report()
-
-
-SCHEMA = json.loads((Path(__file__).parents[2] / "tui" / "schemas" / "report.schema.json").read_text())
-VALIDATOR = jsonschema.Draft202012Validator(SCHEMA)
 GB = 1 << 30
 
 JOBS = {
@@ -49,7 +42,7 @@ def _hello_only():
 @pytest.mark.parametrize("name", sorted(JOBS))
 def test_report_validates_against_the_schema(name):
     report = report_of(JOBS[name]())
-    errors = sorted(VALIDATOR.iter_errors(report), key=str)
+    errors = sorted(REPORT_VALIDATOR.iter_errors(report), key=str)
     assert not errors, [e.message for e in errors]
     json.dumps(report, allow_nan=False)
 
@@ -58,7 +51,7 @@ def test_schema_rejects_a_broken_report():
     report = report_of(JOBS["healthy-cpu"]())
     report["metrics"]["data_wait_frac"] = 1.5
     report["verdict"]["bottleneck"] = "slow"
-    assert len(list(VALIDATOR.iter_errors(report))) == 2
+    assert len(list(REPORT_VALIDATOR.iter_errors(report))) == 2
 
 
 def test_report_fields_follow_the_documented_contract():
@@ -124,7 +117,7 @@ def test_report_on_a_multi_rank_dir_with_a_restarted_worker(tmp_path, capsys):
     _write_recording(tmp_path, records(Rank(1, pid=777, restart=1, comm=0.002, exposed=0.0), world=2, bye=True))
     assert cli.main(["report", str(tmp_path), "--json"]) == 0
     report = json.loads(capsys.readouterr().out)
-    assert not list(VALIDATOR.iter_errors(report))
+    assert not list(REPORT_VALIDATOR.iter_errors(report))
     assert {r["rank"]: r["generation"] for r in report["ranks"]} == {0: 0, 1: 1}
     assert report["previous_generations"] == [{"rank": 1, "pid": 501, "restart": 0}]
     assert "rank_restarted" in [f["id"] for f in report["findings"]]

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import pytest
 
+from tests.helpers import records as R
 from tests.unit.verdict_synth import T0, Rank, job, records
 from perfmon_analysis.runmodel import RunModel
 
@@ -86,10 +87,10 @@ def test_rates_over_a_window_shorter_than_a_second():
 
 def test_the_first_step_leaves_the_window_as_soon_as_a_second_one_exists():
     hello = records(Rank(steps=0))[0]
-    model = feed(("s", [hello, {"k": "step", "t": T0 + 0.5, "step": 0, "start": T0, "dur": 0.5}]))
+    model = feed(("s", [hello, R.step(0, start=T0, dur=0.5)]))
     view = model.view()
     assert view.window["steps"] == 1 and view.ranks[0].step_time_median_s == pytest.approx(0.5)
-    model.ingest("s", {"k": "step", "t": T0 + 0.6, "step": 1, "start": T0 + 0.5, "dur": 0.1})
+    model.ingest("s", R.step(1, start=T0 + 0.5, dur=0.1))
     view = model.view()
     assert view.window["steps"] == 1 and view.ranks[0].step_time_median_s == pytest.approx(0.1)
 

@@ -10,20 +10,15 @@ import jsonschema
 import pytest
 
 from probe import flight as F
+from tests.helpers import records as R
 from tests.unit.verdict_synth import T0, Rank, job
-from perfmon_analysis.analysis import Analysis
+from tests.helpers.reports import REPORT_SCHEMA, report_of
 from perfmon_analysis import verdict as V
 from perfmon_analysis.runmodel import RunModel
 from perfmon_analysis.readings import FlightEntry, InFlight, LoaderWorker, stall_reading
 from perfmon_analysis.stuck import CALL_STATES, HEARTBEAT_S, NO_HELLO_S, diagnose, is_library, user_frame
 
 
-def report_of(model):
-    """The report ``perfmon report`` prints for this model."""
-    return Analysis(model).report()
-
-
-SCHEMA = json.loads((Path(__file__).parents[2] / "tui" / "schemas" / "report.schema.json").read_text())
 END = T0 + 30 * 0.1          # the synthetic ranks' last step ends here
 SITE = "/home/u/train.py"
 TORCH = "/venv/lib/python3.11/site-packages/torch/distributed/distributed_c10d.py"
@@ -154,7 +149,7 @@ def test_stuck_inside_a_step_names_the_step_and_outranks_warming_up():
 def test_resumed_or_a_later_step_ends_the_stall_and_a_stall_lasts_on_the_probes_clock():
     resumed = {"k": "resumed", "t": END + 50, "seconds": 50.0, "step": 30}
     assert two_ranks([WAITER, resumed], [SLEEPER, resumed]).view().stuck is None
-    later = {"k": "step", "t": END + 51, "step": 30, "start": END + 50.9, "dur": 0.1}
+    later = R.step(30, start=END + 50.9, dur=0.1)
     model = two_ranks([WAITER, later], [SLEEPER])
     d = model.view().stuck
     assert d.culprit_ranks == (1,) and d.waiting_ranks == ()        # rank 0 moved on; rank 1 still stalled
@@ -163,12 +158,12 @@ def test_resumed_or_a_later_step_ends_the_stall_and_a_stall_lasts_on_the_probes_
 
 def test_the_report_json_carries_the_diagnosis_and_validates():
     report = report_of(two_ranks([WAITER], [SLEEPER]))
-    jsonschema.validate(report, SCHEMA)
+    jsonschema.validate(report, REPORT_SCHEMA)
     assert report["verdict"]["bottleneck"] == "stuck"
     assert report["verdict"]["stuck"]["culprit_ranks"] == [1]
     assert report["verdict"]["stuck"]["calls"] == {"0": "enqueued", "1": "never_enqueued"}
     healthy = report_of(two_ranks())
-    jsonschema.validate(healthy, SCHEMA)
+    jsonschema.validate(healthy, REPORT_SCHEMA)
     assert healthy["verdict"]["stuck"] is None
 
 
@@ -179,8 +174,7 @@ def test_a_stream_without_its_hello_holds_the_ranks_place_until_the_hello_fills_
     view = model.view(T0, clock=100.0 + NO_HELLO_S + 0.5)     # a probe answers a connect at once
     assert [r.rank for r in view.ranks] == [1] and view.stuck.culprit_ranks == (1,)
     assert view.stuck.headline.startswith("rank 1 unresponsive: no record for 3s")
-    model.ingest("/s/j.r1.x0.p7.sock", {"k": "hello", "t": T0, "proto": [1, 1], "job": "j", "rank": 1, "pid": 7,
-                                        "restart": 0, "host": "n1"}, received=200.0)
+    model.ingest("/s/j.r1.x0.p7.sock", R.hello(1, t=T0, proto=[1, 1], pid=7), received=200.0)
     view = model.view(T0, clock=201.0)
     assert view.ranks[0].host == "n1" and view.ranks[0].generation == 0 and view.stuck is None
     model.expect("/s/j.r1.x0.p7.sock", 1, "j", 7, 0, clock=300.0)     # a re-attach does not reset it

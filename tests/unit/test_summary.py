@@ -61,6 +61,7 @@ def test_a_summarised_job_has_the_relays_metrics_ranks_and_verdict():
     assert summed.metrics == full.metrics
     assert summed.comm_ops == full.comm_ops and full.comm_ops[0].busbw is not None    # the window's collectives
     assert summed.straggler_rank == full.straggler_rank == 2
+    assert [r.rank for r in summed.ranks] == [r.rank for r in full.ranks] == [r.rank for r in RANKS]
     for a, b in zip(full.ranks, summed.ranks):
         assert dataclasses.replace(b, stream=a.stream) == a       # steps, medians, shares, ETTR
     assert evaluate(summed).bottleneck == evaluate(full).bottleneck

@@ -9,13 +9,12 @@ from __future__ import annotations
 
 import json
 import math
-from pathlib import Path
 
-import jsonschema
 import pytest
 
 from tests.unit.verdict_synth import T0, Rank, job
-from perfmon_analysis.analysis import Analysis, render_text
+from tests.helpers.reports import REPORT_VALIDATOR, report_of
+from perfmon_analysis.analysis import render_text
 from perfmon_analysis import verdict as V
 from perfmon_analysis.losses import by_id
 from perfmon_analysis.readings import step_cpu, where_interval
@@ -23,13 +22,6 @@ from perfmon_analysis.where_stats import wilson_half_width
 from perfmon_analysis.summary import read_summary, summary_record
 
 
-def report_of(model):
-    """The report ``perfmon report`` prints for this model."""
-    return Analysis(model).report()
-
-
-SCHEMA = json.loads((Path(__file__).parents[2] / "tui" / "schemas" / "report.schema.json").read_text())
-VALIDATOR = jsonschema.Draft202012Validator(SCHEMA)
 
 TRAIN = "/home/u/train.py"
 SLEEP = {"file": TRAIN, "line": 21, "function": "fetch_from_service", "call": "time.sleep(0.04)",
@@ -161,7 +153,7 @@ def test_no_where_records_is_null_and_an_empty_window_is_an_empty_list():
     stale = Rank(steps=400, dur=0.1, cpu=0.1, extra_records=[where_rec(T0, T0 + 2, [(SLEEP, 9)])])
     report = report_of(job(stale))
     assert report["verdict"]["where"] == []
-    assert VALIDATOR.is_valid(report)
+    assert REPORT_VALIDATOR.is_valid(report)
 
 
 # -- measured CPU busy and the off-CPU loss ------------------------------------------------------
@@ -201,7 +193,7 @@ def test_cpu_job_waiting_forty_percent_in_step_is_host_wait_naming_the_line():
     assert "40% of each step waiting in time.sleep(0.04) at train.py:21 in fetch_from_service" in v.headline
     assert any("train.py:21" in s for s in v.suggestions)
     report = report_of(model)
-    VALIDATOR.validate(report)
+    REPORT_VALIDATOR.validate(report)
     top, second = report["verdict"]["where"]       # a host wait lists its waiting lines first
     assert (top["file"], top["line"], top["state"]) == (TRAIN, 21, "waiting")
     assert (second["line"], second["state"]) == (30, "busy") and second["share"] > top["share"]

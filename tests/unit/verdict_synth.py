@@ -10,7 +10,9 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from perfmon_analysis.analysis import Analysis
 from perfmon_analysis.runmodel import RunModel
+from tests.helpers import records as R
 
 T0 = 1_700_000_000.0
 
@@ -73,9 +75,8 @@ def hello(r: Rank, world: int, device: str, peak: float | None, t: float) -> dic
             dev["offloaded"] = r.offloaded
     if peak is not None:
         dev["peak_flops"] = {"bf16": peak}
-    return {"k": "hello", "t": t, "proto": [1, 0], "job": "synth", "rank": r.rank, "local_rank": 0,
-            "world_size": world, "host": "node1", "pid": r.pid or 1000 + r.rank, "restart": r.restart,
-            "device": dev}
+    return R.hello(r.rank, t=t, proto=[1, 0], job="synth", local_rank=0, world_size=world, host="node1",
+                   pid=r.pid or 1000 + r.rank, restart=r.restart, device=dev)
 
 
 def records(r: Rank, world: int = 1, device: str = "cpu", peak: float | None = None,
@@ -85,21 +86,19 @@ def records(r: Rank, world: int = 1, device: str = "cpu", peak: float | None = N
     t = r.start
     for i in range(r.steps):
         rest = r.dur - r.data - r.gap
-        phases = {"forward": rest / 2, "backward": rest / 2, "other": 0.0}
+        phases = {"forward": rest / 2, "backward": rest / 2}
         if r.data:
             phases["data"] = r.data
         paused = r.pause if r.pause_every and i % r.pause_every == r.pause_every - 1 else 0.0
         dur = r.dur + paused
-        step: dict[str, Any] = {"k": "step", "t": t + dur, "step": i, "start": t, "dur": dur,
-                                "phases": phases, "gap": r.gap + paused}
+        extras: dict[str, Any] = {key: getattr(r, key) for key in ("syncs", "gpu_time", "lead", "gap_cpu")
+                                  if getattr(r, key) is not None}
         if r.comm is not None:
-            step["comm"] = {"seconds": r.comm, "exposed": r.exposed if r.exposed is not None else r.comm,
-                            "bytes": 4 << 20, "ops": 1}
-        for key in ("syncs", "flops", "samples", "tokens", "gpu_time", "lead", "data_cpu", "cpu", "cpu_span",
-                    "gap_cpu"):
-            if getattr(r, key) is not None:
-                step[key] = getattr(r, key)
-        out.append(step)
+            extras["comm"] = {"seconds": r.comm, "exposed": r.exposed if r.exposed is not None else r.comm,
+                              "bytes": 4 << 20, "ops": 1}
+        out.append(R.step(i, start=t, dur=dur, phases=phases, gap=r.gap + paused, samples=r.samples,
+                          tokens=r.tokens, flops=r.flops, data_cpu=r.data_cpu, cpu=r.cpu, cpu_span=r.cpu_span,
+                          **extras))
         t += dur
         host: dict[str, Any] = {"cpu": 1.0, "cpu_count": 8}
         if r.rss is not None:
@@ -138,10 +137,9 @@ def records(r: Rank, world: int = 1, device: str = "cpu", peak: float | None = N
     return out
 
 
-def job(*ranks: Rank, device: str = "cpu", peak: float | None = None, bye: bool = False,
-        model: RunModel | None = None) -> RunModel:
-    """A RunModel fed with every rank's records, interleaved by time like a live viewer sees them."""
-    model = model or RunModel()
+def interleaved(ranks: tuple[Rank, ...], device: str = "cpu", peak: float | None = None,
+                bye: bool = False) -> list[tuple[str, dict]]:
+    """Every rank's (stream, record), interleaved by time like a live viewer sees them."""
     world = len(ranks)
     streams = []
     for r in ranks:
@@ -149,6 +147,21 @@ def job(*ranks: Rank, device: str = "cpu", peak: float | None = None, bye: bool 
         streams.append((stream, records(r, world, device, peak, bye)))
     merged = sorted(((rec["t"], i, n, stream, rec) for i, (stream, recs) in enumerate(streams)
                      for n, rec in enumerate(recs)), key=lambda x: (x[0], x[1], x[2]))
-    for _, _, _, stream, rec in merged:
+    return [(stream, rec) for _, _, _, stream, rec in merged]
+
+
+def job(*ranks: Rank, device: str = "cpu", peak: float | None = None, bye: bool = False,
+        model: RunModel | None = None) -> RunModel:
+    """A RunModel fed with every rank's records, interleaved by time like a live viewer sees them."""
+    model = model or RunModel()
+    for stream, rec in interleaved(ranks, device, peak, bye):
         model.ingest(stream, rec)
     return model
+
+
+def analysis_of(*ranks: Rank, device: str = "cpu", peak: float | None = None, bye: bool = False) -> Analysis:
+    """The same records through the analysis facade, as the report and the callbacks read them."""
+    analysis = Analysis()
+    for stream, rec in interleaved(ranks, device, peak, bye):
+        analysis.ingest(stream, rec)
+    return analysis

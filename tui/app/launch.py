@@ -45,5 +45,5 @@ def run_tui(target_job: str, log_path: Path | None = None,
         from tui.stream import discovery
         from tui.stream.feed import LiveFeed
         endpoints = discovery.jobs(discovery.list_endpoints()).get(paths.safe_job(target_job), [])
-        feed = LiveFeed(Analysis().model, paths.safe_job(target_job), endpoints)
+        feed = LiveFeed(Analysis(), paths.safe_job(target_job), endpoints)
     return run_app(app_for(feed, log_path=log_path, on_signal=on_signal))

@@ -117,7 +117,6 @@ class PerfmonApp(App[int]):
         self.log_path = log_path
         self.refresh_hz = refresh_hz
         self.watch_terminal = watch_terminal
-        self.analysis: Analysis | None = None     # the feed's model, judged with hysteresis
         self.view: JobView | None = None
         self.verdict: Verdict | None = None
         self.selected_rank: int | None = None
@@ -187,7 +186,7 @@ class PerfmonApp(App[int]):
         except asyncio.CancelledError:
             raise
         except Exception as exc:  # a bug in a feed must not take the screen down: show it in one line
-            feed.model.add_problem(f"reader stopped: {exc!r}"[:200])
+            feed.analysis.add_problem(f"reader stopped: {exc!r}"[:200])
         finally:
             if not first.done():
                 first.cancel()
@@ -221,8 +220,8 @@ class PerfmonApp(App[int]):
             self.exit(0)
             return
         steps, seconds = WINDOWS[self.window_index]
-        model = Analysis(window_steps=steps, window_seconds=seconds).model
-        self._start_feed(LiveFeed(model, choice.job, list(choice.endpoints)))
+        self._start_feed(LiveFeed(Analysis(window_steps=steps, window_seconds=seconds), choice.job,
+                                  list(choice.endpoints)))
 
     def _tick(self) -> None:
         """The refresh timer (``refresh_hz``), thinned by what the last refresh cost (``ticks_to_skip``)."""
@@ -241,9 +240,7 @@ class PerfmonApp(App[int]):
         feed = self.feed
         if feed is None or (self.display_paused and not feed.is_replay):
             return
-        if self.analysis is None or self.analysis.model is not feed.model:
-            self.analysis = Analysis(feed.model, steady=True)
-        snap = self.analysis.snapshot(feed.now(), clock=feed.clock())
+        snap = feed.analysis.snapshot(feed.now(), clock=feed.clock(), steady=True)
         self.view, self.verdict = snap.view, snap.verdict
         feed.follow(self._followed(self.view))
         follow_ranks = getattr(feed, "follow_ranks", None)     # through a relay tree: any rank, by number
@@ -258,7 +255,7 @@ class PerfmonApp(App[int]):
         elif isinstance(self.screen, WhereScreen):
             self.screen.show(self.verdict)
         elif isinstance(self.screen, TrendsScreen):
-            self.screen.show(self.analysis.model.history)
+            self.screen.show(feed.analysis.history)
         elif isinstance(self.screen, AskScreen):
             self.screen.show(self.view)
 
@@ -319,7 +316,7 @@ class PerfmonApp(App[int]):
 
     def action_trends(self) -> None:
         if not isinstance(self.screen, TrendsScreen):
-            self.push_screen(TrendsScreen(self.analysis.model.history if self.analysis is not None else None))
+            self.push_screen(TrendsScreen(self.feed.analysis.history if self.feed is not None else None))
 
     def action_ask(self, op: str) -> None:
         """``m`` (module profile), ``c`` (torch.profiler capture): ask the selected rank, else the lowest."""
@@ -393,7 +390,7 @@ class PerfmonApp(App[int]):
         if self.feed is None:
             return
         self.window_index = (self.window_index + 1) % len(WINDOWS)
-        self.feed.model.set_window(*WINDOWS[self.window_index])
+        self.feed.analysis.set_window(*WINDOWS[self.window_index])
         self.refresh_view()
 
     def action_speed(self, direction: int) -> None:

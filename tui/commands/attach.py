@@ -31,12 +31,12 @@ def build_app(target: str | None, *, token: str | None = None, speed: float | No
 
     if target is not None and is_recording_target(target):
         recordings = load_recordings(target)
-        feed = ReplayFeed(Analysis().model, recordings, speed=speed)
+        feed = ReplayFeed(Analysis(), recordings, speed=speed)
         return app_for(feed, log_path=log_path, price=price)
     if target is not None and not os.path.exists(target):
         host_port = parse_host_port(target)
         if host_port is not None:
-            return app_for(TcpFeed(Analysis().model, host_port[0], host_port[1], read_token(token)), log_path=log_path, price=price)
+            return app_for(TcpFeed(Analysis(), host_port[0], host_port[1], read_token(token)), log_path=log_path, price=price)
     if target is None:
         grouped = discovery.jobs(discovery.list_endpoints())
         if not grouped:
@@ -47,11 +47,11 @@ def build_app(target: str | None, *, token: str | None = None, speed: float | No
             from tui.app.screens.picker import choices
             return app_for(None, jobs=choices(grouped), log_path=log_path, price=price)
         job, endpoints = next(iter(grouped.items()))
-        return app_for(LiveFeed(Analysis().model, job, endpoints), log_path=log_path, price=price)
+        return app_for(LiveFeed(Analysis(), job, endpoints), log_path=log_path, price=price)
     endpoints = discovery.resolve_live(target)
     job = endpoints[0].job
     # a socket path or pid names one process; the job's other ranks come along when it has any
-    return app_for(LiveFeed(Analysis().model, job, endpoints), log_path=log_path, price=price)
+    return app_for(LiveFeed(Analysis(), job, endpoints), log_path=log_path, price=price)
 
 
 def main(args) -> int:

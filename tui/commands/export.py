@@ -36,7 +36,7 @@ def _prometheus(args: Any) -> int:
     feed = remote_feed(args)
     if feed is None:
         endpoints = discovery.resolve_live(target)
-        feed = LiveFeed(Analysis().model, endpoints[0].job, endpoints)
+        feed = LiveFeed(Analysis(), endpoints[0].job, endpoints)
     print(f"perfmon export: serving {feed.description} on http://{host or '0.0.0.0'}:{port}/metrics "
           "until the job ends", file=sys.stderr)
     try:

@@ -48,7 +48,7 @@ def record(endpoints: list[Endpoint], out_dir: Path, seconds: float | None = Non
         counts[str(writer.path)] = counts.get(str(writer.path), 0) + 1
 
     remote = feed is not None
-    feed = feed or LiveFeed(Analysis().model, endpoints[0].job if endpoints else None, endpoints, rescan=False)
+    feed = feed or LiveFeed(Analysis(), endpoints[0].job if endpoints else None, endpoints, rescan=False)
     feed.tap = write
     try:
         follow(feed, seconds)
@@ -69,7 +69,7 @@ def main(args) -> int:
         remote.follow(None)          # a recording holds every record of every rank, not summaries
         print(f"recording {args.target} on {len(remote.hosts)} host(s) to {out} (Ctrl-C to stop)", file=sys.stderr)
         counts = record([], out, args.seconds, feed=remote)
-        for problem in remote.model.problems:
+        for problem in remote.analysis.problems:
             print(f"perfmon record: {problem}", file=sys.stderr)
         for path, n in sorted(counts.items()):
             print(f"{path}: {n} records")

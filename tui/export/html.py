@@ -4,7 +4,7 @@ Bokeh (BSD, maintained by the Bokeh project under NumFOCUS) renders into a canva
 document and ships its JavaScript with the Python package, so the whole of ``bokeh.min.js`` is
 written into the page (about 1.3 MB) and the file opens offline: no script, font or style is
 fetched. Only the core bundle is embedded (no widget models are used), which keeps a 1,024-rank
-report to a few MB. The charts read the run model's downsampled history
+report to a few MB. The charts read the analysis's downsampled history
 (``perfmon_analysis.history``); the verdict and the text sections read the report dict, as the
 text report does.
 """
@@ -48,7 +48,7 @@ HEATMAPS = (("step", "step time (s)", False), ("compute", "compute (s)", False),
 
 def render(analysis: Analysis, report: dict[str, Any]) -> str:
     """The whole page for ``report`` (``Analysis.report``) and ``analysis``'s history."""
-    hist = analysis.model.history
+    hist = analysis.history
     plots = []
     span = hist.span()
     unmeasured: list[str] = []

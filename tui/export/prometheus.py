@@ -1,4 +1,4 @@
-"""``perfmon export --prometheus``: the run model's window numbers as Prometheus metrics.
+"""``perfmon export --prometheus``: the analysis's window numbers as Prometheus metrics.
 
 Names follow Prometheus conventions: the ``perfmon_`` prefix, base units (seconds, bytes),
 ``_ratio`` for 0..1 shares, ``_total`` on counters. Labels: ``job`` and ``rank``, and for the
@@ -10,7 +10,7 @@ The per-rank series are the metric table's Prometheus metrics (``perfmon_analysi
 in docs/metrics.md), the same numbers as the report's rank rows. ``families`` is pure over a
 ``JobView`` and its ``Verdict`` (what the TUI and the report read); ``serve`` refreshes one
 snapshot a second through the feed's ``Analysis`` on its asyncio loop, and the HTTP thread of
-``prometheus_client`` only reads that snapshot, never the model.
+``prometheus_client`` only reads that snapshot, never the analysis.
 """
 
 from __future__ import annotations
@@ -24,7 +24,7 @@ from typing import Any, Iterator
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, InfoMetricFamily
 from prometheus_client.registry import Collector, CollectorRegistry
 
-from perfmon_analysis.analysis import Analysis, Snapshot
+from perfmon_analysis.analysis import Snapshot
 from perfmon_analysis.groups import GroupReduction, RankRow, reduce_rows
 from perfmon_analysis.metrics import (GROUP_COUNTS, GROUP_EXTREME_RANK, GROUP_QUANTITIES, GROUP_RELAYS_DOWN,
                                       GROUP_STATS, GROUP_SUMS, Surface, on)
@@ -200,12 +200,11 @@ def serve(feed: Feed, host: str, port: int, ready: threading.Event | None = None
 
 
 async def _refresh(feed: Feed, holder: _Holder, ready: threading.Event | None) -> None:
-    analysis = Analysis(feed.model, steady=True)
     task = asyncio.ensure_future(feed.run())
     try:
         await feed.first_data.wait()
         while True:
-            holder.snapshot = analysis.snapshot(time.time(), clock=feed.clock())
+            holder.snapshot = feed.analysis.snapshot(time.time(), clock=feed.clock(), steady=True)
             if ready is not None:
                 ready.set()
             if feed.ended:

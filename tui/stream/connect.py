@@ -19,7 +19,7 @@ from tui.errors import UserError
 
 
 def remote_feed(args: Any, analysis: Analysis | None = None) -> Any:
-    """A ``RelayFeed`` (into ``analysis``'s model, else a new one) when ``--hosts``/``--hostfile``/
+    """A ``RelayFeed`` (into ``analysis``, else a new one) when ``--hosts``/``--hostfile``/
     ``--slurm``/``--k8s`` name the job's nodes, else None."""
     from tui.stream import hosts
     k8s, namespace = getattr(args, "k8s", None), getattr(args, "namespace", None)
@@ -31,7 +31,7 @@ def remote_feed(args: Any, analysis: Analysis | None = None) -> Any:
         raise UserError("name the job to follow on those hosts (perfmon ls on a node lists them)")
     from tui.stream.remote import RelayFeed
     from tui.stream import tree
-    model = (analysis or Analysis()).model
+    into = analysis or Analysis()
     via = hosts.transport(args.via, k8s, namespace)
     port = getattr(args, "relay_port", None)
     size = getattr(args, "group_size", None)
@@ -41,16 +41,16 @@ def remote_feed(args: Any, analysis: Analysis | None = None) -> Any:
         if port is not None:
             raise UserError("--relay-port with a relay tree: the group relays start the node relays through the "
                             "transport (--group-size 0 for one relay per host over TCP)")
-        return tree.TreeFeed(model, args.target, tree.plan_groups(found, size or tree.GROUP_NODES), via)
+        return tree.TreeFeed(into, args.target, tree.plan_groups(found, size or tree.GROUP_NODES), via)
     if port is None:
-        return RelayFeed(model, args.target, found, via)
+        return RelayFeed(into, args.target, found, via)
     if not 0 < port < 65536:
         raise UserError(f"--relay-port {port}: must be 1..65535")
     token = getattr(args, "token", None) or os.environ.get("PERFMON_TOKEN")
     if not token:
         raise UserError("--relay-port needs the relays' token: --token TOKEN or PERFMON_TOKEN "
                         "(set the same PERFMON_TOKEN for 'perfmon relay --tcp' on every host)")
-    return RelayFeed(model, args.target, found, via, port=port, token=token)
+    return RelayFeed(into, args.target, found, via, port=port, token=token)
 
 
 def load(target: str, seconds: float, args: Any = None, *, prog: str = "perfmon report",
@@ -97,7 +97,7 @@ def load(target: str, seconds: float, args: Any = None, *, prog: str = "perfmon 
 
     endpoints = discovery.resolve_live(target)
     try:
-        follow(LiveFeed(analysis.model, endpoints[0].job, endpoints, rescan=False), seconds)
+        follow(LiveFeed(analysis, endpoints[0].job, endpoints, rescan=False), seconds)
     except sources.StreamError as exc:
         raise UserError(str(exc)) from None
     return analysis, {"kind": "live", "paths": [ep.socket for ep in endpoints], "seconds": seconds}

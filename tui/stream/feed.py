@@ -1,9 +1,9 @@
-"""Feeds: where the TUI's records come from, read on the app's event loop into a run model.
+"""Feeds: where the TUI's records come from, read on the app's event loop into an ``Analysis``.
 
-A feed owns a ``RunModel`` and a clock. ``run()`` is the body of one asyncio
+A feed owns an ``Analysis`` and a clock. ``run()`` is the body of one asyncio
 worker: it reads live probe sockets (``LiveFeed``), a TCP endpoint through an
 SSH tunnel (``TcpFeed``) or recording files (``ReplayFeed``) and calls
-``model.ingest`` per record; it never touches a widget. The app asks the model
+``analysis.ingest`` per record; it never touches a widget. The app asks the analysis
 for a view on its own timer, using ``feed.now()`` so that a replay is judged at
 its own (virtual) time rather than the wall clock.
 
@@ -24,7 +24,6 @@ from probe import paths
 from tui.stream import discovery
 from tui.errors import UserError
 from perfmon_analysis.analysis import Analysis
-from perfmon_analysis.runmodel import RunModel
 from tui.stream.requests import Target
 from tui.stream.sources import LiveStream, LoadedRecording, StreamError, viewer_hello
 
@@ -52,11 +51,11 @@ class StreamStatus:
 class Feed:
     """Common state of every feed; subclasses implement ``run``."""
 
-    model: RunModel
+    analysis: Analysis
     description: str = ""
     streams: dict[str, StreamStatus] = field(default_factory=dict)
     paused: bool = False            # replay: the clock stops; live: only the display freezes (app side)
-    tap: Callable[[str, dict[str, Any]], None] | None = None   # sees every record after the model (perfmon record)
+    tap: Callable[[str, dict[str, Any]], None] | None = None   # sees every record after the analysis (perfmon record)
     _first_data: asyncio.Event | None = None
     _all_ended: asyncio.Event | None = None
 
@@ -67,7 +66,7 @@ class Feed:
         return time.time()
 
     def clock(self) -> float | None:
-        """The viewer's monotonic clock for live feeds (``RunModel.view(clock=...)``); None for replay."""
+        """The viewer's monotonic clock for live feeds (``Analysis.view(clock=...)``); None for replay."""
         return None if self.is_replay else time.monotonic()
 
     async def run(self) -> None:  # pragma: no cover - abstract
@@ -97,7 +96,7 @@ class Feed:
         n = 0
         received = self.clock()
         for rec in records:
-            self.model.ingest(stream_id, rec, received)
+            self.analysis.ingest(stream_id, rec, received)
             if self.tap is not None:
                 self.tap(stream_id, rec)
             n += 1
@@ -154,9 +153,9 @@ class Feed:
 class LiveFeed(Feed):
     """Every rank of one job on this node, re-attaching ranks that restart."""
 
-    def __init__(self, model: RunModel, job: str | None, endpoints: list[discovery.Endpoint],
+    def __init__(self, analysis: Analysis, job: str | None, endpoints: list[discovery.Endpoint],
                  rescan: bool = True) -> None:
-        super().__init__(model, description=f"live {job or ''}".strip())
+        super().__init__(analysis, description=f"live {job or ''}".strip())
         self.job = job
         self._initial = list(endpoints)
         self._rescan = rescan and job is not None
@@ -178,7 +177,7 @@ class LiveFeed(Feed):
         try:
             found = await asyncio.to_thread(discovery.list_endpoints)
         except (UserError, OSError) as exc:
-            self.model.add_problem(f"cannot rescan sockets: {exc}")
+            self.analysis.add_problem(f"cannot rescan sockets: {exc}")
             return
         for ep in discovery.jobs(found).get(self.job or "", []):
             if ep.socket not in self._tasks:
@@ -200,12 +199,12 @@ class LiveFeed(Feed):
             status.state = "lost" if isinstance(exc, (ConnectionRefusedError, FileNotFoundError)) else "error"
             status.message = f"{path}: permission denied (a job of another user?)" if isinstance(
                 exc, PermissionError) else f"{path}: cannot connect: {getattr(exc, 'strerror', None) or exc or 'timeout'}"
-            self.model.add_problem(status.message)
+            self.analysis.add_problem(status.message)
             self.stream_finished()
             return
         name = paths.parse_name(Path(path).name)
         if name is not None:
-            self.model.expect(path, name.rank, name.job, name.pid, name.restart, self.clock())
+            self.analysis.expect(path, name.rank, name.job, name.pid, name.restart, self.clock())
         await _pump(self, status, stream, reader, writer, viewer_hello())
 
 
@@ -214,8 +213,8 @@ class LiveFeed(Feed):
 class TcpFeed(Feed):
     """One probe's TCP listener (``PERFMON_TCP``), authenticated with its token."""
 
-    def __init__(self, model: RunModel, host: str, port: int, token: str) -> None:
-        super().__init__(model, description=f"tcp {host}:{port}")
+    def __init__(self, analysis: Analysis, host: str, port: int, token: str) -> None:
+        super().__init__(analysis, description=f"tcp {host}:{port}")
         self.host, self.port, self.token = host, port, token
 
     def request_target(self, stream_id: str) -> "Target | str":
@@ -229,14 +228,14 @@ class TcpFeed(Feed):
         except (OSError, asyncio.TimeoutError) as exc:
             status.state = "error"
             status.message = f"cannot connect to {sid}: {getattr(exc, 'strerror', None) or exc or 'timeout'}"
-            self.model.add_problem(status.message)
+            self.analysis.add_problem(status.message)
             self.stream_finished()
             return
         await _pump(self, status, LiveStream(sid), reader, writer, viewer_hello(self.token))
         if status.records == 0 and status.state == "lost":
             status.state = "error"
             status.message = f"{sid} closed the connection: wrong token, or not a perfmon probe"
-            self.model.add_problem(status.message)
+            self.analysis.add_problem(status.message)
         self.stream_finished()
 
 
@@ -265,7 +264,7 @@ async def _pump(feed: Feed, status: StreamStatus, stream: LiveStream, reader: as
     except StreamError as exc:
         status.state = "error"
         status.message = str(exc)
-        feed.model.add_problem(status.message)
+        feed.analysis.add_problem(status.message)
     except (OSError, asyncio.IncompleteReadError) as exc:
         status.state = "lost"
         status.message = f"connection lost: {getattr(exc, 'strerror', None) or exc}"
@@ -275,7 +274,7 @@ async def _pump(feed: Feed, status: StreamStatus, stream: LiveStream, reader: as
     finally:
         writer.close()
         if not cancelled:
-            feed.model.end_stream(status.stream_id)
+            feed.analysis.end_stream(status.stream_id)
             if not isinstance(feed, TcpFeed):     # TcpFeed reads a silent close as a bad token first
                 feed.stream_finished()
 
@@ -316,15 +315,15 @@ class ReplayFeed(Feed):
 
     is_replay = True
 
-    def __init__(self, model: RunModel, recordings: list[LoadedRecording], speed: float | None = 1.0,
+    def __init__(self, analysis: Analysis, recordings: list[LoadedRecording], speed: float | None = 1.0,
                  monotonic: Callable[[], float] = time.monotonic, verdicts: int = 0) -> None:
-        super().__init__(model, description=f"replay of {_replay_name(recordings)}")
+        super().__init__(analysis, description=f"replay of {_replay_name(recordings)}")
         merged: list[tuple[float, int, str, dict[str, Any]]] = []
         for rec_file in recordings:
             sid = str(rec_file.path)
             self.streams[sid] = StreamStatus(sid, rec_file.path.name.removesuffix(paths.RECORD_SUFFIX), state="replay")
             if rec_file.problem:
-                model.add_problem(rec_file.problem)
+                analysis.add_problem(rec_file.problem)
             for i, rec in enumerate(rec_file.records):
                 merged.append((float(rec["t"]), len(merged), sid, rec))
         merged.sort(key=lambda item: (item[0], item[1]))
@@ -368,11 +367,10 @@ class ReplayFeed(Feed):
 
     async def run(self) -> None:
         if self.instant:
-            judge = Analysis(self.model)        # one-off verdicts, each noted in the history
             every = (self.end_t - self.start_t) / self._verdicts if self._verdicts > 0 else 0.0
             for k in range(1, self._verdicts if every > 0 else 0):
                 await self._ingest_until(self.start_t + every * k)
-                judge.snapshot(self.start_t + every * k)
+                self.analysis.snapshot(self.start_t + every * k)      # a one-off verdict, noted in the history
             await self._ingest_until(self.end_t)
         else:
             self._last_tick = self._monotonic()
@@ -385,7 +383,7 @@ class ReplayFeed(Feed):
                 await self._ingest_until(self._position)
         for status in self.streams.values():
             status.state = "done"
-            self.model.end_stream(status.stream_id)
+            self.analysis.end_stream(status.stream_id)
         self.first_data.set()
 
     async def _ingest_until(self, t: float) -> None:

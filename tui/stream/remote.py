@@ -1,6 +1,6 @@
 """A job across nodes: one relay per host (``perfmon relay --stdio JOB`` started through the
 transport template, ``tui.stream.hosts``, or ``perfmon relay --tcp PORT JOB`` already listening on
-each host: ``port``/``token``), their streams read into one run model.
+each host: ``port``/``token``), their streams read into one ``Analysis``.
 
 Each host's relay speaks the wire protocol on its stdout: its own hello (``role: relay``), then
 the records of that node's ranks tagged with ``src``. A host that cannot be reached, has no such
@@ -24,14 +24,16 @@ import asyncio
 import concurrent.futures
 import threading
 import time
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from probe import wire
 from tui.errors import UserError
-from perfmon_analysis.runmodel import RunModel
 from tui.stream.feed import READ_CHUNK, Feed, StreamStatus
 from tui.stream.hosts import RELAY_ARGV, via_argv
 from tui.stream.sources import viewer_hello
+
+if TYPE_CHECKING:
+    from perfmon_analysis.analysis import Analysis
 
 STDERR_LINES = 20
 CONNECT_S = 5.0     # to a relay's TCP listener
@@ -42,10 +44,10 @@ RESTART_S = (1.0, 2.0, 4.0, 8.0)   # a failed relay started again after these pa
 class RelayFeed(Feed):
     """Every rank of ``job`` on ``hosts``, one relay process per host."""
 
-    def __init__(self, model: RunModel, job: str, hosts: list[str], via: str,
+    def __init__(self, analysis: Analysis, job: str, hosts: list[str], via: str,
                  relay: tuple[str, ...] = RELAY_ARGV, follow_all: bool = False, port: int | None = None,
                  token: str | None = None, restart: bool = False) -> None:
-        super().__init__(model, description=f"{job} on {len(hosts)} host{'s' * (len(hosts) != 1)}")
+        super().__init__(analysis, description=f"{job} on {len(hosts)} host{'s' * (len(hosts) != 1)}")
         self.job = job
         self.hosts = list(hosts)
         self.via = via
@@ -88,13 +90,13 @@ class RelayFeed(Feed):
         wanted = self._wanted_streams
         srcs = ["*"] if wanted is None else sorted(sid.partition("/")[2] for sid in wanted
                                                    if sid.partition("/")[0] == host)
-        ask = (tuple(srcs), self.model.window_steps, self.model.window_seconds)
+        ask = (tuple(srcs), *self.analysis.window)
         if self._following.get(host) == ask:
             return
         self._following[host] = ask
         try:
             writer.write(wire.encode({"k": "subscribe", "t": time.time(), "srcs": srcs,
-                                      "window": [self.model.window_steps, self.model.window_seconds]}))
+                                      "window": [*self.analysis.window]}))
         except (OSError, RuntimeError):     # the relay is gone: its stream says so
             pass
 
@@ -255,7 +257,7 @@ class RelayFeed(Feed):
         finally:
             if not cancelled:
                 for sid in srcs.values():
-                    self.model.end_stream(sid)
+                    self.analysis.end_stream(sid)
                     stream = self.streams.get(sid)       # a group relay's former representative: dropped
                     if stream is not None and stream.state in ("live", "connecting"):
                         stream.state = "lost"
@@ -287,8 +289,8 @@ class RelayFeed(Feed):
                     return False
                 status.state = "live"
                 status.label = f"{host} (relay)"
-                if status.message is not None and status.message in self.model.problems:
-                    self.model.problems.remove(status.message)     # a restarted relay is back: no longer a problem
+                if status.message is not None:
+                    self.analysis.drop_problem(status.message)     # a restarted relay is back: no longer a problem
                 status.message = None
             else:
                 self._other(host, rec)
@@ -333,7 +335,7 @@ class RelayFeed(Feed):
     def _fail(self, status: StreamStatus, message: str) -> None:
         status.state = "error"
         status.message = message
-        self.model.add_problem(message)
+        self.analysis.add_problem(message)
 
 
 class RelayTarget:
@@ -447,7 +449,7 @@ class RemoteJob:
     def view(self) -> Any:
         """The job as its relays have told it so far (computed on the feed's loop)."""
         async def now() -> Any:
-            return self.feed.model.view(now=self.feed.now(), clock=self.feed.clock())
+            return self.feed.analysis.view(now=self.feed.now(), clock=self.feed.clock())
         return self._call(now())
 
     def ranks(self, wanted: set[int] | None, timeout: float) -> list[Any]:

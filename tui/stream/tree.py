@@ -6,7 +6,7 @@ node list is in switch order; a host file in the order the user wrote it), on th
 host and through the same transport template as the node relays, which each group relay starts
 in turn (``perfmon relay --stdio --nodes LIST JOB``, ``tui.commands.relay.group``). Each group
 relay sends a ``group`` record a second (its ranks reduced) and the records of its worst ranks;
-``RunModel`` holds those ranks and the reductions, so the verdict and the panes read them as they
+``Analysis`` holds those ranks and the reductions, so the verdict and the panes read them as they
 read any job. A rank the viewer follows is sent in full by whichever group holds it; a rank
 named by number (``follow_ranks``) is looked up by every group relay.
 
@@ -19,13 +19,15 @@ waits on another.
 from __future__ import annotations
 
 import time
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from probe import wire
 from perfmon_analysis.groups import GroupReduction
-from perfmon_analysis.runmodel import RunModel
 from tui.stream.hosts import RELAY_ARGV, encode_via, via_argv
 from tui.stream.remote import RelayFeed, RelayTarget
+
+if TYPE_CHECKING:
+    from perfmon_analysis.analysis import Analysis
 
 TREE_MIN_HOSTS = 64     # from this many hosts on, a relay tree (below it: one relay per host, as before)
 GROUP_NODES = 32        # nodes per group relay (256 ranks at 8 a node)
@@ -41,9 +43,9 @@ def plan_groups(hosts: list[str], size: int) -> list[tuple[str, list[str]]]:
 class TreeFeed(RelayFeed):
     """Every rank of ``job`` through one group relay per group of nodes."""
 
-    def __init__(self, model: RunModel, job: str, groups: list[tuple[str, list[str]]], via: str,
+    def __init__(self, analysis: Analysis, job: str, groups: list[tuple[str, list[str]]], via: str,
                  relay: tuple[str, ...] = RELAY_ARGV, follow_all: bool = False, nodes_port: int | None = None) -> None:
-        super().__init__(model, job, [name for name, _ in groups], via, relay=relay, follow_all=follow_all,
+        super().__init__(analysis, job, [name for name, _ in groups], via, relay=relay, follow_all=follow_all,
                          restart=True)
         nodes = sum(len(n) for _, n in groups)
         self.description = f"{job} on {nodes} host{'s' * (nodes != 1)} through {len(groups)} group relays"
@@ -81,13 +83,13 @@ class TreeFeed(RelayFeed):
         srcs = ["*"] if wanted is None else sorted(s for s in wanted
                                                    if self.node_group.get(s.partition("/")[0]) == host)
         ranks = sorted(self.ranks_followed)
-        ask = (tuple(srcs), tuple(ranks), self.model.window_steps, self.model.window_seconds)
+        ask = (tuple(srcs), tuple(ranks), *self.analysis.window)
         if self._following.get(host) == ask:
             return
         self._following[host] = ask
         try:
             writer.write(wire.encode({"k": "subscribe", "t": time.time(), "srcs": srcs, "ranks": ranks,
-                                      "window": [self.model.window_steps, self.model.window_seconds]}))
+                                      "window": [*self.analysis.window]}))
         except (OSError, RuntimeError):
             pass
 
@@ -106,8 +108,8 @@ class TreeFeed(RelayFeed):
         status = self.streams.get(sid)
         if status is not None and status.state != "live":
             status.state = "live"
-        if self.model.stream_ended(sid):
-            self.model.forget(sid)       # its group relay came back: the rank re-joins afresh
+        if self.analysis.stream_ended(sid):
+            self.analysis.forget(sid)       # its group relay came back: the rank re-joins afresh
         return {**rec, "host": sid.partition("/")[0]}
 
     def _other(self, host: str, rec: dict[str, Any]) -> None:
@@ -116,17 +118,17 @@ class TreeFeed(RelayFeed):
         self._heard[host] = now = time.monotonic()
         reductions = [red for obj in [rec, *(k for k in rec.get("keys") or () if isinstance(k, dict))]
                       if (red := GroupReduction.read(obj)) is not None]
-        self.model.set_groups(host, reductions)
+        self.analysis.set_groups(host, reductions)
         reps = {s for s in rec.get("reps") or () if isinstance(s, str)}
         wanted = self._wanted_streams
         for sid in list(self._group_streams.get(host, ())):
             if sid not in reps and (wanted is not None and sid not in wanted) and not self._rank_followed(sid):
-                self.model.forget(sid)
+                self.analysis.forget(sid)
                 self.streams.pop(sid, None)
                 self._group_streams[host].discard(sid)
         for sid, silent in (rec.get("silent_s") or {}).items():
             if isinstance(silent, (int, float)) and not isinstance(silent, bool):
-                self.model.heard(sid, now - max(0.0, float(silent)))
+                self.analysis.heard(sid, now - max(0.0, float(silent)))
 
     def _rank_followed(self, sid: str) -> bool:
         status = self.streams.get(sid)
@@ -134,7 +136,7 @@ class TreeFeed(RelayFeed):
 
     async def _host(self, host: str) -> None:
         await super()._host(host)          # cancelled (the viewer stops): its last reductions stay in the view
-        self.model.set_groups(host, [])    # it ended or died: its ranks are no longer counted while it is gone
+        self.analysis.set_groups(host, [])    # it ended or died: its ranks are no longer counted while it is gone
 
     def state_line(self) -> str:
         line = super().state_line()

@@ -10,6 +10,8 @@ computation, so the pair differs by the same amount on any number of cores and u
   (a sleep): a batch arrives every ``READ_S``, and the step waits ~2/3 of its time for it;
 * ``fixed``: the batches cached in memory (no worker, no read): the step never waits.
 
+Each trains for ``--seconds``, so twins started together step at the same time, under the same load.
+
 The batch is the stored bytes (the step decodes them), so the slow twin's worker hands no tensor
 over through shared memory: no per-batch round trip to a worker that may be waiting for a core.
 """
@@ -56,7 +58,8 @@ class Accelerator(nn.Module):
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("mode", choices=["slow", "fixed"])
-    ap.add_argument("--steps", type=int, default=60)
+    ap.add_argument("--seconds", type=float, default=6.0,
+                    help="train this long: twins started together step side by side, under the same load")
     args = ap.parse_args()
     model = nn.Sequential(nn.Linear(WIDTH, WIDTH), nn.ReLU(), Accelerator(), nn.Linear(WIDTH, 1))
     opt = torch.optim.SGD(model.parameters(), lr=1e-3)
@@ -65,7 +68,8 @@ def main() -> None:
     else:
         loader = DataLoader(Storage(0.0), batch_size=None)
     batches = iter(loader)
-    for _ in range(args.steps):
+    stop = time.monotonic() + args.seconds
+    while time.monotonic() < stop:
         batch = torch.frombuffer(bytearray(next(batches)), dtype=torch.float32).view(BATCH, WIDTH + 1)
         loss = nn.functional.mse_loss(model(batch[:, :WIDTH]), batch[:, WIDTH:])
         opt.zero_grad()

@@ -164,12 +164,12 @@ def node_dirs(scratch: Path, nodes: int) -> list[Path]:
     return [scratch / f"node{k + 1}" for k in range(nodes)]
 
 
-def relay_feed(ranks: Ranks, model: Any) -> Any:
+def relay_feed(ranks: Ranks, analysis: Any) -> Any:
     """The multi-node view of a ``--nodes`` demo: a relay per node, started through a local transport
     (``env PERFMON_DIR=<node dir>``) instead of ssh, exactly as ``attach --hosts`` starts them."""
     from tui.stream.remote import RelayFeed
     via = f"env PERFMON_DIR={shlex.quote(str(ranks.scratch))}/{{host}}"
-    return RelayFeed(model, ranks.job, [d.name for d in node_dirs(ranks.scratch, ranks.nodes)], via,
+    return RelayFeed(analysis, ranks.job, [d.name for d in node_dirs(ranks.scratch, ranks.nodes)], via,
                      relay=(sys.executable, "-m", "tui.cli", "relay", "--stdio"))
 
 
@@ -205,15 +205,15 @@ class DemoFailed(Exception):
 
 
 def headless(ranks: Ranks, count: int, seconds: float, source: dict[str, Any]) -> dict:
-    """Follow the live ranks for ``seconds`` and build the report from that run model."""
+    """Follow the live ranks for ``seconds`` and build the report from what they sent."""
     from perfmon_analysis.analysis import Analysis
     from tui.stream.feed import LiveFeed, follow
     from tui.stream.sources import StreamError
 
     endpoints = wait_for_ranks(ranks, count)
     analysis = Analysis()
-    model = analysis.model
-    feed = relay_feed(ranks, model) if ranks.nodes > 1 else LiveFeed(model, endpoints[0].job, endpoints, rescan=False)
+    feed = relay_feed(ranks, analysis) if ranks.nodes > 1 else LiveFeed(analysis, endpoints[0].job, endpoints,
+                                                                         rescan=False)
     try:
         follow(feed, seconds)
     except StreamError as exc:
@@ -270,7 +270,7 @@ def main(args: Any) -> int:
         else:
             from perfmon_analysis.analysis import Analysis
             from tui.app.launch import run_tui
-            rc = run_tui(job, log_path=ranks.log_path, feed=relay_feed(ranks, Analysis().model) if nodes > 1 else None)
+            rc = run_tui(job, log_path=ranks.log_path, feed=relay_feed(ranks, Analysis()) if nodes > 1 else None)
     except DemoFailed as exc:
         failure = exc
     finally:

@@ -6,7 +6,8 @@ NAME`` finds the job's processes on this node by the name perfmon would give it,
 ``--hosts``/``--slurm``/``--k8s``, runs ``perfmon inject --job NAME`` on every host through the
 transport the relays use. All processes or none: when one refuses, those already entered are
 detached. The command returns once every probe's socket is up, which is at the first optimizer
-step after the injection (``--timeout`` bounds that wait, and, entering through
+step after the injection (``--timeout`` bounds that wait, the injected code's answer once it has
+loaded the probe (at least 15 s: a loaded host imports slowly), and, entering through
 ``sys.remote_exec``, the wait for the main thread to reach a safe point); ``--attach`` then
 opens the TUI on the job and, on leaving it, asks whether to detach. How it enters a process
 (``--method``) and what it leaves there: ``tui.injector``, docs/attach.md.
@@ -22,7 +23,7 @@ from typing import Any
 from probe.paths import safe_job
 from tui.errors import UserError
 from tui.commands.inject.fanout import across_hosts, chosen, host_failures, on_hosts, relay_output
-from tui.injector import POLL, Target, check, detach, run
+from tui.injector import ANSWER_SECONDS, POLL, Target, check, detach, run
 from tui.stream import discovery
 
 
@@ -61,7 +62,7 @@ def _here(args: Any) -> int:
     targets: list[Target] = [check(p, args.method) for p in chosen(args)]   # every refusal before any is entered
     entered: list[Target] = []
     for target in targets:
-        answer = run(target, "inject", job=job, reach=args.timeout)
+        answer = run(target, "inject", timeout=max(ANSWER_SECONDS, args.timeout), job=job, reach=args.timeout)
         if not answer.get("ok"):
             for done in entered:     # all ranks or none
                 detach(done)
@@ -81,7 +82,7 @@ def _here(args: Any) -> int:
     from tui.stream.feed import LiveFeed
 
     needs_terminal()
-    code = run_app(app_for(LiveFeed(Analysis().model, endpoints[0].job, endpoints)))
+    code = run_app(app_for(LiveFeed(Analysis(), endpoints[0].job, endpoints)))
     if _ask_detach(remove.removeprefix("--job ")):
         for target in entered:
             print(f"{target.pid}: {detach(target).get('message')}")
@@ -108,7 +109,7 @@ def _everywhere(args: Any, found: list[str], via: str) -> int:
     from tui.stream.remote import RelayFeed
 
     needs_terminal()
-    code = run_app(app_for(RelayFeed(Analysis().model, job, found, via)))
+    code = run_app(app_for(RelayFeed(Analysis(), job, found, via)))
     if _ask_detach(f"job {job} on {len(found)} host{'s' * (len(found) != 1)}"):
         results = on_hosts("detach", job, found, via, args.timeout, args.method)
         relay_output("detach", [r for r in results if r.code == 0])

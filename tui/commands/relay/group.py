@@ -80,7 +80,7 @@ class NodesFeed(RelayFeed):
 
     def __init__(self, group: "GroupRelay", job: str, nodes: list[str], via: str, relay: tuple[str, ...],
                  port: int | None, token: str | None) -> None:
-        super().__init__(Analysis().model, job, nodes, via, relay=relay, port=port, token=token, restart=True)
+        super().__init__(Analysis(), job, nodes, via, relay=relay, port=port, token=token, restart=True)
         self.group = group
 
     def ingest(self, stream_id: str, records: Any) -> None:
@@ -169,7 +169,7 @@ class GroupRelay:
         reps = representatives(rows, self.reductions, self.reps, HEARTBEAT_S)
         for sid in self.reps - reps:
             if not self._follows(sid):
-                self.held.model.forget(sid)
+                self.held.forget(sid)
                 self.sent.discard(sid)
         self.reps = reps
         for sid in sorted(reps | self._followed_set()):
@@ -198,7 +198,7 @@ class GroupRelay:
         self.followed_ranks = {r for r in ranks if isinstance(r, int)} if isinstance(ranks, list) else set()
         window = rec.get("window")
         if isinstance(window, list) and len(window) == 2 and all(isinstance(x, (int, float)) for x in window):
-            self.feed.model.set_window(int(window[0]), float(window[1]))
+            self.feed.analysis.set_window(int(window[0]), float(window[1]))
         for sid in self._followed_set():
             self.sent.discard(sid)          # backfilled again with the node relay's buffer
         self._follow_inner()

@@ -5,7 +5,7 @@ serves the same stream to one viewer that connects with the token instead (``att
 
 Started on demand by the viewer, no daemon, no root: it follows every local rank of the job with
 the viewer's own reader (``tui.stream.feed.LiveFeed``, which also finds ranks that start or restart
-later) into its own run model, and writes the relay's hello and then records tagged with ``src``
+later) into its own ``Analysis``, and writes the relay's hello and then records tagged with ``src``
 (the rank's socket name, so the viewer keeps the streams apart), as wire frames. It exits when
 its viewer goes away (stdin closes, or stdout breaks). A node without the job, or a bad argument,
 is one line on stderr and a non-zero exit, which the viewer shows beside that host.
@@ -33,12 +33,14 @@ import socket
 import sys
 import time
 from pathlib import Path
-from typing import Any, BinaryIO
+from typing import TYPE_CHECKING, Any, BinaryIO
 
 from probe import paths, wire
 from tui.errors import UserError
-from perfmon_analysis.runmodel import RunModel
 from tui.stream import discovery
+
+if TYPE_CHECKING:
+    from perfmon_analysis.analysis import Analysis
 
 FLUSH_S = 0.05
 SUMMARY_S = 1.0     # a rank's summary at most this often (wire 1.2: <= 4 Hz; 1 Hz keeps a 1,024-rank viewer light)
@@ -85,18 +87,18 @@ class StdoutRelay:
     def follows(self, src: str) -> bool:
         return self.subscribed is None or src in self.subscribed
 
-    def subscribe(self, srcs: list[Any], model: RunModel, streams: list[str]) -> None:
+    def subscribe(self, srcs: list[Any], analysis: Analysis, streams: list[str]) -> None:
         """A viewer's ``subscribe``: ranks newly followed in full get their buffered records now."""
         wanted = None if "*" in srcs else {s for s in srcs if isinstance(s, str)}
         for sid in streams:
             src = src_of(sid)
             if (wanted is None or src in wanted) and not self.follows(src):
-                for rec in model.buffered(sid):
+                for rec in analysis.buffered(sid):
                     self.send({**rec, "src": src})
             self._sent.pop(src, None)      # its next summary, when unsubscribed again, is sent at once
         self.subscribed = wanted
 
-    def summarize(self, model: RunModel, streams: list[str], warming_only: bool = False) -> None:
+    def summarize(self, analysis: Analysis, streams: list[str], warming_only: bool = False) -> None:
         """A summary of each rank not followed in full that changed since its last one.
 
         ``warming_only``: only the ranks not summarised yet or still warming up. The relay asks for
@@ -107,7 +109,7 @@ class StdoutRelay:
             src = src_of(sid)
             if self.follows(src) or (warming_only and src in self._sent and src not in self._warming):
                 continue
-            got = model.summary(sid, now, self._sent.get(src, -1))
+            got = analysis.summary(sid, now, self._sent.get(src, -1))
             if got is not None:
                 self._sent[src] = got[0]
                 self.send({**got[1], "src": src})
@@ -141,7 +143,7 @@ class ViewerInput:
         loop = asyncio.get_running_loop()
         self.greeted = loop.create_future()      # the viewer's hello came (or it never will)
         self.gone = loop.create_future()         # stdin closed: the viewer went away
-        self.model: RunModel | None = None
+        self.analysis: Analysis | None = None
         self.streams: list[str] = []
         self._early: list[dict[str, Any]] = []   # a subscription before the ranks are followed
 
@@ -173,18 +175,18 @@ class ViewerInput:
             window = rec.get("window")
             if isinstance(window, list) and len(window) == 2 and all(isinstance(x, (int, float)) for x in window):
                 self.out.window = (int(window[0]), float(window[1]))
-                if self.model is not None:
-                    self.model.set_window(*self.out.window)
-            if self.model is None:
+                if self.analysis is not None:
+                    self.analysis.set_window(*self.out.window)
+            if self.analysis is None:
                 self._early = [rec]
             else:
-                self.out.subscribe(rec["srcs"], self.model, self.streams)
+                self.out.subscribe(rec["srcs"], self.analysis, self.streams)
         elif kind == "request":
             asyncio.ensure_future(_forward(rec, self.out))
 
-    def attach(self, model: RunModel, streams: list[str]) -> None:
+    def attach(self, analysis: Analysis, streams: list[str]) -> None:
         """The ranks are followed now: apply a subscription that came before."""
-        self.model, self.streams = model, streams
+        self.analysis, self.streams = analysis, streams
         for rec in self._early:
             self.take(rec)
         self._early = []
@@ -212,11 +214,10 @@ async def serve(job: str, out: StdoutRelay, stdin_fd: int | None, greeting: dict
         await asyncio.wait([viewer.greeted], timeout=HELLO_WAIT_S)
     analysis = Analysis() if out.window is None else Analysis(window_steps=out.window[0],
                                                                window_seconds=out.window[1])
-    model = analysis.model
-    feed = LiveFeed(model, endpoints[0].job, endpoints, rescan=True)
+    feed = LiveFeed(analysis, endpoints[0].job, endpoints, rescan=True)
     feed.tap = out.forward
     streams = list(feed.streams)             # the feed's own dict's keys, kept current below
-    viewer.attach(model, streams)
+    viewer.attach(analysis, streams)
     task = asyncio.ensure_future(feed.run())
     ended_since: float | None = None
     next_summary = 0.0
@@ -225,7 +226,7 @@ async def serve(job: str, out: StdoutRelay, stdin_fd: int | None, greeting: dict
             if out.summaries:
                 streams[:] = list(feed.streams)
                 every = time.monotonic() >= next_summary
-                out.summarize(model, streams, warming_only=not every)
+                out.summarize(analysis, streams, warming_only=not every)
                 if every:
                     next_summary = time.monotonic() + SUMMARY_S
             out.flush()
@@ -243,7 +244,7 @@ async def serve(job: str, out: StdoutRelay, stdin_fd: int | None, greeting: dict
         task.cancel()
         await asyncio.gather(task, return_exceptions=True)
         if out.summaries:
-            out.summarize(model, list(feed.streams))     # the last word on each rank
+            out.summarize(analysis, list(feed.streams))     # the last word on each rank
         out.flush()
 
 

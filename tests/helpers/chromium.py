@@ -114,9 +114,10 @@ class _Pipe:
         os.close(self._in)
 
 
-def load(path: Path, ready: str, probe: str, prepare: str = "", timeout: float = 60.0) -> PageRun:
-    """Open ``path`` headless; wait for ``ready`` to be true; evaluate ``prepare`` (when given), let
-    the page redraw, and evaluate ``probe``."""
+def load(path: Path, ready: str, probe: str, prepare: str = "", timeout: float = 180.0) -> PageRun:
+    """Open ``path`` headless; wait for ``ready`` to be true (``timeout`` only bounds a failure: a
+    loaded machine draws a large page slowly); evaluate ``prepare`` (when given), let the page
+    redraw, and evaluate ``probe``."""
     binary = executable()
     assert binary is not None, "chromium is not installed (apt-get install chromium)"
     url = path.resolve().as_uri()
