@@ -3,8 +3,10 @@
 1. Hot path, µs/step: ``loader()`` + empty ``step()`` minus the bare loop, interleaved in one
    process for three CPU-clock policies: as shipped (every step after one of 2 ms or more, one
    fast step in 32), every step (two ``thread_time()`` reads each), never.
-2. A real CPU training step (torch Linear forward/backward/SGD, ~10 ms, plus a little Python) with
-   the ``where`` sampler on (default rate) and off, in alternating blocks of the same process.
+2. A real CPU training step (torch Linear forward/backward/SGD, ~10 ms, plus a little Python) and a
+   little Python between steps (the loop's own work, which the sampler now covers too), beside a
+   metrics thread that sleeps most of the time (its clocks are read when the training thread waits),
+   with the ``where`` sampler on (default rate) and off, in alternating blocks of the same process.
 3. Attribution: steps of 30 ms busy work then a 20 ms sleep, the busy part either pure Python
    (holds the GIL) or torch calls (release it): the sleep line's share of the samples vs 40%.
 
@@ -17,10 +19,11 @@ import argparse
 import os
 import statistics
 import tempfile
+import threading
 import time
 
 import probe
-from probe import core, where
+from probe import core, thread_clocks, where
 
 POLICIES = {"shipped": (core.CPU_TIMED_STEP_S, core.CPU_TIMED_EVERY_MASK),
             "every step": (0.0, 0),
@@ -77,6 +80,16 @@ def training(mon, blocks: int, block_steps: int) -> dict[str, list[float]]:
             loss.backward()
             opt.step()
             opt.zero_grad()
+        " ".join(sorted(words)).split()              # and between steps: the loop's own work
+        time.sleep(0.0005)
+
+    stop = threading.Event()
+
+    def metrics() -> None:                           # another Python thread: mostly asleep
+        while not stop.wait(0.05):
+            sorted(words)
+
+    threading.Thread(target=metrics, name="metrics", daemon=True).start()
 
     for _ in range(20):
         step()
@@ -93,11 +106,12 @@ def training(mon, blocks: int, block_steps: int) -> dict[str, list[float]]:
                 step()
             per_step[mode].append((time.perf_counter() - t0) / block_steps * 1e3)
             if sampler is not None:
-                cpu = where._reader(sampler.ident)()[0]          # the sampler thread's own CPU time
+                cpu = thread_clocks._reader(sampler.ident)()[0]          # the sampler thread's own CPU time
                 sampler_cpu.append(cpu / (time.perf_counter() - t0) * 100)
                 sampler.stop_event.set()
                 sampler.join()
             drain(mon)
+    stop.set()
     print(f"sampler thread CPU: {statistics.median(sampler_cpu):.3f}% of one core (median of {len(sampler_cpu)} blocks)")
     return per_step
 

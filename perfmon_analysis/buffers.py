@@ -9,6 +9,7 @@ from __future__ import annotations
 import collections
 from typing import TYPE_CHECKING, Any, Deque
 
+from perfmon_analysis.pauses import Pauses
 from perfmon_analysis.readings import (CommReading, DeviceReading, EventReading, LayoutReading, MemoryReading,
                                        SampleReading, StallReading, StepOps, StepReading, WhereInterval, hello_reading,
                                        step_reading)
@@ -56,12 +57,14 @@ def recent_records(records: list[Any]) -> list[Any]:
 class StepParser:
     """One rank's step records in order, parsed with the time lost between steps: a step without
     ``gap`` after a blocking event (a checkpoint, an evaluation) gets the event's seconds as its
-    gap. The run model and the trace export both parse through it, so they agree on every gap."""
+    gap, and each gap is told apart into the loop's work and a pause (``perfmon_analysis.pauses``).
+    The run model and the trace export both parse through it, so they agree on every gap and pause."""
 
-    __slots__ = ("pending_gap",)
+    __slots__ = ("pending_gap", "pauses")
 
     def __init__(self) -> None:
         self.pending_gap = 0.0   # blocking-event seconds not yet charged to a step
+        self.pauses = Pauses()
 
     def event(self, event: EventReading) -> None:
         if event.name in BLOCKING_EVENTS and event.seconds is not None and event.seconds > 0:
@@ -69,7 +72,7 @@ class StepParser:
 
     def step(self, rec: dict[str, Any]) -> StepReading | None:
         """The step ``rec`` says (None when it lacks its number or duration: no gap charged)."""
-        reading = step_reading(rec, self.pending_gap)
+        reading = step_reading(rec, self.pending_gap, self.pauses.pause)
         if reading is not None:
             self.pending_gap = 0.0
         return reading
@@ -80,7 +83,8 @@ class RankState:
     """Ring buffers of one process (one generation of one rank), each record parsed once."""
 
     __slots__ = ("rank", "stream", "hello", "info", "generation", "steps", "samples", "cpu", "memory", "comm",
-                 "events", "drops", "ended", "version", "first_start", "last_end", "inside", "gap_total", "unseen",
+                 "events", "drops", "ended", "version", "first_start", "last_end", "inside", "gap_total", "loop_total",
+                 "unseen",
                  "parser", "loader_seen", "last_t", "recv_clock", "stall", "profile", "capture",
                  "summary_steps", "totals_through", "device", "where", "unmeasured", "run_times", "summary_times",
                  "layout", "ops", "_cache", "_health")
@@ -104,7 +108,8 @@ class RankState:
         self.first_start: float | None = None
         self.last_end: float | None = None
         self.inside = 0.0        # Σ active step time
-        self.gap_total = 0.0     # Σ time lost between steps
+        self.gap_total = 0.0     # Σ time between steps
+        self.loop_total = 0.0    # Σ of it that is the loop's own work (the rest: pauses)
         self.unseen = 0.0        # wall time of steps we never received (drops)
         self.parser = StepParser()
         self.loader_seen = False
@@ -148,6 +153,7 @@ class RankState:
                 self.last_end = step.t
             self.inside += step.dur - step.gap
             self.gap_total += step.gap
+            self.loop_total += step.loop
         if step.has_data:
             self.loader_seen = True
         self.steps.append(step)

@@ -30,7 +30,7 @@ from typing import Any, Iterable
 from perfmon_analysis import units
 from perfmon_analysis.analysis import Analysis, Snapshot
 from perfmon_analysis.buffers import MIN_STEPS, STEP_BUFFER
-from perfmon_analysis.losses import STEP_LOSSES, Loss
+from perfmon_analysis.losses import Loss
 from perfmon_analysis.metrics import Unit, by_name, loss_metrics, rounded
 from perfmon_analysis.readings import StepReading
 from perfmon_analysis.verdict import label as outcome_label
@@ -54,14 +54,9 @@ def whole_run() -> Analysis:
 # -- the step-time interval ---------------------------------------------------------------------
 @dataclass(frozen=True)
 class JobStep:
-    """One step of the job: the slowest rank's wall time on that step number, and its gap."""
+    """One step of the job: the slowest rank's wall time on that step number."""
 
     dur: float
-    gap: float
-
-    @property
-    def active(self) -> float:
-        return max(self.dur - self.gap, 0.0)
 
 
 def job_steps(by_rank: dict[int, list[StepReading]]) -> list[JobStep]:
@@ -73,7 +68,7 @@ def job_steps(by_rank: dict[int, list[StepReading]]) -> list[JobStep]:
     out = []
     for n in common:
         slowest = max((r[n] for r in ranks), key=lambda s: s.dur)
-        out.append(JobStep(slowest.dur, slowest.gap))
+        out.append(JobStep(slowest.dur))
     return out
 
 
@@ -166,18 +161,12 @@ class Moved:
         return out
 
 
-def _seconds(loss: Loss, steps: list[JobStep], typical: float) -> float | None:
-    """The loss's seconds in a typical step: step losses are shares of the active step, gaps of the
-    wall step."""
-    if loss.share is None:
-        return None
-    if loss.id not in STEP_LOSSES:
-        return loss.share * typical
-    return loss.share * typical * sum(s.active for s in steps) / sum(s.dur for s in steps)
+def _seconds(loss: Loss, typical: float) -> float | None:
+    """The loss's seconds in a typical step: every share is of the iteration (docs/verdict.md, "One whole")."""
+    return None if loss.share is None else loss.share * typical
 
 
-def attribute(base: tuple[Loss, ...], cand: tuple[Loss, ...], steps: tuple[list[JobStep], list[JobStep]],
-              change: StepChange) -> tuple[list[Moved], float | None]:
+def attribute(base: tuple[Loss, ...], cand: tuple[Loss, ...], change: StepChange) -> tuple[list[Moved], float | None]:
     """Each loss's change in points of the baseline's typical step, largest first (unknown last), and
     the rest of the step's change: compute and what no loss measures (None when a loss is unknown)."""
     cand_by = {x.id: x for x in cand}
@@ -186,7 +175,7 @@ def attribute(base: tuple[Loss, ...], cand: tuple[Loss, ...], steps: tuple[list[
         c = cand_by.get(b.id)
         if c is None:
             continue
-        sb, sc = _seconds(b, steps[0], change.baseline_s), _seconds(c, steps[1], change.candidate_s)
+        sb, sc = _seconds(b, change.baseline_s), _seconds(c, change.candidate_s)
         if sb is None or sc is None:
             all_known = False
             why = "; ".join(f"{name}: {x.source}" for name, x in (("baseline", b), ("candidate", c)) if not x.known)
@@ -280,7 +269,7 @@ def compare(baseline: Analysis, candidate: Analysis, *, min_change: float = MIN_
     change = step_change([s.dur for s in steps[0]], [s.dur for s in steps[1]])
     decision = decide(change, min_change)
     moved, rest = ([], None) if isinstance(change, str) else \
-        attribute(snaps[0].verdict.losses, snaps[1].verdict.losses, steps, change)
+        attribute(snaps[0].verdict.losses, snaps[1].verdict.losses, change)
 
     rows, changes = [], {}
     compared = _rows(snaps[0].verdict.losses)

@@ -76,6 +76,12 @@ SYNCS_PER_STEP_MIN = 1.0
 # advanced by less than half the wall time since the previous sample): "most" is the majority. On a
 # CPU job the unexplained loss is off-CPU time by its definition (the share is 1).
 HOST_WAIT_MIN = 0.50
+# The loop's work between steps is mostly preparing the next step's input when most of its busy stack
+# samples are before the lines the loop runs its step from (probe.where.LoopLines): "most" is the majority.
+LOOP_PREP_MIN = 0.50
+# A thread is named as the GIL's holder when it held it (on CPU running Python while the training
+# thread waited, probe.where) in at least half of the training thread's waiting samples: the majority.
+GIL_HOLDER_MIN = 0.50
 # CPU contention: the training thread runnable with no free core for 10% of the step or more, the same
 # share at which a measured loss counts (LOSS_MIN); its cause is other processes or threads, not the step.
 CPU_CONTENTION_MIN = 0.10
@@ -94,9 +100,12 @@ FRAGMENTATION_MAX = 0.20
 THROTTLE_REASONS = frozenset({"sw_power_cap", "hw_slowdown", "sw_thermal", "hw_thermal", "hw_power_brake"})
 
 FINDINGS = ("step_gaps", "throttling", "fragmentation", "rank_restarted", "drops", "probe_warnings", "cpu_contention",
-            "perfmon_cost", "data_wait", "comm_exposed", "device_idle", "memory_growth", "step_outliers")
-# The share at which each step loss counts as a cause (and, when not the largest, a secondary finding).
-LOSS_THRESHOLD = {"data_wait": DATA_WAIT_MIN, "comm_exposed": COMM_EXPOSED_MIN, "device_idle": LOSS_MIN}
+            "perfmon_cost", "accounting", "data_wait", "comm_exposed", "loop", "device_idle", "memory_growth",
+            "step_outliers")
+# The share at which each loss of the iteration counts as a cause (and, when not the largest, a secondary
+# finding); the loop's own work between steps counts from the same share as device idle.
+LOSS_THRESHOLD = {"data_wait": DATA_WAIT_MIN, "comm_exposed": COMM_EXPOSED_MIN, "loop": LOSS_MIN,
+                  "device_idle": LOSS_MIN}
 
 Losses = tuple["Loss", ...]
 # An outcome's words: headline, fixes, extra evidence.
@@ -196,7 +205,7 @@ class Outcome:
     """One outcome of the chart. Subclasses set the attributes and write ``explain``.
 
     ``pane``: the pane that shows its evidence (highlighted in the TUI); ``loss``: the loss of
-    ``perfmon_analysis.losses`` it names, if any. An outcome in ``Chart.before`` ends the verdict
+    ``perfmon_analysis.losses`` it names, if any (``named``: on a given walk). An outcome in ``Chart.before`` ends the verdict
     before the walk when ``applies`` says so (a job that stopped has no steps to judge).
     """
 
@@ -212,11 +221,16 @@ class Outcome:
                 answers: dict[str, Answer]) -> Explained:
         raise NotImplementedError
 
-    def severity(self, view: "JobView", losses: Losses) -> str:
-        """"crit" when the device is idle half the time or the named loss takes half the step
-        (TB plugin "low GPU utilization" rule, < 50%), else "warn"."""
+    def named(self, answers: dict[str, Answer]) -> str | None:
+        """The loss this outcome names on the walk ``answers`` took: ``loss``, unless two losses lead
+        here (a host wait inside steps or between them)."""
+        return self.loss
+
+    def severity(self, view: "JobView", losses: Losses, loss: str | None = None) -> str:
+        """"crit" when the device is idle half the time or the named loss (``loss``, else the outcome's)
+        takes half the iteration (TB plugin "low GPU utilization" rule, < 50%), else "warn"."""
         busy = view.metrics.device_busy
-        named = next((x for x in losses if x.id == self.loss), None)
+        named = next((x for x in losses if x.id == (loss or self.loss)), None)
         if (busy is not None and busy < DEVICE_BUSY_CRIT) or \
                 (named is not None and named.share is not None and named.share >= 1.0 - DEVICE_BUSY_CRIT):
             return "crit"

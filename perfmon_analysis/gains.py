@@ -1,17 +1,17 @@
 """What fixing each loss would buy: an upper bound on the speedup, the device-hours lost, and money.
 
-A loss of share ``s`` of the step cannot save more than that share, so removing it makes the step
-at most ``1 / (1 − s)`` times faster: an upper bound (Nsight's "Est. Speedup" convention), never a
-prediction, since the work hidden behind a removed wait may surface elsewhere. The losses the
-verdict counts (those over their threshold) are disjoint shares of the step, so their combination
-is ``1 / (1 − Σ s)``, times ``1 / (1 − g)`` when the time between steps ``g`` (of wall time) is
-over its line too. Communication's bound is of all the time in collectives, exposed or overlapped
+Every share is of one whole, the iteration over the wall time (docs/verdict.md, "One whole"), so a
+loss's share of wall time is its share. A loss of share ``s`` cannot save more than that share, so
+removing it makes the job at most ``1 / (1 − s)`` times faster: an upper bound (Nsight's "Est.
+Speedup" convention), never a prediction, since the work hidden behind a removed wait may surface
+elsewhere. The losses the verdict counts (those over their threshold) are disjoint shares of the
+whole, so their combination is ``1 / (1 − Σ s)``, the pauses between steps (over the run) among
+them when they are over their line. Communication's bound is of all the time in collectives, exposed or overlapped
 (``comm_frac``): an overlapped collective still takes the cores (gloo) or SMs (NCCL) the compute
 uses, so removing it can buy more than its exposed share (2-rank gloo DDP with ``no_sync``: 1.80×
 measured against 1.53× from the exposed share, bench/RESULTS.md).
 
-Device-hours: a step loss's share of wall time is ``s × (1 − g)`` (step shares are of the time
-inside steps), and the time between steps is ``g`` itself. Each rank holds one device, so the
+Device-hours: each rank holds one device, so the
 job loses ``ranks × wall share`` device-hours per hour: ``per_day`` at the window's pace, and
 ``device_hours`` over the time since the job's first probe started, at the window's shares (an
 estimate for a job whose bottleneck changed). Money is device-hours times a price per
@@ -183,7 +183,6 @@ def estimate(view: JobView, losses: tuple[Loss, ...], over: tuple[str, ...],
     their threshold, whose removal the combination prices (the time between steps joins them when
     it is over its own line); ``simulated``: loss id -> (the what-if's speedup without its cause, why
     it is None), which replaces that loss's bound."""
-    gap = next((x.share for x in losses if x.id == GAPS), None)
     ranks = max(1, view.world_size, len(view.ranks))
     hours = (view.now - view.started) / 3600.0 if view.started is not None and view.now >= view.started else None
     unit = "GPU-h" if view.device_type == "cuda" else "CPU-h"
@@ -193,23 +192,21 @@ def estimate(view: JobView, losses: tuple[Loss, ...], over: tuple[str, ...],
     bounding = {COMM: _comm_bounding(losses, m.comm_frac)}
     for loss_id, (speedup, _) in (simulated or {}).items():      # the combination removes the simulated share
         bounding[loss_id] = None if speedup is None else max(0.0, 1.0 - 1.0 / speedup)
-    per_loss = tuple(_with_energy(_simulated(x, simulated[x.id], gap, ranks, hours) if simulated and x.id in simulated
-                                  else _gain(x.id, x.label, x.share, _wall_share(x, gap), ranks, hours, x.source,
+    per_loss = tuple(_with_energy(_simulated(x, simulated[x.id], ranks, hours) if simulated and x.id in simulated
+                                  else _gain(x.id, x.label, x.share, x.share, ranks, hours, x.source,
                                              bound=speedup_bound(bounding[x.id]) if bounding.get(x.id) is not None
                                              else None), energy)
                      for x in losses)
-    combined = _combined(losses, over, gap, ranks, hours, bounding)
+    combined = _combined(losses, over, ranks, hours, bounding)
     return Gains(per_loss, combined and _with_energy(combined, energy), unit, ranks, hours, energy)
 
 
-def _simulated(loss: Loss, sim: tuple[float | None, str], gap: float | None, ranks: int,
-               hours: float | None) -> Gain:
+def _simulated(loss: Loss, sim: tuple[float | None, str], ranks: int, hours: float | None) -> Gain:
     """A loss priced by the what-if: its speedup the simulated one, its share of the step what that
     speedup takes off the step (1 - 1/speedup), for the device-hours."""
     speedup, why = sim
     share = None if speedup is None else max(0.0, 1.0 - 1.0 / speedup)
-    wall = None if share is None or gap is None else share * (1.0 - gap)
-    gain = _gain(loss.id, loss.label, share, wall, ranks, hours, why or loss.source, bound=speedup)
+    gain = _gain(loss.id, loss.label, share, share, ranks, hours, why or loss.source, bound=speedup)
     return dataclasses.replace(gain, basis="simulated")
 
 
@@ -228,15 +225,6 @@ def _with_energy(gain: Gain, energy: Energy) -> Gain:
     return dataclasses.replace(gain, energy=spent, why_no_energy=why)
 
 
-def _wall_share(loss: Loss, gap: float | None) -> float | None:
-    """The loss's share of wall time: a step share times the time inside steps; the gaps are one."""
-    if loss.share is None:
-        return None
-    if loss.id == GAPS:
-        return loss.share
-    return None if gap is None else loss.share * (1.0 - gap)
-
-
 def _gain(loss: str, label: str, share: float | None, wall: float | None, ranks: int, hours: float | None,
           source: str, of: tuple[str, ...] = (), bound: float | None = None) -> Gain:
     bound = speedup_bound(share) if bound is None else bound
@@ -245,8 +233,6 @@ def _gain(loss: str, label: str, share: float | None, wall: float | None, ranks:
         why = source
     elif bound is None:
         why = "the loss is the whole step: no finite bound"
-    elif wall is None:
-        why = "time between steps not measured: the loss's share of wall time is unknown"
     elif hours is None:
         why = "the job's start time is unknown: device-hours so far cannot be counted"
     per_day = None if wall is None else ranks * HOURS_PER_DAY * wall
@@ -254,23 +240,18 @@ def _gain(loss: str, label: str, share: float | None, wall: float | None, ranks:
     return Gain(loss, label, share, bound, wall, so_far, per_day, why, of)
 
 
-def _combined(losses: tuple[Loss, ...], over: tuple[str, ...], gap: float | None, ranks: int,
-              hours: float | None, bounding: dict[str, float | None]) -> Gain | None:
-    """Remove every step loss over its threshold, and the time between steps when it is over its line
-    (each step loss by the share that bounds it)."""
-    chosen = [x for x in losses if x.id in over and x.share is not None]
-    gaps_over = gap is not None and gap >= 1.0 - ETTR_MIN
-    if not chosen and not gaps_over:
+def _combined(losses: tuple[Loss, ...], over: tuple[str, ...], ranks: int, hours: float | None,
+              bounding: dict[str, float | None]) -> Gain | None:
+    """Remove every loss over its threshold, the pauses between steps when they are over their line
+    (each loss by the share that bounds it)."""
+    gap = next((x.share for x in losses if x.id == GAPS), None)
+    chosen = [x for x in losses if (x.id in over or (x.id == GAPS and gap is not None and gap >= 1.0 - ETTR_MIN))
+              and x.share is not None]
+    if not chosen:
         return None
-    step = min(1.0, sum(bounding.get(x.id) or x.share or 0.0 for x in chosen))
-    step_bound = speedup_bound(step)
-    gap_part = gap if gaps_over else 0.0
-    bound = None if step_bound is None or gap_part is None or gap_part >= 1.0 else step_bound / (1.0 - gap_part)
-    ids = tuple(x.id for x in chosen) + ((GAPS,) if gaps_over else ())
-    wall = None if gap is None else step * (1.0 - gap) + gap_part
-    share = 1.0 - 1.0 / bound if bound is not None else None
-    return _gain("combined", "every loss over threshold", share, wall, ranks, hours,
-                 "a loss in the combination is the whole step", ids, bound)
+    share = min(1.0, sum(bounding.get(x.id) or x.share or 0.0 for x in chosen))
+    return _gain("combined", "every loss over threshold", share, share, ranks, hours,
+                 "a loss in the combination is the whole step", tuple(x.id for x in chosen))
 
 
 def _times(x: float | None, share: float) -> float | None:

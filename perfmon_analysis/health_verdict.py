@@ -71,7 +71,7 @@ class Crashed(Outcome):
     def applies(self, view: JobView) -> bool:
         return view.health.crash is not None
 
-    def severity(self, view: JobView, losses: Losses) -> str:
+    def severity(self, view: JobView, losses: Losses, loss: str | None = None) -> str:
         return "crit"
 
     def explain(self, view: JobView, straggler: int | None, losses: Losses,

@@ -133,7 +133,7 @@ _RP = Surface.REPORT | Surface.PROMETHEUS
 METRICS: tuple[Metric, ...] = (
     Metric("steps", Unit.COUNT, "Steps the rank has completed",
            job=lambda v: v.metrics.steps, rank=lambda r: r.steps, surfaces=_RP, counter=True),
-    Metric("step_time_median_s", Unit.SECONDS, "Median step time over the window (data wait included)",
+    Metric("step_time_median_s", Unit.SECONDS, "Median step time over the window: the iteration, from one step's start to the next's (data wait and time between steps included)",
            job=lambda v: v.metrics.step_time_median_s, rank=lambda r: r.step_time_median_s, surfaces=ALL),
     Metric("step_time_p90_s", Unit.SECONDS, "90th percentile of the step time over the window",
            job=lambda v: v.health.window.p90, rank=lambda r: _times(r, "p90"), surfaces=_RP),
@@ -173,21 +173,21 @@ METRICS: tuple[Metric, ...] = (
            job=lambda v: v.metrics.tensor_active),
     Metric("params_offloaded", Unit.RATIO, "CUDA job: share of the watched parameters' bytes held in host "
            "memory (CPU offload, a CPU embedding)", job=lambda v: v.metrics.params_offloaded),
-    Metric("data_wait_frac", Unit.RATIO, "Share of step time blocked waiting for the next batch",
+    Metric("data_wait_frac", Unit.RATIO, "Share of the iteration blocked waiting for the next batch",
            job=lambda v: v.metrics.data_wait_frac, rank=lambda r: r.data_wait_frac, surfaces=ALL,
            loss="data_wait"),
-    Metric("comm_frac", Unit.RATIO, "Share of step time in collectives",
+    Metric("comm_frac", Unit.RATIO, "Share of the iteration in collectives",
            job=lambda v: v.metrics.comm_frac, rank=lambda r: r.comm_frac, surfaces=_RP),
-    Metric("comm_exposed_frac", Unit.RATIO, "Share of step time blocked on collectives (not overlapped)",
+    Metric("comm_exposed_frac", Unit.RATIO, "Share of the iteration blocked on collectives (not overlapped)",
            job=lambda v: v.metrics.comm_exposed_frac, rank=lambda r: r.comm_exposed_frac, surfaces=ALL,
            loss="comm_exposed"),
-    Metric("device_idle_frac", Unit.RATIO, "Share of step time idle with no other measured cause "
+    Metric("device_idle_frac", Unit.RATIO, "Share of the iteration idle with no other measured cause "
            "(the verdict's device-idle loss)", job=_idle, loss="device_idle"),
     Metric("syncs_per_step", Unit.PER_STEP, "Host-device synchronisations per step",
            job=lambda v: v.metrics.syncs_per_step, rank=lambda r: r.syncs_per_step, surfaces=_RP),
     Metric("mfu", Unit.RATIO, "Model FLOPs utilization: achieved FLOP/s over the device's peak for the dtype",
            job=lambda v: v.metrics.mfu, rank=lambda r: r.mfu, surfaces=ALL),
-    Metric("ettr", Unit.RATIO, "Effective training time ratio: time inside steps over wall time",
+    Metric("ettr", Unit.RATIO, "Effective training time ratio: time in the training loop (steps and the loop's own work between them) over wall time; 1 - pause_frac",
            job=lambda v: v.metrics.ettr, rank=lambda r: r.ettr, surfaces=ALL),
     Metric("loader_cpu", Unit.CORES, "Mean share of one core per loader worker",
            job=lambda v: v.metrics.loader_cpu, rank=lambda r: r.loader_cpu),
@@ -201,8 +201,20 @@ METRICS: tuple[Metric, ...] = (
            job=lambda v: v.metrics.comm_estimated),
     Metric("data_cpu_frac", Unit.CORES, "Main-thread CPU share of the data wait (num_workers=0)",
            job=lambda v: v.metrics.data_cpu_frac),
-    Metric("gap_frac", Unit.RATIO, "Share of window wall time lost between steps",
-           job=lambda v: v.metrics.gap_frac, loss="step_gaps"),
+    Metric("gap_frac", Unit.RATIO, "Share of the window's wall time between steps (loop work and pauses)",
+           job=lambda v: v.metrics.gap_frac),
+    Metric("loop_frac", Unit.RATIO, "Share of the iteration the loop spends between steps on every step "
+           "(tokenizing, logging, a lock): the loop-work loss, over the window",
+           job=lambda v: v.metrics.loop_frac, loss="loop"),
+    Metric("pause_frac", Unit.RATIO, "Share of the wall time lost to occasional pauses between steps "
+           "(checkpoints, evaluation, stalls) over the whole run: 1 - ETTR",
+           job=lambda v: v.metrics.pause_frac, loss="step_gaps"),
+    Metric("loop_wait_frac", Unit.RATIO, "Share of the loop's work between steps the training thread spends off CPU "
+           "(its CPU clock in the gaps, zero-code mode; else the between-step stack samples)",
+           job=lambda v: v.metrics.loop_wait_frac),
+    Metric("loop_prep_frac", Unit.RATIO, "Busy between-step samples taken before the lines the loop runs its "
+           "step from (preparing its input) over all busy between-step samples",
+           job=lambda v: v.metrics.loop_prep_frac),
     Metric("compute_ratio", Unit.RATIO, "Fastest over slowest rank compute time (1 = balanced)",
            job=lambda v: v.metrics.compute_ratio),
     Metric("arrival_ratio", Unit.RATIO, "First over last rank to reach the collective",
@@ -226,11 +238,11 @@ METRICS: tuple[Metric, ...] = (
     Metric("device_time_median_s", Unit.SECONDS, "Device time of a step, its first CUDA event to its last (idle "
            "gaps inside included), over the timed steps (slowest rank)",
            job=lambda v: v.metrics.device_time_median_s),
-    Metric("off_cpu_frac", Unit.RATIO, "Share of the step body off CPU with no other measured cause",
+    Metric("off_cpu_frac", Unit.RATIO, "Share of the iteration the step body is off CPU with no other measured cause",
            job=lambda v: v.metrics.off_cpu_frac),
     Metric("host_wait_frac", Unit.RATIO, "In-step stack samples off CPU over all in-step samples",
            job=lambda v: v.metrics.host_wait_frac),
-    Metric("cpu_contention_frac", Unit.RATIO, "Step time the training thread was runnable with no core free",
+    Metric("cpu_contention_frac", Unit.RATIO, "Share of the iteration the training thread was runnable in steps with no core free",
            job=lambda v: v.metrics.cpu_contention_frac),
     Metric("overhead_step_frac", Unit.RATIO, "perfmon's own cost: training-thread time in its step calls, "
            "hooks and wrappers over the step time (the rank where it is highest)",

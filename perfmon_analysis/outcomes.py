@@ -17,7 +17,9 @@ from perfmon_analysis.explain import gaps_lost, peak_note, tensor_active, where_
 from perfmon_analysis.flowchart import (FILL_CRIT, LATE_GAP_MIN, LOADER_MAIN, Answer, Explained, Losses, Outcome,
                                         round4)
 from perfmon_analysis.health_verdict import Crashed, memory_explained, memory_severity
-from perfmon_analysis.losses import by_id
+from perfmon_analysis.loop_outcomes import (STEP, LoopWorkOutcome, gil_fixes, gil_text, holder, loop_prep, loop_wait,
+                                            via_loop)
+from perfmon_analysis.losses import LOOP, by_id
 from perfmon_analysis.questions import busy_missing
 from perfmon_analysis.views import JobView, RankView, WhereLine
 
@@ -78,7 +80,7 @@ class Stuck(Outcome):
         """Before everything, warming up included: a stopped job has no steps to judge."""
         return view.stuck is not None
 
-    def severity(self, view: JobView, losses: Losses) -> str:
+    def severity(self, view: JobView, losses: Losses, loss: str | None = None) -> str:
         return "crit"
 
     def explain(self, view: JobView, straggler: int | None, losses: Losses,
@@ -96,7 +98,7 @@ class WarmingUp(Outcome):
     def applies(self, view: JobView) -> bool:
         return view.warming_up
 
-    def severity(self, view: JobView, losses: Losses) -> str:
+    def severity(self, view: JobView, losses: Losses, loss: str | None = None) -> str:
         return "info"
 
     def explain(self, view: JobView, straggler: int | None, losses: Losses,
@@ -111,7 +113,7 @@ class MemoryFull(Outcome):
     label = "MEMORY"
     pane = "memory"
 
-    def severity(self, view: JobView, losses: Losses) -> str:
+    def severity(self, view: JobView, losses: Losses, loss: str | None = None) -> str:
         return memory_severity(view)
 
     def explain(self, view: JobView, straggler: int | None, losses: Losses,
@@ -141,8 +143,13 @@ class DataPreprocessing(Outcome):
     pane = "data"
     loss = "data_wait"
 
+    def named(self, answers: Answers) -> str | None:
+        return LOOP if via_loop(answers) else self.loss
+
     def explain(self, view: JobView, straggler: int | None, losses: Losses,
                 answers: Answers) -> Explained:
+        if via_loop(answers):        # the batch built on the training thread between steps
+            return loop_prep(view, losses)
         m = view.metrics
         w = m.loader_workers
         cpu = answers["loader_cpu"]
@@ -235,30 +242,43 @@ _WAIT_FIXES = ["move the call off the training thread (a background thread or pr
 
 
 class HostWait(Outcome):
-    """The host thread waits off CPU inside the step: the top waiting line says where."""
+    """The host thread waits off CPU inside the step, or in the loop's own work between steps: the top
+    waiting line of that span says where, and a thread seen holding the GIL meanwhile is named."""
 
     id = "host_wait"
     label = "HOST WAIT"
     pane = "timeline"
     loss = "device_idle"
 
+    def named(self, answers: Answers) -> str | None:
+        return LOOP if via_loop(answers) else self.loss
+
     def explain(self, view: JobView, straggler: int | None, losses: Losses,
                 answers: Answers) -> Explained:
+        if via_loop(answers):
+            return loop_wait(view, losses)
         idle = by_id(losses)["device_idle"].share
         line = _top_waiting(view)
+        held = holder(view, STEP)
         if view.device_type != "cuda":
             off = f"off CPU {_pct(idle)} of the step, no other measured cause"
         else:
             off = (f"device idle {_pct(idle)} with no other cause; the host is off CPU in "
                    f"{_pct(view.metrics.host_wait_frac)} of its in-step samples")
         fixes = list(_WAIT_FIXES)
+        extra: dict[str, Any] = {}
+        gil = ""
+        if held is not None:
+            fixes = gil_fixes(held) + fixes
+            extra["gil_holder"] = held.as_json()
+            gil = f"; {gil_text(held)}"
         if line is None:
-            return (f"Host wait: {_idle_text(view, losses)}; no stack samples say where",
-                    fixes + ["py-spy dump of the training process during a step shows the call it waits in"], {})
+            return (f"Host wait: {_idle_text(view, losses)}; no stack samples say where{gil}",
+                    fixes + ["py-spy dump of the training process during a step shows the call it waits in"], extra)
         fixes.insert(0, f"start with {where_text(line)}: {_pct(line.share)} ± {_pct(line.err)} of each step waits "
                         "there (key u: every line)")
-        return (f"Host wait: {_pct(line.share)} of each step waiting in {where_text(line)} ({off})", fixes,
-                {"where_top": f"{line.file}:{line.line}"})
+        extra["where_top"] = f"{line.file}:{line.line}"
+        return f"Host wait: {_pct(line.share)} of each step waiting in {where_text(line)} ({off}){gil}", fixes, extra
 
 
 class HostOverhead(Outcome):
@@ -307,7 +327,7 @@ class LowFill(Outcome):
     label = "LOW SM FILL"
     pane = "device"
 
-    def severity(self, view: JobView, losses: Losses) -> str:
+    def severity(self, view: JobView, losses: Losses, loss: str | None = None) -> str:
         fill = view.metrics.device_fill
         return "warn" if fill is not None and fill < FILL_CRIT else "info"
 
@@ -326,7 +346,7 @@ class ComputeEfficiency(Outcome):
     label = "COMPUTE EFFICIENCY"
     pane = "device"
 
-    def severity(self, view: JobView, losses: Losses) -> str:
+    def severity(self, view: JobView, losses: Losses, loss: str | None = None) -> str:
         return "info"
 
     def explain(self, view: JobView, straggler: int | None, losses: Losses,
@@ -351,28 +371,28 @@ class ComputeEfficiency(Outcome):
                  "batch its small ops into large matmuls, or fuse them (torch.compile)", *fixes], extra)
 
 
-_GAP_FIXES = ["time what runs between steps with mon.event('checkpoint', seconds=...) or a stack (py-spy dump): "
-              "checkpoints, evaluation, logging that syncs (.item(), print of a tensor), batch preparation "
-              "outside a DataLoader",
-              "batches built in the training loop: move them into a Dataset and a DataLoader with workers, "
-              "so they are prepared while the step runs",
-              "checkpoints: save asynchronously (torch.distributed.checkpoint.async_save) or less often"]
+_GAP_FIXES = ["time the pauses with mon.event('checkpoint', seconds=...) (or 'eval'); key u lists the lines sampled "
+              "between steps, where the pauses run",
+              "checkpoints: save asynchronously (torch.distributed.checkpoint.async_save) or less often",
+              "evaluation: run it less often or on fewer batches, or in another process on its own device"]
 
 
 class Healthy(Outcome):
-    """Healthy steps; the time between them is outside the step's accounting, so the headline says it too."""
+    """Healthy steps and loop; the pauses between steps (ETTR, over the run) are not a loss the walk names,
+    so the headline says them too."""
 
     id = "healthy"
     label = "HEALTHY"
 
-    def severity(self, view: JobView, losses: Losses) -> str:
-        """Healthy steps, but a tenth of the time lost between them is not ok."""
+    def severity(self, view: JobView, losses: Losses, loss: str | None = None) -> str:
+        """Healthy steps, but a tenth of the run lost to pauses between them is not ok."""
         return "ok" if gaps_lost(view.metrics) is None else "warn"
 
     def explain(self, view: JobView, straggler: int | None, losses: Losses,
                 answers: Answers) -> Explained:
         m = view.metrics
-        busy = f"{view.device_type.upper()} busy {_pct(m.device_busy)}"
+        judged = answers["device_busy"]      # busy while the loop runs: pauses are said apart
+        busy = f"{view.device_type.upper()} busy {_pct(judged.value if judged.asked else m.device_busy)}"
         note = f" {peak_note(view)}" if m.peak_flops else ""
         extra = f", MFU {_pct(m.mfu)}{note}" if m.mfu is not None else ""
         gaps = gaps_lost(m)
@@ -411,7 +431,7 @@ class NotMeasured(Outcome):
     label = "NOT MEASURED"
     pane = "device"
 
-    def severity(self, view: JobView, losses: Losses) -> str:
+    def severity(self, view: JobView, losses: Losses, loss: str | None = None) -> str:
         return "warn"
 
     def explain(self, view: JobView, straggler: int | None, losses: Losses,
@@ -468,4 +488,4 @@ def _idle_not_explained(view: JobView, losses: Losses, answers: Answers, said: s
 
 OUTCOMES: tuple[Outcome, ...] = (Crashed(), Stuck(), WarmingUp(), MemoryFull(), DataLoading(), DataPreprocessing(),
                                  Communication(), LoadImbalance(), HostSync(), HostWait(), HostOverhead(),
-                                 LowFill(), ComputeEfficiency(), Healthy(), NotMeasured())
+                                 LoopWorkOutcome(), LowFill(), ComputeEfficiency(), Healthy(), NotMeasured())

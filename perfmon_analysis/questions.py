@@ -3,7 +3,7 @@ how it is measured, and where the walk goes when it cannot be (docs/verdict.md �
 
 The order follows the seed's triage (常见瓶颈识别流程): memory first, then "is the device
 starved?", then the largest measured loss names the cause (data wait, exposed communication,
-device idle with no other cause), then compute efficiency. ``QUESTIONS`` lists them in the
+the loop's own work between steps, device idle with no other cause), then compute efficiency. ``QUESTIONS`` lists them in the
 order the verdict asks them; ``perfmon_analysis.verdict`` joins them into its chart.
 """
 
@@ -13,10 +13,10 @@ from perfmon_analysis import units
 from perfmon_analysis.explain import peak_note, tensor_active
 from perfmon_analysis.health_verdict import leak
 from perfmon_analysis.flowchart import (COMM_EXPOSED_MIN, DATA_WAIT_MIN, DEVICE_BUSY_MIN, FILL_MIN, HOST_AHEAD_STEPS,
-                                        HOST_WAIT_MIN, LOADER_CPU_BOUND, LOADER_MAIN, LOADER_WORKERS, LOSS_MIN,
-                                        LOSS_THRESHOLD, MEMORY_PEAK_MAX, MFU_MIN, STRAGGLER_RATIO_MAX,
+                                        HOST_WAIT_MIN, LOADER_CPU_BOUND, LOADER_MAIN, LOADER_WORKERS, LOOP_PREP_MIN,
+                                        LOSS_MIN, LOSS_THRESHOLD, MEMORY_PEAK_MAX, MFU_MIN, STRAGGLER_RATIO_MAX,
                                         SYNCS_PER_STEP_MIN, TENSOR_ACTIVE_MIN, Answer, Losses, Question)
-from perfmon_analysis.losses import STEP_LOSSES, Loss, by_id
+from perfmon_analysis.losses import LOOP, PAUSES, STEP_LOSSES, Loss, by_id
 from perfmon_analysis.views import JobView
 
 _pct = units.pct
@@ -73,10 +73,12 @@ class Memory(Question):
 class DeviceBusy(Question):
     """The gate: starved when busy is low or one measured loss is 10% or more. "Not starved" needs
     busy measured: small or zero measured losses say nothing about the time they do not cover, so
-    the gate cannot be passed unmeasured (the outcome is ``not_measured``)."""
+    the gate cannot be passed unmeasured (the outcome is ``not_measured``). Busy is judged while the
+    loop runs: the share of the iteration left after pauses between steps (over the run, ETTR's), so
+    a job that pauses to checkpoint is not starved for it."""
 
     id = "device_busy"
-    text = "Is the device starved: busy under 70%, or one measured loss 10% or more of the step?"
+    text = "Is the device starved: busy under 70% while the loop runs, or one measured loss 10% or more?"
     quantity = "device_busy"
     threshold = DEVICE_BUSY_MIN
     source = ("common triage: GPU utilization < 70% points at communication or data loading; one loss >= 10%: "
@@ -86,7 +88,7 @@ class DeviceBusy(Question):
     short = "busy"
 
     def ask(self, view: JobView, losses: Losses) -> Answer:
-        busy = view.metrics.device_busy
+        busy = in_loop(view.metrics.device_busy, by_id(losses)[PAUSES].share)
         known = [x for x in losses if x.id in STEP_LOSSES and x.share is not None]
         big = max(known, key=lambda x: x.share or 0.0, default=None)
         low = busy is not None and self.fires(busy)
@@ -95,7 +97,16 @@ class DeviceBusy(Question):
                                decided_by=f"a loss of {_pct(big.share)} ≥{_pct(LOSS_MIN)}")
         if busy is None:
             return self.unasked(f"{view.device_type.upper()} busy not measured ({busy_missing(view)})")
-        return self.judged(busy, low, view.metrics.device_busy_source or "")
+        paused = busy != view.metrics.device_busy
+        return self.judged(busy, low, view.metrics.device_busy_source or "",
+                           "busy while the loop runs (pauses between steps out)" if paused else "")
+
+
+def in_loop(busy: float | None, pauses: float | None) -> float | None:
+    """A share of the whole as a share of the loop's time: pauses between steps taken out."""
+    if busy is None or pauses is None or pauses >= 1.0:
+        return busy
+    return min(1.0, busy / (1.0 - pauses))
 
 
 def busy_missing(view: JobView) -> str:
@@ -163,7 +174,7 @@ class CommExposed(Question):
     quantity = "comm_exposed_frac"
     threshold = COMM_EXPOSED_MIN
     source = "PyTorch Profiler TB plugin communication rule (> 10%)"
-    yes, no, unmeasured = "worker_slow", "syncs", "syncs"      # straggler_verdict's questions, then Straggler
+    yes, no, unmeasured = "worker_slow", "loop", "loop"      # straggler_verdict's questions, then Straggler
     short = "comm"
 
     def ask(self, view: JobView, losses: Losses) -> Answer:
@@ -210,6 +221,61 @@ class Straggler(Question):
                                f"(arrival ratio {units.ratio(m.arrival_ratio)})",
                                decided_by=f"rank {view.straggler_rank} arrives last")
         return self.judged(m.compute_ratio, self.fires(m.compute_ratio))
+
+
+class LoopWork(Question):
+    """Time between steps that recurs on every step (``perfmon_analysis.pauses``) is the loop's own
+    cost, judged as any other loss; the occasional pauses are ETTR's."""
+
+    id = "loop"
+    text = "Is the loop's own work between steps the largest loss, at 10% or more of the step?"
+    quantity = "loop_frac"
+    threshold = LOSS_MIN
+    source = "perfmon loss accounting (docs/verdict.md, Between steps)"
+    yes, no, unmeasured = "loop_waiting", "syncs", "syncs"
+    short = "loop"
+
+    def ask(self, view: JobView, losses: Losses) -> Answer:
+        loop = by_id(losses)[LOOP]
+        if loop.share is None:
+            return self.unasked(loop.source)
+        return ask_largest(self, loop, losses)
+
+
+class LoopWaiting(Question):
+    id = "loop_waiting"
+    text = "The loop's work between steps: is the training thread off CPU (waiting) for most of it?"
+    quantity = "loop_wait_frac"
+    threshold = HOST_WAIT_MIN
+    source = ("perfmon: the training thread's CPU clock over the gaps (zero-code), else between-step stack samples "
+              "(off CPU = under half the wall time); most is the majority")
+    yes, no, unmeasured = "host_wait", "loop_feeds", "loop_work"
+    short = "wait"
+    decides_between = "a wait (a lock, a service, a sleep) from work between steps"
+
+    def ask(self, view: JobView, losses: Losses) -> Answer:
+        frac = view.metrics.loop_wait_frac
+        if frac is None:
+            return self.unasked("neither the thread's CPU time between steps nor stack samples there")
+        return self.judged(frac, self.fires(frac), "the training thread's time off CPU between steps")
+
+
+class LoopFeeds(Question):
+    id = "loop_feeds"
+    text = "Is the busy work between steps preparing the next step's input (before the step's lines in the loop)?"
+    quantity = "loop_prep_frac"
+    threshold = LOOP_PREP_MIN
+    source = ("perfmon: busy between-step stack samples taken in the loop before the lines it runs its step from "
+              "(probe.where.LoopLines)")
+    yes, no, unmeasured = "data_preprocessing", "loop_work", "loop_work"
+    short = "feeds"
+    decides_between = "preparing the next batch from other work between steps"
+
+    def ask(self, view: JobView, losses: Losses) -> Answer:
+        frac = view.metrics.loop_prep_frac
+        if frac is None:
+            return self.unasked("no busy stack samples between steps say where in the loop they are")
+        return self.judged(frac, self.fires(frac), "busy between-step samples before the step's lines")
 
 
 class Syncs(Question):
@@ -352,4 +418,5 @@ class Mfu(Question):
 
 
 QUESTIONS: tuple[Question, ...] = (Memory(), DeviceBusy(), DataWait(), LoaderCpu(), CommExposed(), Straggler(),
-                                   Syncs(), HostWaiting(), HostAhead(), Fill(), Mfu())
+                                   LoopWork(), LoopWaiting(), LoopFeeds(), Syncs(), HostWaiting(), HostAhead(), Fill(),
+                                   Mfu())

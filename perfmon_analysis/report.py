@@ -75,7 +75,7 @@ def _verdict_json(verdict: Verdict, metrics: dict[str, Any], price: float | None
     out = _jsonable(verdict.as_json(price))
     named_by = loss_metrics()
     out["losses"] = [{"id": x.id, "label": x.label, "metric": named_by[x.id],
-                      "source" if x.known else "why_unknown": x.source} for x in verdict.losses]
+                      "source" if x.known else "why_unknown": x.source, "span": x.span} for x in verdict.losses]
     evidence, named = {}, []
     for key, value in out["evidence"].items():
         path = EVIDENCE_METRIC.get(key, key)
@@ -174,7 +174,9 @@ def render_text(report: dict[str, Any], width: int = 80) -> str:
             for frame in frames:
                 wrap(frame, first="    ", indent="      ")
     if v.get("losses"):
-        lines.append("Where the step goes:")
+        w = report["window"]
+        wrap(f"Where the step goes (shares of one step: from a step's start to the next's; over the last "
+             f"{w['steps']} steps, pauses over the whole run):")
         for loss in v["losses"]:
             share = metric_at(m, loss["metric"])
             shown = _pct(share) if share is not None else "not measured"
@@ -183,12 +185,14 @@ def render_text(report: dict[str, Any], width: int = 80) -> str:
     lines.extend(gains_lines(v, width))
     lines.extend(layout_lines(report, width))
     if v.get("where") is not None:
-        lines.append("Where the unexplained time goes (in-step stack samples, share of the step ± 95%):")
+        lines.append("Where the unexplained time goes (stack samples in steps and between them, share of the "
+                     "iteration ± 95%):")
         if not v["where"]:
-            lines.append("  no stack samples inside steps in the window")
+            lines.append("  no stack samples in the window")
         for w in v["where"]:
-            wrap(f"{w['state']} in {w.get('lib') or w.get('call') or w['function']} at {_site(w['file'], w['line'])} "
-                 f"in {w['function']} ({w['samples']} samples)",
+            between = " between steps" if w.get("span") == "between" else ""
+            wrap(f"{w['state']}{between} in {w.get('lib') or w.get('call') or w['function']} at "
+                 f"{_site(w['file'], w['line'])} in {w['function']} ({w['samples']} samples)",
                  first=f"  {_pct(w['share']):>4} ± {_pct(w['err']):<4} ", indent=" " * 15)
     shown_ev = [f"{p}={_evidence_text(p.rpartition('.')[2], metric_at(m, p))}" for p in v.get("evidence_metrics", [])]
     shown_ev += [f"{k}={_evidence_text(k, val)}" for k, val in (v.get("evidence") or {}).items()

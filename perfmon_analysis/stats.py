@@ -2,6 +2,13 @@
 
 Formulas and their sources are listed in ``perfmon_analysis.runmodel``'s docstring and next to
 each function. Input: ``RankState`` buffers; output: ``RankStats`` and the view types.
+
+One whole for every share (docs/verdict.md, "One whole"): the iteration, from one step's start to
+the next's, over the wall time. Pauses between steps (checkpoints, evaluation: ``perfmon_analysis.pauses``)
+recur less often than a window may hold, so their share is the run's (1 − ETTR); the rest of the whole,
+1 − that, is the loop, and every window quantity in seconds is a share of the whole by its part of the
+window's in-loop time (its steps' durations less their pauses): share = seconds / in-loop seconds x
+(1 − pauses). The shares of the whole then add up to at most 1.
 """
 
 from __future__ import annotations
@@ -32,7 +39,7 @@ class RankStats:
     span: float
     warming_up: bool
     step_median: float | None
-    gap_frac: float | None           # share of the window's wall time spent between steps
+    gap_frac: float | None           # share of the window's wall time spent between steps (loop work and pauses)
     compute_median: float | None
     arrive_median: float | None      # step time minus exposed wait: when the rank reached the collective
     data_frac: float | None
@@ -61,6 +68,9 @@ class RankStats:
     overhead: Overhead | None = None      # the probe's own cost over the window's samples (wire 1.4)
     power_w: float | None = None          # the rank's GPU's mean power over the samples (NVML energy counter)
     energy_per_step_j: float | None = None    # that power times the mean step (its wall time between steps too)
+    loop_frac: float | None = None        # the loop's own work between steps, of the iteration (the window)
+    loop_wait_frac: float | None = None   # of that work, the share off CPU (its thread CPU clock, zero-code)
+    pause_frac: float | None = None       # pauses between steps, of the wall time (the run: 1 - ETTR)
     busy_why: str | None = None           # CUDA: why ``device_busy`` is not measured (NVML's words)
     gpu_util: float | None = None         # NVML utilization over the window's samples, whatever busy used
     fill: float | None = None             # GPM SM activity over busy: the device the running kernels use
@@ -116,17 +126,26 @@ def rank_stats(state: RankState, max_steps: int, max_seconds: float, timeline: b
     samples = samples[-WINDOW_SAMPLES:] or list(state.samples)[-1:]
     hosts = [s.host for s in recent_records(samples)]
 
-    data_frac = data_sum / active_sum if n and data_known else None
+    pause_w = sum(s.pause for s in win)
+    pause_frac = run_pauses(state)
+    if pause_frac is None and n and dur_sum > 0:
+        pause_frac = pause_w / dur_sum          # no run totals yet: the window's own
+    loop_s = dur_sum - pause_w                  # the window's in-loop time: its pauses are the run's
+    kept = 1.0 - (pause_frac or 0.0)
+    scale = kept / loop_s if loop_s > 0 else 0.0   # share of the whole per in-loop second
+    loop_frac = scale * sum(s.loop for s in win) if n else None
+    data_frac = data_sum * scale if n and data_known else None
     data_cpu = sum_known([s.data_cpu for s in win])
     data_cpu_frac = (data_cpu / data_sum) if data_cpu is not None and data_sum > 0 else None
     none_single = 0.0 if single and n else None     # one process: no peers to communicate with
-    comm_frac = secs_sum / active_sum if secs_known else none_single
-    exposed_frac = sum(exposed) / active_sum if comm_known else none_single
+    comm_frac = secs_sum * scale if secs_known else none_single
+    exposed_frac = sum(exposed) * scale if comm_known else none_single
     estimated = any(s.estimated for s in win) if comm_known else None
 
     device = state.device
-    thread_busy, off_cpu = _thread_cpu(win)
-    where = where_table(state.rank, state.where, win, win_start) if state.where else None
+    thread_busy, off_cpu = _thread_cpu(win, kept)
+    between_share = (loop_frac or 0.0) + (pause_w / dur_sum if dur_sum > 0 else 0.0)
+    where = where_table(state.rank, state.where, win, win_start, scale, between_share) if state.where else None
     contention = where.contention if where is not None else None
     busy, busy_src, busy_why = None, None, None
     fill = sm_active = tensor_active = util = None
@@ -154,7 +173,7 @@ def rank_stats(state: RankState, max_steps: int, max_seconds: float, timeline: b
     elif n:
         # CPU without thread CPU times (a probe that cannot read them): busy is the step time not lost
         # to a measured cause
-        busy, busy_src = sum(computes) / active_sum, "step_accounting"
+        busy, busy_src = sum(computes) * scale, "step_accounting"
 
     device_time, queued_steps = lead_steps(timed)
     samples_sum = sum_known([s.samples for s in win])
@@ -195,6 +214,9 @@ def rank_stats(state: RankState, max_steps: int, max_seconds: float, timeline: b
         peak_source=peak_source,
         power_w=power,
         energy_per_step_j=power * dur_sum / n if power is not None and n else None,
+        loop_frac=loop_frac,
+        pause_frac=pause_frac,
+        loop_wait_frac=_loop_wait(win, where.between_runq if where is not None else None),
         busy_why=busy_why,
         gpu_util=util,
         fill=fill,
@@ -229,23 +251,39 @@ def _cost_span(state: RankState, win_start: float | None) -> list[CostReading]:
     return [s.cost for s in costs[first:] if s.cost is not None]
 
 
-def _thread_cpu(win: list[StepReading]) -> tuple[float | None, float | None]:
-    """(CPU busy, off-CPU loss) over the window's steps whose thread CPU time was measured.
+def _loop_wait(win: list[StepReading], runq: float | None) -> float | None:
+    """The share of the loop's work between steps the training thread spent off CPU, from its CPU time in
+    the gaps without a pause: off CPU / (off CPU + on CPU), where the time it was runnable with no core
+    free (``runq``, the between-step samples' share) is neither: a loaded machine turns neither work nor
+    a wait into the other. None without the gaps' CPU time (API mode, an older probe)."""
+    known = [s for s in win if s.gap_cpu is not None and s.pause == 0.0]
+    gap = sum(s.gap for s in known)
+    if not known or gap <= 0:
+        return None
+    cpu = min(gap, sum(s.gap_cpu or 0.0 for s in known))
+    off = max(0.0, gap * (1.0 - (runq or 0.0)) - cpu)
+    return off / (off + cpu) if off + cpu > 0 else None
 
-    busy = (body CPU + CPU inside the data wait) / active; the loss = the body's time off CPU
-    that exposed communication does not explain: max(0, body - body CPU - exposed) / active,
-    summed before it is clamped, so clock noise in one step does not count as a loss. Time the
-    thread was runnable but had no core (CPU contention, from the ``where`` records) is off its CPU
-    clock too; ``rank_stats`` takes it out, since its cause is measured."""
+
+def _thread_cpu(win: list[StepReading], kept: float) -> tuple[float | None, float | None]:
+    """(CPU busy, off-CPU loss) over the window's steps whose thread CPU time was measured, as shares of
+    the whole: their in-loop time (durations less pauses) is the share ``kept`` (1 - pauses).
+
+    busy = (body CPU + CPU inside the data wait); the loss = the body's time off CPU that exposed
+    communication does not explain: max(0, body - body CPU - exposed), summed before it is clamped,
+    so clock noise in one step does not count as a loss. Time the thread was runnable but had no core
+    (CPU contention, from the ``where`` records) is off its CPU clock too; ``rank_stats`` takes it out,
+    since its cause is measured."""
     known = [s for s in win if s.cpu is not None]
-    active = sum(s.active for s in known)
-    if not known or active <= 0:
+    loop_s = sum(s.dur - s.pause for s in known)
+    if not known or loop_s <= 0:
         return None, None
+    scale = kept / loop_s
     body_cpu = sum(s.cpu or 0.0 for s in known)
     body = sum(max(0.0, s.active - s.data) for s in known)
     exposed = sum(s.exposed or 0.0 for s in known)
     data_cpu = sum(s.data_cpu or 0.0 for s in known)
-    return min(1.0, (body_cpu + data_cpu) / active), max(0.0, body - body_cpu - exposed) / active
+    return min(1.0, (body_cpu + data_cpu) * scale), max(0.0, body - body_cpu - exposed) * scale
 
 
 # 95% two-sided normal quantile, for the binomial error bars of the where-table's shares.
@@ -283,7 +321,8 @@ def rank_view(state: RankState, st: RankStats, now: float, silent_s: float | Non
 
 
 def _ettr(state: RankState, now: float, step_median: float | None) -> float | None:
-    """Time inside steps / wall time since the first step (Meta ETTR, Google goodput).
+    """Time in the training loop (inside steps, and the loop's own work between them) / wall time
+    since the first step (Meta ETTR, Google goodput: the time not lost to pauses; docs/verdict.md).
 
     While the rank is live, wall time runs to ``now`` less one typical step: the
     step in progress is not lost time, but a stall longer than a step lowers
@@ -297,7 +336,18 @@ def _ettr(state: RankState, now: float, step_median: float | None) -> float | No
     wall = end - state.first_start - state.unseen
     if wall <= 0:
         return None
-    return max(0.0, min(1.0, state.inside / wall))
+    return max(0.0, min(1.0, (state.inside + state.loop_total) / wall))
+
+
+def run_pauses(state: RankState) -> float | None:
+    """Share of the run's steps (from each one's start to the next's: the time they cover) lost to pauses
+    between them: 1 - ETTR once the rank has ended; a live stall lowers ETTR before it becomes a step's
+    gap. None before two steps."""
+    seen = state.summary_steps if state.summary_steps is not None else len(state.steps)
+    covered = state.inside + state.gap_total
+    if seen < 2 or covered <= 0:
+        return None
+    return max(0.0, min(1.0, (state.gap_total - state.loop_total) / covered))
 
 
 def job_metrics(ready: list[tuple[RankState, RankStats]], ranks: list[RankView], states: list[RankState],
@@ -354,6 +404,11 @@ def job_metrics(ready: list[tuple[RankState, RankStats]], ranks: list[RankView],
         flops_per_s=mean_known([x.flops_per_s for x in st]),
         ettr=min_known([r.ettr for r in ranks]),
         gap_frac=max_known([x.gap_frac for x in st]),
+        loop_frac=max_known([x.loop_frac for x in st]),
+        pause_frac=max_known([x.pause_frac for x in st]),
+        loop_wait_frac=max_known([x.loop_wait_frac for x in st]) if any(x.loop_wait_frac is not None for x in st)
+        else where.between_wait_frac if where is not None else None,
+        loop_prep_frac=where.between_prep_frac if where is not None else None,
         loader_cpu=max_known([x.loader_cpu for x in st]),
         loader_workers=max_known([x.loader_workers for x in st]),
         compute_ratio=ratio,

@@ -66,6 +66,9 @@ STATS_PAYLOAD: tuple[PayloadKey, ...] = (
     PayloadKey("cpu_contention_frac", float, "cpu_contention_frac"),
     PayloadKey("power_w", float, "power_w"),
     PayloadKey("energy_per_step_j", float, "energy_per_step_j"),
+    PayloadKey("loop_frac", float, "loop_frac"),
+    PayloadKey("pause_frac", float, "pause_frac"),
+    PayloadKey("loop_wait_frac", float, "loop_wait_frac"),
     PayloadKey("busy_why", str, "busy_why"),
     PayloadKey("fill", float, "fill"),
     PayloadKey("gpu_util", float, "gpu_util"),
@@ -134,7 +137,7 @@ def summary_record(state: RankState, st: RankStats, t: float, times: tuple[StepT
         "comm": {op: list(v) for op, v in st.comm_delta.items()},
         "steps": (last.step + 1) if last is not None else 0,
         "first_start": state.first_start, "last_end": state.last_end, "inside": state.inside,
-        "unseen": state.unseen, "loader_seen": state.loader_seen,
+        "loop": state.loop_total, "gaps": state.gap_total, "unseen": state.unseen, "loader_seen": state.loader_seen,
     }
 
 
@@ -201,6 +204,8 @@ def apply_summary(state: RankState, rec: dict[str, Any]) -> RankStats:
     state.first_start = num(rec.get("first_start"))
     state.last_end = num(rec.get("last_end"))
     state.inside = num(rec.get("inside")) or 0.0
+    state.loop_total = num(rec.get("loop")) or 0.0     # an older relay: no loop work between steps told apart
+    state.gap_total = num(rec.get("gaps")) or 0.0
     state.unseen = num(rec.get("unseen")) or 0.0
     state.loader_seen = state.loader_seen or rec.get("loader_seen") is True
     state.totals_through = summary.steps - 1

@@ -33,7 +33,7 @@ from perfmon_analysis.explain import findings as secondary_findings  # beside th
 from perfmon_analysis.explain import where_text
 from perfmon_analysis.flowchart import Answer, Chart, Losses, Outcome, round4
 from perfmon_analysis.gains import Gains, estimate as estimate_gains
-from perfmon_analysis.losses import Loss, account
+from perfmon_analysis.losses import LOOP, Loss, account, overrun
 from perfmon_analysis.outcomes import OUTCOMES
 from perfmon_analysis.questions import QUESTIONS, qualifying
 from perfmon_analysis.stuck import StuckDiagnosis
@@ -73,6 +73,7 @@ class Verdict:
     where: WhereTable | None = None
     answers: dict[str, Answer] = field(default_factory=dict)
     gains: Gains | None = None           # what removing each loss would buy (perfmon_analysis.gains)
+    loss: str | None = None              # the loss the outcome names on this walk (``Outcome.named``)
 
     @property
     def outcome(self) -> Outcome:
@@ -91,7 +92,7 @@ class Verdict:
         job that loses time between steps is priced on that time."""
         if self.gains is None or self.bottleneck in ("crashed", "stuck", "warming_up"):
             return None
-        loss = self.outcome.loss or ("step_gaps" if self.bottleneck == "healthy" and self.severity != "ok" else None)
+        loss = self.loss or ("step_gaps" if self.bottleneck == "healthy" and self.severity != "ok" else None)
         return self.gains.headline(loss, price, compact)
 
     def as_json(self, price: float | None = None) -> dict[str, Any]:
@@ -99,7 +100,8 @@ class Verdict:
         ``price``: per device-hour, for the gains' money."""
         skipped = self.evidence.get("skipped", {}) if isinstance(self.evidence, dict) else {}
         return {"bottleneck": self.bottleneck, "label": self.outcome.label, "severity": self.severity,
-                "headline": self.headline, "path": list(self.path), "evidence": dict(self.evidence),
+                "headline": self.headline, "path": list(self.path), "loss": self.loss,
+                "evidence": dict(self.evidence),
                 "suggestions": list(self.suggestions), "straggler_rank": self.straggler_rank,
                 "straggler_host": self.straggler_host,
                 "losses": [x.as_json() for x in self.losses], "undecided": dict(self.undecided),
@@ -154,14 +156,15 @@ def evaluate(view: JobView, chart: Chart = CHART) -> Verdict:
     for qid in undecided:
         headline += f"; cannot tell {chart.questions[qid].decides_between} ({_short_reason(undecided[qid])})"
     evidence.update(extra)
-    found = _loss_findings(outcome, losses, view.where) + secondary_findings(view)
+    named = outcome.named(answers)
+    found = _loss_findings(named, losses, view.where) + _accounting(losses) + secondary_findings(view)
     simulated = view.straggling if leaf in straggler_verdict.CAUSE_OUTCOMES.values() else None
     gains = estimate_gains(view, losses, tuple(x.id for x in qualifying(losses)),
                            simulated={outcome.loss: (simulated.gain, simulated.why_no_gain or "")}
                            if simulated is not None and outcome.loss else None)
-    return Verdict(leaf, outcome.severity(view, losses), headline, path, evidence, suggestions, straggler, found,
-                   losses=losses, undecided=dict(undecided), straggler_host=_host_of(view, straggler),
-                   where=view.where, answers=answers, gains=gains)
+    return Verdict(leaf, outcome.severity(view, losses, named), headline, path, evidence, suggestions, straggler,
+                   found, losses=losses, undecided=dict(undecided), straggler_host=_host_of(view, straggler),
+                   where=view.where, answers=answers, gains=gains, loss=named)
 
 
 def _before_walk(outcome: Outcome, view: JobView, losses: Losses, answers: dict[str, Answer]) -> Verdict:
@@ -188,14 +191,28 @@ def _short_reason(reason: str) -> str:
     return reason.split(": cannot tell")[0]
 
 
-def _loss_findings(outcome: Outcome, losses: Losses, where: WhereTable | None = None) -> list[dict[str, Any]]:
-    """Measured losses over their threshold that the outcome does not name; the unexplained one says
-    where the host thread waits most, when stack samples say so."""
-    wait = where.top(1, "waiting") if where is not None else ()
+def _loss_findings(named: str | None, losses: Losses, where: WhereTable | None = None) -> list[dict[str, Any]]:
+    """Measured losses over their threshold that the outcome does not name (``named``); the unexplained
+    one and the loop's work between steps say where the host thread spends them most, when stack samples
+    say so."""
+    top = {"device_idle": where.top(1, "waiting") if where is not None else (),
+           LOOP: where.top(1, None, "between") if where is not None else ()}
     return [{"id": x.id, "share": round4(x.share), "source": x.source,
              "message": f"{x.label} also takes {_pct(x.share)} of each step"
-                        + (f" (most waiting in {where_text(wait[0])})" if x.id == "device_idle" and wait else "")}
-            for x in qualifying(losses) if x.id != outcome.loss]
+                        + (f" (most {line.state or 'sampled'} in {where_text(line)})"
+                           if (line := next(iter(top.get(x.id, ())), None)) is not None else "")}
+            for x in qualifying(losses) if x.id != named]
+
+
+def _accounting(losses: Losses) -> list[dict[str, Any]]:
+    """The ``accounting`` finding: measured losses that add up past the whole (two count the same time)."""
+    over = overrun(losses)
+    if over is None:
+        return []
+    parts = ", ".join(f"{x.label} {_pct(x.share)}" for x in losses if x.share)
+    return [{"id": "accounting", "over": round4(over),
+             "message": f"the measured losses add up to {_pct(1.0 + over)} of the step ({parts}): two of them count "
+                        "the same time; their shares are not to be trusted"}]
 
 
 def label(bottleneck: str) -> str:

@@ -63,9 +63,10 @@ class MemoryMetrics:
 
 @dataclass(frozen=True)
 class WhereLine:
-    """One user source line over the window: where the training thread was during in-step stack
-    samples. ``share`` is of the active step time (samples here / in-step samples x the share of
-    the step the samples cover); ``err`` the 95% half-width of ``share`` from the sample count."""
+    """One user source line over the window: where the training thread was during the stack samples
+    of one span (``span``: "step", inside steps, or "between", between them). ``share`` is of the
+    iteration (docs/verdict.md, "One whole"): samples here / the span's samples x the span's share of
+    the iteration; ``err`` the 95% half-width of ``share`` from the sample count."""
 
     file: str
     line: int
@@ -76,6 +77,7 @@ class WhereLine:
     samples: int
     share: float
     err: float
+    span: str = "step"
 
     @property
     def site(self) -> str:
@@ -91,16 +93,46 @@ class WhereLine:
         """One entry of the report's ``verdict.where``."""
         return {"file": self.file, "line": self.line, "function": self.function, "call": self.call,
                 "lib": self.lib, "state": self.state, "share": round(self.share, 4), "err": round(self.err, 4),
-                "samples": self.samples}
+                "samples": self.samples, "span": self.span}
+
+
+@dataclass(frozen=True)
+class HolderLine:
+    """Another Python thread of the process seen on CPU holding the GIL while the training thread
+    waited, at that thread's user line: ``share`` of the iteration the training thread waited so
+    (its samples / the span's samples x the span's share), ``of_waiting``: of the training thread's
+    waiting samples in that span."""
+
+    thread: str
+    file: str
+    line: int
+    function: str
+    call: str | None
+    span: str
+    samples: int
+    share: float
+    of_waiting: float
+
+    @property
+    def site(self) -> str:
+        return f"{self.file.replace(chr(92), '/').rsplit('/', 1)[-1]}:{self.line}"
+
+    def as_json(self) -> dict[str, Any]:
+        return {"thread": self.thread, "file": self.file, "line": self.line, "function": self.function,
+                "call": self.call, "span": self.span, "samples": self.samples, "share": round(self.share, 4),
+                "of_waiting": round(self.of_waiting, 4)}
 
 
 @dataclass(frozen=True)
 class WhereTable:
-    """The window's in-step stack samples of one rank (the one with the most unexplained time).
+    """The window's stack samples of one rank (the one with the most unexplained time), in steps and
+    between them.
 
     ``samples``: all in-step samples in the window (listed lines and the rest); ``span_share``: the
-    share of the active step the sampled span covers (the step body, or the whole active step in
-    zero-code mode); ``lines``: the largest first."""
+    share of the iteration the in-step sampled span covers (the step body, or the whole active step in
+    zero-code mode); ``between_samples``/``between_share``: the same between steps; ``lines``: both
+    spans', the largest share first; ``holders``: threads seen holding the GIL while the training thread
+    waited, the largest first."""
 
     rank: int
     samples: int
@@ -110,20 +142,44 @@ class WhereTable:
     busy: int
     lines: tuple[WhereLine, ...]
     runq: float | None = None     # share of the sampled time the thread was runnable but had no core
+    between_samples: int = 0
+    between_share: float = 0.0
+    between_waiting: int = 0
+    between_busy: int = 0
+    holders: tuple[HolderLine, ...] = ()
+    between_busy_before: int = 0      # busy between-step samples before the loop's step lines (data preparation)
+    between_runq: float | None = None   # share of the sampled between-step time runnable with no core free
 
     @property
     def contention(self) -> float | None:
-        """Share of the active step the thread waited for a core (CPU contention), when measured."""
+        """Share of the iteration the thread waited for a core inside steps (CPU contention), when measured."""
         return None if self.runq is None else self.runq * self.span_share
 
     @property
     def wait_frac(self) -> float | None:
-        """Waiting samples / (waiting + busy samples); None without any."""
+        """In-step waiting samples / (waiting + busy samples); None without any."""
         n = self.waiting + self.busy
         return self.waiting / n if n else None
 
-    def top(self, n: int = 5, state: str | None = None) -> tuple[WhereLine, ...]:
-        return tuple(x for x in self.lines if state is None or x.state == state)[:n]
+    @property
+    def between_wait_frac(self) -> float | None:
+        """Between-step waiting samples / (waiting + busy samples); None without any."""
+        n = self.between_waiting + self.between_busy
+        return self.between_waiting / n if n else None
+
+    @property
+    def between_prep_frac(self) -> float | None:
+        """Busy between-step samples taken before the loop's step lines / all busy between-step samples."""
+        return self.between_busy_before / self.between_busy if self.between_busy else None
+
+    def top(self, n: int = 5, state: str | None = None, span: str | None = "step") -> tuple[WhereLine, ...]:
+        """The ``n`` largest lines of ``span`` (None: either) in ``state`` (None: any)."""
+        return tuple(x for x in self.lines if (state is None or x.state == state)
+                     and (span is None or x.span == span))[:n]
+
+    def holder(self, span: str | None = None) -> HolderLine | None:
+        """The thread seen holding the GIL the most while the training thread waited (in ``span``)."""
+        return next((h for h in self.holders if span is None or h.span == span), None)
 
 
 @dataclass(frozen=True)
@@ -141,7 +197,9 @@ class Metrics:
     Keys besides the flowchart quantities: busbw, comm_op, comm_estimated, loader_workers,
     data_cpu_frac, gap_frac, compute_ratio, arrival_ratio, straggler_by, flops_per_s,
     memory_headroom, device_busy_source, peak_flops, peak_source, host_lead_s, off_cpu_frac (the
-    highest), host_wait_frac (of the rank whose stack samples are shown).
+    highest), host_wait_frac and loop_wait_frac (of the rank whose stack samples are shown), loop_frac
+    and pause_frac (the highest). Every share of time is of one whole, the iteration over the wall time
+    (``perfmon_analysis.stats``).
     """
 
     steps: int = 0
@@ -175,7 +233,11 @@ class Metrics:
     peak_source: str | None = None          # "user" | "PERFMON_PEAK_TFLOPS" | "table" | ...
     flops_per_s: float | None = None        # per rank (mean)
     ettr: float | None = None
-    gap_frac: float | None = None           # share of window wall time lost between steps
+    gap_frac: float | None = None           # share of window wall time between steps (loop work and pauses)
+    loop_frac: float | None = None          # the loop's own work between steps, of the iteration (window)
+    pause_frac: float | None = None         # pauses between steps, of the wall time (the run: 1 - ETTR)
+    loop_wait_frac: float | None = None     # the loop's work between steps off CPU: thread CPU clock, else samples
+    loop_prep_frac: float | None = None     # busy between-step samples before the loop's step lines / all busy ones
     loader_cpu: float | None = None         # mean share of one core per loader worker (worst rank)
     loader_workers: int | None = None
     compute_ratio: float | None = None      # fastest / slowest rank compute time (1.0 = balanced)

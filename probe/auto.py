@@ -86,6 +86,7 @@ class _Auto:
         self.iterators: list[weakref.ref] = []
         self.iter_id = 0
         self.end_cpu: float | None = None        # thread CPU clock at the last step's end
+        self.gap_cpu: float | None = None        # ... and the CPU s from there to the open step's start
         self.roots_pending = False               # started before any forward was seen: find the roots later
         self.excepthook: Any = None              # (ours, the one it chains to), once chained
         self.evals: list[dict[str, Any]] = []    # eval-shaped work seen before the probe started
@@ -107,7 +108,8 @@ class _Auto:
         if not self.hidden.done and self.finder.last_parts <= 1:   # a step of several parts names them instead
             self.hidden.step(phases, ("forward", "backward", "optimizer") if self.finder.optimizers
                              else ("forward", "backward"))
-        mon.add_step(start, end, phases, samples=samples, data_cpu=data_cpu)
+        gap_cpu, self.gap_cpu = self.gap_cpu, None
+        mon.add_step(start, end, phases, samples=samples, data_cpu=data_cpu, gap_cpu=gap_cpu)
         self.end_cpu = _tt()
         self.emitted += 1
 
@@ -135,6 +137,11 @@ class _Auto:
         finder = self.finder
         cpu0 = finder.start_cpu if finder.start_cpu is not None else \
             self.end_cpu if finder.prev_end is not None and finder.start == finder.prev_end else None
+        if self.end_cpu is not None and finder.prev_end is not None:
+            # the training thread's CPU between the last step's end and this one's start (the batch fetch
+            # that opened it is the step's): the loop's own work there, busy or waiting
+            cpu0 = _tt() if cpu0 is None else cpu0
+            self.gap_cpu = max(0.0, cpu0 - self.end_cpu)
         if self.probe is not None:
             self.probe.begin_step(cpu0)
 
@@ -154,6 +161,7 @@ class _Auto:
             self.turn_off()
             return
         self.probe = mon
+        mon.opening = self.finder.opening
         restart = mon.restart
         if restart > 0:
             mon.event("restart", restart=restart, max_restarts=_env_int("TORCHELASTIC_MAX_RESTARTS"),

@@ -189,6 +189,9 @@ class Probe(ZeroCodeSteps):
         self._train_thread: int | None = None  # the thread that runs the steps, set at the first one
         self._began: float | None = None       # first step begin seen by zero-code hooks
         self._first_end: float | None = None   # end of the first step: with the latest, the mean step
+        # zero-code mode: has a batch fetch opened the next step already (its time runs from that fetch)?
+        # Read by the where sampler from its thread (probe.where)
+        self.opening: Callable[[], bool] | None = None
         self._phase_ctx: dict[str, _Phase] = {}
         self._step_ctx = _Step(self)
         # the probe's own time on the training thread (probe.cost): seconds inside step()'s enter and

@@ -55,6 +55,7 @@ class _Disabled:
         self.closed = True
         self.first_batch_wait: float | None = None
         self.loader_iterators: collections.deque = collections.deque(maxlen=0)
+        self.opening: Callable[[], bool] | None = None
         self.attached = Attachments()
         self.failures = _NoFailures()
         self.device: dict[str, Any] = {"type": "cpu", "name": "", "count": 0}
@@ -120,5 +121,6 @@ class _Disabled:
         pass
 
     def add_step(self, start: float, end: float, phases: dict[str, float] | None = None,
-                 samples: float | None = None, data_cpu: float | None = None, tokens: float | None = None) -> None:
+                 samples: float | None = None, data_cpu: float | None = None, tokens: float | None = None,
+                 gap_cpu: float | None = None) -> None:
         pass

@@ -10,7 +10,7 @@ loading, for single-process loaders; None when unknown). The rules
 * a step starts at its first DataLoader fetch or training forward after the
   previous step ended (a backward or an optimizer step with neither before it
   starts one too), so the time between steps (checkpoints, evaluation, logging)
-  stays outside every step and counts as lost time in ETTR;
+  stays outside every step: the loop's own work there, or pauses (ETTR's);
 * its data wait is the time its batches took to fetch: the fetches since the
   previous step ended (an accumulation window fetched before its first forward
   included; an evaluation loader's fetches are not, ``fetches.before_step``) and
@@ -87,6 +87,7 @@ class StepFinder:
         self.data_cpu: float | None = None
         self.prev_end: float | None = None
         self.start_cpu: float | None = None      # the fetching thread's CPU clock at the open step's first fetch
+        self.opened_by: int | None = None        # the iterator whose fetch opened the last step (None: a forward)
         self.labels: dict[int, str] = {}         # optimizer -> the phase name of its part of a step
         self.last_parts = 0                      # segments in the last emitted step
         self._waiting: Waits | None = None       # fetches while closed: the next step's batches
@@ -194,6 +195,13 @@ class StepFinder:
             self.on_eval(self.start, last.t0 + last.seconds, self._pre_fwds, None)
             self._pre_fwds = 0
 
+    def opening(self) -> bool:
+        """Has a fetch from the training loader (the iterator that opened the last step) come since the
+        last step ended? The next step then runs from that fetch: the time after it is the step's, not
+        the loop's between steps. Read from another thread (probe.where): a stale answer costs one sample."""
+        waiting = self._waiting
+        return not self.is_open and waiting is not None and waiting.source == self.opened_by
+
     # -- internals ----------------------------------------------------------------------------
     def _watching(self) -> bool:
         """Before the open step's first backward, with no segment of it finished: where evaluation shows."""
@@ -202,6 +210,7 @@ class StepFinder:
     def _open(self, t: float) -> None:
         waits, self._waiting = self._waiting, None
         self.start_cpu = None
+        self.opened_by = waits.source if waits is not None else None
         if waits is not None:
             t, self.start_cpu = waits.start, waits.cpu0
             if waits.seconds > 0:

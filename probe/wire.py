@@ -184,6 +184,20 @@ from __future__ import annotations
 #         "device": the device's timeline), ops_dropped (ops of the step over MAX_OPS, not sent),
 #         comm.p2p_exposed (s the training thread was blocked in point-to-point calls and their waits: a
 #         pipeline stage's time waiting on its neighbours, its bubble; absent when none)
+# 1.5 (the iteration attributed: where the time between steps goes, docs/verdict.md "Between steps"):
+# step    gap_cpu (the training thread's CPU s in ``gap``: from the previous step's end to this one's
+#         start, the batch fetch that opens it excluded; zero-code mode; absent when not measured)
+# where   samples, lines and other stay the in-step ones; between [lines, as ``lines``, each with
+#         before/after: how many of its samples were taken in the loop's function at a line before /
+#         after the lines it runs the step from, probe.where.LoopLines; absent when 0] (samples taken
+#         between steps: after a step's end, before the next one's start, outside the batch fetch;
+#         the gaps they fell in ended in this interval: samples after the last step are never sent),
+#         between_samples (int), between_other (int), between_runq (as runq, over the between-step
+#         samples); holders [{thread (name), file, line, function, call, span ("step" | "between"),
+#         n}] (the 20 largest: samples in which the training thread waited while that Python thread
+#         was on CPU and held the GIL, probe.where)
+# summary loop, gaps (the rank's running totals of time between steps, and of it the loop's own work: ETTR
+#         and the pauses' share)
 
 import struct
 from typing import Any, Iterator
@@ -242,7 +256,7 @@ OPTIONAL: dict[str, dict[str, tuple[type, ...]]] = {
     "step": {"start": _NUM, "phases": (dict,), "comm": (dict,), "mem": (dict,), "syncs": _NUM,
              "samples": _NUM, "tokens": _NUM, "flops": _NUM, "cpu": _NUM, "cpu_span": (str,),
              "cpu_others": _NUM, "intra_threads": (int,), "ops": (list,), "ops_clock": (str,),
-             "ops_dropped": (int,)},
+             "ops_dropped": (int,), "gap_cpu": _NUM},
     "sample": {"gpus": (list,), "host": (dict,), "cost": (dict,)},
     "stall": {"since": _NUM, "seconds": _NUM, "threshold": _NUM, "step": (int,), "where": (str,),
               "stack": (list,), "inflight": (list,), "seq": (dict,), "loader": (dict,), "device": (dict,),
@@ -255,9 +269,10 @@ OPTIONAL: dict[str, dict[str, tuple[type, ...]]] = {
     "capture": {"id": (int,), "first_step": (int,), "last_step": (int,), "wall_s": _NUM, "path": (str,),
                 "top": (list,), "device_busy": _NUM, "gaps": (list,), "error": (str,), "cost": (dict,)},
     "summary": {"src": (str,), "v": (int,), "memory": (dict,), "comm": (dict,), "steps": (int,), "first_start": _NUM,
-                "last_end": _NUM, "inside": _NUM, "unseen": _NUM, "loader_seen": (bool,)},
+                "last_end": _NUM, "inside": _NUM, "loop": _NUM, "gaps": _NUM, "unseen": _NUM, "loader_seen": (bool,)},
     "subscribe": {"window": (list,)},
-    "where": {"t0": _NUM, "t1": _NUM, "hz": _NUM, "other": (int,), "runq": _NUM},
+    "where": {"t0": _NUM, "t1": _NUM, "hz": _NUM, "other": (int,), "runq": _NUM, "between": (list,),
+              "between_samples": (int,), "between_other": (int,), "between_runq": _NUM, "holders": (list,)},
     "group": {"q": (dict,), "reps": (list,), "silent_s": (dict,), "keys": (list,), "src": (str,)},
     "layout": {"source": (str,)},
 }

@@ -68,14 +68,16 @@ class ZeroCodeSteps:
         self._proc0 = time.process_time() - (now - self._cpu0)
 
     def add_step(self, start: float, end: float, phases: dict[str, float] | None = None,
-                 samples: float | None = None, data_cpu: float | None = None, tokens: float | None = None) -> None:
+                 samples: float | None = None, data_cpu: float | None = None, tokens: float | None = None,
+                 gap_cpu: float | None = None) -> None:
         """Queue a step whose boundaries hooks found (``perf_counter`` seconds; zero-code mode).
 
         Unlike ``step()`` the step's own start is explicit: the time since the previous
         step's end becomes the record's ``gap`` (checkpoints, evaluation: lost time in
         ETTR). ``phases`` (``data`` included) add to those timed with ``phase()``;
         ``data_cpu`` is the training thread's CPU time inside the loader waits; ``tokens`` the
-        step's tokens where a trainer counts them.
+        step's tokens where a trainer counts them; ``gap_cpu`` its CPU time between the previous step's
+        end and this one's start (the record's ``gap_cpu``: the loop's work there, busy or waiting).
         """
         t = time.perf_counter()
         if tokens is not None and type(tokens) is not int and type(tokens) is not float:
@@ -87,6 +89,9 @@ class ZeroCodeSteps:
             others = other_threads_cpu(self._proc0, cpu)
         self._cpu0 = None
         extras: dict[str, Any] | None = others
+        if gap_cpu is not None:
+            extras = extras or {}
+            extras["gap_cpu"] = gap_cpu
         if self._end_hooks:
             extras = extras or {}
             self._run_hooks(self._end_hooks, extras, self._phases)

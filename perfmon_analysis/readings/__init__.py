@@ -22,7 +22,8 @@ from perfmon_analysis.readings.samples import (GpuReading, GpuRow, HostReading, 
                                                hello_reading, ComputeReading, CostReading, cost_reading,
                                                SampleReading, sample_reading, MemoryReading, memory_reading, CommOp,
                                                CommReading, comm_reading, own_gpus, gpu_rows)
-from perfmon_analysis.readings.where import (WhereCount, WhereInterval, WHERE_STATES, where_interval)
+from perfmon_analysis.readings.where import (HolderCount, WhereCount, WhereInterval, SPANS, WHERE_STATES,
+                                             where_interval)
 from perfmon_analysis.readings.stall import (InFlight, FlightEntry, LoaderWorker, StallReading, stall_reading)
 from perfmon_analysis.readings.events import (ExceptionReading, exception_reading, eval_forwards, JobExit,
                                               exit_reading)
@@ -34,8 +35,8 @@ __all__ = ['num', 'record_time', 'dropped', 'StepBar', 'StepReading', 'step_read
            'step_cpu', 'GpuReading', 'GpuRow', 'HostReading', 'RankTrace', 'gpu_reading', 'gpu_readings',
            'host_reading', 'DeviceReading', 'device_reading', 'HelloReading', 'hello_reading', 'ComputeReading',
            'CostReading', 'cost_reading', 'SampleReading', 'sample_reading', 'MemoryReading', 'memory_reading',
-           'CommOp', 'CommReading', 'comm_reading', 'own_gpus', 'gpu_rows', 'WhereCount', 'WhereInterval',
-           'WHERE_STATES', 'where_interval', 'InFlight', 'FlightEntry', 'LoaderWorker', 'StallReading',
+           'CommOp', 'CommReading', 'comm_reading', 'own_gpus', 'gpu_rows', 'HolderCount', 'WhereCount',
+           'WhereInterval', 'SPANS', 'WHERE_STATES', 'where_interval', 'InFlight', 'FlightEntry', 'LoaderWorker', 'StallReading',
            'stall_reading', 'OpTime', 'CaptureRecord', 'capture_record', 'window_cpu', 'ModuleTimes', 'ProfileRecord',
            'profile_record', 'ExceptionReading', 'exception_reading', 'eval_forwards', 'JobExit', 'exit_reading',
            'Op', 'StepOps', 'step_ops', 'LayoutReading', 'layout_reading']

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Callable
 
 from perfmon_analysis.readings.base import _int, num
 
@@ -26,8 +26,10 @@ class StepBar:
 class StepReading:
     """One ``step`` record, parsed once at ingest: what the statistics, the timeline and the trace
     export read of a step. ``gap`` is the model's: the wire's, else the seconds of the blocking
-    events before the step (``gap_inferred``), clamped to [0, dur]; ``start`` is the previous
-    step's end, ``t`` - ``dur`` when the probe did not send it."""
+    events before the step (``gap_inferred``), clamped to [0, dur]; ``pause``: the part of the gap
+    that is an occasional pause (``perfmon_analysis.pauses``), the rest (``loop``) the loop's own
+    work between steps; ``start`` is the previous step's end, ``t`` - ``dur`` when the probe did not
+    send it."""
 
     step: int
     t: float | None
@@ -53,10 +55,17 @@ class StepReading:
     cpu_active: bool = False    # the probe's in-step span (CPU time, stack samples) was the whole active step
     gap_inferred: bool = False
     record: dict[str, Any] = field(default_factory=dict, repr=False)   # as held: a relay forwards it, gap included
+    pause: float = 0.0
+    gap_cpu: float | None = None    # the training thread's CPU s in the gap (zero-code mode, wire 1.5)
 
     @property
     def active(self) -> float:
         return max(self.dur - self.gap, 1e-9)
+
+    @property
+    def loop(self) -> float:
+        """The gap's in-loop part: time between steps that recurs with the loop."""
+        return max(0.0, self.gap - self.pause)
 
     @property
     def data_share(self) -> float:
@@ -69,9 +78,12 @@ class StepReading:
         return StepBar(step=self.step, dur=self.dur, gap=self.gap, phases=self.phases, sync_site=self.sync_site)
 
 
-def step_reading(rec: dict[str, Any], pending_gap: float = 0.0) -> StepReading | None:
+def step_reading(rec: dict[str, Any], pending_gap: float = 0.0,
+                 pauses: "Callable[[float, float, float], float] | None" = None) -> StepReading | None:
     """The step ``rec`` says, or None without its step number or duration. ``pending_gap``: the
-    blocking-event seconds since the previous step, its gap when the record has none."""
+    blocking-event seconds since the previous step, its gap when the record has none and a pause in it
+    either way; ``pauses(gap, dur, marked)``: the pause in the gap (``perfmon_analysis.pauses``), else
+    the events' seconds alone."""
     step, dur = rec.get("step"), num(rec.get("dur"))
     if not isinstance(step, int) or isinstance(step, bool) or dur is None:
         return None
@@ -88,8 +100,10 @@ def step_reading(rec: dict[str, Any], pending_gap: float = 0.0) -> StepReading |
     mem = rec.get("mem") if isinstance(rec.get("mem"), dict) else {}
     site = rec.get("sync_site")
     cpu, cpu_active = step_cpu(rec)
+    gap = max(0.0, min(gap, dur))
+    marked = min(pending_gap, gap)
     return StepReading(
-        step=step, t=end, start=start, dur=dur, gap=max(0.0, min(gap, dur)),
+        step=step, t=end, start=start, dur=dur, gap=gap, pause=pauses(gap, dur, marked) if pauses else marked,
         phases=tuple((str(n), num(v) or 0.0) for n, v in phases.items()),
         has_data="data" in phases, data=num(phases.get("data")) or 0.0,
         comm_s=_comm_value(comm, "seconds"), exposed=_comm_value(comm, "exposed"),
@@ -98,7 +112,7 @@ def step_reading(rec: dict[str, Any], pending_gap: float = 0.0) -> StepReading |
         data_cpu=num(rec.get("data_cpu")), lead=num(rec.get("lead")), gpu_time=num(rec.get("gpu_time")),
         sync_site=site if isinstance(site, str) and site else None,
         mem_peak=_int(mem.get("reserved")) or _int(mem.get("peak")), cpu=cpu, cpu_active=cpu_active,
-        gap_inferred=inferred, record=dict(rec, gap=gap) if inferred else rec)
+        gap_inferred=inferred, record=dict(rec, gap=gap) if inferred else rec, gap_cpu=num(rec.get("gap_cpu")))
 
 
 def _comm_value(comm: dict[str, Any] | None, key: str) -> float | None:

@@ -5,20 +5,15 @@ a compute-bound loop stays healthy; pure-Python tokenizing in the step is busy w
 
 from __future__ import annotations
 
-import json
-import subprocess
 import sys
 from pathlib import Path
 
-import jsonschema
 import pytest
 
 from perfmon_analysis.buffers import WINDOW_STEPS
-from tests.helpers.reports import REPORT_SCHEMA
+from tests.helpers.perfmon_jobs import run_and_report
 
-ROOT = Path(__file__).parents[2]
 SCRIPT = Path(__file__).parent / "scripts" / "inloop_work.py"
-PERFMON = [sys.executable, "-m", "tui.cli"]
 STEPS = WINDOW_STEPS + 10      # the report judges the last 50 steps (its window); 10 more to warm up
 
 pytestmark = pytest.mark.slow
@@ -31,18 +26,8 @@ def _line_of(text: str) -> int:
 
 def run_loop(mode: str, tmp_path: Path) -> tuple[dict, dict]:
     """(the script's own numbers, the report JSON) for one loop run under ``perfmon run``."""
-    rec = tmp_path / mode
-    run = subprocess.run(PERFMON + ["run", "--no-tui", "--record", str(rec), "--", sys.executable, str(SCRIPT),
-                                    "--mode", mode, "--steps", str(STEPS)], capture_output=True, text=True,
-                         timeout=180, cwd=ROOT)
-    assert run.returncode == 0, run.stderr[-3000:]
-    own = json.loads([line for line in run.stdout.splitlines() if line.startswith("{")][-1])
-    out = subprocess.run(PERFMON + ["report", str(rec), "--json"], capture_output=True, text=True, timeout=60,
-                         cwd=ROOT)
-    assert out.returncode == 0, out.stderr
-    report = json.loads(out.stdout)
-    jsonschema.validate(report, REPORT_SCHEMA)
-    return own, report
+    own, report = run_and_report(tmp_path / mode, sys.executable, str(SCRIPT), "--mode", mode, "--steps", str(STEPS))
+    return own[-1], report
 
 
 def _loss(report: dict, loss_id: str) -> dict:

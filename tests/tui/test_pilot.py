@@ -431,9 +431,9 @@ async def test_u_opens_where_the_step_goes_with_each_lines_share_and_error_bar(r
         # three 2 s intervals overlap the 5 s window: 48 of 120 samples in a body that is the whole step,
         # 40% ± the Wilson half-width of 48/120 (8.6%)
         rows = [re.sub(r"\s+", " ", line).strip() for line in text.splitlines()]
-        assert any(r.startswith("40% ± 9% waiting socket.socket.recv_into train.py:21 in fetch_from_service")
+        assert any(r.startswith("40% ± 9% waiting in step socket.socket.recv_into train.py:21 in fetch_from_service")
                    for r in rows), text
-        assert any(r.startswith("30% ± 8% busy torch.nn.modules.module._call_impl train.py:44 in train")
+        assert any(r.startswith("30% ± 8% busy in step torch.nn.modules.module._call_impl train.py:44 in train")
                    for r in rows), text
         assert "waiting, no measured cause: 40% of the step" in text
         await pilot.press("u")

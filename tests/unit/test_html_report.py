@@ -21,12 +21,11 @@ def test_a_replayed_recording_keeps_the_verdict_change_at_its_time(tmp_path):
     rec = scenarios.write("trends", tmp_path, steps=2000)
     analysis, _ = load(str(rec), 5.0, verdicts=60)
     changes = list(analysis.history.verdicts)
-    # healthy; warned while the checkpoint before step 800 is in the window; data loading from the middle
-    assert [(c.bottleneck, c.severity) for c in changes] == [("healthy", "ok"), ("healthy", "warn"),
-                                                              ("healthy", "ok"), ("data_loading", "warn")]
-    assert 85 < changes[1].t - scenarios.T0 < 85 + 2 * 5       # step 800 ends at T0 + 1 + 80 + 3 + 2 s
+    # healthy (the checkpoint before step 800 is a pause of 3 s in ~85 s: ETTR stays over 90%, over the run,
+    # whether or not the window holds it); data loading from the middle
+    assert [(c.bottleneck, c.severity) for c in changes] == [("healthy", "ok"), ("data_loading", "warn")]
     # the loader falls behind at step 1000: T0 + 1 + 100 + 3 + 2 s; judged every ~5 s of the ~270 s run
-    assert 106 < changes[3].t - scenarios.T0 < 106 + 3 * 5
+    assert 106 < changes[1].t - scenarios.T0 < 106 + 3 * 5
     trend = analysis.history.trend(50)
     data = STEP_FIELDS.index("data")
     assert trend[0].mean[data] < 0.01 < 0.05 < trend[-1].mean[data]  # type: ignore[operator]

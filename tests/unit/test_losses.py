@@ -33,7 +33,7 @@ def test_gpu_idle_is_what_busy_and_data_wait_leave_and_comm_is_not_subtracted():
 
 def test_every_unmeasured_share_is_unknown_with_a_reason_never_zero():
     losses = account(Metrics(), "cuda")
-    assert [x.id for x in losses] == ["data_wait", "comm_exposed", "device_idle", "step_gaps"]
+    assert [x.id for x in losses] == ["data_wait", "comm_exposed", "device_idle", "loop", "step_gaps"]
     assert all(x.share is None and x.source for x in losses)
     assert all("why_unknown" in x.as_json() and x.as_json()["share"] is None for x in losses)
     cpu = by_id(account(Metrics(device_busy=0.8, device_busy_source="step_accounting"), "cpu"))
@@ -80,15 +80,18 @@ def test_a_data_wait_between_5_and_10_percent_is_a_finding_of_a_healthy_job():
        comm=st.one_of(st.none(), st.floats(0.0, 0.6)), syncs=st.one_of(st.none(), st.floats(0.0, 4.0)),
        cpu=st.one_of(st.none(), st.floats(0.0, 1.0)), ratio=st.one_of(st.none(), st.floats(0.1, 1.0)),
        fill=st.one_of(st.none(), st.floats(0.0, 1.0)), lead=st.one_of(st.none(), st.floats(0.0, 3.0)),
+       loop=st.one_of(st.none(), st.floats(0.0, 0.6)), loop_wait=st.one_of(st.none(), st.floats(0.0, 1.0)),
        device=st.sampled_from(["cpu", "cuda"]))
-def test_never_healthy_with_a_measured_loss_of_ten_percent(busy, data, comm, syncs, cpu, ratio, fill, lead, device):
-    """The verdict's invariants over any mix of measured and unknown numbers, fill (SM activity over busy)
-    and the host's lead (in steps of device time) included."""
+def test_never_healthy_with_a_measured_loss_of_ten_percent(busy, data, comm, syncs, cpu, ratio, fill, lead, loop,
+                                                           loop_wait, device):
+    """The verdict's invariants over any mix of measured and unknown numbers, fill (SM activity over busy),
+    the host's lead (in steps of device time) and the loop's own work between steps included."""
     cuda = device == "cuda"
     view = _view(device=device, device_busy=busy, device_busy_source="nvml_util" if cuda else
                  "step_accounting", data_wait_frac=data, comm_exposed_frac=comm, syncs_per_step=syncs,
                  loader_cpu=cpu, loader_workers=2, compute_ratio=ratio, mfu=0.5,
-                 device_fill=fill if cuda else None, host_lead_steps=lead if cuda else None)
+                 device_fill=fill if cuda else None, host_lead_steps=lead if cuda else None, loop_frac=loop,
+                 loop_wait_frac=loop_wait)
     view = dataclasses.replace(view, world_size=2)
     v = V.evaluate(view)
     by = by_id(v.losses)
@@ -96,7 +99,7 @@ def test_never_healthy_with_a_measured_loss_of_ten_percent(busy, data, comm, syn
     if worst >= chart.LOSS_MIN:
         assert v.bottleneck != "healthy", (v.headline, v.losses)
     # an unknown never selects an exit: the outcome's loss, when it names one, was measured
-    named = v.outcome.loss
+    named = v.loss
     if named is not None:
         assert by[named].share is not None or v.undecided, (v.headline, v.losses)
     # a skipped outcome question is said in the headline
@@ -115,8 +118,8 @@ def test_never_healthy_with_a_measured_loss_of_ten_percent(busy, data, comm, syn
             assert (v.bottleneck == "low_fill") == (fill < chart.FILL_MIN), (v.headline, fill)
         if v.bottleneck == "low_fill":
             assert fill is not None and fill < chart.FILL_MIN and busy is not None and busy >= chart.DEVICE_BUSY_MIN
-        if fill is not None and busy is not None:
-            assert by["device_idle"].share == pytest.approx(max(0.0, 1.0 - busy - (data or 0.0)))
+        if fill is not None and busy is not None:      # the device idles between steps too: not this loss
+            assert by["device_idle"].share == pytest.approx(max(0.0, 1.0 - busy - (data or 0.0) - (loop or 0.0)))
 
 
 def test_an_early_memory_spike_stops_counting_once_it_leaves_the_window():
@@ -149,39 +152,52 @@ def test_each_loss_names_its_source_or_why_it_is_unknown_in_the_reports_words():
         v = _view(device, **metrics)
         return [x.as_json() for x in account(v.metrics, v.device_type)]
 
-    measured = rows("cuda", device_busy=0.6, data_wait_frac=0.1, comm_exposed_frac=0.05, gap_frac=0.02)
+    measured = rows("cuda", device_busy=0.6, data_wait_frac=0.1, comm_exposed_frac=0.05, loop_frac=0.04,
+                    pause_frac=0.02)
     assert measured == [
-        {"id": "data_wait", "label": "data wait", "share": 0.1, "source": "time blocked waiting for the next batch"},
+        {"id": "data_wait", "label": "data wait", "share": 0.1, "source": "time blocked waiting for the next batch",
+         "span": "window"},
         {"id": "comm_exposed", "label": "exposed communication", "share": 0.05,
-         "source": "time blocked in collectives"},
+         "source": "time blocked in collectives", "span": "window"},
         {"id": "device_idle", "label": "device idle, no other cause", "share": measured[2]["share"],
-         "source": "1 - GPU busy (NVML utilization) - data wait"},
-        {"id": "step_gaps", "label": "between steps", "share": 0.02,
-         "source": "wall time between the end of one step and the start of the next"}]
-    assert abs(measured[2]["share"] - 0.3) < 1e-9
-    assert rows("cpu", device_busy=None, data_wait_frac=None, comm_exposed_frac=None, gap_frac=None) == [
+         "source": "1 - GPU busy (NVML utilization) - data wait - time between steps", "span": "window"},
+        {"id": "loop", "label": "loop work between steps", "share": 0.04,
+         "source": "time between steps that recurs every step (the window's median gap), from step boundaries",
+         "span": "window"},
+        {"id": "step_gaps", "label": "pauses between steps", "share": 0.02,
+         "source": "occasional time between steps (checkpoints, evaluation, stalls) over the whole run: 1 - ETTR",
+         "span": "run"}]
+    assert abs(measured[2]["share"] - 0.24) < 1e-9         # 1 - 0.6 - 0.1 - 0.04 - 0.02: the device idles between steps
+    assert rows("cpu", device_busy=None, data_wait_frac=None, comm_exposed_frac=None, loop_frac=None,
+                pause_frac=None) == [
         {"id": "data_wait", "label": "data wait", "share": None,
-         "why_unknown": "no batch fetch timed (mon.loader(...), a DataLoader under perfmon run or a trainer callback) or no step timing yet"},
+         "why_unknown": "no batch fetch timed (mon.loader(...), a DataLoader under perfmon run or a trainer callback) or no step timing yet",
+         "span": "window"},
         {"id": "comm_exposed", "label": "exposed communication", "share": None,
          "why_unknown": "collectives take 0% of the step, the exposed part is not measured "
-                        "(NCCL: PERFMON_NCCL_TIMING=1)"},
+                        "(NCCL: PERFMON_NCCL_TIMING=1)", "span": "window"},
         {"id": "device_idle", "label": "waiting, no measured cause", "share": None,
          "why_unknown": "CPU job: the training thread's CPU time is not reported, so a wait inside the step cannot "
-                        "be told from work (busy is the time not lost to a measured cause)"},
-        {"id": "step_gaps", "label": "between steps", "share": None, "why_unknown": "no step timing yet"}]
-    gpu_unknown = rows("cuda", device_busy=None, data_wait_frac=0.1, comm_exposed_frac=None, gap_frac=0.0)
+                        "be told from work (busy is the time not lost to a measured cause)", "span": "window"},
+        {"id": "loop", "label": "loop work between steps", "share": None, "why_unknown": "no step timing yet",
+         "span": "window"},
+        {"id": "step_gaps", "label": "pauses between steps", "share": None, "why_unknown": "no step timing yet",
+         "span": "run"}]
+    gpu_unknown = rows("cuda", device_busy=None, data_wait_frac=0.1, comm_exposed_frac=None, pause_frac=0.0)
     assert gpu_unknown[2] == {"id": "device_idle", "label": "device idle, no other cause", "share": None,
-                              "why_unknown": "GPU busy in time not measured (NVML utilization not readable)"}
-    assert gpu_unknown[3]["share"] == 0.0
+                              "why_unknown": "GPU busy in time not measured (NVML utilization not readable)",
+                              "span": "window"}
+    assert gpu_unknown[4]["share"] == 0.0
 
 
 def test_estimated_or_uninstrumented_comm_says_so_and_report_shares_have_four_decimals():
     estimated = by_id(account(Metrics(comm_exposed_frac=0.123456, comm_estimated=True), "cuda"))["comm_exposed"]
     assert estimated.as_json() == {"id": "comm_exposed", "label": "exposed communication", "share": 0.1235,
-                                   "source": "estimated from collective times"}
+                                   "source": "estimated from collective times", "span": "window"}
     missing = by_id(account(Metrics(), "cuda"))["comm_exposed"]
     assert missing.as_json() == {"id": "comm_exposed", "label": "exposed communication", "share": None,
-                                 "why_unknown": "collectives not instrumented (mon.watch(model=ddp_model))"}
+                                 "why_unknown": "collectives not instrumented (mon.watch(model=ddp_model))",
+                                 "span": "window"}
     unexposed = by_id(account(Metrics(comm_frac=0.6), "cuda"))["comm_exposed"]
     assert unexposed.source.startswith("collectives take 60% of the step")
 

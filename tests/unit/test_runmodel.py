@@ -60,11 +60,26 @@ def test_shares_and_cpu_device_busy_formula():
     assert m.device_busy == pytest.approx(0.7) and m.device_busy_source == "step_accounting"
 
 
-def test_gap_is_excluded_from_step_time_shares_and_lowers_ettr():
+def test_every_share_is_of_the_iteration_and_time_between_every_step_is_the_loops_not_ettrs():
+    """One whole: a 100 ms iteration with 20 ms of data wait and 20 ms between every two steps reads data
+    wait 20%, busy 60%, loop work 20%; recurring on every step, that time is no pause: ETTR stays 100%."""
     m = job(Rank(dur=0.1, data=0.02, gap=0.02, steps=40)).view().metrics
-    assert m.data_wait_frac == pytest.approx(0.02 / 0.08)
-    assert m.device_busy == pytest.approx(0.06 / 0.08)
-    assert m.ettr == pytest.approx(0.8, abs=1e-6) and m.gap_frac == pytest.approx(0.2)
+    assert m.data_wait_frac == pytest.approx(0.2)
+    assert m.device_busy == pytest.approx(0.6)
+    assert m.loop_frac == pytest.approx(0.2) and m.gap_frac == pytest.approx(0.2)
+    assert m.ettr == pytest.approx(1.0, abs=1e-6) and m.pause_frac == pytest.approx(0.0, abs=1e-6)
+
+
+def test_pauses_are_measured_over_the_run_and_shares_of_the_loop_keep_their_part_of_the_whole():
+    """A 0.5 s checkpoint every 10 steps of 100 ms: a pause whether the window ends on one or not (its share
+    is the run's, so ETTR = 1 - pauses), and the data wait, 20% of the loop, is 20% x (1 - pauses) of the whole."""
+    for steps in (50, 55):
+        m = job(Rank(dur=0.1, data=0.02, pause=0.5, pause_every=10, steps=steps)).view().metrics
+        paused = steps // 10 * 0.5
+        assert m.ettr == pytest.approx(1 - m.pause_frac, abs=1e-6)
+        assert m.pause_frac == pytest.approx(paused / (steps * 0.1 + paused), abs=1e-6)
+        assert m.data_wait_frac == pytest.approx(0.2 * (1 - m.pause_frac), abs=1e-6)
+        assert m.loop_frac == pytest.approx(0.0, abs=1e-6)
 
 
 def test_ettr_falls_back_to_blocking_event_seconds_without_gap_key():

@@ -86,8 +86,9 @@ def test_an_unchanged_rank_is_not_summarised_again():
 
 def test_subscribing_after_summaries_counts_no_step_twice():
     """The relay sends a summary, then (subscribed) its buffered steps, then new ones: ETTR and the
-    step count are those of a viewer that saw every step."""
-    r = Rank(0, steps=40, dur=0.1, gap=0.02)
+    step count are those of a viewer that saw every step: the loop's work between steps (20 ms each) is not
+    lost, the pauses (100 ms every 5 steps) are."""
+    r = Rank(0, steps=40, dur=0.1, gap=0.02, pause=0.1, pause_every=5)
     recs = records(r)
     relay, direct = RunModel(), RunModel()
     for rec in recs[:-20]:
@@ -102,7 +103,7 @@ def test_subscribing_after_summaries_counts_no_step_twice():
     got, want = viewer.view(now=T0 + 4.0).ranks[0], direct.view(now=T0 + 4.0).ranks[0]
     assert got.steps == want.steps == 40
     assert [b.step for b in viewer.view().traces[0].steps] == list(range(40))   # the relay's buffer came first
-    assert got.ettr == pytest.approx(want.ettr) and got.ettr == pytest.approx(0.8)
+    assert got.ettr == pytest.approx(want.ettr) and got.ettr == pytest.approx(1 - 0.8 / 4.8)
 
 
 def test_odd_summary_values_are_unknown_never_an_error():
@@ -137,7 +138,7 @@ def test_summary_and_subscribe_are_wire_1_2_kinds():
 def test_steps_lost_to_drops_lower_no_summarised_ettr():
     """A rank whose steps 20-29 never arrived: the relay's ETTR leaves their time out (``unseen``),
     and so does the viewer holding its summary."""
-    recs = [r for r in records(Rank(0, steps=60, dur=0.1, gap=0.02))
+    recs = [r for r in records(Rank(0, steps=60, dur=0.1, pause=0.1, pause_every=5))
             if not (r["k"] == "step" and 20 <= r["step"] < 30)]
     relay = RunModel()
     for rec in recs:
@@ -146,7 +147,7 @@ def test_steps_lost_to_drops_lower_no_summarised_ettr():
     viewer.ingest(stream(0), recs[0])
     viewer.ingest(stream(0), _wire(relay.summary(stream(0), relay.last_t)[1]))
     want = relay.view().ranks[0].ettr
-    assert want == pytest.approx(0.8)             # without the unseen second it would be 50 x 0.08 / 5 s
+    assert want == pytest.approx(5 / 6)           # 50 steps of 0.1 s and 10 pauses of 0.1 s; unseen: 1.2 s
     assert viewer.view(now=relay.last_t).ranks[0].ettr == pytest.approx(want)
 
 

@@ -10,20 +10,23 @@ import time
 import types
 
 import probe
-from probe import records, where, wire
+from probe import fetches, records, where, wire
 from tests.integration.streamutil import connect, read_until, step_seen, wait_for
 
 
 class FakeProbe:
-    """The part of ``Probe`` the sampler reads: the training thread, always inside a step."""
+    """The part of ``Probe`` the sampler reads: the training thread, inside a step unless told otherwise
+    (``steps``: steps ended so far; between steps once one has)."""
 
     def __init__(self, thread_id: int) -> None:
         self.thread_id = thread_id
         self.in_step = True
+        self.steps = 0
+        self.ended = 0.0          # perf_counter of the last step's end
         self.errors: list = []
 
     def progress(self):
-        return 0, 0.0, self.in_step, self.thread_id, None
+        return self.steps, self.ended, self.in_step, self.thread_id, None
 
     def report_error(self, where_, exc):
         self.errors.append((where_, exc))
@@ -145,6 +148,165 @@ def test_the_most_frequent_library_call_of_a_line_is_named_and_the_keys_are_boun
     for i in range(where.MAX_KEYS + 10):
         bounded.add(_frame("/u/train.py", i, "step"), "busy", places)
     assert len(bounded.lines) == where.MAX_KEYS and bounded.other == 10 and bounded.samples == where.MAX_KEYS + 10
+
+
+def spin_forever(stop: threading.Event) -> None:
+    x = 0
+    while not stop.is_set():
+        x += sum(i for i in range(3))                                      # HOG_LINE
+
+
+def gil_waiter(stop: threading.Event) -> None:
+    while not stop.is_set():
+        time.sleep(0.0001)     # each wake-up needs the GIL back: with a Python hog beside, it waits for it
+
+
+def fetching(stop: threading.Event) -> None:
+    """A batch fetch through the DataLoader wrapper whose innermost user frame is the dataset's own code."""
+    fetches._wrap_next(lambda it: sleeper(stop))(None)
+
+
+def _threads(*targets, names=()) -> tuple[threading.Event, list[threading.Thread]]:
+    stop = threading.Event()
+    threads = [threading.Thread(target=t, args=(stop,), daemon=True, name=n) for t, n in
+               zip(targets, list(names) + [None] * len(targets))]
+    for t in threads:
+        t.start()
+    return stop, threads
+
+
+def test_between_steps_samples_are_sent_once_the_next_step_begins_and_none_after_the_last_step():
+    stop, (thread,) = _threads(sleeper)
+    out: list = []
+    fake = FakeProbe(thread.ident)
+    fake.in_step, fake.steps = False, 1          # after the first step's end
+    sampler = where.WhereSampler(fake, out.append, hz=19.0)
+    try:
+        for _ in range(10):
+            sampler.tick()
+        assert sampler.flush() is None          # the gap has not ended: it may be the script's end
+        fake.steps = 2                           # the next step began and ended
+        for _ in range(2):
+            sampler.tick()
+        record = sampler.flush()
+        assert record["samples"] == 0 and record["lines"] == []
+        assert record["between_samples"] >= 10 and record["between_other"] == 0
+        top = record["between"][0]
+        assert (top["line"], top["function"], top["state"]) == (_line_of("# SLEEP_LINE"), "sleeper", "waiting")
+        wire.validate(record)
+        for _ in range(5):                       # after the last step: held, never sent
+            sampler.tick()
+        sampler.stop_event.set()
+        sampler.run()
+        assert out == [record]
+    finally:
+        stop.set()
+        thread.join()
+
+
+def test_a_batch_fetch_between_steps_is_the_data_wait_not_sampled_even_inside_the_users_dataset():
+    stop, (thread,) = _threads(fetching)
+    fake = FakeProbe(thread.ident)
+    fake.in_step, fake.steps = False, 1
+    sampler = where.WhereSampler(fake, lambda rec: None, hz=19.0)
+    try:
+        for _ in range(8):
+            sampler.tick()
+        assert sampler.pending.samples == 0
+        fake.in_step = True                      # inside a step the same stack is the step's
+        for _ in range(8):
+            sampler.tick()
+        assert sampler.tally.samples >= 6
+    finally:
+        stop.set()
+        thread.join()
+
+
+def test_a_look_that_got_the_gil_only_after_a_step_ended_is_left_out():
+    """The look was due inside the step; Python held the GIL past the step's end: the stack it finds is
+    the gap's, the time it stands for the step's. Late without a step ending, or on time, it counts."""
+    stop, (thread,) = _threads(sleeper)
+    fake = FakeProbe(thread.ident)
+    fake.in_step, fake.steps = False, 1
+    sampler = where.WhereSampler(fake, lambda rec: None, hz=19.0)
+    try:
+        due = time.perf_counter() - 0.004
+        fake.ended = due + 0.002                  # the step ended 2 ms after the look was due
+        sampler.tick(due)
+        assert sampler.pending.samples == 0
+        fake.ended = due - 0.001
+        sampler.tick(due)                          # late, but the step had ended before
+        sampler.tick(time.perf_counter())          # on time
+        assert sampler.pending.samples == 2
+    finally:
+        stop.set()
+        thread.join()
+
+
+def test_a_fetch_that_opened_the_next_step_counts_its_time_as_the_steps():
+    stop, (thread,) = _threads(sleeper)
+    fake = FakeProbe(thread.ident)
+    fake.in_step, fake.steps = False, 1
+    fake.opening = lambda: True                  # zero-code: the training loader's fetch came, the forward not yet
+    sampler = where.WhereSampler(fake, lambda rec: None, hz=19.0)
+    try:
+        for _ in range(6):
+            sampler.tick()
+        assert sampler.tally.samples >= 5 and sampler.pending.samples == 0
+    finally:
+        stop.set()
+        thread.join()
+
+
+def test_a_python_thread_holding_the_gil_while_the_training_thread_waits_is_named_with_its_line():
+    stop, (train, hog) = _threads(gil_waiter, spin_forever, names=("train", "metrics-encoder"))
+    fake = FakeProbe(train.ident)
+    sampler = where.WhereSampler(fake, lambda rec: None, hz=19.0)
+    try:
+        for _ in range(30):
+            sampler.tick()
+        record = sampler.flush()
+    finally:
+        stop.set()
+        train.join()
+        hog.join()
+    waiting = sum(line["n"] for line in record["lines"] if line["state"] == "waiting")
+    holders = record["holders"]
+    # the generator expression it runs is named by the function it is in
+    named = sum(h["n"] for h in holders if (h["thread"], h["function"], h["span"]) ==
+                ("metrics-encoder", "spin_forever", "step"))
+    assert holders[0]["line"] in (_line_of("# HOG_LINE"), _line_of("# HOG_LINE") - 1)   # the loop's two lines
+    assert waiting >= 15 and named >= waiting / 2, (waiting, holders)
+    wire.validate(record)
+
+
+def test_a_between_step_sample_is_before_or_after_the_lines_the_loop_runs_its_step_from():
+    places = where.Places(roots=("/lib/",))
+    loop = where.LoopLines(places)
+    class Code:                                  # hashable, as code objects are
+        def __init__(self, name: str) -> None:
+            self.co_filename, self.co_name, self.co_qualname = "/u/train.py", name, name
+
+    train, tokenize = Code("train"), Code("tokenize")
+
+    def at(line, code=train, back=None):
+        return types.SimpleNamespace(f_code=code, f_lineno=line, f_back=back, f_globals={"__name__": "user"})
+
+    for line in (20, 21, 24) * 5:                # forward at 20 ... optimizer step at 24, seen inside steps
+        loop.seen(where.stack_of(_frame("/lib/torch/module.py", 9, "_call_impl", at(line), module="torch")))
+    loop.seen(where.stack_of(at(8)))             # a warm-up step called from line 8, under a quarter of a line's
+
+    def order(frame):
+        return loop.order(where.stack_of(frame))
+
+    assert order(at(18)) == "before" and order(at(27)) == "after"
+    assert order(at(3, tokenize, at(18))) == "before"       # a helper called before the step: the loop's line
+    assert order(at(22)) is None and order(at(5, tokenize)) is None
+    tally = where.Tally(0.0)
+    tally.count(("/u/train.py", 3, "tokenize", None), "busy", before=1)
+    tally.count(("/u/train.py", 3, "tokenize", None), "busy")
+    line = tally.listed()[0]
+    assert (line["n"], line["before"], "after" in line) == (2, 1, False)
 
 
 def test_no_sample_is_taken_outside_a_step_and_an_empty_interval_sends_nothing():

@@ -23,7 +23,9 @@ class Rank:
     steps: int = 30
     dur: float = 0.100             # step time (includes data and gap)
     data: float = 0.0              # loader wait per step
-    gap: float = 0.0               # time between steps outside the loader
+    gap: float = 0.0               # time between steps outside the loader, every step (the loop's own work)
+    pause: float = 0.0             # a pause between steps (a checkpoint) of this many seconds ...
+    pause_every: int = 0           # ... before every this many-th step (0: never), on top of ``gap``
     comm: float | None = None      # collective seconds per step (None: not measured)
     exposed: float | None = None   # blocked part of it (defaults to comm)
     syncs: float | None = None
@@ -35,6 +37,7 @@ class Rank:
     data_cpu: float | None = None
     cpu: float | None = None       # training thread CPU s per step (wire 1.3), over ``cpu_span``
     cpu_span: str | None = None    # "body" (API) | "active" (zero-code)
+    gap_cpu: float | None = None   # training thread CPU s in each gap (wire 1.5, zero-code)
     loader_workers: int | None = None
     loader_cpu: float | None = None
     rss: int | None = 1 << 30
@@ -52,6 +55,16 @@ class Rank:
     probe_cores: float | None = None     # its threads' CPU, in cores, beside the process's 1 core
     start: float = T0
     extra_records: list[dict[str, Any]] = field(default_factory=list)
+
+
+def between(t0: float, t1: float, lines: list[tuple[int, str, int, int]], step_lines: int = 0) -> dict[str, Any]:
+    """A ``where`` record (wire 1.5) of [t0, t1] with stack samples between steps: ``lines`` as (line, state,
+    samples, of them before the loop's step lines); ``step_lines`` in-step samples at /u/train.py:50."""
+    return {"k": "where", "t": t1, "t0": t0, "t1": t1, "hz": 19.0, "samples": step_lines,
+            "lines": [{"file": "/u/train.py", "line": 50, "function": "train", "n": step_lines, "state": "busy"}]
+            if step_lines else [], "other": 0, "between_samples": sum(n for _, _, n, _ in lines),
+            "between": [{"file": "/u/train.py", "line": ln, "function": "train", "n": n, "state": st, "before": b}
+                        for ln, st, n, b in lines]}
 
 
 def hello(r: Rank, world: int, device: str, peak: float | None, t: float) -> dict[str, Any]:
@@ -76,14 +89,17 @@ def records(r: Rank, world: int = 1, device: str = "cpu", peak: float | None = N
         phases = {"forward": rest / 2, "backward": rest / 2}
         if r.data:
             phases["data"] = r.data
-        extras: dict[str, Any] = {key: getattr(r, key) for key in ("syncs", "gpu_time", "lead")
+        paused = r.pause if r.pause_every and i % r.pause_every == r.pause_every - 1 else 0.0
+        dur = r.dur + paused
+        extras: dict[str, Any] = {key: getattr(r, key) for key in ("syncs", "gpu_time", "lead", "gap_cpu")
                                   if getattr(r, key) is not None}
         if r.comm is not None:
             extras["comm"] = {"seconds": r.comm, "exposed": r.exposed if r.exposed is not None else r.comm,
                               "bytes": 4 << 20, "ops": 1}
-        out.append(R.step(i, start=t, dur=r.dur, phases=phases, gap=r.gap, samples=r.samples, tokens=r.tokens,
-                          flops=r.flops, data_cpu=r.data_cpu, cpu=r.cpu, cpu_span=r.cpu_span, **extras))
-        t += r.dur
+        out.append(R.step(i, start=t, dur=dur, phases=phases, gap=r.gap + paused, samples=r.samples,
+                          tokens=r.tokens, flops=r.flops, data_cpu=r.data_cpu, cpu=r.cpu, cpu_span=r.cpu_span,
+                          **extras))
+        t += dur
         host: dict[str, Any] = {"cpu": 1.0, "cpu_count": 8}
         if r.rss is not None:
             host["rss"] = r.rss

@@ -66,7 +66,10 @@ class VerdictBar(Widget):
                 line2.append(f"  (+{len(v.suggestions) - 1} more: f)", style=glyphs.DIM)
         else:
             line2.append("nothing to fix" if v.bottleneck == "healthy" else "—", style=glyphs.DIM)
-        line3 = Text.assemble(("path: ", glyphs.DIM))
+        line3 = Text()
+        if v.where is not None and v.path:       # first: a long path cuts its own tail, never the key
+            line3.append("u: where  ", style=f"bold {glyphs.ACCENT}")
+        line3.append("path: ", style=glyphs.DIM)
         for i, step in enumerate(v.steps()):
             if i:
                 line3.append(" › ", style=glyphs.DIM)
@@ -79,8 +82,6 @@ class VerdictBar(Widget):
             line3.append(f" ⇒ {v.bottleneck}", style=f"bold {colour}")
         elif v.bottleneck == "stuck":
             line3.append("press s: each rank's part and stack", style=f"bold {colour}")
-        if v.where is not None and v.path:
-            line3.append("  u: where", style=f"bold {glyphs.ACCENT}")
         findings = v.finding_ids
         if findings:
             line3.append("   also: " + ", ".join(findings), style=glyphs.WARN)

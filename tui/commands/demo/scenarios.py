@@ -4,7 +4,7 @@ Every bottleneck comes from a real mechanism in a real training job (pure
 Python tokenisation in the loader workers, storage latency on reads, a large
 gradient all-reduce, uneven shards, a pipeline stage holding too many layers, predictions kept
 for an epoch metric, blocking checkpoints, ``.item()`` logging, a blocking call to a metrics
-service inside the step); nothing fakes a record. Sizes are
+service inside the step or after it); nothing fakes a record. Sizes are
 chosen so the verdict is unambiguous on two CPU cores within ~10 s. This module
 is pure Python: the launcher reads it without importing torch.
 """
@@ -50,6 +50,7 @@ class Scenario:
     item_logging: bool = False        # per-parameter grad-norm .item() every step (host-device syncs)
     service_wait: float = 0.0         # a blocking metrics call between forward and backward, whose latency
                                       # is this many times the previous step's compute (0: none)
+    service_after: bool = False       # ... made after the step instead, between steps (the loop's own wait)
     hang_after: int = 0               # the last rank stops before this step's all-reduce, for good
     stall_s: float | None = None      # PERFMON_STALL_S for the ranks (unless the user set it)
     gpu_model: ModelSize | None = None  # run alone on a GPU: this model and batch instead, so that the
@@ -97,6 +98,9 @@ SCENARIOS: dict[str, Scenario] = {s.name: s for s in (
     Scenario("host_wait", "between forward and backward, every step reports to a metrics service and "
              "blocks until it answers: the training thread waits off CPU ~40% of each step",
              expect="host_wait", service_wait=0.67),
+    Scenario("host_wait_between", "after every step, outside it, the loop reports to a metrics service and "
+             "blocks until it answers: the loop's own wait between steps, ~40% of each iteration",
+             expect="host_wait", service_wait=0.67, service_after=True),
     Scenario("stuck", "2 ranks (gloo): after 30 steps the last rank blocks before its all-reduce "
              "(a lock that is never released) and the other waits in it for ever",
              expect="stuck", ranks=2, batch=4, seq=32, workers=0, hang_after=30, stall_s=5.0),

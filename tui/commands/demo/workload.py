@@ -306,7 +306,7 @@ def train_step(job: Job, sc: Scenario, batch: torch.Tensor) -> None:
                 with mon.phase("forward"):
                     logits = model(xm)
                     loss = F.cross_entropy(logits.reshape(-1, logits.shape[-1]), ym.reshape(-1)) / len(xs)
-                if sc.service_wait and last:
+                if sc.service_wait and not sc.service_after and last:
                     called = time.perf_counter()
                     report_to_metrics_service(sc.service_wait * (job.compute_s or called - began))
                     waited = time.perf_counter() - called
@@ -328,7 +328,7 @@ def train_step(job: Job, sc: Scenario, batch: torch.Tensor) -> None:
 
 
 def report_to_metrics_service(latency_s: float) -> None:
-    """The anti-pattern: a synchronous call to a remote metrics service inside the step. The sleep
+    """The anti-pattern: a synchronous call to a remote metrics service in the loop. The sleep
     stands for its round trip; the training thread is off CPU for all of it, and perfmon hooks
     nothing here, so only the thread's CPU clock and its stack show the wait."""
     time.sleep(latency_s)
@@ -401,6 +401,8 @@ def run(job: Job, phases: tuple[Scenario, ...], t0: float, seconds: float | None
         if sc.hang_after and job.step == sc.hang_after and job.rank == job.world - 1:
             hang(job)
         train_step(job, sc, batch)
+        if sc.service_wait and sc.service_after and job.compute_s:
+            report_to_metrics_service(sc.service_wait * job.compute_s)   # after the step: between steps
         if sc.checkpoint_every and job.step % sc.checkpoint_every == 0:
             checkpoint(job, sc.checkpoint_mb_per_s)
         if time.monotonic() - last_note > 5.0 and job.last_loss is not None:
