@@ -49,7 +49,7 @@ def _train(mon, model, opt, steps: int, cuda=None, kernels_s: float = 0.0, sampl
             _step(model, opt, cuda, kernels_s)
     deadline = time.monotonic() + 30
     for _ in range(samples):
-        while not seen.acquire(timeout=0.01):
+        while not seen.acquire(blocking=False):   # steps back to back: a wait here is time between steps
             assert time.monotonic() < deadline, "the sampler sent no sample"
             with mon.step():
                 _step(model, opt, cuda, kernels_s)
