@@ -119,10 +119,13 @@ def test_within_budget_there_is_no_finding_and_the_step_calls_cost_microseconds(
     # finding follows the measured share, whatever it is
     assert 0 < calls["value"] <= seen.outside
     assert o["step_frac"] is not None
-    finding = [f for f in report["findings"] if f["id"] == "perfmon_cost"]
-    assert bool(finding) == (o["step_frac"] >= STEP_BUDGET), (o["step_frac"], finding)
+    costs = [f for f in report["findings"] if f["id"] == "perfmon_cost"]
+    finding = [f for f in costs if f["kind"] == "train"]
+    assert bool(finding) == (o["step_frac"] > STEP_BUDGET), (o["step_frac"], costs)
     if seen.outside < STEP_BUDGET * STEP_S / 2:      # the job saw its steps' calls well within the budget
         assert not finding
+    if not finding:   # the probe's threads have a budget of their own, which a loaded machine can pass
+        assert bool(costs) == (o["cpu_frac"] > o["cpu_budget"] and o["cores"] > o["cpu_floor_cores"]), (o, costs)
     # step()'s call and with protocol: one a step at its calibrated cost, inside the training-thread total
     calibrated = last["cost"]["wrappers"]["step"][1]
     wrapped = next(p for p in o["parts"] if p["part"] == WRAPPER_PARTS["step"])
