@@ -27,8 +27,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))   # for tests.sim
 
-from probe.gpu.cuda import Poller, StepTimer                      # noqa: E402
-from tests.sim.simulated_cuda import SimulatedCuda                # noqa: E402
+from probe.gpu.cuda import Poller, StepTimer  # noqa: E402
+from tests.sim.simulated_cuda import SimulatedCuda  # noqa: E402
 
 
 class FixedPoller(Poller):

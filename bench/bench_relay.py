@@ -55,8 +55,8 @@ def self_cpu() -> float:
 
 async def view(base: Path, job: str, nodes: int, ranks: int, seconds: float, warmup: float,
                profile: str | None = None) -> dict:
-    from tui.app.perfmon_app import PerfmonApp
     from perfmon_analysis.analysis import Analysis
+    from tui.app.perfmon_app import PerfmonApp
     from tui.stream.remote import RelayFeed
 
     hosts = [f"node{k + 1:02d}" for k in range(nodes)]
@@ -121,8 +121,8 @@ async def view(base: Path, job: str, nodes: int, ranks: int, seconds: float, war
 def relay_start(ranks: int, rate: float) -> dict:
     """One relay on its own, as on a node of its own: from its start to a summary with a step time
     for each of its ranks (what the first full screen waits for), and the CPU it took to get there."""
-    from tui.stream.sources import viewer_hello
     from probe import wire
+    from tui.stream.sources import viewer_hello
 
     with tempfile.TemporaryDirectory(prefix="pm-relaystart-") as tmp:
         node = Path(tmp) / "node"

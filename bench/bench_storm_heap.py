@@ -5,12 +5,21 @@ loop stepping on another thread. Prints the traced bytes and the lines that grew
 
     python bench/bench_storm_heap.py
 """
-import os, sys, socket, time, tracemalloc, gc, threading
+import gc
+import os
+import socket
+import sys
+import threading
+import time
+import tracemalloc
+
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 import tempfile
+
 d = tempfile.mkdtemp(); os.chmod(d, 0o700); os.environ["PERFMON_DIR"] = d
 import probe
 from probe import wire
+
 mon = probe.start(job="leak", sample_hz=2)
 path = str(mon.socket_path)
 hello = wire.encode({"k": "hello", "t": time.time(), "proto": list(wire.PROTO)})

@@ -14,9 +14,9 @@ from typing import Any, Iterable
 
 from perfmon_analysis import report as _report
 from perfmon_analysis.buffers import WINDOW_SECONDS, WINDOW_STEPS
+from perfmon_analysis.gains import callback_values as gain_values
 from perfmon_analysis.groups import GroupReduction
 from perfmon_analysis.history import History
-from perfmon_analysis.gains import callback_values as gain_values
 from perfmon_analysis.metrics import callback_values
 from perfmon_analysis.readings import StepReading
 from perfmon_analysis.runmodel import RunModel

@@ -10,9 +10,20 @@ import collections
 from typing import TYPE_CHECKING, Any, Deque
 
 from perfmon_analysis.pauses import Pauses
-from perfmon_analysis.readings import (CommReading, DeviceReading, EventReading, LayoutReading, MemoryReading,
-                                       SampleReading, StallReading, StepOps, StepReading, WhereInterval, hello_reading,
-                                       step_reading)
+from perfmon_analysis.readings import (
+    CommReading,
+    DeviceReading,
+    EventReading,
+    LayoutReading,
+    MemoryReading,
+    SampleReading,
+    StallReading,
+    StepOps,
+    StepReading,
+    WhereInterval,
+    hello_reading,
+    step_reading,
+)
 from perfmon_analysis.sketch import DurationSketch
 
 if TYPE_CHECKING:

@@ -22,8 +22,8 @@ what no loss measures. An unknown loss is listed as unknown, never counted as 0.
 from __future__ import annotations
 
 import math
-import textwrap
 import statistics
+import textwrap
 from dataclasses import dataclass
 from typing import Any, Iterable
 

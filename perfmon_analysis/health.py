@@ -13,8 +13,16 @@ from perfmon_analysis import units
 from perfmon_analysis.crash import Crash, job_crash, rank_crash
 from perfmon_analysis.memory_growth import SERIES_LABEL, MemoryGrowth, job_growth, rank_growth
 from perfmon_analysis.readings import JobExit, StepReading
-from perfmon_analysis.step_times import (OUTLIER_RATIO, Outlier, StepTimes, job_outliers, job_times, rank_outliers,
-                                         run_times, window_times)
+from perfmon_analysis.step_times import (
+    OUTLIER_RATIO,
+    Outlier,
+    StepTimes,
+    job_outliers,
+    job_times,
+    rank_outliers,
+    run_times,
+    window_times,
+)
 
 if TYPE_CHECKING:
     from perfmon_analysis.buffers import RankState

@@ -14,9 +14,9 @@ from typing import Any, Iterable
 
 from perfmon_analysis import units
 from perfmon_analysis.capture import capture_reading
+from perfmon_analysis.health import text_lines as health_lines
 from perfmon_analysis.layout_report import layout_lines, rank_note, rank_place
 from perfmon_analysis.metrics import Metric, Unit, by_name, job_values, loss_metrics, rank_values, rounded
-from perfmon_analysis.health import text_lines as health_lines
 from perfmon_analysis.overhead import text_lines as overhead_lines
 from perfmon_analysis.profile import profile_lines
 from perfmon_analysis.verdict import Verdict, label as outcome_label

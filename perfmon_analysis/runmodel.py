@@ -26,24 +26,39 @@ import time
 from typing import Any
 
 from perfmon_analysis.buffers import EVENT_BUFFER, MIN_STEPS, WINDOW_SAMPLES, WINDOW_SECONDS, WINDOW_STEPS, RankState
-from perfmon_analysis.readings import (HostReading, StepOps, StepReading, comm_reading, dropped, event_reading,
-                                       gpu_rows, hello_reading, layout_reading, memory_reading, record_time,
-                                       sample_reading, stall_reading, step_ops, where_interval)
-from perfmon_analysis.comm_stats import comm_rows
-from perfmon_analysis.stats import RankStats, job_metrics, rank_stats, rank_view, summary_stats, window_of
-from perfmon_analysis.where_stats import job_where
 from perfmon_analysis.capture import capture_reading, with_cost
-from perfmon_analysis.readings import JobExit, exit_reading
-from perfmon_analysis.health import job_health, rank_health
+from perfmon_analysis.comm_stats import comm_rows
 from perfmon_analysis.groups import GroupReduction, merge_groups
+from perfmon_analysis.health import job_health, rank_health
 from perfmon_analysis.history import History
-from perfmon_analysis.profile import ModuleProfile, profile_reading, with_overhead
+from perfmon_analysis.layout import Layout, assemble
 from perfmon_analysis.overhead import worst
+from perfmon_analysis.profile import ModuleProfile, profile_reading, with_overhead
+from perfmon_analysis.readings import (
+    HostReading,
+    JobExit,
+    StepOps,
+    StepReading,
+    comm_reading,
+    dropped,
+    event_reading,
+    exit_reading,
+    gpu_rows,
+    hello_reading,
+    layout_reading,
+    memory_reading,
+    record_time,
+    sample_reading,
+    stall_reading,
+    step_ops,
+    where_interval,
+)
+from perfmon_analysis.stats import RankStats, job_metrics, rank_stats, rank_view, summary_stats, window_of
+from perfmon_analysis.stragglers import Straggling, analyse
 from perfmon_analysis.stuck import diagnose
 from perfmon_analysis.summary import apply_summary, summary_record
-from perfmon_analysis.layout import Layout, assemble
-from perfmon_analysis.stragglers import Straggling, analyse
 from perfmon_analysis.views import JobView
+from perfmon_analysis.where_stats import job_where
 
 STRAGGLING_PERIOD = 5.0    # s of probe time between two what-if analyses of a live job (each replays the window)
 

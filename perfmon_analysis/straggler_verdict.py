@@ -20,8 +20,15 @@ from __future__ import annotations
 from perfmon_analysis import units
 from perfmon_analysis.explain import who
 from perfmon_analysis.flowchart import Answer, Explained, Losses, Outcome, Question, round4
-from perfmon_analysis.stragglers import (CHRONIC, MIN_SLOWDOWN, ROTATING, SLOW_STAGE, SLOW_WORKER, STAGE_RATIO,
-                                         Straggling)
+from perfmon_analysis.stragglers import (
+    CHRONIC,
+    MIN_SLOWDOWN,
+    ROTATING,
+    SLOW_STAGE,
+    SLOW_WORKER,
+    STAGE_RATIO,
+    Straggling,
+)
 from perfmon_analysis.views import JobView
 
 _pct = units.pct

@@ -13,9 +13,9 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
+    from probe.capture import ProfilerCapture
     from probe.gpu import GpuAttachment
     from probe.gpu.cuda import Poller
-    from probe.capture import ProfilerCapture
     from probe.module_profile import ModuleProfiler
     from probe.watch import Watcher
 

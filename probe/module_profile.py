@@ -32,9 +32,9 @@ import time
 from typing import Any, Callable
 
 from probe import flops
+from probe.hooks import Hook, remove_all
 from probe.module_flops import count_by_module, grad_tensors, on_first_grad
 from probe.step_window import StepWindow
-from probe.hooks import Hook, remove_all
 from probe.tracing import compiling_check, contains_compiled, dynamo_has_compiled, run_eagerly
 
 MAX_STEPS = 50           # a profile is a look, not a mode: bounded in steps

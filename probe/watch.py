@@ -31,11 +31,11 @@ import weakref
 from typing import Any, Iterator
 
 from probe import comm, flops, layout
-from probe.hooks import Hook, remove_all
 from probe.gpu import cuda as gpu_cuda
 from probe.gpu.job import STEP_DEVICE_EVERY, job_placement, output_placement
-from probe.step_flops import StepFlops
+from probe.hooks import Hook, remove_all
 from probe.memory import MemorySource, SavedTensorMeter, StateWalker
+from probe.step_flops import StepFlops
 from probe.tracing import HiddenPhases, compiling_check, dynamo_has_compiled, run_eagerly
 
 _perf_counter = time.perf_counter

@@ -198,7 +198,6 @@ from __future__ import annotations
 #         was on CPU and held the GIL, probe.where)
 # summary loop, gaps (the rank's running totals of time between steps, and of it the loop's own work: ETTR
 #         and the pauses' share)
-
 import struct
 from typing import Any, Iterator
 

@@ -13,7 +13,6 @@ import sys
 
 from tui.errors import UserError
 
-
 COMMANDS = {
     "demo": "tui.commands.demo.cli",
     "attach": "tui.commands.attach",

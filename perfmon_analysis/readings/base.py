@@ -5,7 +5,6 @@ from __future__ import annotations
 from typing import Any
 
 
-
 def num(value: Any) -> float | None:
     """A wire number as a float; None for anything else (a bool is not a number here)."""
     if isinstance(value, bool) or not isinstance(value, (int, float)):

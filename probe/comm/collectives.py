@@ -8,12 +8,18 @@ import time
 from typing import Any, Callable
 
 from probe.comm.functional import FUNCOL_SPECS, FuncolTiming
+from probe.comm.guards import (
+    as_wrapper,
+    first_tensor as _first_tensor,
+    in_hook as _in_hook,
+    is_compiling as _is_compiling,
+    list_bytes as _list_bytes,
+    nbytes as _nbytes,
+    tls as _tls,
+)
 from probe.comm.p2p import PendingWorks, peer_of, wrap_batch
-from probe.comm.guards import first_tensor as _first_tensor, in_hook as _in_hook, is_compiling as _is_compiling
-from probe.comm.guards import as_wrapper, list_bytes as _list_bytes, nbytes as _nbytes, tls as _tls
 from probe.comm.pollers import MAX_ASYNC, EventPairPoller, WorkPoller, gpu_poller
-from probe.comm.tracker import COMM_PERIOD, CommTracker, CollectiveCall, Ledger
-
+from probe.comm.tracker import COMM_PERIOD, CollectiveCall, CommTracker, Ledger
 
 # name -> (op, position of async_op or None, position of group, bytes(args, n), index of a tensor arg)
 _SPECS: dict[str, tuple[str, int | None, int, Callable[[tuple, int], int]]] = {

@@ -8,9 +8,8 @@ import time
 from typing import Any, Callable
 
 from probe.comm.guards import tls as _tls
-from probe.comm.tracker import CommTracker, CollectiveCall, Ledger
-
 from probe.comm.host import CommHost
+from probe.comm.tracker import CollectiveCall, CommTracker, Ledger
 
 
 class DdpTiming:

@@ -9,9 +9,8 @@ import weakref
 from typing import Any, Callable
 
 from probe.comm.guards import as_wrapper, is_compiling as _is_compiling, nbytes as _nbytes, tls as _tls
-from probe.comm.tracker import CollectiveCall
-
 from probe.comm.host import CommHost
+from probe.comm.tracker import CollectiveCall
 
 # The base functions every other functional collective calls through the module's globals, so
 # patching these by attribute sees each collective once. Positions: group argument; bytes(args, n).
@@ -44,8 +43,7 @@ class FuncolTiming:
         self.sizes: dict[str, int] = {}
 
     def group_size(self, group: Any, tag: str = "") -> int:
-        from torch.distributed import _functional_collectives as funcol
-        from torch.distributed import distributed_c10d as c10d
+        from torch.distributed import _functional_collectives as funcol, distributed_c10d as c10d
 
         name = str(funcol._resolve_group_name(group, tag))
         n = self.sizes.get(name)

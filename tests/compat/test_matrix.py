@@ -19,8 +19,8 @@ from pathlib import Path
 import pytest
 
 from probe.recording import read_recording, recording_files
-from tests.compat.matrix import ALL, BY_NAME, CELLS, Cell, render
 from tests.compat import runs
+from tests.compat.matrix import ALL, BY_NAME, CELLS, Cell, render
 
 PY = sys.executable
 ROOT = Path(__file__).resolve().parents[2]

@@ -21,8 +21,8 @@ import psutil
 import pytest
 
 from probe.recording import read_recording
-from tests.integration.demoutil import LOAD_IMBALANCE_SECONDS, demo_processes, run_headless
 from tests.helpers.reports import REPORT_SCHEMA
+from tests.integration.demoutil import LOAD_IMBALANCE_SECONDS, demo_processes, run_headless
 from tui.commands.demo import scenarios
 
 ROOT = Path(__file__).parents[2]

@@ -15,8 +15,7 @@ import pytest
 
 import probe
 from probe import server, wire
-from tests.integration.streamutil import (connect, fd_count, raw_read_all, read_until, start_job, step_seen,
-                                           wait_for)
+from tests.integration.streamutil import connect, fd_count, raw_read_all, read_until, start_job, step_seen, wait_for
 
 
 def steps_of(records):

@@ -289,9 +289,9 @@ def write(name: str, directory: Path, bye: bool = True, **params: Any) -> Path:
 def replay_app(recording: Path, verdicts: int = 0):
     """The app replaying ``recording`` ingested at once (the clock is the recording's), judged at
     ``verdicts`` instants on the way (``ReplayFeed``)."""
+    from perfmon_analysis.analysis import Analysis
     from tui.app.perfmon_app import PerfmonApp
     from tui.stream.feed import ReplayFeed
-    from perfmon_analysis.analysis import Analysis
     from tui.stream.sources import load_recordings
     return PerfmonApp(ReplayFeed(Analysis(), load_recordings(recording), speed=None, verdicts=verdicts),
                       watch_terminal=False)

@@ -21,8 +21,8 @@ from perfmon_analysis.overhead import STEP_BUDGET, STEP_CALLS, WRAPPER_PARTS, fi
 from perfmon_analysis.readings import CostReading, cost_reading
 from probe import core, cost, wire
 from probe.recording import read_recording
-from tests.unit.verdict_synth import T0, Rank, job, records
 from tests.helpers.reports import REPORT_SCHEMA
+from tests.unit.verdict_synth import T0, Rank, job, records
 
 ROOT = Path(__file__).resolve().parents[2]
 STEP_S = 0.03       # each step's body spins this long: the probe's step calls (CPU-timed: ~5-80 µs

@@ -15,9 +15,7 @@ from tests.sim.fixtures import simulated_cuda, simulated_nvml  # noqa: F401  (fi
 from tests.sim.simulated_cuda import SimulatedDeviceTensor, SimulatedEvent
 from tests.sim.simulated_pynvml import NVML_ERROR_NOT_SUPPORTED, SimulatedGpu
 from tui.commands import doctor
-from tui.commands.doctor import checks as C
-from tui.commands.doctor import gpu as G
-from tui.commands.doctor import workloads
+from tui.commands.doctor import checks as C, gpu as G, workloads
 from tui.commands.doctor.workloads import nvml_support
 
 

@@ -8,7 +8,7 @@ import time
 
 import pytest
 import torch
-from torch.utils.flop_counter import FlopCounterMode   # a submodule: `import torch` alone does not load it
+from torch.utils.flop_counter import FlopCounterMode  # a submodule: `import torch` alone does not load it
 
 import probe
 from probe import flops

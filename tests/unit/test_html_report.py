@@ -100,6 +100,7 @@ def test_a_heatmaps_hover_names_the_rank_and_node_of_the_row_under_the_pointer(t
     pointer's row to its rank, run in the browser engine that runs it on the page."""
     from bokeh.models import CustomJSHover, HoverTool
     from bokeh.models.ranges import Range1d
+
     from tui.export import html as page
 
     analysis, _ = load(str(scenarios.write("many_nodes", tmp_path, nodes=3, per_node=2, slow_rank=4)), 5.0)

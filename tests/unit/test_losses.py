@@ -6,14 +6,12 @@ from __future__ import annotations
 import dataclasses
 
 import pytest
-from hypothesis import given, settings
-from hypothesis import strategies as st
+from hypothesis import given, settings, strategies as st
 
-from tests.unit.verdict_synth import T0, Rank, job
-from perfmon_analysis import flowchart as chart
-from perfmon_analysis import verdict as V
+from perfmon_analysis import flowchart as chart, verdict as V
 from perfmon_analysis.losses import account, by_id
 from perfmon_analysis.views import Metrics
+from tests.unit.verdict_synth import T0, Rank, job
 
 GB = 1 << 30
 

@@ -23,9 +23,15 @@ from probe.gpu.nvml import GPM_ONLY, GPM_UNSUPPORTED, Nvml, decode_throttle
 from probe.recording import read_recording
 from probe.sampler import Sampler
 from tests.sim.simulated_cuda import memory_stats
-from tests.sim.simulated_pynvml import (NVML_ERROR_FUNCTION_NOT_FOUND, NVML_ERROR_GPU_IS_LOST,
-                                        NVML_ERROR_NO_PERMISSION, NVML_ERROR_NOT_SUPPORTED, NVML_ERROR_UNKNOWN,
-                                        SimulatedGpu, build)
+from tests.sim.simulated_pynvml import (
+    NVML_ERROR_FUNCTION_NOT_FOUND,
+    NVML_ERROR_GPU_IS_LOST,
+    NVML_ERROR_NO_PERMISSION,
+    NVML_ERROR_NOT_SUPPORTED,
+    NVML_ERROR_UNKNOWN,
+    SimulatedGpu,
+    build,
+)
 
 BASE_FIELDS = ("index", "name", "util", "mem_used", "mem_total", "power_w", "power_limit_w", "energy_mj", "sm_clock",
                "sm_clock_max", "temp_c", "throttle", "pcie_tx", "pcie_rx", "nvlink_tx", "nvlink_rx")

@@ -124,8 +124,8 @@ def test_a_failed_profile_says_why_and_nothing_else():
 def test_the_compute_efficiency_verdict_cites_the_marked_module():
     from dataclasses import replace
 
-    from tests.unit.test_verdict_explain import VIEWS
     from perfmon_analysis.verdict import evaluate
+    from tests.unit.test_verdict_explain import VIEWS
 
     view = replace(VIEWS["compute_efficiency_mfu"](), profile=profile_reading(_record(MODULES), rank=0))
     v = evaluate(view)

@@ -5,8 +5,17 @@ from __future__ import annotations
 
 import pytest
 
-from perfmon_analysis.readings import (GpuReading, SampleReading, gpu_reading, gpu_rows, host_reading, num,
-                                       own_gpus, sample_reading, step_reading)
+from perfmon_analysis.readings import (
+    GpuReading,
+    SampleReading,
+    gpu_reading,
+    gpu_rows,
+    host_reading,
+    num,
+    own_gpus,
+    sample_reading,
+    step_reading,
+)
 from perfmon_analysis.runmodel import RunModel
 from tests.helpers import records as R
 

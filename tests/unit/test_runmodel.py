@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import pytest
 
-from tests.unit.verdict_synth import T0, Rank, job, records
-from probe.wire import busbw_factor
-from perfmon_analysis.runmodel import MIN_STEPS, RunModel
 from perfmon_analysis.buffers import RECENT_SECONDS
+from perfmon_analysis.runmodel import MIN_STEPS, RunModel
+from probe.wire import busbw_factor
+from tests.unit.verdict_synth import T0, Rank, job, records
 
 GB = 1 << 30
 

@@ -5,9 +5,9 @@ from __future__ import annotations
 
 import pytest
 
+from perfmon_analysis.runmodel import RunModel
 from tests.helpers import records as R
 from tests.unit.verdict_synth import T0, Rank, job, records
-from perfmon_analysis.runmodel import RunModel
 
 GB = 1 << 30
 

@@ -9,15 +9,14 @@ from pathlib import Path
 import jsonschema
 import pytest
 
+from perfmon_analysis import verdict as V
+from perfmon_analysis.readings import FlightEntry, InFlight, LoaderWorker, stall_reading
+from perfmon_analysis.runmodel import RunModel
+from perfmon_analysis.stuck import CALL_STATES, HEARTBEAT_S, NO_HELLO_S, diagnose, is_library, user_frame
 from probe import flight as F
 from tests.helpers import records as R
-from tests.unit.verdict_synth import T0, Rank, job
 from tests.helpers.reports import REPORT_SCHEMA, report_of
-from perfmon_analysis import verdict as V
-from perfmon_analysis.runmodel import RunModel
-from perfmon_analysis.readings import FlightEntry, InFlight, LoaderWorker, stall_reading
-from perfmon_analysis.stuck import CALL_STATES, HEARTBEAT_S, NO_HELLO_S, diagnose, is_library, user_frame
-
+from tests.unit.verdict_synth import T0, Rank, job
 
 END = T0 + 30 * 0.1          # the synthetic ranks' last step ends here
 SITE = "/home/u/train.py"

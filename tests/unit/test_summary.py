@@ -7,14 +7,15 @@ import io
 
 import pytest
 
-from probe import wire
-from tests.unit.verdict_synth import T0, Rank, job, records
-from tui.commands.relay.node import StdoutRelay
 from perfmon_analysis.buffers import MIN_STEPS
 from perfmon_analysis.runmodel import RunModel
 from perfmon_analysis.summary import read_summary
 from perfmon_analysis.verdict import evaluate
 from perfmon_analysis.views import MemoryMetrics
+from probe import wire
+from tests.unit.verdict_synth import T0, Rank, job, records
+from tui.commands.relay.node import StdoutRelay
+
 
 def _comm_records(rank: int, steps: int, dur: float) -> list[dict]:
     """Cumulative all_reduce totals every 10 steps, as the probe's ``comm`` records."""

@@ -7,14 +7,13 @@ import dataclasses
 
 import pytest
 
+from perfmon_analysis import flowchart as chart, verdict as V
+from perfmon_analysis.losses import by_id
+from perfmon_analysis.readings import GpuReading, GpuRow
+from perfmon_analysis.runmodel import RunModel
+from perfmon_analysis.views import JobView, MemoryMetrics
 from tests.unit.test_straggler_verdict import STRAGGLER_LEAVES
 from tests.unit.verdict_synth import T0, Rank, between, job, records
-from perfmon_analysis import flowchart as chart
-from perfmon_analysis import verdict as V
-from perfmon_analysis.losses import by_id
-from perfmon_analysis.runmodel import RunModel
-from perfmon_analysis.readings import GpuReading, GpuRow
-from perfmon_analysis.views import JobView, MemoryMetrics
 
 GB = 1 << 30
 PEAK = 100e12

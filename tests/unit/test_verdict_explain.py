@@ -12,21 +12,20 @@ import dataclasses
 
 import pytest
 
-from tests.unit.test_stuck import SLEEPER, WAITER
-from tests.unit.test_where_model import FORWARD, SLEEP, intervals
-from tests.helpers.ops_jobs import view as ops_view
-from tests.unit.test_straggler_verdict import LEAVES as STRAGGLERS
-from tests.unit.verdict_synth import T0, Rank, job, records
-from perfmon_analysis import explain, units
+from perfmon_analysis import explain, units, verdict as V
 from perfmon_analysis.buffers import BLOCKING_EVENTS
-from perfmon_analysis.losses import Loss
-from perfmon_analysis import verdict as V
-from perfmon_analysis.readings import GpuRow, RankTrace, StepBar, gpu_reading
-from perfmon_analysis.runmodel import RunModel
 from perfmon_analysis.crash import Crash
 from perfmon_analysis.health import JobHealth
+from perfmon_analysis.losses import Loss
 from perfmon_analysis.memory_growth import MemoryGrowth
+from perfmon_analysis.readings import GpuRow, RankTrace, StepBar, gpu_reading
+from perfmon_analysis.runmodel import RunModel
 from perfmon_analysis.views import CommOpRow, MemoryMetrics
+from tests.helpers.ops_jobs import view as ops_view
+from tests.unit.test_straggler_verdict import LEAVES as STRAGGLERS
+from tests.unit.test_stuck import SLEEPER, WAITER
+from tests.unit.test_where_model import FORWARD, SLEEP, intervals
+from tests.unit.verdict_synth import T0, Rank, job, records
 
 GB = 1 << 30
 PEAK = 100e12

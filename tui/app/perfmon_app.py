@@ -23,21 +23,20 @@ from textual.app import App, ComposeResult
 from textual.binding import Binding
 from textual.containers import Grid
 
-from tui.stream.feed import Feed, LiveFeed, ReplayFeed
+from perfmon_analysis.analysis import Analysis
+from perfmon_analysis.heatmap import heatmap
+from perfmon_analysis.verdict import Verdict
+from perfmon_analysis.views import JobView
+from tui.app.screens.asking import AskScreen
+from tui.app.screens.capture import CaptureScreen
 from tui.app.screens.flowchart import FlowchartScreen
 from tui.app.screens.help import HelpScreen
 from tui.app.screens.log import LogScreen
 from tui.app.screens.picker import JobChoice, PickerScreen
-from tui.app.screens.asking import AskScreen
-from tui.app.screens.capture import CaptureScreen
 from tui.app.screens.profile import ProfileScreen
 from tui.app.screens.stuck import StuckScreen
 from tui.app.screens.trends import TrendsScreen
 from tui.app.screens.where import WhereScreen
-from perfmon_analysis.heatmap import heatmap
-from perfmon_analysis.analysis import Analysis
-from perfmon_analysis.verdict import Verdict
-from perfmon_analysis.views import JobView
 from tui.app.widgets.comm import CommPane
 from tui.app.widgets.data import DataPane, worst_data_rank
 from tui.app.widgets.device import DevicePane
@@ -49,6 +48,7 @@ from tui.app.widgets.pane import Pane, UiState, focus_rank
 from tui.app.widgets.ranks import RanksPane
 from tui.app.widgets.timeline import TimelinePane
 from tui.app.widgets.verdictbar import VerdictBar
+from tui.stream.feed import Feed, LiveFeed, ReplayFeed
 
 PANE_CLASSES: tuple[type[Pane], ...] = (DevicePane, MemoryPane, CommPane, DataPane, TimelinePane, RanksPane)
 # (steps, seconds) windows the ``w`` key cycles through; the first is the run model's default window.

@@ -12,8 +12,8 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from probe import paths
 from perfmon_analysis.analysis import Analysis
+from probe import paths
 from tui.app.launch import app_for, needs_terminal, run_app
 from tui.errors import UserError
 from tui.pricing import price_per_device_hour

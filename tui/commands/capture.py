@@ -12,13 +12,13 @@ import sys
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Callable
 
-from tui.errors import UserError
 from perfmon_analysis.capture import capture_reading
+from tui.errors import UserError
 
 
 def main(args: Any) -> int:
-    from tui.stream.connect import remote_feed
     from tui.stream import discovery
+    from tui.stream.connect import remote_feed
     from tui.stream.requests import Target, ask
 
     wanted = _ranks(args.ranks)

@@ -26,8 +26,16 @@ from prometheus_client.registry import Collector, CollectorRegistry
 
 from perfmon_analysis.analysis import Snapshot
 from perfmon_analysis.groups import GroupReduction, RankRow, reduce_rows
-from perfmon_analysis.metrics import (GROUP_COUNTS, GROUP_EXTREME_RANK, GROUP_QUANTITIES, GROUP_RELAYS_DOWN,
-                                      GROUP_STATS, GROUP_SUMS, Surface, on)
+from perfmon_analysis.metrics import (
+    GROUP_COUNTS,
+    GROUP_EXTREME_RANK,
+    GROUP_QUANTITIES,
+    GROUP_RELAYS_DOWN,
+    GROUP_STATS,
+    GROUP_SUMS,
+    Surface,
+    on,
+)
 from perfmon_analysis.stuck import HEARTBEAT_S
 from perfmon_analysis.verdict import Verdict
 from perfmon_analysis.views import JobView, RankView

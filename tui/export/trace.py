@@ -25,8 +25,8 @@ from __future__ import annotations
 
 import gzip
 import json
-from pathlib import Path
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, Iterable
 
 from perfmon_analysis.buffers import StepParser

@@ -12,9 +12,9 @@ import os
 import sys
 from typing import Any
 
-from probe.paths import RECORD_SUFFIX, SOCKET_SUFFIX
 from perfmon_analysis.analysis import Analysis
 from perfmon_analysis.readings import record_time
+from probe.paths import RECORD_SUFFIX, SOCKET_SUFFIX
 from tui.errors import UserError
 
 
@@ -29,8 +29,8 @@ def remote_feed(args: Any, analysis: Analysis | None = None) -> Any:
         return None
     if not args.target:
         raise UserError("name the job to follow on those hosts (perfmon ls on a node lists them)")
-    from tui.stream.remote import RelayFeed
     from tui.stream import tree
+    from tui.stream.remote import RelayFeed
     into = analysis or Analysis()
     via = hosts.transport(args.via, k8s, namespace)
     port = getattr(args, "relay_port", None)

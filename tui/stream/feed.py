@@ -20,10 +20,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Iterable
 
-from probe import paths
-from tui.stream import discovery
-from tui.errors import UserError
 from perfmon_analysis.analysis import Analysis
+from probe import paths
+from tui.errors import UserError
+from tui.stream import discovery
 from tui.stream.requests import Target
 from tui.stream.sources import LiveStream, LoadedRecording, StreamError, viewer_hello
 

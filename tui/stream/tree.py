@@ -21,8 +21,8 @@ from __future__ import annotations
 import time
 from typing import TYPE_CHECKING, Any
 
-from probe import wire
 from perfmon_analysis.groups import GroupReduction
+from probe import wire
 from tui.stream.hosts import RELAY_ARGV, encode_via, via_argv
 from tui.stream.remote import RelayFeed, RelayTarget
 

@@ -32,8 +32,8 @@ import torch
 import torch._dynamo  # noqa: F401  (loaded by most training stacks; torch modules the probe loads stay loaded)
 import torch.distributed as dist
 from torch import nn
-from torch.utils.data import DataLoader, TensorDataset
 from torch.optim import optimizer as optim
+from torch.utils.data import DataLoader, TensorDataset
 from torch.utils.data.dataloader import _BaseDataLoaderIter
 
 parser = argparse.ArgumentParser()

@@ -15,10 +15,10 @@ from textual.containers import VerticalScroll
 from textual.screen import Screen
 from textual.widgets import Footer, Static
 
-from tui.app.widgets import glyphs
 from perfmon_analysis import units
 from perfmon_analysis.losses import by_id
 from perfmon_analysis.verdict import Verdict
+from tui.app.widgets import glyphs
 
 _STATE_STYLE = {"waiting": glyphs.WARN, "busy": glyphs.OK}
 

@@ -65,8 +65,8 @@ def run_job(name: str, body: Callable[[Any], None], *, device: Device | None = N
     """Run ``body(mon)`` under a fresh probe recording to a temporary directory; return the
     ``JobView`` of its recording over the last ``WINDOW`` steps, as ``perfmon report`` would see it."""
     import probe
-    from probe.recording import read_recording
     from perfmon_analysis.analysis import Analysis
+    from probe.recording import read_recording
 
     with tempfile.TemporaryDirectory(prefix="perfmon-doctor-") as tmp:
         if device is not None:

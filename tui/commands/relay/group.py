@@ -25,11 +25,11 @@ import time
 import urllib.parse
 from typing import Any
 
-from probe import wire
+from perfmon_analysis.analysis import Analysis
 from perfmon_analysis.groups import GroupReduction, RankRow, reduce_rows, representatives
 from perfmon_analysis.readings import num
-from perfmon_analysis.analysis import Analysis
 from perfmon_analysis.stuck import HEARTBEAT_S
+from probe import wire
 from tui.commands.relay.node import FLUSH_S, HELLO_WAIT_S, StdoutRelay, ViewerInput
 from tui.errors import UserError
 from tui.stream.hosts import RELAY_ARGV, expand_hostlist, transport
