@@ -9,8 +9,9 @@ the run model stays inside it (as HTA's ``TraceAnalysis`` keeps its ``Trace``):
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass
-from typing import Any, Iterable
+from typing import Any
 
 from perfmon_analysis import report as _report
 from perfmon_analysis.buffers import WINDOW_SECONDS, WINDOW_STEPS
@@ -44,7 +45,7 @@ class Analysis:
         self._tracker = VerdictTracker()
 
     @classmethod
-    def of_records(cls, streams: Iterable[tuple[str, Iterable[dict[str, Any]]]], **kwargs: Any) -> "Analysis":
+    def of_records(cls, streams: Iterable[tuple[str, Iterable[dict[str, Any]]]], **kwargs: Any) -> Analysis:
         """An analysis of finished streams: ``(stream id, its records)`` each, every stream ended."""
         analysis = cls(**kwargs)
         for stream, records in streams:

@@ -24,8 +24,9 @@ from __future__ import annotations
 import math
 import statistics
 import textwrap
+from collections.abc import Iterable
 from dataclasses import dataclass
-from typing import Any, Iterable
+from typing import Any
 
 from perfmon_analysis import units
 from perfmon_analysis.analysis import Analysis, Snapshot

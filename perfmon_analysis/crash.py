@@ -12,8 +12,9 @@ stopping the job, not a crash.
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Iterable
+from typing import TYPE_CHECKING, Any
 
 from perfmon_analysis.readings import JobExit, exception_reading
 

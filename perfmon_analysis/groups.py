@@ -20,8 +20,9 @@ from __future__ import annotations
 
 import math
 from collections import Counter
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
-from typing import Any, Callable, Iterable
+from typing import Any
 
 from perfmon_analysis.sketch import SKETCH_ACCURACY, SKETCH_MIN, Sketch, is_count
 
@@ -78,7 +79,7 @@ class Reduction:
         if self.max is None or value > self.max:
             self.max, self.max_rank, self.max_src = value, rank, src
 
-    def merge(self, other: "Reduction") -> None:
+    def merge(self, other: Reduction) -> None:
         self.n += other.n
         self.sketch.merge(other.sketch)
         if other.min is not None and (self.min is None or other.min < self.min):
@@ -102,7 +103,7 @@ class Reduction:
                 "max": self.max, "max_rank": self.max_rank, "max_src": self.max_src, "sketch": self.sketch.wire()}
 
     @classmethod
-    def read(cls, obj: Any) -> "Reduction":
+    def read(cls, obj: Any) -> Reduction:
         obj = obj if isinstance(obj, dict) else {}
         lo, hi = _num(obj.get("min")), _num(obj.get("max"))
         return cls(n=obj["n"] if is_count(obj.get("n")) else 0,
@@ -150,7 +151,7 @@ class GroupReduction:
     def tokens_per_s(self) -> float | None:
         return self.sums.get("tokens_per_s")
 
-    def merge(self, other: "GroupReduction") -> None:
+    def merge(self, other: GroupReduction) -> None:
         self.ranks += other.ranks
         self.timed += other.timed
         self.stalled += other.stalled
@@ -182,7 +183,7 @@ class GroupReduction:
                 "relays_down": list(self.relays_down)}
 
     @classmethod
-    def read(cls, obj: dict[str, Any]) -> "GroupReduction | None":
+    def read(cls, obj: dict[str, Any]) -> GroupReduction | None:
         """A group's reduction from a ``group`` record (or its ``keys`` entries); None when its key
         is malformed. Values of the wrong type count as unknown."""
         key = obj.get("key")

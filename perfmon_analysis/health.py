@@ -6,8 +6,9 @@ memory growth (``perfmon_analysis.memory_growth``) and the crash that ended it
 
 from __future__ import annotations
 
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Callable, Sequence
+from typing import TYPE_CHECKING, Any
 
 from perfmon_analysis import units
 from perfmon_analysis.crash import Crash, job_crash, rank_crash

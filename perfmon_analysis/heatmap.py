@@ -12,8 +12,8 @@ from __future__ import annotations
 
 import bisect
 import statistics
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Callable
 
 from perfmon_analysis.layout import Layout
 from perfmon_analysis.views import JobView, RankView

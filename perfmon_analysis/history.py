@@ -18,8 +18,8 @@ from __future__ import annotations
 
 import collections
 from array import array
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Deque, Sequence
 
 from perfmon_analysis.readings import MemoryReading, StepReading
 
@@ -230,7 +230,7 @@ class History:
     def __init__(self, capacity: int = BUCKETS) -> None:
         self.capacity = capacity
         self.ranks: dict[int, RankHistory] = {}
-        self.verdicts: Deque[VerdictChange] = collections.deque(maxlen=VERDICT_CHANGES)
+        self.verdicts: collections.deque[VerdictChange] = collections.deque(maxlen=VERDICT_CHANGES)
 
     def _rank(self, rank: int, host: str | None) -> RankHistory:
         hist = self.ranks.get(rank)

@@ -4,7 +4,8 @@ nothing known is unknown too (docs/verdict.md, "Unknown is unknown")."""
 from __future__ import annotations
 
 import statistics
-from typing import Any, Callable, Iterable
+from collections.abc import Callable, Iterable
+from typing import Any
 
 
 def known(reduce: Callable[[list[Any]], Any], values: Iterable[Any]) -> Any:

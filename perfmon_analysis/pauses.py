@@ -29,7 +29,6 @@ from __future__ import annotations
 
 import bisect
 import collections
-from typing import Deque
 
 HISTORY = 49          # gaps the loop's level is the median of: a window's worth (buffers.WINDOW_STEPS - 1)
 MIN_HISTORY = 4       # fewer known gaps: no level yet
@@ -47,8 +46,8 @@ class Pauses:
     def __init__(self) -> None:
         self._gaps: list[float] = []
         self._durs: list[float] = []
-        self._order: Deque[tuple[float, float]] = collections.deque()
-        self._over: Deque[bool] = collections.deque(maxlen=RECENT)    # the last gaps: far over the level?
+        self._order: collections.deque[tuple[float, float]] = collections.deque()
+        self._over: collections.deque[bool] = collections.deque(maxlen=RECENT)    # the last gaps: far over the level?
 
     def pause(self, gap: float, dur: float, marked: float = 0.0) -> float:
         """The pause in a step's ``gap`` (s; the rest is the loop's) of a step lasting ``dur`` (its gap

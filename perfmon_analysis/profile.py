@@ -17,8 +17,9 @@ from __future__ import annotations
 
 import statistics
 import textwrap
+from collections.abc import Iterable
 from dataclasses import dataclass, replace
-from typing import Any, Iterable
+from typing import Any
 
 from perfmon_analysis import units
 from perfmon_analysis.readings import ModuleTimes, profile_record

@@ -10,7 +10,8 @@ the text and the JSON cannot disagree; its numbers go through ``perfmon_analysis
 from __future__ import annotations
 
 import textwrap
-from typing import Any, Iterable
+from collections.abc import Iterable
+from typing import Any
 
 from perfmon_analysis import units
 from perfmon_analysis.capture import capture_reading

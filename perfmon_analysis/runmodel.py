@@ -353,7 +353,7 @@ class RunModel:
         step statistics (``perfmon compare`` puts a confidence interval on them)."""
         return {r: window_of(s, self.window_steps, self.window_seconds) for r, s in sorted(self._ranks.items())}
 
-    def _stats(self, state: RankState) -> "RankStats":
+    def _stats(self, state: RankState) -> RankStats:
         cache = state._cache
         if cache is not None and cache[0] == state.version:
             return cache[1]

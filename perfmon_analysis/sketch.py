@@ -40,7 +40,7 @@ class Sketch:
         else:
             self.bins[math.ceil(math.log(x) / self._LOG)] += 1
 
-    def merge(self, other: "Sketch") -> None:
+    def merge(self, other: Sketch) -> None:
         self.zero += other.zero
         self.bins.update(other.bins)
 
@@ -66,7 +66,7 @@ class Sketch:
         return {"z": self.zero, "b": flat}
 
     @classmethod
-    def read(cls, obj: Any) -> "Sketch":
+    def read(cls, obj: Any) -> Sketch:
         """A sketch from its wire form; what is malformed counts as nothing."""
         sketch = cls()
         if not isinstance(obj, dict):

@@ -11,8 +11,9 @@ from __future__ import annotations
 
 import itertools
 import math
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Iterable, Sequence
+from typing import TYPE_CHECKING
 
 from perfmon_analysis import units
 from perfmon_analysis.buffers import BLOCKING_EVENTS

@@ -34,8 +34,9 @@ from __future__ import annotations
 import collections
 import dataclasses
 import statistics
+from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any, Mapping
+from typing import Any
 
 from perfmon_analysis.layout import Layout
 from perfmon_analysis.readings.layout import StepOps

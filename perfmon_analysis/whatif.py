@@ -31,8 +31,9 @@ from __future__ import annotations
 
 import collections
 import statistics
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, Callable, Mapping, NamedTuple, Sequence
+from typing import Any, NamedTuple
 
 from perfmon_analysis.readings.layout import Op, StepOps
 

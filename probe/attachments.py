@@ -22,14 +22,14 @@ if TYPE_CHECKING:
 
 @dataclass
 class Attachments:
-    gpu: "GpuAttachment | None" = None
-    watcher: "Watcher | None" = None
-    poller: "Poller | None" = None
-    profiler: "ModuleProfiler | None" = None      # created by the first ``profile`` request
-    capture: "ProfilerCapture | None" = None      # created by the first ``capture`` request
+    gpu: GpuAttachment | None = None
+    watcher: Watcher | None = None
+    poller: Poller | None = None
+    profiler: ModuleProfiler | None = None      # created by the first ``profile`` request
+    capture: ProfilerCapture | None = None      # created by the first ``capture`` request
     # sampler sources added by device extensions before the sampler starts; one per
     # extension module (bounded by the number of extensions, today one: probe.gpu)
-    sources: "list[Any]" = field(default_factory=list)
+    sources: list[Any] = field(default_factory=list)
 
     def release(self) -> None:
         """At ``close()``: stop the poller thread and drop every reference."""

@@ -37,7 +37,8 @@ import time
 import warnings
 import weakref
 from _thread import get_ident
-from typing import Any, Iterable
+from collections.abc import Iterable
+from typing import Any
 
 from probe import fetches, forks
 from probe.exceptions import exception_event
@@ -51,7 +52,7 @@ IDLE_MODULE_CALLS = 50_000   # module calls with no backward at all: an inferenc
 LATE_ROOT_STEPS = 3           # steps a probe started before any forward waits to see one (probe.inject)
 _pc = time.perf_counter
 _tt = time.thread_time
-_auto: "_Auto | None" = None
+_auto: _Auto | None = None
 
 
 class _Auto:

@@ -22,8 +22,9 @@ import sys
 import threading
 import time
 import weakref
+from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
-from typing import Any, Callable, Iterable, Iterator
+from typing import Any
 
 from probe import paths, records
 from probe.attachments import Attachments
@@ -57,13 +58,13 @@ class _Phase:
 
     __slots__ = ("probe", "name", "t0", "uses")
 
-    def __init__(self, probe: "Probe", name: str) -> None:
+    def __init__(self, probe: Probe, name: str) -> None:
         self.probe = probe
         self.name = name
         self.t0 = 0.0
         self.uses = 0          # times entered and left: its calibrated cost (probe.cost) per use
 
-    def __enter__(self) -> "_Phase":
+    def __enter__(self) -> _Phase:
         self.t0 = time.perf_counter()
         return self
 
@@ -80,13 +81,13 @@ class _Step:
 
     __slots__ = ("probe", "samples", "tokens", "flops")
 
-    def __init__(self, probe: "Probe") -> None:
+    def __init__(self, probe: Probe) -> None:
         self.probe = probe
         self.samples: float | None = None
         self.tokens: float | None = None
         self.flops: float | None = None
 
-    def __enter__(self) -> "_Step":
+    def __enter__(self) -> _Step:
         p = self.probe
         t = time.perf_counter()
         if p._cpu_next:
@@ -166,7 +167,7 @@ class Probe(ZeroCodeSteps):
         self.device: dict[str, Any] = {"type": "cpu", "name": cpu_name(), "count": os.cpu_count() or 1}
         self.sender: Sender | None = None
         self.sampler: Sampler | None = None
-        self.stall_watch: "StallWatch | None" = None
+        self.stall_watch: StallWatch | None = None
         self.where: WhereSampler | None = None
         self._wrapper_cost: dict[str, float] | None = None    # probe.cost.calibrate, before any thread runs
         self._wrapper_cost_why: str | None = None
@@ -505,7 +506,7 @@ class Probe(ZeroCodeSteps):
         atexit.register(self.close)
 
     @classmethod
-    def _scratch(cls) -> "Probe":
+    def _scratch(cls) -> Probe:
         """A probe with hot-path state only: no thread, socket or file (``probe.cost.calibrate``)."""
         scratch = cls.__new__(cls)
         scratch._init_hot_path()

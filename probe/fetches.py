@@ -17,7 +17,8 @@ from __future__ import annotations
 
 import functools
 import time
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 from probe import forks
 from probe.loader_policy import CpuTimingPolicy

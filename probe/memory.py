@@ -25,7 +25,8 @@ import resource
 import sys
 import time
 import weakref
-from typing import Any, Callable, Iterable
+from collections.abc import Callable, Iterable
+from typing import Any
 
 REWALK_SECONDS = 60.0
 MEMORY_PERIOD = 2.0          # seconds between memory reads on the sampler thread

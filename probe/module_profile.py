@@ -29,7 +29,8 @@ from __future__ import annotations
 import sys
 import threading
 import time
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 from probe import flops
 from probe.hooks import Hook, remove_all
@@ -76,7 +77,7 @@ class _EventClock:
         self.cuda.record_on(event)
         return event
 
-    def give_back(self, entries: list["_Module"]) -> None:
+    def give_back(self, entries: list[_Module]) -> None:
         """After the profile's result is built: its events return to the pool, each once (a
         backward's end event closes the spans of every module still open then)."""
         events = {id(e): e for entry in entries for span in entry.fwd + entry.bwd for e in span}

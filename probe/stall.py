@@ -34,7 +34,8 @@ import statistics
 import sys
 import threading
 import time
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 from probe.flight import fill_from_flight, flight_recorder
 

@@ -28,7 +28,8 @@ import os
 import sys
 import time
 import weakref
-from typing import Any, Iterator
+from collections.abc import Iterator
+from typing import Any
 
 from probe import comm, flops, layout
 from probe.gpu import cuda as gpu_cuda
@@ -44,7 +45,7 @@ _is_compiling = compiling_check()   # every hook's first statement (probe.tracin
 _OPTIONS = {"flops_per_step", "peak_flops", "phases", "comm", "memory", "syncs", "gpu_events", "count_flops"}
 
 
-def watch(probe: Any, model: Any = None, optimizer: Any = None, **options: Any) -> "Watcher":
+def watch(probe: Any, model: Any = None, optimizer: Any = None, **options: Any) -> Watcher:
     watcher = probe.attached.watcher
     if watcher is None:
         watcher = Watcher(probe)
@@ -106,7 +107,7 @@ class ComputeSource:
 
     name = "compute"
 
-    def __init__(self, watcher: "Watcher") -> None:
+    def __init__(self, watcher: Watcher) -> None:
         self.watcher = watcher
 
     def read(self) -> dict[str, Any]:

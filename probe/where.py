@@ -53,7 +53,8 @@ import sys
 import sysconfig
 import threading
 import time
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 from probe import fetches
 from probe.thread_clocks import WAITING, OtherThreads, ThreadClock
@@ -164,7 +165,7 @@ class Tally:
             if name in known or len(known) < MAX_LIBS:
                 known[name] = known.get(name, 0) + k
 
-    def merge(self, other: "Tally") -> None:
+    def merge(self, other: Tally) -> None:
         """Add ``other``'s counts (a gap's samples, once the next step began)."""
         for (filename, lineno, function, state), (n, libs, before, after) in other.lines.items():
             self.count((filename, lineno, function, None), state, n, libs, before, after)

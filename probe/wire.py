@@ -199,7 +199,8 @@ from __future__ import annotations
 # summary loop, gaps (the rank's running totals of time between steps, and of it the loop's own work: ETTR
 #         and the pauses' share)
 import struct
-from typing import Any, Iterator
+from collections.abc import Iterator
+from typing import Any
 
 import msgpack
 

@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass, field
-from typing import Any, Iterable
+from typing import Any
 
 from perfmon_analysis.readings.base import _dicts, _frac, _int, _nonneg, _text, _whole, num
 from perfmon_analysis.readings.steps import StepBar

@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Any
 
 from perfmon_analysis.readings.base import _int, num
 
@@ -79,7 +80,7 @@ class StepReading:
 
 
 def step_reading(rec: dict[str, Any], pending_gap: float = 0.0,
-                 pauses: "Callable[[float, float, float], float] | None" = None) -> StepReading | None:
+                 pauses: Callable[[float, float, float], float] | None = None) -> StepReading | None:
     """The step ``rec`` says, or None without its step number or duration. ``pending_gap``: the
     blocking-event seconds since the previous step, its gap when the record has none and a pause in it
     either way; ``pauses(gap, dur, marked)``: the pause in the gap (``perfmon_analysis.pauses``), else

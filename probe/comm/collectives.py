@@ -5,7 +5,8 @@ from __future__ import annotations
 
 import threading
 import time
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 from probe.comm.functional import FUNCOL_SPECS, FuncolTiming
 from probe.comm.guards import (
@@ -317,7 +318,7 @@ class CommSource:
 
     name = "comm"
 
-    def __init__(self, state: "CommState", emit: Callable[[dict[str, Any]], None]) -> None:
+    def __init__(self, state: CommState, emit: Callable[[dict[str, Any]], None]) -> None:
         self.state = state
         self.emit = emit
         self.last_emit = float("-inf")

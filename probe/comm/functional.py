@@ -6,7 +6,8 @@ from __future__ import annotations
 import collections
 import time
 import weakref
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 from probe.comm.guards import as_wrapper, is_compiling as _is_compiling, nbytes as _nbytes, tls as _tls
 from probe.comm.host import CommHost

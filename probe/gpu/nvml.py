@@ -125,7 +125,7 @@ class _Gpm:
         self.cur = nv.nvmlGpmSampleAlloc()
         self.prev_t: float | None = None
 
-    def read(self, nvml: "Nvml", dev: Device) -> dict[str, float | None]:
+    def read(self, nvml: Nvml, dev: Device) -> dict[str, float | None]:
         values: dict[str, float | None] = {name: None for _, name, _ in GPM_METRICS}
         now = time.monotonic()
         if self.prev_t is not None and now - self.prev_t < GPM_MIN_INTERVAL:

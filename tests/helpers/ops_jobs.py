@@ -7,7 +7,8 @@ replicated over data-parallel replicas, with chosen compute times per worker and
 
 from __future__ import annotations
 
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 from perfmon_analysis.layout import Layout
 from perfmon_analysis.readings.layout import Op, StepOps

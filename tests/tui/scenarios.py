@@ -10,8 +10,9 @@ side of each flowchart threshold; the live end-to-end test uses a real job.
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 from probe import paths, wire
 from probe.recording import RecordingWriter

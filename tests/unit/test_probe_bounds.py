@@ -7,7 +7,6 @@ import socket
 import threading
 import time
 
-import pytest
 import torch
 
 import probe

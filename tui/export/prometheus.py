@@ -19,7 +19,8 @@ import asyncio
 import dataclasses
 import threading
 import time
-from typing import Any, Iterator
+from collections.abc import Iterator
+from typing import Any
 
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, InfoMetricFamily
 from prometheus_client.registry import Collector, CollectorRegistry
@@ -175,7 +176,7 @@ def _rank_labels(view: JobView, r: RankView) -> list[str]:
 
 
 class _SnapshotCollector(Collector):
-    def __init__(self, holder: "_Holder") -> None:
+    def __init__(self, holder: _Holder) -> None:
         self.holder = holder
 
     def collect(self) -> Iterator[Any]:

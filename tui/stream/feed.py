@@ -16,9 +16,10 @@ from __future__ import annotations
 
 import asyncio
 import time
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Iterable
+from typing import Any
 
 from perfmon_analysis.analysis import Analysis
 from probe import paths
@@ -79,7 +80,7 @@ class Feed:
         """The streams whose every record the viewer needs now (the panes' rank; None: all). Only a
         feed through relays, which otherwise summarises each rank, does anything with it."""
 
-    def request_target(self, stream_id: str) -> "Target | str":
+    def request_target(self, stream_id: str) -> Target | str:
         """Where to send a request to the probe behind ``stream_id`` (``tui.stream.requests``),
         or why this feed cannot (a recording has no probe to ask)."""
         return "a recording cannot be asked: attach to the live job (perfmon attach JOB)"
@@ -187,7 +188,7 @@ class LiveFeed(Feed):
         self.streams[path] = StreamStatus(path, Path(path).name.removesuffix(paths.SOCKET_SUFFIX))
         self._tasks[path] = asyncio.ensure_future(self._read(path))
 
-    def request_target(self, stream_id: str) -> "Target | str":
+    def request_target(self, stream_id: str) -> Target | str:
         return Target(path=stream_id, label=self.streams[stream_id].label if stream_id in self.streams else stream_id)
 
     async def _read(self, path: str) -> None:
@@ -217,7 +218,7 @@ class TcpFeed(Feed):
         super().__init__(analysis, description=f"tcp {host}:{port}")
         self.host, self.port, self.token = host, port, token
 
-    def request_target(self, stream_id: str) -> "Target | str":
+    def request_target(self, stream_id: str) -> Target | str:
         return Target(host=self.host, port=self.port, token=self.token)
 
     async def run(self) -> None:

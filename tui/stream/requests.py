@@ -13,7 +13,8 @@ from __future__ import annotations
 import random
 import socket
 import time
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 from probe import wire
 from tui.errors import UserError
@@ -114,7 +115,7 @@ def _next(sock: socket.socket, decoder: wire.FrameDecoder, deadline: float, targ
         sock.settimeout(left)
         try:
             data = sock.recv(1 << 16)
-        except socket.timeout:
+        except TimeoutError:
             data = b""
             continue
         except OSError as exc:

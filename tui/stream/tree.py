@@ -93,7 +93,7 @@ class TreeFeed(RelayFeed):
         except (OSError, RuntimeError):
             pass
 
-    def request_target(self, stream_id: str) -> "RelayTarget | str":
+    def request_target(self, stream_id: str) -> RelayTarget | str:
         group = self.node_group.get(stream_id.partition("/")[0])
         if group is None or self._linked(group) is None or self._loop is None:
             return f"the group relay of {stream_id.partition('/')[0]} is not running: no request can reach its ranks"

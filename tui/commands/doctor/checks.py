@@ -8,7 +8,8 @@ agree, so a broken measurement fails it.
 from __future__ import annotations
 
 import time
-from typing import Any, Callable, Iterator
+from collections.abc import Callable, Iterator
+from typing import Any
 
 from perfmon_analysis import units
 from tui.commands.doctor.table import Check

@@ -10,8 +10,9 @@ from __future__ import annotations
 import contextlib
 import tempfile
 import time
+from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any, Callable, Iterator, Protocol
+from typing import Any, Protocol
 
 STEPS = 40                # steps per CPU workload
 WINDOW = 20               # the view judges the last WINDOW steps: the first ones warm caches and the allocator

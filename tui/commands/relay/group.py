@@ -78,7 +78,7 @@ class NodesFeed(RelayFeed):
     """The group's node relays, read as a viewer reads them; their records go to the group
     relay's table of ranks (``GroupRelay.take``), not into a run model of every rank."""
 
-    def __init__(self, group: "GroupRelay", job: str, nodes: list[str], via: str, relay: tuple[str, ...],
+    def __init__(self, group: GroupRelay, job: str, nodes: list[str], via: str, relay: tuple[str, ...],
                  port: int | None, token: str | None) -> None:
         super().__init__(Analysis(), job, nodes, via, relay=relay, port=port, token=token, restart=True)
         self.group = group
