@@ -111,7 +111,7 @@ async def view(args: argparse.Namespace, port: int, control: Path, log, sims: li
         for i in range(args.trials):
             rank = (9472 + i * 1637) % world
             plant(slow=rank)
-            took = await until(lambda: app.verdict is not None and app.verdict.straggler_rank == rank, 60)
+            took = await until(lambda rank=rank: app.verdict is not None and app.verdict.straggler_rank == rank, 60)
             named.append(took)
             log(f"straggler {rank}: named after {took} s")
             plant()

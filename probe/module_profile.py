@@ -202,7 +202,7 @@ class ModuleProfiler(StepWindow):
             self._begin_live_count()
 
     def started(self) -> None:
-        torch = self.torch = sys.modules["torch"]
+        self.torch = sys.modules["torch"]
         watcher = self.probe.attached.watcher
         if watcher is not None and watcher.device_type == "cuda":
             from probe.gpu import cuda as gpu_cuda

@@ -154,8 +154,8 @@ def healthy() -> dict[int, list[dict[str, Any]]]:
         def extra(i: int) -> dict[str, Any]:
             return {"comm": {"seconds": 0.012, "exposed": 0.004, "bytes": 8_000_000, "ops": 2}}
 
-        steps = _steps(80, lambda i: 0.25 + 0.002 * ((i + rank) % 5),
-                       lambda i: _phases(0.003, 0.09, 0.13, 0.02, 0.25 + 0.002 * ((i + rank) % 5)), extra)
+        steps = _steps(80, lambda i, rank=rank: 0.25 + 0.002 * ((i + rank) % 5),
+                       lambda i, rank=rank: _phases(0.003, 0.09, 0.13, 0.02, 0.25 + 0.002 * ((i + rank) % 5)), extra)
         comm = [{"k": "comm", "t": s["t"], "backend": "gloo", "world_size": 2, "ops": [
             {"op": "all_reduce", "count": 2 * (j + 1), "bytes": 8_000_000 * (j + 1), "seconds": 0.012 * (j + 1),
              "busbytes": 8e6 * (j + 1)}]}
@@ -274,7 +274,7 @@ def write(name: str, directory: Path, bye: bool = True, **params: Any) -> Path:
     out = directory / name
     out.mkdir(parents=True, exist_ok=True)
     encoder = wire.Encoder()
-    for rank, records in SCENARIOS[name](**params).items():
+    for _rank, records in SCENARIOS[name](**params).items():
         hello = records[0]
         writer = RecordingWriter(out / f"{hello['name']}{paths.RECORD_SUFFIX}")
         try:

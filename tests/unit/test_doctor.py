@@ -11,7 +11,6 @@ import types
 import pytest
 import torch
 
-from tests.sim.fixtures import simulated_cuda, simulated_nvml  # noqa: F401  (fixtures)
 from tests.sim.simulated_cuda import SimulatedDeviceTensor, SimulatedEvent
 from tests.sim.simulated_pynvml import NVML_ERROR_NOT_SUPPORTED, SimulatedGpu
 from tui.commands import doctor

@@ -308,7 +308,6 @@ def test_nested_uncalled_containers_sum_bottom_up_and_the_top_rows_keep_their_an
     assert (rows["blocks"].fwd_s, rows["blocks"].flops, rows["blocks"].time_share) == \
         (pytest.approx(0.003), 6e9, pytest.approx(0.8))
     p = profile_reading(_record(modules), rank=0)
-    shown = [r["name"] for r in p.as_json()["modules"]]
     lines = profile_lines(p.as_json(), top=4)
     table = lines[lines.index(next(line for line in lines if line.startswith("  MODULE"))) + 1:]
     top = [line[2:].split()[0] for line in table if not line.startswith("  (")]

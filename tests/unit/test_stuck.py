@@ -81,7 +81,7 @@ def test_ranks_in_the_same_call_are_not_culprits_and_a_subgroup_names_its_group(
 def test_a_silent_live_rank_is_unresponsive_and_the_culprit(monkeypatch):
     model = two_ranks([WAITER])
     clock = 1000.0
-    for stream, state in model._streams.items():   # rank 1's newest record arrived 25 s ago
+    for _stream, state in model._streams.items():   # rank 1's newest record arrived 25 s ago
         state.recv_clock = clock - (25.0 if state.rank == 1 else 0.5)
     view = model.view(END + 45, clock=clock)
     v = V.evaluate(view)

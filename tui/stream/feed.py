@@ -325,7 +325,7 @@ class ReplayFeed(Feed):
             self.streams[sid] = StreamStatus(sid, rec_file.path.name.removesuffix(paths.RECORD_SUFFIX), state="replay")
             if rec_file.problem:
                 analysis.add_problem(rec_file.problem)
-            for i, rec in enumerate(rec_file.records):
+            for rec in rec_file.records:
                 merged.append((float(rec["t"]), len(merged), sid, rec))
         merged.sort(key=lambda item: (item[0], item[1]))
         self._records = merged
