@@ -125,8 +125,9 @@ def main() -> None:
                 runs[kind].append(job(kind, args.seconds, gpu_ms, host_ms, ahead))
         for kind, results in runs.items():
             med = {k: statistics.median(r[k] for r in results) for k in results[0]}
-            print(f"| {name} | {kind} | {med['wakeups_per_s']:.0f} | {med['steps_per_s']:.1f} | {med['leads_per_s']:.1f} | "
-                  f"{med['true_lead_ms']:.1f} | {med['err_med_ms']:.2f} | {med['err_max_ms']:.1f} |", flush=True)
+            print(f"| {name} | {kind} | {med['wakeups_per_s']:.0f} | {med['steps_per_s']:.1f} | "
+                  f"{med['leads_per_s']:.1f} | {med['true_lead_ms']:.1f} | {med['err_med_ms']:.2f} | "
+                  f"{med['err_max_ms']:.1f} |", flush=True)
 
 
 if __name__ == "__main__":

@@ -108,7 +108,8 @@ class RankState:
         self.generation = generation
         self.steps: collections.deque[StepReading] = collections.deque(maxlen=STEP_BUFFER)
         self.samples: collections.deque[SampleReading] = collections.deque(maxlen=SAMPLE_BUFFER)
-        self.cpu: collections.deque[float | None] = collections.deque(maxlen=SAMPLE_BUFFER)   # each sample's CPU, at ingest
+        # each sample's CPU, at ingest
+        self.cpu: collections.deque[float | None] = collections.deque(maxlen=SAMPLE_BUFFER)
         self.memory: collections.deque[MemoryReading] = collections.deque(maxlen=MEMORY_BUFFER)
         self.comm: collections.deque[CommReading] = collections.deque(maxlen=COMM_BUFFER)
         self.events: collections.deque[EventReading] = collections.deque(maxlen=EVENT_BUFFER)

@@ -193,7 +193,8 @@ class GroupReduction:
         sums = obj.get("sums") if isinstance(obj.get("sums"), dict) else {}
         down = obj.get("relays_down") if isinstance(obj.get("relays_down"), list) else []
         return cls(key=(key[0], key[1]),
-                   **{k: obj[k] if is_count(obj.get(k)) else 0 for k in ("ranks", "timed", "stalled", "silent", "steps")},
+                   **{k: obj[k] if is_count(obj.get(k)) else 0
+                      for k in ("ranks", "timed", "stalled", "silent", "steps")},
                    sums={k: v for k in SUMS if (v := _num(sums.get(k))) is not None},
                    quantities={x.name: Reduction.read(q[x.name]) for x in QUANTITIES if x.name in q},
                    relays_down=tuple(h for h in down if isinstance(h, str)))

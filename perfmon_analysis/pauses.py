@@ -21,8 +21,9 @@ they recur:
 * until ``MIN_HISTORY`` gaps are known, only those events make pauses.
 
 So a checkpoint every 4 steps or fewer is a pause, and so is one every 100; work between every two
-steps is the loop's, and so is a long gap on 3 or more of 8 steps. Pure and per rank: ``StepParser`` classifies each step as it is
-parsed, so the run model, its running totals (ETTR) and the trace export agree on every pause.
+steps is the loop's, and so is a long gap on 3 or more of 8 steps. Pure and per rank: ``StepParser``
+classifies each step as it is parsed, so the run model, its running totals (ETTR) and the trace export
+agree on every pause.
 """
 
 from __future__ import annotations

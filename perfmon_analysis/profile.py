@@ -314,7 +314,8 @@ def _mark(rows: list[ProfileRow], step_s: float | None) -> list[ProfileRow]:
     out = []
     for r in rows:
         if r.name in waste:
-            r = replace(r, own_waste_s=waste[r.name], marked=r.name == worst and waste[worst] >= MARK_MIN_SHARE * step_s)
+            r = replace(r, own_waste_s=waste[r.name],
+                        marked=r.name == worst and waste[worst] >= MARK_MIN_SHARE * step_s)
         out.append(r)
     return out
 

@@ -214,7 +214,8 @@ def render_text(report: dict[str, Any], width: int = 80) -> str:
     fill = f"  fill {_pct(m['device_fill'])} (SM activity {_pct(m.get('sm_active'))})" \
         if m.get("device_fill") is not None else ""
     wrap(f"Busy {_pct(m['device_busy'])}{busy_source}{fill}  data wait {_pct(m['data_wait_frac'])}  comm "
-         f"{_pct(m['comm_frac'])} (exposed {_pct(m['comm_exposed_frac'])})  MFU {_pct(m['mfu'])}  ETTR {_pct(m['ettr'])}"
+         f"{_pct(m['comm_frac'])} (exposed {_pct(m['comm_exposed_frac'])})  MFU {_pct(m['mfu'])}  "
+         f"ETTR {_pct(m['ettr'])}"
          f"  loader CPU {_loader_cpu(m)}")
     for rank, why in sorted((m.get("device_busy_unknown") or {}).items()):
         wrap(why, first=f"Busy not measured on rank {rank}: ", indent="  ")

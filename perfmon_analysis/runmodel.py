@@ -340,7 +340,8 @@ class RunModel:
                         steps.setdefault(ops.step, {})[s.rank] = ops
         if not steps:
             return None
-        key = (tuple(sorted((s.rank, s.ops[-1].step) for s in states if s.ops)), layout.dims, tuple(sorted(layout.coords.items())), self.window_steps, self.window_seconds)
+        key = (tuple(sorted((s.rank, s.ops[-1].step) for s in states if s.ops)), layout.dims,
+               tuple(sorted(layout.coords.items())), self.window_steps, self.window_seconds)
         cached = self._straggling
         if cached is not None and (cached[0] == key or (live and now - cached[1] < STRAGGLING_PERIOD)):
             return cached[2]

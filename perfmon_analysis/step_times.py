@@ -3,8 +3,9 @@ above the median with what ran in them (docs/verdict.md, "Outliers").
 
 The window's percentiles are exact (its steps are all held); the run's come from the rank's
 ``DurationSketch`` (``perfmon_analysis.sketch``), fed every step at ingest: bounded whatever the
-run's length, within 1% of the true value, its maximum exact. A step's time is its ``dur``: from the previous step's end, so a pause between
-two steps (a checkpoint, an evaluation) is in the step after it, as the median's is.
+run's length, within 1% of the true value, its maximum exact. A step's time is its ``dur``: from the
+previous step's end, so a pause between two steps (a checkpoint, an evaluation) is in the step after
+it, as the median's is.
 """
 
 from __future__ import annotations

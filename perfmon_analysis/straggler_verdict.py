@@ -141,7 +141,8 @@ class SlowWorker(Outcome):
         assert s is not None and s.worker is not None
         worker = view.layout.worker_label(*s.worker)
         headline = (f"Slow worker: {worker}, {who(view, s.rank)}, is slower than its stage's peers on "
-                    f"{_pct(s.top_share)} of steps; every other worker waits for it ({_pct(view.metrics.comm_exposed_frac)}"
+                    f"{_pct(s.top_share)} of steps; every other worker waits for it "
+                    f"({_pct(view.metrics.comm_exposed_frac)}"
                     f" of the step exposed); without it: {_gain(s)}")
         host = next((r.host for r in view.ranks if r.rank == s.rank and r.host), None)
         fixes = [f"replace or drain the node of rank {s.rank}{f' ({host})' if host else ''}: a worker slow on most "

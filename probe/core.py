@@ -7,7 +7,8 @@ numbers on the sampler thread (``probe.sampler``). Setting up never raises:
 anything that fails leaves a probe that still works for whatever did not.
 
 This module is a little over 500 lines on purpose: the hot-path context managers and the
-lifecycle share the probe's private state and are kept together; the steps zero-code mode finds are queued by ``probe.zero_code_steps`` (a mixin),
+lifecycle share the probe's private state and are kept together; the steps zero-code mode finds are
+queued by ``probe.zero_code_steps`` (a mixin),
 the process's one probe is made and found by ``probe.lifecycle`` (``start``, ``current``), and
 everything else (endpoints, records, the disabled probe, attachments, failure reporting, the
 loader CPU policy) lives in its own module.

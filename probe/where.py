@@ -9,9 +9,9 @@ takes one sample of the training thread, saying which span it fell in: ``step`` 
 the probe's step, or in zero-code mode the time after the batch fetch that opens the next one) or
 ``between`` (after a step's end, before the next begins, outside the batch fetch: the loop's own
 work between steps and its pauses), and for the latter whether it was before the step's lines in
-the loop (preparing the next step's input) or after them (``LoopLines``). A sample in the batch fetch between steps is not taken: the
-data wait is timed by the loader hooks. Between-step samples are held until the next step begins,
-so the time after the last step (the script's own end) is never counted as the loop's:
+the loop (preparing the next step's input) or after them (``LoopLines``). A sample in the batch fetch
+between steps is not taken: the data wait is timed by the loader hooks. Between-step samples are held
+until the next step begins, so the time after the last step (the script's own end) is never counted as the loop's:
 
 * the user's line: the innermost frame whose file is not in the standard library,
   site-packages/dist-packages or perfmon's own packages (else the innermost frame), and the

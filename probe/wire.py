@@ -411,7 +411,8 @@ class FrameDecoder:
                 return
             (length,) = HEADER.unpack_from(self._buf)
             if length > self._max:
-                raise ProtocolError(f"frame at offset {self.offset} claims {length} bytes, over the {self._max}-byte limit")
+                raise ProtocolError(f"frame at offset {self.offset} claims {length} bytes, "
+                                    f"over the {self._max}-byte limit")
             if len(self._buf) < HEADER.size + length:
                 return
             body = bytes(self._buf[HEADER.size:HEADER.size + length])

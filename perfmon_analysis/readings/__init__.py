@@ -60,7 +60,8 @@ __all__ = ['num', 'record_time', 'dropped', 'StepBar', 'StepReading', 'step_read
            'host_reading', 'DeviceReading', 'device_reading', 'HelloReading', 'hello_reading', 'ComputeReading',
            'CostReading', 'cost_reading', 'SampleReading', 'sample_reading', 'MemoryReading', 'memory_reading',
            'CommOp', 'CommReading', 'comm_reading', 'own_gpus', 'gpu_rows', 'HolderCount', 'WhereCount',
-           'WhereInterval', 'SPANS', 'WHERE_STATES', 'where_interval', 'InFlight', 'FlightEntry', 'LoaderWorker', 'StallReading',
+           'WhereInterval', 'SPANS', 'WHERE_STATES', 'where_interval', 'InFlight', 'FlightEntry', 'LoaderWorker',
+           'StallReading',
            'stall_reading', 'OpTime', 'CaptureRecord', 'capture_record', 'window_cpu', 'ModuleTimes', 'ProfileRecord',
            'profile_record', 'ExceptionReading', 'exception_reading', 'eval_forwards', 'JobExit', 'exit_reading',
            'Op', 'StepOps', 'step_ops', 'LayoutReading', 'layout_reading']

@@ -1,4 +1,5 @@
-"""Wire values as typed numbers and strings: the checks every reader shares (a bool is not a number, a share over 1 is a percent)."""
+"""Wire values as typed numbers and strings: the checks every reader shares (a bool is not a number,
+a share over 1 is a percent)."""
 
 from __future__ import annotations
 

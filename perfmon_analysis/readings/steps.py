@@ -148,7 +148,8 @@ def event_reading(rec: dict[str, Any]) -> EventReading:
 
 def step_cpu(rec: dict[str, Any]) -> tuple[float | None, bool]:
     """(CPU seconds of work in the step's body: the training thread's, or its intra-op threads' per
-    thread where more, and whether the probe's span was the whole active step). ``cpu`` covers the step body in API mode (``cpu_span`` "body": the loader
+    thread where more, and whether the probe's span was the whole active step). ``cpu`` covers the step
+    body in API mode (``cpu_span`` "body": the loader
     wait is before it) and the active step in zero-code mode ("active": the loader wait is inside,
     so its ``data_cpu`` is taken out). None: not measured."""
     cpu = num(rec.get("cpu"))

@@ -349,7 +349,8 @@ class Nvml:
 
     def _nvlink(self, dev: Device) -> tuple[float | None, float | None]:
         """NVLink bytes/s from the cumulative all-link KiB counters (rate between two reads)."""
-        values = self.call("nvmlDeviceGetFieldValues", dev, [(NVLINK_TX_FIELD, ALL_LINKS), (NVLINK_RX_FIELD, ALL_LINKS)])
+        values = self.call("nvmlDeviceGetFieldValues", dev,
+                           [(NVLINK_TX_FIELD, ALL_LINKS), (NVLINK_RX_FIELD, ALL_LINKS)])
         if values is None:
             return None, None
         try:

@@ -51,7 +51,8 @@ def stage_ops(stage: int, replica: int, pp: int, dp: int, mbs: int, f: float, b:
             in enumerate(seq)]
 
 
-def pipeline(pp: int, dp: int, steps: int, compute: Compute, mbs: int = 4) -> tuple[Layout, dict[int, dict[int, StepOps]]]:
+def pipeline(pp: int, dp: int, steps: int, compute: Compute,
+             mbs: int = 4) -> tuple[Layout, dict[int, dict[int, StepOps]]]:
     out: dict[int, dict[int, StepOps]] = {}
     for step in range(steps):
         out[step] = {}

@@ -44,7 +44,8 @@ def read_until(sock: socket.socket, done: Callable[[list[dict]], bool], timeout:
 
 
 def step_seen(last: int) -> Callable[[list[dict]], bool]:
-    """A ``read_until`` condition that looks only at records it has not seen yet (a full rescan per recv is quadratic)."""
+    """A ``read_until`` condition that looks only at records it has not seen yet (a full rescan per recv is
+    quadratic)."""
     scanned = 0
 
     def done(records: list[dict]) -> bool:

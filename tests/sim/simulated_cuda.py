@@ -143,7 +143,8 @@ class SimulatedCuda:
 
     def allocating_devices(self) -> list[int]:
         """Allocated bytes on the simulated GPU: placed tensors, or the memory stats a test set."""
-        return [0] if any(r() is not None for r in self.placed.values()) or self.stats.get("allocated_bytes.all.current", 0) > 0 else []
+        placed = any(r() is not None for r in self.placed.values())
+        return [0] if placed or self.stats.get("allocated_bytes.all.current", 0) > 0 else []
 
     def memory_stats(self, index: int) -> dict[str, Any]:
         self.calls.append("memory_stats")

@@ -101,7 +101,8 @@ def load_imbalance() -> dict[int, list[dict[str, Any]]]:
     return out
 
 
-def many_nodes(nodes: int = 8, per_node: int = 8, slow_rank: int = 37, steps: int = 40) -> dict[int, list[dict[str, Any]]]:
+def many_nodes(nodes: int = 8, per_node: int = 8, slow_rank: int = 37,
+               steps: int = 40) -> dict[int, list[dict[str, Any]]]:
     """``nodes`` x ``per_node`` CPU ranks, a node each per ``per_node`` ranks (n01, n02, ...);
     ``slow_rank`` computes 1.6x longer and the others wait for it in all-reduce."""
     job = "fsdp-64"

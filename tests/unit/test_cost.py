@@ -288,7 +288,8 @@ def _header(rank: Rank) -> tuple[str, set[str]]:
     bar._view = job(rank).view()
     text = bar.render()
     at = text.plain.find("perfmon cost ")
-    styles = {str(s.style) for s in text.spans if at >= 0 and s.start >= at + len("perfmon cost ") and s.start < at + 30}
+    styles = {str(s.style) for s in text.spans
+              if at >= 0 and s.start >= at + len("perfmon cost ") and s.start < at + 30}
     return text.plain, styles
 
 

@@ -360,7 +360,8 @@ def test_without_a_gpu_the_gpu_checks_say_why_and_do_not_fail():
 
 
 def test_table_lists_every_check_and_counts_failures():
-    checks = [doctor.Check("a", "healthy", "healthy: fine", True), doctor.Check("b", "host_sync", "host_overhead", False),
+    checks = [doctor.Check("a", "healthy", "healthy: fine", True),
+              doctor.Check("b", "host_sync", "host_overhead", False),
               doctor.Check("c", "x", "not run: no GPU", None)]
     text = doctor.render(checks, width=80)
     rows = text.splitlines()

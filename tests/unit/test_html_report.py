@@ -54,7 +54,8 @@ def test_the_page_holds_its_script_and_fetches_nothing(tmp_path, capsys):
     assert all(p[2] == " and 1 more" for p in pauses[:2]), pauses       # the other rank paused too
     # from the first step's end: step 240 ends 24 s of steps + the 3 s spike + its own 2 s later; step 480
     # 24 s more of steps, 180 of them 60 ms longer (the slow loader), and its 2 s
-    into = [sum(int(n) * (60 if unit == "m" else 1) for n, unit in re.findall(r"(\d+)([ms])", p[3])) for p in pauses[:2]]
+    into = [sum(int(n) * (60 if unit == "m" else 1) for n, unit in re.findall(r"(\d+)([ms])", p[3]))
+            for p in pauses[:2]]
     assert abs(into[0] - 29.0) <= 1 and abs(into[1] - (29.0 + 24 + 180 * 0.06 + 2)) <= 1, pauses
     assert len(text) < 2_000_000
 

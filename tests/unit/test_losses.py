@@ -169,7 +169,8 @@ def test_each_loss_names_its_source_or_why_it_is_unknown_in_the_reports_words():
     assert rows("cpu", device_busy=None, data_wait_frac=None, comm_exposed_frac=None, loop_frac=None,
                 pause_frac=None) == [
         {"id": "data_wait", "label": "data wait", "share": None,
-         "why_unknown": "no batch fetch timed (mon.loader(...), a DataLoader under perfmon run or a trainer callback) or no step timing yet",
+         "why_unknown": "no batch fetch timed (mon.loader(...), a DataLoader under perfmon run or a trainer callback) "
+                        "or no step timing yet",
          "span": "window"},
         {"id": "comm_exposed", "label": "exposed communication", "share": None,
          "why_unknown": "collectives take 0% of the step, the exposed part is not measured "

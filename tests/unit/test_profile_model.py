@@ -285,7 +285,8 @@ def test_odd_values_in_a_profile_record_are_unknown_never_guessed():
                          "depth": None, "step_s": -1.0, "timer": "", "peak_flops": 0, "modules": odd}, rank=1)
     root, a = p.rows
     assert (p.t, p.steps, p.first_step, p.depth, p.step_s, p.timer, p.peak_flops) == (0.0, 0, None, 0, None, None, None)
-    assert (root.name, root.params, root.calls, root.fwd_s, root.flops, root.seconds) == ("Net", 0, 1.0, None, None, None)
+    assert (root.name, root.params, root.calls, root.fwd_s, root.flops, root.seconds) == \
+        ("Net", 0, 1.0, None, None, None)
     assert (a.type, a.depth, a.params, a.calls, a.time_share, a.peak_frac, a.flop_share) == \
         ("?", 0, 10, 0.0, None, None, None)
     assert a.flops_per_s == 1e9 / 0.003 and p.fwd_flops_per_s is None and p.bwd_flops_per_s is None

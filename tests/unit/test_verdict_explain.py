@@ -351,7 +351,8 @@ EXPECTED = {
         None),
     'data_preprocessing_main_process': (
         'data_preprocessing', 'crit',
-        'Data preprocessing: 40% of each step waits for the loader; the main process spends 90% of the wait on CPU (num_workers=0)',
+        'Data preprocessing: 40% of each step waits for the loader; '
+        'the main process spends 90% of the wait on CPU (num_workers=0)',
         ['use DataLoader(num_workers=N): loading runs in the training process now',
          'move per-sample transforms to the device or batch them',
          'preprocess offline (cache decoded/tokenized data)'],
@@ -459,7 +460,8 @@ EXPECTED = {
         1),
     'load_imbalance_arrival': (
         'load_imbalance', 'warn',
-        'Load imbalance: rank 0 arrives last at all-gather; the others wait 30% of the step for it (it waits 0%); it loses 8% between steps',
+        'Load imbalance: rank 0 arrives last at all-gather; the others wait 30% of the step for it (it waits 0%); '
+        'it loses 8% between steps',
         ['find what delays rank 0 outside its compute: work between steps, logging, checkpointing on that '
          'rank only, its data path',
          "check rank 0's host for other processes or throttling"],
@@ -484,7 +486,8 @@ EXPECTED = {
         None),
     'host_sync_site': (
         'host_sync', 'crit',
-        'Host-device sync: the device idles 60% of each step with no other measured cause; 1.5 syncs per step (most at train.py:42)',
+        'Host-device sync: the device idles 60% of each step with no other measured cause; '
+        '1.5 syncs per step (most at train.py:42)',
         ['remove .item() / .cpu() / print(tensor) from the step; log every N steps',
          'keep metrics on the device and read them asynchronously (non_blocking=True into pinned memory)'],
         {'comm_exposed_frac': 0.0,
@@ -709,7 +712,8 @@ def test_headline_severity_fixes_and_evidence(name):
     out = v.as_json()
     assert {k: out[k] for k in ("bottleneck", "label", "severity", "headline", "path", "evidence", "suggestions",
                                 "straggler_rank")} == {
-        "bottleneck": bottleneck, "label": V.CHART.outcomes[bottleneck].label, "severity": severity, "headline": headline,
+        "bottleneck": bottleneck, "label": V.CHART.outcomes[bottleneck].label, "severity": severity,
+        "headline": headline,
         "path": v.path, "evidence": v.evidence, "suggestions": suggestions, "straggler_rank": straggler}
     assert out["losses"] == [x.as_json() for x in v.losses] and out["undecided"] == v.undecided
 
@@ -795,7 +799,8 @@ def test_compute_straggler_without_per_rank_compute_times_says_not_available():
     view = dataclasses.replace(_comm(comm_exposed_frac=0.3, compute_ratio=0.5, straggler_by="compute"),
                                straggler_rank=1, ranks=[])
     v = V.evaluate(view)
-    assert v.headline == "Load imbalance: rank 1 computes n/a/step vs n/a on rank n/a; the others wait 30% in collective"
+    assert v.headline == ("Load imbalance: rank 1 computes n/a/step vs n/a on rank n/a; "
+                          "the others wait 30% in collective")
 
 
 def test_per_rank_batch_suggestion_divides_by_the_world_size():

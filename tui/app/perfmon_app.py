@@ -60,7 +60,7 @@ FEED_CLOSE_SECONDS = 5.0       # q: at most this long to stop the relays a feed 
 FIRST_SCREEN_TRIES = 60        # at most 60 tries after the first records arrive...
 FIRST_SCREEN_PAUSE = 4.0       # ...each after a pause of 50 ms or 4x the last one's cost
 REFRESH_BUDGET = 0.10          # share of a core the timer's refreshes may take before it refreshes less often
-SLOWEST_REFRESH_S = 0.5        # ...but at least twice a second: a live view that lags its job by more than that reads as frozen
+SLOWEST_REFRESH_S = 0.5        # ...but at least twice a second: a view lagging its job by more reads as frozen
 
 
 def ticks_to_skip(cost_s: float, tick_s: float) -> int:

@@ -277,7 +277,8 @@ def _row_rank(ranks: list[tuple[int, str | None]]) -> CustomJSHover:
     """The hover's rank (and node) of the row under the pointer: rows are ranks grouped by node."""
     labels = [f"{rank} ({host})" if host else str(rank) for rank, host in ranks]
     return CustomJSHover(args={"labels": labels},
-                         code="const row = Math.floor(value); return row >= 0 && row < labels.length ? labels[row] : '';")
+                         code="const row = Math.floor(value); "
+                              "return row >= 0 && row < labels.length ? labels[row] : '';")
 
 
 def _node_ticks(fig: Any, ranks: list[tuple[int, str | None]]) -> None:

@@ -121,7 +121,8 @@ def _replay(analysis: Analysis, streams: list[tuple[str, list[dict[str, Any]]]],
     start, end = min(times), max(times)
     every = (end - start) / instants or 1.0
     mark = start + every
-    for t, _, _, stream, record in heapq.merge(*(_timed(i, stream, records) for i, (stream, records) in enumerate(streams))):
+    timed = (_timed(i, stream, records) for i, (stream, records) in enumerate(streams))
+    for t, _, _, stream, record in heapq.merge(*timed):
         if t >= mark:
             analysis.snapshot(mark)
             mark = t + every - (t - start) % every

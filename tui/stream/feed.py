@@ -198,8 +198,9 @@ class LiveFeed(Feed):
             reader, writer = await asyncio.wait_for(asyncio.open_unix_connection(path), CONNECT_TIMEOUT)
         except (OSError, asyncio.TimeoutError) as exc:
             status.state = "lost" if isinstance(exc, (ConnectionRefusedError, FileNotFoundError)) else "error"
-            status.message = f"{path}: permission denied (a job of another user?)" if isinstance(
-                exc, PermissionError) else f"{path}: cannot connect: {getattr(exc, 'strerror', None) or exc or 'timeout'}"
+            status.message = (f"{path}: permission denied (a job of another user?)"
+                              if isinstance(exc, PermissionError)
+                              else f"{path}: cannot connect: {getattr(exc, 'strerror', None) or exc or 'timeout'}")
             self.analysis.add_problem(status.message)
             self.stream_finished()
             return

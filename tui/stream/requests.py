@@ -70,7 +70,8 @@ def _ask_socket(target: Target, op: str, params: dict[str, Any], timeout: float,
         seen = on_record or (lambda record: None)
         hello = _next(sock, decoder, deadline, target, lambda r: r["k"] == "hello", "its hello", seen)
         if not _speaks(hello.get("proto"), "request"):
-            raise UserError(f"{target.label}: the job's perfmon speaks protocol {wire.format_proto(hello.get('proto'))}, "
+            raise UserError(f"{target.label}: the job's perfmon speaks protocol "
+                            f"{wire.format_proto(hello.get('proto'))}, "
                             "which takes no requests; run the job with this perfmon version")
         sock.sendall(wire.encode({"k": "request", "t": time.time(), "id": request_id, "op": op, **params}))
         answer = _next(sock, decoder, deadline, target,

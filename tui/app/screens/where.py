@@ -33,7 +33,8 @@ def where_text(verdict: Verdict | None) -> Group:
     losses = by_id(verdict.losses)
     parts: list[Text | Table] = []
     head = Text(f"rank {table.rank}: {table.samples} samples inside steps in the window"
-                f"{f' at {units.number(table.hz)}Hz' if table.hz else ''}, covering {units.pct(table.span_share)} of the "
+                f"{f' at {units.number(table.hz)}Hz' if table.hz else ''}, "
+               f"covering {units.pct(table.span_share)} of the "
                 f"step; {table.between_samples} between steps, covering {units.pct(table.between_share)}",
                 style="bold")
     parts.append(head)

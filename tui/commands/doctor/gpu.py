@@ -107,7 +107,8 @@ def half_idle(device: Device, util_why: str | None) -> list[Check]:
                      None)
     else:
         nvml = Check("NVML utilization", f"= kernel share {_pct(planted)} ± {_pts(BUSY_TOL)}",
-                     f"utilization {_pct(util)} as perfmon sampled it", util is not None and abs(util - planted) <= BUSY_TOL)
+                     f"utilization {_pct(util)} as perfmon sampled it",
+                     util is not None and abs(util - planted) <= BUSY_TOL)
     verdict = Check("GPU idle half of each step", "host_overhead, the host's lead under a step",
                     f"{leaf}, lead {_ms(view.metrics.host_lead_s)} = {_num(ahead)} steps of device time",
                     leaf == "host_overhead" and ahead is not None and ahead < 1.0)
