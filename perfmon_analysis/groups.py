@@ -189,9 +189,9 @@ class GroupReduction:
         key = obj.get("key")
         if not (isinstance(key, list) and len(key) == 2 and all(isinstance(k, str) for k in key)):
             return None
-        q = obj.get("q") if isinstance(obj.get("q"), dict) else {}
-        sums = obj.get("sums") if isinstance(obj.get("sums"), dict) else {}
-        down = obj.get("relays_down") if isinstance(obj.get("relays_down"), list) else []
+        q = v if isinstance(v := obj.get("q"), dict) else {}
+        sums = v if isinstance(v := obj.get("sums"), dict) else {}
+        down = v if isinstance(v := obj.get("relays_down"), list) else []
         return cls(key=(key[0], key[1]),
                    **{k: obj[k] if is_count(obj.get(k)) else 0
                       for k in ("ranks", "timed", "stalled", "silent", "steps")},
@@ -268,7 +268,8 @@ def representatives(rows: list[RankRow], reductions: list[GroupReduction], previ
         if red is None or red.n == 0:
             continue
         for end, src in (("min", red.min_src), ("max", red.max_src)):
-            reps.add(_sticky(x, end, getattr(red, end), src, previous, by_src))
+            if (rep := _sticky(x, end, getattr(red, end), src, previous, by_src)) is not None:
+                reps.add(rep)
     stalled = [r for r in rows if r.stalled or (r.silent_s is not None and r.silent_s >= silent_after)]
     if stalled:
         calls = Counter(r.call for r in stalled if r.call is not None)

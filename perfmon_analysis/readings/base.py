@@ -39,6 +39,16 @@ def dropped(rec: dict[str, Any]) -> int:
     return count if count is not None and count > 0 else 0
 
 
+def wire_dict(value: Any) -> dict[str, Any]:
+    """A wire map; anything else reads as an empty one."""
+    return value if isinstance(value, dict) else {}
+
+
+def wire_list(value: Any) -> list[Any]:
+    """A wire list; anything else reads as an empty one."""
+    return value if isinstance(value, list) else []
+
+
 def _dicts(value: Any) -> list[dict[str, Any]]:
     return [v for v in value if isinstance(v, dict)] if isinstance(value, list) else []
 

@@ -6,7 +6,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from perfmon_analysis.readings.base import _int, num
+from perfmon_analysis.readings.base import _int, num, wire_dict
 
 
 @dataclass(frozen=True)
@@ -96,9 +96,9 @@ def step_reading(rec: dict[str, Any], pending_gap: float = 0.0,
     inferred = gap is None and min(pending_gap, dur) > 0
     if gap is None:
         gap = min(pending_gap, dur)
-    phases = rec.get("phases") if isinstance(rec.get("phases"), dict) else {}
-    comm = rec.get("comm") if isinstance(rec.get("comm"), dict) else None
-    mem = rec.get("mem") if isinstance(rec.get("mem"), dict) else {}
+    phases = wire_dict(rec.get("phases"))
+    comm = c if isinstance(c := rec.get("comm"), dict) else None
+    mem = wire_dict(rec.get("mem"))
     site = rec.get("sync_site")
     cpu, cpu_active = step_cpu(rec)
     gap = max(0.0, min(gap, dur))
