@@ -10,7 +10,7 @@ the text and the JSON cannot disagree; its numbers go through ``perfmon_analysis
 from __future__ import annotations
 
 import textwrap
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from typing import Any
 
 from perfmon_analysis import units
@@ -73,7 +73,7 @@ def build(view: JobView, verdict: Verdict, *, retired: Iterable[tuple[int, dict[
 
 def _verdict_json(verdict: Verdict, metrics: dict[str, Any], price: float | None = None) -> dict[str, Any]:
     """The verdict's JSON with each loss and each evidence number that is a metric named, not repeated."""
-    out = _jsonable(verdict.as_json(price))
+    out: dict[str, Any] = _jsonable(verdict.as_json(price))
     named_by = loss_metrics()
     out["losses"] = [{"id": x.id, "label": x.label, "metric": named_by[x.id],
                       "source" if x.known else "why_unknown": x.source, "span": x.span} for x in verdict.losses]
@@ -122,10 +122,11 @@ def _jsonable(obj: Any) -> Any:
 
 # -- text ---------------------------------------------------------------------------------------
 _pct = units.pct
-_FORMAT = {Unit.RATIO: units.pct, Unit.CORES: units.pct, Unit.SECONDS: units.seconds, Unit.PER_SECOND: units.rate,
-           Unit.PER_STEP: units.number, Unit.BYTES_PER_SECOND: units.bandwidth,
-           Unit.FLOPS: lambda x: units.rate(x, "FLOP"), Unit.COUNT: units.count,
-           Unit.WATTS: lambda x: units.fixed(x, "W"), Unit.JOULES: units.energy}
+_FORMAT: dict[Unit, Callable[[float | None], str]] = {
+    Unit.RATIO: units.pct, Unit.CORES: units.pct, Unit.SECONDS: units.seconds, Unit.PER_SECOND: units.rate,
+    Unit.PER_STEP: units.number, Unit.BYTES_PER_SECOND: units.bandwidth,
+    Unit.FLOPS: lambda x: units.rate(x, "FLOP"), Unit.COUNT: units.count,
+    Unit.WATTS: lambda x: units.fixed(x, "W"), Unit.JOULES: units.energy}
 
 
 def formatted(metric: Metric | None, value: Any) -> str:

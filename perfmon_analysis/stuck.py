@@ -145,7 +145,7 @@ def diagnose(ranks: list[RankLike]) -> StuckDiagnosis | None:
                    {r: "culprit" for r in culprits})
 
 
-def _collective(by_rank: dict[int, RankLike], stalled: dict[int, StallReading | None], silent: dict[int, float],
+def _collective(by_rank: dict[int, RankLike], stalled: dict[int, StallReading], silent: dict[int, float],
                 lasted: dict[int, float], calls: dict[int, InFlight],
                 where: dict[int, tuple[str, ...]]) -> StuckDiagnosis:
     """Ranks wait in a collective: the call most of them are in, and the members that never reached it."""
@@ -178,7 +178,7 @@ def _collective(by_rank: dict[int, RankLike], stalled: dict[int, StallReading | 
 
 def _finish(kind: str, culprits: tuple[int, ...], waiting: tuple[int, ...], call: tuple[str, str, int | None] | None,
             since: float, where: dict[int, tuple[str, ...]], headline: str, by_rank: dict[int, RankLike],
-            stalled: dict[int, StallReading | None], silent: dict[int, float], lasted: dict[int, float],
+            stalled: dict[int, StallReading], silent: dict[int, float], lasted: dict[int, float],
             roles: dict[int, str], loader_pid: int | None = None,
             calls: dict[int, str] | None = None) -> StuckDiagnosis:
     calls = calls or {}
