@@ -55,8 +55,7 @@ class Viewer:
     def __init__(self, sock: socket.socket, *, tcp: bool) -> None:
         self.sock = sock
         self.out: collections.deque[bytes] = collections.deque()          # batches of whole frames
-        # (frames, drops it announces), parallel to out
-        self.out_frames: collections.deque[tuple[int, int]] = collections.deque()
+        self.out_frames: collections.deque[tuple[int, int]] = collections.deque()   # (frames, drops announced)
         self.out_bytes = 0
         self.head_sent = 0            # bytes of out[0] already sent
         self.dropped = 0              # frames dropped since the last drops record
@@ -117,8 +116,7 @@ class Sender(threading.Thread):
         self.on_request = on_request
         self.taps: list[Callable[[dict], None]] = []     # in-process readers of every record (add_tap)
         self.viewers: dict[int, Viewer] = {}
-        # (chunk, steps): >= BACKFILL_STEPS
-        self.backfill_steps: collections.deque[tuple[bytes, int]] = collections.deque()
+        self.backfill_steps: collections.deque[tuple[bytes, int]] = collections.deque()  # (chunk, steps)
         self.backfill_count = 0
         self.backfill_events: collections.deque[bytes] = collections.deque(maxlen=BACKFILL_EVENTS)
         self.latest: dict[str, bytes] = {}
