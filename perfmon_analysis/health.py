@@ -68,9 +68,9 @@ def rank_health(state: RankState, window: Sequence[StepReading], limit: int | No
     else:
         win, run = window_times(window), run_times(state.run_times)
     newest = state.steps[-1] if state.steps else None
-    long = newest is not None and run.p50 is not None and newest.dur >= OUTLIER_RATIO * run.p50
+    long = newest if newest is not None and run.p50 is not None and newest.dur >= OUTLIER_RATIO * run.p50 else None
     last_event = state.events[-1].t if state.events else None
-    outliers = _cached(cache, "outliers", (state.run_times.n // OUTLIERS_EVERY, newest.step if long else None,
+    outliers = _cached(cache, "outliers", (state.run_times.n // OUTLIERS_EVERY, long.step if long is not None else None,
                                            state.ended, last_event),
                        lambda: tuple(rank_outliers(state, run.p50)))
     last_sample = state.samples[-1].t if state.samples else None
