@@ -35,8 +35,10 @@ from perfmon_analysis.layout import Layout, assemble
 from perfmon_analysis.overhead import worst
 from perfmon_analysis.profile import ModuleProfile, profile_reading, with_overhead
 from perfmon_analysis.readings import (
+    CommReading,
     HostReading,
     JobExit,
+    MemoryReading,
     StepOps,
     StepReading,
     comm_reading,
@@ -87,7 +89,7 @@ class RunModel:
         self.history = History()     # the whole run, downsampled (the trends screen, the HTML report)
         self.exit: JobExit | None = None     # how the job's command ended (``perfmon run``), when known
         self.groups: dict[str, list[GroupReduction]] = {}   # group relay -> its reductions (the relay tree)
-        self._straggling: tuple[tuple, float, Straggling | None] | None = None   # (window key, at, analysis)
+        self._straggling: tuple[tuple[object, ...], float, Straggling | None] | None = None  # (key, when, result)
 
     # -- ingest -------------------------------------------------------------------------------
     def ingest(self, stream_id: str, record: dict[str, Any], received: float | None = None) -> None:
@@ -383,7 +385,8 @@ class RunModel:
         state = self._streams.get(stream_id)
         if state is None:
             return []
-        readings = sorted([*state.memory, *state.comm, *state.steps], key=lambda r: r.t or 0.0)
+        readings: list[MemoryReading | CommReading | StepReading] = sorted([*state.memory, *state.comm, *state.steps],
+                                                                           key=lambda r: r.t or 0.0)
         return [r.record for r in readings]
 
     @property

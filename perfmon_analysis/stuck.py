@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import os
 from collections import Counter
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
@@ -45,15 +46,22 @@ CALL_STATES = {
 
 
 class RankLike(Protocol):
-    """What the diagnosis reads of a rank (``perfmon_analysis.views.RankView``)."""
+    """What the diagnosis reads of a rank (``perfmon_analysis.views.RankView``, frozen: read-only here)."""
 
-    rank: int
-    host: str | None
-    pid: int | None
-    stall: StallReading | None
-    stalled_s: float | None
-    silent_s: float | None
-    answered: bool
+    @property
+    def rank(self) -> int: ...
+    @property
+    def host(self) -> str | None: ...
+    @property
+    def pid(self) -> int | None: ...
+    @property
+    def stall(self) -> StallReading | None: ...
+    @property
+    def stalled_s(self) -> float | None: ...
+    @property
+    def silent_s(self) -> float | None: ...
+    @property
+    def answered(self) -> bool: ...
 
 
 @dataclass(frozen=True)
@@ -98,7 +106,7 @@ class StuckDiagnosis:
                 "where": {str(rank): list(frames[-WHERE_FRAMES:]) for rank, frames in sorted(self.where.items())}}
 
 
-def diagnose(ranks: list[RankLike]) -> StuckDiagnosis | None:
+def diagnose(ranks: Sequence[RankLike]) -> StuckDiagnosis | None:
     """The diagnosis when some rank is stalled or unresponsive, else None."""
     stalled = {r.rank: r.stall for r in ranks if r.stall is not None}
     silent = {r.rank: r.silent_s for r in ranks
