@@ -11,7 +11,7 @@ import collections
 import os
 from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 from probe.attachments import Attachments
 
@@ -24,7 +24,7 @@ class _Null:
     def __enter__(self) -> _Null:
         return self
 
-    def __exit__(self, et: Any, ev: Any, tb: Any) -> bool:
+    def __exit__(self, et: Any, ev: Any, tb: Any) -> Literal[False]:
         return False
 
 

@@ -22,7 +22,7 @@ from typing import Any
 
 from probe.tracing import run_eagerly
 
-INERT: Callable[..., None] = (0).__init__   # int's object.__init__: any args, no effect, None; picklable
+INERT: Callable[..., None] = (0).__init__  # type: ignore[misc]  # int's object.__init__: any args, no effect; picklable
 
 
 class Hook:

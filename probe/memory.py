@@ -52,6 +52,7 @@ def storage_bytes(t: Any, seen: set, device_type: str | None = None) -> int:
         return 0
     if t.device.type == "meta":
         return 0
+    key: tuple[Any, ...]
     try:
         storage = t.untyped_storage()
         key = (t.device.type, t.device.index, storage.data_ptr())

@@ -29,6 +29,7 @@ import sys
 import time
 import weakref
 from collections.abc import Iterator
+from types import FrameType
 from typing import Any
 
 from probe import comm, flops, layout
@@ -92,7 +93,7 @@ def _as_list(value: Any) -> list[Any]:
 def _inside_optimizer_step() -> bool:
     """True when called (through any hooks) from inside ``Optimizer.step``."""
     target = os.path.join("torch", "optim", "optimizer.py")
-    frame = sys._getframe(1)
+    frame: FrameType | None = sys._getframe(1)
     for _ in range(64):
         if frame is None:
             return False

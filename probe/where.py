@@ -54,6 +54,7 @@ import sysconfig
 import threading
 import time
 from collections.abc import Callable
+from types import CodeType
 from typing import Any
 
 from probe import fetches
@@ -304,7 +305,7 @@ _NESTED = frozenset({"<genexpr>", "<listcomp>", "<dictcomp>", "<setcomp>"})
 def stack_of(frame: Any) -> list[tuple[Any, int]]:
     """(code object, line) of each frame of a stack, the innermost first (at most ``MAX_DEPTH``): read
     once, at the look, so nothing walks another thread's frames after it may have moved on."""
-    out = []
+    out: list[tuple[CodeType, int]] = []
     while frame is not None and len(out) < MAX_DEPTH:
         out.append((frame.f_code, frame.f_lineno or 0))
         frame = frame.f_back

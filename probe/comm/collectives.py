@@ -471,7 +471,7 @@ def uninstall() -> None:
             if getattr(getattr(dist, name, None), "_perfmon", False):
                 setattr(dist, name, orig)
         if state.orig_wait is not None:
-            dist.Work.wait = state.orig_wait
+            dist.Work.wait = state.orig_wait  # type: ignore[method-assign]  # the patch undone
         if state.funcol_originals:
             from torch.distributed import _functional_collectives as funcol
             for name, orig in state.funcol_originals.items():

@@ -24,7 +24,7 @@ class DdpTiming:
         self.pass_id = 0
         self.ddp_ref = ddp
 
-    def hook(self, state, bucket):  # type: ignore[no-untyped-def]  # DDP rejects non-GradBucket annotations
+    def hook(self, state, bucket):  # unannotated: DDP rejects non-GradBucket annotations
         t0 = time.perf_counter()
         buf = bucket.buffer()
         pass_id = self.pass_id

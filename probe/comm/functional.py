@@ -49,7 +49,7 @@ class FuncolTiming:
         name = str(funcol._resolve_group_name(group, tag))
         n = self.sizes.get(name)
         if n is None:
-            n = int(c10d._get_group_size_by_name(name))
+            n = int(c10d._get_group_size_by_name(name))  # type: ignore[arg-type]  # private: a GroupName is a str
             if len(self.sizes) < 256:
                 self.sizes[name] = n
         return n

@@ -170,7 +170,7 @@ class Nvml:
         try:
             self.nv.nvmlInit()
         except Exception as exc:
-            code = getattr(exc, "value", None)
+            code: Any = getattr(exc, "value", None)     # pynvml is untyped
             self.status = _STATUS.get(code, f"no NVIDIA GPU: NVML init failed ({_error_text(exc)})")
             self.nv = None
             return
@@ -230,7 +230,7 @@ class Nvml:
         except Exception as exc:
             self.errors += 1
             dev.errors += 1
-            code = getattr(exc, "value", None)
+            code: Any = getattr(exc, "value", None)
             dev.failed[name] = _REASON.get(code) or f"NVML: {_error_text(exc)}"[:120]
             if code in _PERMANENT:
                 dev.unsupported.add(key)
@@ -253,7 +253,7 @@ class Nvml:
         sm_max = self.call("nvmlDeviceGetMaxClockInfo", dev, clock_sm)
         dev.sm_clock_max = int(sm_max) if sm_max is not None else None
         support = self.call("nvmlGpmQueryDeviceSupport", dev)
-        if support is not None and getattr(support, "isSupportedDevice", 0):
+        if support is not None and getattr(support, "isSupportedDevice", False):
             try:
                 dev.gpm = _Gpm(self.nv)
             except Exception as exc:
