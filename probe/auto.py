@@ -571,7 +571,7 @@ def uninstall() -> list[str]:
         else:
             left.append("sys.excepthook (chained again after perfmon's)")
     atexit.unregister(a.flush)
-    warnings.filters[:] = [f for f in warnings.filters  # type: ignore[index]  # typeshed: a Sequence; it is a list
+    warnings.filters[:] = [f for f in warnings.filters  # type: ignore[index]  # a list (typeshed: Sequence)
                            if not (f[0] == "ignore" and getattr(f[1], "pattern", None) == GLOBAL_HOOKS_WARNING)]
     mon = a.probe
     if mon is not None:
