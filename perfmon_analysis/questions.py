@@ -3,19 +3,37 @@ how it is measured, and where the walk goes when it cannot be (docs/verdict.md �
 
 The order follows the seed's triage (常见瓶颈识别流程): memory first, then "is the device
 starved?", then the largest measured loss names the cause (data wait, exposed communication,
-the loop's own work between steps, device idle with no other cause), then compute efficiency. ``QUESTIONS`` lists them in the
-order the verdict asks them; ``perfmon_analysis.verdict`` joins them into its chart.
+the loop's own work between steps, device idle with no other cause), then compute efficiency.
+``QUESTIONS`` lists them in the order the verdict asks them; ``perfmon_analysis.verdict`` joins them into its chart.
 """
 
 from __future__ import annotations
 
 from perfmon_analysis import units
 from perfmon_analysis.explain import peak_note, tensor_active
+from perfmon_analysis.flowchart import (
+    COMM_EXPOSED_MIN,
+    DATA_WAIT_MIN,
+    DEVICE_BUSY_MIN,
+    FILL_MIN,
+    HOST_AHEAD_STEPS,
+    HOST_WAIT_MIN,
+    LOADER_CPU_BOUND,
+    LOADER_MAIN,
+    LOADER_WORKERS,
+    LOOP_PREP_MIN,
+    LOSS_MIN,
+    LOSS_THRESHOLD,
+    MEMORY_PEAK_MAX,
+    MFU_MIN,
+    STRAGGLER_RATIO_MAX,
+    SYNCS_PER_STEP_MIN,
+    TENSOR_ACTIVE_MIN,
+    Answer,
+    Losses,
+    Question,
+)
 from perfmon_analysis.health_verdict import leak
-from perfmon_analysis.flowchart import (COMM_EXPOSED_MIN, DATA_WAIT_MIN, DEVICE_BUSY_MIN, FILL_MIN, HOST_AHEAD_STEPS,
-                                        HOST_WAIT_MIN, LOADER_CPU_BOUND, LOADER_MAIN, LOADER_WORKERS, LOOP_PREP_MIN,
-                                        LOSS_MIN, LOSS_THRESHOLD, MEMORY_PEAK_MAX, MFU_MIN, STRAGGLER_RATIO_MAX,
-                                        SYNCS_PER_STEP_MIN, TENSOR_ACTIVE_MIN, Answer, Losses, Question)
 from perfmon_analysis.losses import LOOP, PAUSES, STEP_LOSSES, Loss, by_id
 from perfmon_analysis.views import JobView
 
@@ -338,9 +356,9 @@ class HostAhead(Question):
     """The host is blamed only with evidence: the device idles in time (this question is reached on the
     device-idle branch) and the host's lead is too short to hide it. A host that keeps at least one
     step of device work queued (its lead over the step's device time; a lead is read late, never short,
-    so a lead under a step as read is one in truth) launched each step whole before the device began it: its idle then comes from
-    something else (another stream, a collective nobody timed, time outside the steps), which is not
-    measured. Without a lead the host is not measured either, never guessed."""
+    so a lead under a step as read is one in truth) launched each step whole before the device began it:
+    its idle then comes from something else (another stream, a collective nobody timed, time outside the
+    steps), which is not measured. Without a lead the host is not measured either, never guessed."""
 
     id = "host_ahead"
     text = "Is the host a step or more ahead of the device (each step queued whole before it starts)?"

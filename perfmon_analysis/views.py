@@ -9,15 +9,15 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from perfmon_analysis.readings import GpuRow, HostReading, RankTrace, StallReading
 from perfmon_analysis.capture import CaptureSummary
-from perfmon_analysis.health import JobHealth
-from perfmon_analysis.step_times import StepTimes
 from perfmon_analysis.groups import GroupReduction
+from perfmon_analysis.health import JobHealth
 from perfmon_analysis.layout import Layout, world_layout
-from perfmon_analysis.stragglers import Straggling
 from perfmon_analysis.overhead import Overhead
 from perfmon_analysis.profile import ModuleProfile
+from perfmon_analysis.readings import GpuRow, HostReading, RankTrace, StallReading
+from perfmon_analysis.step_times import StepTimes
+from perfmon_analysis.stragglers import Straggling
 from perfmon_analysis.stuck import StuckDiagnosis
 
 
