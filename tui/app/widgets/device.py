@@ -23,7 +23,8 @@ BUSY_SOURCE = {"nvml_util": "time a kernel ran (NVML util)", "cuda_timeline": "s
 class DevicePane(Pane):
     NAME = "device"
 
-    def draw(self, view: JobView, verdict: Verdict | None, ui: UiState, width: int, height: int) -> RenderableType:
+    def draw(self, view: JobView, verdict: Verdict | None, ui: UiState, width: int,
+             height: int) -> list[Text] | RenderableType:
         m = view.metrics
         lines: list[Text] = []
         busy = Text("busy ")

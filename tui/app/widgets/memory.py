@@ -24,7 +24,8 @@ SHORT = {"params": "par", "grads": "grad", "optimizer": "opt", "activations": "a
 class MemoryPane(Pane):
     NAME = "memory"
 
-    def draw(self, view: JobView, verdict: Verdict | None, ui: UiState, width: int, height: int) -> RenderableType:
+    def draw(self, view: JobView, verdict: Verdict | None, ui: UiState, width: int,
+             height: int) -> list[Text] | RenderableType:
         mem = view.metrics.memory
         lines: list[Text] = []
         if mem.source is None:

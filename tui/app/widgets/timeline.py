@@ -23,7 +23,8 @@ ORDER = ("data", "forward", "backward", "optimizer")
 class TimelinePane(Pane):
     NAME = "timeline"
 
-    def draw(self, view: JobView, verdict: Verdict | None, ui: UiState, width: int, height: int) -> RenderableType:
+    def draw(self, view: JobView, verdict: Verdict | None, ui: UiState, width: int,
+             height: int) -> list[Text] | RenderableType:
         rank = focus_rank(view, ui, verdict)
         trace = view.traces.get(rank) if rank is not None else None
         steps = trace.steps if trace is not None else ()
