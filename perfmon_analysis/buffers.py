@@ -29,7 +29,6 @@ from perfmon_analysis.sketch import DurationSketch
 if TYPE_CHECKING:
     from perfmon_analysis.capture import CaptureSummary
     from perfmon_analysis.profile import ModuleProfile
-    from perfmon_analysis.stats import RankStats
 
 
 # -- window and buffer sizes -----------------------------------------------------------------
@@ -141,7 +140,7 @@ class RankState:
         self.summary_times: Any = None          # (window, run) step times while a relay summarises the rank
         self.layout: LayoutReading | None = None   # the rank's place in the job's layout (wire 1.5)
         self.ops: collections.deque[StepOps] = collections.deque(maxlen=OPS_BUFFER)   # its steps' operations (wire 1.5)
-        self._cache: tuple[int, RankStats] | None = None
+        self._cache: tuple[int, Any] | None = None     # (version, its RankStats): stats imports this module
         self._health: dict[str, Any] = {}       # perfmon_analysis.health's parts, each by what it reads
 
     def set_hello(self, hello: dict[str, Any]) -> None:

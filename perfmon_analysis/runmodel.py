@@ -359,7 +359,8 @@ class RunModel:
     def _stats(self, state: RankState) -> RankStats:
         cache = state._cache
         if cache is not None and cache[0] == state.version:
-            return cache[1]
+            hit: RankStats = cache[1]
+            return hit
         summary = self._summaries.get(state)
         if summary is not None:       # a relay summarises this rank (wire 1.2)
             st = summary_stats(state, summary)
