@@ -9,6 +9,7 @@ from __future__ import annotations
 import statistics
 from collections import deque
 from collections.abc import Reversible
+from typing import NamedTuple
 
 from perfmon_analysis.readings import DeviceReading, SampleReading, StepReading, own_gpus
 
@@ -63,8 +64,9 @@ def timeline_busy(steps: list[StepReading]) -> tuple[float | None, bool]:
     whether it is exact), over at least ``TIMELINE_MIN_STEPS`` lead-timed steps, else (None, False).
 
     For a lead-timed step the host finished launching its work ``lead`` seconds before the device
-    reached its last event, ``gpu_time`` after its first. A step whose lead, read conservatively
-    (``lead_at_least``), is at least its device time was queued whole before the device began it, and
+    reached its last event, ``gpu_time`` after its first. A step the probe saw queued whole (its first
+    event had not run when the host ended the step; before wire 1.5: its lead, read conservatively by
+    ``lead_at_least``, at least its device time) was all queued before the device began it, and
     a stream runs its queue back to back (PyTorch, CUDA semantics: "each device executes operations in
     the order they are queued"): no kernel gap inside it, its whole device time busy. The bound counts
     those steps' device time over all the timed steps' active time (the others count nothing: a shorter
@@ -76,20 +78,31 @@ def timeline_busy(steps: list[StepReading]) -> tuple[float | None, bool]:
     active = sum(s.active for s in timed)
     if len(timed) < TIMELINE_MIN_STEPS or active <= 0:
         return None, False
-    whole = [s for s in timed if lead_at_least(s.lead or 0.0) >= (s.gpu_time or 0.0)]
+    whole = [s for s in timed
+             if (s.whole if s.whole is not None else lead_at_least(s.lead or 0.0) >= (s.gpu_time or 0.0))]
     return min(1.0, sum(s.gpu_time or 0.0 for s in whole) / active), len(whole) == len(timed)
 
 
-def lead_steps(steps: list[StepReading]) -> tuple[float | None, float | None]:
-    """(median device time of the lead-timed steps, median of how many such steps of device work the
-    host kept queued: its lead over the step's device time). Under 1 the host was still launching a
-    step while the device ran it, so launches can have idled the device; the lead as read is never
-    short, so under 1 as read is under 1 in truth (the host rule, docs/verdict.md)."""
+class LeadTimes(NamedTuple):
+    """The lead-timed steps of a window (CUDA events; the host rule, docs/verdict.md)."""
+    device_time: float | None    # median device time, first event to last
+    lead_steps: float | None     # median lead (as read: never short) over the step's device time
+    queued_whole: float | None   # share of them the host queued whole before the device began them
+
+
+def lead_times(steps: list[StepReading]) -> LeadTimes:
+    """Under one step of lead the host was still launching a step while the device ran it, so launches
+    can have idled the device. Whether a step was queued whole is the probe's exact answer (its first
+    event had not run when the host finished it, wire 1.5); a recording without it falls back on the
+    lead, which a poller late behind the GIL reads long, never short: a lead of a step or more as read
+    may be less in truth, so the host is still not blamed on it."""
     timed = [s for s in steps if s.lead is not None and s.gpu_time is not None and s.gpu_time > 0]
     if not timed:
-        return None, None
-    return (statistics.median(s.gpu_time or 0.0 for s in timed),
-            statistics.median((s.lead or 0.0) / (s.gpu_time or 1.0) for s in timed))
+        return LeadTimes(None, None, None)
+    ratios = [(s.lead or 0.0) / (s.gpu_time or 1.0) for s in timed]
+    whole = [s.whole if s.whole is not None else ratio >= 1.0 for s, ratio in zip(timed, ratios)]
+    return LeadTimes(statistics.median(s.gpu_time or 0.0 for s in timed), statistics.median(ratios),
+                     sum(whole) / len(whole))
 
 
 def gpu_fill(samples: list[SampleReading], local_rank: int) -> tuple[float | None, float | None, float | None]:

@@ -52,12 +52,12 @@ MFU_MIN = 0.30
 # half the time with full kernels is not called poorly filled; under 0.5 the outcome is a warning.
 FILL_MIN = 0.80
 FILL_CRIT = 0.50
-# A host whose lead is at least the step's device time queued each step whole before the device began
-# it; a stream runs its queue back to back (PyTorch, CUDA semantics: "each device executes operations in
-# the order they are queued"), so launches cannot have idled the device inside the step and the host is
-# not blamed for its idle time. A lead is read late, never short: under one step as read is under one in
-# truth, which is what blaming the host needs.
-HOST_AHEAD_STEPS = 1.0
+# A host that finished queueing most steps before the device began them (the step's first event had not
+# run when the host ended it) kept a step or more of work queued; a stream runs its queue back to back
+# (PyTorch, CUDA semantics: "each device executes operations in the order they are queued"), so launches
+# cannot have idled the device inside those steps and the host is not blamed for its idle time. Half:
+# the median step, as a lead of one step over the median was before the probe asked each step.
+HOST_AHEAD_SHARE = 0.5
 # TB plugin AMP rule fires when the tensor-core time share is 0; a small tolerance for sampling noise
 # of the GPM counter.
 TENSOR_ACTIVE_MIN = 0.01

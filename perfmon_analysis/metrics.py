@@ -238,8 +238,11 @@ METRICS: tuple[Metric, ...] = (
            job=lambda v: v.metrics.peak_source),
     Metric("host_lead_s", Unit.SECONDS, "How far the host runs ahead of the GPU (least of the ranks; CUDA "
            "events on about ten steps a second)", job=lambda v: v.metrics.host_lead_s),
-    Metric("host_lead_steps", Unit.COUNT, "The host's lead over the step's device time: 1 or more, each step was "
-           "queued whole before the device began it (least of the ranks)", job=lambda v: v.metrics.host_lead_steps),
+    Metric("host_lead_steps", Unit.COUNT, "The host's lead over the step's device time, as read (late, never "
+           "short; least of the ranks)", job=lambda v: v.metrics.host_lead_steps),
+    Metric("host_queued_whole_frac", Unit.RATIO, "Share of the CUDA-timed steps the host finished queueing before the "
+           "GPU began them (least of the ranks): most, and launches are not what idles the GPU",
+           job=lambda v: v.metrics.host_queued_whole_frac),
     Metric("device_time_median_s", Unit.SECONDS, "Device time of a step, its first CUDA event to its last (idle "
            "gaps inside included), over the timed steps (slowest rank)",
            job=lambda v: v.metrics.device_time_median_s),

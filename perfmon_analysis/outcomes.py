@@ -481,8 +481,9 @@ def _idle_not_explained(view: JobView, losses: Losses, answers: Answers, said: s
     idle = by_id(losses)["device_idle"].share
     ahead = answers.get("host_ahead")
     if ahead is not None and ahead.answer == "yes":
-        known = (f"the host keeps {units.number(m.host_lead_steps, 2)} steps of work queued ahead of it "
-                 f"({units.seconds(m.host_lead_s)} ahead of a {units.seconds(m.device_time_median_s)} step), so "
+        known = (f"the host finished queueing {_pct(m.host_queued_whole_frac)} of the timed steps before the device "
+                 f"began them ({units.seconds(m.host_lead_s)} ahead of a {units.seconds(m.device_time_median_s)} "
+                 "step), so "
                  "launches are not what idles it; what it waits for (another stream, a collective nobody timed, "
                  "time outside the steps) is not measured")
         fixes = list(_IDLE_FIXES)

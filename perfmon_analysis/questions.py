@@ -16,7 +16,7 @@ from perfmon_analysis.flowchart import (
     DATA_WAIT_MIN,
     DEVICE_BUSY_MIN,
     FILL_MIN,
-    HOST_AHEAD_STEPS,
+    HOST_AHEAD_SHARE,
     HOST_WAIT_MIN,
     LOADER_CPU_BOUND,
     LOADER_MAIN,
@@ -341,8 +341,8 @@ class HostWaiting(Question):
                 return self.unasked("the training thread's CPU time is not reported")
             return self.judged(1.0, self.fires(1.0), "CPU job: the unexplained loss is the training thread's time "
                                                      "off CPU")
-        ahead = view.metrics.host_lead_steps
-        if ahead is not None and ahead >= HOST_AHEAD_STEPS:
+        ahead = view.metrics.host_queued_whole_frac
+        if ahead is not None and ahead >= HOST_AHEAD_SHARE:
             return self.unasked("the host keeps each step queued ahead of the device: whether it waits does not "
                                 "idle the device", applies=False)
         frac = view.metrics.host_wait_frac
@@ -354,16 +354,16 @@ class HostWaiting(Question):
 
 class HostAhead(Question):
     """The host is blamed only with evidence: the device idles in time (this question is reached on the
-    device-idle branch) and the host's lead is too short to hide it. A host that keeps at least one
-    step of device work queued (its lead over the step's device time; a lead is read late, never short,
-    so a lead under a step as read is one in truth) launched each step whole before the device began it:
-    its idle then comes from something else (another stream, a collective nobody timed, time outside the
-    steps), which is not measured. Without a lead the host is not measured either, never guessed."""
+    device-idle branch) and the host's lead is too short to hide it. A host that finished queueing most
+    steps before the device began them (the probe asks each timed step's first event as the host ends
+    it) kept a step of work queued: its idle then comes from something else (another stream, a
+    collective nobody timed, time outside the steps), which is not measured. Without timed steps the
+    host is not measured either, never guessed."""
 
     id = "host_ahead"
-    text = "Is the host a step or more ahead of the device (each step queued whole before it starts)?"
-    quantity = "host_lead_steps"
-    threshold = HOST_AHEAD_STEPS
+    text = "Is the host a step or more ahead of the device (most steps queued whole before the device begins them)?"
+    quantity = "host_queued_whole_frac"
+    threshold = HOST_AHEAD_SHARE
     source = ("PyTorch CUDA semantics: a device runs its queue in order, back to back; a host that queues each "
               "step whole before the device starts it cannot be what idles it")
     yes, no, unmeasured = "not_measured", "host_overhead", "not_measured"
@@ -374,12 +374,13 @@ class HostAhead(Question):
     def ask(self, view: JobView, losses: Losses) -> Answer:
         if view.device_type != "cuda":
             return self.unasked("CPU job: no device queue for the host to keep ahead of", applies=False)
-        ahead = view.metrics.host_lead_steps
+        ahead = view.metrics.host_queued_whole_frac
         if ahead is None:
             return self.unasked("host lead not measured: no step of the window timed with CUDA events")
         lead = units.seconds(view.metrics.host_lead_s)
         step = units.seconds(view.metrics.device_time_median_s)
-        return self.judged(ahead, self.fires(ahead), f"lead {lead} over a {step} step on the device")
+        return self.judged(ahead, self.fires(ahead), f"{_pct(ahead)} of the timed steps queued whole; lead {lead} "
+                                                     f"over a {step} step on the device")
 
 
 class Fill(Question):

@@ -26,7 +26,7 @@ from perfmon_analysis.device_stats import (
     gpu_busy,
     gpu_fill,
     gpu_power,
-    lead_steps,
+    lead_times,
     peak_flops_of,
     timed_steps,
     timeline_busy,
@@ -86,6 +86,7 @@ class RankStats:
     offloaded: float | None = None        # CUDA: share of the watched parameters' bytes in host memory
     device_time: float | None = None      # median device time of the lead-timed steps (CUDA events)
     lead_steps: float | None = None       # median lead (as read: never short) over those steps' device time
+    queued_whole: float | None = None     # share of those steps the host queued whole before the device began them
 
 
 def _window(nums: deque[StepReading], max_steps: int, max_seconds: float) -> list[StepReading]:
@@ -182,7 +183,7 @@ def rank_stats(state: RankState, max_steps: int, max_seconds: float, timeline: b
         # to a measured cause
         busy, busy_src = sum(computes) * scale, "step_accounting"
 
-    device_time, queued_steps = lead_steps(timed)
+    leads = lead_times(timed)
     samples_sum = sum_known([s.samples for s in win])
     tokens_sum = sum_known([s.tokens for s in win])
     flops_sum = sum_known([s.flops for s in win])
@@ -230,8 +231,9 @@ def rank_stats(state: RankState, max_steps: int, max_seconds: float, timeline: b
         sm_active=sm_active,
         tensor_active=tensor_active,
         offloaded=device.offloaded if device.type == "cuda" else None,
-        device_time=device_time,
-        lead_steps=queued_steps,
+        device_time=leads.device_time,
+        lead_steps=leads.lead_steps,
+        queued_whole=leads.queued_whole,
         syncs=syncs / n if syncs is not None and n else None,
         host_lead=known(statistics.median, [s.lead for s in timed]),
         loader_cpu=statistics.fmean(loader_cpus) if loader_cpus else None,
@@ -403,6 +405,7 @@ def job_metrics(ready: list[tuple[RankState, RankStats]], ranks: list[RankView],
         syncs_per_step=mean_known([x.syncs for x in st]),
         host_lead_s=min_known([x.host_lead for x in st]),
         host_lead_steps=min_known([x.lead_steps for x in st]),
+        host_queued_whole_frac=min_known([x.queued_whole for x in st]),
         device_time_median_s=max_known([x.device_time for x in st]),
         off_cpu_frac=max_known([x.off_cpu_frac for x in st]),
         cpu_contention_frac=max_known([x.cpu_contention_frac for x in st]),

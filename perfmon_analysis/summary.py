@@ -77,6 +77,7 @@ STATS_PAYLOAD: tuple[PayloadKey, ...] = (
     PayloadKey("offloaded", float, "offloaded"),
     PayloadKey("device_time", float, "device_time"),
     PayloadKey("lead_steps", float, "lead_steps"),
+    PayloadKey("queued_whole", float, "queued_whole"),
 )
 
 # ``RankStats`` fields the payload does not carry as scalars, and why.

@@ -224,6 +224,7 @@ class Metrics:
     syncs_per_step: float | None = None
     host_lead_s: float | None = None        # how far the host runs ahead of the GPU (least of the ranks)
     host_lead_steps: float | None = None    # the host's lead in steps of device time (least of the ranks)
+    host_queued_whole_frac: float | None = None  # timed steps queued whole before the device began them (least)
     device_time_median_s: float | None = None   # device time of the timed steps, first event to last (slowest rank)
     off_cpu_frac: float | None = None       # step body off CPU, no other measured cause (thread CPU time)
     host_wait_frac: float | None = None     # in-step stack samples off CPU / (off + on CPU)

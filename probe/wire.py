@@ -38,6 +38,8 @@ from __future__ import annotations
 #         gpu_time (device time of the step from events), lead (host-ahead-of-device s; both on a
 #         sampled subset of steps, about ten a second: probe.gpu.cuda.StepTimer),
 #         gpu_step (the step gpu_time/lead belong to: device results arrive a step or more late),
+#         whole (1.5, with lead: the host finished queueing that step before the device began it, asked
+#         of its first event on the training thread as the step ended),
 #         gpu_phases {forward, backward, optimizer} (device s, when the step had one forward)
 # sample  host {cpu (cores busy in this process), cpu_count, sys_cpu, rss, mem_used, mem_total,
 #         mem_limit, mem_limit_source, loader_workers, loader_cpu (mean share of one core per

@@ -50,6 +50,7 @@ class StepReading:
     data_cpu: float | None
     lead: float | None          # seconds the host finished ahead of the device (CUDA events)
     gpu_time: float | None      # the device's time from the step's first event to its last, idle included
+    whole: bool | None          # the host queued the step whole before the device began it (wire 1.5)
     sync_site: str | None       # "file:line" of the step's most frequent host-device sync
     mem_peak: int | None        # the step's allocator reserved bytes, else its peak
     cpu: float | None = None    # training thread CPU s in the step body (``step_cpu``)
@@ -111,6 +112,7 @@ def step_reading(rec: dict[str, Any], pending_gap: float = 0.0,
         estimated=bool(comm.get("estimated")) if comm else False, samples=num(rec.get("samples")),
         tokens=num(rec.get("tokens")), flops=num(rec.get("flops")), syncs=num(rec.get("syncs")),
         data_cpu=num(rec.get("data_cpu")), lead=num(rec.get("lead")), gpu_time=num(rec.get("gpu_time")),
+        whole=rec["whole"] if isinstance(rec.get("whole"), bool) else None,
         sync_site=site if isinstance(site, str) and site else None,
         mem_peak=_int(mem.get("reserved")) or _int(mem.get("peak")), cpu=cpu, cpu_active=cpu_active,
         gap_inferred=inferred, record=dict(rec, gap=gap) if inferred else rec, gap_cpu=num(rec.get("gap_cpu")))

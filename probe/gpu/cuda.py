@@ -306,19 +306,21 @@ class EventPool:
 
 
 class _Pending:
-    __slots__ = ("step", "host_end", "events", "fwd", "bwd")
+    __slots__ = ("step", "host_end", "events", "fwd", "bwd", "whole")
 
-    def __init__(self, step: int, host_end: float, events: list, fwd: int, bwd: bool) -> None:
+    def __init__(self, step: int, host_end: float, events: list, fwd: int, bwd: bool, whole: bool) -> None:
         self.step = step
         self.host_end = host_end
         self.events = events
         self.fwd = fwd
         self.bwd = bwd
+        self.whole = whole   # the device had not begun the step when the host finished queueing it
 
 
 class StepTimer:
     """Device time and the host's lead for a sampled subset of steps, from pooled events: [start,
-    forward end, backward end, step end], recorded for one step per ``TIME_EVERY`` seconds.
+    forward end, backward end, step end], recorded for one step per ``TIME_EVERY`` seconds, and
+    whether the host queued the step whole (its start event had not run when the host finished it).
 
     The lead needs the host time at which the step's last event completes, which only a poll at that
     moment sees, so the poller looks at a timed step on a schedule (``poll``). The other steps record
@@ -393,7 +395,10 @@ class StepTimer:
         if events is None:
             return
         self.cuda.record_on(events[3], self.index)
-        self.pending.append(_Pending(step, time.perf_counter(), events, self.n_fwd, self.bwd))
+        # Asked here, on the training thread, as the host finishes queueing the step: exact, where the
+        # lead depends on when the poller runs (late behind a GIL the launching thread holds).
+        whole = not events[0].query()
+        self.pending.append(_Pending(step, time.perf_counter(), events, self.n_fwd, self.bwd, whole))
         self.cur = None
         self.timed += 1
         if self.wake is not None:
@@ -433,7 +438,7 @@ class StepTimer:
         start, fwd, bwd, end = done.events
         self.last_lead = max(0.0, seen - done.host_end)
         result: dict[str, Any] = {"gpu_step": done.step, "gpu_time": start.elapsed_time(end) / 1e3,
-                                  "lead": self.last_lead}
+                                  "lead": self.last_lead, "whole": done.whole}
         if done.fwd == 1 and done.bwd:   # device phases only when unambiguous
             result["gpu_phases"] = {"forward": start.elapsed_time(fwd) / 1e3,
                                     "backward": fwd.elapsed_time(bwd) / 1e3,

@@ -114,3 +114,26 @@ def test_a_window_of_fast_steps_reads_the_lead_of_the_timed_steps_just_before_it
     m = model.view().metrics
     assert m.host_lead_s == pytest.approx(0.001) and m.device_time_median_s == pytest.approx(0.005)
     assert m.host_lead_steps == pytest.approx(0.2)
+
+
+def test_the_probes_queued_whole_answer_outranks_a_lead_the_poller_read_late():
+    """A launch-bound step: the host spins launching while holding the GIL, so the poller sees the step
+    done only at the next switch, a lead of more than the step as read. The probe asked the step's first
+    event as the host ended it and it had run (``whole`` False): the host did not queue it whole, and a
+    device idle 90% in time is host overhead, not "the host keeps each step queued". A probe that did
+    not ask (an older recording) keeps the lead's reading: queued whole, its timeline busy throughout."""
+    late = Rank(dur=STEP, gpu_util=10, gpu_time=STEP, lead=1.5 * STEP)
+    asked = records(late, device="cuda")
+    for r in asked:
+        if r["k"] == "step":
+            r["whole"] = False
+    model = RunModel()
+    for r in asked:
+        model.ingest("r0", r)
+    m = model.view().metrics
+    assert m.host_queued_whole_frac == 0.0 and m.host_lead_steps == pytest.approx(1.5)
+    assert m.device_busy == pytest.approx(0.10) and m.device_busy_source == "nvml_util"
+    assert evaluate(model.view()).bottleneck == "host_overhead"
+    unasked = job(late, device="cuda").view()
+    assert unasked.metrics.host_queued_whole_frac == 1.0 and unasked.metrics.device_busy_source == "cuda_timeline"
+    assert evaluate(unasked).bottleneck != "host_overhead"

@@ -259,23 +259,35 @@ def test_nvml_row_does_not_pass_on_gpm_when_utilization_is_unreadable(gpu_host):
     assert nvml.ok is None and nvml.measured.startswith("not run: NVML gives no utilization")
 
 
-def test_half_idle_verdict_row_fails_when_the_hosts_lead_is_misread(gpu_host, monkeypatch):
-    """Plant: the step timer reads every lead 10 s long (the host looks far ahead of an idle device)."""
+def test_half_idle_verdict_row_fails_when_queued_whole_is_misread_and_not_on_a_late_lead(gpu_host, monkeypatch):
+    """Plant: the step timer says every step was queued whole (the host looks a step ahead of an idle
+    device): the row fails. A lead read 10 s late (a poller kept from the GIL) alone does not fool it."""
     from probe.gpu import cuda as gpu_cuda
 
     real = gpu_cuda.StepTimer._result
     monkeypatch.setattr(gpu_cuda.StepTimer, "_result", lambda self, done, seen: real(self, done, seen + 10.0))
+    late = {c.name: c for c in G.half_idle(gpu_host(), None)}
+    assert late["GPU idle half of each step"].ok is True, late
+
+    def whole(self, done, seen):
+        done.whole = True
+        return real(self, done, seen)
+    monkeypatch.setattr(gpu_cuda.StepTimer, "_result", whole)
     checks = {c.name: c for c in G.half_idle(gpu_host(), None)}
     assert checks["GPU idle half of each step"].ok is False, checks
 
 
 def test_back_to_back_check_fails_when_busy_under_reads_a_gpu_bound_job(gpu_host, monkeypatch):
     """Kernels never stop. Busy has two sources (NVML, and the steps' CUDA timeline where the host queues
-    each step whole), so plant both errors: NVML at 40% and every lead read 0."""
+    each step whole), so plant both errors: NVML at 40% and no step queued whole, every lead read 0."""
     from probe.gpu import cuda as gpu_cuda
 
     real = gpu_cuda.StepTimer._result
-    monkeypatch.setattr(gpu_cuda.StepTimer, "_result", lambda self, done, seen: real(self, done, done.host_end))
+
+    def not_whole(self, done, seen):
+        done.whole = False
+        return real(self, done, done.host_end)
+    monkeypatch.setattr(gpu_cuda.StepTimer, "_result", not_whole)
     check = G.back_to_back(gpu_host(util=40))
     assert check.ok is False and "busy 40%" in check.measured, check
 

@@ -49,6 +49,28 @@ def test_queued_kernels_run_back_to_back_and_the_host_runs_ahead(simulated_cuda)
     assert event.query() and time.perf_counter() >= event.device_t
 
 
+def test_the_step_timer_says_whether_the_host_queued_the_step_before_the_device_began_it(simulated_cuda):
+    """Relies on: an event recorded behind queued work completes when the stream reaches it. A step whose
+    first event has run when the host ends it was not queued whole; one behind half a second of queued
+    kernels was, whatever the poll that later reads its lead."""
+    from probe.gpu.cuda import StepTimer
+    cuda = simulated_cuda()
+    timer = StepTimer(cuda)
+    timer.begin()
+    cuda.run(0.001)
+    cuda.synchronize()                  # the device ran the step's start before the host ended the step
+    timer.end(0)
+    cuda.run(0.5)                       # half a second of earlier work queued ahead of the next step
+    timer.last_begin = float("-inf")    # time it, though it starts within TIME_EVERY of the first
+    timer.begin()
+    cuda.run(0.001)
+    timer.end(1)
+    cuda.synchronize()
+    timer.poll()
+    results = list(timer.results)
+    assert [(r["gpu_step"], r["whole"]) for r in results] == [(0, False), (1, True)]
+
+
 def _spin(seconds: float) -> None:
     end = time.perf_counter() + seconds
     while time.perf_counter() < end:
@@ -105,9 +127,9 @@ def test_a_gpu_idle_half_of_each_step_reads_half_busy_and_is_host_overhead(simul
     assert v.bottleneck == "host_overhead", v.headline
     idle = next(x for x in v.losses if x.id == "device_idle")
     assert idle.share == pytest.approx(1 - truth, abs=0.05)
-    # the starvation signal: each step's kernels finish before the host does, so the host is never a
-    # step ahead (the lead is the event poller's latency: about 1 ms, more on a loaded host)
-    assert view.metrics.host_lead_s is not None and view.metrics.host_lead_s < view.metrics.step_time_median_s
+    # the starvation signal: the device began each timed step before the host finished queueing it
+    # (asked of the step's first event as the host ended it: exact, however late the poller reads the lead)
+    assert view.metrics.host_queued_whole_frac == 0.0
     assert "ms ahead of" in v.headline and "device work a step, too little to keep it fed" in v.headline
 
 

@@ -180,7 +180,8 @@ def _idle(**metrics) -> JobView:
     (so the data and comm questions are tested on their own thresholds); the host stays 1 ms ahead of a
     100 ms step on the device, too little to hide the idle."""
     base = dict(device_busy=0.5, device_busy_source=None, data_wait_frac=0.0, comm_exposed_frac=0.0,
-                syncs_per_step=0.0, mfu=0.5, host_lead_s=0.001, host_lead_steps=0.01, device_time_median_s=0.1)
+                syncs_per_step=0.0, mfu=0.5, host_lead_s=0.001, host_lead_steps=0.01, host_queued_whole_frac=0.0,
+                device_time_median_s=0.1)
     base.update(metrics)
     return _base_view(**base)
 
@@ -214,9 +215,9 @@ EDGES = [
     ("mfu", lambda x: _base_view(mfu=x), chart.MFU_MIN - EPS, chart.MFU_MIN, "compute_efficiency", "healthy"),
     ("fill", lambda x: _base_view(device_fill=x, sm_active=0.97 * x), chart.FILL_MIN - EPS, chart.FILL_MIN,
      "low_fill", "healthy"),
-    # the device idles 50% in time: the host is blamed only while its lead is under a step of device time
-    ("host_ahead", lambda x: _idle(device_busy_source="nvml_util", host_lead_steps=x), chart.HOST_AHEAD_STEPS,
-     chart.HOST_AHEAD_STEPS - EPS, "not_measured", "host_overhead"),
+    # the device idles 50% in time: the host is blamed only while it queued most steps before the device began them
+    ("host_ahead", lambda x: _idle(device_busy_source="nvml_util", host_queued_whole_frac=x), chart.HOST_AHEAD_SHARE,
+     chart.HOST_AHEAD_SHARE - EPS, "not_measured", "host_overhead"),
 ]
 
 
@@ -255,7 +256,7 @@ def test_every_threshold_is_a_named_constant_with_a_source():
     documented = {"memory": (">", 0.90), "device_busy": ("<", 0.70), "data_wait": (">=", 0.05),
                   "loader_cpu": (">=", 0.30), "comm_exposed": (">=", 0.10), "straggler": ("<", 0.7),
                   "loop": (">=", 0.10), "loop_waiting": (">=", 0.50), "loop_feeds": (">=", 0.50),
-                  "syncs": (">=", 1.0), "host_waiting": (">=", 0.50), "host_ahead": (">=", 1.0),
+                  "syncs": (">=", 1.0), "host_waiting": (">=", 0.50), "host_ahead": (">=", 0.5),
                   "fill": ("<", 0.80), "mfu": ("<", 0.30),
                   "worker_slow": (">=", 0.50), "rotating": (">=", 0.50), "stage_heavy": (">=", 1.10)}
     assert {n.id: (n.op, n.threshold) for n in V.CHART.questions.values()} == documented

@@ -46,7 +46,7 @@ def _idle(**metrics):
     """The same job with the device 45% busy and no measured loss, unless given; the host 2 ms ahead of
     250 ms of device work a step."""
     base = dict(device_busy=0.45, data_wait_frac=0.0, comm_exposed_frac=0.0, syncs_per_step=0.0, mfu=0.5,
-                host_lead_s=0.002, host_lead_steps=0.008, device_time_median_s=0.25)
+                host_lead_s=0.002, host_lead_steps=0.008, host_queued_whole_frac=0.0, device_time_median_s=0.25)
     base.update(metrics)
     return _view(**base)
 
@@ -94,9 +94,9 @@ VIEWS = {
                                     StepBar(2, 0.1, 0.0, ())), data_wait=(), cpu=())}),
     "host_overhead": lambda: _idle(step_time_median_s=0.25),
     "not_measured_host_ahead": lambda: _idle(step_time_median_s=0.25, host_lead_s=0.4, host_lead_steps=1.6,
-                                             device_time_median_s=0.25),
+                                             host_queued_whole_frac=1.0, device_time_median_s=0.25),
     "not_measured_lead_unknown": lambda: _idle(step_time_median_s=0.25, host_lead_s=None, host_lead_steps=None,
-                                               device_time_median_s=None),
+                                               host_queued_whole_frac=None, device_time_median_s=None),
     "not_measured_busy_unknown_on_a_rank": lambda: job(Rank(0, gpu_util=95), Rank(1, gpu_why={
         "util": "NVML: NoPermission"}), device="cuda").view(),
     "low_fill": lambda: _view(device_busy=0.98, device_fill=0.56, sm_active=0.55, mfu=None),
@@ -531,14 +531,15 @@ EXPECTED = {
         {   'comm_exposed_frac': 0.0,
             'data_wait_frac': 0.0,
             'device_busy': 0.45,
-            'host_lead_steps': 0.008,
+            'host_queued_whole_frac': 0.0,
             'step_time_median_s': 0.25,
             'syncs_per_step': 0.0},
         None),
     'not_measured_host_ahead': (   'not_measured',
         'warn',
-        'Not measured: the device idles 55% of each step with no measured cause; the host keeps 1.6 steps of '
-        'work queued ahead of it (400ms ahead of a 250ms step), so launches are not what idles it; what it waits '
+        'Not measured: the device idles 55% of each step with no measured cause; the host finished queueing 100% '
+        'of the timed steps before the device began them (400ms ahead of a 250ms step), so launches are not what '
+        'idles it; what it waits '
         'for (another stream, a collective nobody timed, time outside the steps) is not measured; measured: data '
         'wait 0%, exposed communication 0%, device idle, no other cause 55%, loop work between steps 0%, 250ms '
         'steps; MFU 50%',
@@ -546,7 +547,7 @@ EXPECTED = {
         {   'comm_exposed_frac': 0.0,
             'data_wait_frac': 0.0,
             'device_busy': 0.45,
-            'host_lead_steps': 1.6,
+            'host_queued_whole_frac': 1.0,
             'step_time_median_s': 0.25,
             'syncs_per_step': 0.0},
         None),

@@ -101,7 +101,7 @@ def half_idle(device: Device, util_why: str | None) -> list[Check]:
     n, wall = calls
     planted = n * _kernel_seconds(device, 0.010) / wall
     util, leaf = view.metrics.gpu_util, _leaf(view)     # NVML's own figure, whatever busy source won
-    ahead = view.metrics.host_lead_steps
+    ahead = view.metrics.host_queued_whole_frac
     if util_why is not None:
         nvml = Check("NVML utilization", f"= kernel share {_pct(planted)} ± {_pts(BUSY_TOL)}", f"not run: {util_why}",
                      None)
@@ -109,9 +109,9 @@ def half_idle(device: Device, util_why: str | None) -> list[Check]:
         nvml = Check("NVML utilization", f"= kernel share {_pct(planted)} ± {_pts(BUSY_TOL)}",
                      f"utilization {_pct(util)} as perfmon sampled it",
                      util is not None and abs(util - planted) <= BUSY_TOL)
-    verdict = Check("GPU idle half of each step", "host_overhead, the host's lead under a step",
-                    f"{leaf}, lead {_ms(view.metrics.host_lead_s)} = {_num(ahead)} steps of device time",
-                    leaf == "host_overhead" and ahead is not None and ahead < 1.0)
+    verdict = Check("GPU idle half of each step", "host_overhead, no step queued whole",
+                    f"{leaf}, {_pct(ahead)} of timed steps queued whole, lead {_ms(view.metrics.host_lead_s)}",
+                    leaf == "host_overhead" and ahead == 0.0)
     return [nvml, verdict]
 
 
