@@ -173,6 +173,7 @@ def _model_wide():
 def _accumulate(ddp, xb, yb, fixed: bool, micro: int = 4) -> None:
     """Four micro-batches of 16; the fix skips the gradient all-reduce on all but the last."""
     import contextlib
+
     from torch import nn
     ddp.zero_grad()
     for j in range(micro):

@@ -27,8 +27,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))   # for tests.sim
 
-from probe.gpu.cuda import Poller, StepTimer                      # noqa: E402
-from tests.sim.simulated_cuda import SimulatedCuda                # noqa: E402
+from probe.gpu.cuda import Poller, StepTimer  # noqa: E402
+from tests.sim.simulated_cuda import SimulatedCuda  # noqa: E402
 
 
 class FixedPoller(Poller):
@@ -125,8 +125,9 @@ def main() -> None:
                 runs[kind].append(job(kind, args.seconds, gpu_ms, host_ms, ahead))
         for kind, results in runs.items():
             med = {k: statistics.median(r[k] for r in results) for k in results[0]}
-            print(f"| {name} | {kind} | {med['wakeups_per_s']:.0f} | {med['steps_per_s']:.1f} | {med['leads_per_s']:.1f} | "
-                  f"{med['true_lead_ms']:.1f} | {med['err_med_ms']:.2f} | {med['err_max_ms']:.1f} |", flush=True)
+            print(f"| {name} | {kind} | {med['wakeups_per_s']:.0f} | {med['steps_per_s']:.1f} | "
+                  f"{med['leads_per_s']:.1f} | {med['true_lead_ms']:.1f} | {med['err_med_ms']:.2f} | "
+                  f"{med['err_max_ms']:.1f} |", flush=True)
 
 
 if __name__ == "__main__":

@@ -55,8 +55,8 @@ def self_cpu() -> float:
 
 async def view(base: Path, job: str, nodes: int, ranks: int, seconds: float, warmup: float,
                profile: str | None = None) -> dict:
-    from tui.app.perfmon_app import PerfmonApp
     from perfmon_analysis.analysis import Analysis
+    from tui.app.perfmon_app import PerfmonApp
     from tui.stream.remote import RelayFeed
 
     hosts = [f"node{k + 1:02d}" for k in range(nodes)]
@@ -108,10 +108,12 @@ async def view(base: Path, job: str, nodes: int, ranks: int, seconds: float, war
     relay_cpu = [(rcpu1[h] - rcpu0[h]) / wall for h in relays]
     return {
         "nodes": nodes, "ranks_per_node": ranks, "ranks": world, "first_full_screen_s": round(first, 2),
-        "viewer_cpu": round((cpu1 - cpu0) / wall, 3), "viewer_refresh_hz": round(refresh_hz, 2), "relay_cpu_max": round(max(relay_cpu), 3),
+        "viewer_cpu": round((cpu1 - cpu0) / wall, 3), "viewer_refresh_hz": round(refresh_hz, 2),
+        "relay_cpu_max": round(max(relay_cpu), 3),
         "relay_cpu_mean": round(sum(relay_cpu) / len(relay_cpu), 3),
         "steps_per_s_seen": round((steps1 - steps0) / wall),
-        "relay_us_per_step": round(1e6 * sum(relay_cpu) / max(1.0, (steps1 - steps0) / wall), 1), "viewer_rss_mb": [round(rss0 / 1e6), round(rss1 / 1e6)],
+        "relay_us_per_step": round(1e6 * sum(relay_cpu) / max(1.0, (steps1 - steps0) / wall), 1),
+        "viewer_rss_mb": [round(rss0 / 1e6), round(rss1 / 1e6)],
         "relay_rss_mb_max": [round(max(rrss0.values()) / 1e6), round(max(rrss1.values()) / 1e6)],
         "verdict": verdict.bottleneck if verdict else None,
         "straggler": verdict.straggler_rank if verdict else None, "heatmap_on_screen": heat,
@@ -121,8 +123,8 @@ async def view(base: Path, job: str, nodes: int, ranks: int, seconds: float, war
 def relay_start(ranks: int, rate: float) -> dict:
     """One relay on its own, as on a node of its own: from its start to a summary with a step time
     for each of its ranks (what the first full screen waits for), and the CPU it took to get there."""
-    from tui.stream.sources import viewer_hello
     from probe import wire
+    from tui.stream.sources import viewer_hello
 
     with tempfile.TemporaryDirectory(prefix="pm-relaystart-") as tmp:
         node = Path(tmp) / "node"
@@ -165,8 +167,9 @@ def run(nodes: int, ranks: int, rate: float, seconds: float, warmup: float, hist
                 node = base / f"node{k + 1:02d}"
                 node.mkdir(mode=0o700)
                 sims.append(subprocess.Popen(
-                    ["nice", "-n", "10", sys.executable, str(ROOT / "bench" / "sim_node.py"), str(node), "relaybench", str(k * ranks),
-                     str(ranks), str(world), str(rate), "--slow", str(world * 37 // 64), "--history", str(history)],
+                    ["nice", "-n", "10", sys.executable, str(ROOT / "bench" / "sim_node.py"), str(node), "relaybench",
+                     str(k * ranks), str(ranks), str(world), str(rate), "--slow", str(world * 37 // 64),
+                     "--history", str(history)],
                     stdout=subprocess.PIPE, text=True, cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT)}))
             for s in sims:
                 assert s.stdout.readline().strip() == "ready"

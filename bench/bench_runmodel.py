@@ -58,11 +58,14 @@ def main() -> None:
         t = clock()
         evaluate(model.view())
         times_same.append(clock() - t)
-    med = lambda xs: sorted(xs)[len(xs) // 2]
+    def med(xs):
+        return sorted(xs)[len(xs) // 2]
     print(f"ranks={RANKS} steps/rank={n_steps}")
     print(f"ingest: {ingest * 1e6:.2f} us/record")
-    print(f"view+evaluate, every rank changed: median {med(times_changed) * 1e3:.1f} ms, max {max(times_changed) * 1e3:.1f} ms")
-    print(f"view+evaluate, nothing changed:    median {med(times_same) * 1e3:.1f} ms, max {max(times_same) * 1e3:.1f} ms")
+    print(f"view+evaluate, every rank changed: median {med(times_changed) * 1e3:.1f} ms, "
+          f"max {max(times_changed) * 1e3:.1f} ms")
+    print(f"view+evaluate, nothing changed:    median {med(times_same) * 1e3:.1f} ms, "
+          f"max {max(times_same) * 1e3:.1f} ms")
 
 
 if __name__ == "__main__":

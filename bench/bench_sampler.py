@@ -28,10 +28,10 @@ from torch.utils.data import DataLoader, Dataset
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))   # for tests.sim
 
-import probe                                        # noqa: E402
-from probe.gpu import GpuSource                     # noqa: E402
-from probe.gpu.nvml import Nvml                     # noqa: E402
-from tests.sim import simulated_pynvml              # noqa: E402
+import probe  # noqa: E402
+from probe.gpu import GpuSource  # noqa: E402
+from probe.gpu.nvml import Nvml  # noqa: E402
+from tests.sim import simulated_pynvml  # noqa: E402
 
 
 class Items(Dataset):

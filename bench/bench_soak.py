@@ -31,6 +31,7 @@ JOB = "bench-soak"
 
 def job(seconds: float, rate: float, out: str) -> None:
     import torch
+
     import probe
 
     torch.set_num_threads(1)

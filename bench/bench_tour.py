@@ -20,10 +20,10 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from probe.recording import read_recording, recording_files  # noqa: E402
-from tui.commands.demo import scenarios  # noqa: E402
 from perfmon_analysis.runmodel import RunModel  # noqa: E402
 from perfmon_analysis.verdict import VerdictTracker  # noqa: E402
+from probe.recording import read_recording, recording_files  # noqa: E402
+from tui.commands.demo import scenarios  # noqa: E402
 
 # A scenario whose verdict is not its own name: step_gaps is a finding of a healthy job.
 EXPECTED = {"step_gaps": "healthy"}

@@ -111,7 +111,7 @@ async def view(args: argparse.Namespace, port: int, control: Path, log, sims: li
         for i in range(args.trials):
             rank = (9472 + i * 1637) % world
             plant(slow=rank)
-            took = await until(lambda: app.verdict is not None and app.verdict.straggler_rank == rank, 60)
+            took = await until(lambda rank=rank: app.verdict is not None and app.verdict.straggler_rank == rank, 60)
             named.append(took)
             log(f"straggler {rank}: named after {took} s")
             plant()
@@ -203,7 +203,8 @@ def relay_start(args: argparse.Namespace) -> dict:
                 for rec in decoder.feed(os.read(relay.stdout.fileno(), 1 << 16)):
                     if rec["k"] == "group":
                         timed = rec.get("timed", 0)
-            return {"group_size": args.group_size, "ranks": ranks, "every_rank_timed_s": round(time.monotonic() - t0, 3),
+            return {"group_size": args.group_size, "ranks": ranks,
+                    "every_rank_timed_s": round(time.monotonic() - t0, 3),
                     "relay_cpu_s": round(proc_cpu(relay.pid), 3), "loadavg_1m": round(os.getloadavg()[0], 2)}
         finally:
             for p in (relay, sim):

@@ -112,7 +112,8 @@ def training(mon, blocks: int, block_steps: int) -> dict[str, list[float]]:
                 sampler.join()
             drain(mon)
     stop.set()
-    print(f"sampler thread CPU: {statistics.median(sampler_cpu):.3f}% of one core (median of {len(sampler_cpu)} blocks)")
+    print(f"sampler thread CPU: {statistics.median(sampler_cpu):.3f}% of one core "
+          f"(median of {len(sampler_cpu)} blocks)")
     return per_step
 
 
@@ -142,7 +143,8 @@ def accuracy(mon, seconds: float) -> dict[str, float]:
         sampler.stop_event.set()
         sampler.join()
         samples = sum(r["samples"] for r in out)
-        asleep = sum(line["n"] for r in out for line in r["lines"] if line.get("call", "").startswith("time.sleep(0.02)"))
+        asleep = sum(line["n"] for r in out for line in r["lines"]
+                     if line.get("call", "").startswith("time.sleep(0.02)"))
         waiting = sum(line["n"] for r in out for line in r["lines"] if line.get("state") == "waiting")
         shares[name] = (asleep / samples, waiting / samples, samples)
     return shares

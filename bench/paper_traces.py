@@ -75,7 +75,7 @@ def layout_of(job: dict[str, Any]) -> tuple[list[str], list[int]]:
 
 def convert(parquet: Path, job: dict[str, Any]) -> list[list[Any]]:
     """[rank, record] pairs: each rank's hello, layout and step records, steps in order."""
-    import pyarrow.parquet as pq       # the one place pyarrow is needed
+    import pyarrow.parquet as pq  # the one place pyarrow is needed
 
     table = pq.read_table(parquet, columns=["dp_rank", "stage", "rank", "step", "optype", "start_ts", "duration",
                                             "mb_id"]).to_pydict()

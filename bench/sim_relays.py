@@ -25,8 +25,8 @@ import random
 import time
 from pathlib import Path
 
-from probe import wire
 from perfmon_analysis.buffers import WINDOW_STEPS
+from probe import wire
 
 STALL_S = 3.0          # the probe's stall threshold (PERFMON_STALL_S) in this simulation
 STALL_EVERY_S = 2.0    # a stalled probe repeats its stall record this often

@@ -9,14 +9,15 @@ the run model stays inside it (as HTA's ``TraceAnalysis`` keeps its ``Trace``):
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass
-from typing import Any, Iterable
+from typing import Any
 
 from perfmon_analysis import report as _report
 from perfmon_analysis.buffers import WINDOW_SECONDS, WINDOW_STEPS
+from perfmon_analysis.gains import callback_values as gain_values
 from perfmon_analysis.groups import GroupReduction
 from perfmon_analysis.history import History
-from perfmon_analysis.gains import callback_values as gain_values
 from perfmon_analysis.metrics import callback_values
 from perfmon_analysis.readings import StepReading
 from perfmon_analysis.runmodel import RunModel
@@ -44,7 +45,7 @@ class Analysis:
         self._tracker = VerdictTracker()
 
     @classmethod
-    def of_records(cls, streams: Iterable[tuple[str, Iterable[dict[str, Any]]]], **kwargs: Any) -> "Analysis":
+    def of_records(cls, streams: Iterable[tuple[str, Iterable[dict[str, Any]]]], **kwargs: Any) -> Analysis:
         """An analysis of finished streams: ``(stream id, its records)`` each, every stream ended."""
         analysis = cls(**kwargs)
         for stream, records in streams:

@@ -7,12 +7,23 @@ ingest into its typed reading (``perfmon_analysis.readings``), its steps by the 
 from __future__ import annotations
 
 import collections
-from typing import TYPE_CHECKING, Any, Deque
+from typing import TYPE_CHECKING, Any
 
 from perfmon_analysis.pauses import Pauses
-from perfmon_analysis.readings import (CommReading, DeviceReading, EventReading, LayoutReading, MemoryReading,
-                                       SampleReading, StallReading, StepOps, StepReading, WhereInterval, hello_reading,
-                                       step_reading)
+from perfmon_analysis.readings import (
+    CommReading,
+    DeviceReading,
+    EventReading,
+    LayoutReading,
+    MemoryReading,
+    SampleReading,
+    StallReading,
+    StepOps,
+    StepReading,
+    WhereInterval,
+    hello_reading,
+    step_reading,
+)
 from perfmon_analysis.sketch import DurationSketch
 
 if TYPE_CHECKING:
@@ -95,12 +106,13 @@ class RankState:
         self.hello = hello               # the record, as ``RunModel.retired`` hands it out
         self.info = hello_reading(hello)
         self.generation = generation
-        self.steps: Deque[StepReading] = collections.deque(maxlen=STEP_BUFFER)
-        self.samples: Deque[SampleReading] = collections.deque(maxlen=SAMPLE_BUFFER)
-        self.cpu: Deque[float | None] = collections.deque(maxlen=SAMPLE_BUFFER)   # each sample's CPU, at ingest
-        self.memory: Deque[MemoryReading] = collections.deque(maxlen=MEMORY_BUFFER)
-        self.comm: Deque[CommReading] = collections.deque(maxlen=COMM_BUFFER)
-        self.events: Deque[EventReading] = collections.deque(maxlen=EVENT_BUFFER)
+        self.steps: collections.deque[StepReading] = collections.deque(maxlen=STEP_BUFFER)
+        self.samples: collections.deque[SampleReading] = collections.deque(maxlen=SAMPLE_BUFFER)
+        # each sample's CPU, at ingest
+        self.cpu: collections.deque[float | None] = collections.deque(maxlen=SAMPLE_BUFFER)
+        self.memory: collections.deque[MemoryReading] = collections.deque(maxlen=MEMORY_BUFFER)
+        self.comm: collections.deque[CommReading] = collections.deque(maxlen=COMM_BUFFER)
+        self.events: collections.deque[EventReading] = collections.deque(maxlen=EVENT_BUFFER)
         self.drops = 0
         self.ended = False
         self.version = 0
@@ -122,13 +134,13 @@ class RankState:
         self.totals_through = -1     # steps up to this one are in the running totals already (a summary's)
         # the job's device now (probe.gpu.job): the hello's until a sample says otherwise
         self.device: DeviceReading = self.info.device
-        self.where: Deque[WhereInterval] = collections.deque(maxlen=WHERE_BUFFER)   # in-step stack samples
+        self.where: collections.deque[WhereInterval] = collections.deque(maxlen=WHERE_BUFFER)   # in-step stack samples
         self.unmeasured: dict[str, str] = {}   # quantity -> why the probe cannot measure it (its warning)
         self.run_times = DurationSketch()       # every step's time but the first: the run's percentiles
         self.summary_times: Any = None          # (window, run) step times while a relay summarises the rank
         self.layout: LayoutReading | None = None   # the rank's place in the job's layout (wire 1.5)
-        self.ops: Deque[StepOps] = collections.deque(maxlen=OPS_BUFFER)   # its steps' operations (wire 1.5)
-        self._cache: tuple[int, Any] | None = None
+        self.ops: collections.deque[StepOps] = collections.deque(maxlen=OPS_BUFFER)   # its steps' operations (wire 1.5)
+        self._cache: tuple[int, Any] | None = None     # (version, its RankStats): stats imports this module
         self._health: dict[str, Any] = {}       # perfmon_analysis.health's parts, each by what it reads
 
     def set_hello(self, hello: dict[str, Any]) -> None:

@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass, fields, replace
-from typing import Any, Iterable
+from typing import Any
 
 from perfmon_analysis import units
 from perfmon_analysis.profile import window_cost

@@ -93,6 +93,7 @@ def comm_rows(deltas: list[dict[str, tuple[int, int, float, float | None]]]) -> 
                 row[3].append(nbytes / secs)
                 if bus is not None and bus > 0:
                     row[4].append(bus / secs)
-    rows = [CommOpRow(op=op, count=c, bytes=b, seconds=s, algbw=mean_known(alg), busbw=mean_known(bus), ranks=len(deltas))
+    rows = [CommOpRow(op=op, count=c, bytes=b, seconds=s, algbw=mean_known(alg), busbw=mean_known(bus),
+                      ranks=len(deltas))
             for op, (c, b, s, alg, bus) in acc.items()]
     return sorted(rows, key=lambda r: -r.seconds)

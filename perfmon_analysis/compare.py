@@ -22,10 +22,11 @@ what no loss measures. An unknown loss is listed as unknown, never counted as 0.
 from __future__ import annotations
 
 import math
-import textwrap
 import statistics
+import textwrap
+from collections.abc import Iterable
 from dataclasses import dataclass
-from typing import Any, Iterable
+from typing import Any
 
 from perfmon_analysis import units
 from perfmon_analysis.analysis import Analysis, Snapshot
@@ -239,9 +240,9 @@ def _value(name: str, snap: Snapshot) -> Any:
 def _change(name: str, base: Any, cand: Any) -> float | None:
     if base is None or cand is None or isinstance(base, (bool, str)):
         return None
-    if is_share(name):
-        return cand - base
-    return cand / base - 1 if base else None
+    change: float | None = (cand - base if is_share(name)          # metric values are numbers from here on
+                            else cand / base - 1 if base else None)
+    return change
 
 
 def _worsening(row: Row, change: float | None) -> float | None:

@@ -12,8 +12,9 @@ stopping the job, not a crash.
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Iterable
+from typing import TYPE_CHECKING, Any
 
 from perfmon_analysis.readings import JobExit, exception_reading
 
@@ -85,9 +86,9 @@ def job_crash(crashes: Iterable[Crash | None], exit: JobExit | None, steps: int 
     if exit is not None and not exit.failed:
         return None
     first = next((c for c in sorted((c for c in crashes if c is not None), key=lambda c: c.rank or 0)), None)
-    failed = exit is not None and exit.failed
+    failed = exit if exit is not None and exit.failed else None
     if first is not None:
-        return Crash(**{**first.__dict__, "exit": exit.text if failed else None})
-    if failed:
-        return Crash(None, None, "", steps, exit=exit.text)
+        return Crash(**{**first.__dict__, "exit": failed.text if failed is not None else None})
+    if failed is not None:
+        return Crash(None, None, "", steps, exit=failed.text)
     return None

@@ -7,7 +7,9 @@ running kernels use (GPM SM activity over busy)."""
 from __future__ import annotations
 
 import statistics
-from typing import Deque, Iterable, NamedTuple
+from collections import deque
+from collections.abc import Reversible
+from typing import NamedTuple
 
 from perfmon_analysis.readings import DeviceReading, SampleReading, StepReading, own_gpus
 
@@ -28,7 +30,7 @@ def lead_at_least(lead: float) -> float:
 TIMED_STEPS = 10    # lead-timed steps the host lead and the timeline read, the newest in the window or before
 
 
-def timed_steps(steps: Iterable[StepReading], win: list[StepReading], max_seconds: float) -> list[StepReading]:
+def timed_steps(steps: Reversible[StepReading], win: list[StepReading], max_seconds: float) -> list[StepReading]:
     """The lead-timed steps the lead and the timeline read: the window's, and where the window holds fewer
     than ``TIMED_STEPS`` (a window of fast steps: about ten are timed a second), the newest before it,
     no older than ``max_seconds`` before the window's last step. Oldest first."""
@@ -149,7 +151,7 @@ def gpu_power(samples: list[SampleReading], local_rank: int) -> float | None:
 
 
 
-def peak_flops_of(device: DeviceReading, samples: Deque[SampleReading]) -> tuple[float | None, str | None]:
+def peak_flops_of(device: DeviceReading, samples: deque[SampleReading]) -> tuple[float | None, str | None]:
     """(peak FLOP/s, where it came from) for the dtype in use: the sampler's ``compute.peak_flops``
     (after watch(): the user's, $PERFMON_PEAK_TFLOPS, or the table), else hello ``device.peak_flops``
     for the compute dtype. No peak for the dtype in use means no MFU: another dtype's peak would

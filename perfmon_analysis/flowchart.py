@@ -15,8 +15,9 @@ threshold's source: docs/verdict.md.
 from __future__ import annotations
 
 import copy
+from collections.abc import Iterable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Iterable
+from typing import TYPE_CHECKING, Any
 
 from perfmon_analysis.comm_stats import STRAGGLER_RATIO
 
@@ -128,7 +129,7 @@ class Answer:
     of the walk would blame on something else).
     """
 
-    question: "Question"
+    question: Question
     answer: str | None
     value: float | None
     threshold: float
@@ -170,7 +171,7 @@ class Question:
     short: str = ""
     decides_between: str | None = None
 
-    def ask(self, view: "JobView", losses: Losses) -> Answer:
+    def ask(self, view: JobView, losses: Losses) -> Answer:
         raise NotImplementedError
 
     def fires(self, value: float) -> bool:
@@ -190,7 +191,7 @@ class Question:
         """Nothing to ask of this job (its input does not exist for it): passed on "no", unlisted."""
         return Answer(self, None, None, self.threshold, reason, applies=False, silent=True)
 
-    def rewired(self, **exits: str) -> "Question":
+    def rewired(self, **exits: str) -> Question:
         """This question with other exits (``yes``, ``no``, ``unmeasured``): how a chart puts a new
         question behind an existing one (``Chart.with_question``)."""
         new = copy.copy(self)
@@ -205,8 +206,8 @@ class Outcome:
     """One outcome of the chart. Subclasses set the attributes and write ``explain``.
 
     ``pane``: the pane that shows its evidence (highlighted in the TUI); ``loss``: the loss of
-    ``perfmon_analysis.losses`` it names, if any (``named``: on a given walk). An outcome in ``Chart.before`` ends the verdict
-    before the walk when ``applies`` says so (a job that stopped has no steps to judge).
+    ``perfmon_analysis.losses`` it names, if any (``named``: on a given walk). An outcome in ``Chart.before``
+    ends the verdict before the walk when ``applies`` says so (a job that stopped has no steps to judge).
     """
 
     id: str
@@ -214,10 +215,10 @@ class Outcome:
     pane: str | None = None
     loss: str | None = None
 
-    def applies(self, view: "JobView") -> bool:
+    def applies(self, view: JobView) -> bool:
         return False
 
-    def explain(self, view: "JobView", straggler: int | None, losses: Losses,
+    def explain(self, view: JobView, straggler: int | None, losses: Losses,
                 answers: dict[str, Answer]) -> Explained:
         raise NotImplementedError
 
@@ -226,7 +227,7 @@ class Outcome:
         here (a host wait inside steps or between them)."""
         return self.loss
 
-    def severity(self, view: "JobView", losses: Losses, loss: str | None = None) -> str:
+    def severity(self, view: JobView, losses: Losses, loss: str | None = None) -> str:
         """"crit" when the device is idle half the time or the named loss (``loss``, else the outcome's)
         takes half the iteration (TB plugin "low GPU utilization" rule, < 50%), else "warn"."""
         busy = view.metrics.device_busy
@@ -275,13 +276,13 @@ class Chart:
         if unreached:
             raise ValueError(f"questions no walk reaches: {sorted(unreached)}")
 
-    def with_question(self, question: Question, after: str, exit: str = "no") -> "Chart":
+    def with_question(self, question: Question, after: str, exit: str = "no") -> Chart:
         """A chart with ``question`` put into question ``after``'s ``exit``; the new question's own
         exits must already say where it goes."""
         questions = [q.rewired(**{exit: question.id}) if q.id == after else q for q in self.questions.values()]
         return Chart([*questions, question], self.outcomes.values(), self.root, (o.id for o in self.before))
 
-    def ask(self, view: "JobView", losses: Losses) -> dict[str, Answer]:
+    def ask(self, view: JobView, losses: Losses) -> dict[str, Answer]:
         """Every question answered once, on the walk's path or not: the one judgement of each
         number, which the walk follows and the panes display."""
         return {qid: q.ask(view, losses) for qid, q in self.questions.items()}

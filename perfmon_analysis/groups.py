@@ -20,8 +20,9 @@ from __future__ import annotations
 
 import math
 from collections import Counter
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
-from typing import Any, Callable, Iterable
+from typing import Any
 
 from perfmon_analysis.sketch import SKETCH_ACCURACY, SKETCH_MIN, Sketch, is_count
 
@@ -78,7 +79,7 @@ class Reduction:
         if self.max is None or value > self.max:
             self.max, self.max_rank, self.max_src = value, rank, src
 
-    def merge(self, other: "Reduction") -> None:
+    def merge(self, other: Reduction) -> None:
         self.n += other.n
         self.sketch.merge(other.sketch)
         if other.min is not None and (self.min is None or other.min < self.min):
@@ -102,7 +103,7 @@ class Reduction:
                 "max": self.max, "max_rank": self.max_rank, "max_src": self.max_src, "sketch": self.sketch.wire()}
 
     @classmethod
-    def read(cls, obj: Any) -> "Reduction":
+    def read(cls, obj: Any) -> Reduction:
         obj = obj if isinstance(obj, dict) else {}
         lo, hi = _num(obj.get("min")), _num(obj.get("max"))
         return cls(n=obj["n"] if is_count(obj.get("n")) else 0,
@@ -150,7 +151,7 @@ class GroupReduction:
     def tokens_per_s(self) -> float | None:
         return self.sums.get("tokens_per_s")
 
-    def merge(self, other: "GroupReduction") -> None:
+    def merge(self, other: GroupReduction) -> None:
         self.ranks += other.ranks
         self.timed += other.timed
         self.stalled += other.stalled
@@ -182,17 +183,18 @@ class GroupReduction:
                 "relays_down": list(self.relays_down)}
 
     @classmethod
-    def read(cls, obj: dict[str, Any]) -> "GroupReduction | None":
+    def read(cls, obj: dict[str, Any]) -> GroupReduction | None:
         """A group's reduction from a ``group`` record (or its ``keys`` entries); None when its key
         is malformed. Values of the wrong type count as unknown."""
         key = obj.get("key")
         if not (isinstance(key, list) and len(key) == 2 and all(isinstance(k, str) for k in key)):
             return None
-        q = obj.get("q") if isinstance(obj.get("q"), dict) else {}
-        sums = obj.get("sums") if isinstance(obj.get("sums"), dict) else {}
-        down = obj.get("relays_down") if isinstance(obj.get("relays_down"), list) else []
+        q = v if isinstance(v := obj.get("q"), dict) else {}
+        sums = v if isinstance(v := obj.get("sums"), dict) else {}
+        down = v if isinstance(v := obj.get("relays_down"), list) else []
         return cls(key=(key[0], key[1]),
-                   **{k: obj[k] if is_count(obj.get(k)) else 0 for k in ("ranks", "timed", "stalled", "silent", "steps")},
+                   **{k: obj[k] if is_count(obj.get(k)) else 0
+                      for k in ("ranks", "timed", "stalled", "silent", "steps")},
                    sums={k: v for k in SUMS if (v := _num(sums.get(k))) is not None},
                    quantities={x.name: Reduction.read(q[x.name]) for x in QUANTITIES if x.name in q},
                    relays_down=tuple(h for h in down if isinstance(h, str)))
@@ -266,7 +268,8 @@ def representatives(rows: list[RankRow], reductions: list[GroupReduction], previ
         if red is None or red.n == 0:
             continue
         for end, src in (("min", red.min_src), ("max", red.max_src)):
-            reps.add(_sticky(x, end, getattr(red, end), src, previous, by_src))
+            if (rep := _sticky(x, end, getattr(red, end), src, previous, by_src)) is not None:
+                reps.add(rep)
     stalled = [r for r in rows if r.stalled or (r.silent_s is not None and r.silent_s >= silent_after)]
     if stalled:
         calls = Counter(r.call for r in stalled if r.call is not None)

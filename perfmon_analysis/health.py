@@ -6,15 +6,24 @@ memory growth (``perfmon_analysis.memory_growth``) and the crash that ended it
 
 from __future__ import annotations
 
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Callable, Sequence
+from typing import TYPE_CHECKING, Any
 
 from perfmon_analysis import units
 from perfmon_analysis.crash import Crash, job_crash, rank_crash
 from perfmon_analysis.memory_growth import SERIES_LABEL, MemoryGrowth, job_growth, rank_growth
 from perfmon_analysis.readings import JobExit, StepReading
-from perfmon_analysis.step_times import (OUTLIER_RATIO, Outlier, StepTimes, job_outliers, job_times, rank_outliers,
-                                         run_times, window_times)
+from perfmon_analysis.step_times import (
+    OUTLIER_RATIO,
+    Outlier,
+    StepTimes,
+    job_outliers,
+    job_times,
+    rank_outliers,
+    run_times,
+    window_times,
+)
 
 if TYPE_CHECKING:
     from perfmon_analysis.buffers import RankState
@@ -59,9 +68,9 @@ def rank_health(state: RankState, window: Sequence[StepReading], limit: int | No
     else:
         win, run = window_times(window), run_times(state.run_times)
     newest = state.steps[-1] if state.steps else None
-    long = newest is not None and run.p50 is not None and newest.dur >= OUTLIER_RATIO * run.p50
+    long = newest if newest is not None and run.p50 is not None and newest.dur >= OUTLIER_RATIO * run.p50 else None
     last_event = state.events[-1].t if state.events else None
-    outliers = _cached(cache, "outliers", (state.run_times.n // OUTLIERS_EVERY, newest.step if long else None,
+    outliers = _cached(cache, "outliers", (state.run_times.n // OUTLIERS_EVERY, long.step if long is not None else None,
                                            state.ended, last_event),
                        lambda: tuple(rank_outliers(state, run.p50)))
     last_sample = state.samples[-1].t if state.samples else None

@@ -12,8 +12,8 @@ from __future__ import annotations
 
 import bisect
 import statistics
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Callable
 
 from perfmon_analysis.layout import Layout
 from perfmon_analysis.views import JobView, RankView
@@ -100,13 +100,13 @@ def heatmap(view: JobView) -> HeatMap:
     timed = [(r, t) for r in ranks if (t := r.compute_s if by == "compute" else r.step_time_median_s) is not None]
     slow = max(timed, key=lambda rt: rt[1], default=None)
     fast = min((t for _, t in timed if t > 0), default=None)
-    several = slow is not None and len(timed) > 1
+    slowest = slow if slow is not None and len(timed) > 1 else None     # named only among several
     node, node_ratio = _slowest_node(timed)
     return HeatMap(
         ranks=tuple(r.rank for r in ranks), hosts=tuple(r.host for r in ranks), groups=groups,
         group_by="stage" if by_stage else "node", levels=levels, slowest_by=by,
-        slowest_rank=slow[0].rank if several else None, slowest_rank_host=slow[0].host if several else None,
-        slowest_ratio=slow[1] / fast if several and fast else None, slowest_node=node, slowest_node_ratio=node_ratio)
+        slowest_rank=slowest[0].rank if slowest else None, slowest_rank_host=slowest[0].host if slowest else None,
+        slowest_ratio=slowest[1] / fast if slowest and fast else None, slowest_node=node, slowest_node_ratio=node_ratio)
 
 
 def _group_label(lay: Layout, rank: int) -> str:

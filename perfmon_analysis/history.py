@@ -18,8 +18,9 @@ from __future__ import annotations
 
 import collections
 from array import array
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Deque, Sequence
+from typing import Any
 
 from perfmon_analysis.readings import MemoryReading, StepReading
 
@@ -115,8 +116,8 @@ class Series:
         """Merge neighbouring buckets pairwise (the last one alone when their number is odd)."""
         pairs = range(0, len(self._n), 2)
 
-        def merged(arr: array, how: str) -> array:
-            out = array(arr.typecode)
+        def merged(arr: array[Any], how: str) -> array[Any]:     # counts ("q") and values ("d") alike
+            out: array[Any] = array(arr.typecode)
             for j in pairs:
                 if j + 1 == len(arr):
                     out.append(arr[j])
@@ -230,7 +231,7 @@ class History:
     def __init__(self, capacity: int = BUCKETS) -> None:
         self.capacity = capacity
         self.ranks: dict[int, RankHistory] = {}
-        self.verdicts: Deque[VerdictChange] = collections.deque(maxlen=VERDICT_CHANGES)
+        self.verdicts: collections.deque[VerdictChange] = collections.deque(maxlen=VERDICT_CHANGES)
 
     def _rank(self, rank: int, host: str | None) -> RankHistory:
         hist = self.ranks.get(rank)

@@ -4,10 +4,14 @@ nothing known is unknown too (docs/verdict.md, "Unknown is unknown")."""
 from __future__ import annotations
 
 import statistics
-from typing import Any, Callable, Iterable
+from collections.abc import Callable, Iterable
+from typing import Any, TypeVar
+
+T = TypeVar("T")
+R = TypeVar("R")
 
 
-def known(reduce: Callable[[list[Any]], Any], values: Iterable[Any]) -> Any:
+def known(reduce: Callable[[list[T]], R], values: Iterable[T | None]) -> R | None:
     """``reduce`` over the known values; None when none is known (unknown is never 0)."""
     known = [v for v in values if v is not None]
     return reduce(known) if known else None

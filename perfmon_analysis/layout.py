@@ -16,8 +16,9 @@ What the straggler analysis needs of a layout is three roles (docs/layout.md):
 from __future__ import annotations
 
 import collections
+from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any, Mapping
+from typing import Any
 
 from perfmon_analysis.readings.layout import LayoutReading
 

@@ -61,7 +61,8 @@ def layout_lines(report: dict[str, Any], width: int = 80) -> list[str]:
 def _cause_lines(s: dict[str, Any], width: int) -> list[str]:
     cause = s.get("cause")
     if cause is None:
-        text = f"no straggler over {s['steps']} steps (all of them together cost {units.speedup(s.get('whole_slowdown'))})"
+        text = (f"no straggler over {s['steps']} steps "
+                f"(all of them together cost {units.speedup(s.get('whole_slowdown'))})")
         if s.get("one_off"):
             text += f"; a one-off: rank {s['one_off']['rank']} at step {s['one_off']['step']}, not a straggler"
     else:

@@ -21,8 +21,9 @@ span. Pure: the rank's buffers in, a ``MemoryGrowth`` out.
 from __future__ import annotations
 
 import bisect
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Iterable, Sequence
+from typing import TYPE_CHECKING
 
 from perfmon_analysis.readings import MemoryReading, StepReading
 

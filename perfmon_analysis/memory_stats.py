@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 import itertools
-from typing import TYPE_CHECKING, Deque
+from collections import deque
+from typing import TYPE_CHECKING
 
 from perfmon_analysis.buffers import recent_records
 from perfmon_analysis.readings import HostReading, MemoryReading
@@ -58,7 +59,7 @@ def rank_memory(state: RankState, win_start: float | None, hosts: list[HostReadi
                          peak_frac=rss / host_limit if rss is not None and host_limit else None, ooms=ooms)
 
 
-def window_reserved(records: Deque[MemoryReading], in_win: list[MemoryReading],
+def window_reserved(records: deque[MemoryReading], in_win: list[MemoryReading],
                      win_start: float | None) -> int | None:
     """The most the CUDA allocator held during the window: the highest sampled ``reserved``, and the
     allocator's lifetime ``peak_reserved`` when it rose inside the window (a spike between two

@@ -17,8 +17,9 @@ leaves it out or writes null, never 0.
 from __future__ import annotations
 
 import enum
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Callable
+from typing import TYPE_CHECKING, Any
 
 from perfmon_analysis.losses import account, by_id
 
@@ -105,10 +106,10 @@ class Metric:
     def callback(self) -> str:
         return f"perfmon/{self.exported}"
 
-    def job_value(self, view: "JobView") -> Any:
+    def job_value(self, view: JobView) -> Any:
         return rounded(self.job(view)) if self.job is not None else None
 
-    def rank_value(self, rank: "RankView") -> Any:
+    def rank_value(self, rank: RankView) -> Any:
         return rounded(self.rank(rank)) if self.rank is not None else None
 
 
@@ -117,12 +118,12 @@ def rounded(x: Any) -> Any:
     return round(x, DECIMALS) if isinstance(x, float) else x
 
 
-def _idle(view: "JobView") -> float | None:
+def _idle(view: JobView) -> float | None:
     """The device-idle loss of the view's accounting, the share the verdict judges."""
     return by_id(account(view.metrics, view.device_type, view.comm_status))["device_idle"].share
 
 
-def _times(rank: "RankView", name: str, run: bool = False) -> float | None:
+def _times(rank: RankView, name: str, run: bool = False) -> float | None:
     """A percentile of the rank's step times (``perfmon_analysis.step_times``), None before any."""
     times = rank.run_step_times if run else rank.step_times
     return getattr(times, name) if times is not None else None
@@ -133,7 +134,9 @@ _RP = Surface.REPORT | Surface.PROMETHEUS
 METRICS: tuple[Metric, ...] = (
     Metric("steps", Unit.COUNT, "Steps the rank has completed",
            job=lambda v: v.metrics.steps, rank=lambda r: r.steps, surfaces=_RP, counter=True),
-    Metric("step_time_median_s", Unit.SECONDS, "Median step time over the window: the iteration, from one step's start to the next's (data wait and time between steps included)",
+    Metric("step_time_median_s", Unit.SECONDS,
+           "Median step time over the window: the iteration, from one step's start to the next's "
+           "(data wait and time between steps included)",
            job=lambda v: v.metrics.step_time_median_s, rank=lambda r: r.step_time_median_s, surfaces=ALL),
     Metric("step_time_p90_s", Unit.SECONDS, "90th percentile of the step time over the window",
            job=lambda v: v.health.window.p90, rank=lambda r: _times(r, "p90"), surfaces=_RP),
@@ -187,7 +190,9 @@ METRICS: tuple[Metric, ...] = (
            job=lambda v: v.metrics.syncs_per_step, rank=lambda r: r.syncs_per_step, surfaces=_RP),
     Metric("mfu", Unit.RATIO, "Model FLOPs utilization: achieved FLOP/s over the device's peak for the dtype",
            job=lambda v: v.metrics.mfu, rank=lambda r: r.mfu, surfaces=ALL),
-    Metric("ettr", Unit.RATIO, "Effective training time ratio: time in the training loop (steps and the loop's own work between them) over wall time; 1 - pause_frac",
+    Metric("ettr", Unit.RATIO,
+           "Effective training time ratio: time in the training loop (steps and the loop's own work "
+           "between them) over wall time; 1 - pause_frac",
            job=lambda v: v.metrics.ettr, rank=lambda r: r.ettr, surfaces=ALL),
     Metric("loader_cpu", Unit.CORES, "Mean share of one core per loader worker",
            job=lambda v: v.metrics.loader_cpu, rank=lambda r: r.loader_cpu),
@@ -245,7 +250,8 @@ METRICS: tuple[Metric, ...] = (
            job=lambda v: v.metrics.off_cpu_frac),
     Metric("host_wait_frac", Unit.RATIO, "In-step stack samples off CPU over all in-step samples",
            job=lambda v: v.metrics.host_wait_frac),
-    Metric("cpu_contention_frac", Unit.RATIO, "Share of the iteration the training thread was runnable in steps with no core free",
+    Metric("cpu_contention_frac", Unit.RATIO,
+           "Share of the iteration the training thread was runnable in steps with no core free",
            job=lambda v: v.metrics.cpu_contention_frac),
     Metric("overhead_step_frac", Unit.RATIO, "perfmon's own cost: training-thread time in its step calls, "
            "hooks and wrappers over the step time (the rank where it is highest)",
@@ -271,7 +277,8 @@ METRICS: tuple[Metric, ...] = (
 GROUP_QUANTITIES: dict[str, tuple[str, str]] = {
     "step_time": ("perfmon_group_step_time_seconds", "Step time (window median per rank) across the group's ranks"),
     "compute": ("perfmon_group_compute_seconds", "Compute time per step across the group's ranks"),
-    "arrival": ("perfmon_group_arrival_seconds", "Time from the step's start to the collective across the group's ranks"),
+    "arrival": ("perfmon_group_arrival_seconds",
+                "Time from the step's start to the collective across the group's ranks"),
     "data_wait": ("perfmon_group_data_wait_ratio", "Data-wait share of the step across the group's ranks"),
     "exposed_comm": ("perfmon_group_comm_exposed_ratio", "Exposed-communication share across the group's ranks"),
     "busy": ("perfmon_group_device_busy_ratio", "Device busy share across the group's ranks"),
@@ -306,17 +313,17 @@ def loss_metrics() -> dict[str, str]:
     return {m.loss: m.name for m in METRICS if m.loss is not None}
 
 
-def job_values(view: "JobView") -> dict[str, Any]:
+def job_values(view: JobView) -> dict[str, Any]:
     """The report's ``metrics`` numbers: every job-scope metric of the table, None when unknown."""
     return {m.name: m.job_value(view) for m in on(Surface.REPORT) if m.job is not None}
 
 
-def rank_values(rank: "RankView") -> dict[str, Any]:
+def rank_values(rank: RankView) -> dict[str, Any]:
     """One rank's row numbers for the report."""
     return {m.name: m.rank_value(rank) for m in on(Surface.REPORT) if m.rank is not None}
 
 
-def callback_values(view: "JobView") -> dict[str, float]:
+def callback_values(view: JobView) -> dict[str, float]:
     """``perfmon/<name>`` -> value for the callbacks' scalar loggers; unknown values are left out."""
     out = {}
     for m in on(Surface.CALLBACKS):

@@ -14,11 +14,18 @@ from typing import Any
 from perfmon_analysis import units
 from perfmon_analysis.advice import PARALLELISM, comm_fixes, comm_what, exposed_split, loader_fixes, parallelism
 from perfmon_analysis.explain import gaps_lost, peak_note, tensor_active, where_text, who
-from perfmon_analysis.flowchart import (FILL_CRIT, LATE_GAP_MIN, LOADER_MAIN, Answer, Explained, Losses, Outcome,
-                                        round4)
+from perfmon_analysis.flowchart import FILL_CRIT, LATE_GAP_MIN, LOADER_MAIN, Answer, Explained, Losses, Outcome, round4
 from perfmon_analysis.health_verdict import Crashed, memory_explained, memory_severity
-from perfmon_analysis.loop_outcomes import (STEP, LoopWorkOutcome, gil_fixes, gil_text, holder, loop_prep, loop_wait,
-                                            via_loop)
+from perfmon_analysis.loop_outcomes import (
+    STEP,
+    LoopWorkOutcome,
+    gil_fixes,
+    gil_text,
+    holder,
+    loop_prep,
+    loop_wait,
+    via_loop,
+)
 from perfmon_analysis.losses import LOOP, by_id
 from perfmon_analysis.questions import busy_missing
 from perfmon_analysis.views import JobView, RankView, WhereLine
@@ -154,7 +161,8 @@ class DataPreprocessing(Outcome):
         w = m.loader_workers
         cpu = answers["loader_cpu"]
         workers = f"its {w} workers" if w else "its workers"
-        who = (f"the main process spends {_pct(cpu.value)} of the wait on CPU (num_workers=0)" if cpu.measure == LOADER_MAIN
+        who = (f"the main process spends {_pct(cpu.value)} of the wait on CPU (num_workers=0)"
+               if cpu.measure == LOADER_MAIN
                else f"its worker is CPU-bound ({_pct(cpu.value)} of a core)" if w == 1
                else f"{workers} are CPU-bound ({_pct(cpu.value)} of a core each)")
         fixes = loader_fixes(view, preprocessing=True)
@@ -205,7 +213,7 @@ class LoadImbalance(Outcome):
                      "checkpointing on that rank only, its data path",
                      f"check rank {straggler}'s host for other processes or throttling"]
             return headline, fixes, {"straggler_rank": straggler, "arrival_ratio": round4(m.arrival_ratio)}
-        fast = min((r for r in view.ranks if r.compute_s is not None), key=lambda r: r.compute_s, default=None)
+        fast = min((r for r in view.ranks if r.compute_s is not None), key=lambda r: r.compute_s or 0.0, default=None)
         slow = units.seconds(row.compute_s if row else None)
         quick = units.seconds(fast.compute_s if fast else None)
         headline = (f"Load imbalance: {who(view, straggler)} computes {slow}/step vs {quick} on rank "
@@ -227,7 +235,8 @@ class HostSync(Outcome):
         m = view.metrics
         site = next((s.sync_site for t in view.traces.values() for s in reversed(t.steps) if s.sync_site), None)
         where = f" (most at {site})" if site else ""
-        return (f"Host-device sync: {_idle_text(view, losses)}; {units.number(m.syncs_per_step, 2)} syncs per step{where}",
+        return (f"Host-device sync: {_idle_text(view, losses)}; "
+                f"{units.number(m.syncs_per_step, 2)} syncs per step{where}",
                 ["remove .item() / .cpu() / print(tensor) from the step; log every N steps",
                  "keep metrics on the device and read them asynchronously (non_blocking=True into pinned memory)"],
                 {"syncs_per_step": round4(m.syncs_per_step)})
@@ -473,7 +482,8 @@ def _idle_not_explained(view: JobView, losses: Losses, answers: Answers, said: s
     ahead = answers.get("host_ahead")
     if ahead is not None and ahead.answer == "yes":
         known = (f"the host finished queueing {_pct(m.host_queued_whole_frac)} of the timed steps before the device "
-                 f"began them ({units.seconds(m.host_lead_s)} ahead of a {units.seconds(m.device_time_median_s)} step), so "
+                 f"began them ({units.seconds(m.host_lead_s)} ahead of a {units.seconds(m.device_time_median_s)} "
+                 "step), so "
                  "launches are not what idles it; what it waits for (another stream, a collective nobody timed, "
                  "time outside the steps) is not measured")
         fixes = list(_IDLE_FIXES)

@@ -20,8 +20,9 @@ measure has no value and says why; it never reads as 0.
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass
-from typing import Any, Iterable
+from typing import Any
 
 from perfmon_analysis import units
 from perfmon_analysis.readings import CostReading

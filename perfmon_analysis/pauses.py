@@ -21,15 +21,15 @@ they recur:
 * until ``MIN_HISTORY`` gaps are known, only those events make pauses.
 
 So a checkpoint every 4 steps or fewer is a pause, and so is one every 100; work between every two
-steps is the loop's, and so is a long gap on 3 or more of 8 steps. Pure and per rank: ``StepParser`` classifies each step as it is
-parsed, so the run model, its running totals (ETTR) and the trace export agree on every pause.
+steps is the loop's, and so is a long gap on 3 or more of 8 steps. Pure and per rank: ``StepParser``
+classifies each step as it is parsed, so the run model, its running totals (ETTR) and the trace export
+agree on every pause.
 """
 
 from __future__ import annotations
 
 import bisect
 import collections
-from typing import Deque
 
 HISTORY = 49          # gaps the loop's level is the median of: a window's worth (buffers.WINDOW_STEPS - 1)
 MIN_HISTORY = 4       # fewer known gaps: no level yet
@@ -47,8 +47,8 @@ class Pauses:
     def __init__(self) -> None:
         self._gaps: list[float] = []
         self._durs: list[float] = []
-        self._order: Deque[tuple[float, float]] = collections.deque()
-        self._over: Deque[bool] = collections.deque(maxlen=RECENT)    # the last gaps: far over the level?
+        self._order: collections.deque[tuple[float, float]] = collections.deque()
+        self._over: collections.deque[bool] = collections.deque(maxlen=RECENT)    # the last gaps: far over the level?
 
     def pause(self, gap: float, dur: float, marked: float = 0.0) -> float:
         """The pause in a step's ``gap`` (s; the rest is the loop's) of a step lasting ``dur`` (its gap

@@ -17,8 +17,9 @@ from __future__ import annotations
 
 import statistics
 import textwrap
+from collections.abc import Iterable
 from dataclasses import dataclass, replace
-from typing import Any, Iterable
+from typing import Any
 
 from perfmon_analysis import units
 from perfmon_analysis.readings import ModuleTimes, profile_record
@@ -313,7 +314,8 @@ def _mark(rows: list[ProfileRow], step_s: float | None) -> list[ProfileRow]:
     out = []
     for r in rows:
         if r.name in waste:
-            r = replace(r, own_waste_s=waste[r.name], marked=r.name == worst and waste[worst] >= MARK_MIN_SHARE * step_s)
+            r = replace(r, own_waste_s=waste[r.name],
+                        marked=r.name == worst and waste[worst] >= MARK_MIN_SHARE * step_s)
         out.append(r)
     return out
 

@@ -3,19 +3,37 @@ how it is measured, and where the walk goes when it cannot be (docs/verdict.md �
 
 The order follows the seed's triage (常见瓶颈识别流程): memory first, then "is the device
 starved?", then the largest measured loss names the cause (data wait, exposed communication,
-the loop's own work between steps, device idle with no other cause), then compute efficiency. ``QUESTIONS`` lists them in the
-order the verdict asks them; ``perfmon_analysis.verdict`` joins them into its chart.
+the loop's own work between steps, device idle with no other cause), then compute efficiency.
+``QUESTIONS`` lists them in the order the verdict asks them; ``perfmon_analysis.verdict`` joins them into its chart.
 """
 
 from __future__ import annotations
 
 from perfmon_analysis import units
 from perfmon_analysis.explain import peak_note, tensor_active
+from perfmon_analysis.flowchart import (
+    COMM_EXPOSED_MIN,
+    DATA_WAIT_MIN,
+    DEVICE_BUSY_MIN,
+    FILL_MIN,
+    HOST_AHEAD_SHARE,
+    HOST_WAIT_MIN,
+    LOADER_CPU_BOUND,
+    LOADER_MAIN,
+    LOADER_WORKERS,
+    LOOP_PREP_MIN,
+    LOSS_MIN,
+    LOSS_THRESHOLD,
+    MEMORY_PEAK_MAX,
+    MFU_MIN,
+    STRAGGLER_RATIO_MAX,
+    SYNCS_PER_STEP_MIN,
+    TENSOR_ACTIVE_MIN,
+    Answer,
+    Losses,
+    Question,
+)
 from perfmon_analysis.health_verdict import leak
-from perfmon_analysis.flowchart import (COMM_EXPOSED_MIN, DATA_WAIT_MIN, DEVICE_BUSY_MIN, FILL_MIN, HOST_AHEAD_SHARE,
-                                        HOST_WAIT_MIN, LOADER_CPU_BOUND, LOADER_MAIN, LOADER_WORKERS, LOOP_PREP_MIN,
-                                        LOSS_MIN, LOSS_THRESHOLD, MEMORY_PEAK_MAX, MFU_MIN, STRAGGLER_RATIO_MAX,
-                                        SYNCS_PER_STEP_MIN, TENSOR_ACTIVE_MIN, Answer, Losses, Question)
 from perfmon_analysis.losses import LOOP, PAUSES, STEP_LOSSES, Loss, by_id
 from perfmon_analysis.views import JobView
 

@@ -10,13 +10,14 @@ the text and the JSON cannot disagree; its numbers go through ``perfmon_analysis
 from __future__ import annotations
 
 import textwrap
-from typing import Any, Iterable
+from collections.abc import Callable, Iterable
+from typing import Any
 
 from perfmon_analysis import units
 from perfmon_analysis.capture import capture_reading
+from perfmon_analysis.health import text_lines as health_lines
 from perfmon_analysis.layout_report import layout_lines, rank_note, rank_place
 from perfmon_analysis.metrics import Metric, Unit, by_name, job_values, loss_metrics, rank_values, rounded
-from perfmon_analysis.health import text_lines as health_lines
 from perfmon_analysis.overhead import text_lines as overhead_lines
 from perfmon_analysis.profile import profile_lines
 from perfmon_analysis.verdict import Verdict, label as outcome_label
@@ -72,7 +73,7 @@ def build(view: JobView, verdict: Verdict, *, retired: Iterable[tuple[int, dict[
 
 def _verdict_json(verdict: Verdict, metrics: dict[str, Any], price: float | None = None) -> dict[str, Any]:
     """The verdict's JSON with each loss and each evidence number that is a metric named, not repeated."""
-    out = _jsonable(verdict.as_json(price))
+    out: dict[str, Any] = _jsonable(verdict.as_json(price))
     named_by = loss_metrics()
     out["losses"] = [{"id": x.id, "label": x.label, "metric": named_by[x.id],
                       "source" if x.known else "why_unknown": x.source, "span": x.span} for x in verdict.losses]
@@ -121,10 +122,11 @@ def _jsonable(obj: Any) -> Any:
 
 # -- text ---------------------------------------------------------------------------------------
 _pct = units.pct
-_FORMAT = {Unit.RATIO: units.pct, Unit.CORES: units.pct, Unit.SECONDS: units.seconds, Unit.PER_SECOND: units.rate,
-           Unit.PER_STEP: units.number, Unit.BYTES_PER_SECOND: units.bandwidth,
-           Unit.FLOPS: lambda x: units.rate(x, "FLOP"), Unit.COUNT: units.count,
-           Unit.WATTS: lambda x: units.fixed(x, "W"), Unit.JOULES: units.energy}
+_FORMAT: dict[Unit, Callable[[float | None], str]] = {
+    Unit.RATIO: units.pct, Unit.CORES: units.pct, Unit.SECONDS: units.seconds, Unit.PER_SECOND: units.rate,
+    Unit.PER_STEP: units.number, Unit.BYTES_PER_SECOND: units.bandwidth,
+    Unit.FLOPS: lambda x: units.rate(x, "FLOP"), Unit.COUNT: units.count,
+    Unit.WATTS: lambda x: units.fixed(x, "W"), Unit.JOULES: units.energy}
 
 
 def formatted(metric: Metric | None, value: Any) -> str:
@@ -213,7 +215,8 @@ def render_text(report: dict[str, Any], width: int = 80) -> str:
     fill = f"  fill {_pct(m['device_fill'])} (SM activity {_pct(m.get('sm_active'))})" \
         if m.get("device_fill") is not None else ""
     wrap(f"Busy {_pct(m['device_busy'])}{busy_source}{fill}  data wait {_pct(m['data_wait_frac'])}  comm "
-         f"{_pct(m['comm_frac'])} (exposed {_pct(m['comm_exposed_frac'])})  MFU {_pct(m['mfu'])}  ETTR {_pct(m['ettr'])}"
+         f"{_pct(m['comm_frac'])} (exposed {_pct(m['comm_exposed_frac'])})  MFU {_pct(m['mfu'])}  "
+         f"ETTR {_pct(m['ettr'])}"
          f"  loader CPU {_loader_cpu(m)}")
     for rank, why in sorted((m.get("device_busy_unknown") or {}).items()):
         wrap(why, first=f"Busy not measured on rank {rank}: ", indent="  ")

@@ -26,24 +26,41 @@ import time
 from typing import Any
 
 from perfmon_analysis.buffers import EVENT_BUFFER, MIN_STEPS, WINDOW_SAMPLES, WINDOW_SECONDS, WINDOW_STEPS, RankState
-from perfmon_analysis.readings import (HostReading, StepOps, StepReading, comm_reading, dropped, event_reading,
-                                       gpu_rows, hello_reading, layout_reading, memory_reading, record_time,
-                                       sample_reading, stall_reading, step_ops, where_interval)
-from perfmon_analysis.comm_stats import comm_rows
-from perfmon_analysis.stats import RankStats, job_metrics, rank_stats, rank_view, summary_stats, window_of
-from perfmon_analysis.where_stats import job_where
 from perfmon_analysis.capture import capture_reading, with_cost
-from perfmon_analysis.readings import JobExit, exit_reading
-from perfmon_analysis.health import job_health, rank_health
+from perfmon_analysis.comm_stats import comm_rows
 from perfmon_analysis.groups import GroupReduction, merge_groups
+from perfmon_analysis.health import job_health, rank_health
 from perfmon_analysis.history import History
-from perfmon_analysis.profile import ModuleProfile, profile_reading, with_overhead
+from perfmon_analysis.layout import Layout, assemble
 from perfmon_analysis.overhead import worst
+from perfmon_analysis.profile import ModuleProfile, profile_reading, with_overhead
+from perfmon_analysis.readings import (
+    CommReading,
+    HostReading,
+    JobExit,
+    MemoryReading,
+    StepOps,
+    StepReading,
+    comm_reading,
+    dropped,
+    event_reading,
+    exit_reading,
+    gpu_rows,
+    hello_reading,
+    layout_reading,
+    memory_reading,
+    record_time,
+    sample_reading,
+    stall_reading,
+    step_ops,
+    where_interval,
+)
+from perfmon_analysis.stats import RankStats, job_metrics, rank_stats, rank_view, summary_stats, window_of
+from perfmon_analysis.stragglers import Straggling, analyse
 from perfmon_analysis.stuck import diagnose
 from perfmon_analysis.summary import apply_summary, summary_record
-from perfmon_analysis.layout import Layout, assemble
-from perfmon_analysis.stragglers import Straggling, analyse
 from perfmon_analysis.views import JobView
+from perfmon_analysis.where_stats import job_where
 
 STRAGGLING_PERIOD = 5.0    # s of probe time between two what-if analyses of a live job (each replays the window)
 
@@ -72,7 +89,7 @@ class RunModel:
         self.history = History()     # the whole run, downsampled (the trends screen, the HTML report)
         self.exit: JobExit | None = None     # how the job's command ended (``perfmon run``), when known
         self.groups: dict[str, list[GroupReduction]] = {}   # group relay -> its reductions (the relay tree)
-        self._straggling: tuple[tuple, float, Straggling | None] | None = None   # (window key, at, analysis)
+        self._straggling: tuple[tuple[object, ...], float, Straggling | None] | None = None  # (key, when, result)
 
     # -- ingest -------------------------------------------------------------------------------
     def ingest(self, stream_id: str, record: dict[str, Any], received: float | None = None) -> None:
@@ -325,7 +342,8 @@ class RunModel:
                         steps.setdefault(ops.step, {})[s.rank] = ops
         if not steps:
             return None
-        key = (tuple(sorted((s.rank, s.ops[-1].step) for s in states if s.ops)), layout.dims, tuple(sorted(layout.coords.items())), self.window_steps, self.window_seconds)
+        key = (tuple(sorted((s.rank, s.ops[-1].step) for s in states if s.ops)), layout.dims,
+               tuple(sorted(layout.coords.items())), self.window_steps, self.window_seconds)
         cached = self._straggling
         if cached is not None and (cached[0] == key or (live and now - cached[1] < STRAGGLING_PERIOD)):
             return cached[2]
@@ -338,10 +356,11 @@ class RunModel:
         step statistics (``perfmon compare`` puts a confidence interval on them)."""
         return {r: window_of(s, self.window_steps, self.window_seconds) for r, s in sorted(self._ranks.items())}
 
-    def _stats(self, state: RankState) -> "RankStats":
+    def _stats(self, state: RankState) -> RankStats:
         cache = state._cache
         if cache is not None and cache[0] == state.version:
-            return cache[1]
+            hit: RankStats = cache[1]
+            return hit
         summary = self._summaries.get(state)
         if summary is not None:       # a relay summarises this rank (wire 1.2)
             st = summary_stats(state, summary)
@@ -367,7 +386,8 @@ class RunModel:
         state = self._streams.get(stream_id)
         if state is None:
             return []
-        readings = sorted([*state.memory, *state.comm, *state.steps], key=lambda r: r.t or 0.0)
+        readings: list[MemoryReading | CommReading | StepReading] = sorted([*state.memory, *state.comm, *state.steps],
+                                                                           key=lambda r: r.t or 0.0)
         return [r.record for r in readings]
 
     @property

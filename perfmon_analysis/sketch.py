@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import math
 from collections import Counter
-from typing import Any
+from typing import Any, TypeGuard
 
 SKETCH_ACCURACY = 0.01      # relative error of any quantile (DDSketch's alpha): 1% of the value
 SKETCH_MIN = 1e-6           # values at or below this count in the zero bucket (a share of 0, no wait)
@@ -40,7 +40,7 @@ class Sketch:
         else:
             self.bins[math.ceil(math.log(x) / self._LOG)] += 1
 
-    def merge(self, other: "Sketch") -> None:
+    def merge(self, other: Sketch) -> None:
         self.zero += other.zero
         self.bins.update(other.bins)
 
@@ -66,7 +66,7 @@ class Sketch:
         return {"z": self.zero, "b": flat}
 
     @classmethod
-    def read(cls, obj: Any) -> "Sketch":
+    def read(cls, obj: Any) -> Sketch:
         """A sketch from its wire form; what is malformed counts as nothing."""
         sketch = cls()
         if not isinstance(obj, dict):
@@ -93,7 +93,7 @@ class DurationSketch(Sketch):
     def n(self) -> int:
         return self.count
 
-    def add(self, seconds: float, step: int | None = None) -> None:  # type: ignore[override]
+    def add(self, seconds: float, step: int | None = None) -> None:
         super().add(seconds)
         if seconds > self.max or self.max_step is None:
             self.max, self.max_step = seconds, step
@@ -103,6 +103,6 @@ class DurationSketch(Sketch):
         return None if value is None else min(self.max, value)
 
 
-def is_count(x: Any) -> bool:
+def is_count(x: Any) -> TypeGuard[int]:
     """A whole number of things (no bool), as a wire form's counts must be."""
     return isinstance(x, int) and not isinstance(x, bool) and x >= 0

@@ -16,20 +16,27 @@ from __future__ import annotations
 import dataclasses
 import itertools
 import statistics
+from collections import deque
 from dataclasses import dataclass
-from typing import Deque
 
 from perfmon_analysis.buffers import MIN_STEPS, TIMELINE_STEPS, WINDOW_SAMPLES, RankState, recent_records
 from perfmon_analysis.comm_stats import comm_delta, comm_rows, find_straggler
-from perfmon_analysis.device_stats import (busy_unknown_reason, gpu_busy, gpu_fill, gpu_power, lead_times,
-                                          peak_flops_of, timed_steps, timeline_busy)
+from perfmon_analysis.device_stats import (
+    busy_unknown_reason,
+    gpu_busy,
+    gpu_fill,
+    gpu_power,
+    lead_times,
+    peak_flops_of,
+    timed_steps,
+    timeline_busy,
+)
 from perfmon_analysis.known import known, max_known, mean_known, min_known, per_item, sum_all, sum_known
 from perfmon_analysis.memory_stats import job_memory, rank_memory
 from perfmon_analysis.overhead import Overhead, overhead, worst
-from perfmon_analysis.where_stats import job_where, where_table
-from perfmon_analysis.readings import (CostReading, RankTrace,
-                                       StepReading)
+from perfmon_analysis.readings import CostReading, RankTrace, StepReading
 from perfmon_analysis.views import MemoryMetrics, Metrics, RankView, WhereTable
+from perfmon_analysis.where_stats import job_where, where_table
 
 
 # -- per-rank statistics ---------------------------------------------------------------------
@@ -82,7 +89,7 @@ class RankStats:
     queued_whole: float | None = None     # share of those steps the host queued whole before the device began them
 
 
-def _window(nums: Deque[StepReading], max_steps: int, max_seconds: float) -> list[StepReading]:
+def _window(nums: deque[StepReading], max_steps: int, max_seconds: float) -> list[StepReading]:
     if not nums:
         return []
     tail = list(itertools.islice(reversed(nums), max_steps + 1))[::-1]
@@ -359,10 +366,12 @@ def job_metrics(ready: list[tuple[RankState, RankStats]], ranks: list[RankView],
     cost_step = cost.step_frac if cost is not None else None
     cost_cpu = cost.cpu_frac if cost is not None else None
     if not ready:
-        return Metrics(steps=steps, ettr=min_known([r.ettr for r in ranks]), memory=job_memory([x.memory for x in stats]),
+        return Metrics(steps=steps, ettr=min_known([r.ettr for r in ranks]),
+                       memory=job_memory([x.memory for x in stats]),
                        overhead_step_frac=cost_step, overhead_cpu_frac=cost_cpu), None
     st = [x[1] for x in ready]
-    ratio, arrival_ratio, straggler, straggler_by = find_straggler([(s.rank, x.compute_median, x.arrive_median) for s, x in ready])
+    ratio, arrival_ratio, straggler, straggler_by = find_straggler(
+        [(s.rank, x.compute_median, x.arrive_median) for s, x in ready])
     rows = comm_rows([x.comm_delta for _, x in ready])
     top = max(rows, key=lambda r: r.seconds, default=None)
     memory = job_memory([x.memory for x in stats])

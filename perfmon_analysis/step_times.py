@@ -3,16 +3,18 @@ above the median with what ran in them (docs/verdict.md, "Outliers").
 
 The window's percentiles are exact (its steps are all held); the run's come from the rank's
 ``DurationSketch`` (``perfmon_analysis.sketch``), fed every step at ingest: bounded whatever the
-run's length, within 1% of the true value, its maximum exact. A step's time is its ``dur``: from the previous step's end, so a pause between
-two steps (a checkpoint, an evaluation) is in the step after it, as the median's is.
+run's length, within 1% of the true value, its maximum exact. A step's time is its ``dur``: from the
+previous step's end, so a pause between two steps (a checkpoint, an evaluation) is in the step after
+it, as the median's is.
 """
 
 from __future__ import annotations
 
 import itertools
 import math
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Iterable, Sequence
+from typing import TYPE_CHECKING
 
 from perfmon_analysis import units
 from perfmon_analysis.buffers import BLOCKING_EVENTS

@@ -20,8 +20,15 @@ from __future__ import annotations
 from perfmon_analysis import units
 from perfmon_analysis.explain import who
 from perfmon_analysis.flowchart import Answer, Explained, Losses, Outcome, Question, round4
-from perfmon_analysis.stragglers import (CHRONIC, MIN_SLOWDOWN, ROTATING, SLOW_STAGE, SLOW_WORKER, STAGE_RATIO,
-                                         Straggling)
+from perfmon_analysis.stragglers import (
+    CHRONIC,
+    MIN_SLOWDOWN,
+    ROTATING,
+    SLOW_STAGE,
+    SLOW_WORKER,
+    STAGE_RATIO,
+    Straggling,
+)
 from perfmon_analysis.views import JobView
 
 _pct = units.pct
@@ -134,7 +141,8 @@ class SlowWorker(Outcome):
         assert s is not None and s.worker is not None
         worker = view.layout.worker_label(*s.worker)
         headline = (f"Slow worker: {worker}, {who(view, s.rank)}, is slower than its stage's peers on "
-                    f"{_pct(s.top_share)} of steps; every other worker waits for it ({_pct(view.metrics.comm_exposed_frac)}"
+                    f"{_pct(s.top_share)} of steps; every other worker waits for it "
+                    f"({_pct(view.metrics.comm_exposed_frac)}"
                     f" of the step exposed); without it: {_gain(s)}")
         host = next((r.host for r in view.ranks if r.rank == s.rank and r.host), None)
         fixes = [f"replace or drain the node of rank {s.rank}{f' ({host})' if host else ''}: a worker slow on most "

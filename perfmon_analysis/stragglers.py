@@ -34,8 +34,9 @@ from __future__ import annotations
 import collections
 import dataclasses
 import statistics
+from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any, Mapping
+from typing import Any
 
 from perfmon_analysis.layout import Layout
 from perfmon_analysis.readings.layout import StepOps
@@ -146,8 +147,8 @@ def analyse(layout: Layout, steps: Mapping[int, Mapping[int, StepOps]], noise: f
     t_meas, t_ideal = statistics.fmean(measured), statistics.fmean(ideal)
     whole = t_meas / t_ideal if t_ideal > 0 else None
     stages = sorted(set(stage_of.values()))
-    by_stage = {s: _ratio(model.times("ideal", "measured", model.of_stage(s)), ideal) for s in stages} \
-        if len(stages) > 1 else {}
+    by_stage = {s: r for s in stages if (r := _ratio(model.times("ideal", "measured", model.of_stage(s)), ideal))
+                is not None} if len(stages) > 1 else {}     # a stage whose slowdown is unknown is left out
     work = _work(graphs, layout)
     base = Straggling(cause=None, steps=len(graphs), whole=whole, forced=sum(g.forced for g in graphs),
                       stages=stage_times(layout, [{r: steps[s][r] for r in ranks} for s in usable]),
@@ -180,7 +181,8 @@ def analyse(layout: Layout, steps: Mapping[int, Mapping[int, StepOps]], noise: f
                             chronic=True, stage=slow, stage_slowdown=by_stage[slow])
     if result.cause is None and standouts:
         step, worker = max(standouts, key=lambda sw: work[sw[0]][sw[1]][0])
-        result = dataclasses.replace(base, one_off=(step, _slowest_rank(work, worker, step)))
+        if (rank := _slowest_rank(work, worker, step)) is not None:    # the worker stood out on that step
+            result = dataclasses.replace(base, one_off=(step, rank))
     return dataclasses.replace(result, standout_steps=len(standouts), workers_standing_out=len(tops))
 
 

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import os
 from collections import Counter
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
@@ -45,15 +46,22 @@ CALL_STATES = {
 
 
 class RankLike(Protocol):
-    """What the diagnosis reads of a rank (``perfmon_analysis.views.RankView``)."""
+    """What the diagnosis reads of a rank (``perfmon_analysis.views.RankView``, frozen: read-only here)."""
 
-    rank: int
-    host: str | None
-    pid: int | None
-    stall: StallReading | None
-    stalled_s: float | None
-    silent_s: float | None
-    answered: bool
+    @property
+    def rank(self) -> int: ...
+    @property
+    def host(self) -> str | None: ...
+    @property
+    def pid(self) -> int | None: ...
+    @property
+    def stall(self) -> StallReading | None: ...
+    @property
+    def stalled_s(self) -> float | None: ...
+    @property
+    def silent_s(self) -> float | None: ...
+    @property
+    def answered(self) -> bool: ...
 
 
 @dataclass(frozen=True)
@@ -98,7 +106,7 @@ class StuckDiagnosis:
                 "where": {str(rank): list(frames[-WHERE_FRAMES:]) for rank, frames in sorted(self.where.items())}}
 
 
-def diagnose(ranks: list[RankLike]) -> StuckDiagnosis | None:
+def diagnose(ranks: Sequence[RankLike]) -> StuckDiagnosis | None:
     """The diagnosis when some rank is stalled or unresponsive, else None."""
     stalled = {r.rank: r.stall for r in ranks if r.stall is not None}
     silent = {r.rank: r.silent_s for r in ranks
@@ -145,7 +153,7 @@ def diagnose(ranks: list[RankLike]) -> StuckDiagnosis | None:
                    {r: "culprit" for r in culprits})
 
 
-def _collective(by_rank: dict[int, RankLike], stalled: dict[int, StallReading | None], silent: dict[int, float],
+def _collective(by_rank: dict[int, RankLike], stalled: dict[int, StallReading], silent: dict[int, float],
                 lasted: dict[int, float], calls: dict[int, InFlight],
                 where: dict[int, tuple[str, ...]]) -> StuckDiagnosis:
     """Ranks wait in a collective: the call most of them are in, and the members that never reached it."""
@@ -178,7 +186,7 @@ def _collective(by_rank: dict[int, RankLike], stalled: dict[int, StallReading | 
 
 def _finish(kind: str, culprits: tuple[int, ...], waiting: tuple[int, ...], call: tuple[str, str, int | None] | None,
             since: float, where: dict[int, tuple[str, ...]], headline: str, by_rank: dict[int, RankLike],
-            stalled: dict[int, StallReading | None], silent: dict[int, float], lasted: dict[int, float],
+            stalled: dict[int, StallReading], silent: dict[int, float], lasted: dict[int, float],
             roles: dict[int, str], loader_pid: int | None = None,
             calls: dict[int, str] | None = None) -> StuckDiagnosis:
     calls = calls or {}

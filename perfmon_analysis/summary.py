@@ -167,7 +167,7 @@ def read_summary(rec: dict[str, Any]) -> RankSummary:
     values = _read(rec.get("stats"), STATS_PAYLOAD)
     memory = MemoryMetrics(**_read(rec.get("memory"), MEMORY_PAYLOAD))
     comm: dict[str, tuple[int, int, float, float | None]] = {}
-    for op, row in (rec.get("comm") if isinstance(rec.get("comm"), dict) else {}).items():
+    for op, row in (c if isinstance(c := rec.get("comm"), dict) else {}).items():
         if isinstance(op, str) and isinstance(row, list) and len(row) == 4:
             count, nbytes, secs, bus = (num(x) for x in row)
             if count is not None and nbytes is not None and secs is not None:

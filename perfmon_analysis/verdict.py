@@ -29,8 +29,7 @@ from typing import Any
 
 from perfmon_analysis import straggler_verdict, units
 from perfmon_analysis.buffers import MIN_STEPS
-from perfmon_analysis.explain import findings as secondary_findings  # beside the named outcome
-from perfmon_analysis.explain import where_text
+from perfmon_analysis.explain import findings as secondary_findings, where_text  # findings: beside the outcome
 from perfmon_analysis.flowchart import Answer, Chart, Losses, Outcome, round4
 from perfmon_analysis.gains import Gains, estimate as estimate_gains
 from perfmon_analysis.losses import LOOP, Loss, account, overrun
@@ -50,8 +49,8 @@ class Verdict:
     judgement the panes show; ``evidence``: the numbers behind each answer, plus
     ``skipped`` {question: reason} for questions that could not be asked;
     ``losses``: the window's loss accounting; ``gains``: what removing each would buy;
-    ``undecided``: {question: reason} where the outcome's own question could not be asked (the verdict names the loss, not
-    its cause); ``findings``: secondary findings, each a dict with ``id`` (see
+    ``undecided``: {question: reason} where the outcome's own question could not be asked (the verdict names
+    the loss, not its cause); ``findings``: secondary findings, each a dict with ``id`` (see
     FINDINGS); ``pending``: a different bottleneck seen once, waiting for
     confirmation (tracker only); ``where``: the window's in-step stack samples
     per user line (None when no rank sent any).
@@ -176,7 +175,8 @@ def _before_walk(outcome: Outcome, view: JobView, losses: Losses, answers: dict[
         culprit = culprits[0] if len(culprits) == 1 else None
     if outcome.id == "warming_up":
         steps = max((r.window_steps for r in view.ranks), default=0)
-        headline, extra = f"Warming up: {steps} of {MIN_STEPS} steps seen, no verdict yet", {"steps": view.metrics.steps}
+        headline = f"Warming up: {steps} of {MIN_STEPS} steps seen, no verdict yet"
+        extra = {"steps": view.metrics.steps}
     return Verdict(outcome.id, outcome.severity(view, losses), headline, [], extra, suggestions, culprit,
                    secondary_findings(view), losses=losses, stuck=view.stuck if outcome.id == "stuck" else None,
                    straggler_host=_host_of(view, culprit), where=view.where, answers=answers)

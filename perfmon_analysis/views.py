@@ -9,15 +9,15 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from perfmon_analysis.readings import GpuRow, HostReading, RankTrace, StallReading
 from perfmon_analysis.capture import CaptureSummary
-from perfmon_analysis.health import JobHealth
-from perfmon_analysis.step_times import StepTimes
 from perfmon_analysis.groups import GroupReduction
+from perfmon_analysis.health import JobHealth
 from perfmon_analysis.layout import Layout, world_layout
-from perfmon_analysis.stragglers import Straggling
 from perfmon_analysis.overhead import Overhead
 from perfmon_analysis.profile import ModuleProfile
+from perfmon_analysis.readings import GpuRow, HostReading, RankTrace, StallReading
+from perfmon_analysis.step_times import StepTimes
+from perfmon_analysis.stragglers import Straggling
 from perfmon_analysis.stuck import StuckDiagnosis
 
 
@@ -224,7 +224,7 @@ class Metrics:
     syncs_per_step: float | None = None
     host_lead_s: float | None = None        # how far the host runs ahead of the GPU (least of the ranks)
     host_lead_steps: float | None = None    # the host's lead in steps of device time (least of the ranks)
-    host_queued_whole_frac: float | None = None  # share of timed steps queued whole before the device began them (least)
+    host_queued_whole_frac: float | None = None  # timed steps queued whole before the device began them (least)
     device_time_median_s: float | None = None   # device time of the timed steps, first event to last (slowest rank)
     off_cpu_frac: float | None = None       # step body off CPU, no other measured cause (thread CPU time)
     host_wait_frac: float | None = None     # in-step stack samples off CPU / (off + on CPU)

@@ -31,14 +31,17 @@ from __future__ import annotations
 
 import collections
 import statistics
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, Callable, Mapping, NamedTuple, Sequence
+from typing import Any, NamedTuple
 
 from perfmon_analysis.readings.layout import Op, StepOps
 
 WORK, POST, RECV, JOIN, LEAVE, SENT = range(6)
 STAGE_COMPUTE = (("work", "fwd"), ("work", "bwd"))     # what moving layers between stages moves
 Key = tuple[str, ...]
+Ref = tuple[Any, ...]     # a transfer (src, dst, k) or a collective call (group, k)
+Instr = tuple[int, ...]   # (opcode, its operands)
 
 
 class Slot(NamedTuple):
@@ -74,18 +77,18 @@ def compile_step(step: int, ops: Mapping[int, StepOps]) -> StepGraph:
     """The dependency model of one step from each rank's operations (module docstring)."""
     ranks = tuple(sorted(ops))
     lines = {r: _timeline(ops[r]) for r in ranks}
-    sends: dict[tuple, tuple[int, float]] = {}         # (src, dst, k) -> (link, dur)
-    recvs: dict[tuple, float] = {}
-    calls: dict[tuple, list[tuple[int, float]]] = collections.defaultdict(list)   # (group, k) -> members
-    refs: dict[int, list[tuple | None]] = {}
+    sends: dict[Ref, tuple[int, float]] = {}         # (src, dst, k) -> (link, dur)
+    recvs: dict[Ref, float] = {}
+    calls: dict[Ref, list[tuple[int, float]]] = collections.defaultdict(list)   # (group, k) -> members
+    refs: dict[int, list[Ref | None]] = {}
     for rank in ranks:
-        counts: collections.Counter = collections.Counter()
-        of_send: dict[int, tuple] = {}
+        counts: collections.Counter[Any] = collections.Counter()
+        of_send: dict[int, Ref] = {}
         refs[rank] = []
         for what, op in lines[rank]:
-            ref = None
+            ref: Ref | None = None
             if what == "wait":
-                ref = of_send.get(id(op.waited_for))    # type: ignore[attr-defined]
+                ref = of_send.get(id(op.waited_for))
             elif what == "gap":
                 pass
             elif op.kind == "send" or op.kind == "recv":
@@ -104,23 +107,23 @@ def compile_step(step: int, ops: Mapping[int, StepOps]) -> StepGraph:
             refs[rank].append(ref)
     call_link = {key: len(sends) + i for i, key in enumerate(calls)}
     slots: list[Slot] = []
-    shared: dict[tuple, int] = {}
-    seqs: list[list[tuple]] = []
+    shared: dict[Ref, int] = {}
+    seqs: list[list[Instr]] = []
     for rank in ranks:
-        nth: collections.Counter = collections.Counter()
-        seq: list[tuple] = []
+        nth: collections.Counter[Key] = collections.Counter()
+        seq: list[Instr] = []
         for (what, op), ref in zip(lines[rank], refs[rank]):
             if what == "wait":
-                if ref in sends and ref in recvs:
+                if ref is not None and ref in sends and ref in recvs:
                     seq.append((SENT, sends[ref][0]))      # blocked until its send was received
             elif what == "op" and op.kind == "send":
-                if ref in recvs:
+                if ref is not None and ref in recvs:
                     seq.append((POST, sends[ref][0]))       # an unmatched send holds nobody up
-            elif what == "op" and op.kind == "recv" and ref in sends:
+            elif what == "op" and op.kind == "recv" and ref is not None and ref in sends:
                 if ref not in shared:
                     shared[ref] = _add(slots, Slot(min(sends[ref][1], recvs[ref]), ("p2p",), ref[:2], 0, False))
                 seq.append((RECV, sends[ref][0], shared[ref]))
-            elif what == "op" and op.group is not None:
+            elif what == "op" and op.group is not None and ref is not None:    # a collective's ref is set above
                 members = calls[ref]
                 if ref not in shared:
                     shared[ref] = _add(slots, Slot(min(d for _, d in members), ("call", op.kind, str(op.group)),
@@ -175,7 +178,7 @@ def _timeline(step: StepOps) -> list[tuple[str, Any]]:
     return out
 
 
-def _order(seqs: list[list[tuple]]) -> tuple[list[tuple[int, int, int, int]], int]:
+def _order(seqs: list[list[Instr]]) -> tuple[list[tuple[int, int, int, int]], int]:
     """Each rank's instructions merged in an order that respects every dependency; the number of
     dependencies forced open when none was left to satisfy (inconsistent operations)."""
     n = len(seqs)
@@ -183,7 +186,7 @@ def _order(seqs: list[list[tuple]]) -> tuple[list[tuple[int, int, int, int]], in
     joined = [False] * n
     posted: set[int] = set()
     received: set[int] = set()
-    arrived: collections.Counter = collections.Counter()
+    arrived: collections.Counter[int] = collections.Counter()
     waiting: dict[int, list[int]] = collections.defaultdict(list)
     ready = collections.deque(range(n))
     queued = [True] * n
@@ -248,7 +251,7 @@ def _order(seqs: list[list[tuple]]) -> tuple[list[tuple[int, int, int, int]], in
     return program, forced
 
 
-def _wake(ranks: Sequence[int], ready: collections.deque, queued: list[bool]) -> None:
+def _wake(ranks: Sequence[int], ready: collections.deque[int], queued: list[bool]) -> None:
     for r in ranks:
         if not queued[r]:
             queued[r] = True
@@ -332,7 +335,7 @@ class Model:
         self.level = {k: statistics.fmean(v) for k, v in stage_medians.items()}
         self.even = {k: statistics.fmean(v) for k, v in by_slot.items()}
         self._cache: dict[str, list[list[float]]] = {}
-        self._where: dict[int, list[list[frozenset]]] = {}
+        self._where: dict[int, list[list[frozenset[Any]]]] = {}
 
     def durations(self, source: str) -> list[list[float]]:
         """Every graph's slot durations under ``source`` (one of ``SOURCES``)."""
@@ -374,7 +377,7 @@ class Model:
     def of_worker(self, stage: int, replica: int) -> list[list[bool]]:
         return [[(stage, replica) in places for places in g] for g in self._places(2)]
 
-    def _places(self, which: int) -> list[list[frozenset]]:
+    def _places(self, which: int) -> list[list[frozenset[Any]]]:
         """Per graph, per slot: the stages (0), replicas (1) or workers (2) of its owners."""
         if which not in self._where:
             place = (lambda r: self.stage_of(r), lambda r: self.replica_of(r),

@@ -4,7 +4,8 @@
 from __future__ import annotations
 
 import math
-from typing import Any, Iterable
+from collections.abc import Iterable
+from typing import Any
 
 from perfmon_analysis.readings import SPANS, StepReading, WhereInterval
 from perfmon_analysis.views import HolderLine, WhereLine, WhereTable

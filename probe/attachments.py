@@ -13,23 +13,23 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
+    from probe.capture import ProfilerCapture
     from probe.gpu import GpuAttachment
     from probe.gpu.cuda import Poller
-    from probe.capture import ProfilerCapture
     from probe.module_profile import ModuleProfiler
     from probe.watch import Watcher
 
 
 @dataclass
 class Attachments:
-    gpu: "GpuAttachment | None" = None
-    watcher: "Watcher | None" = None
-    poller: "Poller | None" = None
-    profiler: "ModuleProfiler | None" = None      # created by the first ``profile`` request
-    capture: "ProfilerCapture | None" = None      # created by the first ``capture`` request
+    gpu: GpuAttachment | None = None
+    watcher: Watcher | None = None
+    poller: Poller | None = None
+    profiler: ModuleProfiler | None = None      # created by the first ``profile`` request
+    capture: ProfilerCapture | None = None      # created by the first ``capture`` request
     # sampler sources added by device extensions before the sampler starts; one per
     # extension module (bounded by the number of extensions, today one: probe.gpu)
-    sources: "list[Any]" = field(default_factory=list)
+    sources: list[Any] = field(default_factory=list)
 
     def release(self) -> None:
         """At ``close()``: stop the poller thread and drop every reference."""

@@ -37,7 +37,8 @@ import time
 import warnings
 import weakref
 from _thread import get_ident
-from typing import Any, Iterable
+from collections.abc import Iterable, MutableSequence
+from typing import Any, TypedDict
 
 from probe import fetches, forks
 from probe.exceptions import exception_event
@@ -51,7 +52,7 @@ IDLE_MODULE_CALLS = 50_000   # module calls with no backward at all: an inferenc
 LATE_ROOT_STEPS = 3           # steps a probe started before any forward waits to see one (probe.inject)
 _pc = time.perf_counter
 _tt = time.thread_time
-_auto: "_Auto | None" = None
+_auto: _Auto | None = None
 
 
 class _Auto:
@@ -83,7 +84,7 @@ class _Auto:
         self.idle_calls = 0
         self.backward_seen = False
         self.first_batch: float | None = None
-        self.iterators: list[weakref.ref] = []
+        self.iterators: MutableSequence[weakref.ref[Any]] = []     # the probe's deque once it runs
         self.iter_id = 0
         self.end_cpu: float | None = None        # thread CPU clock at the last step's end
         self.gap_cpu: float | None = None        # ... and the CPU s from there to the open step's start
@@ -460,7 +461,12 @@ def _trainable(module: Any) -> bool:
     return any(p.requires_grad for p in module.parameters())
 
 
-def _distributed_rank(torch: Any) -> dict[str, int]:
+class _RankArgs(TypedDict, total=False):
+    rank: int
+    world_size: int
+
+
+def _distributed_rank(torch: Any) -> _RankArgs:
     """Rank and world size from an initialized process group (mp.spawn jobs set no RANK variable)."""
     try:
         dist = torch.distributed
@@ -527,7 +533,8 @@ def install(optimizers: Iterable[Any] = (), job: str | None = None) -> None:
     _pid = os.getpid()
     a.opt_handles = [optim_mod.register_optimizer_step_pre_hook(_opt_pre),
                      optim_mod.register_optimizer_step_post_hook(_opt_post)]
-    torch.optim.Optimizer.__init__ = _wrap_optimizer_init(torch.optim.Optimizer.__init__)
+    torch.optim.Optimizer.__init__ = _wrap_optimizer_init(  # type: ignore[method-assign]  # the hook is the patch
+        torch.optim.Optimizer.__init__)
     torch.autograd.backward = _wrap_backward(torch.autograd.backward)
     for optimizer in optimizers:
         a.finder.optimizers += 1
@@ -564,7 +571,7 @@ def uninstall() -> list[str]:
         else:
             left.append("sys.excepthook (chained again after perfmon's)")
     atexit.unregister(a.flush)
-    warnings.filters[:] = [f for f in warnings.filters
+    warnings.filters[:] = [f for f in warnings.filters  # type: ignore[index]  # a list (typeshed: Sequence)
                            if not (f[0] == "ignore" and getattr(f[1], "pattern", None) == GLOBAL_HOOKS_WARNING)]
     mon = a.probe
     if mon is not None:

@@ -7,7 +7,8 @@ numbers on the sampler thread (``probe.sampler``). Setting up never raises:
 anything that fails leaves a probe that still works for whatever did not.
 
 This module is a little over 500 lines on purpose: the hot-path context managers and the
-lifecycle share the probe's private state and are kept together; the steps zero-code mode finds are queued by ``probe.zero_code_steps`` (a mixin),
+lifecycle share the probe's private state and are kept together; the steps zero-code mode finds are
+queued by ``probe.zero_code_steps`` (a mixin),
 the process's one probe is made and found by ``probe.lifecycle`` (``start``, ``current``), and
 everything else (endpoints, records, the disabled probe, attachments, failure reporting, the
 loader CPU policy) lives in its own module.
@@ -22,8 +23,9 @@ import sys
 import threading
 import time
 import weakref
+from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
-from typing import Any, Callable, Iterable, Iterator
+from typing import Any, Literal
 
 from probe import paths, records
 from probe.attachments import Attachments
@@ -35,7 +37,7 @@ from probe.host import other_threads_cpu
 from probe.loader_policy import CpuTimingPolicy
 from probe.recording import RecordingWriter
 from probe.records import ITEM_RECORD, ITEM_STEP
-from probe.sampler import Sampler
+from probe.sampler import Sampler, Source
 from probe.server import Sender
 from probe.stall import StallWatch
 from probe.where import WhereSampler, sampling_hz
@@ -57,17 +59,17 @@ class _Phase:
 
     __slots__ = ("probe", "name", "t0", "uses")
 
-    def __init__(self, probe: "Probe", name: str) -> None:
+    def __init__(self, probe: Probe, name: str) -> None:
         self.probe = probe
         self.name = name
         self.t0 = 0.0
         self.uses = 0          # times entered and left: its calibrated cost (probe.cost) per use
 
-    def __enter__(self) -> "_Phase":
+    def __enter__(self) -> _Phase:
         self.t0 = time.perf_counter()
         return self
 
-    def __exit__(self, et: Any, ev: Any, tb: Any) -> bool:
+    def __exit__(self, et: Any, ev: Any, tb: Any) -> Literal[False]:
         phases = self.probe._phases
         phases[self.name] = phases.get(self.name, 0.0) + (time.perf_counter() - self.t0)
         self.uses += 1
@@ -80,13 +82,13 @@ class _Step:
 
     __slots__ = ("probe", "samples", "tokens", "flops")
 
-    def __init__(self, probe: "Probe") -> None:
+    def __init__(self, probe: Probe) -> None:
         self.probe = probe
         self.samples: float | None = None
         self.tokens: float | None = None
         self.flops: float | None = None
 
-    def __enter__(self) -> "_Step":
+    def __enter__(self) -> _Step:
         p = self.probe
         t = time.perf_counter()
         if p._cpu_next:
@@ -103,7 +105,7 @@ class _Step:
         p._own_s += time.perf_counter() - t
         return self
 
-    def __exit__(self, et: Any, ev: Any, tb: Any) -> bool:
+    def __exit__(self, et: Any, ev: Any, tb: Any) -> Literal[False]:
         p = self.probe
         t = time.perf_counter()
         cpu = time.thread_time() - p._cpu0 if p._cpu0 is not None else None
@@ -125,7 +127,8 @@ class _Step:
         p._data_cpu = None
         p._q.append((ITEM_STEP, p._step_no, p._prev_end, t, data, phases, self.samples, self.tokens, self.flops, extras,
                      p._gap, data_cpu, cpu, records.CPU_SPAN_BODY))      # a records.StepItem
-        p._cpu_next = t - p._prev_end >= CPU_TIMED_STEP_S or not p._step_no & CPU_TIMED_EVERY_MASK
+        p._cpu_next = (t - p._prev_end >= CPU_TIMED_STEP_S  # type: ignore[operator]  # __enter__ set it
+                       or not p._step_no & CPU_TIMED_EVERY_MASK)
         p._step_no += 1
         p._prev_end = t
         p._in_step = False
@@ -166,7 +169,7 @@ class Probe(ZeroCodeSteps):
         self.device: dict[str, Any] = {"type": "cpu", "name": cpu_name(), "count": os.cpu_count() or 1}
         self.sender: Sender | None = None
         self.sampler: Sampler | None = None
-        self.stall_watch: "StallWatch | None" = None
+        self.stall_watch: StallWatch | None = None
         self.where: WhereSampler | None = None
         self._wrapper_cost: dict[str, float] | None = None    # probe.cost.calibrate, before any thread runs
         self._wrapper_cost_why: str | None = None
@@ -208,7 +211,7 @@ class Probe(ZeroCodeSteps):
         self._end_hooks: list[Callable[..., Any]] = []
         self.first_batch_wait: float | None = None
         # weak references to loader iterators, for worker discovery (sampler side); bounded
-        self.loader_iterators: collections.deque = collections.deque(maxlen=LOADER_ITERATORS)
+        self.loader_iterators: collections.deque[weakref.ref[Any]] = collections.deque(maxlen=LOADER_ITERATORS)
 
     # -- public API ---------------------------------------------------------------------------
     def loader(self, iterable: Iterable[Any]) -> Iterator[Any]:
@@ -251,19 +254,19 @@ class Probe(ZeroCodeSteps):
         policy.fetched(dt, timed=False)
         yield first
         while True:
-            c0 = tt() if policy.left > 0 else None
+            cpu0 = tt() if policy.left > 0 else None
             t0 = pc()
             try:
                 batch = next(it)
             except StopIteration:
                 return
             t1 = pc()
-            if c0 is not None:
-                self._data_cpu = (self._data_cpu or 0.0) + (tt() - c0)
+            if cpu0 is not None:
+                self._data_cpu = (self._data_cpu or 0.0) + (tt() - cpu0)
             dt = t1 - t0
             self._data += dt
             self._batches += 1
-            policy.fetched(dt, c0 is not None)
+            policy.fetched(dt, cpu0 is not None)
             yield batch
 
     def step(self, samples: float | None = None, tokens: float | None = None,
@@ -473,7 +476,7 @@ class Probe(ZeroCodeSteps):
                              tcp_listener=tcp_listener, tcp_token=tcp_token,
                              recorder=recorder, on_error=self.report_error, on_request=self.handle_request)
         self.sender.start()
-        sources = []
+        sources: list[Source] = []
         try:
             from probe.host import HostSource
             sources.append(HostSource())
@@ -505,7 +508,7 @@ class Probe(ZeroCodeSteps):
         atexit.register(self.close)
 
     @classmethod
-    def _scratch(cls) -> "Probe":
+    def _scratch(cls) -> Probe:
         """A probe with hot-path state only: no thread, socket or file (``probe.cost.calibrate``)."""
         scratch = cls.__new__(cls)
         scratch._init_hot_path()

@@ -29,7 +29,8 @@ import math
 import sys
 import threading
 import time
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 THREAD_PREFIX = "perfmon-"
 MAX_THREADS = 64         # thread totals kept by name; a probe has about ten kinds of thread

@@ -9,8 +9,9 @@ from __future__ import annotations
 
 import collections
 import os
+from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
-from typing import Any, Callable, Iterable, Iterator
+from typing import Any, Literal
 
 from probe.attachments import Attachments
 
@@ -20,10 +21,10 @@ class _Null:
 
     samples = tokens = flops = None
 
-    def __enter__(self) -> "_Null":
+    def __enter__(self) -> _Null:
         return self
 
-    def __exit__(self, et: Any, ev: Any, tb: Any) -> bool:
+    def __exit__(self, et: Any, ev: Any, tb: Any) -> Literal[False]:
         return False
 
 

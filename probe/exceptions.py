@@ -4,6 +4,7 @@ user's line it came from and the step it happened at, so the report can tell the
 
 from __future__ import annotations
 
+from types import CodeType
 from typing import Any
 
 MESSAGE_CHARS = 300
@@ -27,7 +28,7 @@ def exception_event(et: Any, ev: Any, tb: Any, step: int) -> dict[str, Any]:
 def _site(tb: Any) -> dict[str, Any]:
     from probe.where import Places, source_line
 
-    entries = []
+    entries: list[tuple[CodeType, int]] = []
     while tb is not None and len(entries) < 1000:
         entries.append((tb.tb_frame.f_code, tb.tb_lineno))
         tb = tb.tb_next

@@ -17,7 +17,8 @@ from __future__ import annotations
 
 import functools
 import time
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 from probe import forks
 from probe.loader_policy import CpuTimingPolicy
@@ -109,7 +110,7 @@ def _install() -> None:
 
     _is_compiling = compiling_check()
     cls = dataloader._BaseDataLoaderIter
-    cls.__next__ = _wrap_next(cls.__next__)
+    cls.__next__ = _wrap_next(cls.__next__)  # type: ignore[method-assign]  # the hook is the patch
     run_eagerly(cls.__next__, recursive=False)   # never a compiled frame; what it calls is the user's
     _installed = True
     forks.after_in_child(_forget)
@@ -126,7 +127,7 @@ def uninstall() -> None:
     cls = dataloader._BaseDataLoaderIter
     wrapped = getattr(cls.__next__, "__wrapped__", None)
     if wrapped is not None and cls.__next__.__code__ is _wrap_next(None).__code__:
-        cls.__next__ = wrapped
+        cls.__next__ = wrapped  # type: ignore[method-assign]  # the patch undone
         _installed = False
 
 

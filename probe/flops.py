@@ -21,7 +21,8 @@ from __future__ import annotations
 
 import re
 import sys
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 T = 1e12
 # (pattern on the lower-cased device name, {dtype: dense FLOP/s})
@@ -267,7 +268,7 @@ class FlopCount:
         if self._attribute is not None:
             self._attribute(flops)
 
-    def __enter__(self) -> "FlopCount":
+    def __enter__(self) -> FlopCount:
         self._mode.__enter__()
         return self
 

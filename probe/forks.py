@@ -12,7 +12,7 @@ from __future__ import annotations
 import functools
 import operator
 import os
-from typing import Callable
+from collections.abc import Callable
 
 _holders: list[list[Callable[[], None]]] = []
 

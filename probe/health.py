@@ -13,7 +13,8 @@ from __future__ import annotations
 import sys
 import threading
 import time
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 INTERVAL = 10.0     # seconds between two warning events for the same ``where``
 

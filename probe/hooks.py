@@ -17,11 +17,12 @@ from __future__ import annotations
 
 import sys
 from collections import OrderedDict
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 from probe.tracing import run_eagerly
 
-INERT: Callable[..., None] = (0).__init__   # int's object.__init__: any args, no effect, None; picklable
+INERT: Callable[..., None] = (0).__init__  # type: ignore[misc]  # int's object.__init__: any args, no effect; picklable
 
 
 class Hook:

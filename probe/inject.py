@@ -221,7 +221,8 @@ def _detach_to(result: str) -> None:
 def _optimizers(torch: Any) -> list[Any]:
     """The optimizers this process already built (the hooks cannot see them being built)."""
     cls = torch.optim.Optimizer
-    return [obj for obj in gc.get_objects() if issubclass(type(obj), cls)]   # no __class__ lookups: some objects warn on them
+    # no __class__ lookups: some objects warn on them
+    return [obj for obj in gc.get_objects() if issubclass(type(obj), cls)]
 
 
 def _join_threads() -> list[str]:

@@ -25,7 +25,8 @@ from __future__ import annotations
 import sys
 import threading
 import time
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 from probe.comm.guards import as_wrapper
 

@@ -16,7 +16,7 @@ from probe.disabled import _Disabled
 __all__ = ["current", "start"]
 
 _lock = threading.Lock()
-_current: "Probe | None" = None
+_current: Probe | None = None
 
 
 def _env_int(*names: str, default: int = 0) -> int:
@@ -38,7 +38,7 @@ def _in_dataloader_worker() -> bool:
 
 
 _fork_registered = False
-_probes: "weakref.WeakSet[Probe]" = weakref.WeakSet()
+_probes: weakref.WeakSet[Probe] = weakref.WeakSet()
 
 
 def _track(probe: Probe) -> None:

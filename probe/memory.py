@@ -25,7 +25,8 @@ import resource
 import sys
 import time
 import weakref
-from typing import Any, Callable, Iterable
+from collections.abc import Callable, Iterable
+from typing import Any
 
 REWALK_SECONDS = 60.0
 MEMORY_PERIOD = 2.0          # seconds between memory reads on the sampler thread
@@ -51,6 +52,7 @@ def storage_bytes(t: Any, seen: set, device_type: str | None = None) -> int:
         return 0
     if t.device.type == "meta":
         return 0
+    key: tuple[Any, ...]
     try:
         storage = t.untyped_storage()
         key = (t.device.type, t.device.index, storage.data_ptr())

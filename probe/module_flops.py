@@ -9,7 +9,8 @@ makes, without its process-global hooks (they would fire on the training thread 
 from __future__ import annotations
 
 import sys
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 from probe import flops
 

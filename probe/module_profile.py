@@ -29,12 +29,13 @@ from __future__ import annotations
 import sys
 import threading
 import time
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 from probe import flops
+from probe.hooks import Hook, remove_all
 from probe.module_flops import count_by_module, grad_tensors, on_first_grad
 from probe.step_window import StepWindow
-from probe.hooks import Hook, remove_all
 from probe.tracing import compiling_check, contains_compiled, dynamo_has_compiled, run_eagerly
 
 MAX_STEPS = 50           # a profile is a look, not a mode: bounded in steps
@@ -76,7 +77,7 @@ class _EventClock:
         self.cuda.record_on(event)
         return event
 
-    def give_back(self, entries: list["_Module"]) -> None:
+    def give_back(self, entries: list[_Module]) -> None:
         """After the profile's result is built: its events return to the pool, each once (a
         backward's end event closes the spans of every module still open then)."""
         events = {id(e): e for entry in entries for span in entry.fwd + entry.bwd for e in span}
@@ -201,7 +202,7 @@ class ModuleProfiler(StepWindow):
             self._begin_live_count()
 
     def started(self) -> None:
-        torch = self.torch = sys.modules["torch"]
+        self.torch = sys.modules["torch"]
         watcher = self.probe.attached.watcher
         if watcher is not None and watcher.device_type == "cuda":
             from probe.gpu import cuda as gpu_cuda

@@ -4,7 +4,8 @@ parameters the optimizer updates (``Discriminator``), else the optimizer's class
 
 from __future__ import annotations
 
-from typing import Any, Iterable
+from collections.abc import Iterable
+from typing import Any
 
 
 def part_name(optimizer: Any, roots: Iterable[Any], taken: Iterable[str]) -> str:

@@ -5,7 +5,8 @@ from __future__ import annotations
 import platform
 import sys
 import time
-from typing import Any, Callable, NamedTuple
+from collections.abc import Callable
+from typing import Any, NamedTuple
 
 from probe import wire
 
@@ -65,7 +66,7 @@ class DeviceScalar:
         self.event = event
         self.scale = scale
 
-    def scaled(self, factor: float) -> "DeviceScalar":
+    def scaled(self, factor: float) -> DeviceScalar:
         return DeviceScalar(self.host, self.event, self.scale * factor)
 
 

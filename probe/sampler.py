@@ -13,7 +13,8 @@ from __future__ import annotations
 
 import threading
 import time
-from typing import Any, Callable, Protocol
+from collections.abc import Callable
+from typing import Any, Protocol
 
 MAX_FAILURES = 5
 

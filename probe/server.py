@@ -27,7 +27,8 @@ import struct
 import sys
 import threading
 import time
-from typing import Any, Callable, Deque, Iterable
+from collections.abc import Callable, Iterable
+from typing import Any
 
 from probe import requests, wire
 from probe.recording import RecordingWriter
@@ -53,8 +54,8 @@ class Viewer:
 
     def __init__(self, sock: socket.socket, *, tcp: bool) -> None:
         self.sock = sock
-        self.out: Deque[bytes] = collections.deque()          # batches of whole frames
-        self.out_frames: Deque[tuple[int, int]] = collections.deque()   # (frames, drops it announces), parallel
+        self.out: collections.deque[bytes] = collections.deque()          # batches of whole frames
+        self.out_frames: collections.deque[tuple[int, int]] = collections.deque()   # (frames, drops announced)
         self.out_bytes = 0
         self.head_sent = 0            # bytes of out[0] already sent
         self.dropped = 0              # frames dropped since the last drops record
@@ -65,7 +66,7 @@ class Viewer:
         self.authed = not tcp
         self.accepted = time.monotonic()
         self.minor = 0                # protocol minor from the viewer's hello: which kinds it reads
-        self.requests: Deque[float] = collections.deque(maxlen=requests.RATE)   # when its last ones came
+        self.requests: collections.deque[float] = collections.deque(maxlen=requests.RATE)   # when its last ones came
 
     def enqueue(self, batch: bytes, frames: int = 1, announces: int = 0) -> None:
         """Queue a batch of ``frames`` whole frames, dropping the oldest batches (never the one in
@@ -97,7 +98,7 @@ class Viewer:
 class Sender(threading.Thread):
     """Background thread owning every socket and file of the probe."""
 
-    def __init__(self, *, queue: Deque[Any], build: Callable[[Any], dict | None], hello: dict,
+    def __init__(self, *, queue: collections.deque[Any], build: Callable[[Any], dict | None], hello: dict,
                  listener: socket.socket | None, tcp_listener: socket.socket | None = None,
                  tcp_token: str | None = None, recorder: RecordingWriter | None = None,
                  on_error: Callable[[str, BaseException], None] | None = None,
@@ -115,9 +116,9 @@ class Sender(threading.Thread):
         self.on_request = on_request
         self.taps: list[Callable[[dict], None]] = []     # in-process readers of every record (add_tap)
         self.viewers: dict[int, Viewer] = {}
-        self.backfill_steps: Deque[tuple[bytes, int]] = collections.deque()   # (chunk, steps): >= BACKFILL_STEPS
+        self.backfill_steps: collections.deque[tuple[bytes, int]] = collections.deque()  # (chunk, steps)
         self.backfill_count = 0
-        self.backfill_events: Deque[bytes] = collections.deque(maxlen=BACKFILL_EVENTS)
+        self.backfill_events: collections.deque[bytes] = collections.deque(maxlen=BACKFILL_EVENTS)
         self.latest: dict[str, bytes] = {}
         self.stalled: tuple[bytes, int] | None = None   # the newest stall frame while stuck, and its minor
         self.results: dict[str, tuple[bytes, int]] = {}   # latest profile/capture/layout: to each viewer at hello

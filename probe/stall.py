@@ -34,7 +34,8 @@ import statistics
 import sys
 import threading
 import time
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 from probe.flight import fill_from_flight, flight_recorder
 
@@ -216,7 +217,7 @@ class StallWatch(threading.Thread):
 
     def _worker(self, worker: Any, now: float) -> dict[str, Any]:
         import psutil
-        pid = getattr(worker, "pid", None)
+        pid: Any = getattr(worker, "pid", None)     # a torch loader worker (untyped)
         entry: dict[str, Any] = {"pid": pid, "alive": False, "cpu": None}
         try:
             proc = psutil.Process(pid)

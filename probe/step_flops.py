@@ -39,7 +39,7 @@ class StepFlops:
         self.source: str | None = None            # of the latest step: "user" | "counted" | "6N"
         torch = sys.modules.get("torch")
         self.grad_enabled = torch.is_grad_enabled if torch is not None else (lambda: True)
-        self.tensor_type = torch.Tensor if torch is not None else type(None)
+        self.tensor_type: type[Any] = torch.Tensor if torch is not None else type(None)
         self.reset()
 
     def reset(self) -> None:
@@ -121,7 +121,8 @@ class StepFlops:
         """
         request, self.count_request = self.count_request, None
         self.counting = request[1]   # type: ignore[index]
-        thread = threading.Thread(target=self._count, args=request, name="perfmon-flops", daemon=True)
+        thread = threading.Thread(target=self._count, args=request,  # type: ignore[arg-type]  # one is pending
+                                  name="perfmon-flops", daemon=True)
         if self.count_thread is None:
             atexit.register(self.join)
         self.count_thread = thread

@@ -13,7 +13,8 @@ from __future__ import annotations
 import atexit
 import threading
 import time
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 ARMED_SECONDS = 60.0     # an armed window no step has started yet is replaced by a new request
 EXIT_WAIT_SECONDS = 10.0  # at interpreter exit, a window's threads are waited for this long at most

@@ -46,7 +46,8 @@ loading, for single-process loaders; None when unknown). The rules
 from __future__ import annotations
 
 import collections
-from typing import Callable, NamedTuple
+from collections.abc import Callable
+from typing import NamedTuple
 
 from probe.fetches import Waits, before_step
 

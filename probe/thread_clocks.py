@@ -13,7 +13,7 @@ from __future__ import annotations
 import os
 import threading
 import time
-from typing import Callable
+from collections.abc import Callable
 
 BUSY_SHARE = 0.5        # CPU time over wall time at or above which a thread is "busy"
 MAX_THREADS = 8         # other Python threads whose CPU clocks are read (GIL holders)

@@ -18,7 +18,8 @@ from __future__ import annotations
 import importlib.abc
 import importlib.util
 import sys
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 
 def _never() -> bool:

@@ -28,14 +28,16 @@ import os
 import sys
 import time
 import weakref
-from typing import Any, Iterator
+from collections.abc import Iterator
+from types import FrameType
+from typing import Any
 
 from probe import comm, flops, layout
-from probe.hooks import Hook, remove_all
 from probe.gpu import cuda as gpu_cuda
 from probe.gpu.job import STEP_DEVICE_EVERY, job_placement, output_placement
-from probe.step_flops import StepFlops
+from probe.hooks import Hook, remove_all
 from probe.memory import MemorySource, SavedTensorMeter, StateWalker
+from probe.step_flops import StepFlops
 from probe.tracing import HiddenPhases, compiling_check, dynamo_has_compiled, run_eagerly
 
 _perf_counter = time.perf_counter
@@ -44,7 +46,7 @@ _is_compiling = compiling_check()   # every hook's first statement (probe.tracin
 _OPTIONS = {"flops_per_step", "peak_flops", "phases", "comm", "memory", "syncs", "gpu_events", "count_flops"}
 
 
-def watch(probe: Any, model: Any = None, optimizer: Any = None, **options: Any) -> "Watcher":
+def watch(probe: Any, model: Any = None, optimizer: Any = None, **options: Any) -> Watcher:
     watcher = probe.attached.watcher
     if watcher is None:
         watcher = Watcher(probe)
@@ -91,7 +93,7 @@ def _as_list(value: Any) -> list[Any]:
 def _inside_optimizer_step() -> bool:
     """True when called (through any hooks) from inside ``Optimizer.step``."""
     target = os.path.join("torch", "optim", "optimizer.py")
-    frame = sys._getframe(1)
+    frame: FrameType | None = sys._getframe(1)
     for _ in range(64):
         if frame is None:
             return False
@@ -106,7 +108,7 @@ class ComputeSource:
 
     name = "compute"
 
-    def __init__(self, watcher: "Watcher") -> None:
+    def __init__(self, watcher: Watcher) -> None:
         self.watcher = watcher
 
     def read(self) -> dict[str, Any]:

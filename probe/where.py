@@ -9,9 +9,9 @@ takes one sample of the training thread, saying which span it fell in: ``step`` 
 the probe's step, or in zero-code mode the time after the batch fetch that opens the next one) or
 ``between`` (after a step's end, before the next begins, outside the batch fetch: the loop's own
 work between steps and its pauses), and for the latter whether it was before the step's lines in
-the loop (preparing the next step's input) or after them (``LoopLines``). A sample in the batch fetch between steps is not taken: the
-data wait is timed by the loader hooks. Between-step samples are held until the next step begins,
-so the time after the last step (the script's own end) is never counted as the loop's:
+the loop (preparing the next step's input) or after them (``LoopLines``). A sample in the batch fetch
+between steps is not taken: the data wait is timed by the loader hooks. Between-step samples are held
+until the next step begins, so the time after the last step (the script's own end) is never counted as the loop's:
 
 * the user's line: the innermost frame whose file is not in the standard library,
   site-packages/dist-packages or perfmon's own packages (else the innermost frame), and the
@@ -53,7 +53,9 @@ import sys
 import sysconfig
 import threading
 import time
-from typing import Any, Callable
+from collections.abc import Callable
+from types import CodeType
+from typing import Any
 
 from probe import fetches
 from probe.thread_clocks import WAITING, OtherThreads, ThreadClock
@@ -164,7 +166,7 @@ class Tally:
             if name in known or len(known) < MAX_LIBS:
                 known[name] = known.get(name, 0) + k
 
-    def merge(self, other: "Tally") -> None:
+    def merge(self, other: Tally) -> None:
         """Add ``other``'s counts (a gap's samples, once the next step began)."""
         for (filename, lineno, function, state), (n, libs, before, after) in other.lines.items():
             self.count((filename, lineno, function, None), state, n, libs, before, after)
@@ -303,7 +305,7 @@ _NESTED = frozenset({"<genexpr>", "<listcomp>", "<dictcomp>", "<setcomp>"})
 def stack_of(frame: Any) -> list[tuple[Any, int]]:
     """(code object, line) of each frame of a stack, the innermost first (at most ``MAX_DEPTH``): read
     once, at the look, so nothing walks another thread's frames after it may have moved on."""
-    out = []
+    out: list[tuple[CodeType, int]] = []
     while frame is not None and len(out) < MAX_DEPTH:
         out.append((frame.f_code, frame.f_lineno or 0))
         frame = frame.f_back

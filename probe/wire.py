@@ -200,9 +200,9 @@ from __future__ import annotations
 #         was on CPU and held the GIL, probe.where)
 # summary loop, gaps (the rank's running totals of time between steps, and of it the loop's own work: ETTR
 #         and the pauses' share)
-
 import struct
-from typing import Any, Iterator
+from collections.abc import Iterator
+from typing import Any
 
 import msgpack
 
@@ -413,7 +413,8 @@ class FrameDecoder:
                 return
             (length,) = HEADER.unpack_from(self._buf)
             if length > self._max:
-                raise ProtocolError(f"frame at offset {self.offset} claims {length} bytes, over the {self._max}-byte limit")
+                raise ProtocolError(f"frame at offset {self.offset} claims {length} bytes, "
+                                    f"over the {self._max}-byte limit")
             if len(self._buf) < HEADER.size + length:
                 return
             body = bytes(self._buf[HEADER.size:HEADER.size + length])

@@ -8,7 +8,8 @@ from __future__ import annotations
 import collections
 import threading
 import time
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 from probe import records
 from probe.host import other_threads_cpu

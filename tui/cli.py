@@ -13,7 +13,6 @@ import sys
 
 from tui.errors import UserError
 
-
 COMMANDS = {
     "demo": "tui.commands.demo.cli",
     "attach": "tui.commands.attach",
@@ -68,7 +67,8 @@ def _hosts_options(p: argparse.ArgumentParser, token: bool = True, relays: bool 
                        help="instead of a transport: connect to 'perfmon relay --tcp PORT JOB' on each host "
                             "(token: --token or $PERFMON_TOKEN)")
     if token:
-        where.add_argument("--token", default=None, help="the relays' token with --relay-port (default: $PERFMON_TOKEN)")
+        where.add_argument("--token", default=None,
+                           help="the relays' token with --relay-port (default: $PERFMON_TOKEN)")
     where.add_argument("--group-size", type=int, default=None, metavar="N",
                        help="a relay tree: one group relay per N hosts (default: 32 hosts a group from 64 hosts "
                             "on; 0: one relay per host whatever the count; docs/tree.md)")
@@ -108,7 +108,8 @@ def build_parser() -> argparse.ArgumentParser:
     record = sub.add_parser("record", help="record a live job without a TUI")
     record.add_argument("target", nargs="?", help="job name, pid or socket path (default: the only job)")
     record.add_argument("-o", "--output", required=True, metavar="DIR", help="directory for the recording files")
-    record.add_argument("--seconds", type=float, default=None, help="stop after this long (default: until the job ends)")
+    record.add_argument("--seconds", type=float, default=None,
+                        help="stop after this long (default: until the job ends)")
     _hosts_options(record)
 
     report = sub.add_parser("report", help="summary with the verdict, from a recording or a live job")

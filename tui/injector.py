@@ -31,7 +31,6 @@ from probe import inject as target_side
 from tui.errors import UserError
 from tui.processes import environ_of, python_command
 
-
 ANSWER_SECONDS = 15.0          # the target's injected thread loads the probe and answers
 
 

@@ -14,29 +14,54 @@ the value checks they share.
 
 from __future__ import annotations
 
-from perfmon_analysis.readings.base import (num, record_time, dropped)
-from perfmon_analysis.readings.steps import (StepBar, StepReading, step_reading, EventReading, event_reading,
-                                             step_cpu)
-from perfmon_analysis.readings.samples import (GpuReading, GpuRow, HostReading, RankTrace, gpu_reading, gpu_readings,
-                                               host_reading, DeviceReading, device_reading, HelloReading,
-                                               hello_reading, ComputeReading, CostReading, cost_reading,
-                                               SampleReading, sample_reading, MemoryReading, memory_reading, CommOp,
-                                               CommReading, comm_reading, own_gpus, gpu_rows)
-from perfmon_analysis.readings.where import (HolderCount, WhereCount, WhereInterval, SPANS, WHERE_STATES,
-                                             where_interval)
-from perfmon_analysis.readings.stall import (InFlight, FlightEntry, LoaderWorker, StallReading, stall_reading)
-from perfmon_analysis.readings.events import (ExceptionReading, exception_reading, eval_forwards, JobExit,
-                                              exit_reading)
-from perfmon_analysis.readings.profiles import (OpTime, CaptureRecord, capture_record, window_cpu, ModuleTimes,
-                                                ProfileRecord, profile_record)
-from perfmon_analysis.readings.layout import Op, StepOps, step_ops, LayoutReading, layout_reading
+from perfmon_analysis.readings.base import dropped, num, record_time
+from perfmon_analysis.readings.events import ExceptionReading, JobExit, eval_forwards, exception_reading, exit_reading
+from perfmon_analysis.readings.layout import LayoutReading, Op, StepOps, layout_reading, step_ops
+from perfmon_analysis.readings.profiles import (
+    CaptureRecord,
+    ModuleTimes,
+    OpTime,
+    ProfileRecord,
+    capture_record,
+    profile_record,
+    window_cpu,
+)
+from perfmon_analysis.readings.samples import (
+    CommOp,
+    CommReading,
+    ComputeReading,
+    CostReading,
+    DeviceReading,
+    GpuReading,
+    GpuRow,
+    HelloReading,
+    HostReading,
+    MemoryReading,
+    RankTrace,
+    SampleReading,
+    comm_reading,
+    cost_reading,
+    device_reading,
+    gpu_reading,
+    gpu_readings,
+    gpu_rows,
+    hello_reading,
+    host_reading,
+    memory_reading,
+    own_gpus,
+    sample_reading,
+)
+from perfmon_analysis.readings.stall import FlightEntry, InFlight, LoaderWorker, StallReading, stall_reading
+from perfmon_analysis.readings.steps import EventReading, StepBar, StepReading, event_reading, step_cpu, step_reading
+from perfmon_analysis.readings.where import SPANS, WHERE_STATES, HolderCount, WhereCount, WhereInterval, where_interval
 
 __all__ = ['num', 'record_time', 'dropped', 'StepBar', 'StepReading', 'step_reading', 'EventReading', 'event_reading',
            'step_cpu', 'GpuReading', 'GpuRow', 'HostReading', 'RankTrace', 'gpu_reading', 'gpu_readings',
            'host_reading', 'DeviceReading', 'device_reading', 'HelloReading', 'hello_reading', 'ComputeReading',
            'CostReading', 'cost_reading', 'SampleReading', 'sample_reading', 'MemoryReading', 'memory_reading',
            'CommOp', 'CommReading', 'comm_reading', 'own_gpus', 'gpu_rows', 'HolderCount', 'WhereCount',
-           'WhereInterval', 'SPANS', 'WHERE_STATES', 'where_interval', 'InFlight', 'FlightEntry', 'LoaderWorker', 'StallReading',
+           'WhereInterval', 'SPANS', 'WHERE_STATES', 'where_interval', 'InFlight', 'FlightEntry', 'LoaderWorker',
+           'StallReading',
            'stall_reading', 'OpTime', 'CaptureRecord', 'capture_record', 'window_cpu', 'ModuleTimes', 'ProfileRecord',
            'profile_record', 'ExceptionReading', 'exception_reading', 'eval_forwards', 'JobExit', 'exit_reading',
            'Op', 'StepOps', 'step_ops', 'LayoutReading', 'layout_reading']

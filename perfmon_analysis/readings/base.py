@@ -1,9 +1,9 @@
-"""Wire values as typed numbers and strings: the checks every reader shares (a bool is not a number, a share over 1 is a percent)."""
+"""Wire values as typed numbers and strings: the checks every reader shares (a bool is not a number,
+a share over 1 is a percent)."""
 
 from __future__ import annotations
 
 from typing import Any
-
 
 
 def num(value: Any) -> float | None:
@@ -37,6 +37,16 @@ def dropped(rec: dict[str, Any]) -> int:
     """Records a ``drops`` record says the probe dropped (0 when it says nothing usable)."""
     count = _whole(rec.get("count"))
     return count if count is not None and count > 0 else 0
+
+
+def wire_dict(value: Any) -> dict[str, Any]:
+    """A wire map; anything else reads as an empty one."""
+    return value if isinstance(value, dict) else {}
+
+
+def wire_list(value: Any) -> list[Any]:
+    """A wire list; anything else reads as an empty one."""
+    return value if isinstance(value, list) else []
 
 
 def _dicts(value: Any) -> list[dict[str, Any]]:

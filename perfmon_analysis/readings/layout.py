@@ -6,7 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from perfmon_analysis.readings.base import _text, _whole, num
+from perfmon_analysis.readings.base import _text, _whole, num, wire_dict
 
 P2P_KINDS = frozenset({"send", "recv"})
 COMPUTE_KINDS = frozenset({"fwd", "bwd", "opt", "compute"})     # work on the rank itself, no peer involved
@@ -88,20 +88,20 @@ def step_ops(rec: dict[str, Any]) -> StepOps | None:
     """The step record's ``ops`` (None when it has none). An entry is [kind, start, dur, mb, peer(, waited)]:
     ``mb`` -1 for none; ``peer`` a global rank (point-to-point), a group name (collectives), or -1;
     ``waited`` (sends) when the host began to wait for it."""
-    raw, step = rec.get("ops"), rec.get("step")
-    if not isinstance(raw, list) or _whole(step) is None:
+    raw, step = rec.get("ops"), _whole(rec.get("step"))
+    if not isinstance(raw, list) or step is None:
         return None
     ops = []
     for item in raw:
         op = _op(item)
         if op is not None:
             ops.append(op)
-    clock = rec.get("ops_clock") if rec.get("ops_clock") in CLOCKS else "host"
+    clock = str(rec["ops_clock"]) if rec.get("ops_clock") in CLOCKS else "host"
     dur = num(rec.get("dur")) or 0.0
-    phases = rec.get("phases") if isinstance(rec.get("phases"), dict) else {}
+    phases = wire_dict(rec.get("phases"))
     lead = (num(rec.get("gap")) or 0.0) + (num(phases.get("data")) or 0.0)     # before the body: gap, data wait
     dropped = _whole(rec.get("ops_dropped")) or 0
-    comm = rec.get("comm") if isinstance(rec.get("comm"), dict) else {}
+    comm = wire_dict(rec.get("comm"))
     return StepOps(step=step, ops=tuple(sorted(ops, key=_issue_order)), clock=clock,
                    body=(min(lead, dur), dur), dropped=max(0, dropped), p2p_wait=num(comm.get("p2p_exposed")))
 

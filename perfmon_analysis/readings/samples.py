@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass, field
-from typing import Any, Iterable
+from typing import Any
 
-from perfmon_analysis.readings.base import _dicts, _frac, _int, _nonneg, _text, _whole, num
+from perfmon_analysis.readings.base import _dicts, _frac, _int, _nonneg, _text, _whole, num, wire_dict, wire_list
 from perfmon_analysis.readings.steps import StepBar
 
 
@@ -69,7 +70,7 @@ class RankTrace:
 
 
 def gpu_reading(g: dict[str, Any]) -> GpuReading:
-    throttle = g.get("throttle") if isinstance(g.get("throttle"), list) else []
+    throttle = wire_list(g.get("throttle"))
     why = g.get("why")
     return GpuReading(
         index=_int(g.get("index")), util=_frac(g.get("util")), name=_text(g.get("name")), uuid=_text(g.get("uuid")),
@@ -87,7 +88,7 @@ def gpu_readings(sample: dict[str, Any]) -> tuple[GpuReading, ...]:
 
 
 def host_reading(sample: dict[str, Any]) -> HostReading:
-    host = sample.get("host") if isinstance(sample.get("host"), dict) else {}
+    host = wire_dict(sample.get("host"))
     return HostReading(cpu=num(host.get("cpu")), cpu_count=_int(host.get("cpu_count")) or None,
                        sys_cpu=num(host.get("sys_cpu")), rss=_int(host.get("rss")),
                        loader_cpu=num(host.get("loader_cpu")),
@@ -114,7 +115,7 @@ class DeviceReading:
 def device_reading(d: Any) -> DeviceReading | None:
     if not isinstance(d, dict):
         return None
-    peaks = d.get("peak_flops") if isinstance(d.get("peak_flops"), dict) else {}
+    peaks = wire_dict(d.get("peak_flops"))
     known = tuple((str(dtype), peak) for dtype, peak in ((k, num(v)) for k, v in peaks.items()) if peak)
     return DeviceReading(type=_text(d.get("type")), name=_text(d.get("name")), status=_text(d.get("status")),
                          memory_total=_int(d.get("memory_total")), dtype=_text(d.get("dtype")), peak_flops=known,
@@ -143,7 +144,7 @@ class HelloReading:
 
 
 def hello_reading(rec: dict[str, Any]) -> HelloReading:
-    gpus = rec.get("gpus") if isinstance(rec.get("gpus"), dict) else {}
+    gpus = wire_dict(rec.get("gpus"))
     status = gpus.get("status")
     return HelloReading(job=_text(rec.get("job")), rank=_whole(rec.get("rank")) or 0,
                         world_size=_whole(rec.get("world_size")), local_rank=_whole(rec.get("local_rank")) or 0,

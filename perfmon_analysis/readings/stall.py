@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from perfmon_analysis.readings.base import _dicts, _whole, num
+from perfmon_analysis.readings.base import _dicts, _whole, num, wire_dict
 
 
 # -- stalls (``probe.stall``) ------------------------------------------------------------------
@@ -79,9 +79,9 @@ def stall_reading(rec: dict[str, Any]) -> StallReading | None:
                      for c in _dicts(rec.get("inflight")))
     seq = {str(k): v for k, v in (rec.get("seq") or {}).items() if isinstance(v, int) and not isinstance(v, bool)} \
         if isinstance(rec.get("seq"), dict) else {}
-    loader = rec.get("loader") if isinstance(rec.get("loader"), dict) else {}
-    device = rec.get("device") if isinstance(rec.get("device"), dict) else {}
-    flight = rec.get("flight") if isinstance(rec.get("flight"), dict) else {}
+    loader = wire_dict(rec.get("loader"))
+    device = wire_dict(rec.get("device"))
+    flight = wire_dict(rec.get("flight"))
     return StallReading(
         t=t, seconds=seconds, threshold=num(rec.get("threshold")), step=_whole(rec.get("step")),
         where=str(rec.get("where") or "step"),

@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Any
 
-from perfmon_analysis.readings.base import _int, num
+from perfmon_analysis.readings.base import _int, num, wire_dict
 
 
 @dataclass(frozen=True)
@@ -80,7 +81,7 @@ class StepReading:
 
 
 def step_reading(rec: dict[str, Any], pending_gap: float = 0.0,
-                 pauses: "Callable[[float, float, float], float] | None" = None) -> StepReading | None:
+                 pauses: Callable[[float, float, float], float] | None = None) -> StepReading | None:
     """The step ``rec`` says, or None without its step number or duration. ``pending_gap``: the
     blocking-event seconds since the previous step, its gap when the record has none and a pause in it
     either way; ``pauses(gap, dur, marked)``: the pause in the gap (``perfmon_analysis.pauses``), else
@@ -96,9 +97,9 @@ def step_reading(rec: dict[str, Any], pending_gap: float = 0.0,
     inferred = gap is None and min(pending_gap, dur) > 0
     if gap is None:
         gap = min(pending_gap, dur)
-    phases = rec.get("phases") if isinstance(rec.get("phases"), dict) else {}
-    comm = rec.get("comm") if isinstance(rec.get("comm"), dict) else None
-    mem = rec.get("mem") if isinstance(rec.get("mem"), dict) else {}
+    phases = wire_dict(rec.get("phases"))
+    comm = c if isinstance(c := rec.get("comm"), dict) else None
+    mem = wire_dict(rec.get("mem"))
     site = rec.get("sync_site")
     cpu, cpu_active = step_cpu(rec)
     gap = max(0.0, min(gap, dur))
@@ -149,7 +150,8 @@ def event_reading(rec: dict[str, Any]) -> EventReading:
 
 def step_cpu(rec: dict[str, Any]) -> tuple[float | None, bool]:
     """(CPU seconds of work in the step's body: the training thread's, or its intra-op threads' per
-    thread where more, and whether the probe's span was the whole active step). ``cpu`` covers the step body in API mode (``cpu_span`` "body": the loader
+    thread where more, and whether the probe's span was the whole active step). ``cpu`` covers the step
+    body in API mode (``cpu_span`` "body": the loader
     wait is before it) and the active step in zero-code mode ("active": the loader wait is inside,
     so its ``data_cpu`` is taken out). None: not measured."""
     cpu = num(rec.get("cpu"))

@@ -26,12 +26,12 @@ def _say(message):
 
 def _chain_shadowed():
     """Import the next ``sitecustomize`` on sys.path (the one ours hides), as Python would have."""
-    ours = sys.modules.get(__name__)
+    ours = sys.modules[__name__]     # this module, running
     saved = list(sys.path)
     try:
         sys.path[:] = [p for p in sys.path if os.path.realpath(p or os.curdir) != _HERE]
         del sys.modules[__name__]
-        import sitecustomize  # noqa: F401  (the shadowed one, found further down the path)
+        import sitecustomize  # type: ignore[import-not-found]  # noqa: F401  (the shadowed one, further down the path)
     except ImportError as exc:
         if exc.name != "sitecustomize":
             _say(f"the job's own sitecustomize failed: {exc!r}")

@@ -26,11 +26,10 @@ Bus bandwidth = bytes / seconds × ``probe.wire.busbw_factor`` (nccl-tests), wit
 Every callback here is wrapped: a failure is counted, never raised into DDP or NCCL.
 """
 
-from probe.comm.collectives import (CommSource, CommState, current, describe, enable_nccl_timing, install,
-                                    uninstall)
+from probe.comm.collectives import CommSource, CommState, current, describe, enable_nccl_timing, install, uninstall
 from probe.comm.ddp import attach_ddp
 from probe.comm.pollers import MAX_ASYNC, EventPairPoller, WorkPoller
-from probe.comm.tracker import COMM_PERIOD, CommTracker, CollectiveCall
+from probe.comm.tracker import COMM_PERIOD, CollectiveCall, CommTracker
 
 __all__ = ["COMM_PERIOD", "MAX_ASYNC", "CollectiveCall", "CommSource", "CommState", "CommTracker",
            "EventPairPoller", "WorkPoller", "attach_ddp", "current", "describe", "enable_nccl_timing", "install",

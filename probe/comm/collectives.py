@@ -5,15 +5,22 @@ from __future__ import annotations
 
 import threading
 import time
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 from probe.comm.functional import FUNCOL_SPECS, FuncolTiming
+from probe.comm.guards import (
+    as_wrapper,
+    first_tensor as _first_tensor,
+    in_hook as _in_hook,
+    is_compiling as _is_compiling,
+    list_bytes as _list_bytes,
+    nbytes as _nbytes,
+    tls as _tls,
+)
 from probe.comm.p2p import PendingWorks, peer_of, wrap_batch
-from probe.comm.guards import first_tensor as _first_tensor, in_hook as _in_hook, is_compiling as _is_compiling
-from probe.comm.guards import as_wrapper, list_bytes as _list_bytes, nbytes as _nbytes, tls as _tls
 from probe.comm.pollers import MAX_ASYNC, EventPairPoller, WorkPoller, gpu_poller
-from probe.comm.tracker import COMM_PERIOD, CommTracker, CollectiveCall, Ledger
-
+from probe.comm.tracker import COMM_PERIOD, CollectiveCall, CommTracker, Ledger
 
 # name -> (op, position of async_op or None, position of group, bytes(args, n), index of a tensor arg)
 _SPECS: dict[str, tuple[str, int | None, int, Callable[[tuple, int], int]]] = {
@@ -311,7 +318,7 @@ class CommSource:
 
     name = "comm"
 
-    def __init__(self, state: "CommState", emit: Callable[[dict[str, Any]], None]) -> None:
+    def __init__(self, state: CommState, emit: Callable[[dict[str, Any]], None]) -> None:
         self.state = state
         self.emit = emit
         self.last_emit = float("-inf")
@@ -464,7 +471,7 @@ def uninstall() -> None:
             if getattr(getattr(dist, name, None), "_perfmon", False):
                 setattr(dist, name, orig)
         if state.orig_wait is not None:
-            dist.Work.wait = state.orig_wait
+            dist.Work.wait = state.orig_wait  # type: ignore[method-assign]  # the patch undone
         if state.funcol_originals:
             from torch.distributed import _functional_collectives as funcol
             for name, orig in state.funcol_originals.items():

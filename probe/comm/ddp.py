@@ -5,12 +5,12 @@ from __future__ import annotations
 
 import sys
 import time
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 from probe.comm.guards import tls as _tls
-from probe.comm.tracker import CommTracker, CollectiveCall, Ledger
-
 from probe.comm.host import CommHost
+from probe.comm.tracker import CollectiveCall, CommTracker, Ledger
 
 
 class DdpTiming:
@@ -24,7 +24,7 @@ class DdpTiming:
         self.pass_id = 0
         self.ddp_ref = ddp
 
-    def hook(self, state, bucket):  # type: ignore[no-untyped-def]  # DDP rejects non-GradBucket annotations
+    def hook(self, state, bucket):  # unannotated: DDP rejects non-GradBucket annotations
         t0 = time.perf_counter()
         buf = bucket.buffer()
         pass_id = self.pass_id

@@ -6,12 +6,12 @@ from __future__ import annotations
 import collections
 import time
 import weakref
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 from probe.comm.guards import as_wrapper, is_compiling as _is_compiling, nbytes as _nbytes, tls as _tls
-from probe.comm.tracker import CollectiveCall
-
 from probe.comm.host import CommHost
+from probe.comm.tracker import CollectiveCall
 
 # The base functions every other functional collective calls through the module's globals, so
 # patching these by attribute sees each collective once. Positions: group argument; bytes(args, n).
@@ -44,13 +44,12 @@ class FuncolTiming:
         self.sizes: dict[str, int] = {}
 
     def group_size(self, group: Any, tag: str = "") -> int:
-        from torch.distributed import _functional_collectives as funcol
-        from torch.distributed import distributed_c10d as c10d
+        from torch.distributed import _functional_collectives as funcol, distributed_c10d as c10d
 
         name = str(funcol._resolve_group_name(group, tag))
         n = self.sizes.get(name)
         if n is None:
-            n = int(c10d._get_group_size_by_name(name))
+            n = int(c10d._get_group_size_by_name(name))  # type: ignore[arg-type]  # private: a GroupName is a str
             if len(self.sizes) < 256:
                 self.sizes[name] = n
         return n

@@ -8,7 +8,8 @@ from __future__ import annotations
 
 import sys
 import threading
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 from probe.tracing import compiling_check
 

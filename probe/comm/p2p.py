@@ -12,7 +12,8 @@ done, so a send's completion is known to within one operation of the host."""
 from __future__ import annotations
 
 import time
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 from probe.comm.guards import as_wrapper, first_tensor, in_hook, is_compiling, nbytes, tls
 from probe.comm.pollers import MAX_ASYNC

@@ -6,7 +6,7 @@ from __future__ import annotations
 import collections
 from typing import Any
 
-from probe.comm.tracker import CommTracker, CollectiveCall
+from probe.comm.tracker import CollectiveCall, CommTracker
 
 MAX_ASYNC = 4096       # async works remembered for Work.wait() timing
 

@@ -26,7 +26,7 @@ class GpuAttachment:
 
     nvml: Nvml
     devices: list[Device]
-    source: "GpuSource"
+    source: GpuSource
     host: dict[str, Any]         # the hello's ``gpus``: what this host has, whatever the job uses
     job: JobDevice               # the job's own device (``probe.gpu.job``)
 

@@ -39,7 +39,8 @@ import sys
 import threading
 import time
 import warnings
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 SYNC_MESSAGE = "called a synchronizing CUDA operation"   # TORCH_WARN text in c10/cuda/CUDAFunctions.h
 PROTOTYPE_MESSAGE = "Synchronization debug mode is a prototype feature"   # torch's warning on switching it on
@@ -340,7 +341,7 @@ class StepTimer:
     FIRST_LOOK = 0.5
     PRECISION = 0.25
 
-    def __init__(self, cuda: Any, index: int | None = None, poller: "Poller | None" = None) -> None:
+    def __init__(self, cuda: Any, index: int | None = None, poller: Poller | None = None) -> None:
         self.cuda = cuda
         self.index = index
         self.free: collections.deque = collections.deque()
@@ -476,7 +477,7 @@ class SyncCounter:
         every module's once-registry, so already-seen call sites are counted too)."""
         warnings.filterwarnings("ignore", message=self.message)
         action, _regex, category, module, lineno = warnings.filters[0]
-        warnings.filters[0] = (action, self, category, module, lineno)
+        warnings.filters[0] = (action, self, category, module, lineno)  # type: ignore[index]  # a list (typeshed: Sequence)
         self.installed = True
 
     def ensure_first(self) -> None:
@@ -484,7 +485,7 @@ class SyncCounter:
         filters = warnings.filters
         if filters and filters[0][1] is self:
             return
-        filters[:] = [("ignore", self, Warning, None, 0)] + [f for f in filters if f[1] is not self]
+        filters[:] = [("ignore", self, Warning, None, 0)] + [f for f in filters if f[1] is not self]  # type: ignore[index]  # a list (typeshed: Sequence)
         warnings._filters_mutated()   # type: ignore[attr-defined]  # drop once-registries, as filterwarnings does
 
     def take(self) -> tuple[int, str | None]:
@@ -512,14 +513,14 @@ def enable_sync_counting(cuda: Any, counter: SyncCounter) -> str | None:
     # torch warns once that the debug mode is a prototype: the user did not ask for it, and under
     # ``-W error`` that warning would raise and leave counting off; it is ignored for this one call
     quiet = ("ignore", re.compile(re.escape(PROTOTYPE_MESSAGE)), Warning, None, 0)
-    warnings.filters.insert(0, quiet)
+    warnings.filters.insert(0, quiet)  # type: ignore[attr-defined]  # a list (typeshed: Sequence)
     warnings._filters_mutated()   # type: ignore[attr-defined]
     try:
         cuda.set_sync_debug_mode(1)
     except Exception as exc:
         return f"host-device sync counting off: {exc!r}"[:200]
     finally:
-        warnings.filters[:] = [f for f in warnings.filters if f is not quiet]
+        warnings.filters[:] = [f for f in warnings.filters if f is not quiet]  # type: ignore[index]  # a list (typeshed: Sequence)
         warnings._filters_mutated()   # type: ignore[attr-defined]
     counter.install_filter()
     return None
@@ -533,7 +534,7 @@ def disable_sync_counting(cuda: Any, counter: SyncCounter) -> None:
     except Exception:
         pass
     try:
-        warnings.filters[:] = [f for f in warnings.filters if f[1] is not counter]
+        warnings.filters[:] = [f for f in warnings.filters if f[1] is not counter]  # type: ignore[index]  # a list (typeshed: Sequence)
         warnings._filters_mutated()   # type: ignore[attr-defined]
     except Exception:
         pass

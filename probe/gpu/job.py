@@ -23,7 +23,8 @@ at the next step begin (``Watcher.device_moved``).
 from __future__ import annotations
 
 import os
-from typing import TYPE_CHECKING, Any, Callable
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
 
 from probe import flops
 from probe.endpoints import cpu_name
@@ -40,7 +41,7 @@ def cpu_description() -> dict[str, Any]:
     return {"type": "cpu", "name": cpu_name(), "count": os.cpu_count() or 1}
 
 
-def host_gpus(nvml: "Nvml", devices: "list[Device]") -> dict[str, Any]:
+def host_gpus(nvml: Nvml, devices: list[Device]) -> dict[str, Any]:
     """The hello's ``gpus``: the GPUs this process can see, a fact about the host."""
     if nvml.status is not None or not devices:
         return {"count": 0, "status": nvml.status or "no NVIDIA GPU: none assigned to this process"}
@@ -121,7 +122,7 @@ class JobDevice:
 
     name = "device"
 
-    def __init__(self, probe: Any, nvml: "Nvml | None", refine: Callable[[Any, int, Any], "Device | None"]) -> None:
+    def __init__(self, probe: Any, nvml: Nvml | None, refine: Callable[[Any, int, Any], Device | None]) -> None:
         self.probe = probe
         self.nvml = nvml
         self.refine = refine       # ``probe.gpu.refine``: the NVML device behind a CUDA index, by UUID
@@ -178,7 +179,7 @@ class JobDevice:
                 "peak_flops": flops.peak_table(name or (matched.name if matched else None)),
                 "driver": self.nvml.driver if self.nvml is not None else None, "status": status}
 
-    def _nvml_match(self, index: int | None) -> "Device | None":
+    def _nvml_match(self, index: int | None) -> Device | None:
         """The NVML device sampled for this job's GPU (``probe.gpu.refine`` narrows it by UUID)."""
         if index is None:
             return None

@@ -125,7 +125,7 @@ class _Gpm:
         self.cur = nv.nvmlGpmSampleAlloc()
         self.prev_t: float | None = None
 
-    def read(self, nvml: "Nvml", dev: Device) -> dict[str, float | None]:
+    def read(self, nvml: Nvml, dev: Device) -> dict[str, float | None]:
         values: dict[str, float | None] = {name: None for _, name, _ in GPM_METRICS}
         now = time.monotonic()
         if self.prev_t is not None and now - self.prev_t < GPM_MIN_INTERVAL:
@@ -170,7 +170,7 @@ class Nvml:
         try:
             self.nv.nvmlInit()
         except Exception as exc:
-            code = getattr(exc, "value", None)
+            code: Any = getattr(exc, "value", None)     # pynvml is untyped
             self.status = _STATUS.get(code, f"no NVIDIA GPU: NVML init failed ({_error_text(exc)})")
             self.nv = None
             return
@@ -230,7 +230,7 @@ class Nvml:
         except Exception as exc:
             self.errors += 1
             dev.errors += 1
-            code = getattr(exc, "value", None)
+            code: Any = getattr(exc, "value", None)
             dev.failed[name] = _REASON.get(code) or f"NVML: {_error_text(exc)}"[:120]
             if code in _PERMANENT:
                 dev.unsupported.add(key)
@@ -253,7 +253,7 @@ class Nvml:
         sm_max = self.call("nvmlDeviceGetMaxClockInfo", dev, clock_sm)
         dev.sm_clock_max = int(sm_max) if sm_max is not None else None
         support = self.call("nvmlGpmQueryDeviceSupport", dev)
-        if support is not None and getattr(support, "isSupportedDevice", 0):
+        if support is not None and getattr(support, "isSupportedDevice", False):
             try:
                 dev.gpm = _Gpm(self.nv)
             except Exception as exc:
@@ -349,7 +349,8 @@ class Nvml:
 
     def _nvlink(self, dev: Device) -> tuple[float | None, float | None]:
         """NVLink bytes/s from the cumulative all-link KiB counters (rate between two reads)."""
-        values = self.call("nvmlDeviceGetFieldValues", dev, [(NVLINK_TX_FIELD, ALL_LINKS), (NVLINK_RX_FIELD, ALL_LINKS)])
+        values = self.call("nvmlDeviceGetFieldValues", dev,
+                           [(NVLINK_TX_FIELD, ALL_LINKS), (NVLINK_RX_FIELD, ALL_LINKS)])
         if values is None:
             return None, None
         try:

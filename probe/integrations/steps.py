@@ -125,7 +125,8 @@ class TrainerSteps:
 
 def batch_size(batch: Any) -> int | None:
     """The leading dimension of the first tensor in a batch (tensor, sequence or mapping)."""
-    for value in (batch.values() if isinstance(batch, dict) else batch if isinstance(batch, (list, tuple)) else [batch]):
+    for value in (batch.values() if isinstance(batch, dict)
+                  else batch if isinstance(batch, (list, tuple)) else [batch]):
         shape = getattr(value, "shape", None)
         if shape is not None and len(shape) > 0:
             return int(shape[0])

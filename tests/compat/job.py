@@ -17,7 +17,8 @@ import contextlib
 import json
 import os
 import sys
-from typing import Any, Callable, Iterator
+from collections.abc import Callable, Iterator
+from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -499,9 +500,10 @@ def nccl_ddp() -> None:
     _done()
 
 
-CELLS = {f.__name__: f for f in (cuda_graphs, nccl_ddp, compile_model, compile_step, compile_optimizer, activation_checkpointing,
-                                  autocast_bf16, ddp_no_sync_accum, compile_ddp, fsdp2_mixed_precision, fsdp2_comm_bound, dtensor_tp,
-                                  accelerate, hf_trainer, lightning_trainer)}
+CELLS = {f.__name__: f for f in (cuda_graphs, nccl_ddp, compile_model, compile_step, compile_optimizer,
+                                  activation_checkpointing, autocast_bf16, ddp_no_sync_accum, compile_ddp,
+                                  fsdp2_mixed_precision, fsdp2_comm_bound, dtensor_tp, accelerate, hf_trainer,
+                                  lightning_trainer)}
 
 if __name__ == "__main__":
     if ARGS.cell not in CELLS:

@@ -1,4 +1,5 @@
-"""The compatibility matrix (``tests/compat/matrix.py``), run for real: each cell bare, with the API, under ``perfmon run``.
+"""The compatibility matrix (``tests/compat/matrix.py``), run for real: each cell bare, with the API, under
+``perfmon run``.
 
 For every CPU cell and both ways of using perfmon: the job exits 0 with a final loss
 bit-identical to the bare run's on every rank (CPU, gloo and these stacks are
@@ -19,8 +20,8 @@ from pathlib import Path
 import pytest
 
 from probe.recording import read_recording, recording_files
-from tests.compat.matrix import ALL, BY_NAME, CELLS, Cell, render
 from tests.compat import runs
+from tests.compat.matrix import ALL, BY_NAME, CELLS, Cell, render
 
 PY = sys.executable
 ROOT = Path(__file__).resolve().parents[2]

@@ -12,7 +12,6 @@ from pathlib import Path
 import pytest
 
 from tests.e2e.test_tmux import PANE_TITLES, Tmux, wait_screen
-
 from tui.injector import why_no_rights
 
 pytestmark = [pytest.mark.slow, pytest.mark.skipif(shutil.which("tmux") is None, reason="tmux not installed"),

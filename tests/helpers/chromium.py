@@ -152,7 +152,8 @@ def load(path: Path, ready: str, probe: str, prepare: str = "", timeout: float =
                                                      for a in params.get("args", [])))
         elif method == "Runtime.exceptionThrown":
             details = params.get("exceptionDetails", {})
-            run.errors.append("exception: " + str(details.get("exception", {}).get("description") or details.get("text")))
+            described = details.get("exception", {}).get("description")
+            run.errors.append("exception: " + str(described or details.get("text")))
         elif method == "Log.entryAdded" and params.get("entry", {}).get("level") == "error":
             run.errors.append("log: " + str(params["entry"].get("text")) + " " + str(params["entry"].get("url", "")))
         elif method == "Network.requestWillBeSent":

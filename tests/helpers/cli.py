@@ -6,7 +6,8 @@ import json
 import subprocess
 import sys
 import time
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 PERFMON = [sys.executable, "-m", "tui.cli"]
 

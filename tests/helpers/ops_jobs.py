@@ -7,7 +7,8 @@ replicated over data-parallel replicas, with chosen compute times per worker and
 
 from __future__ import annotations
 
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 from perfmon_analysis.layout import Layout
 from perfmon_analysis.readings.layout import Op, StepOps
@@ -50,7 +51,8 @@ def stage_ops(stage: int, replica: int, pp: int, dp: int, mbs: int, f: float, b:
             in enumerate(seq)]
 
 
-def pipeline(pp: int, dp: int, steps: int, compute: Compute, mbs: int = 4) -> tuple[Layout, dict[int, dict[int, StepOps]]]:
+def pipeline(pp: int, dp: int, steps: int, compute: Compute,
+             mbs: int = 4) -> tuple[Layout, dict[int, dict[int, StepOps]]]:
     out: dict[int, dict[int, StepOps]] = {}
     for step in range(steps):
         out[step] = {}

@@ -15,6 +15,7 @@ from typing import Any
 
 from probe import records, wire
 
+
 def hello(rank: int = 0, *, t: float, job: str = "j", world_size: int = 1, local_rank: int | None = None,
           pid: int | None = None, restart: int = 0, host: str = "n1", device: dict[str, Any] | None = None,
           **fields: Any) -> dict[str, Any]:

@@ -123,7 +123,8 @@ def _check_killed_file(d: Path, figures: dict[str, Any], run_report: bool, subpr
             figures["failures"].append(f"{path}: not an intact prefix")
         if not run_report:
             continue
-        rep = perfmon("report", str(path), "--json", env=_env(), cwd="/") if subprocess_report else _report_in_process(str(path))
+        rep = (perfmon("report", str(path), "--json", env=_env(), cwd="/") if subprocess_report
+               else _report_in_process(str(path)))
         if rep.returncode == 0 and json.loads(rep.stdout)["schema"] == "perfmon.report/2":
             figures["report_ok"] += 1
         elif rep.returncode != 0 and len(rep.stderr.strip().splitlines()) <= 2 and "Traceback" not in rep.stderr \

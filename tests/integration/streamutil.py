@@ -8,8 +8,8 @@ import struct
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Callable
 
 import msgpack
 
@@ -35,7 +35,7 @@ def read_until(sock: socket.socket, done: Callable[[list[dict]], bool], timeout:
             raise AssertionError(f"timed out after {timeout}s with {len(records)} records")
         try:
             data = sock.recv(1 << 16)
-        except socket.timeout:
+        except TimeoutError:
             continue
         if not data:
             break
@@ -44,7 +44,8 @@ def read_until(sock: socket.socket, done: Callable[[list[dict]], bool], timeout:
 
 
 def step_seen(last: int) -> Callable[[list[dict]], bool]:
-    """A ``read_until`` condition that looks only at records it has not seen yet (a full rescan per recv is quadratic)."""
+    """A ``read_until`` condition that looks only at records it has not seen yet (a full rescan per recv is
+    quadratic)."""
     scanned = 0
 
     def done(records: list[dict]) -> bool:

@@ -13,16 +13,16 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Callable
 
 import jsonschema
 import psutil
 import pytest
 
 from probe.recording import read_recording
-from tests.integration.demoutil import LOAD_IMBALANCE_SECONDS, demo_processes, run_headless
 from tests.helpers.reports import REPORT_SCHEMA
+from tests.integration.demoutil import LOAD_IMBALANCE_SECONDS, demo_processes, run_headless
 from tui.commands.demo import scenarios
 
 ROOT = Path(__file__).parents[2]
@@ -147,7 +147,8 @@ def test_two_nodes_on_this_machine_are_seen_through_a_relay_each_and_the_straggl
     (["--scenario", "memory", "--memory-limit", "lots"], "--memory-limit 'lots'"),
     (["--scenario", "healthy", "--seconds", "0"], "--seconds must be positive"),
     (["--scenario", "healthy"], "needs a terminal"),          # no TTY here and no --headless
-    (["--scenario", "communication", "--ranks", "2", "--nodes", "3"], "--nodes must be between 1 and the number of ranks (2)"),
+    (["--scenario", "communication", "--ranks", "2", "--nodes", "3"],
+     "--nodes must be between 1 and the number of ranks (2)"),
 ])
 def test_bad_demo_arguments_are_one_line_errors(args, message, perfmon_dir):
     proc = run_demo(*args, timeout=30)

@@ -13,8 +13,8 @@ from pathlib import Path
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from tests.integration.streamutil import kill_tree, wait_for
 from tests.helpers.net import free_port
+from tests.integration.streamutil import kill_tree, wait_for
 
 API_JOB = Path(__file__).parent / "jobs" / "api_job.py"
 

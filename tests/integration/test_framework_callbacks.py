@@ -24,7 +24,8 @@ RUN_STEPS = WINDOW_STEPS + 10   # under perfmon run alone: the report judges the
 
 def _train(tmp_path: Path, framework: str, mode: str, steps: int) -> tuple[dict, dict, list[dict]]:
     out, rec = tmp_path / f"{framework}-{mode}.json", tmp_path / f"rec-{framework}-{mode}"
-    cmd = [sys.executable, str(SCRIPT), framework, "bare" if mode == "perfmon_run" else "callback", str(out), str(steps)]
+    cmd = [sys.executable, str(SCRIPT), framework, "bare" if mode == "perfmon_run" else "callback", str(out),
+           str(steps)]
     env = dict(os.environ)
     if mode == "callback":
         env["PERFMON_RECORD"] = str(rec)

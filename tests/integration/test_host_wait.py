@@ -44,7 +44,8 @@ def test_a_wait_inside_the_step_is_a_host_wait_at_its_line(tmp_path):
     idle = _loss(report, "device_idle")
     assert idle["share"] == pytest.approx(own["extra_share"], abs=0.1), (idle, own)
     top = v["where"][0]
-    assert (Path(top["file"]).name, top["line"], top["state"]) == (SCRIPT.name, _line_of("time.sleep(latency)"), "waiting")
+    assert (Path(top["file"]).name, top["line"], top["state"]) == (SCRIPT.name, _line_of("time.sleep(latency)"),
+                                                                   "waiting")
     assert f"{SCRIPT.name}:{top['line']} in fetch_from_service" in v["headline"]
 
 

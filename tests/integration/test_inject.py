@@ -197,7 +197,8 @@ def test_no_ptrace_rights_over_another_users_process_is_refused(sleeper):
     other_user = sleeper("setpriv", "--reuid", "65534", "--regid", "65534", "--clear-groups", "sleep", "60")
     wait_for(lambda: Path(f"/proc/{other_user.pid}/status").read_text().count("65534") >= 2, what="uid switch")
     # perfmon without CAP_SYS_PTRACE: the process of another uid is out of its reach
-    _refused(other_user.pid, "no ptrace rights", "setpriv", "--bounding-set", "-sys_ptrace", "--inh-caps", "-sys_ptrace")
+    _refused(other_user.pid, "no ptrace rights", "setpriv", "--bounding-set", "-sys_ptrace", "--inh-caps",
+             "-sys_ptrace")
 
 
 def test_ptrace_denied_by_the_kernel_is_refused(sleeper):

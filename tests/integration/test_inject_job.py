@@ -36,7 +36,8 @@ from tui.injector import why_no_rights  # noqa: E402
 REMOTE_EXEC = sys.version_info >= (3, 14)
 needs_ptrace = pytest.mark.skipif(why_no_rights() is not None, reason=f"no ptrace rights here: {why_no_rights()}")
 pytestmark = pytest.mark.skipif(not REMOTE_EXEC and importlib.util.find_spec("hypno") is None,
-                                reason="entering a process before Python 3.14 needs hypno (pip install 'perfmon[inject]')")
+                                reason="entering a process before Python 3.14 needs hypno "
+                                       "(pip install 'perfmon[inject]')")
 
 
 def _namespaces_work() -> bool:
@@ -229,7 +230,8 @@ def test_a_probe_entered_after_the_steps_forward_still_finds_the_model(tmp_path)
     records = [r for f in recording_files(tmp_path / "rec") for r in read_recording(f).records]
     steps = [r for r in records if r["k"] == "step"]
     assert len(steps) >= 90                                    # steps 51..149, the ring's backfill
-    assert all(r["phases"].get("forward", 0) > 0 for r in steps[1:]), [(i, r["step"], r["phases"]) for i, r in enumerate(steps) if "forward" not in r["phases"]]
+    assert all(r["phases"].get("forward", 0) > 0 for r in steps[1:]), \
+        [(i, r["step"], r["phases"]) for i, r in enumerate(steps) if "forward" not in r["phases"]]
     assert not [r for r in records if r["k"] == "event" and "not visible" in r.get("message", "")]
 
 

@@ -20,6 +20,7 @@ import probe
 from probe.recording import read_recording
 from tests.helpers.net import free_port
 
+
 def _run_ranks(script: str, tmp: Path, world: int = 2, timeout: float = 120.0, env: dict | None = None) -> list[dict]:
     """Run ``script`` as ``world`` gloo ranks recording to tmp/rec; return each rank's JSON line."""
     path = tmp / "job.py"

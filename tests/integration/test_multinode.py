@@ -5,10 +5,10 @@ localhost, one socket directory each), reached through an ssh stand-in that runs
 from __future__ import annotations
 
 import json
+import os
 import re
 import shlex
 import shutil
-import os
 import subprocess
 import sys
 import time
@@ -18,8 +18,8 @@ import pytest
 
 from probe import wire
 from probe.wire import PROTO, format_proto
-from tests.integration.streamutil import kill_tree
 from tests.helpers.net import free_port
+from tests.integration.streamutil import kill_tree
 
 pytestmark = pytest.mark.slow
 
@@ -148,9 +148,9 @@ async def test_a_profile_of_a_rank_on_another_node_goes_through_its_relay(two_no
     import asyncio
 
     from perfmon_analysis.analysis import Analysis
+    from tui.errors import UserError
     from tui.stream.remote import RelayFeed
     from tui.stream.requests import ask
-    from tui.errors import UserError
 
     monkeypatch.setenv("PATH", two_nodes["PATH"])
     feed = RelayFeed(Analysis(), "mn", ["n01", "n02"], two_nodes["PERFMON_VIA"])

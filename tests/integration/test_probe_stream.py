@@ -15,8 +15,7 @@ import pytest
 
 import probe
 from probe import server, wire
-from tests.integration.streamutil import (connect, fd_count, raw_read_all, read_until, start_job, step_seen,
-                                           wait_for)
+from tests.integration.streamutil import connect, fd_count, raw_read_all, read_until, start_job, step_seen, wait_for
 
 
 def steps_of(records):
@@ -266,7 +265,8 @@ def test_viewer_with_another_major_version_is_refused_by_the_probe(capfd):
         sock.settimeout(5)
         while sock.recv(1 << 16):
             pass
-        assert f"protocol version mismatch (viewer 2.0, probe {wire.format_proto(wire.PROTO)})" in capfd.readouterr().err
+        expected = f"protocol version mismatch (viewer 2.0, probe {wire.format_proto(wire.PROTO)})"
+        assert expected in capfd.readouterr().err
     finally:
         mon.close()
 

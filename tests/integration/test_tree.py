@@ -47,8 +47,8 @@ class TreeJob:
                    "LOCAL_RANK": "0"}
             self.ranks.append(subprocess.Popen(
                 [sys.executable, str(SCRIPTS / "multinode_job.py"), "--steps", "100000", "--slow-rank", "3",
-                 "--stick-file", str(self.stick), "--stick-rank", "1", "--data-ms", "2"], env=env, stdout=subprocess.DEVNULL,
-                stderr=subprocess.PIPE, text=True))
+                 "--stick-file", str(self.stick), "--stick-rank", "1", "--data-ms", "2"],
+                env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True))
         deadline = time.monotonic() + 120
         while sum(len(list((base / n).glob("*.sock"))) for n in NODES) < 4:
             assert all(p.poll() is None for p in self.ranks), [p.stderr.read()[-2000:] for p in self.ranks]
@@ -111,7 +111,8 @@ class TreeJob:
             seen["shown"] = sorted(r.rank for r in feed.analysis.view().ranks)
             await pilot.press("number_sign", "2", "enter")        # drill-down by rank number, wherever it is
             seen["followed_ranks"] = set(feed.ranks_followed)
-            await until(lambda: len(feed.analysis.view().traces.get(2, ()) and feed.analysis.view().traces[2].steps) > 20,
+            await until(lambda: len(feed.analysis.view().traces.get(2, ())
+                                    and feed.analysis.view().traces[2].steps) > 20,
                         "rank 2's steps in full")
             victim = feed._procs["n3"]
             killed = time.monotonic()
@@ -158,7 +159,8 @@ class TreeJob:
             while True:                 # every node relay up; rate(...[1m]) needs two scrapes of a counter
                 results = {name: prom.query(expr) for name, expr in queries.items()}
                 groups = prom.query(f'perfmon_group_ranks{{job="{JOB}"}}')
-                if (all(results[n] for n in queries if not _exempt(n)) and sum(float(g["value"][1]) for g in groups) == 4) \
+                if (all(results[n] for n in queries if not _exempt(n))
+                        and sum(float(g["value"][1]) for g in groups) == 4) \
                         or time.monotonic() > deadline:
                     break
                 time.sleep(1.0)

@@ -17,9 +17,9 @@ from pathlib import Path
 import jsonschema
 import pytest
 
-from tests.integration.streamutil import wait_for
-from tests.helpers.reports import REPORT_SCHEMA
 from tests.helpers.net import free_port
+from tests.helpers.reports import REPORT_SCHEMA
+from tests.integration.streamutil import wait_for
 
 ROOT = Path(__file__).parents[2]
 WORKLOAD = Path(__file__).parent / "workloads" / "cpu_jobs.py"

@@ -15,6 +15,7 @@ def test_a_real_job_that_sleeps_in_its_steps_is_named_waiting_at_the_sleep_line(
     backward, 60 ms (wall) of model calls: the sleep's line is the top waiting line, with its share."""
     import subprocess
     import sys
+
     from probe.recording import read_recording
     script = tmp_path / "train.py"
     script.write_text(

@@ -49,7 +49,7 @@ class SimulatedDeviceTensor:
 
     is_cuda = True
 
-    def __init__(self, cuda: "SimulatedCuda", value: float) -> None:
+    def __init__(self, cuda: SimulatedCuda, value: float) -> None:
         self.cuda = cuda
         self.value = value
         self.ready_t = max(time.perf_counter(), cuda.free_at)   # after the work queued before it, not later work
@@ -72,7 +72,7 @@ class SimulatedHostCopy:
     """The pinned host buffer of a non-blocking device-to-host copy: reading it before the copy's
     event completes reads whatever was there (an error here, so a test sees it)."""
 
-    def __init__(self, value: float, done: "SimulatedEvent") -> None:
+    def __init__(self, value: float, done: SimulatedEvent) -> None:
         self.value = value
         self.done = done
 
@@ -83,14 +83,14 @@ class SimulatedHostCopy:
 
 
 class SimulatedEvent:
-    def __init__(self, cuda: "SimulatedCuda") -> None:
+    def __init__(self, cuda: SimulatedCuda) -> None:
         self.cuda = cuda
         self.device_t: float | None = None     # when the stream reaches it (host clock)
 
     def query(self) -> bool:
         return self.device_t is not None and time.perf_counter() >= self.device_t
 
-    def elapsed_time(self, other: "SimulatedEvent") -> float:
+    def elapsed_time(self, other: SimulatedEvent) -> float:
         if self.device_t is None or other.device_t is None:
             raise RuntimeError("Both events must be recorded before calculating elapsed time.")
         if not (self.query() and other.query()):
@@ -143,7 +143,8 @@ class SimulatedCuda:
 
     def allocating_devices(self) -> list[int]:
         """Allocated bytes on the simulated GPU: placed tensors, or the memory stats a test set."""
-        return [0] if any(r() is not None for r in self.placed.values()) or self.stats.get("allocated_bytes.all.current", 0) > 0 else []
+        placed = any(r() is not None for r in self.placed.values())
+        return [0] if placed or self.stats.get("allocated_bytes.all.current", 0) > 0 else []
 
     def memory_stats(self, index: int) -> dict[str, Any]:
         self.calls.append("memory_stats")

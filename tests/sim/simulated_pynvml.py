@@ -225,7 +225,7 @@ def build(devices: list[SimulatedGpu] | None = None, *, init_error: int | None =
     @device_call("nvmlDeviceGetFieldValues")
     def _fields(h: SimulatedGpu, field_ids: list) -> list:
         out = []
-        for i, fid in enumerate(field_ids):
+        for fid in field_ids:
             fid = fid[0] if isinstance(fid, tuple) else fid
             if h.nvlink_kib_per_read is None or fid not in (138, 139):
                 out.append(_Struct(fieldId=fid, nvmlReturn=NVML_ERROR_NOT_SUPPORTED, value=_Struct(ullVal=0)))

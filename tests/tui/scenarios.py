@@ -10,8 +10,9 @@ side of each flowchart threshold; the live end-to-end test uses a real job.
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 from probe import paths, wire
 from probe.recording import RecordingWriter
@@ -100,7 +101,8 @@ def load_imbalance() -> dict[int, list[dict[str, Any]]]:
     return out
 
 
-def many_nodes(nodes: int = 8, per_node: int = 8, slow_rank: int = 37, steps: int = 40) -> dict[int, list[dict[str, Any]]]:
+def many_nodes(nodes: int = 8, per_node: int = 8, slow_rank: int = 37,
+               steps: int = 40) -> dict[int, list[dict[str, Any]]]:
     """``nodes`` x ``per_node`` CPU ranks, a node each per ``per_node`` ranks (n01, n02, ...);
     ``slow_rank`` computes 1.6x longer and the others wait for it in all-reduce."""
     job = "fsdp-64"
@@ -153,8 +155,8 @@ def healthy() -> dict[int, list[dict[str, Any]]]:
         def extra(i: int) -> dict[str, Any]:
             return {"comm": {"seconds": 0.012, "exposed": 0.004, "bytes": 8_000_000, "ops": 2}}
 
-        steps = _steps(80, lambda i: 0.25 + 0.002 * ((i + rank) % 5),
-                       lambda i: _phases(0.003, 0.09, 0.13, 0.02, 0.25 + 0.002 * ((i + rank) % 5)), extra)
+        steps = _steps(80, lambda i, rank=rank: 0.25 + 0.002 * ((i + rank) % 5),
+                       lambda i, rank=rank: _phases(0.003, 0.09, 0.13, 0.02, 0.25 + 0.002 * ((i + rank) % 5)), extra)
         comm = [{"k": "comm", "t": s["t"], "backend": "gloo", "world_size": 2, "ops": [
             {"op": "all_reduce", "count": 2 * (j + 1), "bytes": 8_000_000 * (j + 1), "seconds": 0.012 * (j + 1),
              "busbytes": 8e6 * (j + 1)}]}
@@ -273,7 +275,7 @@ def write(name: str, directory: Path, bye: bool = True, **params: Any) -> Path:
     out = directory / name
     out.mkdir(parents=True, exist_ok=True)
     encoder = wire.Encoder()
-    for rank, records in SCENARIOS[name](**params).items():
+    for _rank, records in SCENARIOS[name](**params).items():
         hello = records[0]
         writer = RecordingWriter(out / f"{hello['name']}{paths.RECORD_SUFFIX}")
         try:
@@ -289,9 +291,9 @@ def write(name: str, directory: Path, bye: bool = True, **params: Any) -> Path:
 def replay_app(recording: Path, verdicts: int = 0):
     """The app replaying ``recording`` ingested at once (the clock is the recording's), judged at
     ``verdicts`` instants on the way (``ReplayFeed``)."""
+    from perfmon_analysis.analysis import Analysis
     from tui.app.perfmon_app import PerfmonApp
     from tui.stream.feed import ReplayFeed
-    from perfmon_analysis.analysis import Analysis
     from tui.stream.sources import load_recordings
     return PerfmonApp(ReplayFeed(Analysis(), load_recordings(recording), speed=None, verdicts=verdicts),
                       watch_terminal=False)

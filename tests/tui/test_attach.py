@@ -11,12 +11,11 @@ from types import SimpleNamespace
 import pytest
 
 from tui.app import perfmon_app as app_module
+from tui.app.widgets.layout import plan
 from tui.commands.attach import build_app
 from tui.errors import UserError
 from tui.stream.discovery import parse_host_port, read_token
 from tui.stream.feed import LiveFeed, ReplayFeed, TcpFeed
-from tui.app.widgets.layout import plan
-
 
 # -- TARGET -----------------------------------------------------------------------------------
 
@@ -139,8 +138,8 @@ def test_a_hung_up_terminal_is_detected(monkeypatch):
 
 
 def test_every_verdict_leads_with_a_pane_the_layout_knows_and_it_is_kept():
-    from tui.app.widgets.layout import PANE_ORDER
     from perfmon_analysis.verdict import CHART
+    from tui.app.widgets.layout import PANE_ORDER
 
     panes = {o.pane for o in CHART.outcomes.values() if o.pane is not None}
     assert panes <= set(PANE_ORDER)

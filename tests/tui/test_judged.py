@@ -10,12 +10,10 @@ from __future__ import annotations
 import dataclasses
 import re
 
-from hypothesis import given, settings
-from hypothesis import strategies as st
+from hypothesis import given, settings, strategies as st
 from rich.text import Text
 
-from perfmon_analysis import units
-from perfmon_analysis import verdict as V
+from perfmon_analysis import units, verdict as V
 from perfmon_analysis.views import JobView, MemoryMetrics
 from tests.unit.verdict_synth import Rank, job
 from tui.app.widgets.comm import CommPane

@@ -33,7 +33,7 @@ def test_the_timer_refreshes_every_other_tick_when_a_refresh_takes_60_ms(monkeyp
     clock = itertools.count(0.0, 0.06)          # each refresh: 60 ms between its two readings
     monkeypatch.setattr(time, "perf_counter", lambda: next(clock))
     ticks = []
-    for n in range(8):
+    for _n in range(8):
         before = len(refreshed)
         app._tick()
         ticks.append(len(refreshed) > before)

@@ -15,22 +15,21 @@ from pathlib import Path
 
 import pytest
 
-
+from perfmon_analysis.analysis import Analysis
+from perfmon_analysis.verdict import CHART
 from tests.helpers.net import free_port
 from tests.tui import scenarios
 from tests.tui.scenarios import screen_text, settle, wait_until
-from tui.stream import discovery
 from tui.app.perfmon_app import WINDOWS, PerfmonApp
-from tui.stream.discovery import read_token
-from tui.stream.feed import LiveFeed, ReplayFeed, TcpFeed
-from perfmon_analysis.analysis import Analysis
 from tui.app.screens.flowchart import FlowchartScreen
 from tui.app.screens.help import HelpScreen
 from tui.app.screens.log import LogScreen
 from tui.app.screens.picker import JobChoice, PickerScreen
-from tui.stream.sources import load_recordings
-from perfmon_analysis.verdict import CHART
 from tui.app.widgets.memory import MemoryPane
+from tui.stream import discovery
+from tui.stream.discovery import read_token
+from tui.stream.feed import LiveFeed, ReplayFeed, TcpFeed
+from tui.stream.sources import load_recordings
 
 API_JOB = Path(__file__).resolve().parents[1] / "integration" / "jobs" / "api_job.py"
 

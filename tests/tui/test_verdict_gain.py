@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import pytest
 
-from perfmon_analysis.analysis import Analysis
 from perfmon_analysis import units
+from perfmon_analysis.analysis import Analysis
 from tests.tui import scenarios
 from tests.tui.scenarios import settle
 from tui import cli

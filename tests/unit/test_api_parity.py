@@ -114,7 +114,7 @@ def test_a_script_runs_unchanged_with_monitoring_off(monkeypatch):
     """The reported crash: ``mon.step(64)`` under PERFMON_DISABLE=1."""
     monkeypatch.setenv("PERFMON_DISABLE", "1")
     mon = probe.start(job="off")
-    for batch in mon.loader(range(3)):
+    for _batch in mon.loader(range(3)):
         with mon.step(64, tokens=128):
             with mon.phase("forward"):
                 pass

@@ -5,9 +5,9 @@ from __future__ import annotations
 
 import pytest
 
-from tests.unit.verdict_synth import T0, Rank, records
 from perfmon_analysis.buffers import STEP_BUFFER
 from perfmon_analysis.runmodel import RunModel
+from tests.unit.verdict_synth import T0, Rank, records
 
 
 def feed(recs: list[dict], model: RunModel | None = None, received: float | None = None) -> RunModel:

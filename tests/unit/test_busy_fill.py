@@ -10,8 +10,8 @@ from __future__ import annotations
 import pytest
 
 from perfmon_analysis.losses import account, by_id
-from perfmon_analysis.verdict import evaluate
 from perfmon_analysis.runmodel import RunModel
+from perfmon_analysis.verdict import evaluate
 from tests.unit.verdict_synth import Rank, job, records
 
 STEP = 0.020

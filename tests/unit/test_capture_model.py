@@ -8,7 +8,6 @@ from perfmon_analysis.runmodel import RunModel
 from tests.helpers import records as R
 from tests.helpers.reports import report_of
 
-
 RECORD = {"k": "capture", "t": 5.0, "id": 1, "steps": 3, "first_step": 10, "last_step": 12, "wall_s": 0.5,
           "path": "/r/x.capture-10.pt.trace.json.gz", "device_busy": 0.62,
           "top": [{"name": "aten::mm", "self_s": 0.2, "calls": 12}, {"name": "aten::add_", "self_s": 0.01, "calls": 3},

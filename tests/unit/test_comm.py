@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from probe import comm
-from probe.comm import CommState, CommTracker, EventPairPoller, WorkPoller, CollectiveCall
+from probe.comm import CollectiveCall, CommState, CommTracker, EventPairPoller, WorkPoller
 from probe.wire import busbw_factor as bus_factor
 
 

@@ -46,7 +46,8 @@ def chained(path: Path) -> set[str]:
             name = node.func.id if isinstance(node.func, ast.Name) else getattr(node.func, "attr", None)
             if name == "RunModel":
                 found.add(name)
-        elif isinstance(node, ast.ImportFrom) and node.module in ("perfmon_analysis.verdict", "perfmon_analysis.report"):
+        elif isinstance(node, ast.ImportFrom) and node.module in ("perfmon_analysis.verdict",
+                                                                  "perfmon_analysis.report"):
             found |= {alias.name for alias in node.names} & CHAINED
     return found
 

@@ -21,8 +21,8 @@ from perfmon_analysis.overhead import STEP_BUDGET, STEP_CALLS, WRAPPER_PARTS, fi
 from perfmon_analysis.readings import CostReading, cost_reading
 from probe import core, cost, wire
 from probe.recording import read_recording
-from tests.unit.verdict_synth import T0, Rank, job, records
 from tests.helpers.reports import REPORT_SCHEMA
+from tests.unit.verdict_synth import T0, Rank, job, records
 
 ROOT = Path(__file__).resolve().parents[2]
 STEP_S = 0.03       # each step's body spins this long: the probe's step calls (CPU-timed: ~5-80 µs
@@ -291,7 +291,8 @@ def _header(rank: Rank) -> tuple[str, set[str]]:
     bar._view = job(rank).view()
     text = bar.render()
     at = text.plain.find("perfmon cost ")
-    styles = {str(s.style) for s in text.spans if at >= 0 and s.start >= at + len("perfmon cost ") and s.start < at + 30}
+    styles = {str(s.style) for s in text.spans
+              if at >= 0 and s.start >= at + len("perfmon cost ") and s.start < at + 30}
     return text.plain, styles
 
 

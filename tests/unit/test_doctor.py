@@ -11,13 +11,10 @@ import types
 import pytest
 import torch
 
-from tests.sim.fixtures import simulated_cuda, simulated_nvml  # noqa: F401  (fixtures)
 from tests.sim.simulated_cuda import SimulatedDeviceTensor, SimulatedEvent
 from tests.sim.simulated_pynvml import NVML_ERROR_NOT_SUPPORTED, SimulatedGpu
 from tui.commands import doctor
-from tui.commands.doctor import checks as C
-from tui.commands.doctor import gpu as G
-from tui.commands.doctor import workloads
+from tui.commands.doctor import checks as C, gpu as G, workloads
 from tui.commands.doctor.workloads import nvml_support
 
 
@@ -375,7 +372,8 @@ def test_without_a_gpu_the_gpu_checks_say_why_and_do_not_fail():
 
 
 def test_table_lists_every_check_and_counts_failures():
-    checks = [doctor.Check("a", "healthy", "healthy: fine", True), doctor.Check("b", "host_sync", "host_overhead", False),
+    checks = [doctor.Check("a", "healthy", "healthy: fine", True),
+              doctor.Check("b", "host_sync", "host_overhead", False),
               doctor.Check("c", "x", "not run: no GPU", None)]
     text = doctor.render(checks, width=80)
     rows = text.splitlines()

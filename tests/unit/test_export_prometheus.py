@@ -10,9 +10,9 @@ from pathlib import Path
 from prometheus_client import generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
+from perfmon_analysis.verdict import evaluate
 from tests.unit.test_verdict_explain import VIEWS
 from tui.export.prometheus import Snapshot, _Holder, registry_for
-from perfmon_analysis.verdict import evaluate
 
 DASHBOARD = Path(__file__).resolve().parents[2] / "docs" / "grafana-perfmon.json"
 

@@ -39,7 +39,7 @@ def test_every_listener_gets_each_fetch_with_its_wait_and_the_loading_threads_cp
         fetches.unlisten(listener)
     assert [b[0].tolist() for b in batches] == [[0.0, 0.0], [2.0, 2.0], [4.0, 4.0]]   # the loop got its batches
     assert len(heard) == 3 and all(h[0] is it for h in heard)
-    for _, batch, t0, t1, c0, c1 in heard:
+    for _, _batch, t0, t1, c0, c1 in heard:
         assert t1 - t0 >= 0.02                              # two items sleeping 10 ms each
         assert c0 is not None and 0 <= c1 - c0 < 0.01       # num_workers=0: this thread loads, sleeping
     next(it)

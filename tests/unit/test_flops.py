@@ -8,7 +8,7 @@ import time
 
 import pytest
 import torch
-from torch.utils.flop_counter import FlopCounterMode   # a submodule: `import torch` alone does not load it
+from torch.utils.flop_counter import FlopCounterMode  # a submodule: `import torch` alone does not load it
 
 import probe
 from probe import flops
@@ -18,7 +18,8 @@ from probe.recording import read_recording
 def _transformer(d: int = 128, layers: int = 2) -> torch.nn.Module:
     torch.manual_seed(0)
     enc = torch.nn.TransformerEncoder(
-        torch.nn.TransformerEncoderLayer(d, 4, 4 * d, dropout=0.1, batch_first=True), layers, enable_nested_tensor=False)
+        torch.nn.TransformerEncoderLayer(d, 4, 4 * d, dropout=0.1, batch_first=True), layers,
+        enable_nested_tensor=False)
     return torch.nn.Sequential(enc, torch.nn.Linear(d, d))
 
 

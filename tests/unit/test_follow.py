@@ -11,8 +11,8 @@ import time
 import pytest
 
 import probe
-from probe import wire
 from perfmon_analysis.analysis import Analysis
+from probe import wire
 from tui.stream.discovery import Endpoint, resolve_live
 from tui.stream.feed import LiveFeed, follow
 from tui.stream.sources import StreamError

@@ -12,12 +12,11 @@ from perfmon_analysis import report
 from perfmon_analysis.gains import NO_PRICE, PRICE_ENV, estimate, speedup_bound
 from perfmon_analysis.losses import Loss
 from perfmon_analysis.verdict import evaluate
+from tests.helpers.reports import REPORT_SCHEMA
 from tests.unit.test_report import _write_recording
 from tests.unit.verdict_synth import Rank, analysis_of, job, records
-from tests.helpers.reports import REPORT_SCHEMA
 from tui.cli import main as cli_main
 from tui.pricing import price_per_device_hour
-
 
 
 def _cpu(rank: int = 0, **kw) -> Rank:
@@ -168,6 +167,7 @@ def test_perfmon_report_prices_the_gains_from_the_flag(tmp_path, capsys):
 def test_prometheus_serves_the_gains_and_leaves_unknown_ones_out():
     from prometheus_client import generate_latest
     from prometheus_client.parser import text_string_to_metric_families
+
     from tui.export.prometheus import Snapshot, _Holder, registry_for
 
     view = job(Rank(data=0.03), Rank(rank=1, data=0.03)).view()     # the unexplained wait is not measured

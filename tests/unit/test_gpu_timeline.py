@@ -12,11 +12,10 @@ import pytest
 import torch
 
 import probe
-from probe.recording import read_recording
-from tests.sim.fixtures import simulated_cuda, simulated_nvml  # noqa: F401  (fixtures)
-from tests.sim.simulated_pynvml import SimulatedGpu
 from perfmon_analysis import verdict as V
 from perfmon_analysis.runmodel import RunModel
+from probe.recording import read_recording
+from tests.sim.simulated_pynvml import SimulatedGpu
 
 
 def test_event_elapsed_time_includes_the_idle_gap_as_real_cuda_events_do(simulated_cuda):

@@ -9,10 +9,19 @@ import random
 import pytest
 
 from perfmon_analysis.analysis import Analysis
-from perfmon_analysis.sketch import SKETCH_ACCURACY
-from perfmon_analysis.groups import (MAX_ODD_STALLED, REPS_PER_STALL, GroupReduction, RankRow,
-                                     Reduction, Sketch, merge_groups, reduce_rows, representatives)
+from perfmon_analysis.groups import (
+    MAX_ODD_STALLED,
+    REPS_PER_STALL,
+    GroupReduction,
+    RankRow,
+    Reduction,
+    Sketch,
+    merge_groups,
+    reduce_rows,
+    representatives,
+)
 from perfmon_analysis.runmodel import RunModel
+from perfmon_analysis.sketch import SKETCH_ACCURACY
 from tests.tui import scenarios
 
 

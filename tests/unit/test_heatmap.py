@@ -6,8 +6,8 @@ import dataclasses
 
 import pytest
 
-from tests.unit.verdict_synth import Rank, job
 from perfmon_analysis.heatmap import RATIO_BANDS, SHARE_BANDS, heatmap, level
+from tests.unit.verdict_synth import Rank, job
 
 
 def _job(n: int, per_node: int, slow: int | None = None, data_rank: int | None = None):

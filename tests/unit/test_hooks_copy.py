@@ -14,7 +14,7 @@ import torch
 import torch.nn as nn
 
 import probe
-from probe.hooks import INERT, Hook
+from probe.hooks import Hook
 
 
 def _train_step(mon, model, opt) -> None:

@@ -54,7 +54,8 @@ def test_the_page_holds_its_script_and_fetches_nothing(tmp_path, capsys):
     assert all(p[2] == " and 1 more" for p in pauses[:2]), pauses       # the other rank paused too
     # from the first step's end: step 240 ends 24 s of steps + the 3 s spike + its own 2 s later; step 480
     # 24 s more of steps, 180 of them 60 ms longer (the slow loader), and its 2 s
-    into = [sum(int(n) * (60 if unit == "m" else 1) for n, unit in re.findall(r"(\d+)([ms])", p[3])) for p in pauses[:2]]
+    into = [sum(int(n) * (60 if unit == "m" else 1) for n, unit in re.findall(r"(\d+)([ms])", p[3]))
+            for p in pauses[:2]]
     assert abs(into[0] - 29.0) <= 1 and abs(into[1] - (29.0 + 24 + 180 * 0.06 + 2)) <= 1, pauses
     assert len(text) < 2_000_000
 
@@ -100,6 +101,7 @@ def test_a_heatmaps_hover_names_the_rank_and_node_of_the_row_under_the_pointer(t
     pointer's row to its rank, run in the browser engine that runs it on the page."""
     from bokeh.models import CustomJSHover, HoverTool
     from bokeh.models.ranges import Range1d
+
     from tui.export import html as page
 
     analysis, _ = load(str(scenarios.write("many_nodes", tmp_path, nodes=3, per_node=2, slow_rank=4)), 5.0)

@@ -21,8 +21,9 @@ VIEWER_MODULES = ["tui.cli", "tui.stream.discovery", "tui.stream.sources", "tui.
                   "tui.commands.attach", "tui.app.perfmon_app", "tui.commands.relay", "tui.stream.remote",
                   "tui.commands.inject.inject", "tui.commands.inject.detach"]
 ROOT = Path(__file__).resolve().parents[2]
-MODEL_MODULES = ["perfmon_analysis.runmodel", "perfmon_analysis.verdict", "perfmon_analysis.readings", "perfmon_analysis.flowchart",
-                 "perfmon_analysis.explain", "perfmon_analysis.units", "perfmon_analysis.losses", "perfmon_analysis.stuck"]
+MODEL_MODULES = ["perfmon_analysis.runmodel", "perfmon_analysis.verdict", "perfmon_analysis.readings",
+                 "perfmon_analysis.flowchart", "perfmon_analysis.explain", "perfmon_analysis.units",
+                 "perfmon_analysis.losses", "perfmon_analysis.stuck"]
 STREAM_MODULES = ["tui.stream.discovery", "tui.stream.sources", "tui.stream.feed", "tui.stream.native",
                   "tui.stream.hosts", "tui.stream.remote", "tui.stream.connect", "tui.commands.relay"]
 UI = ("textual", "rich")

@@ -328,7 +328,8 @@ def test_a_main_thread_that_claims_the_entry_as_perfmon_gives_up_is_waited_for(r
      "-X disable-remote-debug, or a Python built --without-remote-debug)"),
     (RuntimeError("Can't send commands from a Python 3.14 process to a Python 3.13 process"),
      "sys.remote_exec could not enter {pid}: Can't send commands from a Python 3.14 process to a Python 3.13 process"),
-    (PermissionError(1, "Operation not permitted"), "no ptrace rights over {pid}: the kernel denied access to its memory"),
+    (PermissionError(1, "Operation not permitted"),
+     "no ptrace rights over {pid}: the kernel denied access to its memory"),
 ])
 def test_what_sys_remote_exec_raises_is_one_line(remote, raised, message):
     sent, state = remote

@@ -15,12 +15,11 @@ import pytest
 import torch
 
 import probe
-from probe.recording import read_recording
-from tests.sim.fixtures import simulated_cuda, simulated_nvml  # noqa: F401  (fixtures)
-from tests.sim.simulated_pynvml import NVML_ERROR_NOT_SUPPORTED, SimulatedGpu
-from tests.unit.verdict_synth import Rank, records
 from perfmon_analysis import verdict as V
 from perfmon_analysis.runmodel import RunModel
+from probe.recording import read_recording
+from tests.sim.simulated_pynvml import NVML_ERROR_NOT_SUPPORTED, SimulatedGpu
+from tests.unit.verdict_synth import Rank, records
 
 
 def _model() -> tuple[torch.nn.Module, torch.optim.Optimizer]:

@@ -6,14 +6,12 @@ from __future__ import annotations
 import dataclasses
 
 import pytest
-from hypothesis import given, settings
-from hypothesis import strategies as st
+from hypothesis import given, settings, strategies as st
 
-from tests.unit.verdict_synth import T0, Rank, job
-from perfmon_analysis import flowchart as chart
-from perfmon_analysis import verdict as V
+from perfmon_analysis import flowchart as chart, verdict as V
 from perfmon_analysis.losses import account, by_id
 from perfmon_analysis.views import Metrics
+from tests.unit.verdict_synth import T0, Rank, job
 
 GB = 1 << 30
 
@@ -171,7 +169,8 @@ def test_each_loss_names_its_source_or_why_it_is_unknown_in_the_reports_words():
     assert rows("cpu", device_busy=None, data_wait_frac=None, comm_exposed_frac=None, loop_frac=None,
                 pause_frac=None) == [
         {"id": "data_wait", "label": "data wait", "share": None,
-         "why_unknown": "no batch fetch timed (mon.loader(...), a DataLoader under perfmon run or a trainer callback) or no step timing yet",
+         "why_unknown": "no batch fetch timed (mon.loader(...), a DataLoader under perfmon run or a trainer callback) "
+                        "or no step timing yet",
          "span": "window"},
         {"id": "comm_exposed", "label": "exposed communication", "share": None,
          "why_unknown": "collectives take 0% of the step, the exposed part is not measured "

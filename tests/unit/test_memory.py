@@ -9,8 +9,15 @@ import torch
 
 import probe
 from probe.gpu.nvml import Nvml
-from probe.memory import (MEMORY_PERIOD, MemorySource, SavedTensorMeter, StateWalker, cuda_memory, local_tensor,
-                          storage_bytes)
+from probe.memory import (
+    MEMORY_PERIOD,
+    MemorySource,
+    SavedTensorMeter,
+    StateWalker,
+    cuda_memory,
+    local_tensor,
+    storage_bytes,
+)
 from probe.recording import read_recording
 from tests.sim.simulated_cuda import memory_stats
 from tests.sim.simulated_pynvml import SimulatedGpu

@@ -16,8 +16,8 @@ from prometheus_client.parser import text_string_to_metric_families
 from perfmon_analysis import metrics as M
 from perfmon_analysis.analysis import Analysis
 from probe.integrations import live
-from tests.unit.verdict_synth import Rank, analysis_of, records
 from tests.helpers.reports import REPORT_SCHEMA
+from tests.unit.verdict_synth import Rank, analysis_of, records
 from tui.export.prometheus import _Holder, registry_for
 
 # Two GPU ranks with every exported number measured (so "absent" can only mean "not exported there").

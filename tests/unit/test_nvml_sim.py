@@ -23,9 +23,15 @@ from probe.gpu.nvml import GPM_ONLY, GPM_UNSUPPORTED, Nvml, decode_throttle
 from probe.recording import read_recording
 from probe.sampler import Sampler
 from tests.sim.simulated_cuda import memory_stats
-from tests.sim.simulated_pynvml import (NVML_ERROR_FUNCTION_NOT_FOUND, NVML_ERROR_GPU_IS_LOST,
-                                        NVML_ERROR_NO_PERMISSION, NVML_ERROR_NOT_SUPPORTED, NVML_ERROR_UNKNOWN,
-                                        SimulatedGpu, build)
+from tests.sim.simulated_pynvml import (
+    NVML_ERROR_FUNCTION_NOT_FOUND,
+    NVML_ERROR_GPU_IS_LOST,
+    NVML_ERROR_NO_PERMISSION,
+    NVML_ERROR_NOT_SUPPORTED,
+    NVML_ERROR_UNKNOWN,
+    SimulatedGpu,
+    build,
+)
 
 BASE_FIELDS = ("index", "name", "util", "mem_used", "mem_total", "power_w", "power_limit_w", "energy_mj", "sm_clock",
                "sm_clock_max", "temp_c", "throttle", "pcie_tx", "pcie_rx", "nvlink_tx", "nvlink_rx")
@@ -275,14 +281,14 @@ def test_sync_counter_counts_and_names_the_line(simulated_cuda):
     assert gpu_cuda.enable_sync_counting(cuda, counter) is None
     assert cuda.sync_mode == 1
     for _ in range(3):
-        warnings.warn(gpu_cuda.SYNC_MESSAGE)      # sync-site-A: as TORCH_WARN raises it from the user's line
-    warnings.warn(gpu_cuda.SYNC_MESSAGE)
+        warnings.warn(gpu_cuda.SYNC_MESSAGE, stacklevel=1)  # sync-site-A: as TORCH_WARN raises it from the user's line
+    warnings.warn(gpu_cuda.SYNC_MESSAGE, stacklevel=1)
     count, site = counter.take()
     assert count == 4 and site.endswith(f"test_nvml_sim.py:{_line_of('# sync-site-A')}")
     assert counter.take() == (0, None)
     with warnings.catch_warnings(record=True) as shown:
         warnings.simplefilter("default")
-        warnings.warn("another warning")
+        warnings.warn("another warning", stacklevel=1)
     assert len(shown) == 1                          # other warnings pass through untouched
 
 
@@ -296,9 +302,9 @@ def test_switching_sync_counting_on_neither_raises_nor_prints_torchs_prototype_w
         assert cuda.sync_mode == 1 and not shown
         if action == "error":                        # the user's filters still apply to everything else
             with pytest.raises(UserWarning):
-                warnings.warn("the user's own warning")
+                warnings.warn("the user's own warning", stacklevel=1)
         else:
-            warnings.warn("the user's own warning")
+            warnings.warn("the user's own warning", stacklevel=1)
             assert [str(w.message) for w in shown] == ["the user's own warning"]
     gpu_cuda.disable_sync_counting(cuda, counter)
 
@@ -339,7 +345,7 @@ def test_watch_on_a_simulated_gpu_fills_step_and_memory_records(simulated_cuda, 
             with mon.step():
                 model(torch.randn(2, 4, dtype=torch.bfloat16)).sum().backward()
                 cuda.run(0.006)                                         # backward kernels
-                warnings.warn(gpu_cuda.SYNC_MESSAGE)                    # sync-site-C: e.g. loss.item()
+                warnings.warn(gpu_cuda.SYNC_MESSAGE, stacklevel=1)  # sync-site-C: e.g. loss.item()
                 opt.step()
                 cuda.run(0.001)
             time.sleep(STEP_PAUSE)

@@ -7,7 +7,6 @@ import socket
 import threading
 import time
 
-import pytest
 import torch
 
 import probe
@@ -232,6 +231,7 @@ def test_a_stalled_viewer_loses_its_oldest_steps_never_the_newest_whatever_is_in
     it gets the newest steps, all but two chunks' worth of its 4 MiB, and a drops count for every step missing."""
     import collections
     import selectors
+
     from probe import server, wire
 
     queue: collections.deque = collections.deque()

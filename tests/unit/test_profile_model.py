@@ -124,8 +124,8 @@ def test_a_failed_profile_says_why_and_nothing_else():
 def test_the_compute_efficiency_verdict_cites_the_marked_module():
     from dataclasses import replace
 
-    from tests.unit.test_verdict_explain import VIEWS
     from perfmon_analysis.verdict import evaluate
+    from tests.unit.test_verdict_explain import VIEWS
 
     view = replace(VIEWS["compute_efficiency_mfu"](), profile=profile_reading(_record(MODULES), rank=0))
     v = evaluate(view)
@@ -285,7 +285,8 @@ def test_odd_values_in_a_profile_record_are_unknown_never_guessed():
                          "depth": None, "step_s": -1.0, "timer": "", "peak_flops": 0, "modules": odd}, rank=1)
     root, a = p.rows
     assert (p.t, p.steps, p.first_step, p.depth, p.step_s, p.timer, p.peak_flops) == (0.0, 0, None, 0, None, None, None)
-    assert (root.name, root.params, root.calls, root.fwd_s, root.flops, root.seconds) == ("Net", 0, 1.0, None, None, None)
+    assert (root.name, root.params, root.calls, root.fwd_s, root.flops, root.seconds) == \
+        ("Net", 0, 1.0, None, None, None)
     assert (a.type, a.depth, a.params, a.calls, a.time_share, a.peak_frac, a.flop_share) == \
         ("?", 0, 10, 0.0, None, None, None)
     assert a.flops_per_s == 1e9 / 0.003 and p.fwd_flops_per_s is None and p.bwd_flops_per_s is None
@@ -308,7 +309,6 @@ def test_nested_uncalled_containers_sum_bottom_up_and_the_top_rows_keep_their_an
     assert (rows["blocks"].fwd_s, rows["blocks"].flops, rows["blocks"].time_share) == \
         (pytest.approx(0.003), 6e9, pytest.approx(0.8))
     p = profile_reading(_record(modules), rank=0)
-    shown = [r["name"] for r in p.as_json()["modules"]]
     lines = profile_lines(p.as_json(), top=4)
     table = lines[lines.index(next(line for line in lines if line.startswith("  MODULE"))) + 1:]
     top = [line[2:].split()[0] for line in table if not line.startswith("  (")]

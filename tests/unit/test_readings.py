@@ -5,8 +5,17 @@ from __future__ import annotations
 
 import pytest
 
-from perfmon_analysis.readings import (GpuReading, SampleReading, gpu_reading, gpu_rows, host_reading, num,
-                                       own_gpus, sample_reading, step_reading)
+from perfmon_analysis.readings import (
+    GpuReading,
+    SampleReading,
+    gpu_reading,
+    gpu_rows,
+    host_reading,
+    num,
+    own_gpus,
+    sample_reading,
+    step_reading,
+)
 from perfmon_analysis.runmodel import RunModel
 from tests.helpers import records as R
 
@@ -17,7 +26,8 @@ FULL_GPU = {"index": 1, "name": "H100", "uuid": "GPU-5fd2", "util": 0.87, "sm_ac
 
 def test_every_gpu_field_is_read_under_its_own_name():
     g = gpu_reading(FULL_GPU)
-    assert g == GpuReading(index=1, util=0.87, name="H100", uuid="GPU-5fd2", sm_active=0.5, tensor_active=0.25, mem_used=40_000_000_000,
+    assert g == GpuReading(index=1, util=0.87, name="H100", uuid="GPU-5fd2", sm_active=0.5, tensor_active=0.25,
+                           mem_used=40_000_000_000,
                            mem_total=80_000_000_000, power_w=512.5, power_limit_w=700.0, energy_mj=12_345_678.0,
                            sm_clock_mhz=1980.0,
                            temp_c=61.0, throttle=("sw_power_cap", "hw_slowdown"))

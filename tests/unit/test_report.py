@@ -8,14 +8,13 @@ from pathlib import Path
 
 import pytest
 
+from perfmon_analysis.analysis import Analysis, render_text
 from probe import wire
 from probe.paths import base_name
 from probe.recording import RecordingWriter
-from tests.unit.verdict_synth import T0, Rank, job, records
 from tests.helpers.reports import REPORT_VALIDATOR, report_of
+from tests.unit.verdict_synth import T0, Rank, job, records
 from tui import cli
-from perfmon_analysis.analysis import Analysis, render_text
-
 
 GB = 1 << 30
 

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import pytest
 
-from tests.unit.verdict_synth import T0, Rank, job, records
-from probe.wire import busbw_factor
-from perfmon_analysis.runmodel import MIN_STEPS, RunModel
 from perfmon_analysis.buffers import RECENT_SECONDS
+from perfmon_analysis.runmodel import MIN_STEPS, RunModel
+from probe.wire import busbw_factor
+from tests.unit.verdict_synth import T0, Rank, job, records
 
 GB = 1 << 30
 
@@ -225,10 +225,11 @@ def test_cpu_memory_is_rss_against_the_limit():
 
 
 def test_device_memory_breakdown_and_retries():
-    mem = lambda t, retries: {"k": "memory", "t": t, "params": 1, "grads": 2, "optimizer": 3, "activations": 4,
-                              "cache": 5, "fragmentation": 6, "other": 7, "limit": 100, "peak": 85,
-                              "peak_reserved": 95, "reserved": 90, "allocated": 80, "alloc_retries": retries,
-                              "ooms": 0}
+    def mem(t, retries):
+        return {"k": "memory", "t": t, "params": 1, "grads": 2, "optimizer": 3, "activations": 4,
+                "cache": 5, "fragmentation": 6, "other": 7, "limit": 100, "peak": 85,
+                "peak_reserved": 95, "reserved": 90, "allocated": 80, "alloc_retries": retries,
+                "ooms": 0}
     m = job(Rank(gpu_util=90, extra_records=[mem(T0 + 1, 1), mem(T0 + 2, 4)]), device="cuda").view().metrics.memory
     assert (m.params_bytes, m.grads_bytes, m.optimizer_bytes, m.activations_bytes, m.cache_bytes,
             m.other_bytes) == (1, 2, 3, 4, 5, 7)
@@ -585,7 +586,8 @@ def test_gpu_rows_are_per_host_and_a_rank_without_local_rank_uses_gpu_0():
 
 
 def test_events_of_all_ranks_are_in_time_order():
-    ev = lambda t, name: {"k": "event", "t": T0 + t, "name": name, "seconds": 0.0}
+    def ev(t, name):
+        return {"k": "event", "t": T0 + t, "name": name, "seconds": 0.0}
     model = job(Rank(0, extra_records=[ev(2.0, "eval")]), Rank(1, extra_records=[ev(1.0, "checkpoint")]))
     assert [(e["rank"], e["name"]) for e in model.view().events] == [(1, "checkpoint"), (0, "eval")]
 

@@ -11,8 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from probe import flight as F
-from probe import stall as S
+from probe import flight as F, stall as S
 from probe.comm.tracker import Ledger
 
 
@@ -358,6 +357,7 @@ def test_the_first_stall_record_already_has_the_workers_cpu_looked_at_just_befor
 def test_on_cuda_the_record_says_whether_the_device_still_has_queued_work(monkeypatch):
     """SIMULATED CUDA (tests/sim): a stream with kernels queued past now is pending, a drained one not."""
     import sys
+
     from probe.gpu import cuda
     from tests.sim.simulated_cuda import SimulatedCuda
     sim = SimulatedCuda()

@@ -5,9 +5,9 @@ from __future__ import annotations
 
 import pytest
 
+from perfmon_analysis.runmodel import RunModel
 from tests.helpers import records as R
 from tests.unit.verdict_synth import T0, Rank, job, records
-from perfmon_analysis.runmodel import RunModel
 
 GB = 1 << 30
 
@@ -263,9 +263,11 @@ def _comm(t: float, *ops: dict) -> dict:
 
 def test_collectives_are_window_deltas_from_the_newest_record_at_or_before_the_window_start():
     """30 steps of 0.1 s from T0: the window (steps 1-29) starts at T0 + 0.1 s."""
-    ar = lambda count: {"op": "all_reduce", "count": count, "bytes": count * 1000, "seconds": count * 0.01,
-                        "busbytes": count * 1000.0}
-    barrier = lambda count, secs: {"op": "barrier", "count": count, "bytes": 0, "seconds": secs}
+    def ar(count):
+        return {"op": "all_reduce", "count": count, "bytes": count * 1000, "seconds": count * 0.01,
+                "busbytes": count * 1000.0}
+    def barrier(count, secs):
+        return {"op": "barrier", "count": count, "bytes": 0, "seconds": secs}
     last = _comm(T0 + 2.0, {"op": 5}, ar(60), barrier(7, 0.2),
                  {"op": "broadcast", "count": 2, "bytes": 2000, "seconds": 0.5, "busbytes": 1000.0},
                  {"op": "send", "count": 1, "bytes": 1000},                                   # not timed
@@ -292,7 +294,8 @@ def test_collectives_are_window_deltas_from_the_newest_record_at_or_before_the_w
 
 
 def test_a_window_inside_one_record_period_counts_the_latest_period():
-    ar = lambda t, count: _comm(t, {"op": "all_reduce", "count": count, "bytes": count, "seconds": count * 0.01})
+    def ar(t, count):
+        return _comm(t, {"op": "all_reduce", "count": count, "bytes": count, "seconds": count * 0.01})
     model = RunModel(window_steps=10)                        # 30 steps of 0.1 s: the window starts at T0 + 2 s
     both_before = job(Rank(extra_records=[ar(T0 + 0.5, 10), ar(T0 + 1.5, 30)]), model=model).view()
     assert [(r.op, r.count) for r in both_before.comm_ops] == [("all_reduce", 20)]

@@ -59,11 +59,16 @@ def test_plain_loop_one_step_per_optimizer_step_with_phases():
 
 def test_first_step_is_settled_by_the_next_fetch_then_steps_end_at_once():
     loop = Loop()
-    loop.fetch(); loop.forward(); loop.backward(); loop.opt()
+    loop.fetch()
+    loop.forward()
+    loop.backward()
+    loop.opt()
     assert loop.steps == []                      # is another optimizer about to step? not known yet
     loop.fetch()
     assert len(loop.steps) == 1 and loop.steps[0][1] == pytest.approx(0.065)
-    loop.forward(); loop.backward(); loop.opt()
+    loop.forward()
+    loop.backward()
+    loop.opt()
     assert len(loop.steps) == 2                  # now known to end steps: emitted immediately
 
 
@@ -101,7 +106,9 @@ def test_gradient_accumulation_is_one_step():
 def test_optimizers_stepped_back_to_back_are_one_step():
     loop = Loop(optimizers=2)
     for _ in range(3):
-        loop.fetch(); loop.forward(); loop.backward()
+        loop.fetch()
+        loop.forward()
+        loop.backward()
         loop.opt(which=1)
         loop.opt(which=2)
     loop.f.flush()
@@ -114,8 +121,15 @@ def gan_iteration(loop: Loop, critic: int = 1, d: int = 1, g: int = 2) -> None:
     """A (W)GAN iteration: ``critic`` discriminator steps, each on its own batch, then a generator step."""
     for _ in range(critic):
         loop.fetch()
-        loop.forward(); loop.backward(); loop.forward(); loop.forward(); loop.backward(); loop.opt(which=d)
-    loop.forward(); loop.backward(); loop.opt(which=g)
+        loop.forward()
+        loop.backward()
+        loop.forward()
+        loop.forward()
+        loop.backward()
+        loop.opt(which=d)
+    loop.forward()
+    loop.backward()
+    loop.opt(which=g)
 
 
 def test_a_gan_iteration_of_two_optimizer_steps_is_one_step_with_a_part_per_optimizer():
@@ -148,9 +162,14 @@ def test_a_generator_stepped_before_its_critics_is_found_as_the_rarer_optimizer(
     the one that stepped last), after that every step is one generator and five critic steps."""
     loop = Loop(optimizers=2)
     for _ in range(4):
-        loop.forward(); loop.backward(); loop.opt(which=2)
+        loop.forward()
+        loop.backward()
+        loop.opt(which=2)
         for _ in range(5):
-            loop.fetch(); loop.forward(); loop.backward(); loop.opt(which=1)
+            loop.fetch()
+            loop.forward()
+            loop.backward()
+            loop.opt(which=1)
     loop.f.flush()
     sizes = [round((e - s) / 0.065) for s, e, _, _ in loop.steps]
     assert sizes[0] == 2 and set(sizes[2:]) == {6}
@@ -161,7 +180,9 @@ def test_one_optimizer_per_task_stepped_in_turn_is_one_step():
     for _ in range(3):
         loop.fetch()
         for task in (1, 2, 3):
-            loop.forward(); loop.backward(); loop.opt(which=task)
+            loop.forward()
+            loop.backward()
+            loop.opt(which=task)
     loop.f.flush()
     assert len(loop.steps) == 3
     assert set(loop.steps[2][2]) == {"data", "optimizer 1", "optimizer 2", "optimizer 3"}
@@ -170,7 +191,10 @@ def test_one_optimizer_per_task_stepped_in_turn_is_one_step():
 def test_an_optimizer_built_but_never_stepped_holds_only_the_first_step():
     loop = Loop(optimizers=2)
     for _ in range(12):
-        loop.fetch(); loop.forward(); loop.backward(); loop.opt(which=1)
+        loop.fetch()
+        loop.forward()
+        loop.backward()
+        loop.opt(which=1)
     loop.f.flush()
     assert len(loop.steps) == 12 - WAIT_SEGMENTS + 1
     assert loop.steps[-1][1] - loop.steps[-1][0] == pytest.approx(0.065)
@@ -180,7 +204,10 @@ def test_an_inner_optimizer_stepped_inside_the_outer_one_does_not_hold_the_first
     loop = Loop(optimizers=2)                   # ZeroRedundancyOptimizer builds its local optimizer
     loop.f.inner.add(99)
     for _ in range(3):
-        loop.fetch(); loop.forward(); loop.backward(); loop.opt(which=1)
+        loop.fetch()
+        loop.forward()
+        loop.backward()
+        loop.opt(which=1)
     loop.f.flush()
     assert len(loop.steps) == 3
 
@@ -208,12 +235,17 @@ def test_raw_tensor_step_without_forward_or_fetch_starts_at_the_previous_end():
 
 def test_an_evaluation_loaders_fetches_between_steps_are_not_the_next_steps_data():
     loop = Loop()
-    loop.fetch(); loop.forward(); loop.backward(); loop.opt()
+    loop.fetch()
+    loop.forward()
+    loop.backward()
+    loop.opt()
     loop.fetch(samples=4, source=2)              # evaluation batches (their forwards run under no_grad)
     loop.fetch(samples=4, source=2)
     train_fetch = loop.t
     loop.fetch()
-    loop.forward(); loop.backward(); loop.opt()
+    loop.forward()
+    loop.backward()
+    loop.opt()
     loop.f.flush()
     assert loop.steps[1][0] == pytest.approx(train_fetch) and loop.steps[1][3] == 8
     assert loop.steps[1][2]["data"] == pytest.approx(0.01)
@@ -224,9 +256,11 @@ def test_an_accumulation_window_fetched_before_its_first_forward_is_all_the_step
     loop = Loop()
     for _ in range(3):
         loop.idle(0.05)                          # logging between steps: not data wait
-        loop.fetch(0.01); loop.fetch(0.02)
+        loop.fetch(0.01)
+        loop.fetch(0.02)
         for _ in range(2):
-            loop.forward(); loop.backward()
+            loop.forward()
+            loop.backward()
         loop.opt()
     loop.f.flush()
     assert len(loop.steps) == 3
@@ -237,7 +271,10 @@ def test_an_accumulation_window_fetched_before_its_first_forward_is_all_the_step
 
 def test_flush_settles_a_pending_last_step():
     loop = Loop()
-    loop.fetch(); loop.forward(); loop.backward(); loop.opt()
+    loop.fetch()
+    loop.forward()
+    loop.backward()
+    loop.opt()
     loop.f.flush()
     assert len(loop.steps) == 1
     loop.f.flush()
@@ -287,7 +324,10 @@ def test_an_unseen_optimizer_step_with_nothing_open_emits_nothing():
 
 
 def train_step(loop: Loop) -> None:
-    loop.fetch(); loop.forward(); loop.backward(); loop.opt()
+    loop.fetch()
+    loop.forward()
+    loop.backward()
+    loop.opt()
 
 
 def eval_pass(loop: Loop, batches: int, with_loader: bool = True) -> None:
@@ -300,7 +340,7 @@ def eval_pass(loop: Loop, batches: int, with_loader: bool = True) -> None:
 
 def test_an_evaluation_without_no_grad_is_cut_off_the_next_step_and_reported():
     loop = Loop()
-    for epoch in range(2):
+    for _epoch in range(2):
         eval_pass(loop, 8)
         for _ in range(3):
             train_step(loop)
@@ -320,7 +360,9 @@ def test_an_evaluation_on_tensors_without_a_loader_is_cut_at_the_training_forwar
     for _ in range(3):
         train_step(loop)
     eval_pass(loop, 6, with_loader=False)
-    loop.forward(); loop.backward(); loop.opt()
+    loop.forward()
+    loop.backward()
+    loop.opt()
     loop.f.flush()
     assert len(loop.evals) == 1 and loop.evals[0][2] == 6
     s, e, phases, _ = loop.steps[-1]
@@ -335,7 +377,12 @@ def test_forwards_that_a_training_step_always_makes_are_not_evaluation():
         gan_iteration(loop)
     two = Loop()
     for _ in range(4):
-        two.fetch(source=1); two.forward(); two.fetch(source=2); two.forward(); two.backward(); two.opt()
+        two.fetch(source=1)
+        two.forward()
+        two.fetch(source=2)
+        two.forward()
+        two.backward()
+        two.opt()
     two.f.flush()
     assert loop.evals == [] and two.evals == []
     assert all(e - s == pytest.approx(0.095) for s, e, _, _ in two.steps)
@@ -359,12 +406,16 @@ def test_the_cut_steps_cpu_clock_starts_at_the_training_batchs_fetch():
     for i in range(2):
         for _ in range(5 if i else 0):
             f.fetch(t, t + 0.01, 4, source=2, cpu0=100.0 + t)
-            f.forward_begin(t + 0.01); f.forward_end(t + 0.02)
+            f.forward_begin(t + 0.01)
+            f.forward_end(t + 0.02)
             t += 0.02
         f.fetch(t, t + 0.01, 8, source=1, cpu0=100.0 + t)
-        f.forward_begin(t + 0.01); f.forward_end(t + 0.02)
-        f.backward_begin(t + 0.02); f.backward_end(t + 0.03)
-        f.optimizer_begin(t + 0.03); f.optimizer_end(t + 0.04, 1)
+        f.forward_begin(t + 0.01)
+        f.forward_end(t + 0.02)
+        f.backward_begin(t + 0.02)
+        f.backward_end(t + 0.03)
+        f.optimizer_begin(t + 0.03)
+        f.optimizer_end(t + 0.04, 1)
         t += 0.04
     assert len(evals) == 1 and evals[0][3] == pytest.approx(100.0 + 0.04 + 5 * 0.02)
 

@@ -9,15 +9,14 @@ from pathlib import Path
 import jsonschema
 import pytest
 
+from perfmon_analysis import verdict as V
+from perfmon_analysis.readings import FlightEntry, InFlight, LoaderWorker, stall_reading
+from perfmon_analysis.runmodel import RunModel
+from perfmon_analysis.stuck import CALL_STATES, HEARTBEAT_S, NO_HELLO_S, diagnose, is_library, user_frame
 from probe import flight as F
 from tests.helpers import records as R
-from tests.unit.verdict_synth import T0, Rank, job
 from tests.helpers.reports import REPORT_SCHEMA, report_of
-from perfmon_analysis import verdict as V
-from perfmon_analysis.runmodel import RunModel
-from perfmon_analysis.readings import FlightEntry, InFlight, LoaderWorker, stall_reading
-from perfmon_analysis.stuck import CALL_STATES, HEARTBEAT_S, NO_HELLO_S, diagnose, is_library, user_frame
-
+from tests.unit.verdict_synth import T0, Rank, job
 
 END = T0 + 30 * 0.1          # the synthetic ranks' last step ends here
 SITE = "/home/u/train.py"
@@ -82,7 +81,7 @@ def test_ranks_in_the_same_call_are_not_culprits_and_a_subgroup_names_its_group(
 def test_a_silent_live_rank_is_unresponsive_and_the_culprit(monkeypatch):
     model = two_ranks([WAITER])
     clock = 1000.0
-    for stream, state in model._streams.items():   # rank 1's newest record arrived 25 s ago
+    for _stream, state in model._streams.items():   # rank 1's newest record arrived 25 s ago
         state.recv_clock = clock - (25.0 if state.rank == 1 else 0.5)
     view = model.view(END + 45, clock=clock)
     v = V.evaluate(view)

@@ -7,14 +7,15 @@ import io
 
 import pytest
 
-from probe import wire
-from tests.unit.verdict_synth import T0, Rank, job, records
-from tui.commands.relay.node import StdoutRelay
 from perfmon_analysis.buffers import MIN_STEPS
 from perfmon_analysis.runmodel import RunModel
 from perfmon_analysis.summary import read_summary
 from perfmon_analysis.verdict import evaluate
 from perfmon_analysis.views import MemoryMetrics
+from probe import wire
+from tests.unit.verdict_synth import T0, Rank, job, records
+from tui.commands.relay.node import StdoutRelay
+
 
 def _comm_records(rank: int, steps: int, dur: float) -> list[dict]:
     """Cumulative all_reduce totals every 10 steps, as the probe's ``comm`` records."""
@@ -124,7 +125,8 @@ def test_odd_summary_values_are_unknown_never_an_error():
     assert read_summary({"k": "summary", "t": T0, "stats": {"busy_source": 5, "peak_source": "table"}}).stats \
         .busy_source is None
     assert read_summary({"k": "summary", "t": T0, "stats": [("n", 5)]}).stats.n == 0     # not through the wire
-    assert read_summary({"k": "summary", "t": T0, "stats": {}, "comm": {"a": [None, 1, 2.0, 3.0]}}).stats.comm_delta == {}
+    assert read_summary({"k": "summary", "t": T0, "stats": {},
+                         "comm": {"a": [None, 1, 2.0, 3.0]}}).stats.comm_delta == {}
 
 
 def test_summary_and_subscribe_are_wire_1_2_kinds():
@@ -171,7 +173,8 @@ def test_a_rank_with_no_step_yet_is_summarised_as_none_done():
     relay = RunModel()
     relay.ingest(stream(0), records(Rank(0, steps=1))[0])
     rec = _wire(relay.summary(stream(0), T0)[1])
-    assert rec["steps"] == 0 and rec["stats"]["warming_up"] is True and "step_median" not in rec["stats"]   # unknown: left out
+    assert rec["steps"] == 0 and rec["stats"]["warming_up"] is True
+    assert "step_median" not in rec["stats"]   # unknown: left out
 
 
 def _sent(buf: io.BytesIO) -> list[dict]:

@@ -64,7 +64,7 @@ def test_error_filter_set_before_start_neither_raises_nor_hides_a_sync(on_sim_gp
                 cuda.synchronizing_op()
         assert counted == [2, 2, 2, 2]
         with pytest.raises(UserWarning):          # other warnings still meet the user's filter
-            warnings.warn("the user's own warning")
+            warnings.warn("the user's own warning", stacklevel=1)
 
 
 @pytest.mark.parametrize("action", ["error", "ignore", "always"])

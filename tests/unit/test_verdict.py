@@ -7,14 +7,13 @@ import dataclasses
 
 import pytest
 
+from perfmon_analysis import flowchart as chart, verdict as V
+from perfmon_analysis.losses import by_id
+from perfmon_analysis.readings import GpuReading, GpuRow
+from perfmon_analysis.runmodel import RunModel
+from perfmon_analysis.views import JobView, MemoryMetrics
 from tests.unit.test_straggler_verdict import STRAGGLER_LEAVES
 from tests.unit.verdict_synth import T0, Rank, between, job, records
-from perfmon_analysis import flowchart as chart
-from perfmon_analysis import verdict as V
-from perfmon_analysis.losses import by_id
-from perfmon_analysis.runmodel import RunModel
-from perfmon_analysis.readings import GpuReading, GpuRow
-from perfmon_analysis.views import JobView, MemoryMetrics
 
 GB = 1 << 30
 PEAK = 100e12
@@ -181,7 +180,8 @@ def _idle(**metrics) -> JobView:
     (so the data and comm questions are tested on their own thresholds); the host stays 1 ms ahead of a
     100 ms step on the device, too little to hide the idle."""
     base = dict(device_busy=0.5, device_busy_source=None, data_wait_frac=0.0, comm_exposed_frac=0.0,
-                syncs_per_step=0.0, mfu=0.5, host_lead_s=0.001, host_lead_steps=0.01, host_queued_whole_frac=0.0, device_time_median_s=0.1)
+                syncs_per_step=0.0, mfu=0.5, host_lead_s=0.001, host_lead_steps=0.01, host_queued_whole_frac=0.0,
+                device_time_median_s=0.1)
     base.update(metrics)
     return _base_view(**base)
 
@@ -209,7 +209,8 @@ EDGES = [
      chart.COMM_EXPOSED_MIN - EPS, "communication", "healthy"),
     ("straggler", lambda x: _comm(comm_exposed_frac=0.3, compute_ratio=x), chart.STRAGGLER_RATIO_MAX - EPS,
      chart.STRAGGLER_RATIO_MAX, "load_imbalance", "communication"),
-    ("host_sync", lambda x: _idle(syncs_per_step=x, device_busy_source="nvml_util"), chart.SYNCS_PER_STEP_MIN, chart.SYNCS_PER_STEP_MIN - EPS,
+    ("host_sync", lambda x: _idle(syncs_per_step=x, device_busy_source="nvml_util"), chart.SYNCS_PER_STEP_MIN,
+     chart.SYNCS_PER_STEP_MIN - EPS,
      "host_sync", "host_overhead"),
     ("mfu", lambda x: _base_view(mfu=x), chart.MFU_MIN - EPS, chart.MFU_MIN, "compute_efficiency", "healthy"),
     ("fill", lambda x: _base_view(device_fill=x, sm_active=0.97 * x), chart.FILL_MIN - EPS, chart.FILL_MIN,
@@ -347,7 +348,8 @@ def test_warming_up_until_five_steps():
 
 
 def _views(*leaves: str) -> list[JobView]:
-    make = {"healthy": lambda: _base_view(), "data": lambda: _idle(data_wait_frac=0.3, loader_cpu=0.0, loader_workers=2),
+    make = {"healthy": lambda: _base_view(),
+            "data": lambda: _idle(data_wait_frac=0.3, loader_cpu=0.0, loader_workers=2),
             "comm": lambda: _comm(comm_exposed_frac=0.3, compute_ratio=1.0)}
     return [make[x]() for x in leaves]
 
@@ -519,7 +521,8 @@ def test_every_answered_node_puts_its_measured_value_in_the_evidence(name, ranks
     (lambda: _comm(comm_exposed_frac=0.3, compute_ratio=None), "straggler", "one rank: there is no peer to wait for"),
     (lambda: dataclasses.replace(_comm(comm_exposed_frac=0.3, compute_ratio=None), world_size=4), "straggler",
      "needs compute time of two or more ranks"),
-    (lambda: _idle(syncs_per_step=None, device_busy_source="nvml_util"), "syncs", "syncs not counted (opt-in: watch(syncs=True) or PERFMON_SYNCS=1)"),
+    (lambda: _idle(syncs_per_step=None, device_busy_source="nvml_util"), "syncs",
+     "syncs not counted (opt-in: watch(syncs=True) or PERFMON_SYNCS=1)"),
     (lambda: dataclasses.replace(_idle(), device_type="cpu"), "syncs", "CPU job: there is no host-device sync to find"),
     (lambda: _base_view(mfu=None), "mfu", "MFU unknown: pass flops= to mon.step() or mon.watch(model=...)"),
     (lambda: dataclasses.replace(_base_view(mfu=None), device_type="cpu"), "mfu",
@@ -550,7 +553,8 @@ def test_loader_question_uses_worker_cpu_or_with_no_workers_the_main_process_sha
     _, _, ev = V.walk(_idle(data_wait_frac=0.2, loader_workers=None, loader_cpu=0.9))
     assert ev["loader_cpu"] == 0.9 and "loader_cpu" not in ev.get("skipped", {})
     _, _, ev = V.walk(_idle(data_wait_frac=0.2, loader_workers=0, loader_cpu=0.9, data_cpu_frac=0.1))
-    assert ev["loader_cpu"] == 0.1 and ev["notes"]["loader_cpu"] == "num_workers=0: main-process CPU share of the data wait"
+    assert ev["loader_cpu"] == 0.1
+    assert ev["notes"]["loader_cpu"] == "num_workers=0: main-process CPU share of the data wait"
     _, _, ev = V.walk(_idle(data_wait_frac=0.2, loader_workers=4, loader_cpu=0.5))
     assert ev["notes"]["loader_cpu"] == "4 workers"
 

@@ -12,21 +12,20 @@ import dataclasses
 
 import pytest
 
-from tests.unit.test_stuck import SLEEPER, WAITER
-from tests.unit.test_where_model import FORWARD, SLEEP, intervals
-from tests.helpers.ops_jobs import view as ops_view
-from tests.unit.test_straggler_verdict import LEAVES as STRAGGLERS
-from tests.unit.verdict_synth import T0, Rank, job, records
-from perfmon_analysis import explain, units
+from perfmon_analysis import explain, units, verdict as V
 from perfmon_analysis.buffers import BLOCKING_EVENTS
-from perfmon_analysis.losses import Loss
-from perfmon_analysis import verdict as V
-from perfmon_analysis.readings import GpuRow, RankTrace, StepBar, gpu_reading
-from perfmon_analysis.runmodel import RunModel
 from perfmon_analysis.crash import Crash
 from perfmon_analysis.health import JobHealth
+from perfmon_analysis.losses import Loss
 from perfmon_analysis.memory_growth import MemoryGrowth
+from perfmon_analysis.readings import GpuRow, RankTrace, StepBar, gpu_reading
+from perfmon_analysis.runmodel import RunModel
 from perfmon_analysis.views import CommOpRow, MemoryMetrics
+from tests.helpers.ops_jobs import view as ops_view
+from tests.unit.test_straggler_verdict import LEAVES as STRAGGLERS
+from tests.unit.test_stuck import SLEEPER, WAITER
+from tests.unit.test_where_model import FORWARD, SLEEP, intervals
+from tests.unit.verdict_synth import T0, Rank, job, records
 
 GB = 1 << 30
 PEAK = 100e12
@@ -94,10 +93,10 @@ VIEWS = {
         traces={0: RankTrace(steps=(StepBar(0, 0.1, 0.0, (), "train.py:10"), StepBar(1, 0.1, 0.0, (), "train.py:42"),
                                     StepBar(2, 0.1, 0.0, ())), data_wait=(), cpu=())}),
     "host_overhead": lambda: _idle(step_time_median_s=0.25),
-    "not_measured_host_ahead": lambda: _idle(step_time_median_s=0.25, host_lead_s=0.4, host_lead_steps=1.6, host_queued_whole_frac=1.0,
-                                             device_time_median_s=0.25),
-    "not_measured_lead_unknown": lambda: _idle(step_time_median_s=0.25, host_lead_s=None, host_lead_steps=None, host_queued_whole_frac=None,
-                                               device_time_median_s=None),
+    "not_measured_host_ahead": lambda: _idle(step_time_median_s=0.25, host_lead_s=0.4, host_lead_steps=1.6,
+                                             host_queued_whole_frac=1.0, device_time_median_s=0.25),
+    "not_measured_lead_unknown": lambda: _idle(step_time_median_s=0.25, host_lead_s=None, host_lead_steps=None,
+                                               host_queued_whole_frac=None, device_time_median_s=None),
     "not_measured_busy_unknown_on_a_rank": lambda: job(Rank(0, gpu_util=95), Rank(1, gpu_why={
         "util": "NVML: NoPermission"}), device="cuda").view(),
     "low_fill": lambda: _view(device_busy=0.98, device_fill=0.56, sm_active=0.55, mfu=None),
@@ -352,7 +351,8 @@ EXPECTED = {
         None),
     'data_preprocessing_main_process': (
         'data_preprocessing', 'crit',
-        'Data preprocessing: 40% of each step waits for the loader; the main process spends 90% of the wait on CPU (num_workers=0)',
+        'Data preprocessing: 40% of each step waits for the loader; '
+        'the main process spends 90% of the wait on CPU (num_workers=0)',
         ['use DataLoader(num_workers=N): loading runs in the training process now',
          'move per-sample transforms to the device or batch them',
          'preprocess offline (cache decoded/tokenized data)'],
@@ -460,7 +460,8 @@ EXPECTED = {
         1),
     'load_imbalance_arrival': (
         'load_imbalance', 'warn',
-        'Load imbalance: rank 0 arrives last at all-gather; the others wait 30% of the step for it (it waits 0%); it loses 8% between steps',
+        'Load imbalance: rank 0 arrives last at all-gather; the others wait 30% of the step for it (it waits 0%); '
+        'it loses 8% between steps',
         ['find what delays rank 0 outside its compute: work between steps, logging, checkpointing on that '
          'rank only, its data path',
          "check rank 0's host for other processes or throttling"],
@@ -485,7 +486,8 @@ EXPECTED = {
         None),
     'host_sync_site': (
         'host_sync', 'crit',
-        'Host-device sync: the device idles 60% of each step with no other measured cause; 1.5 syncs per step (most at train.py:42)',
+        'Host-device sync: the device idles 60% of each step with no other measured cause; '
+        '1.5 syncs per step (most at train.py:42)',
         ['remove .item() / .cpu() / print(tensor) from the step; log every N steps',
          'keep metrics on the device and read them asynchronously (non_blocking=True into pinned memory)'],
         {'comm_exposed_frac': 0.0,
@@ -711,7 +713,8 @@ def test_headline_severity_fixes_and_evidence(name):
     out = v.as_json()
     assert {k: out[k] for k in ("bottleneck", "label", "severity", "headline", "path", "evidence", "suggestions",
                                 "straggler_rank")} == {
-        "bottleneck": bottleneck, "label": V.CHART.outcomes[bottleneck].label, "severity": severity, "headline": headline,
+        "bottleneck": bottleneck, "label": V.CHART.outcomes[bottleneck].label, "severity": severity,
+        "headline": headline,
         "path": v.path, "evidence": v.evidence, "suggestions": suggestions, "straggler_rank": straggler}
     assert out["losses"] == [x.as_json() for x in v.losses] and out["undecided"] == v.undecided
 
@@ -797,7 +800,8 @@ def test_compute_straggler_without_per_rank_compute_times_says_not_available():
     view = dataclasses.replace(_comm(comm_exposed_frac=0.3, compute_ratio=0.5, straggler_by="compute"),
                                straggler_rank=1, ranks=[])
     v = V.evaluate(view)
-    assert v.headline == "Load imbalance: rank 1 computes n/a/step vs n/a on rank n/a; the others wait 30% in collective"
+    assert v.headline == ("Load imbalance: rank 1 computes n/a/step vs n/a on rank n/a; "
+                          "the others wait 30% in collective")
 
 
 def test_per_rank_batch_suggestion_divides_by_the_world_size():

@@ -79,7 +79,8 @@ def test_slow_stage_is_partitioning() -> None:
 
 
 def test_one_stall_is_a_one_off_not_a_straggler() -> None:
-    lay, steps = pipeline(pp=1, dp=4, steps=10, compute=lambda st, s, d: (5.0, 5.0) if (st, d) == (4, 3) else (1.0, 2.0))
+    lay, steps = pipeline(pp=1, dp=4, steps=10,
+                          compute=lambda st, s, d: (5.0, 5.0) if (st, d) == (4, 3) else (1.0, 2.0))
     result = analyse(lay, steps)
     assert result.cause is None and result.one_off == (4, 3) and result.standout_steps == 1
 
@@ -100,7 +101,8 @@ def test_rotating_standouts_within_the_measured_cpu_contention_are_not_blamed_on
     """A contended host slows a random rank each step: a standout no larger than the share of the step
     the ranks waited for a core is not rotating imbalance; the same standouts beyond it are."""
     rotation = [0, 2, 1, 3] * 3
-    lay, steps = pipeline(pp=1, dp=4, steps=12, compute=lambda st, s, d: (1.3, 2.6) if d == rotation[st] else (1.0, 2.0))
+    lay, steps = pipeline(pp=1, dp=4, steps=12,
+                          compute=lambda st, s, d: (1.3, 2.6) if d == rotation[st] else (1.0, 2.0))
     assert analyse(lay, steps, noise=0.02).cause == ROTATING
     contended = analyse(lay, steps, noise=0.5)
     assert contended.cause is None and contended.standout_steps == 12

@@ -135,7 +135,7 @@ def test_the_most_frequent_library_call_of_a_line_is_named_and_the_keys_are_boun
     places = where.Places(roots=("/lib/",))
     tally = where.Tally(0.0)
     user = _frame("/u/train.py", 21, "fetch_from_service")
-    for i in range(5):
+    for _ in range(5):
         tally.add(_frame("/lib/requests/api.py", 9, "get", user, module="requests.api"), "waiting", places)
     tally.add(_frame("/lib/json/decoder.py", 3, "decode", user, module="json.decoder"), "waiting", places)
     tally.add(_frame("/lib/x.py", 1, "f", _frame("/lib/y.py", 2, "g")), None, places)   # no user frame at all

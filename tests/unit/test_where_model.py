@@ -12,16 +12,14 @@ import math
 
 import pytest
 
-from tests.unit.verdict_synth import T0, Rank, job
-from tests.helpers.reports import REPORT_VALIDATOR, report_of
-from perfmon_analysis.analysis import render_text
 from perfmon_analysis import verdict as V
+from perfmon_analysis.analysis import render_text
 from perfmon_analysis.losses import by_id
 from perfmon_analysis.readings import step_cpu, where_interval
-from perfmon_analysis.where_stats import wilson_half_width
 from perfmon_analysis.summary import read_summary, summary_record
-
-
+from perfmon_analysis.where_stats import wilson_half_width
+from tests.helpers.reports import REPORT_VALIDATOR, report_of
+from tests.unit.verdict_synth import T0, Rank, job
 
 TRAIN = "/home/u/train.py"
 SLEEP = {"file": TRAIN, "line": 21, "function": "fetch_from_service", "call": "time.sleep(0.04)",

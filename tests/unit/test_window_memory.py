@@ -6,8 +6,8 @@ from __future__ import annotations
 
 import collections
 
-from perfmon_analysis.readings import MemoryReading, memory_reading
 from perfmon_analysis.memory_stats import window_reserved as _window_reserved
+from perfmon_analysis.readings import MemoryReading, memory_reading
 
 G = 1 << 30
 

@@ -16,28 +16,28 @@ import signal
 import sys
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 from textual.app import App, ComposeResult
 from textual.binding import Binding
 from textual.containers import Grid
 
-from tui.stream.feed import Feed, LiveFeed, ReplayFeed
+from perfmon_analysis.analysis import Analysis
+from perfmon_analysis.heatmap import heatmap
+from perfmon_analysis.verdict import Verdict
+from perfmon_analysis.views import JobView
+from tui.app.screens.asking import AskScreen
+from tui.app.screens.capture import CaptureScreen
 from tui.app.screens.flowchart import FlowchartScreen
 from tui.app.screens.help import HelpScreen
 from tui.app.screens.log import LogScreen
 from tui.app.screens.picker import JobChoice, PickerScreen
-from tui.app.screens.asking import AskScreen
-from tui.app.screens.capture import CaptureScreen
 from tui.app.screens.profile import ProfileScreen
 from tui.app.screens.stuck import StuckScreen
 from tui.app.screens.trends import TrendsScreen
 from tui.app.screens.where import WhereScreen
-from perfmon_analysis.heatmap import heatmap
-from perfmon_analysis.analysis import Analysis
-from perfmon_analysis.verdict import Verdict
-from perfmon_analysis.views import JobView
 from tui.app.widgets.comm import CommPane
 from tui.app.widgets.data import DataPane, worst_data_rank
 from tui.app.widgets.device import DevicePane
@@ -49,6 +49,7 @@ from tui.app.widgets.pane import Pane, UiState, focus_rank
 from tui.app.widgets.ranks import RanksPane
 from tui.app.widgets.timeline import TimelinePane
 from tui.app.widgets.verdictbar import VerdictBar
+from tui.stream.feed import Feed, LiveFeed, ReplayFeed
 
 PANE_CLASSES: tuple[type[Pane], ...] = (DevicePane, MemoryPane, CommPane, DataPane, TimelinePane, RanksPane)
 # (steps, seconds) windows the ``w`` key cycles through; the first is the run model's default window.
@@ -59,7 +60,7 @@ FEED_CLOSE_SECONDS = 5.0       # q: at most this long to stop the relays a feed 
 FIRST_SCREEN_TRIES = 60        # at most 60 tries after the first records arrive...
 FIRST_SCREEN_PAUSE = 4.0       # ...each after a pause of 50 ms or 4x the last one's cost
 REFRESH_BUDGET = 0.10          # share of a core the timer's refreshes may take before it refreshes less often
-SLOWEST_REFRESH_S = 0.5        # ...but at least twice a second: a live view that lags its job by more than that reads as frozen
+SLOWEST_REFRESH_S = 0.5        # ...but at least twice a second: a view lagging its job by more reads as frozen
 
 
 def ticks_to_skip(cost_s: float, tick_s: float) -> int:

@@ -12,8 +12,8 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from probe import paths
 from perfmon_analysis.analysis import Analysis
+from probe import paths
 from tui.app.launch import app_for, needs_terminal, run_app
 from tui.errors import UserError
 from tui.pricing import price_per_device_hour
@@ -36,7 +36,8 @@ def build_app(target: str | None, *, token: str | None = None, speed: float | No
     if target is not None and not os.path.exists(target):
         host_port = parse_host_port(target)
         if host_port is not None:
-            return app_for(TcpFeed(Analysis(), host_port[0], host_port[1], read_token(token)), log_path=log_path, price=price)
+            return app_for(TcpFeed(Analysis(), host_port[0], host_port[1], read_token(token)), log_path=log_path,
+                           price=price)
     if target is None:
         grouped = discovery.jobs(discovery.list_endpoints())
         if not grouped:

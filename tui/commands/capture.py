@@ -9,16 +9,17 @@ from __future__ import annotations
 
 import json
 import sys
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
-from typing import Any, Callable
+from typing import Any
 
-from tui.errors import UserError
 from perfmon_analysis.capture import capture_reading
+from tui.errors import UserError
 
 
 def main(args: Any) -> int:
-    from tui.stream.connect import remote_feed
     from tui.stream import discovery
+    from tui.stream.connect import remote_feed
     from tui.stream.requests import Target, ask
 
     wanted = _ranks(args.ranks)

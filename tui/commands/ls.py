@@ -8,6 +8,7 @@ from typing import Any
 from probe import paths
 from tui.stream.discovery import list_endpoints
 
+
 def main(args: Any) -> int:
     endpoints = list_endpoints()
     if args.json:

@@ -12,17 +12,17 @@ import json
 import sys
 from typing import Any
 
-from tui.errors import UserError
-from perfmon_analysis.profile import profile_lines
 from perfmon_analysis.analysis import Analysis
+from perfmon_analysis.profile import profile_lines
+from tui.errors import UserError
 
 DEFAULT_STEPS = 5
 DEFAULT_DEPTH = 3
 
 
 def main(args: Any) -> int:
-    from tui.stream.connect import remote_feed
     from tui.stream import discovery
+    from tui.stream.connect import remote_feed
     from tui.stream.requests import Target, ask
 
     remote = remote_feed(args)

@@ -12,12 +12,12 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from perfmon_analysis.analysis import Analysis
 from probe import paths, wire
 from probe.recording import RecordingWriter
-from tui.stream.discovery import Endpoint, resolve_live
 from tui.errors import UserError
-from perfmon_analysis.analysis import Analysis
 from tui.stream.connect import remote_feed
+from tui.stream.discovery import Endpoint, resolve_live
 from tui.stream.feed import Feed, LiveFeed, follow
 from tui.stream.sources import StreamError
 

@@ -18,19 +18,28 @@ from typing import Any
 import numpy as np
 from bokeh.embed import components
 from bokeh.layouts import column
-from bokeh.models import (ColorBar, ColumnDataSource, CustomJSHover, FixedTicker, HoverTool, LinearColorMapper,
-                          NumeralTickFormatter, Range1d, Span)
+from bokeh.models import (
+    ColorBar,
+    ColumnDataSource,
+    CustomJSHover,
+    FixedTicker,
+    HoverTool,
+    LinearColorMapper,
+    NumeralTickFormatter,
+    Range1d,
+    Span,
+)
 from bokeh.palettes import Category10_10, Viridis256
 from bokeh.plotting import figure as _bokeh_figure
 from bokeh.resources import Resources
 
 from perfmon_analysis import units
 from perfmon_analysis.analysis import Analysis
-from perfmon_analysis.history import MEMORY_FIELDS, STEP_FIELDS, History, memory_used
-from perfmon_analysis.profile import profile_lines
-from perfmon_analysis.layout_report import layout_lines
-from perfmon_analysis.report import gains_lines
 from perfmon_analysis.capture import capture_reading
+from perfmon_analysis.history import MEMORY_FIELDS, STEP_FIELDS, History, memory_used
+from perfmon_analysis.layout_report import layout_lines
+from perfmon_analysis.profile import profile_lines
+from perfmon_analysis.report import gains_lines
 from perfmon_analysis.verdict import label as outcome_label
 
 TREND_COLUMNS = 240       # time slices of the step-time chart
@@ -268,7 +277,8 @@ def _row_rank(ranks: list[tuple[int, str | None]]) -> CustomJSHover:
     """The hover's rank (and node) of the row under the pointer: rows are ranks grouped by node."""
     labels = [f"{rank} ({host})" if host else str(rank) for rank, host in ranks]
     return CustomJSHover(args={"labels": labels},
-                         code="const row = Math.floor(value); return row >= 0 && row < labels.length ? labels[row] : '';")
+                         code="const row = Math.floor(value); "
+                              "return row >= 0 && row < labels.length ? labels[row] : '';")
 
 
 def _node_ticks(fig: Any, ranks: list[tuple[int, str | None]]) -> None:

@@ -19,15 +19,24 @@ import asyncio
 import dataclasses
 import threading
 import time
-from typing import Any, Iterator
+from collections.abc import Iterator
+from typing import Any
 
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, InfoMetricFamily
 from prometheus_client.registry import Collector, CollectorRegistry
 
 from perfmon_analysis.analysis import Snapshot
 from perfmon_analysis.groups import GroupReduction, RankRow, reduce_rows
-from perfmon_analysis.metrics import (GROUP_COUNTS, GROUP_EXTREME_RANK, GROUP_QUANTITIES, GROUP_RELAYS_DOWN,
-                                      GROUP_STATS, GROUP_SUMS, Surface, on)
+from perfmon_analysis.metrics import (
+    GROUP_COUNTS,
+    GROUP_EXTREME_RANK,
+    GROUP_QUANTITIES,
+    GROUP_RELAYS_DOWN,
+    GROUP_STATS,
+    GROUP_SUMS,
+    Surface,
+    on,
+)
 from perfmon_analysis.stuck import HEARTBEAT_S
 from perfmon_analysis.verdict import Verdict
 from perfmon_analysis.views import JobView, RankView
@@ -167,7 +176,7 @@ def _rank_labels(view: JobView, r: RankView) -> list[str]:
 
 
 class _SnapshotCollector(Collector):
-    def __init__(self, holder: "_Holder") -> None:
+    def __init__(self, holder: _Holder) -> None:
         self.holder = holder
 
     def collect(self) -> Iterator[Any]:

@@ -25,9 +25,10 @@ from __future__ import annotations
 
 import gzip
 import json
-from pathlib import Path
+from collections.abc import Iterable
 from dataclasses import dataclass
-from typing import Any, Iterable
+from pathlib import Path
+from typing import Any
 
 from perfmon_analysis.buffers import StepParser
 from perfmon_analysis.readings import StepReading, event_reading, num

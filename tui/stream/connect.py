@@ -12,9 +12,9 @@ import os
 import sys
 from typing import Any
 
-from probe.paths import RECORD_SUFFIX, SOCKET_SUFFIX
 from perfmon_analysis.analysis import Analysis
 from perfmon_analysis.readings import record_time
+from probe.paths import RECORD_SUFFIX, SOCKET_SUFFIX
 from tui.errors import UserError
 
 
@@ -29,8 +29,8 @@ def remote_feed(args: Any, analysis: Analysis | None = None) -> Any:
         return None
     if not args.target:
         raise UserError("name the job to follow on those hosts (perfmon ls on a node lists them)")
-    from tui.stream.remote import RelayFeed
     from tui.stream import tree
+    from tui.stream.remote import RelayFeed
     into = analysis or Analysis()
     via = hosts.transport(args.via, k8s, namespace)
     port = getattr(args, "relay_port", None)
@@ -121,7 +121,8 @@ def _replay(analysis: Analysis, streams: list[tuple[str, list[dict[str, Any]]]],
     start, end = min(times), max(times)
     every = (end - start) / instants or 1.0
     mark = start + every
-    for t, _, _, stream, record in heapq.merge(*(_timed(i, stream, records) for i, (stream, records) in enumerate(streams))):
+    timed = (_timed(i, stream, records) for i, (stream, records) in enumerate(streams))
+    for t, _, _, stream, record in heapq.merge(*timed):
         if t >= mark:
             analysis.snapshot(mark)
             mark = t + every - (t - start) % every

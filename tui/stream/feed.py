@@ -16,14 +16,15 @@ from __future__ import annotations
 
 import asyncio
 import time
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Iterable
+from typing import Any
 
-from probe import paths
-from tui.stream import discovery
-from tui.errors import UserError
 from perfmon_analysis.analysis import Analysis
+from probe import paths
+from tui.errors import UserError
+from tui.stream import discovery
 from tui.stream.requests import Target
 from tui.stream.sources import LiveStream, LoadedRecording, StreamError, viewer_hello
 
@@ -79,7 +80,7 @@ class Feed:
         """The streams whose every record the viewer needs now (the panes' rank; None: all). Only a
         feed through relays, which otherwise summarises each rank, does anything with it."""
 
-    def request_target(self, stream_id: str) -> "Target | str":
+    def request_target(self, stream_id: str) -> Target | str:
         """Where to send a request to the probe behind ``stream_id`` (``tui.stream.requests``),
         or why this feed cannot (a recording has no probe to ask)."""
         return "a recording cannot be asked: attach to the live job (perfmon attach JOB)"
@@ -187,7 +188,7 @@ class LiveFeed(Feed):
         self.streams[path] = StreamStatus(path, Path(path).name.removesuffix(paths.SOCKET_SUFFIX))
         self._tasks[path] = asyncio.ensure_future(self._read(path))
 
-    def request_target(self, stream_id: str) -> "Target | str":
+    def request_target(self, stream_id: str) -> Target | str:
         return Target(path=stream_id, label=self.streams[stream_id].label if stream_id in self.streams else stream_id)
 
     async def _read(self, path: str) -> None:
@@ -197,8 +198,9 @@ class LiveFeed(Feed):
             reader, writer = await asyncio.wait_for(asyncio.open_unix_connection(path), CONNECT_TIMEOUT)
         except (OSError, asyncio.TimeoutError) as exc:
             status.state = "lost" if isinstance(exc, (ConnectionRefusedError, FileNotFoundError)) else "error"
-            status.message = f"{path}: permission denied (a job of another user?)" if isinstance(
-                exc, PermissionError) else f"{path}: cannot connect: {getattr(exc, 'strerror', None) or exc or 'timeout'}"
+            status.message = (f"{path}: permission denied (a job of another user?)"
+                              if isinstance(exc, PermissionError)
+                              else f"{path}: cannot connect: {getattr(exc, 'strerror', None) or exc or 'timeout'}")
             self.analysis.add_problem(status.message)
             self.stream_finished()
             return
@@ -217,7 +219,7 @@ class TcpFeed(Feed):
         super().__init__(analysis, description=f"tcp {host}:{port}")
         self.host, self.port, self.token = host, port, token
 
-    def request_target(self, stream_id: str) -> "Target | str":
+    def request_target(self, stream_id: str) -> Target | str:
         return Target(host=self.host, port=self.port, token=self.token)
 
     async def run(self) -> None:
@@ -324,7 +326,7 @@ class ReplayFeed(Feed):
             self.streams[sid] = StreamStatus(sid, rec_file.path.name.removesuffix(paths.RECORD_SUFFIX), state="replay")
             if rec_file.problem:
                 analysis.add_problem(rec_file.problem)
-            for i, rec in enumerate(rec_file.records):
+            for rec in rec_file.records:
                 merged.append((float(rec["t"]), len(merged), sid, rec))
         merged.sort(key=lambda item: (item[0], item[1]))
         self._records = merged

@@ -3,8 +3,8 @@ transport template.
 
 The transport is whatever the user already has: by default ``ssh -T -o BatchMode=yes {host}``
 (no password prompt can hang the viewer), ``kubectl exec`` for pods found by ``--k8s``, or a
-``--via`` / ``PERFMON_VIA`` template such as ``srun --overlap -w {host}`` or ``ssh -J jump {host}``. The template is split like a shell command,
-``{host}`` is replaced, and the relay's own argv is appended.
+``--via`` / ``PERFMON_VIA`` template such as ``srun --overlap -w {host}`` or ``ssh -J jump {host}``. The
+template is split like a shell command, ``{host}`` is replaced, and the relay's own argv is appended.
 """
 
 from __future__ import annotations

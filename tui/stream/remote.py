@@ -100,7 +100,7 @@ class RelayFeed(Feed):
         except (OSError, RuntimeError):     # the relay is gone: its stream says so
             pass
 
-    def request_target(self, stream_id: str) -> "RelayTarget | str":
+    def request_target(self, stream_id: str) -> RelayTarget | str:
         host, _, src = stream_id.partition("/")
         if self._linked(host) is None or self._loop is None:
             return f"the relay of {host} is not running: no request can reach its ranks"
@@ -419,7 +419,7 @@ class RemoteJob:
         self._thread = threading.Thread(target=self.loop.run_forever, name="perfmon-relays", daemon=True)
         self._run: asyncio.Task | None = None
 
-    def __enter__(self) -> "RemoteJob":
+    def __enter__(self) -> RemoteJob:
         self._thread.start()
         self._call(self._start())
         return self
@@ -470,11 +470,11 @@ class RemoteJob:
     def follow(self, stream_ids: set[str] | None) -> None:
         self.loop.call_soon_threadsafe(self.feed.follow, stream_ids)
 
-    def target(self, stream_id: str) -> "RelayTarget":
+    def target(self, stream_id: str) -> RelayTarget:
         got = self._call(self._target(stream_id))
         if isinstance(got, str):
             raise UserError(got)
         return got
 
-    async def _target(self, stream_id: str) -> "RelayTarget | str":
+    async def _target(self, stream_id: str) -> RelayTarget | str:
         return self.feed.request_target(stream_id)

@@ -13,7 +13,8 @@ from __future__ import annotations
 import random
 import socket
 import time
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 from probe import wire
 from tui.errors import UserError
@@ -69,7 +70,8 @@ def _ask_socket(target: Target, op: str, params: dict[str, Any], timeout: float,
         seen = on_record or (lambda record: None)
         hello = _next(sock, decoder, deadline, target, lambda r: r["k"] == "hello", "its hello", seen)
         if not _speaks(hello.get("proto"), "request"):
-            raise UserError(f"{target.label}: the job's perfmon speaks protocol {wire.format_proto(hello.get('proto'))}, "
+            raise UserError(f"{target.label}: the job's perfmon speaks protocol "
+                            f"{wire.format_proto(hello.get('proto'))}, "
                             "which takes no requests; run the job with this perfmon version")
         sock.sendall(wire.encode({"k": "request", "t": time.time(), "id": request_id, "op": op, **params}))
         answer = _next(sock, decoder, deadline, target,
@@ -114,7 +116,7 @@ def _next(sock: socket.socket, decoder: wire.FrameDecoder, deadline: float, targ
         sock.settimeout(left)
         try:
             data = sock.recv(1 << 16)
-        except socket.timeout:
+        except TimeoutError:
             data = b""
             continue
         except OSError as exc:

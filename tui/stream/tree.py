@@ -21,8 +21,8 @@ from __future__ import annotations
 import time
 from typing import TYPE_CHECKING, Any
 
-from probe import wire
 from perfmon_analysis.groups import GroupReduction
+from probe import wire
 from tui.stream.hosts import RELAY_ARGV, encode_via, via_argv
 from tui.stream.remote import RelayFeed, RelayTarget
 
@@ -93,7 +93,7 @@ class TreeFeed(RelayFeed):
         except (OSError, RuntimeError):
             pass
 
-    def request_target(self, stream_id: str) -> "RelayTarget | str":
+    def request_target(self, stream_id: str) -> RelayTarget | str:
         group = self.node_group.get(stream_id.partition("/")[0])
         if group is None or self._linked(group) is None or self._loop is None:
             return f"the group relay of {stream_id.partition('/')[0]} is not running: no request can reach its ranks"

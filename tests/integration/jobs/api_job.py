@@ -23,7 +23,7 @@ def batches():
         yield i
 
 
-for batch in mon.loader(batches()):
+for _batch in mon.loader(batches()):
     with mon.step(samples=8):
         with mon.phase("forward"):
             time.sleep(fwd_ms / 1000)

@@ -32,7 +32,7 @@ def record(directory: str) -> None:
     mon = probe.start(job="killed", record=directory, serve=False, sample_hz=10)
     i = 0
     while True:
-        for batch in mon.loader(range(50)):
+        for _batch in mon.loader(range(50)):
             with mon.step(samples=1):
                 with mon.phase("forward"):
                     sum(range(200))

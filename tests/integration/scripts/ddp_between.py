@@ -57,7 +57,7 @@ for _ in range(35):                     # the backward's own compute: DDP withou
 compute = statistics.median(solo_bwd[5:])
 nap = args.sleep * statistics.median(solo_step[5:])
 starts, bwds, sleeps = [], [], []
-for i in range(args.steps):
+for _i in range(args.steps):
     starts.append(time.perf_counter())
     opt.zero_grad()
     if args.sleep:

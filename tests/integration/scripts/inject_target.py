@@ -8,12 +8,12 @@ points where ``sys.remote_exec`` enters; else it blocks in ``read``). With ``--u
 until a line arrives on stdin (read by a thread of its own, which is parked in the kernel meanwhile,
 as a training process's helper threads are), after printing ``{"ready": pid, "importable": [...]}``
 (which of perfmon's packages and its dependencies its environment has) at its first step.
-At the first pause (or that first step) it notes what a probe could leave behind (threads, file descriptors, torch's global hooks, the functions
-perfmon wraps, sys.path, sys.meta_path, warning filters, sys.modules, live objects of perfmon's classes); the last
-stdout line is JSON with the final loss (``repr``: bit-identical or not), ``residue``: what
-differs at the end from that baseline (empty when nothing of perfmon is left), ``nvml`` (with
-``--simulated-nvml``: NVML's init count and the device calls made), and ``rss_kb``:
-resident memory at the first pause and at the end.
+At the first pause (or that first step) it notes what a probe could leave behind (threads, file descriptors,
+torch's global hooks, the functions perfmon wraps, sys.path, sys.meta_path, warning filters, sys.modules, live
+objects of perfmon's classes); the last stdout line is JSON with the final loss (``repr``: bit-identical or
+not), ``residue``: what differs at the end from that baseline (empty when nothing of perfmon is left),
+``nvml`` (with ``--simulated-nvml``: NVML's init count and the device calls made), and ``rss_kb``: resident
+memory at the first pause and at the end.
 """
 
 import argparse
@@ -32,8 +32,8 @@ import torch
 import torch._dynamo  # noqa: F401  (loaded by most training stacks; torch modules the probe loads stay loaded)
 import torch.distributed as dist
 from torch import nn
-from torch.utils.data import DataLoader, TensorDataset
 from torch.optim import optimizer as optim
+from torch.utils.data import DataLoader, TensorDataset
 from torch.utils.data.dataloader import _BaseDataLoaderIter
 
 parser = argparse.ArgumentParser()
@@ -180,5 +180,6 @@ while (not told.is_set()) if args.until_told else step < args.steps:
 end = state()
 residue = {k: {"before": baseline[k], "after": end[k]} for k in (baseline or {}) if baseline[k] != end[k]}
 print(json.dumps({"loss": repr(loss.item()), "steps": step, "residue": residue, "rss_kb": [rss, rss_kb()],
-                  **({"nvml": {"initialized": nvml.initialized(), "calls": sum(sum(d.calls.values()) for d in nvml.devices)}}
+                  **({"nvml": {"initialized": nvml.initialized(),
+                               "calls": sum(sum(d.calls.values()) for d in nvml.devices)}}
                      if nvml is not None else {})}), flush=True)

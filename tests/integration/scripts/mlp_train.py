@@ -20,6 +20,7 @@ import time
 
 import torch
 from torch import nn
+from torch.utils.data import DataLoader, TensorDataset
 
 
 def resource_rss() -> int:
@@ -27,8 +28,6 @@ def resource_rss() -> int:
     with open("/proc/self/statm") as fh:
         return int(fh.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
 
-
-from torch.utils.data import DataLoader, TensorDataset
 
 parser = argparse.ArgumentParser()
 parser.add_argument("--steps", type=int, default=30, help="optimizer steps")

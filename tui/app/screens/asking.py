@@ -15,9 +15,9 @@ from textual.containers import VerticalScroll
 from textual.screen import Screen
 from textual.widgets import Footer, Static
 
+from perfmon_analysis.views import JobView
 from tui.app.widgets import glyphs
 from tui.errors import UserError
-from perfmon_analysis.views import JobView
 from tui.stream.requests import Target, ask
 
 TIMEOUT = 120.0

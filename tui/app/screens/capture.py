@@ -7,9 +7,9 @@ from __future__ import annotations
 from rich.text import Text
 from textual.binding import Binding
 
+from perfmon_analysis.views import JobView
 from tui.app.screens.asking import AskScreen
 from tui.app.widgets import glyphs
-from perfmon_analysis.views import JobView
 
 
 class CaptureScreen(AskScreen):

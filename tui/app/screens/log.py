@@ -4,8 +4,9 @@ parts switched off) and, under ``perfmon run``, the job's output file as a tail 
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 from textual.app import ComposeResult
 from textual.binding import Binding

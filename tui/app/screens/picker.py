@@ -10,8 +10,8 @@ from textual.binding import Binding
 from textual.screen import Screen
 from textual.widgets import DataTable, Static
 
-from tui.stream.discovery import Endpoint
 from perfmon_analysis import units
+from tui.stream.discovery import Endpoint
 
 
 @dataclass(frozen=True)

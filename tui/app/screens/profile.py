@@ -7,10 +7,10 @@ from __future__ import annotations
 from rich.text import Text
 from textual.binding import Binding
 
-from tui.app.screens.asking import AskScreen
-from tui.app.widgets import glyphs
 from perfmon_analysis.profile import ModuleProfile, profile_lines
 from perfmon_analysis.views import JobView
+from tui.app.screens.asking import AskScreen
+from tui.app.widgets import glyphs
 
 
 def profile_text(profile: ModuleProfile | None, width: int = 100) -> list[Text]:

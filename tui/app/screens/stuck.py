@@ -15,9 +15,9 @@ from textual.containers import VerticalScroll
 from textual.screen import Screen
 from textual.widgets import Footer, Static
 
-from tui.app.widgets import glyphs
 from perfmon_analysis import units
 from perfmon_analysis.stuck import RankStuck, StuckDiagnosis, is_library
+from tui.app.widgets import glyphs
 from tui.stream import native
 
 FRAMES = 12        # innermost frames shown per rank

@@ -15,10 +15,10 @@ from textual.containers import VerticalScroll
 from textual.screen import Screen
 from textual.widgets import Footer, Static
 
-from tui.app.widgets import glyphs
 from perfmon_analysis import units
 from perfmon_analysis.losses import by_id
 from perfmon_analysis.verdict import Verdict
+from tui.app.widgets import glyphs
 
 _STATE_STYLE = {"waiting": glyphs.WARN, "busy": glyphs.OK}
 
@@ -33,7 +33,8 @@ def where_text(verdict: Verdict | None) -> Group:
     losses = by_id(verdict.losses)
     parts: list[Text | Table] = []
     head = Text(f"rank {table.rank}: {table.samples} samples inside steps in the window"
-                f"{f' at {units.number(table.hz)}Hz' if table.hz else ''}, covering {units.pct(table.span_share)} of the "
+                f"{f' at {units.number(table.hz)}Hz' if table.hz else ''}, "
+               f"covering {units.pct(table.span_share)} of the "
                 f"step; {table.between_samples} between steps, covering {units.pct(table.between_share)}",
                 style="bold")
     parts.append(head)

@@ -6,9 +6,9 @@ from __future__ import annotations
 from rich.console import RenderableType
 from rich.text import Text
 
-from perfmon_analysis.views import JobView
-from perfmon_analysis.verdict import Verdict
 from perfmon_analysis import units
+from perfmon_analysis.verdict import Verdict
+from perfmon_analysis.views import JobView
 from tui.app.widgets import glyphs
 from tui.app.widgets.pane import Pane, UiState
 
@@ -16,7 +16,8 @@ from tui.app.widgets.pane import Pane, UiState
 class CommPane(Pane):
     NAME = "comm"
 
-    def draw(self, view: JobView, verdict: Verdict | None, ui: UiState, width: int, height: int) -> RenderableType:
+    def draw(self, view: JobView, verdict: Verdict | None, ui: UiState, width: int,
+             height: int) -> list[Text] | RenderableType:
         m = view.metrics
         lines: list[Text] = []
         if view.world_size <= 1 and not view.comm_ops:
@@ -50,9 +51,9 @@ class CommPane(Pane):
             lines.append(Text("wait per rank (exposed comm share of step)", style=glyphs.DIM))
             bar_w = max(4, width - 16)
             for r in view.ranks[: rows_left - 1]:
-                row = Text(f"r{r.rank:<3}{units.pct(r.comm_exposed_frac):>5} ")
-                row.append_text(glyphs.hbar(r.comm_exposed_frac, bar_w, style=glyphs.CATEGORY["comm"]))
+                line = Text(f"r{r.rank:<3}{units.pct(r.comm_exposed_frac):>5} ")
+                line.append_text(glyphs.hbar(r.comm_exposed_frac, bar_w, style=glyphs.CATEGORY["comm"]))
                 if r.rank == view.straggler_rank:
-                    row.append(" ◀", style=glyphs.BAD)
-                lines.append(row)
+                    line.append(" ◀", style=glyphs.BAD)
+                lines.append(line)
         return lines[:height]

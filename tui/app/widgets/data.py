@@ -7,9 +7,9 @@ from __future__ import annotations
 from rich.console import RenderableType
 from rich.text import Text
 
-from perfmon_analysis.views import JobView
-from perfmon_analysis.verdict import Verdict
 from perfmon_analysis import units
+from perfmon_analysis.verdict import Verdict
+from perfmon_analysis.views import JobView
 from tui.app.widgets import glyphs
 from tui.app.widgets.pane import Pane, UiState, focus_rank
 
@@ -17,7 +17,8 @@ from tui.app.widgets.pane import Pane, UiState, focus_rank
 class DataPane(Pane):
     NAME = "data"
 
-    def draw(self, view: JobView, verdict: Verdict | None, ui: UiState, width: int, height: int) -> RenderableType:
+    def draw(self, view: JobView, verdict: Verdict | None, ui: UiState, width: int,
+             height: int) -> list[Text] | RenderableType:
         m = view.metrics
         lines: list[Text] = []
         wait = Text.assemble(("wait ", "bold"))
@@ -62,4 +63,4 @@ def worst_data_rank(view: JobView) -> int | None:
     known = [r for r in view.ranks if r.data_wait_frac is not None]
     if not known:
         return view.ranks[0].rank if view.ranks else None
-    return max(known, key=lambda r: r.data_wait_frac).rank
+    return max(known, key=lambda r: r.data_wait_frac or 0.0).rank

@@ -8,9 +8,9 @@ from __future__ import annotations
 from rich.console import RenderableType
 from rich.text import Text
 
-from perfmon_analysis.views import JobView
-from perfmon_analysis.verdict import Verdict
 from perfmon_analysis import units
+from perfmon_analysis.verdict import Verdict
+from perfmon_analysis.views import JobView
 from tui.app.widgets import glyphs
 from tui.app.widgets.pane import Pane, UiState
 
@@ -23,7 +23,8 @@ BUSY_SOURCE = {"nvml_util": "time a kernel ran (NVML util)", "cuda_timeline": "s
 class DevicePane(Pane):
     NAME = "device"
 
-    def draw(self, view: JobView, verdict: Verdict | None, ui: UiState, width: int, height: int) -> RenderableType:
+    def draw(self, view: JobView, verdict: Verdict | None, ui: UiState, width: int,
+             height: int) -> list[Text] | RenderableType:
         m = view.metrics
         lines: list[Text] = []
         busy = Text("busy ")

@@ -8,7 +8,7 @@ distinct fill characters so the categories stay apart.
 
 from __future__ import annotations
 
-from typing import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 
 from rich.text import Text
 

@@ -6,8 +6,8 @@ from __future__ import annotations
 from rich.text import Text
 from textual.widget import Widget
 
-from perfmon_analysis.views import JobView
 from perfmon_analysis import units
+from perfmon_analysis.views import JobView
 from tui.app.widgets import glyphs
 from tui.app.widgets.pane import UiState
 

@@ -35,7 +35,7 @@ def pages(hm: HeatMap, width: int, height: int) -> list[Page]:
     per_page = max(1, (height - 2) // BAND_ROWS)
     bands: list[tuple[int | None, ...]] = []
     band: list[int | None] = []
-    for host, first, count in hm.nodes:
+    for _host, first, count in hm.nodes:
         if band and len(band) + 2 > cells:
             bands.append(tuple(band))
             band = []

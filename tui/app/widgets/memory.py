@@ -10,9 +10,9 @@ from __future__ import annotations
 from rich.console import RenderableType
 from rich.text import Text
 
-from perfmon_analysis.views import JobView
-from perfmon_analysis.verdict import Verdict
 from perfmon_analysis import units
+from perfmon_analysis.verdict import Verdict
+from perfmon_analysis.views import JobView
 from tui.app.widgets import glyphs
 from tui.app.widgets.pane import Pane, UiState
 
@@ -24,7 +24,8 @@ SHORT = {"params": "par", "grads": "grad", "optimizer": "opt", "activations": "a
 class MemoryPane(Pane):
     NAME = "memory"
 
-    def draw(self, view: JobView, verdict: Verdict | None, ui: UiState, width: int, height: int) -> RenderableType:
+    def draw(self, view: JobView, verdict: Verdict | None, ui: UiState, width: int,
+             height: int) -> list[Text] | RenderableType:
         mem = view.metrics.memory
         lines: list[Text] = []
         if mem.source is None:

@@ -10,10 +10,10 @@ from __future__ import annotations
 
 from rich.text import Text
 
-from perfmon_analysis.heatmap import heatmap
-from perfmon_analysis.views import JobView, RankView
-from perfmon_analysis.verdict import Verdict
 from perfmon_analysis import units
+from perfmon_analysis.heatmap import heatmap
+from perfmon_analysis.verdict import Verdict
+from perfmon_analysis.views import JobView, RankView
 from tui.app.widgets import glyphs, heatmap as heat
 from tui.app.widgets.layout import HEATMAP_RANKS
 from tui.app.widgets.pane import Pane, UiState

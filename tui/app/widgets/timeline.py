@@ -10,10 +10,10 @@ from __future__ import annotations
 from rich.console import RenderableType
 from rich.text import Text
 
-from perfmon_analysis.readings import StepBar
-from perfmon_analysis.views import JobView
-from perfmon_analysis.verdict import Verdict
 from perfmon_analysis import units
+from perfmon_analysis.readings import StepBar
+from perfmon_analysis.verdict import Verdict
+from perfmon_analysis.views import JobView
 from tui.app.widgets import glyphs
 from tui.app.widgets.pane import Pane, UiState, focus_rank
 
@@ -23,7 +23,8 @@ ORDER = ("data", "forward", "backward", "optimizer")
 class TimelinePane(Pane):
     NAME = "timeline"
 
-    def draw(self, view: JobView, verdict: Verdict | None, ui: UiState, width: int, height: int) -> RenderableType:
+    def draw(self, view: JobView, verdict: Verdict | None, ui: UiState, width: int,
+             height: int) -> list[Text] | RenderableType:
         rank = focus_rank(view, ui, verdict)
         trace = view.traces.get(rank) if rank is not None else None
         steps = trace.steps if trace is not None else ()

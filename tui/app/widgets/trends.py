@@ -11,8 +11,8 @@ history (``perfmon_analysis.history``), never from a second reader.
 from __future__ import annotations
 
 import statistics
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Callable, Sequence
 
 from rich.text import Text
 from textual.app import ComposeResult

@@ -10,9 +10,9 @@ from __future__ import annotations
 from rich.text import Text
 from textual.widget import Widget
 
+from perfmon_analysis import units
 from perfmon_analysis.flowchart import Question
 from perfmon_analysis.verdict import Verdict, label as outcome_label
-from perfmon_analysis import units
 from tui.app.widgets import glyphs
 
 COMPACT_BELOW = 100      # columns: a narrower bar says the gain in short, leaving room for the fix

@@ -12,8 +12,8 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import shlex
+import shutil
 import signal
 import socket
 import subprocess
@@ -26,9 +26,9 @@ from typing import Any
 
 from probe import paths
 from probe.host import parse_bytes
-from tui.stream import discovery
 from tui.commands.demo import scenarios
 from tui.errors import UserError
+from tui.stream import discovery
 
 HEADLESS_SECONDS = 40.0
 STARTUP_TIMEOUT = 120.0     # importing torch and joining the process group on a loaded machine
@@ -119,7 +119,7 @@ def _job_name(scenario: str) -> str:
 
 
 def _has_cuda() -> bool:
-    import torch   # only here: the launcher asks once, for the GPU-only scenario
+    import torch  # only here: the launcher asks once, for the GPU-only scenario
     return bool(torch.cuda.is_available())
 
 

@@ -58,7 +58,7 @@ class Scenario:
     pipeline: bool = False            # one pipeline stage per rank (torch.distributed.pipelining, 1F1B)
     heavy_stage_factor: int = 1       # the last stage holds this many times the blocks of the others
 
-    def on_gpu(self) -> "Scenario":
+    def on_gpu(self) -> Scenario:
         """The scenario as it runs alone on a GPU: the small model of a CPU run leaves a large GPU idle
         most of each step, waiting for the host to launch its kernels (an H200 read 11% busy:
         host_overhead), which is the truth about that job but not this scenario's."""

@@ -25,9 +25,10 @@ import tempfile
 import threading
 import time
 from array import array
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
 import psutil
 import torch

@@ -42,7 +42,7 @@ def main(args: argparse.Namespace) -> int:
         import torch  # noqa: F401  (the workloads train small models)
     except ImportError:
         from tui.errors import UserError
-        raise UserError("needs torch: pip install 'perfmon[torch]' (or any torch build)")
+        raise UserError("needs torch: pip install 'perfmon[torch]' (or any torch build)") from None
     why_not = why_no_gpu()
     device = TorchCudaDevice() if not args.cpu_only and why_not is None else None
     print(f"perfmon doctor: {'GPU ' + device.name if device else 'CPU only'}; each check plants a known "

@@ -8,11 +8,12 @@ agree, so a broken measurement fails it.
 from __future__ import annotations
 
 import time
-from typing import Any, Callable, Iterator
+from collections.abc import Callable, Iterator
+from typing import Any
 
+from perfmon_analysis import units
 from tui.commands.doctor.table import Check
 from tui.commands.doctor.workloads import STEPS, WINDOW, Mlp, one_thread, run_job, run_queue_wait
-from perfmon_analysis import units
 
 # The probe counts a step's time as CPU busy unless a measured cause took it. The kernel's clocks say
 # how much of it the training thread wanted a CPU: on one (its CPU clock) or waiting for one on a

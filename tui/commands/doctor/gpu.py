@@ -107,7 +107,8 @@ def half_idle(device: Device, util_why: str | None) -> list[Check]:
                      None)
     else:
         nvml = Check("NVML utilization", f"= kernel share {_pct(planted)} ± {_pts(BUSY_TOL)}",
-                     f"utilization {_pct(util)} as perfmon sampled it", util is not None and abs(util - planted) <= BUSY_TOL)
+                     f"utilization {_pct(util)} as perfmon sampled it",
+                     util is not None and abs(util - planted) <= BUSY_TOL)
     verdict = Check("GPU idle half of each step", "host_overhead, no step queued whole",
                     f"{leaf}, {_pct(ahead)} of timed steps queued whole, lead {_ms(view.metrics.host_lead_s)}",
                     leaf == "host_overhead" and ahead == 0.0)

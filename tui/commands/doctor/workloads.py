@@ -10,8 +10,9 @@ from __future__ import annotations
 import contextlib
 import tempfile
 import time
+from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any, Callable, Iterator, Protocol
+from typing import Any, Protocol
 
 STEPS = 40                # steps per CPU workload
 WINDOW = 20               # the view judges the last WINDOW steps: the first ones warm caches and the allocator
@@ -65,8 +66,8 @@ def run_job(name: str, body: Callable[[Any], None], *, device: Device | None = N
     """Run ``body(mon)`` under a fresh probe recording to a temporary directory; return the
     ``JobView`` of its recording over the last ``WINDOW`` steps, as ``perfmon report`` would see it."""
     import probe
-    from probe.recording import read_recording
     from perfmon_analysis.analysis import Analysis
+    from probe.recording import read_recording
 
     with tempfile.TemporaryDirectory(prefix="perfmon-doctor-") as tmp:
         if device is not None:

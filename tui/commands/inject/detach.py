@@ -12,8 +12,8 @@ from __future__ import annotations
 from typing import Any
 
 from probe.paths import safe_job
-from tui.errors import UserError
 from tui.commands.inject.fanout import across_hosts, chosen, host_failures, on_hosts, relay_output
+from tui.errors import UserError
 from tui.injector import check, detach
 
 HOST_SECONDS = 30.0

@@ -21,8 +21,8 @@ import time
 from typing import Any
 
 from probe.paths import safe_job
-from tui.errors import UserError
 from tui.commands.inject.fanout import across_hosts, chosen, host_failures, on_hosts, relay_output
+from tui.errors import UserError
 from tui.injector import ANSWER_SECONDS, POLL, Target, check, detach, run
 from tui.stream import discovery
 

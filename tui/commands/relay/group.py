@@ -25,11 +25,11 @@ import time
 import urllib.parse
 from typing import Any
 
-from probe import wire
+from perfmon_analysis.analysis import Analysis
 from perfmon_analysis.groups import GroupReduction, RankRow, reduce_rows, representatives
 from perfmon_analysis.readings import num
-from perfmon_analysis.analysis import Analysis
 from perfmon_analysis.stuck import HEARTBEAT_S
+from probe import wire
 from tui.commands.relay.node import FLUSH_S, HELLO_WAIT_S, StdoutRelay, ViewerInput
 from tui.errors import UserError
 from tui.stream.hosts import RELAY_ARGV, expand_hostlist, transport
@@ -78,7 +78,7 @@ class NodesFeed(RelayFeed):
     """The group's node relays, read as a viewer reads them; their records go to the group
     relay's table of ranks (``GroupRelay.take``), not into a run model of every rank."""
 
-    def __init__(self, group: "GroupRelay", job: str, nodes: list[str], via: str, relay: tuple[str, ...],
+    def __init__(self, group: GroupRelay, job: str, nodes: list[str], via: str, relay: tuple[str, ...],
                  port: int | None, token: str | None) -> None:
         super().__init__(Analysis(), job, nodes, via, relay=relay, port=port, token=token, restart=True)
         self.group = group
