@@ -109,7 +109,7 @@ def _verdict_html(report: dict[str, Any]) -> str:
     gains = gains_lines(v, width=110)
     if gains:     # the text report's section, word for word: one place computes and words the gains
         parts.append(f"<h2>{_esc(gains[0].split(' (')[0])}</h2><pre>{_esc(chr(10).join(gains))}</pre>")
-    layout = layout_lines(report, width=110)
+    layout = layout_lines(report.get("layout") or {}, report.get("straggling"), v.get("bottleneck"), width=110)
     if layout:    # the text report's section too: the layout, the straggler what-if, each stage
         parts.append(f"<h2>{_esc(layout[1].split(':')[0])}</h2><pre>{_esc(chr(10).join(layout[1:]))}</pre>")
     return "\n".join(parts)
