@@ -344,6 +344,9 @@ COMPARED: tuple[tuple[Metric, str], ...] = tuple(
                         ("loader_cpu", "loader CPU per worker"), ("loader_workers", "loader workers")))
 
 
+ETTR = next(m for m in METRICS if m.name == "ettr")     # the HTML report's ETTR section reads it
+
+
 def on(surface: Surface) -> tuple[Metric, ...]:
     """The metrics exported on ``surface``, in table order (the table read at call time)."""
     return tuple(m for m in METRICS if surface in m.surfaces)

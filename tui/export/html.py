@@ -29,6 +29,7 @@ from perfmon_analysis.analysis import Analysis
 from perfmon_analysis.history import MEMORY_FIELDS, STEP_FIELDS, History, memory_used
 from perfmon_analysis.profile import profile_lines
 from perfmon_analysis.layout_report import layout_lines
+from perfmon_analysis.metrics import ETTR
 from perfmon_analysis.report import gains_lines
 from perfmon_analysis.capture import capture_reading
 from perfmon_analysis.verdict import label as outcome_label
@@ -132,7 +133,7 @@ def _ettr_html(report: dict[str, Any], hist: History) -> str:
                 pauses.append((b.hi[g], b, h))
     steps = sum(h.steps.points for h in hist.ranks.values())
     lost = units.pct(gap / dur) if dur > 0 else units.NA
-    out = (f"<p>ETTR {_esc(units.pct(report['metrics'].get('ettr')))}: {_esc(units.count(steps))} rank-steps, "
+    out = (f"<p>ETTR {_esc(units.pct(report['metrics'].get(ETTR.name)))}: {_esc(units.count(steps))} rank-steps, "
            f"{_esc(lost)} of their wall time between steps (checkpoints, evaluation, stalls); "
            f"grey in the step-time chart.</p>")
     # one line per range of steps (every rank pauses for the same checkpoint): its longest, and on how many ranks
