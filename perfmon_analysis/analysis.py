@@ -121,6 +121,12 @@ class Analysis:
         snap = snapshot if snapshot is not None else self.snapshot(now, clock=clock)
         return _report.build(snap.view, snap.verdict, retired=self._model.retired, source=source, price=price)
 
+    def text_report(self, snapshot: Snapshot, *, price: float | None = None, width: int = 80) -> str:
+        """``snapshot``'s report as text (``perfmon_analysis.report.render_text``), the words of what
+        ``report(snapshot=snapshot)`` says as JSON."""
+        return _report.render_text(snapshot.view, snapshot.verdict, retired=self._model.retired, price=price,
+                                   width=width)
+
     @property
     def history(self) -> History:
         """The whole run, downsampled (the trends screen, the HTML report)."""
@@ -152,6 +158,4 @@ class Analysis:
         return {**callback_values(snapshot.view), **gain_values(snapshot.verdict.gains)}
 
 
-def render_text(report: dict[str, Any], width: int = 80) -> str:
-    """The report dict as text (``perfmon_analysis.report.render_text``)."""
-    return _report.render_text(report, width)
+

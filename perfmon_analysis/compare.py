@@ -32,7 +32,7 @@ from perfmon_analysis import units
 from perfmon_analysis.analysis import Analysis, Snapshot
 from perfmon_analysis.buffers import MIN_STEPS, STEP_BUFFER
 from perfmon_analysis.losses import Loss
-from perfmon_analysis.metrics import Unit, by_name, loss_metrics, rounded
+from perfmon_analysis.metrics import COMPARED, MEMORY_PEAK, Metric, Unit, by_name, loss_metrics, rounded
 from perfmon_analysis.readings import StepReading
 from perfmon_analysis.verdict import label as outcome_label
 
@@ -192,30 +192,28 @@ def attribute(base: tuple[Loss, ...], cand: tuple[Loss, ...], change: StepChange
 # -- the side-by-side table ---------------------------------------------------------------------
 @dataclass(frozen=True)
 class Row:
-    """One compared quantity: a metric of the table (or the memory peak), and which way is worse."""
+    """One compared quantity: a metric (``perfmon_analysis.metrics.COMPARED`` and the losses'), its
+    label, and which way is worse (the metric's ``worse``)."""
 
-    name: str
+    metric: Metric
     label: str
-    worse: str | None        # "up" | "down" | None (neither: context)
+
+    @property
+    def name(self) -> str:
+        return self.metric.name
+
+    @property
+    def worse(self) -> str | None:
+        return self.metric.worse
 
 
-ROWS = (
-    Row("step_time_median_s", "step time (median)", "up"),
-    Row("samples_per_s", "samples/s", "down"),
-    Row("tokens_per_s", "tokens/s", "down"),
-    Row("mfu", "MFU", "down"),
-    Row("ettr", "ETTR", "down"),
-    Row("memory_peak_bytes", "memory peak", "up"),
-    Row("device_busy", "device busy", "down"),
-    Row("loader_cpu", "loader CPU per worker", None),
-    Row("loader_workers", "loader workers", None),
-)
-MEMORY_PEAK = "memory_peak_bytes"      # the report's metrics.memory.peak_bytes
+ROWS = tuple(Row(metric, label) for metric, label in COMPARED)
 
 
 def _rows(view_losses: tuple[Loss, ...]) -> list[Row]:
     names = loss_metrics()
-    return [*ROWS, *(Row(names[x.id], x.label, "up") for x in view_losses if x.id in names)]
+    return [*ROWS, *(Row(m, x.label) for x in view_losses if x.id in names
+                     for m in (by_name(names[x.id]),) if m is not None)]
 
 
 def is_share(name: str) -> bool:
@@ -230,11 +228,8 @@ def limitable() -> list[str]:
     return names + [n for n in loss_metrics().values() if n not in names]
 
 
-def _value(name: str, snap: Snapshot) -> Any:
-    if name == MEMORY_PEAK:
-        return snap.view.metrics.memory.peak_bytes
-    metric = by_name(name)
-    return metric.job_value(snap.view) if metric is not None else None
+def _value(row: Row, snap: Snapshot) -> Any:
+    return row.metric.job_value(snap.view)
 
 
 def _change(name: str, base: Any, cand: Any) -> float | None:
@@ -275,7 +270,7 @@ def compare(baseline: Analysis, candidate: Analysis, *, min_change: float = MIN_
     rows, changes = [], {}
     compared = _rows(snaps[0].verdict.losses)
     for row in compared:
-        b, c = _value(row.name, snaps[0]), _value(row.name, snaps[1])
+        b, c = _value(row, snaps[0]), _value(row, snaps[1])
         changes[row.name] = _change(row.name, b, c)
         rows.append({"name": row.name, "label": row.label, "baseline": rounded(b), "candidate": rounded(c),
                      "change": rounded(changes[row.name]),
@@ -353,7 +348,7 @@ def summary(result: dict[str, Any]) -> str:
 def _fmt(name: str, value: Any) -> str:
     if value is None:
         return units.NA
-    if name == MEMORY_PEAK:
+    if name == MEMORY_PEAK.name:
         return units.nbytes(value)
     metric = by_name(name)
     unit = metric.unit if metric is not None else Unit.COUNT

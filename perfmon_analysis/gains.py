@@ -37,6 +37,7 @@ from typing import Any
 from perfmon_analysis import units
 from perfmon_analysis.flowchart import ETTR_MIN
 from perfmon_analysis.losses import Loss
+from perfmon_analysis.metrics import GAIN_CALLBACKS, gain_callback
 from perfmon_analysis.views import JobView
 
 HOURS_PER_DAY = 24.0
@@ -164,9 +165,8 @@ def callback_values(gains: Gains | None) -> dict[str, float]:
     if gains is None:
         return {}
     every = (*gains.per_loss, *((gains.combined,) if gains.combined is not None else ()))
-    return {f"perfmon/{name}/{g.loss}": value for g in every
-            for name, value in (("speedup_bound", g.speedup_bound), ("device_hours_per_day", g.per_day))
-            if value is not None}
+    return {gain_callback(field, g.loss): value for g in every for field in GAIN_CALLBACKS
+            for value in (getattr(g, field),) if value is not None}
 
 
 def speedup_bound(share: float | None) -> float | None:

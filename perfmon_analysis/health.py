@@ -99,29 +99,27 @@ def job_health(ranks: Sequence[RankHealth], exit: JobExit | None, steps: int | N
                      job_crash((r.crash for r in ranks), exit, steps))
 
 
-def text_lines(report: dict[str, Any]) -> list[str]:
-    """The report's step-time, outlier and memory-growth lines (``perfmon_analysis.report``), read from
-    its JSON only (a crash is the verdict's headline)."""
-    m = report["metrics"]
+def text_lines(health: JobHealth, median: float | None) -> list[str]:
+    """The report's step-time, outlier and memory-growth lines (``perfmon_analysis.report``); ``median``:
+    the window's median step (the table's), shown as its p50 (a crash is the verdict's headline)."""
     lines = []
-    if m.get("step_time_max_s") is not None:
-        lines.append(f"Step time p50/p90/p99/max: window {_times(m, '')}; "
-                     f"run {_times(m, 'run_')}")
-    for o in report.get("step_outliers") or []:
-        lines.append(f"Outlier: step {o['step']} (rank {o['rank']}) {units.seconds(o['dur_s'])}, "
-                     f"{o['ratio']:.1f}x the median: {o['what']}")
-    g = report.get("memory_growth")
-    if g and g["steady"]:
-        per_s = f", {units.nbytes(g['per_s_bytes'])}/s" if g.get("per_s_bytes") else ""
-        kind = (f"; most in {g['kind']} (+{units.nbytes(g['kind_per_step_bytes'])}/step)"
-                if g.get("kind") and g.get("kind_per_step_bytes") else "")
-        lines.append(f"Memory grows every step (rank {g['rank']}): {SERIES_LABEL.get(g['series'], g['series'])} "
-                     f"+{units.nbytes(g['per_step_bytes'])}/step{per_s} over {g['steps']} steps, "
-                     f"{units.nbytes(g['first_bytes'])} to {units.nbytes(g['last_bytes'])}{kind}")
+    if health.window.max is not None:
+        run = health.run
+        lines.append(f"Step time p50/p90/p99/max: window {_times(median, health.window)}; "
+                     f"run {_times(run.p50, run)}")
+    for o in health.outliers:
+        lines.append(f"Outlier: step {o.step} (rank {o.rank}) {units.seconds(o.dur)}, "
+                     f"{round(o.ratio, 2):.1f}x the median: {o.what}")
+    g = health.growth
+    if g is not None and g.steady:
+        per_s = f", {units.nbytes(round(g.per_s))}/s" if g.per_s is not None and round(g.per_s) else ""
+        kind_per_step = round(g.kind_per_step) if g.kind_per_step is not None else None
+        kind = f"; most in {g.kind} (+{units.nbytes(kind_per_step)}/step)" if g.kind and kind_per_step else ""
+        lines.append(f"Memory grows every step (rank {g.rank}): {SERIES_LABEL.get(g.series, g.series)} "
+                     f"+{units.nbytes(round(g.per_step))}/step{per_s} over {g.steps} steps, "
+                     f"{units.nbytes(g.first)} to {units.nbytes(g.last)}{kind}")
     return lines
 
 
-def _times(metrics: dict[str, Any], prefix: str) -> str:
-    p50 = metrics.get(f"{prefix}step_time_p50_s") if prefix else metrics.get("step_time_median_s")
-    values = [p50] + [metrics.get(f"{prefix}step_time_{p}_s") for p in ("p90", "p99", "max")]
-    return "/".join(units.seconds(v) for v in values)
+def _times(p50: float | None, times: StepTimes) -> str:
+    return "/".join(units.seconds(v) for v in (p50, times.p90, times.p99, times.max))

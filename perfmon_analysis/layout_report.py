@@ -31,12 +31,14 @@ def rank_note(row: dict[str, Any]) -> str:
     return " ".join(f"{d}{c}" for d, c in coord.items()) if isinstance(coord, dict) else ""
 
 
-def layout_lines(report: dict[str, Any], width: int = 80) -> list[str]:
-    """"Parallel layout" (dims and what the what-if found), for a job beyond data parallel or whose
-    verdict names a straggler outcome (a data-parallel job otherwise reads as it did without it)."""
-    layout, s = report.get("layout") or {}, report.get("straggling")
+def layout_lines(layout: dict[str, Any], s: dict[str, Any] | None, bottleneck: str | None,
+                 width: int = 80) -> list[str]:
+    """"Parallel layout" (dims and what the what-if found) from the layout's and the straggling's JSON,
+    for a job beyond data parallel or whose verdict names a straggler outcome (a data-parallel job
+    otherwise reads as it did without it)."""
+    layout = layout or {}
     beyond = layout and (len(layout.get("dims", [])) > 1 or layout.get("dims") != ["dp"])
-    if not beyond and report.get("verdict", {}).get("bottleneck") not in CAUSE_OUTCOMES.values():
+    if not beyond and bottleneck not in CAUSE_OUTCOMES.values():
         return []
     lines = ["", "Parallel layout: " + " x ".join(f"{d}{n}" for d, n in zip(layout["dims"], layout["sizes"]))
              + f" (from the {layout['source']})"]

@@ -85,6 +85,7 @@ class Metric:
     surfaces: Surface = Surface.REPORT
     counter: bool = False         # Prometheus counter (``_total``) rather than gauge
     loss: str | None = None
+    worse: str | None = None      # "up" | "down": which change ``perfmon compare`` calls worse (None: context)
 
     @property
     def stem(self) -> str:
@@ -104,13 +105,21 @@ class Metric:
 
     @property
     def callback(self) -> str:
-        return f"perfmon/{self.exported}"
+        return callback_key(self.exported)
 
     def job_value(self, view: JobView) -> Any:
         return rounded(self.job(view)) if self.job is not None else None
 
     def rank_value(self, rank: RankView) -> Any:
         return rounded(self.rank(rank)) if self.rank is not None else None
+
+
+CALLBACK_PREFIX = "perfmon/"
+
+
+def callback_key(*parts: str) -> str:
+    """A trainer callback's scalar key: ``perfmon/<part>/<part>...``, the one place it is spelled."""
+    return CALLBACK_PREFIX + "/".join(parts)
 
 
 def rounded(x: Any) -> Any:
@@ -137,7 +146,7 @@ METRICS: tuple[Metric, ...] = (
     Metric("step_time_median_s", Unit.SECONDS,
            "Median step time over the window: the iteration, from one step's start to the next's "
            "(data wait and time between steps included)",
-           job=lambda v: v.metrics.step_time_median_s, rank=lambda r: r.step_time_median_s, surfaces=ALL),
+           job=lambda v: v.metrics.step_time_median_s, rank=lambda r: r.step_time_median_s, surfaces=ALL, worse="up"),
     Metric("step_time_p90_s", Unit.SECONDS, "90th percentile of the step time over the window",
            job=lambda v: v.health.window.p90, rank=lambda r: _times(r, "p90"), surfaces=_RP),
     Metric("step_time_p99_s", Unit.SECONDS, "99th percentile of the step time over the window",
@@ -155,13 +164,13 @@ METRICS: tuple[Metric, ...] = (
     Metric("compute_s", Unit.SECONDS, "Median compute time per step: step - gaps - data wait - exposed comm",
            rank=lambda r: r.compute_s),
     Metric("samples_per_s", Unit.PER_SECOND, "Samples per second over the window",
-           job=lambda v: v.metrics.samples_per_s, rank=lambda r: r.samples_per_s, surfaces=ALL),
+           job=lambda v: v.metrics.samples_per_s, rank=lambda r: r.samples_per_s, surfaces=ALL, worse="down"),
     Metric("tokens_per_s", Unit.PER_SECOND, "Tokens per second over the window",
-           job=lambda v: v.metrics.tokens_per_s, rank=lambda r: r.tokens_per_s, surfaces=ALL),
+           job=lambda v: v.metrics.tokens_per_s, rank=lambda r: r.tokens_per_s, surfaces=ALL, worse="down"),
     Metric("device_busy", Unit.RATIO, "Device busy share, in time: on GPU the share of the step a kernel ran "
            "(NVML utilization, or the steps' CUDA timeline where it proves more); on CPU the training thread's "
            "CPU time in the step. Least busy rank; not measured when any rank's is not",
-           job=lambda v: v.metrics.device_busy, rank=lambda r: r.device_busy, surfaces=ALL),
+           job=lambda v: v.metrics.device_busy, rank=lambda r: r.device_busy, surfaces=ALL, worse="down"),
     Metric("device_busy_unknown", Unit.LABEL, "Ranks whose busy is not measured, each with why (NVML's words: "
            "NotSupported, NoPermission, GpuIsLost, no NVML)", job=lambda v: v.metrics.device_busy_unknown),
     Metric("gpu_util", Unit.RATIO, "NVML utilization over the window: the share of time a kernel ran, as "
@@ -178,22 +187,22 @@ METRICS: tuple[Metric, ...] = (
            "memory (CPU offload, a CPU embedding)", job=lambda v: v.metrics.params_offloaded),
     Metric("data_wait_frac", Unit.RATIO, "Share of the iteration blocked waiting for the next batch",
            job=lambda v: v.metrics.data_wait_frac, rank=lambda r: r.data_wait_frac, surfaces=ALL,
-           loss="data_wait"),
+           loss="data_wait", worse="up"),
     Metric("comm_frac", Unit.RATIO, "Share of the iteration in collectives",
            job=lambda v: v.metrics.comm_frac, rank=lambda r: r.comm_frac, surfaces=_RP),
     Metric("comm_exposed_frac", Unit.RATIO, "Share of the iteration blocked on collectives (not overlapped)",
            job=lambda v: v.metrics.comm_exposed_frac, rank=lambda r: r.comm_exposed_frac, surfaces=ALL,
-           loss="comm_exposed"),
+           loss="comm_exposed", worse="up"),
     Metric("device_idle_frac", Unit.RATIO, "Share of the iteration idle with no other measured cause "
-           "(the verdict's device-idle loss)", job=_idle, loss="device_idle"),
+           "(the verdict's device-idle loss)", job=_idle, loss="device_idle", worse="up"),
     Metric("syncs_per_step", Unit.PER_STEP, "Host-device synchronisations per step",
            job=lambda v: v.metrics.syncs_per_step, rank=lambda r: r.syncs_per_step, surfaces=_RP),
     Metric("mfu", Unit.RATIO, "Model FLOPs utilization: achieved FLOP/s over the device's peak for the dtype",
-           job=lambda v: v.metrics.mfu, rank=lambda r: r.mfu, surfaces=ALL),
+           job=lambda v: v.metrics.mfu, rank=lambda r: r.mfu, surfaces=ALL, worse="down"),
     Metric("ettr", Unit.RATIO,
            "Effective training time ratio: time in the training loop (steps and the loop's own work "
            "between them) over wall time; 1 - pause_frac",
-           job=lambda v: v.metrics.ettr, rank=lambda r: r.ettr, surfaces=ALL),
+           job=lambda v: v.metrics.ettr, rank=lambda r: r.ettr, surfaces=ALL, worse="down"),
     Metric("loader_cpu", Unit.CORES, "Mean share of one core per loader worker",
            job=lambda v: v.metrics.loader_cpu, rank=lambda r: r.loader_cpu),
     Metric("loader_workers", Unit.COUNT, "DataLoader worker processes",
@@ -210,10 +219,10 @@ METRICS: tuple[Metric, ...] = (
            job=lambda v: v.metrics.gap_frac),
     Metric("loop_frac", Unit.RATIO, "Share of the iteration the loop spends between steps on every step "
            "(tokenizing, logging, a lock): the loop-work loss, over the window",
-           job=lambda v: v.metrics.loop_frac, loss="loop"),
+           job=lambda v: v.metrics.loop_frac, loss="loop", worse="up"),
     Metric("pause_frac", Unit.RATIO, "Share of the wall time lost to occasional pauses between steps "
            "(checkpoints, evaluation, stalls) over the whole run: 1 - ETTR",
-           job=lambda v: v.metrics.pause_frac, loss="step_gaps"),
+           job=lambda v: v.metrics.pause_frac, loss="step_gaps", worse="up"),
     Metric("loop_wait_frac", Unit.RATIO, "Share of the loop's work between steps the training thread spends off CPU "
            "(its CPU clock in the gaps, zero-code mode; else the between-step stack samples)",
            job=lambda v: v.metrics.loop_wait_frac),
@@ -299,6 +308,53 @@ GROUP_EXTREME_RANK = "perfmon_group_extreme_rank"
 GROUP_RELAYS_DOWN = "perfmon_group_relays_down"
 
 
+# The Prometheus families beside the table's per-rank ones (``tui/export/prometheus.py``): name, help.
+MEMORY_FAMILY = ("perfmon_memory_bytes", "Memory of the fullest rank by kind (device, else host)")
+COMM_BUSBW_FAMILY = ("perfmon_comm_busbw_bytes_per_second",
+                     "Bus bandwidth per collective over the window (nccl-tests busbw)")
+COMM_SECONDS_FAMILY = ("perfmon_comm_window_seconds", "Seconds in each collective over the window, all ranks")
+VERDICT_FAMILY = ("perfmon_verdict", "The verdict: the job's bottleneck now")
+GROUP_PREFIX = "perfmon_group_"       # every relay-tree family above starts so (a group relay keeps them unlabelled)
+
+# What fixing each loss buys (``perfmon_analysis.gains``): the ``Gain`` field -> its Prometheus family
+# (label ``loss``) and, where the trainer callbacks log it, its callback quantity (``gain_callback``).
+GAIN_FAMILIES: dict[str, tuple[str, str]] = {
+    "speedup_bound": ("perfmon_loss_speedup_bound", "Upper bound on the speedup if the loss were removed: "
+                      "1 / (1 - share)"),
+    "per_day": ("perfmon_loss_device_hours_per_day", "Device-hours the loss costs per day at the window's pace: "
+                "ranks x 24 h x its share of wall time"),
+    "device_hours": ("perfmon_loss_device_hours", "Device-hours the loss cost since the job started, at the "
+                     "window's share"),
+}
+GAIN_CALLBACKS: dict[str, str] = {"speedup_bound": "speedup_bound", "per_day": "device_hours_per_day"}
+
+
+def gain_callback(field: str, loss: str) -> str:
+    """The callback key of one gain figure: ``perfmon/speedup_bound/<loss>``,
+    ``perfmon/device_hours_per_day/<loss>``."""
+    return callback_key(GAIN_CALLBACKS[field], loss)
+
+
+def bottleneck_callback(bottleneck: str) -> str:
+    """The callbacks' verdict flag: ``perfmon/bottleneck/<id>`` is 1 for the verdict now, 0 for those said before."""
+    return callback_key("bottleneck", bottleneck)
+
+
+# ``perfmon compare``'s table (``perfmon_analysis.compare``), in its order: (metric, label). Each row's
+# worse direction is its metric's ``worse``; the losses' metrics follow it, labelled by their loss.
+MEMORY_PEAK = Metric("memory_peak_bytes", Unit.COUNT, "Peak memory of the fullest rank, bytes (the report's "
+                     "metrics.memory.peak_bytes)", job=lambda v: v.metrics.memory.peak_bytes, worse="up")
+COMPARED: tuple[tuple[Metric, str], ...] = tuple(
+    (MEMORY_PEAK if name == MEMORY_PEAK.name else next(m for m in METRICS if m.name == name), label)
+    for name, label in (("step_time_median_s", "step time (median)"), ("samples_per_s", "samples/s"),
+                        ("tokens_per_s", "tokens/s"), ("mfu", "MFU"), ("ettr", "ETTR"),
+                        (MEMORY_PEAK.name, "memory peak"), ("device_busy", "device busy"),
+                        ("loader_cpu", "loader CPU per worker"), ("loader_workers", "loader workers")))
+
+
+ETTR = next(m for m in METRICS if m.name == "ettr")     # the HTML report's ETTR section reads it
+
+
 def on(surface: Surface) -> tuple[Metric, ...]:
     """The metrics exported on ``surface``, in table order (the table read at call time)."""
     return tuple(m for m in METRICS if surface in m.surfaces)
@@ -306,6 +362,7 @@ def on(surface: Surface) -> tuple[Metric, ...]:
 
 def by_name(name: str) -> Metric | None:
     return next((m for m in METRICS if m.name == name), None)
+
 
 
 def loss_metrics() -> dict[str, str]:

@@ -3,8 +3,9 @@
 ``build`` assembles the report dict (``tui/schemas/report.schema.json``) from a ``JobView`` and its
 ``Verdict``; every number in ``metrics`` and the per-rank rows comes from the metric table
 (``perfmon_analysis.metrics``), once, at one precision. The verdict's losses and evidence point at
-those metrics by name instead of repeating their values. ``render_text`` reads only the dict, so
-the text and the JSON cannot disagree; its numbers go through ``perfmon_analysis.units``.
+those metrics by name instead of repeating their values. ``render_text`` words the same view and
+verdict (typed, never the JSON read back by key), rounding as the JSON does, so the text and the
+JSON say the same numbers; its numbers go through ``perfmon_analysis.units``.
 """
 
 from __future__ import annotations
@@ -20,7 +21,8 @@ from perfmon_analysis.layout_report import layout_lines, rank_note, rank_place
 from perfmon_analysis.metrics import Metric, Unit, by_name, job_values, loss_metrics, rank_values, rounded
 from perfmon_analysis.overhead import text_lines as overhead_lines
 from perfmon_analysis.profile import profile_lines
-from perfmon_analysis.verdict import Verdict, label as outcome_label
+from perfmon_analysis.stuck import WHERE_FRAMES
+from perfmon_analysis.verdict import WHERE_TOP, Verdict, label as outcome_label
 from perfmon_analysis.views import JobView
 
 SCHEMA = "perfmon.report/2"
@@ -34,8 +36,7 @@ def build(view: JobView, verdict: Verdict, *, retired: Iterable[tuple[int, dict[
     """The report JSON for one view and its verdict. ``retired``: earlier processes of a rank
     (``RunModel.retired``); ``source``: where the records came from; ``price``: per device-hour,
     for the money the gains put on each loss."""
-    metrics = job_values(view)
-    metrics["memory"] = {k: rounded(v) for k, v in view.metrics.memory.as_json().items()}
+    metrics = metric_values(view)
     ranks = [{"rank": r.rank, "host": r.host, "pid": r.pid, "restart": r.restart, "generation": r.generation,
               **rank_values(r), "straggler": r.rank == verdict.straggler_rank, "ended": r.ended, "drops": r.drops,
               **rank_place(view.layout, r.rank)}
@@ -77,16 +78,27 @@ def _verdict_json(verdict: Verdict, metrics: dict[str, Any], price: float | None
     named_by = loss_metrics()
     out["losses"] = [{"id": x.id, "label": x.label, "metric": named_by[x.id],
                       "source" if x.known else "why_unknown": x.source, "span": x.span} for x in verdict.losses]
+    out["evidence"], out["evidence_metrics"] = evidence_split(verdict, metrics)
+    return out
+
+
+def metric_values(view: JobView) -> dict[str, Any]:
+    """The report's ``metrics`` object: the table's job numbers and the memory breakdown."""
+    metrics = job_values(view)
+    metrics["memory"] = {k: rounded(v) for k, v in view.metrics.memory.as_json().items()}
+    return metrics
+
+
+def evidence_split(verdict: Verdict, metrics: dict[str, Any]) -> tuple[dict[str, Any], list[str]]:
+    """The verdict's evidence less the numbers that are metrics, and those metrics' names (paths)."""
     evidence, named = {}, []
-    for key, value in out["evidence"].items():
+    for key, value in _jsonable(dict(verdict.evidence)).items():
         path = EVIDENCE_METRIC.get(key, key)
         if _is_metric_value(metrics, path, value):
             named.append(path)
         else:
             evidence[key] = value
-    out["evidence"] = evidence
-    out["evidence_metrics"] = named
-    return out
+    return evidence, named
 
 
 def metric_at(metrics: dict[str, Any], path: str) -> Any:
@@ -145,8 +157,11 @@ def _evidence_text(key: str, value: Any) -> str:
     return formatted(by_name(key), value)
 
 
-def render_text(report: dict[str, Any], width: int = 80) -> str:
-    """Readable form: verdict first, then evidence and the path, metrics, findings, per-rank rows."""
+def render_text(view: JobView, verdict: Verdict, *, retired: Iterable[tuple[int, dict[str, Any]]] = (),
+                price: float | None = None, width: int = 80) -> str:
+    """Readable form of what ``build`` reports, from the same view and verdict: verdict first, then
+    evidence and the path, metrics, findings, per-rank rows. Metric values are the table's, rounded
+    as the JSON rounds them, so the two say the same numbers."""
     width = max(40, width)
     lines: list[str] = []
 
@@ -155,114 +170,116 @@ def render_text(report: dict[str, Any], width: int = 80) -> str:
                                    subsequent_indent=indent, break_long_words=True, break_on_hyphens=False)
                      or [first or indent])
 
-    v = report["verdict"]
-    m = report["metrics"]
-    job = report.get("job") or units.NA
-    wrap(f"perfmon report: {job}, {report.get('world_size', 1)} rank(s), {report['device']['type']}")
-    wrap(f"{outcome_label(v['bottleneck'])} [{v['severity']}]", first="VERDICT  ", indent="         ")
-    wrap(v["headline"], indent="  ")
-    if v.get("suggestions"):
+    m = view.metrics
+    steps, seconds = int(view.window["steps"]), view.window["seconds"]
+    wrap(f"perfmon report: {view.job or units.NA}, {view.world_size} rank(s), {view.device_type}")
+    wrap(f"{outcome_label(verdict.bottleneck)} [{verdict.severity}]", first="VERDICT  ", indent="         ")
+    wrap(verdict.headline, indent="  ")
+    if verdict.suggestions:
         lines.append("Fixes:")
-        for s in v["suggestions"]:
+        for s in verdict.suggestions:
             wrap(s, first="  - ", indent="    ")
-    stuck = v.get("stuck")
-    if stuck:
+    stuck = verdict.stuck
+    if stuck is not None:
         lines.append("Where each rank is (innermost frame last):")
-        roles = {**{r: "waiting" for r in stuck["waiting_ranks"]}, **{r: "culprit" for r in stuck["culprit_ranks"]},
-                 **{r: "unresponsive" for r in stuck.get("unresponsive_ranks", [])}}
+        roles = {**{r: "waiting" for r in stuck.waiting_ranks}, **{r: "culprit" for r in stuck.culprit_ranks},
+                 **{r.rank: "unresponsive" for r in stuck.ranks if r.role == "unresponsive"}}
         for rank, role in sorted(roles.items()):
-            frames = stuck["where"].get(str(rank)) or ["(no stack: it sent nothing)"]
+            frames = list(stuck.where.get(rank, ())[-WHERE_FRAMES:]) or ["(no stack: it sent nothing)"]
             lines.append(f"  rank {rank} ({role})")
             for frame in frames:
                 wrap(frame, first="    ", indent="      ")
-    if v.get("losses"):
-        w = report["window"]
+    if verdict.losses:
         wrap(f"Where the step goes (shares of one step: from a step's start to the next's; over the last "
-             f"{w['steps']} steps, pauses over the whole run):")
-        for loss in v["losses"]:
-            share = metric_at(m, loss["metric"])
-            shown = _pct(share) if share is not None else "not measured"
-            wrap(loss.get("source") or loss.get("why_unknown") or "", first=f"  {loss['label']:<30} {shown:>12}  ",
-                 indent=" " * 48)
-    lines.extend(gains_lines(v, width))
-    lines.extend(layout_lines(report, width))
-    if v.get("where") is not None:
+             f"{steps} steps, pauses over the whole run):")
+        for loss in verdict.losses:
+            shown = _pct(rounded(loss.share)) if loss.share is not None else "not measured"
+            wrap(loss.source or "", first=f"  {loss.label:<30} {shown:>12}  ", indent=" " * 48)
+    lines.extend(gains_lines(_jsonable(verdict.gains.as_json(price)) if verdict.gains is not None else {}, width))
+    lines.extend(layout_lines(view.layout.as_json(), _straggling(view), verdict.bottleneck, width))
+    if verdict.where is not None:
         lines.append("Where the unexplained time goes (stack samples in steps and between them, share of the "
                      "iteration ± 95%):")
-        if not v["where"]:
+        shown_lines = verdict.where_lines()[:WHERE_TOP]
+        if not shown_lines:
             lines.append("  no stack samples in the window")
-        for w in v["where"]:
-            between = " between steps" if w.get("span") == "between" else ""
-            wrap(f"{w['state']}{between} in {w.get('lib') or w.get('call') or w['function']} at "
-                 f"{_site(w['file'], w['line'])} in {w['function']} ({w['samples']} samples)",
-                 first=f"  {_pct(w['share']):>4} ± {_pct(w['err']):<4} ", indent=" " * 15)
-    shown_ev = [f"{p}={_evidence_text(p.rpartition('.')[2], metric_at(m, p))}" for p in v.get("evidence_metrics", [])]
-    shown_ev += [f"{k}={_evidence_text(k, val)}" for k, val in (v.get("evidence") or {}).items()
+        for w in shown_lines:
+            between = " between steps" if w.span == "between" else ""
+            wrap(f"{w.state}{between} in {w.lib or w.call or w.function} at "
+                 f"{_site(w.file, w.line)} in {w.function} ({w.samples} samples)",
+                 first=f"  {_pct(round(w.share, 4)):>4} ± {_pct(round(w.err, 4)):<4} ", indent=" " * 15)
+    values = metric_values(view)
+    evidence, named = evidence_split(verdict, values)
+    shown_ev = [f"{p}={_evidence_text(p.rpartition('.')[2], metric_at(values, p))}" for p in named]
+    shown_ev += [f"{k}={_evidence_text(k, val)}" for k, val in evidence.items()
                  if k not in ("skipped", "notes", "undecided", "stuck") and not isinstance(val, (dict, list))]
     if shown_ev:
         lines.append("Evidence:")
         wrap(", ".join(shown_ev), indent="  ")
-    if v.get("path"):
-        wrap(" > ".join(v["path"]) + f" > {v['bottleneck']}", first="Path: ", indent="  ")
-    skipped = (v.get("evidence") or {}).get("skipped") or {}
+    if verdict.path:
+        wrap(" > ".join(verdict.path) + f" > {verdict.bottleneck}", first="Path: ", indent="  ")
+    skipped = evidence.get("skipped") or {}
     for node, reason in skipped.items():
         wrap(f"{node}: {reason}", first="  skipped ", indent="    ")
-    w = report["window"]
     lines.append("")
-    wrap(f"Window: {w['steps']} steps, {units.seconds(w['seconds'])}. Steps {m['steps']}, step "
-         f"{units.seconds(m['step_time_median_s'])} median, {units.rate(m['samples_per_s'], ' samples')}")
-    busy_source = f" ({m['device_busy_source']})" if m.get("device_busy_source") else ""
-    fill = f"  fill {_pct(m['device_fill'])} (SM activity {_pct(m.get('sm_active'))})" \
-        if m.get("device_fill") is not None else ""
-    wrap(f"Busy {_pct(m['device_busy'])}{busy_source}{fill}  data wait {_pct(m['data_wait_frac'])}  comm "
-         f"{_pct(m['comm_frac'])} (exposed {_pct(m['comm_exposed_frac'])})  MFU {_pct(m['mfu'])}  "
-         f"ETTR {_pct(m['ettr'])}"
-         f"  loader CPU {_loader_cpu(m)}")
-    for rank, why in sorted((m.get("device_busy_unknown") or {}).items()):
-        wrap(why, first=f"Busy not measured on rank {rank}: ", indent="  ")
-    if m.get("params_offloaded"):
-        wrap(f"{_pct(m['params_offloaded'])} of the parameters' bytes live in host memory (CPU embedding or offload)")
-    mem = m.get("memory") or {}
-    if mem.get("peak_bytes") is not None:
-        wrap(f"Memory ({mem.get('source')}): peak {units.nbytes(mem['peak_bytes'])} of "
-             f"{units.nbytes(mem.get('limit_bytes'))} ({_pct(mem.get('peak_frac'))})")
-    for line in health_lines(report):
+    wrap(f"Window: {steps} steps, {units.seconds(seconds)}. Steps {m.steps}, step "
+         f"{units.seconds(rounded(m.step_time_median_s))} median, {units.rate(rounded(m.samples_per_s), ' samples')}")
+    busy_source = f" ({m.device_busy_source})" if m.device_busy_source else ""
+    fill = f"  fill {_pct(rounded(m.device_fill))} (SM activity {_pct(rounded(m.sm_active))})" \
+        if m.device_fill is not None else ""
+    wrap(f"Busy {_pct(rounded(m.device_busy))}{busy_source}{fill}  data wait {_pct(rounded(m.data_wait_frac))}  comm "
+         f"{_pct(rounded(m.comm_frac))} (exposed {_pct(rounded(m.comm_exposed_frac))})  MFU {_pct(rounded(m.mfu))}  "
+         f"ETTR {_pct(rounded(m.ettr))}  loader CPU {_loader_cpu(view)}")
+    for unmeasured, why in sorted((m.device_busy_unknown or {}).items()):
+        wrap(why, first=f"Busy not measured on rank {unmeasured}: ", indent="  ")
+    if m.params_offloaded:
+        wrap(f"{_pct(rounded(m.params_offloaded))} of the parameters' bytes live in host memory "
+             "(CPU embedding or offload)")
+    mem = m.memory
+    if mem.peak_bytes is not None:
+        wrap(f"Memory ({mem.source}): peak {units.nbytes(rounded(mem.peak_bytes))} of "
+             f"{units.nbytes(rounded(mem.limit_bytes))} ({_pct(rounded(mem.peak_frac))})")
+    for line in health_lines(view.health, rounded(m.step_time_median_s)):
         for part in line.split("\n"):
             wrap(part, first="", indent="  ")
-    for f in report.get("findings") or []:
+    for f in _jsonable(verdict.findings):
         wrap(f.get("message") or f["id"], first=f"Finding {f['id']}: ", indent="  ")
-    for p in report.get("problems") or []:
+    for p in view.problems:
         wrap(p, first="Problem: ", indent="  ")
-    if report.get("profile"):
+    if view.profile is not None:
         lines.append("")
-        lines.extend(profile_lines(report["profile"], width=width, top=12))
-    if report.get("captures"):
+        lines.extend(profile_lines(view.profile.as_json(), width=width, top=12))
+    if view.captures:
         lines.append("")
         lines.append("torch.profiler captures (open the traces in Perfetto or HTA):")
-        for c in report["captures"]:
-            lines.extend(capture_reading(c, c["rank"]).lines(width))
-    if "overhead" in report:
-        lines.append("")
-        for line in overhead_lines(report["overhead"]):
-            wrap(line.strip(), first=line[:len(line) - len(line.lstrip())], indent="    ")
-    for g in report.get("previous_generations") or []:
-        wrap(f"rank {g['rank']} had an earlier process (pid {g['pid']}, restart {g['restart']}); "
+        for c in view.captures:
+            lines.extend(capture_reading(c.as_json(), c.rank).lines(width))
+    lines.append("")
+    for line in overhead_lines(view.overhead.as_json() if view.overhead is not None else None):
+        wrap(line.strip(), first=line[:len(line) - len(line.lstrip())], indent="    ")
+    for rank, hello in retired:
+        wrap(f"rank {rank} had an earlier process (pid {hello.get('pid')}, restart {hello.get('restart')}); "
              "rows show the newest generation", first="Note: ", indent="  ")
-    if report["ranks"]:
+    if view.ranks:
         lines.append("")
         lines.append(f"{'RANK':>4} {'GEN':>3} {'PID':>8} {'STEPS':>6} {'STEP':>7} {'COMPUTE':>7} {'BUSY':>5} "
                      f"{'DATA':>5} {'COMM':>5} {'ETTR':>5}  NOTE")
-        for r in report["ranks"]:
-            note = " ".join(x for x in (rank_note(r), "straggler" if r.get("straggler") else
-                                        ("ended" if r.get("ended") else "")) if x)
-            row = (f"{r['rank']:>4} {r.get('generation', 0):>3} {str(r.get('pid') or units.NA):>8} {r['steps']:>6} "
-                   f"{units.seconds(r['step_time_median_s']):>7} {units.seconds(r.get('compute_s')):>7} "
-                   f"{_pct(r.get('device_busy')):>5} {_pct(r.get('data_wait_frac')):>5} "
-                   f"{_pct(r.get('comm_exposed_frac')):>5} {_pct(r.get('ettr')):>5}  {note}")
+        for r in view.ranks:
+            note = " ".join(x for x in (rank_note(rank_place(view.layout, r.rank)),
+                                        "straggler" if r.rank == verdict.straggler_rank else
+                                        ("ended" if r.ended else "")) if x)
+            row = (f"{r.rank:>4} {r.generation:>3} {str(r.pid or units.NA):>8} {r.steps:>6} "
+                   f"{units.seconds(rounded(r.step_time_median_s)):>7} {units.seconds(rounded(r.compute_s)):>7} "
+                   f"{_pct(rounded(r.device_busy)):>5} {_pct(rounded(r.data_wait_frac)):>5} "
+                   f"{_pct(rounded(r.comm_exposed_frac)):>5} {_pct(rounded(r.ettr)):>5}  {note}")
             lines.append(row[:width])
         lines.append("COMPUTE = step - time between steps - data wait - exposed comm")
         lines.append("COMM = exposed (blocking) share")
     return "\n".join(line[:width] for line in lines) + "\n"
+
+
+def _straggling(view: JobView) -> dict[str, Any] | None:
+    return view.straggling.as_json(view.layout) if view.straggling is not None else None
 
 
 def gains_lines(v: dict[str, Any], width: int = 80) -> list[str]:
@@ -299,12 +316,13 @@ def gains_lines(v: dict[str, Any], width: int = 80) -> list[str]:
     return lines
 
 
-def _loader_cpu(m: dict[str, Any]) -> str:
+def _loader_cpu(view: JobView) -> str:
     """The loader workers' CPU, or with no workers (num_workers=0) the main process's CPU share of its
     data wait, the measure the verdict's loader question uses then."""
-    if m.get("loader_cpu") is None and m.get("data_cpu_frac") is not None and not m.get("loader_workers"):
-        return f"{_pct(m['data_cpu_frac'])} (main process)"
-    return _pct(m.get("loader_cpu"))
+    m = view.metrics
+    if m.loader_cpu is None and m.data_cpu_frac is not None and not m.loader_workers:
+        return f"{_pct(rounded(m.data_cpu_frac))} (main process)"
+    return _pct(rounded(m.loader_cpu))
 
 
 def _site(file: str, line: int) -> str:

@@ -13,14 +13,15 @@ import time
 from typing import Any
 
 EVERY_SECONDS = 2.0
-BOTTLENECK_PREFIX = "perfmon/bottleneck/"
 
 
 class LiveNumbers:
     def __init__(self, probe: Any) -> None:
         from perfmon_analysis.analysis import Analysis
+        from perfmon_analysis.metrics import bottleneck_callback
 
         self.analysis = Analysis()
+        self._flag = bottleneck_callback
         self.latest: dict[str, float] = {}
         self.bottleneck: str | None = None
         self.said: set[str] = set()        # verdict ids logged so far: the others are logged as 0
@@ -35,9 +36,9 @@ class LiveNumbers:
             snapshot = self.analysis.snapshot(steady=True)
             bottleneck = snapshot.verdict.bottleneck
             latest = self.analysis.callback_numbers(snapshot)
-            latest[BOTTLENECK_PREFIX + bottleneck] = 1.0
+            latest[self._flag(bottleneck)] = 1.0
             self.said.add(bottleneck)
-            latest.update({BOTTLENECK_PREFIX + b: 0.0 for b in self.said if b != bottleneck})
+            latest.update({self._flag(b): 0.0 for b in self.said if b != bottleneck})
             self.latest = latest
             self.bottleneck = bottleneck
 

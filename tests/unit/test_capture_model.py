@@ -2,11 +2,10 @@
 
 from __future__ import annotations
 
-from perfmon_analysis.analysis import render_text
 from perfmon_analysis.capture import capture_reading
 from perfmon_analysis.runmodel import RunModel
 from tests.helpers import records as R
-from tests.helpers.reports import report_of
+from tests.helpers.reports import report_and_text
 
 RECORD = {"k": "capture", "t": 5.0, "id": 1, "steps": 3, "first_step": 10, "last_step": 12, "wall_s": 0.5,
           "path": "/r/x.capture-10.pt.trace.json.gz", "device_busy": 0.62,
@@ -35,9 +34,9 @@ def test_the_report_lists_each_ranks_latest_capture():
             model.ingest(f"s{rank}", R.step(step, start=float(step), dur=1.0))
     model.ingest("s1", dict(RECORD, t=2.0, path="/old"))
     model.ingest("s1", RECORD)
-    report = report_of(model)
+    report, text = report_and_text(model)
     assert [(c["rank"], c["path"]) for c in report["captures"]] == [(1, RECORD["path"])]
-    assert "rank 1: steps 10-12 -> /r/x.capture-10.pt.trace.json.gz" in render_text(report)
+    assert "rank 1: steps 10-12 -> /r/x.capture-10.pt.trace.json.gz" in text
 
 
 def test_the_json_carries_every_field_and_odd_values_read_as_unknown():

@@ -15,13 +15,13 @@ from pathlib import Path
 import jsonschema
 import pytest
 
-from perfmon_analysis.analysis import Analysis, render_text
+from perfmon_analysis.analysis import Analysis
 from perfmon_analysis.metrics import by_name
 from perfmon_analysis.overhead import STEP_BUDGET, STEP_CALLS, WRAPPER_PARTS, finding, overhead, text_lines
 from perfmon_analysis.readings import CostReading, cost_reading
 from probe import core, cost, wire
 from probe.recording import read_recording
-from tests.helpers.reports import REPORT_SCHEMA
+from tests.helpers.reports import REPORT_SCHEMA, analysed
 from tests.unit.verdict_synth import T0, Rank, job, records
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -86,7 +86,8 @@ def _run(tmp_path: Path, hook: bool) -> tuple[dict, dict, Seen]:
     finally:
         mon.close()
     records = read_recording(mon.record_path).records
-    report = Analysis.of_records([("s", records)]).report()
+    report, text = analysed(Analysis.of_records([("s", records)]))
+    report["text"] = text      # the text report beside the JSON, for the tests that read both
     after = outside[10:]
     return report, last, Seen(sum(after) / len(after), sum(HOOK_TIMES[10:]) / len(after) if hook else 0.0)
 
@@ -107,7 +108,7 @@ def test_a_slow_step_hook_is_the_finding_and_named(tmp_path):
     assert STEP_S + HOOK_S <= step and parts[name]["share"] == pytest.approx(parts[name]["value"] / step, rel=0.01)
     assert report["overhead"]["steps"] == 30
     assert report["metrics"]["overhead_step_frac"] == pytest.approx(report["overhead"]["step_frac"], abs=1e-6)
-    assert name in render_text(report)
+    assert name in report["text"]
 
 
 def test_within_budget_there_is_no_finding_and_the_step_calls_cost_microseconds(tmp_path):
@@ -275,13 +276,13 @@ def test_profile_and_capture_windows_report_their_cost_in_the_same_terms():
     window = {"t": T0 + 4.5, "id": 1, "steps": 3, "first_step": 30, "last_step": 32, "cost": {"thread_cpu_s": 0.25}}
     recs += [{"k": "capture", **window, "wall_s": 0.45, "path": "/tmp/trace.json.gz", "top": [], "gaps": []},
              {"k": "profile", **window, "depth": 1, "step_s": 0.15, "modules": []}]
-    report = Analysis.of_records([("s", recs)]).report()
+    report, text = analysed(Analysis.of_records([("s", recs)]))
     jsonschema.validate(report, REPORT_SCHEMA)
     for shown in (report["captures"][0], report["profile"]):
         assert shown["train_per_step_s"] == pytest.approx(0.05)
         assert shown["overhead"] == pytest.approx(0.5)
         assert shown["thread_cpu_s"] == 0.25
-    assert "its own thread used 250ms CPU" in render_text(report)
+    assert "its own thread used 250ms CPU" in text
 
 
 def _header(rank: Rank) -> tuple[str, set[str]]:

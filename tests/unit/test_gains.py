@@ -123,13 +123,14 @@ def test_a_gpu_job_counts_gpu_hours():
 
 def test_the_report_carries_the_gains_in_json_and_text():
     view = job(_cpu(data=0.03), _cpu(rank=1, data=0.03)).view()
-    out = report.build(view, evaluate(view), price=2.0)
+    verdict = evaluate(view)
+    out = report.build(view, verdict, price=2.0)
     jsonschema.validate(out, REPORT_SCHEMA)
     v = out["verdict"]
     data = next(g for g in v["gains"] if g["loss"] == "data_wait")
     assert data["speedup_bound"] == round(1 / 0.7, 4) and data["price"]["per_day"] == round(2 * 24 * 0.3 * 2.0, 4)
     assert v["gains_combined"]["of"] == ["data_wait"] and v["gains_basis"]["ranks"] == 2
-    text = report.render_text(out)
+    text = report.render_text(view, verdict, price=2.0)
     section = text[text.index("What fixing it buys"):].splitlines()
     assert section[2].split() == ["data", "wait", "1.4×", "14", section[2].split()[4], "28.8"]
     assert all(len(line) <= 80 for line in text.splitlines())
@@ -201,7 +202,7 @@ def test_energy_is_unknown_without_the_counter_and_on_a_cpu_never_zero():
 
 def test_the_report_text_says_the_energy_each_loss_spends_on_a_gpu():
     view = job(Rank(data=0.03, gpu_util=60.0, gpu_power_w=400.0), device="cuda").view()
-    text = report.render_text(report.build(view, evaluate(view)))
+    text = report.render_text(view, evaluate(view))
     assert "  energy in data wait: at most 12J/step, 375mJ/sample, 2.88 kWh/day" in text.splitlines()
 
 

@@ -9,7 +9,8 @@ from __future__ import annotations
 
 import pytest
 
-from perfmon_analysis.analysis import Analysis, render_text
+from perfmon_analysis.analysis import Analysis
+from tests.helpers.reports import analysed
 from tests.unit.verdict_synth import Rank, records
 
 STEP = 0.020          # 20 ms steps, the device's 20 ms timed by CUDA events on each
@@ -17,21 +18,25 @@ HOST_BLAMED = ("host_overhead", "host_sync", "host_wait")
 
 
 def _report(*ranks: Rank) -> dict:
+    return _analysed(*ranks)[0]
+
+
+def _analysed(*ranks: Rank) -> tuple[dict, str]:
     world = len(ranks)
     streams = [(f"r{r.rank}", records(r, world, device="cuda")) for r in ranks]
-    return Analysis.of_records(streams).report()
+    return analysed(Analysis.of_records(streams))
 
 
 def test_a_device_that_never_idles_with_kernels_filling_55_percent_is_low_fill_not_host_overhead():
     """NVML utilization 100%, SM activity 55%, the host 150 ms ahead. Before: host_overhead, 'the CPU
     cannot feed it', 'up to 1.8x faster', while its headline said the host ran 150 ms ahead."""
-    report = _report(Rank(dur=STEP, gpu_util=100, sm_active=0.55, gpu_time=STEP, lead=0.150, syncs=0))
+    report, text = _analysed(Rank(dur=STEP, gpu_util=100, sm_active=0.55, gpu_time=STEP, lead=0.150, syncs=0))
     v, m = report["verdict"], report["metrics"]
     assert v["bottleneck"] == "low_fill" and v["severity"] == "info", v["headline"]
     assert m["device_busy"] == 1.0 and m["device_fill"] == pytest.approx(0.55) and m["sm_active"] == 0.55
     assert "cannot feed" not in v["headline"] and v["path"] == ["memory", "device_busy", "fill"]
     assert m["device_idle_frac"] == 0.0
-    assert "Low SM fill" in render_text(report)
+    assert "Low SM fill" in text
 
 
 def test_one_item_per_step_on_a_device_that_never_idles_is_not_host_sync():

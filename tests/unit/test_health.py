@@ -11,11 +11,11 @@ import pytest
 
 from perfmon_analysis import verdict as V
 from perfmon_analysis.analysis import Analysis
-from perfmon_analysis.report import build, render_text
+from perfmon_analysis.report import build
 from perfmon_analysis.runmodel import RunModel
 from perfmon_analysis.sketch import SKETCH_ACCURACY, DurationSketch
 from perfmon_analysis.step_times import window_times
-from tests.helpers.reports import REPORT_SCHEMA
+from tests.helpers.reports import REPORT_SCHEMA, analysed
 from tests.unit.verdict_synth import T0, Rank, job, records
 
 MB = 1 << 20
@@ -192,8 +192,7 @@ def test_the_exit_status_perfmon_run_saw_makes_or_unmakes_the_crash():
 def test_the_report_has_the_percentiles_outliers_growth_and_crash_in_its_json_and_text():
     recs = with_rss(stretched(records(Rank(steps=60)), 40, 0.7), lambda i: 500 * MB + i * 4 * MB)
     recs += [dict(EXC, t=T0 + 6.8), {"k": "bye", "t": T0 + 6.9}]
-    analysis = Analysis.of_records([(STREAM, recs)])
-    report = analysis.report()
+    report, text = analysed(Analysis.of_records([(STREAM, recs)]))
     jsonschema.validate(report, REPORT_SCHEMA)
     m = report["metrics"]
     assert m["step_time_max_s"] == pytest.approx(0.8) and m["run_step_time_max_s"] == pytest.approx(0.8)
@@ -201,7 +200,6 @@ def test_the_report_has_the_percentiles_outliers_growth_and_crash_in_its_json_an
     assert report["ranks"][0]["step_time_p99_s"] == pytest.approx(0.1 + 0.7 * 0.51)
     assert report["step_outliers"][0]["step"] == 40 and report["memory_growth"]["steady"] is True
     assert report["crash"]["line"] == 88 and report["verdict"]["bottleneck"] == "crashed"
-    text = render_text(report)
     assert "Step time p50/p90/p99/max: window 100ms/" in text and "Outlier: step 40 (rank 0) 800ms" in text
     assert "Memory grows every step (rank 0): host RSS +4.2MB/step" in text
     assert "CRASHED [crit]" in text

@@ -84,18 +84,18 @@ def test_the_prometheus_scrape_has_exactly_the_tables_prometheus_metrics_with_th
 
 def test_the_callbacks_log_exactly_the_tables_callback_metrics_with_the_reports_values(monkeypatch):
     logged, report = _callbacks(monkeypatch)
-    gain_keys = ("perfmon/speedup_bound/", "perfmon/device_hours_per_day/")
-    numbers = {k: v for k, v in logged.items() if not k.startswith((live.BOTTLENECK_PREFIX, *gain_keys))}
+    gain_keys = tuple(M.gain_callback(field, "") for field in M.GAIN_CALLBACKS)
+    numbers = {k: v for k, v in logged.items() if not k.startswith((M.bottleneck_callback(""), *gain_keys))}
     wanted = M.on(M.Surface.CALLBACKS)
     assert numbers == {m.callback: report["metrics"][m.name] for m in wanted}
     # beside the table: what fixing each loss buys, the report's verdict.gains (rounded there)
     verdict = report["verdict"]
     gains = verdict["gains"] + ([verdict["gains_combined"]] if verdict["gains_combined"] else [])
-    expected = {f"{prefix}{g['loss']}": g[key] for g in gains
-                for prefix, key in zip(gain_keys, ("speedup_bound", "per_day")) if g[key] is not None}
+    expected = {M.gain_callback(key, g["loss"]): g[key] for g in gains for key in M.GAIN_CALLBACKS
+                if g[key] is not None}
     assert {k: v for k, v in logged.items() if k.startswith(gain_keys)} == pytest.approx(expected, abs=1e-4)
     assert all(report["metrics"][m.name] is not None for m in wanted)      # each one measured here
-    assert logged[live.BOTTLENECK_PREFIX + report["verdict"]["bottleneck"]] == 1.0
+    assert logged[M.bottleneck_callback(report["verdict"]["bottleneck"])] == 1.0
 
 
 def test_exported_names_follow_the_units():

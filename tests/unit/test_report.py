@@ -8,11 +8,11 @@ from pathlib import Path
 
 import pytest
 
-from perfmon_analysis.analysis import Analysis, render_text
+from perfmon_analysis.analysis import Analysis
 from probe import wire
 from probe.paths import base_name
 from probe.recording import RecordingWriter
-from tests.helpers.reports import REPORT_VALIDATOR, report_of
+from tests.helpers.reports import REPORT_VALIDATOR, report_and_text, report_of
 from tests.unit.verdict_synth import T0, Rank, job, records
 from tui import cli
 
@@ -77,8 +77,7 @@ def test_straggler_marked_in_rank_rows():
 
 @pytest.mark.parametrize("name", sorted(JOBS))
 def test_text_form_fits_80_columns_and_leads_with_the_verdict(name):
-    report = report_of(JOBS[name]())
-    text = render_text(report)
+    report, text = report_and_text(JOBS[name]())
     lines = text.splitlines()
     assert max(len(line) for line in lines) <= 80
     assert lines[1].startswith("VERDICT")
@@ -86,8 +85,8 @@ def test_text_form_fits_80_columns_and_leads_with_the_verdict(name):
 
 
 def test_text_shows_evidence_path_findings_and_rank_rows():
-    text = render_text(report_of(job(Rank(0, comm=0.052, exposed=0.05, pause=0.1, pause_every=5),
-                                        Rank(1, comm=0.002, exposed=0.0, pause=0.1, pause_every=5))))
+    text = report_and_text(job(Rank(0, comm=0.052, exposed=0.05, pause=0.1, pause_every=5),
+                               Rank(1, comm=0.002, exposed=0.0, pause=0.1, pause_every=5)))[1]
     assert "LOAD IMBALANCE" in text and "Evidence:" in text
     flat = " ".join(text.split())
     assert "Path: memory > device_busy > data_wait > comm_exposed > straggler > load_imbalance" in flat
@@ -183,12 +182,11 @@ def test_corrupt_recording_reports_what_came_before_the_damage(tmp_path, capsys)
 def test_sub_millisecond_steps_with_most_time_between_them_are_not_plainly_healthy():
     """pytorch/examples regression/main.py: a tiny model, batches built in the loop between 0.2 ms steps. The
     time between steps recurs on every step: the loop's own work, 60% of the iteration, judged as a loss."""
-    report = report_of(job(Rank(steps=60, dur=0.0005, gap=0.0003)))
+    report, text = report_and_text(job(Rank(steps=60, dur=0.0005, gap=0.0003)))
     v = report["verdict"]
     assert (v["bottleneck"], v["severity"], v["loss"]) == ("loop_work", "crit", "loop")
     assert v["headline"].startswith("Loop work: 60% of each step is the loop's own work between steps")
     assert report["metrics"]["loop_frac"] == 0.6 and report["metrics"]["ettr"] == 1.0
-    text = render_text(report)
     row = next(line for line in text.splitlines() if line.strip().startswith("0 "))
     assert row.split()[4:6] == ["500µs", "200µs"] and "0ms" not in text and "0.0s" not in text
     assert "Window: 50 steps, 25ms." in text                      # 50 steps of 500µs

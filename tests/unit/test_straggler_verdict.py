@@ -41,7 +41,7 @@ def test_each_straggler_outcome_is_reached_and_priced_by_the_simulation(name, kw
     report = build(v, verdict)
     assert report["verdict"]["gains"][[g["loss"] for g in report["verdict"]["gains"]].index("comm_exposed")][
         "basis"] == "simulated"
-    text = render_text(report)
+    text = render_text(v, verdict)
     assert "~" in text and "Parallel layout:" in text
 
 
@@ -56,7 +56,7 @@ def test_a_data_parallel_job_with_a_chronic_slow_rank_reads_as_before():
     assert "worker_slow" not in verdict.evidence.get("skipped", {})
     assert verdict.gains.of("comm_exposed").basis == "bound"
     report = build(v, verdict)
-    assert report["layout"]["dims"] == ["dp"] and "Parallel layout" not in render_text(report)
+    assert report["layout"]["dims"] == ["dp"] and "Parallel layout" not in render_text(v, verdict)
 
 
 def test_a_job_without_operations_walks_as_before():

@@ -13,12 +13,11 @@ import math
 import pytest
 
 from perfmon_analysis import verdict as V
-from perfmon_analysis.analysis import render_text
 from perfmon_analysis.losses import by_id
 from perfmon_analysis.readings import step_cpu, where_interval
 from perfmon_analysis.summary import read_summary, summary_record
 from perfmon_analysis.where_stats import wilson_half_width
-from tests.helpers.reports import REPORT_VALIDATOR, report_of
+from tests.helpers.reports import REPORT_VALIDATOR, report_and_text, report_of
 from tests.unit.verdict_synth import T0, Rank, job
 
 TRAIN = "/home/u/train.py"
@@ -190,13 +189,12 @@ def test_cpu_job_waiting_forty_percent_in_step_is_host_wait_naming_the_line():
     assert idle.share == pytest.approx(0.4) and idle.source == "training thread off CPU (thread CPU time)"
     assert "40% of each step waiting in time.sleep(0.04) at train.py:21 in fetch_from_service" in v.headline
     assert any("train.py:21" in s for s in v.suggestions)
-    report = report_of(model)
+    report, text = report_and_text(model)
     REPORT_VALIDATOR.validate(report)
     top, second = report["verdict"]["where"]       # a host wait lists its waiting lines first
     assert (top["file"], top["line"], top["state"]) == (TRAIN, 21, "waiting")
     assert (second["line"], second["state"]) == (30, "busy") and second["share"] > top["share"]
     assert top["share"] == pytest.approx(0.4) and 0 < top["err"] < 0.1
-    text = render_text(report)
     assert "Where the unexplained time goes" in text and "train.py:21 in fetch_from_service" in text
 
 

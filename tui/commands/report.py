@@ -14,7 +14,6 @@ import sys
 import time
 from typing import Any
 
-from perfmon_analysis.analysis import render_text
 from tui.errors import UserError
 from tui.pricing import price_per_device_hour
 from tui.stream.connect import load
@@ -38,8 +37,8 @@ def main(args: Any) -> int:
     analysis, source = load(args.target, float(getattr(args, "seconds", 5.0) or 5.0), args,
                             verdicts=VERDICT_INSTANTS if html_out else 0)
     live = source["kind"] != "recording"
-    report = analysis.report(time.time() if live else None, clock=time.monotonic() if live else None,
-                             source=source, price=price)
+    snapshot = analysis.snapshot(time.time() if live else None, clock=time.monotonic() if live else None)
+    report = analysis.report(snapshot=snapshot, source=source, price=price)
     if not report["ranks"]:
         raise UserError(f"{args.target}: no records from any rank to report on")
     if html_out:
@@ -47,5 +46,5 @@ def main(args: Any) -> int:
     if args.json:
         print(json.dumps(report, indent=2))
     else:
-        sys.stdout.write(render_text(report))
+        sys.stdout.write(analysis.text_report(snapshot, price=price))
     return 0

@@ -38,6 +38,7 @@ from perfmon_analysis.analysis import Analysis
 from perfmon_analysis.capture import capture_reading
 from perfmon_analysis.history import MEMORY_FIELDS, STEP_FIELDS, History, memory_used
 from perfmon_analysis.layout_report import layout_lines
+from perfmon_analysis.metrics import ETTR
 from perfmon_analysis.profile import profile_lines
 from perfmon_analysis.report import gains_lines
 from perfmon_analysis.verdict import label as outcome_label
@@ -118,7 +119,7 @@ def _verdict_html(report: dict[str, Any]) -> str:
     gains = gains_lines(v, width=110)
     if gains:     # the text report's section, word for word: one place computes and words the gains
         parts.append(f"<h2>{_esc(gains[0].split(' (')[0])}</h2><pre>{_esc(chr(10).join(gains))}</pre>")
-    layout = layout_lines(report, width=110)
+    layout = layout_lines(report.get("layout") or {}, report.get("straggling"), v.get("bottleneck"), width=110)
     if layout:    # the text report's section too: the layout, the straggler what-if, each stage
         parts.append(f"<h2>{_esc(layout[1].split(':')[0])}</h2><pre>{_esc(chr(10).join(layout[1:]))}</pre>")
     return "\n".join(parts)
@@ -141,7 +142,7 @@ def _ettr_html(report: dict[str, Any], hist: History) -> str:
                 pauses.append((b.hi[g], b, h))
     steps = sum(h.steps.points for h in hist.ranks.values())
     lost = units.pct(gap / dur) if dur > 0 else units.NA
-    out = (f"<p>ETTR {_esc(units.pct(report['metrics'].get('ettr')))}: {_esc(units.count(steps))} rank-steps, "
+    out = (f"<p>ETTR {_esc(units.pct(report['metrics'].get(ETTR.name)))}: {_esc(units.count(steps))} rank-steps, "
            f"{_esc(lost)} of their wall time between steps (checkpoints, evaluation, stalls); "
            f"grey in the step-time chart.</p>")
     # one line per range of steps (every rank pauses for the same checkpoint): its longest, and on how many ranks

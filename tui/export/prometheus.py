@@ -28,12 +28,18 @@ from prometheus_client.registry import Collector, CollectorRegistry
 from perfmon_analysis.analysis import Snapshot
 from perfmon_analysis.groups import GroupReduction, RankRow, reduce_rows
 from perfmon_analysis.metrics import (
+    COMM_BUSBW_FAMILY,
+    COMM_SECONDS_FAMILY,
+    GAIN_FAMILIES,
     GROUP_COUNTS,
     GROUP_EXTREME_RANK,
+    GROUP_PREFIX,
     GROUP_QUANTITIES,
     GROUP_RELAYS_DOWN,
     GROUP_STATS,
     GROUP_SUMS,
+    MEMORY_FAMILY,
+    VERDICT_FAMILY,
     Surface,
     on,
 )
@@ -63,24 +69,20 @@ def families(view: JobView, verdict: Verdict) -> list[Any]:
                 family.add_metric(labels[r.rank], float(value))
         out.append(family)
     mem = view.metrics.memory
-    memory = GaugeMetricFamily("perfmon_memory_bytes", "Memory of the fullest rank by kind (device, else host)",
-                               labels=("job", "rank", "kind", "source"))
+    memory = GaugeMetricFamily(*MEMORY_FAMILY, labels=("job", "rank", "kind", "source"))
     for kind in MEMORY_KINDS:
         value = getattr(mem, f"{kind}_bytes", None)
         if value is not None and mem.rank is not None:
             memory.add_metric([job, str(mem.rank), kind, mem.source or ""], float(value))
     out.append(memory)
-    busbw = GaugeMetricFamily("perfmon_comm_busbw_bytes_per_second",
-                              "Bus bandwidth per collective over the window (nccl-tests busbw)", labels=("job", "op"))
-    comm_seconds = GaugeMetricFamily("perfmon_comm_window_seconds",
-                                     "Seconds in each collective over the window, all ranks", labels=("job", "op"))
+    busbw = GaugeMetricFamily(*COMM_BUSBW_FAMILY, labels=("job", "op"))
+    comm_seconds = GaugeMetricFamily(*COMM_SECONDS_FAMILY, labels=("job", "op"))
     for op in view.comm_ops:
         if op.busbw is not None:
             busbw.add_metric([job, op.op], op.busbw)
         comm_seconds.add_metric([job, op.op], op.seconds)
     out += [busbw, comm_seconds]
-    info = InfoMetricFamily("perfmon_verdict", "The verdict: the job's bottleneck now",
-                            labels=("job",))
+    info = InfoMetricFamily(*VERDICT_FAMILY, labels=("job",))
     info.add_metric([job], {"bottleneck": verdict.bottleneck, "severity": verdict.severity,
                             "straggler_rank": "" if verdict.straggler_rank is None else str(verdict.straggler_rank)})
     out.append(info)
@@ -142,7 +144,7 @@ def tree_families(view: JobView, verdict: Verdict, group: str, reductions: list[
     per-rank series stay bounded) with a ``group`` label, the group's verdict, and its reductions."""
     out = []
     for family in families(dataclasses.replace(view, groups=tuple(reductions)), verdict):
-        if family.name.startswith("perfmon_group_"):
+        if family.name.startswith(GROUP_PREFIX):
             out.append(family)
             continue
         relabelled = type(family)(family.name, family.documentation)
@@ -154,19 +156,15 @@ def tree_families(view: JobView, verdict: Verdict, group: str, reductions: list[
 def _gain_families(job: str, verdict: Verdict) -> list[Any]:
     """What fixing each loss (and the combination, ``loss="combined"``) buys; unknown figures are
     left out. Money is these hours times a price: a dashboard multiplies by its own."""
-    bound = GaugeMetricFamily("perfmon_loss_speedup_bound", "Upper bound on the speedup if the loss were removed: "
-                              "1 / (1 - share)", labels=("job", "loss"))
-    per_day = GaugeMetricFamily("perfmon_loss_device_hours_per_day", "Device-hours the loss costs per day at the "
-                                "window's pace: ranks x 24 h x its share of wall time", labels=("job", "loss"))
-    so_far = GaugeMetricFamily("perfmon_loss_device_hours", "Device-hours the loss cost since the job started, "
-                               "at the window's share", labels=("job", "loss"))
+    out = {field: GaugeMetricFamily(*family, labels=("job", "loss")) for field, family in GAIN_FAMILIES.items()}
     gains = verdict.gains
     every = (*gains.per_loss, *((gains.combined,) if gains.combined is not None else ())) if gains else ()
     for g in every:
-        for family, value in ((bound, g.speedup_bound), (per_day, g.per_day), (so_far, g.device_hours)):
+        for field, family in out.items():
+            value = getattr(g, field)
             if value is not None:
                 family.add_metric([job, g.loss], value)
-    return [bound, per_day, so_far]
+    return list(out.values())
 
 
 def _rank_labels(view: JobView, r: RankView) -> list[str]:
