@@ -31,7 +31,7 @@ from torch import nn
 
 parser = argparse.ArgumentParser()
 parser.add_argument("--mode", choices=["lock", "tokenize", "log", "gil", "pauses"], required=True)
-parser.add_argument("--steps", type=int, default=0, help="iterations (default: 60; gil: 120, short ones)")
+parser.add_argument("--steps", type=int, default=0, help="iterations (default: 60)")
 parser.add_argument("--min-seconds", type=float, default=4.0,
                     help="iterate for at least this long: the stack sampler's 19 looks a second need it")
 parser.add_argument("--checkpoint-every", type=int, default=0)
@@ -41,7 +41,7 @@ parser.add_argument("--eval-batches", type=int, default=0)
 args = parser.parse_args()
 
 WINDOW = 50
-args.steps = args.steps or (120 if args.mode == "gil" else 60)
+args.steps = args.steps or 60
 torch.set_num_threads(1)
 torch.manual_seed(0)
 # gil: many small layers, each op of which gives the GIL up and waits to take it back from the encoder
