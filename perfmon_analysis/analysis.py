@@ -24,6 +24,8 @@ from perfmon_analysis.runmodel import RunModel
 from perfmon_analysis.verdict import Verdict, VerdictTracker, evaluate
 from perfmon_analysis.views import JobView
 
+__all__ = ["Analysis", "Snapshot"]
+
 
 @dataclass(frozen=True)
 class Snapshot:

@@ -26,6 +26,11 @@ from perfmon_analysis.readings import (
 )
 from perfmon_analysis.sketch import DurationSketch
 
+__all__ = [
+    "BLOCKING_EVENTS", "EVENT_BUFFER", "MIN_STEPS", "RECENT_SECONDS", "RankState", "STEP_BUFFER", "StepParser",
+    "TIMELINE_STEPS", "WINDOW_SAMPLES", "WINDOW_SECONDS", "WINDOW_STEPS", "recent_records",
+]
+
 if TYPE_CHECKING:
     from perfmon_analysis.capture import CaptureSummary
     from perfmon_analysis.profile import ModuleProfile

@@ -10,6 +10,8 @@ from perfmon_analysis import units
 from perfmon_analysis.profile import window_cost
 from perfmon_analysis.readings import CaptureRecord, capture_record, num
 
+__all__ = ["CaptureSummary", "capture_reading", "with_cost"]
+
 
 @dataclass(frozen=True, kw_only=True)
 class CaptureSummary(CaptureRecord):

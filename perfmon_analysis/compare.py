@@ -36,6 +36,11 @@ from perfmon_analysis.metrics import COMPARED, MEMORY_PEAK, Metric, Unit, by_nam
 from perfmon_analysis.readings import StepReading
 from perfmon_analysis.verdict import label as outcome_label
 
+__all__ = [
+    "StepChange", "compare", "decide", "job_steps", "parse_limits", "render_text", "step_change", "t_quantile",
+    "whole_run",
+]
+
 SCHEMA = "perfmon.compare/1"
 CONFIDENCE = 0.95
 MIN_CHANGE = 0.10        # default: smaller step-time changes may be the machine, not the job (docs/compare.md)

@@ -21,6 +21,15 @@ from typing import TYPE_CHECKING, Any
 
 from perfmon_analysis.comm_stats import STRAGGLER_RATIO
 
+__all__ = [
+    "Answer", "COMM_EXPOSED_MIN", "CPU_CONTENTION_MIN", "Chart", "DATA_WAIT_MIN", "DEVICE_BUSY_CRIT",
+    "DEVICE_BUSY_MIN", "ETTR_MIN", "Explained", "FILL_CRIT", "FILL_MIN", "FINDINGS", "FRAGMENTATION_MAX",
+    "GIL_HOLDER_MIN", "HOST_AHEAD_SHARE", "HOST_WAIT_MIN", "LATE_GAP_MIN", "LOADER_CPU_BOUND", "LOADER_MAIN",
+    "LOADER_WORKERS", "LOOP_PREP_MIN", "LOSS_MIN", "LOSS_THRESHOLD", "Losses", "MEMORY_PEAK_MAX", "MFU_MIN",
+    "Outcome", "Question", "STRAGGLER_RATIO_MAX", "SYNCS_PER_STEP_MIN", "TENSOR_ACTIVE_MIN", "THROTTLE_REASONS",
+    "round4",
+]
+
 if TYPE_CHECKING:
     from perfmon_analysis.losses import Loss
     from perfmon_analysis.views import JobView

@@ -40,6 +40,8 @@ from perfmon_analysis.losses import Loss
 from perfmon_analysis.metrics import GAIN_CALLBACKS, gain_callback
 from perfmon_analysis.views import JobView
 
+__all__ = ["Gains", "NO_PRICE", "PRICE_ENV", "callback_values", "estimate", "speedup_bound"]
+
 HOURS_PER_DAY = 24.0
 GAPS = "step_gaps"
 COMM = "comm_exposed"

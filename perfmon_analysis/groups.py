@@ -26,6 +26,11 @@ from typing import Any
 
 from perfmon_analysis.sketch import SKETCH_ACCURACY, SKETCH_MIN, Sketch, is_count
 
+__all__ = [
+    "GroupReduction", "MAX_ODD_STALLED", "REPS_PER_STALL", "RankRow", "Reduction", "merge_groups", "reduce_rows",
+    "representatives",
+]
+
 REPS_PER_STALL = 2          # stalled ranks in the majority's call sent on per group (the rest are counted)
 MAX_ODD_STALLED = 8         # stalled ranks outside that call sent on per group (the culprits)
 STICKY = SKETCH_ACCURACY    # a representative stays one while within this of the extreme it held

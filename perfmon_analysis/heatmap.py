@@ -18,6 +18,8 @@ from dataclasses import dataclass
 from perfmon_analysis.layout import Layout
 from perfmon_analysis.views import JobView, RankView
 
+__all__ = ["HeatMap", "METRICS", "RATIO_BANDS", "SHARE_BANDS", "heatmap", "level"]
+
 RATIO_BANDS = (1.1, 1.25, 1.5, 2.0)       # x the fastest rank: levels 1..4
 # The slowest rank or node is marked from the map's second level, where its cells warm.
 SLOW_MARK = RATIO_BANDS[1]

@@ -24,6 +24,11 @@ from typing import Any
 
 from perfmon_analysis.readings import MemoryReading, StepReading
 
+__all__ = [
+    "BUCKETS", "History", "MEMORY_BUCKETS", "MEMORY_FIELDS", "STEP_FIELDS", "Series", "VerdictChange",
+    "memory_used",
+]
+
 BUCKETS = 256            # buckets of a rank's steps: a day at 10 steps/s is ~3,400 steps a bucket, spikes kept as max
 MEMORY_BUCKETS = 64      # buckets of a rank's memory readings (it moves slowly)
 VERDICT_CHANGES = 512    # verdict changes kept (the oldest go first)

@@ -13,6 +13,8 @@ from perfmon_analysis import units
 from perfmon_analysis.layout import Layout
 from perfmon_analysis.straggler_verdict import CAUSE_OUTCOMES
 
+__all__ = ["layout_lines", "rank_note", "rank_place"]
+
 CAUSES = {"slow_stage": "slow stage", "slow_worker": "slow worker", "rotating_imbalance": "rotating imbalance"}
 
 

@@ -22,6 +22,8 @@ from typing import Any
 from perfmon_analysis import units
 from perfmon_analysis.views import Metrics
 
+__all__ = ["LOOP", "Loss", "PAUSES", "STEP_LOSSES", "account", "by_id", "overrun"]
+
 LOOP = "loop"              # the loop's own work between steps
 # The losses of the iteration's loop, in the order the verdict's flowchart asks about them (pauses, over
 # the run, are ETTR's).

@@ -23,6 +23,14 @@ from typing import TYPE_CHECKING, Any
 
 from perfmon_analysis.losses import account, by_id
 
+__all__ = [
+    "CALLBACK_PREFIX", "COMM_BUSBW_FAMILY", "COMM_SECONDS_FAMILY", "COMPARED", "DECIMALS", "ETTR",
+    "GAIN_CALLBACKS", "GAIN_FAMILIES", "GROUP_COUNTS", "GROUP_EXTREME_RANK", "GROUP_PREFIX", "GROUP_QUANTITIES",
+    "GROUP_RELAYS_DOWN", "GROUP_STATS", "GROUP_SUMS", "MEMORY_FAMILY", "MEMORY_PEAK", "METRICS", "Metric",
+    "Surface", "Unit", "VERDICT_FAMILY", "bottleneck_callback", "by_name", "callback_values", "gain_callback",
+    "job_values", "loss_metrics", "markdown", "on", "rank_values", "rounded",
+]
+
 if TYPE_CHECKING:
     from perfmon_analysis.views import JobView, RankView
 

@@ -24,6 +24,8 @@ from typing import Any
 from perfmon_analysis import units
 from perfmon_analysis.readings import ModuleTimes, profile_record
 
+__all__ = ["MARK_MIN_SHARE", "ModuleProfile", "profile_lines", "profile_reading", "window_cost", "with_overhead"]
+
 DEFAULT_TOP = 25
 
 MARK_MIN_SHARE = 0.02

@@ -25,6 +25,8 @@ from perfmon_analysis.stuck import WHERE_FRAMES
 from perfmon_analysis.verdict import WHERE_TOP, Verdict, label as outcome_label
 from perfmon_analysis.views import JobView
 
+__all__ = ["build", "gains_lines", "render_text"]
+
 SCHEMA = "perfmon.report/2"
 # A verdict's evidence key that is a metric under another name.
 EVIDENCE_METRIC = {"memory_peak_frac": "memory.peak_frac"}

@@ -27,6 +27,11 @@ from typing import Any, Protocol
 from perfmon_analysis import units
 from perfmon_analysis.readings import InFlight, StallReading
 
+__all__ = [
+    "CALL_STATES", "HEARTBEAT_S", "NO_HELLO_S", "RankStuck", "StuckDiagnosis", "WHERE_FRAMES", "diagnose",
+    "is_library", "user_frame",
+]
+
 HEARTBEAT_S = 10.0        # live rank silent this long: unresponsive (samples arrive at 1-2 Hz)
 NO_HELLO_S = 3.0          # a probe's sender answers a connect within one 50 ms tick: no hello this long is silence
 IDLE_CPU = 0.05           # a loader worker under 5% of a core is not working on the batch

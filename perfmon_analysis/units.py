@@ -6,6 +6,11 @@ Unknown values (``None``) print as ``n/a``: a pane never invents a number.
 
 from __future__ import annotations
 
+__all__ = [
+    "NA", "age", "bandwidth", "change", "count", "energy", "fixed", "hours", "money", "nbytes", "number", "pct",
+    "points", "rate", "ratio", "seconds", "speedup",
+]
+
 NA = "n/a"
 
 

@@ -38,6 +38,8 @@ from perfmon_analysis.questions import QUESTIONS, qualifying
 from perfmon_analysis.stuck import StuckDiagnosis
 from perfmon_analysis.views import JobView, WhereLine, WhereTable
 
+__all__ = ["BOTTLENECKS", "CHART", "Verdict", "VerdictTracker", "WHERE_TOP", "evaluate", "label", "walk"]
+
 _pct = units.pct
 WHERE_TOP = 5     # lines of ``verdict.where`` in the report
 

@@ -20,6 +20,8 @@ from perfmon_analysis.step_times import StepTimes
 from perfmon_analysis.stragglers import Straggling
 from perfmon_analysis.stuck import StuckDiagnosis
 
+__all__ = ["CommOpRow", "HolderLine", "JobView", "MemoryMetrics", "Metrics", "RankView", "WhereLine", "WhereTable"]
+
 
 @dataclass(frozen=True)
 class MemoryMetrics:

@@ -106,20 +106,21 @@ def _esc(text: Any) -> str:
 
 
 def _verdict_html(report: dict[str, Any]) -> str:
-    v = report["verdict"]
+    verdict = report["verdict"]
     parts = [f"<p>{_esc(report.get('world_size', 1))} rank(s), {_esc(report['device']['type'])}"
              f"{', ' + _esc(report['device']['name']) if report['device'].get('name') else ''}. "
              f"Window: the last {_esc(report['window']['steps'])} steps.</p>",
-             f"<h2>Verdict: <span class=\"sev-{_esc(v['severity'])}\">{_esc(outcome_label(v['bottleneck']))}"
-             f"</span> [{_esc(v['severity'])}]</h2>", f"<p>{_esc(v['headline'])}</p>"]
-    if v.get("path"):
-        parts.append(f"<p class=\"path\">Path: {_esc(' > '.join(v['path']) + ' > ' + v['bottleneck'])}</p>")
-    if v.get("suggestions"):
-        parts.append("<ul>" + "".join(f"<li>{_esc(s)}</li>" for s in v["suggestions"]) + "</ul>")
-    gains = gains_lines(v, width=110)
+             f"<h2>Verdict: <span class=\"sev-{_esc(verdict['severity'])}\">"
+             f"{_esc(outcome_label(verdict['bottleneck']))}"
+             f"</span> [{_esc(verdict['severity'])}]</h2>", f"<p>{_esc(verdict['headline'])}</p>"]
+    if verdict.get("path"):
+        parts.append(f"<p class=\"path\">Path: {_esc(' > '.join(verdict['path']) + ' > ' + verdict['bottleneck'])}</p>")
+    if verdict.get("suggestions"):
+        parts.append("<ul>" + "".join(f"<li>{_esc(s)}</li>" for s in verdict["suggestions"]) + "</ul>")
+    gains = gains_lines(verdict, width=110)
     if gains:     # the text report's section, word for word: one place computes and words the gains
         parts.append(f"<h2>{_esc(gains[0].split(' (')[0])}</h2><pre>{_esc(chr(10).join(gains))}</pre>")
-    layout = layout_lines(report.get("layout") or {}, report.get("straggling"), v.get("bottleneck"), width=110)
+    layout = layout_lines(report.get("layout") or {}, report.get("straggling"), verdict.get("bottleneck"), width=110)
     if layout:    # the text report's section too: the layout, the straggler what-if, each stage
         parts.append(f"<h2>{_esc(layout[1].split(':')[0])}</h2><pre>{_esc(chr(10).join(layout[1:]))}</pre>")
     return "\n".join(parts)

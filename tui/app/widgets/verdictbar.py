@@ -43,34 +43,34 @@ class VerdictBar(Widget):
         return self._verdict
 
     def render(self) -> Text:
-        v = self._verdict
-        if v is None:
+        verdict = self._verdict
+        if verdict is None:
             return Text("verdict: waiting for the first steps…", style=glyphs.DIM)
-        colour = glyphs.SEVERITY.get(v.severity, glyphs.ACCENT)
-        label = outcome_label(v.bottleneck)
+        colour = glyphs.SEVERITY.get(verdict.severity, glyphs.ACCENT)
+        label = outcome_label(verdict.bottleneck)
         line1 = Text()
         line1.append(f" {label} ", style=f"bold reverse {colour}")
         line1.append(" ")
-        line1.append(_without_label(v.headline, label))
-        if v.pending:
-            line1.append(f"  (checking: {outcome_label(v.pending)})", style=glyphs.DIM)
+        line1.append(_without_label(verdict.headline, label))
+        if verdict.pending:
+            line1.append(f"  (checking: {outcome_label(verdict.pending)})", style=glyphs.DIM)
         line2 = Text()
-        gain = v.gain_headline(self.price, compact=self.size.width < COMPACT_BELOW)
+        gain = verdict.gain_headline(self.price, compact=self.size.width < COMPACT_BELOW)
         if gain is not None:      # first: a narrow bar cuts the fix's tail, never the figure
             line2.append(gain, style=f"bold {glyphs.ACCENT}")
             line2.append(" · ", style=glyphs.DIM)
         line2.append("fix: ", style="bold")
-        if v.suggestions:
-            line2.append(v.suggestions[0])
-            if len(v.suggestions) > 1:
-                line2.append(f"  (+{len(v.suggestions) - 1} more: f)", style=glyphs.DIM)
+        if verdict.suggestions:
+            line2.append(verdict.suggestions[0])
+            if len(verdict.suggestions) > 1:
+                line2.append(f"  (+{len(verdict.suggestions) - 1} more: f)", style=glyphs.DIM)
         else:
-            line2.append("nothing to fix" if v.bottleneck == "healthy" else "—", style=glyphs.DIM)
+            line2.append("nothing to fix" if verdict.bottleneck == "healthy" else "—", style=glyphs.DIM)
         line3 = Text()
-        if v.where is not None and v.path:       # first: a long path cuts its own tail, never the key
+        if verdict.where is not None and verdict.path:       # first: a long path cuts its own tail, never the key
             line3.append("u: where  ", style=f"bold {glyphs.ACCENT}")
         line3.append("path: ", style=glyphs.DIM)
-        for i, step in enumerate(v.steps()):
+        for i, step in enumerate(verdict.steps()):
             if i:
                 line3.append(" › ", style=glyphs.DIM)
             line3.append(f"{step.question.short or step.question.id} {format_value(step.question, step.value)} ")
@@ -78,11 +78,11 @@ class VerdictBar(Widget):
                 line3.append("skip", style=glyphs.DIM)
             else:
                 line3.append(step.answer, style=f"bold {glyphs.BAD if step.answer == 'yes' else glyphs.OK}")
-        if v.path:
-            line3.append(f" ⇒ {v.bottleneck}", style=f"bold {colour}")
-        elif v.bottleneck == "stuck":
+        if verdict.path:
+            line3.append(f" ⇒ {verdict.bottleneck}", style=f"bold {colour}")
+        elif verdict.bottleneck == "stuck":
             line3.append("press s: each rank's part and stack", style=f"bold {colour}")
-        findings = v.finding_ids
+        findings = verdict.finding_ids
         if findings:
             line3.append("   also: " + ", ".join(findings), style=glyphs.WARN)
         text = Text("\n").join([line1, line2, line3])
