@@ -105,8 +105,10 @@ class TreeJob:
             return next((g.ranks for g in view.groups if g.key == ("job", "")), 0)
 
         async with app.run_test(size=(120, 36)) as pilot:
-            await until(lambda: "Rank 3 on n4 computes" in screen_text(app) and counted() == 4,
-                        "the straggler through the tree")
+            # the screen, not only the view: a refresh drawn just before the last rank was counted
+            # shows 3/4 until the next one
+            await until(lambda: "Rank 3 on n4 computes" in screen_text(app) and "4/4 ranks" in screen_text(app),
+                        "the straggler and every rank through the tree")
             seen["screen"] = screen_text(app)
             seen["shown"] = sorted(r.rank for r in feed.analysis.view().ranks)
             await pilot.press("number_sign", "2", "enter")        # drill-down by rank number, wherever it is

@@ -1,7 +1,7 @@
 """A plain PyTorch training loop that knows nothing of perfmon and reports its own timings.
 
 The last stdout line is JSON: optimizer_steps, iter_median_s (median time from one
-iteration's start to the next), in_steps_s, wall_s and ettr (time inside steps / wall
+iteration's start to the next), iters_s (each of those times), in_steps_s, wall_s and ettr (time inside steps / wall
 time from the first step's start to the last step's end), pid. A step spans from the
 start of its first batch fetch to the end of ``optimizer.step()``. ``--step-sleep``
 stands in for device compute inside the step, so timings stay stable on a busy CPU.
@@ -104,9 +104,9 @@ while args.forever or len(spans) < args.steps:
 starts = [s for s, _ in spans]
 in_steps = sum(e - s for s, e in spans)
 wall = spans[-1][1] - spans[0][0]
-iter_median = statistics.median(b - a for a, b in zip(starts, starts[1:]))
+iters = [b - a for a, b in zip(starts, starts[1:])]
 own = {"optimizer_steps": len(spans), "pid": os.getpid(), "in_steps_s": in_steps, "wall_s": wall,
-       "ettr": in_steps / wall, "iter_median_s": iter_median}
+       "ettr": in_steps / wall, "iter_median_s": statistics.median(iters), "iters_s": iters}
 if rss:
     own["rss_growth_per_step"] = (rss[-1] - rss[len(rss) // 2]) / (len(rss) - 1 - len(rss) // 2)
 print(json.dumps(own))
