@@ -286,6 +286,10 @@ class _Auto:
             self.roots.append(weakref.ref(module))
 
     def arm_global_hooks(self) -> None:
+        """The global forward hooks that find the model's roots; once: handles lost by arming twice
+        would outlive ``uninstall``."""
+        if self.global_handles:
+            return
         # torch.compile warns about global hooks on every compiled-module call; these are ours and
         # fire only once per call (the outermost-forward check), so that warning says nothing to the user
         warnings.filterwarnings("ignore", message=GLOBAL_HOOKS_WARNING, category=UserWarning)
@@ -531,6 +535,9 @@ def install(optimizers: Iterable[Any] = (), job: str | None = None) -> None:
 
     a = _auto = _Auto(torch, job)
     _pid = os.getpid()
+    # armed before the wrapped backward exists: the training thread's backward may re-arm them
+    # (``_wrap_backward``) while this runs on the injector's thread
+    a.arm_global_hooks()
     a.opt_handles = [optim_mod.register_optimizer_step_pre_hook(_opt_pre),
                      optim_mod.register_optimizer_step_post_hook(_opt_post)]
     torch.optim.Optimizer.__init__ = _wrap_optimizer_init(  # type: ignore[method-assign]  # the hook is the patch
@@ -545,7 +552,6 @@ def install(optimizers: Iterable[Any] = (), job: str | None = None) -> None:
     run_eagerly(_fwd_pre, _fwd_post, _opt_pre, _opt_post, _Auto.start, _Auto.flush, _Auto.fail, _Auto.fetched,
                 _Auto.check_unseen_step, _Auto.track_versions, _Auto.arm_global_hooks, _register_iterator, _batch_size)
     run_eagerly(torch.optim.Optimizer.__init__, torch.autograd.backward, recursive=False)
-    a.arm_global_hooks()
     forks.after_in_child(_after_fork_in_child)
 
 

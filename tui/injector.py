@@ -268,10 +268,11 @@ class RemoteExecFailed(Exception):
 
 
 def run(target: Target, action: str, timeout: float = ANSWER_SECONDS, job: str | None = None,
-        reach: float = ANSWER_SECONDS) -> dict:
+        reach: float = ANSWER_SECONDS, enter: float = ENTER_SECONDS) -> dict:
     """Run ``action`` ("inject" or "detach") in the target by its method; its answer (``ok``,
     ``message``, ...). ``job``: the name the injected probe serves the job under. ``reach``: how
-    long the target's main thread may take to reach a safe point (remote-exec)."""
+    long the target's main thread may take to reach a safe point (remote-exec); ``enter``: how long
+    entering through ptrace may take (a loaded host starts the injector's process slowly)."""
     if target.method == "ptrace":
         _need_hypno(target.pid)
     directory: str | None = _answer_dir(target.pid)
@@ -295,7 +296,7 @@ def run(target: Target, action: str, timeout: float = ANSWER_SECONDS, job: str |
                                 "ran there, and nothing will; --method ptrace enters through a parked thread")
             if reached is not None:
                 return _await(target.pid, result, timeout)
-        _enter(target.pid, entry_thread(target.pid), target_side.payload(action, paths, result, job))
+        _enter(target.pid, entry_thread(target.pid), target_side.payload(action, paths, result, job), enter)
         return _await(target.pid, result, timeout)
     finally:
         if directory is not None:
@@ -382,14 +383,14 @@ def entry_thread(pid: int, seconds: float = SAFE_SECONDS) -> int:
         time.sleep(PARK_SAMPLE)
 
 
-def _enter(pid: int, tid: int, code: str) -> None:
+def _enter(pid: int, tid: int, code: str, seconds: float) -> None:
     """Run ``code`` in ``pid`` on thread ``tid`` through hypno, in a child process: pyinjector keeps
-    the GIL while it works, so only a process of its own can be given up on after ``ENTER_SECONDS``."""
+    the GIL while it works, so only a process of its own can be given up on after ``seconds``."""
     try:
         out = subprocess.run([sys.executable, "-c", _ENTER, str(tid)], input=code, capture_output=True, text=True,
-                             timeout=ENTER_SECONDS)
+                             timeout=seconds)
     except subprocess.TimeoutExpired:
-        raise UserError(f"entering {pid} did not finish within {ENTER_SECONDS:.0f} s: the process may be stuck in "
+        raise UserError(f"entering {pid} did not finish within {seconds:g} s: the process may be stuck in "
                         "the dynamic loader (docs/attach.md)") from None
     if out.returncode != 0:
         text = (out.stderr.strip().splitlines() or ["the injector failed"])[-1]
@@ -408,7 +409,7 @@ def detach(target: Target, timeout: float = ANSWER_SECONDS) -> dict:
 
     endpoint = next((ep for ep in discovery.list_endpoints() if ep.pid == target.pid), None)
     if endpoint is None:
-        return run(target, "detach", timeout)
+        return run(target, "detach", timeout, enter=max(ENTER_SECONDS, timeout))
     directory = _answer_dir(target.pid)
     try:
         result = os.path.join(directory, "answer.json")

@@ -45,7 +45,7 @@ def on_hosts(action: str, job: str, found: list[str], via: str, timeout: float, 
         command[2:2] = ["--timeout", f"{timeout:g}"]
     if method != "auto":
         command[2:2] = ["--method", method]
-    return run_on_hosts(found, via, command, timeout + ENTER_SECONDS + ANSWER_SECONDS)
+    return run_on_hosts(found, via, command, timeout + max(ENTER_SECONDS, timeout) + max(ANSWER_SECONDS, timeout))
 
 
 def relay_output(action: str, results: list[Any]) -> None:

@@ -6,8 +6,9 @@ NAME`` finds the job's processes on this node by the name perfmon would give it,
 ``--hosts``/``--slurm``/``--k8s``, runs ``perfmon inject --job NAME`` on every host through the
 transport the relays use. All processes or none: when one refuses, those already entered are
 detached. The command returns once every probe's socket is up, which is at the first optimizer
-step after the injection (``--timeout`` bounds that wait, the injected code's answer once it has
-loaded the probe (at least 15 s: a loaded host imports slowly), and, entering through
+step after the injection (``--timeout`` bounds that wait, entering through ptrace (at least 10 s),
+the injected code's answer once it has loaded the probe (at least 15 s: a loaded host imports
+slowly), and, entering through
 ``sys.remote_exec``, the wait for the main thread to reach a safe point); ``--attach`` then
 opens the TUI on the job and, on leaving it, asks whether to detach. How it enters a process
 (``--method``) and what it leaves there: ``tui.injector``, docs/attach.md.
@@ -23,7 +24,7 @@ from typing import Any
 from probe.paths import safe_job
 from tui.commands.inject.fanout import across_hosts, chosen, host_failures, on_hosts, relay_output
 from tui.errors import UserError
-from tui.injector import ANSWER_SECONDS, POLL, Target, check, detach, run
+from tui.injector import ANSWER_SECONDS, ENTER_SECONDS, POLL, Target, check, detach, run
 from tui.stream import discovery
 
 
@@ -62,7 +63,8 @@ def _here(args: Any) -> int:
     targets: list[Target] = [check(p, args.method) for p in chosen(args)]   # every refusal before any is entered
     entered: list[Target] = []
     for target in targets:
-        answer = run(target, "inject", timeout=max(ANSWER_SECONDS, args.timeout), job=job, reach=args.timeout)
+        answer = run(target, "inject", timeout=max(ANSWER_SECONDS, args.timeout), job=job, reach=args.timeout,
+                     enter=max(ENTER_SECONDS, args.timeout))
         if not answer.get("ok"):
             for done in entered:     # all ranks or none
                 detach(done)
