@@ -10,10 +10,16 @@ from pathlib import Path
 from probe import paths
 
 
+SUN_PATH_MAX = 107      # sockaddr_un's sun_path is 108 bytes on Linux, its last a NUL
+
+
 def listen_unix(name: str) -> tuple[socket.socket, Path]:
     """Bind ``<socket dir>/<name>.sock`` (0600, in a 0700 per-user directory) and listen."""
     directory = paths.ensure_dir()
     path = directory / f"{name}{paths.SOCKET_SUFFIX}"
+    if len(os.fsencode(path)) > SUN_PATH_MAX:
+        raise OSError(f"the socket path {path} is {len(os.fsencode(path))} bytes, over the {SUN_PATH_MAX} a Unix "
+                      "socket takes: set PERFMON_DIR to a shorter directory")
     remove_stale(path)
     sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     old = os.umask(0o177)

@@ -133,8 +133,7 @@ def test_attach_to_a_stuck_job_names_the_culprit_and_s_shows_where_each_rank_is(
     """2 gloo ranks, rank 1 asleep before its 20th all-reduce; the same diagnosis as
     ``perfmon report`` on the screen, and each rank's stack behind ``s``."""
     script = Path(__file__).parents[1] / "integration" / "scripts" / "stuck_jobs.py"
-    sock_dir = tmp_path / "sock"
-    sock_dir.mkdir(mode=0o700)
+    sock_dir = os.environ["PERFMON_DIR"]       # conftest's fresh 0700 directory: a short path for the sockets
     mark = tmp_path / "mark"
     env = {**os.environ, "PERFMON_DIR": str(sock_dir), "PERFMON_JOB": "e2e-stuck", "PERFMON_STALL_S": "2"}
     job = subprocess.Popen([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",

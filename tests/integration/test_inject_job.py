@@ -151,9 +151,10 @@ def test_a_job_without_perfmon_in_its_environment_gets_the_probe_and_its_depende
 
 
 @pytest.fixture
-def nodes(tmp_path, trainers):
+def nodes(tmp_path_factory, trainers):
     """Two "nodes" n01 and n02, each a PID namespace running rank r of the bare job: the environment
     and transport that reach them, and the ranks."""
+    tmp_path = tmp_path_factory.mktemp("nodes")     # short: the nodes' sockets are under it
     if not _namespaces_work():
         pytest.skip("unshare cannot make a PID namespace here (needs CAP_SYS_ADMIN)")
     ranks = []

@@ -20,8 +20,9 @@ BIN = str(Path(sys.executable).parent)          # `perfmon` as the pod's shell w
 
 
 @pytest.fixture
-def pods(tmp_path):
+def pods(tmp_path_factory):
     """Two "pods", each running rank r of job k8sjob in a socket directory of its own."""
+    tmp_path = tmp_path_factory.mktemp("pods")       # short: the pods' sockets are under it
     standin = tmp_path / "bin"
     standin.mkdir()
     kubectl = standin / "kubectl"

@@ -28,9 +28,7 @@ def _start(tmp_path: Path, mode: str, job: str, ready_steps: int = 200,
     """The job, once it has trained ``ready_steps`` steps: 200 for a profile whose times are compared
     (warm steps, and the baseline its overhead is measured against); a few where only the answer to a
     request is checked."""
-    sock = tmp_path / "sock"
-    sock.mkdir(mode=0o700)
-    env = {**os.environ, "PERFMON_DIR": str(sock), "PERFMON_JOB": job}
+    env = {**os.environ, "PERFMON_JOB": job}     # PERFMON_DIR: conftest's fresh 0700 directory (a short path)
     proc = subprocess.Popen([sys.executable, str(SCRIPT), mode, str(tmp_path), str(seconds), str(ready_steps)],
                             env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
                             start_new_session=True)

@@ -24,10 +24,9 @@ STALL_LINE = next(i for i, line in enumerate(SCRIPT.read_text().splitlines(), 1)
 
 
 def _start(tmp_path: Path, mode: str, ranks: int, **env: str) -> tuple[subprocess.Popen, Path, dict]:
-    perfmon_dir = tmp_path / "sock"
-    perfmon_dir.mkdir(mode=0o700)
+    perfmon_dir = os.environ["PERFMON_DIR"]     # conftest's fresh 0700 directory: a short path for the sockets
     mark = tmp_path / "mark"
-    env = {**os.environ, "PERFMON_DIR": str(perfmon_dir), "PERFMON_JOB": f"stuck-{mode}", **env}
+    env = {**os.environ, "PERFMON_DIR": perfmon_dir, "PERFMON_JOB": f"stuck-{mode}", **env}
     cmd = [sys.executable, str(SCRIPT), mode, str(mark)]
     if ranks > 1:
         cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", str(ranks), *cmd[1:]]

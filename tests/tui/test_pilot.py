@@ -57,6 +57,17 @@ async def test_q_quits(recordings):
     assert app.return_code == 0
 
 
+async def test_a_refresh_timer_firing_after_the_last_screen_went_draws_nothing(recordings):
+    """The refresh timer can fire while the app closes, after its last screen left the stack."""
+    app = scenarios.replay_app(recordings["stuck"])
+    async with app.run_test(size=(120, 36)) as pilot:
+        await settle(pilot)
+        await pilot.press("s")
+        await settle(pilot)
+    assert app.screen_stack == []
+    app.refresh_view()
+
+
 async def test_help_and_flowchart_open_and_close(recordings):
     app = scenarios.replay_app(recordings["load_imbalance"])
     async with app.run_test(size=(120, 36)) as pilot:

@@ -5,6 +5,7 @@ process with no probe. The injections themselves: tests/integration/test_inject.
 from __future__ import annotations
 
 import argparse
+import importlib
 import json
 import os
 import sys
@@ -99,6 +100,7 @@ def test_attach_to_a_pid_that_is_gone_says_so():
 
 
 def test_a_process_that_has_perfmons_probe_already_is_not_entered_again(tmp_path):
+    importlib.import_module("probe.core")     # this process has perfmon's probe, whatever ran before
     result = str(tmp_path / "answer.json")
     exec(target_side.payload("inject", ["/nonexistent"], result), {"__name__": "__main__"})
     wait_for(lambda: os.path.exists(result), what="the injected thread's answer")
@@ -344,7 +346,7 @@ def test_auto_falls_back_to_ptrace_when_remote_exec_is_refused(remote, monkeypat
     state["raise"] = RuntimeError("Remote debugging is not enabled in the remote process")
     entered = []
     monkeypatch.setattr(injector, "entry_thread", lambda pid: 1)
-    monkeypatch.setattr(injector, "_enter", lambda pid, tid, code: entered.append(code))
+    monkeypatch.setattr(injector, "_enter", lambda pid, tid, code, seconds: entered.append(code))
     monkeypatch.setattr(injector, "_await", lambda pid, result, timeout: {"ok": True, "message": "entered"})
     find_spec = injector.importlib.util.find_spec
     monkeypatch.setattr(injector.importlib.util, "find_spec",

@@ -72,3 +72,14 @@ def test_names_round_trip_and_carry_job_rank_restart_pid():
     assert name == "gpt-small-v2.r3.x1.p4242"
     assert paths.parse_name(name + paths.SOCKET_SUFFIX) == paths.SocketName("gpt-small-v2", 3, 1, 4242)
     assert paths.parse_name("garbage.sock") is None
+
+
+def test_a_socket_directory_too_long_for_a_unix_socket_says_which_and_what_to_do(tmp_path, monkeypatch):
+    from probe.endpoints import SUN_PATH_MAX, listen_unix
+
+    deep = tmp_path / ("d" * (SUN_PATH_MAX - len(str(tmp_path))))
+    deep.mkdir(mode=0o700)
+    monkeypatch.setenv("PERFMON_DIR", str(deep))
+    with pytest.raises(OSError, match=r"bytes, over the 107 a Unix socket takes: set PERFMON_DIR to a shorter"):
+        listen_unix("job-r0")
+    assert list(deep.iterdir()) == []

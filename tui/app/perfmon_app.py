@@ -241,6 +241,8 @@ class PerfmonApp(App[int]):
         feed = self.feed
         if feed is None or (self.display_paused and not feed.is_replay):
             return
+        if not self.screen_stack:
+            return      # the app is closing: a timer may fire after its last screen went
         snap = feed.analysis.snapshot(feed.now(), clock=feed.clock(), steady=True)
         self.view, self.verdict = snap.view, snap.verdict
         feed.follow(self._followed(self.view))
