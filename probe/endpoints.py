@@ -9,7 +9,6 @@ from pathlib import Path
 
 from probe import paths
 
-
 SUN_PATH_MAX = 107      # sockaddr_un's sun_path is 108 bytes on Linux, its last a NUL
 
 
