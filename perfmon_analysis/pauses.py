@@ -13,9 +13,12 @@ they recur:
   (``OVER_LOOP``: the gap is three times the usual, so work that varies around its level, a lock
   held for a while by another thread, stays the loop's) and at least half a usual iteration
   (``OVER_ITERATION``: the median step, its gap included), and when no more than ``RECENT_MAX`` of
-  the last ``RECENT`` gaps (this one included) were that far over it: long gaps on more steps than
-  that are the loop's work too (a wait that takes many steps, work the loop began doing, whose level
-  the median has not caught up with yet); else the whole gap is the loop's;
+  the last ``RECENT`` gaps (this one included) were far over the level by at least ``COMPARABLE``
+  of this one's part over it: long gaps of its kind on more steps than that are the loop's work too
+  (a wait that takes many steps, work the loop began doing, whose level the median has not caught up
+  with yet), while far shorter ones do not make it recur (a loaded machine's scheduling delays of a
+  few ms around a sub-ms loop do not turn a 300 ms evaluation into the loop's work); else the whole
+  gap is the loop's;
 * time a blocking event (``checkpoint``, ``eval``, ...: ``buffers.BLOCKING_EVENTS``) says the loop spent
   before the step is a pause whatever its size;
 * until ``MIN_HISTORY`` gaps are known, only those events make pauses.
@@ -37,6 +40,7 @@ OVER_LOOP = 2.0       # a pause is at least twice the level over it ...
 OVER_ITERATION = 0.5  # ... and at least half a usual iteration ...
 RECENT = 8            # ... on no more than RECENT_MAX of the last RECENT gaps
 RECENT_MAX = 2
+COMPARABLE = 0.25     # ... counting those over the level by at least this share of its own part over it
 
 
 class Pauses:
@@ -48,7 +52,7 @@ class Pauses:
         self._gaps: list[float] = []
         self._durs: list[float] = []
         self._order: collections.deque[tuple[float, float]] = collections.deque()
-        self._over: collections.deque[bool] = collections.deque(maxlen=RECENT)    # the last gaps: far over the level?
+        self._over: collections.deque[float] = collections.deque(maxlen=RECENT)   # the last gaps: far over the level by
 
     def pause(self, gap: float, dur: float, marked: float = 0.0) -> float:
         """The pause in a step's ``gap`` (s; the rest is the loop's) of a step lasting ``dur`` (its gap
@@ -58,8 +62,8 @@ class Pauses:
             level = _median(self._gaps)
             over = gap - level
             far = over > 0 and over >= OVER_LOOP * level and over >= OVER_ITERATION * _median(self._durs)
-            self._over.append(far)
-            if far and sum(self._over) <= RECENT_MAX:
+            self._over.append(over if far else 0.0)
+            if far and sum(1 for o in self._over if o >= COMPARABLE * over) <= RECENT_MAX:
                 pause = over
         self._remember(gap, dur)
         return min(gap, max(pause, marked))

@@ -17,6 +17,9 @@ from tui.commands import doctor
 from tui.commands.doctor import checks as C, gpu as G, workloads
 from tui.commands.doctor.workloads import nvml_support
 
+# the doctor's checks run their planted workloads for real, a second or more each: the slow tier
+pytestmark = pytest.mark.slow
+
 
 class SimDevice:
     """``doctor.Device`` on the simulated GPU: kernels go on its stream (full ones fill every SM, narrow ones
@@ -134,7 +137,6 @@ def _metric(**values):
 
 
 # -- CPU checks --------------------------------------------------------------------------------
-@pytest.mark.slow
 def test_compute_check_passes_for_training_and_fails_for_a_loop_that_only_sleeps():
     good = C.compute_bound()
     assert good.ok is True, good
@@ -143,7 +145,6 @@ def test_compute_check_passes_for_training_and_fails_for_a_loop_that_only_sleeps
     assert sleeping.ok is False and sleeping.verdict == "FAIL", sleeping
 
 
-@pytest.mark.slow
 def test_known_wait_check_reads_the_planted_share_and_fails_when_the_wait_is_mismeasured(monkeypatch):
     good = C.loader_wait("known wait in each step", 0.5)
     assert good.ok is True, good
@@ -152,7 +153,6 @@ def test_known_wait_check_reads_the_planted_share_and_fails_when_the_wait_is_mis
     assert off.ok is False and off.verdict == "FAIL", off
 
 
-@pytest.mark.slow
 def test_starved_loader_check_fails_when_the_loader_wait_is_not_measured(monkeypatch):
     good = C.loader_wait("loop starved by its loader", 3.0)
     assert good.ok is True and good.measured.startswith("data_loading"), good
@@ -161,7 +161,6 @@ def test_starved_loader_check_fails_when_the_loader_wait_is_not_measured(monkeyp
     assert blind.ok is False, blind
 
 
-@pytest.mark.slow
 def test_wait_in_step_check_reads_the_planted_share_and_fails_when_the_wait_is_read_as_work(monkeypatch):
     good = C.wait_in_step()
     assert good.ok is True and good.measured.startswith("host_wait"), good
@@ -170,7 +169,6 @@ def test_wait_in_step_check_reads_the_planted_share_and_fails_when_the_wait_is_r
     assert off.ok is False, off
 
 
-@pytest.mark.slow
 def test_between_steps_check_reads_the_planted_ettr_and_fails_on_an_ettr_off_by_point_two(monkeypatch):
     good = C.between_steps()
     assert good.ok is True, good
@@ -349,7 +347,6 @@ def test_hybrid_model_row_fails_when_the_device_is_the_first_parameters(gpu_host
     assert check.ok is False and check.measured.startswith("cpu job"), check
 
 
-@pytest.mark.slow
 def test_cpu_job_check_fails_when_the_cpu_job_reads_as_a_gpu_job(monkeypatch):
     good = C.cpu_job_on_gpu_host()                                # no GPU here: the job reads as cpu
     assert good.ok is True, good
@@ -357,7 +354,6 @@ def test_cpu_job_check_fails_when_the_cpu_job_reads_as_a_gpu_job(monkeypatch):
     assert C.cpu_job_on_gpu_host().ok is False
 
 
-@pytest.mark.slow
 def test_a_cpu_job_on_a_gpu_host_gets_a_cpu_verdict(gpu_host):
     gpu_host()
     check = C.cpu_job_on_gpu_host()
