@@ -92,7 +92,7 @@ def _names_the_running_one(message: str, prefix: str, request_id: int) -> bool:
 def test_a_second_request_while_one_runs_is_refused_and_a_job_without_a_model_says_why(tmp_path):
     proc, env = _start(tmp_path, "watch", "busy", READY_STEPS)
     try:
-        target = Target(path=next((tmp_path / "sock").glob("*.sock")).as_posix(), label="busy")
+        target = Target(path=next(Path(os.environ["PERFMON_DIR"]).glob("*.sock")).as_posix(), label="busy")
         accepted = ask(target, "profile", {"steps": 50, "depth": 3}, 30)     # returns once accepted
         with pytest.raises(UserError) as refused:
             ask(target, "profile", {"steps": 2, "depth": 1}, 30)
@@ -121,7 +121,7 @@ def test_a_capture_of_three_steps_writes_a_trace_torch_loads_and_the_report_sums
     try:
         out = subprocess.run([sys.executable, "-m", "tui.cli", "capture", "cap", "--steps", "3", "--json"],
                              capture_output=True, text=True, timeout=120, env=env)
-        target = Target(path=next((tmp_path / "sock").glob("*.sock")).as_posix(), label="cap")
+        target = Target(path=next(Path(os.environ["PERFMON_DIR"]).glob("*.sock")).as_posix(), label="cap")
         accepted = ask(target, "capture", {"steps": 20}, 30)
         with pytest.raises(UserError) as refused:
             ask(target, "capture", {"steps": 2}, 30)
