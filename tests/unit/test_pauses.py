@@ -70,3 +70,33 @@ def test_a_blocking_events_seconds_are_a_pause_whatever_their_size():
         steps.append(parser.step({"k": "step", "step": i, "t": 1.0 + i, "dur": 0.1 + gap, "gap": gap}))
     assert steps[6].pause == pytest.approx(0.015) and steps[6].loop == pytest.approx(0.01)
     assert all(s.pause == 0.0 for s in steps[:6] + steps[7:])
+
+
+def test_the_level_is_the_median_of_an_even_count_of_gaps():
+    """Four gaps known (0, 2, 8 and 10 ms): the level is 5 ms, so a 30 ms gap is 25 ms of pause."""
+    assert _pauses([0.0, 0.002, 0.008, 0.01, 0.03], active=0.02)[-1] == pytest.approx(0.025)
+
+
+def test_the_level_forgets_gaps_older_than_its_history():
+    """49 gaps make the level: the 50th back (of 1 ms) no longer pulls the median below 1.5 ms."""
+    gaps = [0.001] * 25 + [0.0015] * 25 + [0.01]
+    assert _pauses(gaps, active=0.001)[-1] == pytest.approx(0.01 - 0.0015)
+
+
+def test_a_gap_exactly_three_times_the_level_and_half_an_iteration_over_it_is_a_pause():
+    """Binary fractions, so the bounds are met exactly: over the level by twice it, and by half the
+    median iteration."""
+    assert _pauses([0.25] * 10 + [0.75], active=0.25)[-1] == 0.5
+    assert _pauses([0.25] * 10 + [1.25], active=1.75)[-1] == 1.0
+
+
+def test_gaps_over_the_level_but_not_far_over_it_do_not_make_a_pause_recur():
+    """Three gaps 1.5 ms over a 1 ms level (under twice it) before a 5 ms one: still a pause."""
+    gaps = [0.001] * 20 + [0.0025, 0.001, 0.0025, 0.0025, 0.005]
+    assert _pauses(gaps, active=0.001)[-1] == pytest.approx(0.004)
+
+
+def test_a_recent_gap_exactly_a_quarter_of_this_ones_excess_is_of_its_kind():
+    """Two gaps 1 s over the level, then one 4 s over it: the third of its kind in 8 is the loop's."""
+    paused = _pauses([0.125] * 10 + [1.125, 0.125, 1.125, 0.125, 4.125], active=0.125)
+    assert (paused[10], paused[12], paused[14]) == (1.0, 1.0, 0.0)
