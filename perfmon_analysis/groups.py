@@ -273,7 +273,7 @@ def representatives(rows: list[RankRow], reductions: list[GroupReduction], previ
         if red is None or red.n == 0:
             continue
         for end, src in (("min", red.min_src), ("max", red.max_src)):
-            if (rep := _sticky(x, end, getattr(red, end), src, previous, by_src)) is not None:
+            if (rep := _sticky(x, getattr(red, end), src, previous, by_src)) is not None:
                 reps.add(rep)
     stalled = [r for r in rows if r.stalled or (r.silent_s is not None and r.silent_s >= silent_after)]
     if stalled:
@@ -286,7 +286,7 @@ def representatives(rows: list[RankRow], reductions: list[GroupReduction], previ
     return {s for s in reps if s is not None}
 
 
-def _sticky(x: Quantity, end: str, extreme: float | None, src: str | None, previous: set[str],
+def _sticky(x: Quantity, extreme: float | None, src: str | None, previous: set[str],
             by_src: dict[str, RankRow]) -> str | None:
     """The incumbent representative nearest ``extreme`` when within ``STICKY`` of it, else ``src``."""
     if extreme is None:
