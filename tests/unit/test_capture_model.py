@@ -57,3 +57,29 @@ def test_the_json_carries_every_field_and_odd_values_read_as_unknown():
     many = capture_reading(dict(RECORD, top=[{"name": f"op{i}", "self_s": 0.001 * i, "calls": i} for i in range(8)]), 0)
     assert len(many.lines()) == 2 + 5            # head, device line, the five largest ... as given
     assert max(len(line) for line in many.lines(width=30)) == 30
+    assert len(capture_reading(dict(RECORD, path="/r/" + "x" * 200), 0).lines()[0]) == 80     # the default width
+
+
+def test_the_cost_is_the_captured_steps_mean_against_the_median_before_and_the_report_entry_keeps_it():
+    from perfmon_analysis.capture import with_cost
+
+    steps = [(s, 0.1) for s in range(10)] + [(10, 0.2), (11, 0.3), (12, 0.4)]
+    c = with_cost(capture_reading(dict(RECORD, cost={"thread_cpu_s": 0.05}), rank=2), steps)
+    assert (c.baseline_step_s, c.captured_step_s) == (0.1, 0.3)
+    assert c.overhead == 0.3 / 0.1 - 1.0 and c.train_per_step_s == 0.3 - 0.1
+    assert c.path == RECORD["path"] and c.rank == 2                     # the rest of the capture kept
+    assert c.lines(120)[2] == "  cost: captured steps took 300ms against 100ms before (200%); its own thread used 50ms CPU"
+    again = capture_reading(c.as_json(), rank=2)                         # the report's entry read back
+    assert (again.overhead, again.baseline_step_s, again.captured_step_s, again.thread_cpu_s) == \
+        (c.overhead, 0.1, 0.3, 0.05)
+    assert again.lines(120) == c.lines(120)
+    assert with_cost(c, steps[:12]) is c                                 # a captured step missing: unchanged
+    assert with_cost(c, steps[10:]) is c                                 # no step before it: unchanged
+    bare = capture_reading(RECORD, rank=2)
+    assert with_cost(bare, []) is bare and bare.lines()[1].endswith("longest idle 4.0 ms")
+    idle = capture_reading(dict(RECORD, gaps=[]), rank=2)
+    assert idle.lines()[1] == "  device busy 62% of the captured steps"
+    long_gap = capture_reading(dict(RECORD, gaps=[{"seconds": 0.25, "at_s": 0.0}]), rank=2)
+    assert long_gap.lines()[1].endswith("; longest idle 250.0 ms")
+    unthreaded = with_cost(bare, steps)                                  # no thread CPU in the record
+    assert unthreaded.lines(120)[2] == "  cost: captured steps took 300ms against 100ms before (200%)"
