@@ -68,7 +68,8 @@ def test_the_cost_is_the_captured_steps_mean_against_the_median_before_and_the_r
     assert (c.baseline_step_s, c.captured_step_s) == (0.1, 0.3)
     assert c.overhead == 0.3 / 0.1 - 1.0 and c.train_per_step_s == 0.3 - 0.1
     assert c.path == RECORD["path"] and c.rank == 2                     # the rest of the capture kept
-    assert c.lines(120)[2] == "  cost: captured steps took 300ms against 100ms before (200%); its own thread used 50ms CPU"
+    assert c.lines(120)[2] == ("  cost: captured steps took 300ms against 100ms before (200%); its own thread used "
+                               "50ms CPU")
     again = capture_reading(c.as_json(), rank=2)                         # the report's entry read back
     assert (again.overhead, again.baseline_step_s, again.captured_step_s, again.thread_cpu_s) == \
         (c.overhead, 0.1, 0.3, 0.05)

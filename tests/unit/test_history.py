@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import math
 
+import pytest
+
 from perfmon_analysis.analysis import Analysis
 from perfmon_analysis.history import BUCKETS, MEMORY_BUCKETS, STEP_FIELDS, History, Series
 from tests.helpers import records as R
@@ -128,3 +130,75 @@ def test_the_rank_closest_to_its_memory_limit_is_found_from_its_peak() -> None:
                                                       "limit": int(limit)}))
     closest = h.closest_to_memory_limit()
     assert closest is not None and closest.rank == 2 and closest.memory_peak == 7.5e9
+
+
+def test_every_bucket_is_exactly_the_points_it_covers_however_often_the_series_halved() -> None:
+    """Against the raw points: each bucket's times, labels, count, means and (ranged) extremes are
+    those of the consecutive points it holds, unknown values left out, after 0 to 5 halvings."""
+    import random
+
+    rng = random.Random(3)
+    for points in (5, 8, 9, 31, 100, 257):
+        series = Series(("a", "b", "c"), capacity=8, ranged=("a", "c"))
+        raw = []
+        for i in range(points):
+            values = (rng.uniform(-1, 1), None if i % 3 == 0 else rng.uniform(0, 5),
+                      None if i % 4 == 1 else float("nan") if i % 7 == 2 else rng.uniform(0, 1))
+            raw.append((0.5 * i, 10 + i, values))
+            series.add(0.5 * i, values, label=10 + i)
+        buckets = series.buckets()
+        assert len(buckets) <= 8 and sum(b.n for b in buckets) == points == series.points
+        assert len(series) == len(buckets)
+        start = 0
+        for b in buckets:
+            chunk = raw[start:start + b.n]
+            start += b.n
+            assert (b.t0, b.t1, b.first, b.last) == (chunk[0][0], chunk[-1][0], chunk[0][1], chunk[-1][1])
+            for f in range(3):
+                known = [v[f] for _, _, v in chunk if v[f] is not None and v[f] == v[f]]
+                mean = sum(known) / len(known) if known else None
+                assert (b.mean[f] is None) == (mean is None) and (mean is None or math.isclose(b.mean[f], mean))
+                ranged = f in (0, 2) and bool(known)
+                assert b.lo[f] == (min(known) if ranged else None) and b.hi[f] == (max(known) if ranged else None)
+        column = series.column("b")
+        assert [t for t, _ in column] == [(b.t0 + b.t1) / 2 for b in buckets]
+        assert [m for _, m in column] == [b.mean[1] for b in buckets]
+        full = [b.n for b in buckets[:-1]]
+        assert len(set(full)) <= 1 and (not full or buckets[-1].n <= full[0])    # equal spans, the last filling
+
+
+def test_the_grid_and_the_trend_are_the_steps_means_per_time_slice() -> None:
+    """Against the steps themselves (no halving): each cell of the grid is the mean over the rank's
+    steps whose time falls in its slice (as a share of the active time with ``share``), and the
+    trend's slice the mean over every rank's, with the lowest and highest step time."""
+    from perfmon_analysis.readings import step_reading
+
+    hist = History(capacity=1_000)
+    raw: dict[int, list[tuple[float, float, float, float]]] = {0: [], 1: []}     # (t, dur, data, gap)
+    for rank in (0, 1):
+        for i in range(60):
+            dur, data, gap = 0.1 + 0.001 * i * (rank + 1), 0.01 * (i % 5), 0.002 * (i % 3)
+            rec = R.step(i, start=100.0 + i, dur=dur, phases={"data": data}, gap=gap)
+            hist.add_step(rank, f"n{rank}", step_reading(rec))
+            raw[rank].append((rec["t"], dur, data, gap))
+    (t0, t1), columns = hist.span(), 7
+    width = (t1 - t0) / columns
+    edges, ranks, rows = hist.grid("data", columns)
+    assert edges == [t0 + width * c for c in range(columns + 1)] and [h.rank for h in ranks] == [0, 1]
+    _, _, shares = hist.grid("data", columns, share=True)
+    trend = hist.trend(columns)
+    for c in range(columns):
+        inside = {rank: [p for p in pts if min(columns - 1, int((p[0] - t0) / width)) == c]
+                  for rank, pts in raw.items()}
+        for row, share_row, rank in zip(rows, shares, (0, 1)):
+            pts = inside[rank]
+            assert row[c] == pytest.approx(sum(p[2] for p in pts) / len(pts)) if pts else row[c] is None
+            expected_share = sum(p[2] / (p[1] - p[3]) for p in pts) / len(pts) if pts else None
+            assert share_row[c] == pytest.approx(expected_share) if pts else share_row[c] is None
+        every = inside[0] + inside[1]
+        point = trend[c]
+        assert point.t == pytest.approx(t0 + width * (c + 0.5))
+        assert point.mean[0] == pytest.approx(sum(p[1] for p in every) / len(every))
+        assert (point.lo, point.hi) == (min(p[1] for p in every), max(p[1] for p in every))
+    assert hist.grid("data", 0) == ([], ranks, [[], []]) and hist.trend(0) == []
+    assert History().trend(5) == [] and History().span() is None
