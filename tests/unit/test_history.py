@@ -202,3 +202,51 @@ def test_the_grid_and_the_trend_are_the_steps_means_per_time_slice() -> None:
         assert (point.lo, point.hi) == (min(p[1] for p in every), max(p[1] for p in every))
     assert hist.grid("data", 0) == ([], ranks, [[], []]) and hist.trend(0) == []
     assert History().trend(5) == [] and History().span() is None
+
+
+def test_a_steps_fields_split_its_active_time_and_memory_in_use_is_the_kinds_else_the_resident_set() -> None:
+    from types import SimpleNamespace
+
+    from perfmon_analysis.history import memory_used, step_values
+
+    assert step_values(SimpleNamespace(dur=1.0, gap=0.25, data=0.125, exposed=0.0625)) == \
+        (1.0, 0.5625, 0.125, 0.0625, 0.25)
+    assert step_values(SimpleNamespace(dur=1.0, gap=0.25, data=0.125, exposed=None)) == (1.0, 0.625, 0.125, None, 0.25)
+    assert step_values(SimpleNamespace(dur=0.5, gap=0.75, data=0.0, exposed=None))[1] == 0.0    # no active time
+    assert step_values(SimpleNamespace(dur=0.5, gap=0.25, data=0.5, exposed=None))[1] == 0.0    # waited it all
+    assert memory_used((1.0, 2.0, None, 4.0, None, None, 100.0, 200.0)) == 7.0
+    assert memory_used((None,) * 6 + (100.0, 200.0)) == 100.0
+    assert memory_used((None,) * 8) is None
+
+
+def test_a_ranks_host_is_the_first_one_given_and_the_verdicts_kept_are_bounded() -> None:
+    from perfmon_analysis.history import VERDICT_CHANGES
+    from perfmon_analysis.readings import memory_reading, step_reading
+
+    hist = History()
+
+    hist.add_step(0, None, step_reading(R.step(0, start=1.0, dur=0.1)))
+    hist.add_memory(0, "n01", memory_reading(R.sample(1.5, mem={"rss": 5.0})))
+    hist.add_step(0, "n02", step_reading(R.step(1, start=2.0, dur=0.1)))
+    hist.add_memory(1, "n03", memory_reading(R.sample(1.5, mem={"rss": 5.0})))
+    assert (hist.ranks[0].host, hist.ranks[1].host) == ("n01", "n03")
+    for i in range(VERDICT_CHANGES + 10):
+        hist.note_verdict(float(i // 2), "data_loading" if i % 2 else "healthy", "ok", f"h{i}")
+    assert len(hist.verdicts) == VERDICT_CHANGES
+    assert hist.verdicts[-1].headline == f"h{VERDICT_CHANGES + 9}"           # same second: kept, with its words
+
+
+def test_one_column_is_the_whole_run_and_unknown_or_idle_steps_leave_a_cell_to_the_rest() -> None:
+    from perfmon_analysis.readings import step_reading
+
+    hist = History(capacity=1_000)
+    hist.add_step(0, "n", step_reading(R.step(0, start=10.0, dur=0.5, gap=0.5)))             # no active time
+    hist.add_step(0, "n", step_reading(R.step(1, start=11.0, dur=1.0, phases={"data": 0.25})))
+    hist.add_step(0, "n", step_reading(R.step(2, start=12.0, dur=1.0, phases={"data": 0.75})))
+    _, _, rows = hist.grid("data", 1)
+    assert rows == [[pytest.approx(1.0 / 3)]]
+    _, _, shares = hist.grid("data", 1, share=True)
+    assert shares == [[pytest.approx(0.5)]]                    # the idle step's share is left out, not 0/0
+    _, _, comm = hist.grid("comm", 1)
+    assert comm == [[None]]
+    assert len(hist.trend(1)) == 1 and hist.trend(1)[0].mean[0] == pytest.approx(2.5 / 3)
