@@ -9,7 +9,6 @@ from typing import Any
 from perfmon_analysis import units
 from perfmon_analysis.profile import window_cost
 from perfmon_analysis.readings import CaptureRecord, capture_record, num
-from perfmon_analysis.readings.base import _nonneg
 
 __all__ = ["CaptureSummary", "capture_reading", "with_cost"]
 
@@ -61,8 +60,6 @@ class CaptureSummary(CaptureRecord):
 def capture_reading(rec: dict[str, Any], rank: int) -> CaptureSummary:
     """The capture ``rec`` of ``rank`` (a ``capture`` record, or the report's ``captures`` entry)."""
     reading = capture_record(rec)
-    if reading.thread_cpu_s is None:        # the report's entry has it at the top, the record in ``cost``
-        reading = replace(reading, thread_cpu_s=_nonneg(rec.get("thread_cpu_s")))
     return CaptureSummary(rank=rank, **{f.name: getattr(reading, f.name) for f in fields(reading)},
                           overhead=num(rec.get("overhead")), baseline_step_s=num(rec.get("baseline_step_s")),
                           captured_step_s=num(rec.get("captured_step_s")))

@@ -45,9 +45,10 @@ def capture_record(rec: dict[str, Any]) -> CaptureRecord:
 
 
 def window_cpu(rec: dict[str, Any]) -> float | None:
-    """A profile's or capture's own thread CPU s (its ``cost``, wire 1.4)."""
+    """A profile's or capture's own thread CPU s: the record's ``cost`` (wire 1.4), or the report's
+    entry for it, which has it at the top (read back by the text and HTML reports)."""
     cost = rec.get("cost")
-    return _nonneg(cost.get("thread_cpu_s")) if isinstance(cost, dict) else None
+    return _nonneg(cost.get("thread_cpu_s") if isinstance(cost, dict) else rec.get("thread_cpu_s"))
 
 
 # -- module profiles (``probe.module_profile``) ---------------------------------------------
