@@ -52,7 +52,8 @@ class Pauses:
         self._gaps: list[float] = []
         self._durs: list[float] = []
         self._order: collections.deque[tuple[float, float]] = collections.deque()
-        self._over: collections.deque[float] = collections.deque(maxlen=RECENT)   # the last gaps: far over the level by
+        # the last gaps' part far over the level (0: not far)
+        self._over: collections.deque[float] = collections.deque(maxlen=RECENT)
 
     def pause(self, gap: float, dur: float, marked: float = 0.0) -> float:
         """The pause in a step's ``gap`` (s; the rest is the loop's) of a step lasting ``dur`` (its gap

@@ -8,9 +8,8 @@ transport the relays use. All processes or none: when one refuses, those already
 detached. The command returns once every probe's socket is up, which is at the first optimizer
 step after the injection (``--timeout`` bounds that wait, entering through ptrace (at least 10 s),
 the injected code's answer once it has loaded the probe (at least 15 s: a loaded host imports
-slowly), and, entering through
-``sys.remote_exec``, the wait for the main thread to reach a safe point); ``--attach`` then
-opens the TUI on the job and, on leaving it, asks whether to detach. How it enters a process
+slowly), and, entering through ``sys.remote_exec``, the wait for the main thread to reach a safe
+point); ``--attach`` then opens the TUI on the job and, on leaving it, asks whether to detach. How it enters a process
 (``--method``) and what it leaves there: ``tui.injector``, docs/attach.md.
 """
 
