@@ -38,11 +38,26 @@ JOIN_SECONDS = 3.0
 
 # Run through ``exec`` on the interrupted thread, in a namespace of its own (nothing is bound in
 # the target's ``__main__``); ``ARGS`` holds action, paths, result, job. Only the standard library here.
+# Entered through ptrace, that thread runs this inside ``dlopen``, holding the dynamic loader's lock,
+# and needs the GIL back after ``start()``: ``perfmon-inject`` waits until it has left this code
+# before anything of its own can load a library (importing a C extension holds the GIL while it
+# waits for that lock). Only built-in modules before that wait.
 BOOT = r'''
-import threading
+import sys, threading, time
 
-def _boot(args):
-    import json, os, sys
+def _entered_thread_left(ident, seconds=30.0):
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        frame = sys._current_frames().get(ident)
+        while frame is not None and frame.f_globals.get("__name__") != "__perfmon_inject__":
+            frame = frame.f_back
+        if frame is None:
+            return
+        time.sleep(0.001)
+
+def _boot(args, entered):
+    _entered_thread_left(entered)
+    import json, os
     def answer(**fields):
         tmp = args["result"] + ".tmp"
         with open(tmp, "w") as f:
@@ -90,7 +105,7 @@ def _boot(args):
         except BaseException:
             pass
 
-threading.Thread(target=_boot, args=(ARGS,), name="perfmon-inject", daemon=True).start()
+threading.Thread(target=_boot, args=(ARGS, threading.get_ident()), name="perfmon-inject", daemon=True).start()
 '''
 
 # The file ``sys.remote_exec`` has the target's main thread run (in a fresh namespace), whenever it

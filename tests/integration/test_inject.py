@@ -136,6 +136,45 @@ def _refused(pid: int, expected: str, *prefix: str) -> None:
     assert len(lines) == 1 and lines[0].startswith("perfmon inject: ") and expected in lines[0], out.stderr
 
 
+@pytest.mark.skipif(not HAS_HYPNO, reason="hypno's library is what runs the statement inside dlopen")
+def test_the_statement_run_inside_dlopen_lets_the_loader_go_before_its_thread_loads_anything(tmp_path):
+    """Entered through ptrace, the injected statement runs inside ``dlopen`` (hypno's library
+    constructor), holding the dynamic loader's lock, and starts perfmon-inject, which imports C
+    extensions: each import holds the GIL while it waits for that lock, and the entering thread
+    needs the GIL back to return. Planted without ptrace: the target loads hypno's library with the
+    statement in it itself, its thread slowed on the way out of the statement (as a loaded machine or
+    ptrace slows it: a profile hook sleeps at each return there), so that the started thread reaches
+    its first C extension first; that thread must wait until the entering thread has left."""
+    from hypno.api import INJECTION_LIB_PATH, MAGIC
+
+    from probe.inject import payload
+    from tui.injector import _paths
+
+    result = tmp_path / "answer.json"
+    lib = INJECTION_LIB_PATH.read_bytes()
+    at = lib.find(MAGIC) - 1
+    code = payload("inject", _paths(), str(result)).encode()
+    (tmp_path / "entry.so").write_bytes(lib[:at] + code + b"\0" + lib[at + len(code) + 1:])
+    target = ("import ctypes, os, sys, time, torch\n"
+              "def slowly(frame, event, arg):\n"
+              "    if event == 'return' and frame.f_globals.get('__name__') in ('threading', '__perfmon_inject__'):\n"
+              "        time.sleep(0.1)\n"
+              "sys.setprofile(slowly)\n"
+              "ctypes.CDLL(sys.argv[1])\n"
+              "sys.setprofile(None)\n"
+              "while not os.path.exists(sys.argv[2]):\n"
+              "    time.sleep(0.01)\n")
+    proc = subprocess.Popen([PY, "-c", target, str(tmp_path / "entry.so"), str(result)], stderr=subprocess.PIPE,
+                            text=True)
+    try:
+        _, err = proc.communicate(timeout=60)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        raise AssertionError("the target never came out of dlopen: the loader-lock deadlock") from None
+    assert proc.returncode == 0, err
+    assert json.loads(result.read_text())["ok"] is True
+
+
 @pytest.fixture
 def sleeper():
     started: list[subprocess.Popen] = []
