@@ -192,7 +192,7 @@ def why_not_remote_exec(pid: int) -> str | None:
 
 def _local_remote_exec() -> str | None:
     """Why this perfmon's Python cannot send ``sys.remote_exec``; None when it can."""
-    if not hasattr(sys, "remote_exec"):
+    if sys.version_info < (3, 14):
         return (f"sys.remote_exec needs CPython 3.14 or newer (this perfmon runs "
                 f"{sys.version_info[0]}.{sys.version_info[1]})")
     if not sys.is_remote_debug_enabled():
@@ -227,9 +227,10 @@ def _paths() -> list[str]:
     found = [str(Path(target_side.__file__).resolve().parents[1])]
     for name in target_side.DEPENDENCIES:
         spec = importlib.util.find_spec(name)
-        if spec is None or not (spec.submodule_search_locations or spec.origin):
+        where = (next(iter(spec.submodule_search_locations)) if spec.submodule_search_locations else spec.origin) \
+            if spec is not None else None
+        if where is None:
             raise UserError(f"perfmon's installation lacks {name}; reinstall perfmon")
-        where = next(iter(spec.submodule_search_locations)) if spec.submodule_search_locations else spec.origin
         root = str(Path(where).resolve().parent)     # a package's directory or a module file: its parent
         if root not in found:
             found.append(root)
@@ -275,12 +276,13 @@ def run(target: Target, action: str, timeout: float = ANSWER_SECONDS, job: str |
     entering through ptrace may take (a loaded host starts the injector's process slowly)."""
     if target.method == "ptrace":
         _need_hypno(target.pid)
-    directory: str | None = _answer_dir(target.pid)
+    made = _answer_dir(target.pid)
+    directory: str | None = made          # None once it is no longer this command's to remove
     try:
-        result = os.path.join(directory, "answer.json")
+        result = os.path.join(made, "answer.json")
         paths = _paths()
         if target.method == "remote-exec":
-            wanted = os.path.join(directory, WANTED)
+            wanted = os.path.join(made, WANTED)
             try:
                 reached = _remote_exec(target.pid, target_side.entry_script(action, paths, result, wanted, job),
                                        wanted, reach)
@@ -322,7 +324,7 @@ def _remote_exec(pid: int, script: str, wanted: str, reach: float) -> bool:
             f.write(text)
         _give(path, pid)
     try:
-        sys.remote_exec(pid, entry)
+        sys.remote_exec(pid, entry)  # type: ignore[attr-defined]   # 3.14's; mypy checks against 3.10
     except PermissionError:
         raise _no_rights(pid, "the kernel denied access to its memory") from None
     except (RuntimeError, OSError, ValueError) as exc:

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import os
 import re
+from collections.abc import Container
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -166,7 +167,7 @@ def job_processes(job: str) -> list[int]:
     return sorted(ranks)
 
 
-def _has_ancestor_in(pid: int, pids: dict[int, object]) -> bool:
+def _has_ancestor_in(pid: int, pids: Container[int]) -> bool:
     parent, hops = _parent(pid), 0
     while parent > 1 and hops < 64:
         if parent in pids:

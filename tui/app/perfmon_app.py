@@ -370,7 +370,8 @@ class PerfmonApp(App[int]):
 
     def action_rank_page(self, step: int) -> None:
         """``]``/``[``: the selection moves a heatmap page of ranks (nothing without a heatmap)."""
-        per_page = self._panes["ranks"].page_ranks if isinstance(self._panes.get("ranks"), RanksPane) else 0
+        pane = self._panes.get("ranks")
+        per_page = pane.page_ranks if isinstance(pane, RanksPane) else 0
         order = list(heatmap(self.view).ranks) if self.view is not None else []   # by node, then rank
         if not per_page or not order:
             return

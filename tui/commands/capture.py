@@ -7,6 +7,7 @@ own host) and answers with a summary (``probe.capture``).
 
 from __future__ import annotations
 
+import functools
 import json
 import sys
 from collections.abc import Callable
@@ -33,7 +34,7 @@ def main(args: Any) -> int:
                         f"(here: {', '.join(str(ep.rank) for ep in endpoints)})")
     print(f"capturing the next {args.steps} steps of {len(chosen)} rank(s) of {chosen[0].job} ...", file=sys.stderr)
     targets = [(ep.rank, Target(path=ep.socket, label=f"rank {ep.rank}")) for ep in chosen]
-    return _capture(args, [(rank, lambda t=t: ask(t, "capture", {"steps": args.steps}, args.timeout, "capture"))
+    return _capture(args, [(rank, functools.partial(ask, t, "capture", {"steps": args.steps}, args.timeout, "capture"))
                            for rank, t in targets])
 
 
@@ -49,7 +50,8 @@ def _across_hosts(args: Any, feed: Any, wanted: set[int] | None) -> int:
         print(f"capturing the next {args.steps} steps of {len(rows)} rank(s) of {args.target} on "
               f"{len(feed.hosts)} host(s) ...", file=sys.stderr)
         targets = [(r.rank, job.target(r.stream)) for r in rows]
-        return _capture(args, [(rank, lambda t=t: t.ask("capture", {"steps": args.steps}, args.timeout, "capture"))
+        return _capture(args, [(rank, functools.partial(t.ask, "capture", {"steps": args.steps}, args.timeout,
+                                                        "capture"))
                                for rank, t in targets])
 
 

@@ -87,7 +87,7 @@ def _log_file(job: str, record: Path | None) -> tuple[int, Path]:
     return fd, Path(name)
 
 
-def _tui_runner(no_tui: bool) -> Callable[[str, Path | None], int] | None:
+def _tui_runner(no_tui: bool) -> Callable[..., int] | None:
     """``tui.app.launch.run_tui`` when the TUI can open here; None (with one line saying why) otherwise."""
     if no_tui:
         return None
@@ -129,13 +129,13 @@ class Job:
 
     def __init__(self, cmd: list[str], env: dict[str, str], *, output: int | None, stdin: Any,
                  terminal: int | None = None) -> None:
-        self.proc: subprocess.Popen | None = None
         self.terminal = terminal
         self._early: list[int] = []
         self._previous = {sig: signal.signal(sig, self._forward) for sig in FORWARDED}
         kwargs: dict[str, Any] = {"process_group": 0} if sys.version_info >= (3, 11) else {"preexec_fn": os.setpgrp}
         try:
-            self.proc = subprocess.Popen(cmd, env=env, stdin=stdin, stdout=output, stderr=output, **kwargs)
+            self.proc: subprocess.Popen = subprocess.Popen(cmd, env=env, stdin=stdin, stdout=output, stderr=output,
+                                                           **kwargs)
         except OSError as exc:
             self._restore()
             if isinstance(exc, FileNotFoundError):
@@ -150,15 +150,18 @@ class Job:
 
     def _forward(self, signum: int, frame: Any) -> None:
         """Deliver the signal once to every process of the job (torchrun passes it on to its workers)."""
-        if self.proc is None:
+        proc = getattr(self, "proc", None)        # not set yet while Popen starts it
+        if proc is None:
             self._early.append(signum)
             return
         try:
-            os.killpg(self.proc.pid, signum)
+            os.killpg(proc.pid, signum)
         except ProcessLookupError:
             pass
 
     def _foreground(self, pgid: int) -> None:
+        if self.terminal is None:
+            return
         previous = signal.signal(signal.SIGTTOU, signal.SIG_IGN)   # we may be in the background right now
         try:
             os.tcsetpgrp(self.terminal, pgid)
@@ -178,7 +181,6 @@ class Job:
 
     def wait(self) -> int:
         """Wait for CMD's exit and return its status as Popen reports it."""
-        assert self.proc is not None
         try:
             if self.terminal is None:
                 return self.proc.wait()

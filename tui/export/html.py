@@ -19,7 +19,6 @@ import numpy as np
 from bokeh.embed import components
 from bokeh.layouts import column
 from bokeh.models import (
-    ColorBar,
     ColumnDataSource,
     CustomJSHover,
     FixedTicker,
@@ -27,8 +26,8 @@ from bokeh.models import (
     LinearColorMapper,
     NumeralTickFormatter,
     Range1d,
-    Span,
 )
+from bokeh.models.annotations import ColorBar, Span  # the package's stubs do not re-export these two
 from bokeh.palettes import Category10_10, Viridis256
 from bokeh.plotting import figure as _bokeh_figure
 from bokeh.resources import Resources
@@ -63,7 +62,7 @@ def render(analysis: Analysis, report: dict[str, Any]) -> str:
     span = hist.span()
     unmeasured: list[str] = []
     if span is not None:
-        x_range = Range1d(_ms(span[0]), _ms(span[1]))
+        x_range = Range1d(start=_ms(span[0]), end=_ms(span[1]))
         plots.append(_step_chart(hist, x_range))
         plots.append(_verdict_chart(hist, x_range, span[1]))
         maps, unmeasured = _heatmaps(hist, x_range)
@@ -134,13 +133,13 @@ def _ettr_html(report: dict[str, Any], hist: History) -> str:
     longest in its bucket of steps: when, which rank, which steps)."""
     dur = gap = 0.0
     g = STEP_FIELDS.index("gap")
-    pauses = []
+    pauses: list[tuple[float, Any, Any]] = []
     for h in hist.ranks.values():
         for b in h.steps.buckets():
             dur += (b.mean[0] or 0.0) * b.n
             gap += (b.mean[g] or 0.0) * b.n
-            if b.hi[g]:
-                pauses.append((b.hi[g], b, h))
+            if longest_gap := b.hi[g]:
+                pauses.append((longest_gap, b, h))
     steps = sum(h.steps.points for h in hist.ranks.values())
     lost = units.pct(gap / dur) if dur > 0 else units.NA
     out = (f"<p>ETTR {_esc(units.pct(report['metrics'].get(ETTR.name)))}: {_esc(units.count(steps))} rank-steps, "
@@ -204,7 +203,7 @@ def _step_chart(hist: History, x_range: Range1d) -> Any:
     title = "Step time over the run (mean of all ranks, stacked by part; band: fastest to slowest step)"
     y_range = None
     if slowest is not None and top > 0 and slowest.hi > top:     # one spike would flatten the rest: clip it
-        y_range = Range1d(0, top)
+        y_range = Range1d(start=0, end=top)
         title += f"; slowest step {units.seconds(slowest.hi)}, off the scale"
     fig = figure(title=title, x_axis_type="datetime", x_range=x_range, height=300,
                  y_axis_label="seconds", tools="xpan,xwheel_zoom,ywheel_zoom,reset,save",
@@ -234,7 +233,7 @@ def _verdict_chart(hist: History, x_range: Range1d, end: float) -> Any:
                                                                                  if changes else []),
         "label": [outcome_label(c.bottleneck) for c in changes], "color": [color[c.bottleneck] for c in changes],
         "severity": [c.severity for c in changes], "headline": [c.headline for c in changes]})
-    fig = figure(title="Verdict over the run", x_axis_type="datetime", x_range=x_range, y_range=Range1d(0, 1),
+    fig = figure(title="Verdict over the run", x_axis_type="datetime", x_range=x_range, y_range=Range1d(start=0, end=1),
                  height=110, tools="xpan,xwheel_zoom,reset")
     bars = fig.quad(left="left", right="right", bottom=0, top=1, color="color", source=src, legend_field="label")
     fig.add_tools(HoverTool(renderers=[bars], tooltips=[("verdict", "@label [@severity]"), ("", "@headline")]))
@@ -262,7 +261,7 @@ def _heatmaps(hist: History, x_range: Range1d) -> tuple[list[Any], list[str]]:
                                    high=high, nan_color="#ffffff")
         height = min(420, max(120, 60 + 3 * len(ranks)))
         fig = figure(title=f"Per rank: {title}", x_axis_type="datetime", x_range=x_range,
-                     y_range=Range1d(0, len(ranks)), height=height, tools="xpan,xwheel_zoom,reset",
+                     y_range=Range1d(start=0, end=len(ranks)), height=height, tools="xpan,xwheel_zoom,reset",
                      y_axis_label="rank, by node")
         img = fig.image(image=[matrix], x=_ms(edges[0]), y=0, dw=_ms(edges[-1]) - _ms(edges[0]), dh=len(ranks),
                         color_mapper=mapper)

@@ -61,8 +61,8 @@ def families(view: JobView, verdict: Verdict) -> list[Any]:
     labels = {r.rank: _rank_labels(view, r) for r in view.ranks}
     out: list[Any] = []
     for metric in on(Surface.PROMETHEUS):
-        kind = CounterMetricFamily if metric.counter else GaugeMetricFamily
-        family = kind(metric.prometheus, metric.help, labels=RANK_LABELS)
+        family_of = CounterMetricFamily if metric.counter else GaugeMetricFamily
+        family = family_of(metric.prometheus, metric.help, labels=RANK_LABELS)
         for r in view.ranks:
             value = metric.rank_value(r)
             if value is not None:
@@ -129,9 +129,9 @@ def group_families(job: str, reductions: list[GroupReduction]) -> list[Any]:
             if name not in quantities or q.n == 0:
                 continue
             for stat, at in GROUP_STATS:
-                value = q.quantile(at) if at is not None else getattr(q, stat)
-                if value is not None:
-                    quantities[name].add_metric([*key, stat], value)
+                got = q.quantile(at) if at is not None else getattr(q, stat)
+                if got is not None:
+                    quantities[name].add_metric([*key, stat], got)
             for end in ("min", "max"):
                 rank = getattr(q, f"{end}_rank")
                 if rank is not None:

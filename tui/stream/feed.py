@@ -25,7 +25,7 @@ from perfmon_analysis.analysis import Analysis
 from probe import paths
 from tui.errors import UserError
 from tui.stream import discovery
-from tui.stream.requests import Target
+from tui.stream.requests import Askable, Target
 from tui.stream.sources import LiveStream, LoadedRecording, StreamError, viewer_hello
 
 READ_CHUNK = 1 << 16
@@ -80,7 +80,7 @@ class Feed:
         """The streams whose every record the viewer needs now (the panes' rank; None: all). Only a
         feed through relays, which otherwise summarises each rank, does anything with it."""
 
-    def request_target(self, stream_id: str) -> Target | str:
+    def request_target(self, stream_id: str) -> Askable | str:
         """Where to send a request to the probe behind ``stream_id`` (``tui.stream.requests``),
         or why this feed cannot (a recording has no probe to ask)."""
         return "a recording cannot be asked: attach to the live job (perfmon attach JOB)"
@@ -188,7 +188,7 @@ class LiveFeed(Feed):
         self.streams[path] = StreamStatus(path, Path(path).name.removesuffix(paths.SOCKET_SUFFIX))
         self._tasks[path] = asyncio.ensure_future(self._read(path))
 
-    def request_target(self, stream_id: str) -> Target | str:
+    def request_target(self, stream_id: str) -> Askable | str:
         return Target(path=stream_id, label=self.streams[stream_id].label if stream_id in self.streams else stream_id)
 
     async def _read(self, path: str) -> None:
@@ -219,7 +219,7 @@ class TcpFeed(Feed):
         super().__init__(analysis, description=f"tcp {host}:{port}")
         self.host, self.port, self.token = host, port, token
 
-    def request_target(self, stream_id: str) -> Target | str:
+    def request_target(self, stream_id: str) -> Askable | str:
         return Target(host=self.host, port=self.port, token=self.token)
 
     async def run(self) -> None:

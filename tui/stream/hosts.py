@@ -40,8 +40,7 @@ def expand_hostlist(spec: str) -> list[str]:
         hosts.extend(_expand_one(item, spec))
         if len(hosts) > MAX_HOSTS:
             raise UserError(f"host list {spec!r}: more than {MAX_HOSTS} hosts")
-    seen: set[str] = set()
-    return [h for h in hosts if not (h in seen or seen.add(h))]
+    return list(dict.fromkeys(hosts))          # in order, each once
 
 
 def _split_top(spec: str) -> list[str]:
@@ -72,7 +71,7 @@ def _expand_one(item: str, spec: str) -> list[str]:
     end = item.index("]", start)
     prefix, body, rest = item[:start], item[start + 1:end], item[end + 1:]
     tails = _expand_one(rest, spec) if rest else [""]
-    out = []
+    out: list[str] = []
     for part in body.split(","):
         m = _RANGE.match(part.strip())
         if not m:

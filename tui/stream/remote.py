@@ -34,6 +34,7 @@ from tui.stream.sources import viewer_hello
 
 if TYPE_CHECKING:
     from perfmon_analysis.analysis import Analysis
+    from tui.stream.requests import Askable
 
 STDERR_LINES = 20
 CONNECT_S = 5.0     # to a relay's TCP listener
@@ -100,7 +101,7 @@ class RelayFeed(Feed):
         except (OSError, RuntimeError):     # the relay is gone: its stream says so
             pass
 
-    def request_target(self, stream_id: str) -> RelayTarget | str:
+    def request_target(self, stream_id: str) -> Askable | str:
         host, _, src = stream_id.partition("/")
         if self._linked(host) is None or self._loop is None:
             return f"the relay of {host} is not running: no request can reach its ranks"
@@ -470,11 +471,11 @@ class RemoteJob:
     def follow(self, stream_ids: set[str] | None) -> None:
         self.loop.call_soon_threadsafe(self.feed.follow, stream_ids)
 
-    def target(self, stream_id: str) -> RelayTarget:
+    def target(self, stream_id: str) -> Askable:
         got = self._call(self._target(stream_id))
         if isinstance(got, str):
             raise UserError(got)
         return got
 
-    async def _target(self, stream_id: str) -> RelayTarget | str:
+    async def _target(self, stream_id: str) -> Askable | str:
         return self.feed.request_target(stream_id)

@@ -14,7 +14,7 @@ import random
 import socket
 import time
 from collections.abc import Callable
-from typing import Any
+from typing import Any, Protocol
 
 from probe import wire
 from tui.errors import UserError
@@ -23,6 +23,17 @@ from tui.stream.sources import viewer_hello
 
 def new_id() -> int:
     return random.randrange(1, 1 << 31)
+
+
+class Askable(Protocol):
+    """What a request can be sent to: a ``Target`` here, or a rank behind a relay
+    (``tui.stream.remote.RelayTarget``)."""
+
+    label: str
+
+    def ask(self, op: str, params: dict[str, Any], timeout: float, result_kind: str | None = None,
+            on_record: Callable[[dict[str, Any]], None] | None = None,
+            request_id: int | None = None) -> dict[str, Any]: ...
 
 
 class Target:
@@ -39,8 +50,10 @@ class Target:
                 sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
                 sock.settimeout(timeout)
                 sock.connect(self.path)
-            else:
+            elif self.port is not None:
                 sock = socket.create_connection((self.host, self.port), timeout=timeout)
+            else:
+                raise UserError(f"{self.label}: neither a socket path nor a port")
         except OSError as exc:
             raise UserError(f"cannot reach {self.label}: {exc.strerror or exc}") from None
         return sock
@@ -51,7 +64,7 @@ class Target:
         return _ask_socket(self, op, params, timeout, result_kind, on_record, request_id or new_id())
 
 
-def ask(target: Any, op: str, params: dict[str, Any], timeout: float, result_kind: str | None = None,
+def ask(target: Askable, op: str, params: dict[str, Any], timeout: float, result_kind: str | None = None,
         on_record: Callable[[dict[str, Any]], None] | None = None, request_id: int | None = None) -> dict[str, Any]:
     """Send one request; return the probe's result record (``result_kind`` with the request's
     id), or the accepting answer when there is none to wait for. A refusal, an old probe or the

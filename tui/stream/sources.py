@@ -116,7 +116,7 @@ def load_exits(target: str | Path) -> list[dict[str, Any]]:
             continue
         if isinstance(record, dict):
             found.append(record)
-    return sorted(found, key=lambda r: r.get("t") if isinstance(r.get("t"), (int, float)) else 0.0)
+    return sorted(found, key=lambda r: float(r["t"]) if isinstance(r.get("t"), (int, float)) else 0.0)
 
 
 def is_recording_target(target: str) -> bool:

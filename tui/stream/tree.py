@@ -28,6 +28,7 @@ from tui.stream.remote import RelayFeed, RelayTarget
 
 if TYPE_CHECKING:
     from perfmon_analysis.analysis import Analysis
+    from tui.stream.requests import Askable
 
 TREE_MIN_HOSTS = 64     # from this many hosts on, a relay tree (below it: one relay per host, as before)
 GROUP_NODES = 32        # nodes per group relay (256 ranks at 8 a node)
@@ -93,7 +94,7 @@ class TreeFeed(RelayFeed):
         except (OSError, RuntimeError):
             pass
 
-    def request_target(self, stream_id: str) -> RelayTarget | str:
+    def request_target(self, stream_id: str) -> Askable | str:
         group = self.node_group.get(stream_id.partition("/")[0])
         if group is None or self._linked(group) is None or self._loop is None:
             return f"the group relay of {stream_id.partition('/')[0]} is not running: no request can reach its ranks"

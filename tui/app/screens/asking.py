@@ -18,7 +18,7 @@ from textual.widgets import Footer, Static
 from perfmon_analysis.views import JobView
 from tui.app.widgets import glyphs
 from tui.errors import UserError
-from tui.stream.requests import Target, ask
+from tui.stream.requests import Askable, ask
 
 TIMEOUT = 120.0
 
@@ -31,7 +31,7 @@ class AskScreen(Screen[None]):
     heading = ""
     doing = ""             # "profiling": what the status line says while waiting
 
-    def __init__(self, view: JobView | None, target: Target | str, label: str) -> None:
+    def __init__(self, view: JobView | None, target: Askable | str, label: str) -> None:
         super().__init__()
         self.view = view
         self.target = target
@@ -67,7 +67,7 @@ class AskScreen(Screen[None]):
         target = self.target
         self.run_worker(lambda: self._ask(target), thread=True, exclusive=True, group=self.op)
 
-    def _ask(self, target: Target) -> None:
+    def _ask(self, target: Askable) -> None:
         try:
             ask(target, self.op, dict(self.params), TIMEOUT, self.op)
             message = f"{self.op} of {self.label} done (it also reached the recording, if any)"

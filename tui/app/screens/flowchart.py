@@ -3,6 +3,8 @@ every threshold with its source, the fixes for the current verdict and the secon
 
 from __future__ import annotations
 
+import functools
+
 from rich.console import Group
 from rich.text import Text
 from rich.tree import Tree
@@ -28,7 +30,7 @@ def chart(verdict: Verdict | None, mono: bool = False) -> Group:
         live = question_id in on_path
         text = Text.assemble(("▶ " if live else "  ", f"bold {hot}"))
         text.append(q.text, style="bold" if live else "")
-        text.append(f"  [{q.quantity} {glyphs.threshold_text(q, lambda v, q=q: format_value(q, v))}]",
+        text.append(f"  [{q.quantity} {glyphs.threshold_text(q, functools.partial(format_value, q))}]",
                     style=glyphs.DIM)
         if question_id in answers:
             said = answers[question_id]

@@ -113,7 +113,7 @@ def _node_row(hm: HeatMap, band: tuple[int | None, ...]) -> Text:
             i += 1
             continue
         j = i
-        while j < len(band) and band[j] is not None and groups[band[j]] == groups[col]:
+        while j < len(band) and (other := band[j]) is not None and groups[other] == groups[col]:
             j += 1
         row.append(f"{(groups[col] or '?')[:j - i]:<{j - i}}", style="bold")
         i = j

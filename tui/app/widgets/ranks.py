@@ -36,7 +36,8 @@ class RanksPane(Pane):
         straggler = None if stuck is not None else getattr(verdict, "straggler_rank", None)
         if straggler is None and stuck is None and getattr(verdict, "bottleneck", None) not in UNBLAMED:
             straggler = view.straggler_rank
-        columns = NARROW if width < 46 else WIDEST if width >= 80 else WIDE if width >= 60 else NORMAL
+        columns: tuple[tuple[str, int], ...] = (NARROW if width < 46 else WIDEST if width >= 80
+                                                else WIDE if width >= 60 else NORMAL)
         if len({r.host for r in view.ranks if r.host}) > 1:       # a job across nodes: say which
             node_w = min(NODE_W, max(len(r.host or "") for r in view.ranks))
             columns = ((("node", node_w),) + columns[1:]) if columns is NARROW else (("node", node_w),) + columns

@@ -254,19 +254,19 @@ def main(args: Any) -> int:
         raise UserError("needs a terminal for the TUI; use --headless to print the report instead")
 
     job = _job_name(name)
-    seconds = args.seconds if args.seconds is not None else (HEADLESS_SECONDS if args.headless else None)
+    watch: float = args.seconds if args.seconds is not None else HEADLESS_SECONDS     # --headless only
     previous = {sig: signal.signal(sig, _raise_exit) for sig in (signal.SIGTERM, signal.SIGHUP)}
-    ranks = launch(name, count, job=job, seconds=None if args.headless else seconds,
+    ranks = launch(name, count, job=job, seconds=None if args.headless else args.seconds,
                    memory_limit=args.memory_limit, record=args.record, nodes=nodes)
     failure: DemoFailed | None = None
     rc = 0
     try:
         if args.headless:
             what = chosen[0].summary if len(chosen) == 1 else f"a tour of {len(chosen)} scenarios"
-            print(f"perfmon demo: {name} ({count} rank{'s' * (count > 1)}): {what}; watching for {seconds:g} s "
+            print(f"perfmon demo: {name} ({count} rank{'s' * (count > 1)}): {what}; watching for {watch:g} s "
                   "once the ranks are up", file=sys.stderr, flush=True)
-            source = {"kind": "demo", "scenario": name, "ranks": count, "seconds": seconds, "nodes": nodes}
-            report = headless(ranks, count, seconds, source)
+            source = {"kind": "demo", "scenario": name, "ranks": count, "seconds": watch, "nodes": nodes}
+            report = headless(ranks, count, watch, source)
         else:
             from perfmon_analysis.analysis import Analysis
             from tui.app.launch import run_tui

@@ -297,12 +297,12 @@ def train_step(job: Job, sc: Scenario, batch: torch.Tensor) -> None:
     x, y = batch[:, :-1], batch[:, 1:]
     micro = max(1, min(sc.accumulate, x.shape[0]))
     xs, ys = x.chunk(micro), y.chunk(micro)
-    ddp = isinstance(model, nn.parallel.DistributedDataParallel)
+    ddp = model if isinstance(model, nn.parallel.DistributedDataParallel) else None
     with mon.step(samples=x.shape[0], tokens=x.numel()):
         began, waited = time.perf_counter(), 0.0
         for j, (xm, ym) in enumerate(zip(xs, ys)):
             last = j == len(xs) - 1
-            sync = contextlib.nullcontext() if (last or not ddp) else model.no_sync()
+            sync = contextlib.nullcontext() if (last or ddp is None) else ddp.no_sync()
             with sync:
                 with mon.phase("forward"):
                     logits = model(xm)

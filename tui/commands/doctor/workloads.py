@@ -255,8 +255,9 @@ class TorchCudaDevice:
     def hybrid(self) -> tuple[Any, Any, float]:
         torch = self.torch
         nn = torch.nn
+        module: Any = nn.Module
 
-        class Hybrid(nn.Module):
+        class Hybrid(module):
             def __init__(self) -> None:
                 super().__init__()
                 self.embed = nn.Embedding(4096, 1024)                              # 16 MiB, in host memory

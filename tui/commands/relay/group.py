@@ -59,7 +59,7 @@ class RankSlot:
             return None
         summary = self.summary or {}
         stats = dict(summary.get("stats") or {})
-        memory = summary.get("memory") if isinstance(summary.get("memory"), dict) else {}
+        memory = found if isinstance(found := summary.get("memory"), dict) else {}
         if num(memory.get("peak_frac")) is not None:
             stats["peak_frac"] = memory["peak_frac"]
         call = None
@@ -192,7 +192,7 @@ class GroupRelay:
 
     # -- the viewer's records -----------------------------------------------------------------
     def subscribe(self, rec: dict[str, Any]) -> None:
-        srcs = rec.get("srcs") if isinstance(rec.get("srcs"), list) else []
+        srcs = found if isinstance(found := rec.get("srcs"), list) else []
         self.followed = None if "*" in srcs else {s for s in srcs if isinstance(s, str)}
         ranks = rec.get("ranks")
         self.followed_ranks = {r for r in ranks if isinstance(r, int)} if isinstance(ranks, list) else set()
@@ -263,7 +263,7 @@ async def serve(group: GroupRelay, stdin_fd: int | None, prometheus: str | None)
     next_group, last_group = 0.0, 0.0
     try:
         while not task.done():
-            if viewer is not None and (viewer.gone.done() or group.out.broken):
+            if viewer is not None and (viewer.gone.done() or (group.out is not None and group.out.broken)):
                 break
             now = time.monotonic()
             if now >= next_group or (group.news and now >= last_group + NEW_RANK_S):
