@@ -21,7 +21,7 @@ from pathlib import Path
 import pytest
 
 from tests.helpers.cli import perfmon
-from tests.integration.streamutil import left_by_perfmon, wait_for
+from tests.integration.streamutil import kill_tree, left_by_perfmon, wait_for
 
 SCRIPTS = Path(__file__).parent / "scripts"
 PY = sys.executable
@@ -251,6 +251,14 @@ def test_ptrace_denied_by_the_kernel_is_refused(sleeper):
     _untouched(denied.pid)
 
 
+def _rank_stacks(launcher: subprocess.Popen) -> str:
+    """Where each rank's threads are (py-spy), for a failure's message: what held the job up."""
+    import psutil
+
+    from tui.stream import native
+    return "".join(f"\nrank process {p.pid}:\n{native.dump(p.pid)}" for p in psutil.Process(launcher.pid).children())
+
+
 @pytest.mark.parametrize("method", METHODS)
 def test_a_torchrun_launcher_pid_injects_every_rank(tmp_path, method):
     ready = tmp_path / "ready"
@@ -261,7 +269,7 @@ def test_a_torchrun_launcher_pid_injects_every_rank(tmp_path, method):
     try:
         wait_for(lambda: len(list(ready.glob("[0-9]"))) == 2, timeout=60, what="both ranks training")
         inject = perfmon("inject", str(launcher.pid), "--timeout", "30", "--method", method)
-        assert inject.returncode == 0, inject.stderr
+        assert inject.returncode == 0, inject.stderr + _rank_stacks(launcher)
         lines = [line for line in inject.stdout.splitlines() if line.startswith("injected")]
         assert len(lines) == 2
         job = lines[0].split("job ")[1].split()[0]
@@ -283,7 +291,7 @@ def test_a_torchrun_launcher_pid_injects_every_rank(tmp_path, method):
         launcher.send_signal(signal.SIGTERM)
         out, err = launcher.communicate(timeout=60)
     finally:
-        launcher.kill()
+        kill_tree(launcher)         # its ranks too, should they hang
     ends = [json.loads(path.read_text()) for path in sorted(ready.glob("end-*.json"))]
     assert sorted(end["rank"] for end in ends) == [0, 1], err[-2000:]
     for end in ends:        # DDP's comm hook cannot be removed: an injected probe never registers one
