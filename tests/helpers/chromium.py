@@ -69,13 +69,16 @@ class _Pipe:
         os.write(self._out, json.dumps(msg).encode() + b"\0")
         want = self._id
         deadline = time.monotonic() + timeout
-        while True:
-            for m in self._read(deadline):
+        answer: dict[str, Any] | None = None
+        while answer is None:
+            for m in self._read(deadline):     # the answer may share a read with events after it: keep them
                 if m.get("id") == want:
-                    if "error" in m:
-                        raise RuntimeError(f"{method}: {m['error']}")
-                    return m.get("result", {})
-                self.events.append(m)
+                    answer = m
+                else:
+                    self.events.append(m)
+        if "error" in answer:
+            raise RuntimeError(f"{method}: {answer['error']}")
+        return answer.get("result", {})
 
     def pump(self, seconds: float) -> None:
         """Collect events for up to ``seconds``."""

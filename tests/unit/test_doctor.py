@@ -167,6 +167,17 @@ def test_wait_in_step_check_reads_the_planted_share_and_fails_when_the_wait_is_r
     _skewed(monkeypatch, lambda v: _metric(off_cpu_frac=max(0.0, v.metrics.off_cpu_frac - 0.2))(v))
     off = C.wait_in_step()
     assert off.ok is False, off
+    _skewed(monkeypatch, lambda v: _metric(off_cpu_frac=v.metrics.off_cpu_frac + 0.2)(v))
+    over = C.wait_in_step()
+    assert over.ok is False, over
+
+
+def test_wait_in_step_check_holds_on_a_busy_machine_whose_compute_also_waits_for_a_core(monkeypatch):
+    """Another process taking the cores makes the loop's compute wait for one too: perfmon reads that
+    as CPU contention beside the sleep's time off CPU, which still matches what the sleep planted."""
+    _skewed(monkeypatch, lambda v: _metric(cpu_contention_frac=(v.metrics.cpu_contention_frac or 0.0) + 0.17)(v))
+    busy = C.wait_in_step()
+    assert busy.ok is True, busy
 
 
 def test_between_steps_check_reads_the_planted_ettr_and_fails_on_an_ettr_off_by_point_two(monkeypatch):

@@ -143,22 +143,24 @@ def wait_in_step(ratio: float = 0.6) -> Check:
             t0 = time.perf_counter()
             with mon.step(samples=len(mlp.x)):
                 mlp.work()
-                t1 = time.perf_counter()
+                t1, queued0 = time.perf_counter(), run_queue_wait()
                 time.sleep(wait)              # the service answers: no CPU used, nothing perfmon hooks
-                slept.append(time.perf_counter() - t1)
+                queued1 = run_queue_wait()
+                woke = queued1 - queued0 if queued0 is not None and queued1 is not None else 0.0
+                slept.append(time.perf_counter() - t1 - woke)
             spans.append(time.perf_counter() - t0)
 
     with one_thread():
         view = run_job("wait-in-step", body)
     planted = sum(slept[-WINDOW:]) / sum(spans[-WINDOW:])
     share, leaf = _share(view, "device_idle"), _leaf(view)
-    # a sleep's wall time includes the wake-up's wait for a core, which perfmon measures apart as
-    # CPU contention: the two together are the thread's time off CPU that the sleep planted
-    queued = view.metrics.cpu_contention_frac or 0.0
-    off = share + queued if share is not None else None
-    ok = leaf == "host_wait" and off is not None and abs(off - planted) <= SHARE_TOL
+    # the planted time off CPU is each sleep's wall time less its wake-up's wait for a core (the
+    # kernel's count for this thread), which perfmon measures apart as CPU contention, as it does the
+    # compute's waits on a busy machine (shown beside the share, not judged)
+    queued = view.metrics.cpu_contention_frac
+    ok = leaf == "host_wait" and share is not None and abs(share - planted) <= SHARE_TOL
     return Check("unhooked wait in each step", f"host_wait, off CPU {_pct(planted)} ± {_pts(SHARE_TOL)}",
-                 f"{leaf}, off CPU {_pct(share)} + waiting for a core {_pct(queued)}", ok)
+                 f"{leaf}, off CPU {_pct(share)} (and waiting for a core {_pct(queued)})", ok)
 
 
 def between_steps(ratio: float = 1.0) -> Check:
