@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import textwrap
 from collections.abc import Iterable
 from dataclasses import dataclass, fields, replace
 from typing import Any
@@ -47,11 +48,11 @@ class CaptureSummary(CaptureRecord):
         if self.device_busy is not None:
             out.append(f"  device busy {self.device_busy * 100:.0f}% of the captured steps"
                        + (f"; longest idle {self.gaps[0][0] * 1e3:.1f} ms" if self.gaps else ""))
-        if self.overhead is not None:
-            out.append(f"  cost: captured steps took {units.seconds(self.captured_step_s)} against "
-                       f"{units.seconds(self.baseline_step_s)} before ({units.pct(self.overhead)})"
-                       + (f"; its own thread used {units.seconds(self.thread_cpu_s)} CPU"
-                          if self.thread_cpu_s is not None else ""))
+        if self.overhead is not None:      # wrapped, not cut: its last figure is the thread's CPU
+            out.extend(textwrap.wrap(f"  cost: captured steps took {units.seconds(self.captured_step_s)} against "
+                                     f"{units.seconds(self.baseline_step_s)} before ({units.pct(self.overhead)})"
+                                     + (f"; its own thread used {units.seconds(self.thread_cpu_s)} CPU"
+                                        if self.thread_cpu_s is not None else ""), width, subsequent_indent="    "))
         for op in self.top[:5]:
             out.append(f"  {op.self_s * 1e3:8.2f} ms  {op.calls:>6}x  {op.name}")
         return [line[:width] for line in out]

@@ -200,8 +200,8 @@ def render_text(view: JobView, verdict: Verdict, *, retired: Iterable[tuple[int,
     lines.extend(gains_lines(_jsonable(verdict.gains.as_json(price)) if verdict.gains is not None else {}, width))
     lines.extend(layout_lines(view.layout.as_json(), _straggling(view), verdict.bottleneck, width))
     if verdict.where is not None:
-        lines.append("Where the unexplained time goes (stack samples in steps and between them, share of the "
-                     "iteration ± 95%):")
+        wrap("Where the unexplained time goes (stack samples in steps and between them, share of the "
+             "iteration ± 95%):")
         shown_lines = verdict.where_lines()[:WHERE_TOP]
         if not shown_lines:
             lines.append("  no stack samples in the window")

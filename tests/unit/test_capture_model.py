@@ -74,6 +74,9 @@ def test_the_cost_is_the_captured_steps_mean_against_the_median_before_and_the_r
     assert (again.overhead, again.baseline_step_s, again.captured_step_s, again.thread_cpu_s) == \
         (c.overhead, 0.1, 0.3, 0.05)
     assert again.lines(120) == c.lines(120)
+    # in the report's 80 columns the cost line wraps: its last figure, the thread's CPU, is never cut off
+    assert c.lines(80)[2:4] == ["  cost: captured steps took 300ms against 100ms before (200%); its own thread",
+                                "    used 50ms CPU"]
     assert with_cost(c, steps[:12]) is c                                 # a captured step missing: unchanged
     assert with_cost(c, steps[10:]) is c                                 # no step before it: unchanged
     bare = capture_reading(RECORD, rank=2)

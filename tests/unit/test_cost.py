@@ -17,7 +17,16 @@ import pytest
 
 from perfmon_analysis.analysis import Analysis
 from perfmon_analysis.metrics import by_name
-from perfmon_analysis.overhead import STEP_BUDGET, STEP_CALLS, WRAPPER_PARTS, finding, overhead, text_lines
+from perfmon_analysis.overhead import (
+    STEP_BUDGET,
+    STEP_CALLS,
+    WRAPPER_PARTS,
+    Overhead,
+    finding,
+    overhead,
+    text_lines,
+    worst,
+)
 from perfmon_analysis.readings import CostReading, cost_reading
 from probe import core, cost, wire
 from probe.recording import read_recording
@@ -246,6 +255,186 @@ def test_a_large_share_of_an_idle_jobs_cpu_is_no_finding_below_the_floor():
     o = overhead(0, idle, 0.5)
     assert o is not None and o.cpu_frac == pytest.approx(0.0081 / 0.02) and o.cores == pytest.approx(0.0081 / 2)
     assert not o.over_budget and finding(o) is None
+
+
+def _cost(t: float | None, **fields: object) -> CostReading:
+    """A sample's ``cost`` at ``t`` with just ``fields``, read as the analysis reads it."""
+    reading = cost_reading(fields, t)
+    assert reading is not None
+    return reading
+
+
+# a rank's cost readings 10 s and 100 steps apart: the step calls' 20 ms, four wrappers (one never
+# called in the window, one new in it, one calibrated at 0 s a call), three step hooks (one idle,
+# one new), three threads (one new, and their names' order is not their totals'), memory and bytes
+WINDOW = (
+    _cost(100.0, train_s=0.010, train_steps=100, hooks={"h.fast": 0.001, "h.slow": 0.002, "h.idle": 0.004},
+          threads={"sender": 0.1, "where": 0.5}, process_cpu=10.0, queue_items=9, viewer_bytes=0,
+          sent_bytes=1000, recorded_bytes=5000, wrappers={"step": [100, 1e-6], "custom": [0, 40e-6]}),
+    _cost(110.0, train_s=0.030, train_steps=200,
+          hooks={"h.fast": 0.0015, "h.slow": 0.007, "h.idle": 0.004, "h.new": 0.001},
+          threads={"where": 1.5, "sender": 0.3, "fresh": 2.0}, process_cpu=30.0, queue_items=4, viewer_bytes=2048,
+          sent_bytes=21000, recorded_bytes=5000,
+          wrappers={"step": [200, 1e-6], "phase": [0, 0.5e-6], "loader": [1, 0.0], "custom": [3, 40e-6]}),
+)
+
+
+def _part(name: str, kind: str, value: float | None, unit: str, share: float | None, source: str,
+          why: str | None = None) -> dict:
+    return {"part": name, "kind": kind, "value": value, "unit": unit, "share": share, "source": source, "why": why}
+
+
+def test_the_cost_of_a_window_is_each_part_per_step_and_per_core():
+    o = overhead(3, WINDOW, 0.01)
+    assert o is not None
+    train, hook, thread = ("training-thread clock reads around the probe's step calls",
+                           "clock reads around each step hook", "the thread's CPU clock")
+    calls = "calls counted x {} a call, calibrated at start-up"
+    # training thread: 20 ms + the wrappers' 100 x 1 µs + 1 x 0 + 3 x 40 µs = 20.22 ms over 100 steps;
+    # the step calls' own part is what is left after the hooks' and the wrappers' parts
+    assert o.as_json() == {
+        "rank": 3, "window_s": 10.0, "steps": 100,
+        "step_frac": 0.02022, "cpu_frac": 0.161011, "train_per_step_s": 0.000202,
+        "train_bound_per_step_s": 0.032202, "cores": 0.322022,
+        "step_budget": 0.01, "cpu_budget": 0.05, "cpu_floor_cores": 0.05,
+        "parts": [
+            _part("step calls", "train", 0.000135, "s/step", 0.0135, train),
+            _part("step() call", "train", 1e-06, "s/step", 0.0001, calls.format("1.00µs")),
+            _part("loader()", "train", 0.0, "s/step", 0.0, calls.format("0.00µs")),
+            _part("custom()", "train", 1e-06, "s/step", 0.00012, calls.format("40.00µs")),   # 1.2 µs, to 6 places
+            _part("h.slow", "train", 5e-05, "s/step", 0.005, hook),       # hooks: costliest first
+            _part("h.new", "train", 1e-05, "s/step", 0.001, hook),
+            _part("h.fast", "train", 5e-06, "s/step", 0.0005, hook),
+            _part("fresh", "thread", 0.2, "cores", 0.1, thread),           # threads: by name
+            _part("sender", "thread", 0.02, "cores", 0.01, thread),
+            _part("where", "thread", 0.1, "cores", 0.05, thread),
+            _part("queue", "memory", 4, "items", None, "the probe's queue and buffer sizes"),
+            _part("viewer queues", "memory", 2048, "bytes", None, "the probe's queue and buffer sizes"),
+            _part("backfill", "memory", None, "bytes", None, "the probe's queue and buffer sizes", "not reported"),
+            _part("sent", "io", 2000.0, "bytes/s", None, "the sender's byte counters"),
+            _part("recorded", "io", 0.0, "bytes/s", None, "the sender's byte counters"),   # unchanged: 0, known
+        ]}
+
+
+def test_the_text_section_lists_every_part_with_its_share_and_why():
+    o = overhead(3, WINDOW, 0.01)
+    assert o is not None
+    assert text_lines(o.as_json()) == [
+        "perfmon cost (rank 3, 10s, 100 steps): 2.02% of the step, 16.10% of the process CPU",
+        "  training thread 202µs/step, at most 32.2ms/step with its GIL waits",
+        "  train  step calls: 135µs/step (1.35%)",
+        "  train  step() call: 1µs/step (0.01%)",
+        "  train  loader(): 0µs/step (0.00%)",
+        "  train  custom(): 1µs/step (0.01%)",
+        "  train  h.slow: 50µs/step (0.50%)",
+        "  train  h.new: 10µs/step (0.10%)",
+        "  train  h.fast: 5µs/step (0.05%)",
+        "  thread fresh: 0.2 cores (10.00%)",
+        "  thread sender: 0.02 cores (1.00%)",
+        "  thread where: 0.1 cores (5.00%)",
+        "  memory queue: 4",
+        "  memory viewer queues: 2.0kB",
+        "  memory backfill: n/a (not reported)",
+        "  io     sent: 2kB/s",
+        "  io     recorded: 0B/s",
+    ]
+    assert text_lines(None) == ["perfmon cost: n/a: no probe cost in the window (a probe older than wire 1.4, "
+                                "or fewer than two samples)"]
+
+
+def test_over_the_step_budget_the_finding_names_the_costliest_training_thread_part():
+    assert finding(overhead(3, WINDOW, 0.01)) == {
+        "id": "perfmon_cost", "share": 0.02022, "part": "step calls", "kind": "train", "rank": 3,
+        "message": "perfmon costs 2.0% of each step on rank 3 (budget 1%), most in step calls (135µs/step)"}
+
+
+def test_over_the_cpu_budget_the_finding_names_the_busiest_thread():
+    before = _cost(10.0, train_s=0.0, train_steps=0, threads={"sender": 0.0, "where": 1.0, "idle": 0.5},
+                   process_cpu=20.0)
+    after = _cost(12.0, train_s=0.0001, train_steps=100, threads={"sender": 0.01, "where": 1.5, "idle": 0.5},
+                  process_cpu=24.0)
+    # (0.01 + 0.5 + 0.0001) CPU s of the process's 4 over 2 s; the idle thread used none
+    assert finding(overhead(2, [before, after], 0.02)) == {
+        "id": "perfmon_cost", "share": 0.127525, "part": "where", "kind": "thread", "rank": 2,
+        "message": "perfmon uses 12.8% of the process's CPU on rank 2 (0.255 cores; budget 5%), "
+                   "most in its where thread (0.25 cores)"}
+
+
+def test_a_window_without_steps_leaves_the_step_parts_unknown_with_why():
+    why = {"wrappers": "the calibration failed", "sent_bytes": "no viewer connected"}
+    a = _cost(10.0, train_s=0.001, train_steps=50, hooks={"h": 0.001}, sent_bytes=100, why=why)
+    b = _cost(12.0, train_s=0.002, train_steps=50, hooks={"h": 0.002}, why=why)
+    o = overhead(0, [a, b], 0.01)
+    assert o is not None
+    assert (o.steps, o.step_frac, o.train_per_step_s, o.cpu_frac, o.cores, o.train_bound_per_step_s) == \
+        (0, None, None, None, None, None)
+    assert [(p.name, p.kind, p.value, p.unit, p.source, p.why) for p in o.parts] == [
+        ("step calls", "train", None, "s/step", "training-thread clock reads around the probe's step calls",
+         "no steps between the samples"),
+        ("wrappers", "train", None, "s/step", "calls counted x the cost a call, calibrated at start-up",
+         "the calibration failed"),
+        ("threads", "thread", None, "cores", "the thread's CPU clock", "the probe sent no thread CPU times"),
+        ("queue", "memory", None, "items", "the probe's queue and buffer sizes", "not reported"),
+        ("viewer queues", "memory", None, "bytes", "the probe's queue and buffer sizes", "not reported"),
+        ("backfill", "memory", None, "bytes", "the probe's queue and buffer sizes", "not reported"),
+        ("sent", "io", None, "bytes/s", "the sender's byte counters", "no viewer connected"),
+        ("recorded", "io", None, "bytes/s", "the sender's byte counters", "not reported"),
+    ]
+    assert not o.over_budget and finding(o) is None
+    # where the probe says why it did not measure a part, that is the part's why
+    said = {"train": "the step calls are not timed", "backfill": "no backfill buffer"}
+    o = overhead(0, [dataclasses.replace(a, why=tuple(said.items())), dataclasses.replace(b, why=tuple(said.items()))],
+                 0.01)
+    assert o is not None
+    whys = {p.name: p.why for p in o.parts}
+    assert (whys[STEP_CALLS], whys["backfill"]) == (said["train"], said["backfill"])
+
+
+def test_without_the_training_threads_total_the_threads_cost_is_still_known():
+    a = _cost(10.0, train_s=0.001, train_steps=50, threads={"sender": 0.0}, process_cpu=1.0)
+    b = _cost(12.0, train_steps=150, threads={"sender": 0.2}, process_cpu=3.0)
+    o = overhead(0, [a, b], 0.01)
+    assert o is not None and o.steps == 100
+    assert (o.train_per_step_s, o.step_frac, o.train_bound_per_step_s) == (None, None, None)
+    assert o.cores == pytest.approx(0.1) and o.cpu_frac == pytest.approx(0.1)    # 0.2 CPU s of 2 s, of 2 CPU s
+
+
+def test_without_the_process_cpu_threads_have_cores_but_no_share():
+    a = _cost(10.0, train_s=0.0, train_steps=0, threads={"sender": 0.0}, process_cpu=1.0)
+    b = _cost(12.0, train_s=0.001, train_steps=100, threads={"sender": 0.2})
+    o = overhead(0, [a, b], 0.01)
+    assert o is not None and o.cpu_frac is None and o.cores == pytest.approx(0.1005)
+    sender = next(p for p in o.parts if p.name == "sender")
+    assert sender.value == pytest.approx(0.1) and sender.share is None
+
+
+def test_without_a_median_step_no_part_has_a_share_of_the_step():
+    o = overhead(3, WINDOW, None)
+    assert o is not None and o.step_frac is None and o.train_per_step_s == pytest.approx(202.2e-6)
+    train = [p for p in o.parts if p.kind == "train"]
+    assert len(train) == 7 and all(p.share is None and p.value is not None for p in train)
+
+
+def test_the_window_runs_from_its_first_timed_reading_to_its_last():
+    def at(t: float | None, steps: int) -> CostReading:
+        return _cost(t, train_s=steps * 1e-5, train_steps=steps, threads={}, process_cpu=0.0 if t is None else t)
+
+    o = overhead(0, [at(None, 0), at(0.0, 10), at(1.0, 20), at(4.0, 110), at(None, 500)], 0.001)
+    assert o is not None and (o.seconds, o.steps) == (4.0, 100) and o.train_per_step_s == pytest.approx(1e-5)
+    assert overhead(0, [at(5.0, 10), at(5.0, 20)], 0.001) is None        # no time between them
+    assert overhead(0, [at(5.0, 10), at(4.0, 20)], 0.001) is None        # out of order
+
+
+def test_the_jobs_cost_is_the_rank_with_the_largest_share_of_its_step_then_of_its_cpu():
+    def rank(n: int, step_frac: float | None, cpu_frac: float | None) -> Overhead:
+        return Overhead(rank=n, seconds=1.0, steps=1, step_frac=step_frac, cpu_frac=cpu_frac,
+                        train_per_step_s=None, parts=())
+
+    assert worst([None, rank(0, None, 0.9), rank(1, 0.001, None), None]).rank == 1
+    assert worst([rank(0, 0.002, None), rank(1, 0.002, 0.0)]).rank == 1
+    assert worst([rank(0, None, 0.5), rank(1, None, None)]).rank == 0
+    assert worst([rank(0, 0.1, 0.1), rank(1, 0.3, 0.01), rank(2, 0.2, 0.5)]).rank == 1
+    assert worst([None]) is None and worst([]) is None
 
 
 def test_a_window_shorter_than_the_sample_period_still_has_the_cost(tmp_path):

@@ -3,13 +3,14 @@ money and unknown inputs, checked against figures planted in synthetic jobs."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 
 import jsonschema
 import pytest
 
 from perfmon_analysis import report
-from perfmon_analysis.gains import NO_PRICE, PRICE_ENV, estimate, speedup_bound
+from perfmon_analysis.gains import NO_PRICE, PRICE_ENV, callback_values, estimate, speedup_bound
 from perfmon_analysis.losses import Loss
 from perfmon_analysis.verdict import evaluate
 from tests.helpers.reports import REPORT_SCHEMA
@@ -72,7 +73,6 @@ def test_the_combination_removes_every_loss_over_its_threshold_and_the_pauses_ov
 
 
 def test_communications_bound_counts_the_overlapped_collectives_too():
-    import dataclasses
     base = job(_cpu(data=0.0)).view()
     losses = (Loss("comm_exposed", "exposed communication", 0.35, "planted"),)
     # 35% of the step exposed, 50% of it inside collectives: the overlapped part takes cores too
@@ -112,7 +112,7 @@ def test_an_unknown_start_leaves_the_hours_so_far_unknown_but_not_the_rate():
     view = type(view)(**{**view.__dict__, "started": None})
     gain = estimate(view, evaluate(view).losses, over=("data_wait",)).of("data_wait")
     assert gain.device_hours is None and gain.per_day == pytest.approx(24 * 0.3)
-    assert "start time is unknown" in gain.why_unknown
+    assert gain.why_unknown == "the job's start time is unknown: device-hours so far cannot be counted"
 
 
 def test_a_gpu_job_counts_gpu_hours():
@@ -219,3 +219,116 @@ def test_the_trainer_callbacks_log_the_bound_and_the_hours_of_each_known_loss():
     assert logged["perfmon/speedup_bound/combined"] == pytest.approx(1 / 0.7)
     assert not any(key.endswith("/device_idle") for key in logged)
     assert logged["perfmon/data_wait_ratio"] == pytest.approx(0.3)       # beside the metric table's
+
+
+def _view(world_size: int = 2, hours: float = 2.0, device: str = "cpu", **metrics):
+    """A one-rank job's view, ``hours`` after its first probe started, with ``metrics`` changed
+    (``comm_frac`` unknown unless given)."""
+    base = job(_cpu()).view()
+    assert base.started is not None
+    return dataclasses.replace(base, world_size=world_size, now=base.started + hours * 3600.0, device_type=device,
+                               metrics=dataclasses.replace(base.metrics, **{"comm_frac": None, **metrics}))
+
+
+def test_each_gains_entry_is_its_bound_its_device_hours_and_its_price():
+    losses = (Loss("data_wait", "data wait", 0.25, "planted"), Loss("device_idle", "idle", None, "no thread CPU"),
+              Loss("loop", "loop", 1.0, "planted"))
+    gains = estimate(_view(), losses, over=("data_wait",))     # 2 CPUs, 2 hours
+    cpu_only = "energy is measured on GPUs only (NVML's total-energy counter)"
+
+    def entry(loss: str, label: str, share, bound, hours, per_day, **extra) -> dict:
+        return {"loss": loss, "label": label, "share": share, "speedup_bound": bound, "wall_share": share,
+                "device_hours": hours, "per_day": per_day, "basis": "bound",
+                "price": {"per_device_hour": 2.0, "so_far": None if hours is None else hours * 2.0,
+                          "per_day": None if per_day is None else per_day * 2.0},
+                "energy": None, "why_no_energy": cpu_only, **extra}
+
+    assert gains.as_json(2.0) == {
+        "gains": [entry("data_wait", "data wait", 0.25, 1.3333, 1.0, 12.0),
+                  entry("device_idle", "idle", None, None, None, None, why_unknown="no thread CPU"),
+                  entry("loop", "loop", 1.0, None, 4.0, 48.0,
+                        why_unknown="the loss is the whole step: no finite bound")],
+        "gains_combined": entry("combined", "every loss over threshold", 0.25, 1.3333, 1.0, 12.0, of=["data_wait"]),
+        "gains_basis": {"ranks": 2, "hours": 2.0, "device_unit": "CPU-h", "power_w": None}}
+    assert gains.headline("data_wait") == "fixing it: up to 1.3× faster, 12 CPU-h/day"
+    assert gains.headline("data_wait", 2.0, compact=True) == "up to 1.3×, 12 CPU-h/day (24/day)"
+    # no headline for a loss without a bound, one the job does not have, or none named
+    assert gains.headline("device_idle") is None and gains.headline("stuck") is None and gains.headline(None) is None
+
+
+def test_a_straggler_priced_by_the_whatif_is_simulated_and_the_combination_removes_the_simulated_share():
+    losses = (Loss("slow_worker", "a slow worker", 0.3, "planted"), Loss("data_wait", "data wait", 0.1, "planted"),
+              Loss("slow_stage", "a slow stage", 0.2, "planted"),
+              Loss("rotating", "rotating imbalance", 0.15, "the exposed wait is not measured"))
+    simulated = {"slow_worker": (1.2, ""), "slow_stage": (None, "too few steps to simulate"), "rotating": (None, "")}
+    gains = estimate(_view(), losses, over=("slow_worker", "data_wait", "slow_stage"), simulated=simulated)
+    worker = gains.of("slow_worker")
+    assert worker is not None and worker.as_json() == {
+        "loss": "slow_worker", "label": "a slow worker", "share": 0.1667, "speedup_bound": 1.2, "wall_share": 0.1667,
+        "device_hours": 0.6667, "per_day": 8.0, "basis": "simulated", "price": None, "energy": None,
+        "why_no_energy": "energy is measured on GPUs only (NVML's total-energy counter)", "why_no_price": NO_PRICE}
+    for loss_id, why in (("slow_stage", "too few steps to simulate"), ("rotating", "the exposed wait is not measured")):
+        gain = gains.of(loss_id)
+        assert gain is not None and gain.basis == "simulated" and gain.why_unknown == why
+        assert (gain.share, gain.speedup_bound, gain.per_day, gain.device_hours) == (None, None, None, None)
+    # the slow worker's simulated 1 - 1/1.2 (not its measured 30%), the data wait's 10%, the slow stage's
+    # measured 20% (its simulation unknown)
+    assert gains.combined is not None and gains.combined.of == ("slow_worker", "data_wait", "slow_stage")
+    assert gains.combined.share == pytest.approx(1 / 6 + 0.3) and gains.combined.speedup_bound == pytest.approx(1.875)
+    assert gains.headline("slow_worker") == "fixing it: 1.2× faster (simulated), 8 CPU-h/day"
+    assert gains.headline("slow_worker", 2.0, compact=True) == "1.2× (sim.), 8 CPU-h/day (16/day)"
+
+
+def test_on_a_gpu_each_loss_is_priced_in_joules_per_step_sample_token_and_kwh_a_day():
+    gains = estimate(_view(device="cuda", power_w=400.0, energy_per_step_j=40.0, energy_per_sample_j=0.000123456,
+                           energy_per_token_j=0.000012345),
+                     (Loss("data_wait", "data wait", 0.25, "planted"), Loss("device_idle", "idle", None, "unknown")),
+                     over=())
+    data, idle = gains.of("data_wait"), gains.of("device_idle")
+    assert data is not None and idle is not None
+    # a quarter of each, each to its own precision: small per-sample and per-token energies keep 8 places
+    assert data.energy == {"per_step_j": 10.0, "per_sample_j": 0.00003086, "per_token_j": 0.00000309,
+                           "per_day_kwh": 2.4}
+    assert data.why_no_energy is None and gains.energy is not None and gains.energy.why_unknown is None
+    assert idle.energy is None and idle.why_no_energy == "the loss's share of wall time is unknown"
+    assert gains.as_json()["gains_basis"] == {"ranks": 2, "hours": 2.0, "device_unit": "GPU-h", "power_w": 400.0}
+    assert gains.combined is None
+
+
+def test_pauses_exactly_at_the_ettr_line_join_the_combination():
+    from perfmon_analysis.flowchart import ETTR_MIN
+    at_line = Loss("step_gaps", "pauses", 1.0 - ETTR_MIN, "planted", "run")
+    combined = estimate(_view(), (at_line,), over=()).combined
+    assert combined is not None and combined.of == ("step_gaps",)
+
+
+def test_the_combination_never_removes_more_than_the_whole_step():
+    losses = (Loss("data_wait", "data wait", 0.7, "planted"), Loss("device_idle", "idle", 0.5, "planted"))
+    c = estimate(_view(), losses, over=("data_wait", "device_idle")).combined
+    assert c is not None and (c.share, c.wall_share, c.speedup_bound) == (1.0, 1.0, None)
+    assert c.per_day == pytest.approx(2 * 24.0) and c.why_unknown == "the loss is the whole step: no finite bound"
+
+
+def test_a_job_that_started_just_now_has_lost_no_device_hours_yet_not_unknown_ones():
+    gains = estimate(_view(hours=0.0), (Loss("data_wait", "data wait", 0.25, "planted"),), over=("data_wait",))
+    assert gains.hours == 0.0
+    for gain in (gains.of("data_wait"), gains.combined):
+        assert gain is not None and gain.device_hours == 0.0 and gain.why_unknown is None
+
+
+def test_device_hours_count_the_world_size_or_the_ranks_seen_and_at_least_one_device():
+    loss = (Loss("data_wait", "data wait", 0.25, "planted"),)
+    assert estimate(_view(world_size=4), loss, over=()).ranks == 4       # ranks not yet seen hold devices too
+    three = _view(world_size=1)
+    assert estimate(dataclasses.replace(three, ranks=three.ranks * 3), loss, over=()).ranks == 3
+    none = _view(world_size=0)
+    gains = estimate(dataclasses.replace(none, ranks=[]), loss, over=())
+    assert gains.ranks == 1 and gains.of("data_wait").per_day == pytest.approx(24 * 0.25)
+
+
+def test_the_callbacks_log_no_combination_when_no_loss_is_over_its_threshold():
+    gains = estimate(_view(), (Loss("data_wait", "data wait", 0.25, "planted"),), over=())
+    assert gains.combined is None
+    assert callback_values(gains) == {"perfmon/speedup_bound/data_wait": pytest.approx(1 / 0.75),
+                                      "perfmon/device_hours_per_day/data_wait": pytest.approx(12.0)}
+    assert callback_values(None) == {}

@@ -156,3 +156,46 @@ def test_each_loss_is_the_share_the_verdict_judged():
 def test_the_metrics_page_lists_the_table_as_it_is():
     page = (Path(__file__).parents[2] / "docs" / "metrics.md").read_text()
     assert page.endswith(M.markdown())
+
+
+def test_the_metrics_page_has_a_row_of_each_metrics_key_unit_scope_names_and_meaning():
+    page = M.markdown()
+    lines = page.splitlines()
+    assert page.endswith("\n") and len(lines) == 2 + len(M.METRICS)
+    assert lines[:2] == ["| report key | unit | scope | Prometheus | callbacks | meaning |",
+                         "|---|---|---|---|---|---|"]
+    assert "| `steps` | count | job/rank | `perfmon_steps` (counter) |  | Steps the rank has completed |" in lines
+    assert "| `data_wait_frac` | ratio | job/rank | `perfmon_data_wait_ratio` | `perfmon/data_wait_ratio` | " \
+           "Share of the iteration blocked waiting for the next batch |" in lines
+    assert "| `compute_s` | seconds | rank |  |  | " \
+           "Median compute time per step: step - gaps - data wait - exposed comm |" in lines
+    assert "| `power_w` | watts | job |  |  | " \
+           "Mean power of the job's GPUs over the window, from NVML's total-energy counter |" in lines
+
+
+def test_a_ranks_window_percentiles_read_its_window_and_its_run_percentiles_the_whole_run():
+    from types import SimpleNamespace
+
+    def times(scale: float) -> SimpleNamespace:
+        return SimpleNamespace(p50=1.0 * scale, p90=2.0 * scale, p99=3.0 * scale, max=4.0 * scale)
+
+    rank = SimpleNamespace(step_times=times(0.01), run_step_times=times(0.1))
+    values = {name: M.by_name(name).rank_value(rank)
+              for name in ("step_time_p90_s", "step_time_max_s", "run_step_time_p50_s", "run_step_time_max_s")}
+    assert values == {"step_time_p90_s": 0.02, "step_time_max_s": 0.04, "run_step_time_p50_s": 0.1,
+                      "run_step_time_max_s": 0.4}
+    before = SimpleNamespace(step_times=None, run_step_times=None)       # no step yet: unknown
+    assert M.by_name("step_time_max_s").rank_value(before) is None
+    assert M.by_name("run_step_time_max_s").rank_value(before) is None
+
+
+def test_a_metric_has_no_value_outside_its_scope():
+    assert M.by_name("compute_s").job_value(object()) is None
+    assert M.MEMORY_PEAK.rank_value(object()) is None
+
+
+def test_callback_keys_are_spelled_under_the_prefix_with_slashes():
+    assert M.callback_key("a", "b") == "perfmon/a/b"
+    assert M.bottleneck_callback("data_loading") == "perfmon/bottleneck/data_loading"
+    assert M.gain_callback("speedup_bound", "data_wait") == "perfmon/speedup_bound/data_wait"
+    assert M.gain_callback("per_day", "combined") == "perfmon/device_hours_per_day/combined"

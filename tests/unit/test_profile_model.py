@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from perfmon_analysis.profile import MARK_MIN_SHARE, profile_lines, profile_reading, with_overhead
+from perfmon_analysis.profile import MARK_MIN_SHARE, profile_lines, profile_reading, window_cost, with_overhead
 from perfmon_analysis.runmodel import RunModel
 from tests.helpers import records as R
 
@@ -329,3 +329,40 @@ def test_the_top_rows_count_forward_and_backward_time_together():
     assert names(2) == ["Net", "a"]
     assert names(3) == ["Net", "a", "b"]
     assert names(None) == names(4) == ["Net", "a", "b", "c"]
+
+
+def test_the_text_without_a_peak_says_how_to_give_one_and_names_the_profiles_own_cpu():
+    modules = MODULES + [_module("slow.a_rather_long_block_name", 2, 0.001, 0.001, flops=1e9)]
+    p = with_overhead(profile_reading(_record(modules, cost={"thread_cpu_s": 0.042}), rank=1),
+                      [(s, 0.01) for s in range(10, 30)] + [(s, 0.0125) for s in range(30, 35)])
+    assert p.thread_cpu_s == 0.042 and p.as_json()["thread_cpu_s"] == 0.042
+    assert profile_lines(p.as_json(), top=None) == [      # every module, so no "more modules" line
+        "Module profile of rank 1, steps 30-34 (5 steps, 10ms each while profiled, timer",
+        "  perf_counter)",
+        "forward 1TFLOP/s, backward 1.2TFLOP/s, no peak known (PERFMON_PEAK_TFLOPS gives",
+        "  one)",
+        "Cost: profiled steps took 12.5ms against 10ms before (+25%); steps outside the",
+        "  profile run no hook; its own thread used 42ms CPU",
+        "Marked ▶ slow: 60% of the step at 500GFLOP/s",
+        "",
+        "  MODULE                PARAMS   FLOPS %FLOP     FWD     BWD %STEP  FLOP/S %PEAK",
+        "  Net                      300      9G  100%     3ms     5ms   80%   1.12T   n/a",
+        "▶   slow                   100      3G   33%     2ms     4ms   60%    500G   n/a",
+        "      a_rather_long_blo    100      1G   11%     1ms     1ms   20%    500G   n/a",
+        "    fast                   100      3G   33%   500µs     1ms   15%      2T   n/a",
+        "    act                      0       0    0%   200µs   200µs    4%       0   n/a",
+        "    head                   100    300M    3%   100µs   200µs    3%      1T   n/a",
+    ]
+
+
+def test_the_citation_gives_the_marked_rows_share_of_peak():
+    p = profile_reading(_record(MODULES, peak=5e11 / 0.6), rank=0)      # slow runs at 500 GFLOP/s
+    assert p.citation() == "slow: 60% of the step at 500GFLOP/s (60% of peak)"
+
+
+def test_the_baseline_reaches_back_exactly_twenty_steps_and_a_zero_baseline_has_no_overhead():
+    inside = [(s, 0.03) for s in range(30, 35)]
+    # step 10 is the 20th before step 30: the median before is of 10 ms and 30 ms
+    assert window_cost(30, 34, [(9, 1.0), (10, 0.01), (29, 0.03)] + inside) == (pytest.approx(0.5), 0.02, 0.03)
+    assert window_cost(30, 34, [(29, 0.0)] + inside) == (None, 0.0, 0.03)
+    assert window_cost(None, 34, inside) is None and window_cost(30, None, inside) is None

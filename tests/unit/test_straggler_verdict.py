@@ -91,3 +91,34 @@ def test_a_replay_judges_each_window_it_is_asked_about_not_an_earlier_one():
     for rank, rec in recs[first:]:
         model.ingest(f"r{rank}", rec)
     assert model.view().straggling.cause == "slow_stage"
+
+
+# each straggler outcome's words, golden, over the jobs above
+WORDS = {
+    "slow_worker": (
+        "Slow worker: dp2 pp1, rank 6, is slower than its stage's peers on 100% of steps; every other worker waits "
+        "for it (56% of the step exposed); without it: 1.8× (simulated)",
+        ["replace or drain the node of rank 6 (h): a worker slow on most steps is its host or hardware (throttling, a "
+         "failing device, another process)",
+         "check that node: clocks and throttle reasons, ECC and link errors, other processes on its cores",
+         "restart the job without that node (elastic training: exclude it) until it is fixed"]),
+    "slow_stage": (
+        "Slow stage: pipeline stage 1 does the most work (36s of compute a step, 92%); the other stages wait for it; "
+        "balancing the stages: 1.3× (simulated)",
+        ["move layers out of stage 1 into its neighbours (the pipeline's split points)",
+         "the last stage also computes the loss and the output layer, the first the embedding: give them fewer "
+         "layers than the middle stages",
+         "more micro-batches shrink the fill and drain bubble, not an imbalance between stages"]),
+    "rotating_imbalance": (
+        "Rotating imbalance: on 100% of steps one worker is much slower than its peers, a different one each time "
+        "(4 workers), so every step waits for one; evening the work over the replicas: 1.6× (simulated)",
+        ["pack sequences so each micro-batch holds the same number of tokens",
+         "bucket samples by length: each replica's batch then costs the same",
+         "split batches by tokens (or by attention cost), not by sample count"]),
+}
+
+
+@pytest.mark.parametrize("name,kw,leaf,path,rank", LEAVES, ids=[x[0].split(":")[0] for x in LEAVES])
+def test_each_straggler_outcome_names_its_cause_its_cost_and_its_fixes(name, kw, leaf, path, rank):
+    verdict = V.evaluate(view(**kw))
+    assert (verdict.headline, verdict.suggestions) == WORDS[leaf]
