@@ -58,9 +58,12 @@ _auto: _Auto | None = None
 class _Auto:
     """Hook state of one process. The hooks below are module functions reading ``_auto``."""
 
-    def __init__(self, torch: Any, job: str | None = None) -> None:
+    def __init__(self, torch: Any, job: str | None = None, running: bool = False) -> None:
         self.torch = torch
         self.job = job                          # the name ``perfmon inject --job`` gave (else the default)
+        # installed in a running process: the first forward seen may be an inner module of one that
+        # began before the hooks (DDP's module under DDP.forward), so roots are taken after the start
+        self.running = running
         self.finder = StepFinder(self._emit, self._on_open, self._on_eval)
         self.off = False
         self.errors = 0
@@ -177,6 +180,8 @@ class _Auto:
         mon.loader_iterators.extend(self.iterators)
         self.iterators = mon.loader_iterators
         ref = self.optimizer_ref or self.built_ref
+        if self.running:
+            self.roots = []
         self._watch(self._hook_roots(), ref() if ref is not None else None)
         atexit.register(self.flush)   # registered after the probe's close: runs before it
         _chain_excepthook(self)
@@ -521,10 +526,10 @@ def active() -> bool:
     return _auto is not None and not _auto.off and _pid == os.getpid()
 
 
-def install(optimizers: Iterable[Any] = (), job: str | None = None) -> None:
+def install(optimizers: Iterable[Any] = (), job: str | None = None, running: bool = False) -> None:
     """Put the dormant hooks in place (once per process); called right after torch is imported,
-    or in a running process (``probe.inject``) with the ``optimizers`` it built already and the
-    ``job`` name its injector gave (``PERFMON_JOB`` still wins, as for ``probe.start``)."""
+    or in a running process (``probe.inject``, ``running``) with the ``optimizers`` it built already
+    and the ``job`` name its injector gave (``PERFMON_JOB`` still wins, as for ``probe.start``)."""
     global _auto, _pid, _is_compiling
     if _auto is not None or os.environ.get("PERFMON_DISABLE") == "1":
         return
@@ -533,7 +538,7 @@ def install(optimizers: Iterable[Any] = (), job: str | None = None) -> None:
     _is_compiling = compiling_check()
     from torch.optim import optimizer as optim_mod
 
-    a = _auto = _Auto(torch, job)
+    a = _auto = _Auto(torch, job, running)
     _pid = os.getpid()
     # armed before the wrapped backward exists: the training thread's backward may re-arm them
     # (``_wrap_backward``) while this runs on the injector's thread

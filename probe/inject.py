@@ -169,7 +169,7 @@ def install(before: set[str], job: str | None = None) -> dict[str, Any]:
         if lifecycle.current() is not None or auto.active():
             _remove_modules()
             return {"ok": False, "message": "a perfmon probe is already running in this process"}
-        auto.install(optimizers=_optimizers(sys.modules["torch"]), job=job)
+        auto.install(optimizers=_optimizers(sys.modules["torch"]), job=job, running=True)
         if not auto.active():
             _remove_modules()
             return {"ok": False, "message": "zero-code mode is off in this process (PERFMON_DISABLE=1?)"}

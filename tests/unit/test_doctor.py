@@ -167,6 +167,7 @@ def test_wait_in_step_check_reads_the_planted_share_and_fails_when_the_wait_is_r
     _skewed(monkeypatch, lambda v: _metric(off_cpu_frac=max(0.0, v.metrics.off_cpu_frac - 0.2))(v))
     off = C.wait_in_step()
     assert off.ok is False, off
+    monkeypatch.undo()              # the next error is planted on the real measurement, not on this one
     _skewed(monkeypatch, lambda v: _metric(off_cpu_frac=v.metrics.off_cpu_frac + 0.2)(v))
     over = C.wait_in_step()
     assert over.ok is False, over
