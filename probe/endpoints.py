@@ -12,13 +12,18 @@ from probe import paths
 SUN_PATH_MAX = 107      # sockaddr_un's sun_path is 108 bytes on Linux, its last a NUL
 
 
-def listen_unix(name: str) -> tuple[socket.socket, Path]:
-    """Bind ``<socket dir>/<name>.sock`` (0600, in a 0700 per-user directory) and listen."""
-    directory = paths.ensure_dir()
-    path = directory / f"{name}{paths.SOCKET_SUFFIX}"
+def unix_path(name: str, directory: Path | None = None) -> Path:
+    """``<socket dir>/<name>.sock``; OSError when it is longer than a Unix socket's address takes."""
+    path = (directory or paths.socket_dir()) / f"{name}{paths.SOCKET_SUFFIX}"
     if len(os.fsencode(path)) > SUN_PATH_MAX:
         raise OSError(f"the socket path {path} is {len(os.fsencode(path))} bytes, over the {SUN_PATH_MAX} a Unix "
                       "socket takes: set PERFMON_DIR to a shorter directory")
+    return path
+
+
+def listen_unix(name: str) -> tuple[socket.socket, Path]:
+    """Bind ``<socket dir>/<name>.sock`` (0600, in a 0700 per-user directory) and listen."""
+    path = unix_path(name, paths.ensure_dir())
     remove_stale(path)
     sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     old = os.umask(0o177)

@@ -169,6 +169,11 @@ def install(before: set[str], job: str | None = None) -> dict[str, Any]:
         if lifecycle.current() is not None or auto.active():
             _remove_modules()
             return {"ok": False, "message": "a perfmon probe is already running in this process"}
+        try:
+            lifecycle.socket_path(job)
+        except OSError as exc:      # the probe would start with no live view: nothing to wait for
+            _remove_modules()
+            return {"ok": False, "message": str(exc)}
         auto.install(optimizers=_optimizers(sys.modules["torch"]), job=job, running=True)
         if not auto.active():
             _remove_modules()

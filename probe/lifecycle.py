@@ -9,7 +9,7 @@ import threading
 import weakref
 from pathlib import Path
 
-from probe import forks
+from probe import endpoints, forks, paths
 from probe.core import Probe
 from probe.disabled import _Disabled
 
@@ -71,15 +71,15 @@ def start(job: str | None = None, *, record: str | os.PathLike | None = None, ra
             found = current()
             if found is not None:
                 return found
-            job = os.environ.get("PERFMON_JOB") or job or _default_job()
+            job = _job(job)
             record = os.environ.get("PERFMON_RECORD") or record
             hz = sample_hz if sample_hz is not None else float(os.environ.get("PERFMON_SAMPLE_HZ") or 1.0)
             probe = Probe(
                 job=job,
-                rank=rank if rank is not None else _env_int("RANK", "PERFMON_RANK"),
+                rank=rank if rank is not None else _env_rank(),
                 local_rank=_env_int("LOCAL_RANK", default=0),
                 world_size=world_size if world_size is not None else _env_int("WORLD_SIZE", default=1),
-                restart=_env_int("TORCHELASTIC_RESTART_COUNT", default=0),
+                restart=_env_restart(),
                 record=record, serve=serve, sample_hz=hz)
             _track(probe)
             _current = probe
@@ -90,6 +90,25 @@ def start(job: str | None = None, *, record: str | os.PathLike | None = None, ra
         except (OSError, ValueError):
             pass
         return _Disabled()
+
+
+def socket_path(job: str | None = None) -> Path:
+    """The socket ``start(job)`` will serve in this process (the job, rank and restart as ``start``
+    reads them, the rank from the environment); OSError when it is too long for a Unix socket, which
+    ``perfmon inject`` says at once instead of waiting for a socket that cannot appear."""
+    return endpoints.unix_path(paths.base_name(_job(job), _env_rank(), _env_restart(), os.getpid()))
+
+
+def _job(job: str | None) -> str:
+    return os.environ.get("PERFMON_JOB") or job or _default_job()
+
+
+def _env_rank() -> int:
+    return _env_int("RANK", "PERFMON_RANK")
+
+
+def _env_restart() -> int:
+    return _env_int("TORCHELASTIC_RESTART_COUNT", default=0)
 
 
 def current() -> Probe | None:

@@ -12,7 +12,10 @@ from __future__ import annotations
 import _posixsubprocess
 import multiprocessing.process
 import os
+import shutil
 import subprocess
+import tempfile
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -25,14 +28,23 @@ pytest_plugins = ["tests.sim.fixtures"]
 
 
 @pytest.fixture(autouse=True)
-def perfmon_dir(tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.MonkeyPatch) -> Path:
-    """A fresh 0700 socket directory in PERFMON_DIR, inherited by subprocesses."""
-    path = tmp_path_factory.mktemp("sock")
-    os.chmod(path, 0o700)
+def perfmon_dir(monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
+    """A fresh 0700 socket directory in PERFMON_DIR, inherited by subprocesses. Short, as the default
+    ones are (``probe.paths.socket_dir``): a torchrun job's socket name is 60 bytes or more, and under
+    pytest's deeper temporary directories (pytest-xdist's) its path would pass the 107 a Unix socket takes."""
+    path = Path(tempfile.mkdtemp(prefix="pm-"))
     monkeypatch.setenv("PERFMON_DIR", str(path))
-    return path
+    yield path
+    shutil.rmtree(path, ignore_errors=True)
 
 
+def pytest_configure(config: pytest.Config) -> None:
+    """Under pytest-xdist, the work units go out in the order ``_share_out`` gives, not by their number of tests."""
+    if config.pluginmanager.hasplugin("xdist"):
+        config.option.loadscopereorder = False
+
+
+@pytest.hookimpl(tryfirst=True)      # before pytest-xdist reads the groups (after pytest-randomly's shuffle)
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     """Tests under ``SLOW_DIRS`` are ``slow``; ``gpu`` tests run only where CUDA is, and elsewhere are
     skipped, saying so."""
@@ -40,6 +52,8 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         parts = Path(str(item.path)).resolve().relative_to(TESTS).parts
         if parts and parts[0] in SLOW_DIRS:
             item.add_marker(pytest.mark.slow)
+    if config.pluginmanager.hasplugin("xdist") and config.getoption("dist", "no") != "no":
+        _share_out(items)
     gpu_items = [item for item in items if item.get_closest_marker("gpu")]
     if not gpu_items:
         return
@@ -52,6 +66,32 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         skip = pytest.mark.skip(reason="needs a CUDA GPU (run with -m gpu on a GPU machine)")
         for item in gpu_items:
             item.add_marker(skip)
+
+
+def _work_unit(item: pytest.Item) -> str:
+    """What one worker runs as a whole: a module, whose module-scoped jobs then start once; in the
+    compatibility matrix, a cell, whose bare and watched runs (``tests/compat/runs.py``) its tests share."""
+    cell = item.get_closest_marker("cell")
+    params = getattr(item, "callspec", None)
+    if cell is not None:
+        return f"cell:{cell.args[0]}"
+    if params is not None and Path(str(item.path)).parent.name == "compat" and "name" in params.params:
+        return f"cell:{params.params['name']}"
+    return item.nodeid.split("::")[0]
+
+
+def _share_out(items: list[pytest.Item]) -> None:
+    """Under pytest-xdist (``-n 2 --dist loadgroup``): each work unit goes to one worker, the units with
+    the most processes to start first, so that the last ones handed out are short and both workers
+    finish together. The order within a weight stays pytest-randomly's."""
+    units: dict[str, list[pytest.Item]] = {}
+    for item in items:
+        unit = _work_unit(item)
+        item.add_marker(pytest.mark.xdist_group(unit))
+        units.setdefault(unit, []).append(item)
+    weight = {unit: sum(20 if i.get_closest_marker("slow") else 1 for i in unit_items)
+              for unit, unit_items in units.items()}
+    items.sort(key=lambda item: -weight[_work_unit(item)])
 
 
 @pytest.fixture(autouse=True)

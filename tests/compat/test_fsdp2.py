@@ -23,7 +23,7 @@ TORCHRUN = [PY, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node
 STEPS = 24
 WORLD = 2
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.cell("fsdp2_mixed_precision")]
 
 
 def _padded_numel(shape: tuple[int, ...]) -> int:

@@ -6,7 +6,6 @@ from __future__ import annotations
 import json
 import re
 import shutil
-import socket
 import subprocess
 import time
 import urllib.parse
@@ -14,13 +13,9 @@ import urllib.request
 from pathlib import Path
 from typing import Any
 
+from tests.helpers.net import free_port
+
 DASHBOARD = Path(__file__).resolve().parents[2] / "docs" / "grafana-perfmon.json"
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def dashboard_queries(job: str) -> dict[str, str]:

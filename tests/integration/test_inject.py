@@ -263,13 +263,15 @@ def _rank_stacks(launcher: subprocess.Popen) -> str:
 def test_a_torchrun_launcher_pid_injects_every_rank(tmp_path, method):
     ready = tmp_path / "ready"
     ready.mkdir()
-    launcher = subprocess.Popen([PY, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
-                                 str(SCRIPTS / "inject_ddp.py"), "--ready", str(ready)],
-                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    log = tmp_path / "job.log"      # the ranks' own words (a probe's problem is said there), read on failure
+    with log.open("w") as out:
+        launcher = subprocess.Popen([PY, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
+                                     str(SCRIPTS / "inject_ddp.py"), "--ready", str(ready)],
+                                    stdout=out, stderr=subprocess.STDOUT, text=True)
     try:
         wait_for(lambda: len(list(ready.glob("[0-9]"))) == 2, timeout=60, what="both ranks training")
         inject = perfmon("inject", str(launcher.pid), "--timeout", "30", "--method", method)
-        assert inject.returncode == 0, inject.stderr + _rank_stacks(launcher)
+        assert inject.returncode == 0, inject.stderr + _rank_stacks(launcher) + log.read_text()[-3000:]
         lines = [line for line in inject.stdout.splitlines() if line.startswith("injected")]
         assert len(lines) == 2
         job = lines[0].split("job ")[1].split()[0]
@@ -289,11 +291,11 @@ def test_a_torchrun_launcher_pid_injects_every_rank(tmp_path, method):
         assert detach.returncode == 0, detach.stderr
         assert detach.stdout.count("detached") == 2
         launcher.send_signal(signal.SIGTERM)
-        out, err = launcher.communicate(timeout=60)
+        launcher.wait(timeout=60)
     finally:
         kill_tree(launcher)         # its ranks too, should they hang
     ends = [json.loads(path.read_text()) for path in sorted(ready.glob("end-*.json"))]
-    assert sorted(end["rank"] for end in ends) == [0, 1], err[-2000:]
+    assert sorted(end["rank"] for end in ends) == [0, 1], log.read_text()[-2000:]
     for end in ends:        # DDP's comm hook cannot be removed: an injected probe never registers one
         assert end["ddp_attrs"] == [] and end["comm_hooks"] == 0
         assert not [name for name in end["threads"] if name.startswith("perfmon")]

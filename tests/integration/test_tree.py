@@ -18,7 +18,8 @@ from pathlib import Path
 
 import pytest
 
-from tests.helpers.prometheus import Prometheus, dashboard_queries, free_port
+from tests.helpers.net import free_port
+from tests.helpers.prometheus import Prometheus, dashboard_queries
 from tests.integration.streamutil import kill_tree
 
 pytestmark = pytest.mark.slow

@@ -109,6 +109,24 @@ def test_a_process_that_has_perfmons_probe_already_is_not_entered_again(tmp_path
     assert "/nonexistent" not in sys.path
 
 
+def test_a_socket_path_too_long_for_a_unix_socket_is_refused_before_any_hook(monkeypatch):
+    """The probe would start with no live view, and ``perfmon inject`` would wait for a socket that
+    cannot appear: the injected install says why at once and leaves nothing installed."""
+    from probe import auto
+
+    deep = "/tmp/" + "d" * 80
+    monkeypatch.setenv("PERFMON_DIR", deep)
+    monkeypatch.delenv("PERFMON_JOB", raising=False)
+    answer = target_side.install(set(sys.modules), job="a-job")
+    path = f"{deep}/a-job.r0.x0.p{os.getpid()}.sock"
+    assert answer == {"ok": False, "message": f"the socket path {path} is {len(path)} bytes, over the 107 a Unix "
+                                              "socket takes: set PERFMON_DIR to a shorter directory"}
+    assert not auto.active() and not target_side.installed()
+    monkeypatch.setenv("PERFMON_DIR", "/tmp/" + "d" * 60)      # 107 bytes or less: no refusal for the path
+    from probe import lifecycle
+    assert lifecycle.socket_path("a-job").name == f"a-job.r0.x0.p{os.getpid()}.sock"
+
+
 def test_the_code_enters_through_a_thread_parked_in_the_kernel_never_a_busy_one():
     parked = threading.Event()
     waiter = threading.Thread(target=parked.wait, name="parked")
