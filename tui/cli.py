@@ -109,13 +109,15 @@ def build_parser() -> argparse.ArgumentParser:
     record.add_argument("target", nargs="?", help="job name, pid or socket path (default: the only job)")
     record.add_argument("-o", "--output", required=True, metavar="DIR", help="directory for the recording files")
     record.add_argument("--seconds", type=float, default=None,
-                        help="stop after this long (default: until the job ends)")
+                        help="stop after this long, counted once every rank or host has answered (default: until the job "
+                             "ends)")
     _hosts_options(record)
 
     report = sub.add_parser("report", help="summary with the verdict, from a recording or a live job")
     report.add_argument("target", help="recording file or directory, or a live job (name, pid, socket)")
     report.add_argument("--json", action="store_true", help="print the report JSON (schema perfmon.report/2)")
-    report.add_argument("--seconds", type=float, default=5.0, help="for a live job: how long to gather")
+    report.add_argument("--seconds", type=float, default=5.0,
+                        help="for a live job: how long to gather, counted once every rank or host has answered")
     report.add_argument("--html", metavar="OUT.html", default=None,
                         help="also write the whole run as one self-contained HTML page (charts, offline)")
     _hosts_options(report)

@@ -78,11 +78,8 @@ def test_one_report_of_four_ranks_on_two_nodes_names_the_straggler_and_its_node(
 
 
 def test_unreachable_jobless_and_other_version_hosts_are_one_line_each_and_the_rest_report(two_nodes):
-    deadline = time.monotonic() + 60
-    while True:     # the relays start through ssh in a second or two, longer on a busy machine
-        out = _report(two_nodes, "n01,down,n03,old", seconds=3)
-        if (out.returncode == 0 and "n03: perfmon relay" in out.stderr) or time.monotonic() > deadline:
-            break
+    # the 3 seconds count from the moment every host's relay has answered or failed, however long ssh took
+    out = _report(two_nodes, "n01,down,n03,old", seconds=3)
     assert out.returncode == 0, out.stderr
     lines = out.stderr.strip().splitlines()
     assert "perfmon report: down: ssh: connect to host down port 22: Connection refused" in lines

@@ -4,6 +4,7 @@ ends, and turns a stream's protocol problem into one ``StreamError`` line."""
 
 from __future__ import annotations
 
+import asyncio
 import socket
 import threading
 import time
@@ -14,7 +15,8 @@ import probe
 from perfmon_analysis.analysis import Analysis
 from probe import wire
 from tui.stream.discovery import Endpoint, resolve_live
-from tui.stream.feed import LiveFeed, follow
+from tui.stream import feed as feed_module
+from tui.stream.feed import Feed, LiveFeed, StreamStatus, follow
 from tui.stream.sources import StreamError
 
 
@@ -97,3 +99,52 @@ def test_each_attach_gets_the_backfill_as_it_is_then():
             assert analysis.view().metrics.steps == total
     finally:
         mon.close()
+
+
+class _LateFeed(Feed):
+    """A source that answers ``after`` seconds into the watch (a relay that ssh takes that long to
+    start), or never; it notes when it answered."""
+
+    def __init__(self, after: float | None) -> None:
+        super().__init__(Analysis())
+        self.after = after
+        self.answered_at: float | None = None
+        self.streams["relay"] = StreamStatus("relay", "relay")
+
+    async def run(self) -> None:
+        if self.after is not None:
+            await asyncio.sleep(self.after)
+            self.streams["relay"].state = "live"
+            self.answered_at = time.monotonic()
+        await asyncio.Event().wait()
+
+
+def test_the_watch_counts_from_the_sources_answer_not_from_the_start():
+    feed = _LateFeed(after=0.4)
+    t0 = time.monotonic()
+    follow(feed, seconds=0.3)
+    done = time.monotonic()
+    assert feed.answered_at is not None and feed.answered_at - t0 >= 0.4
+    assert done - feed.answered_at >= 0.3      # the whole watch after the answer: 0.7 s or more in all
+
+
+def test_a_source_that_never_answers_is_waited_for_at_most_the_answer_limit(monkeypatch):
+    monkeypatch.setattr(feed_module, "ANSWER_LIMIT_S", 0.2)
+    feed = _LateFeed(after=None)
+    t0 = time.monotonic()
+    follow(feed, seconds=0.1)
+    took = time.monotonic() - t0
+    assert feed.answered_at is None and 0.3 <= took < 5.0     # the limit, then the watch; not forever
+
+
+def test_hosts_have_answered_once_every_relay_said_hello_or_failed():
+    from tui.stream.remote import RelayFeed
+
+    feed = RelayFeed(Analysis(), "job", ["n01", "n02", "n03"], "true {host}")
+    assert not feed.answered
+    states = {"n01": "live", "n02": "error", "n03": "restarting"}
+    for host, state in states.items():
+        feed.relays[host].state = state
+    assert not feed.answered                   # n03's relay is being started again
+    feed.relays["n03"].state = "exited"
+    assert feed.answered and not feed.streams  # no rank yet: the hosts, not the ranks, answer

@@ -33,6 +33,8 @@ RESCAN_SECONDS = 1.0        # how often a live feed looks for restarted or new r
 CONNECT_TIMEOUT = 2.0
 REPLAY_TICK = 0.05          # replay clock resolution
 INGEST_SLICE = 4000         # records ingested before yielding to the UI (big recordings)
+ANSWER_LIMIT_S = 30.0       # follow(seconds): the longest wait for every source's first answer before counting
+ANSWER_POLL_S = 0.05
 SPEEDS = (0.25, 0.5, 1.0, 2.0, 4.0, 8.0, 16.0, 64.0)
 
 
@@ -127,6 +129,11 @@ class Feed:
     def ended(self) -> bool:
         """Every stream has finished (exited, lost, failed, or the replay reached its end)."""
         return bool(self.streams) and all(s.state in ("exited", "lost", "error", "done") for s in self.streams.values())
+
+    @property
+    def answered(self) -> bool:
+        """Every source has answered (its first record) or failed: a watch of ``seconds`` counts from here."""
+        return bool(self.streams) and all(s.state != "connecting" for s in self.streams.values())
 
     @property
     def flowing(self) -> bool:
@@ -283,7 +290,9 @@ async def _pump(feed: Feed, status: StreamStatus, stream: LiveStream, reader: as
 
 def follow(feed: Feed, seconds: float | None = None) -> None:
     """Run ``feed`` without a UI until every stream ends or ``seconds`` pass (``perfmon record``,
-    ``report`` and the headless demo read through the same reader as the TUI).
+    ``report`` and the headless demo read through the same reader as the TUI). The seconds count from
+    the moment every source has answered or failed (``Feed.answered``), at most ``ANSWER_LIMIT_S`` after
+    the start: relays started over ssh take seconds to come up, and that time is not the job's.
 
     Raises ``StreamError`` with the first stream's one-line error (wrong version, bad frame,
     permission), after the other streams' records are in."""
@@ -296,6 +305,10 @@ def follow(feed: Feed, seconds: float | None = None) -> None:
 async def _follow(feed: Feed, seconds: float | None) -> None:
     task = asyncio.ensure_future(feed.run())
     try:
+        if seconds is not None:
+            deadline = time.monotonic() + ANSWER_LIMIT_S
+            while not (feed.answered or feed.ended) and time.monotonic() < deadline and not task.done():
+                await asyncio.sleep(ANSWER_POLL_S)
         await asyncio.wait_for(feed.wait_ended(), seconds)
     except asyncio.TimeoutError:
         pass

@@ -140,6 +140,11 @@ class RelayFeed(Feed):
         """Every host's relay has finished (its ranks ended, or it failed and is not started again)."""
         return all(s.state in ("exited", "lost", "error") for s in self.relays.values())
 
+    @property
+    def answered(self) -> bool:
+        """Every host's relay has answered (its hello) or failed."""
+        return all(s.state not in ("connecting", "restarting") for s in self.relays.values())
+
     def state_line(self) -> str:
         line = super().state_line() if self.streams else "connecting to the relays"
         failed = [s.stream_id for s in self.relays.values() if s.state == "error"]
