@@ -109,8 +109,8 @@ def build_parser() -> argparse.ArgumentParser:
     record.add_argument("target", nargs="?", help="job name, pid or socket path (default: the only job)")
     record.add_argument("-o", "--output", required=True, metavar="DIR", help="directory for the recording files")
     record.add_argument("--seconds", type=float, default=None,
-                        help="stop after this long, counted once every rank or host has answered (default: until the job "
-                             "ends)")
+                        help="stop after this long, counted once every rank or host has answered "
+                             "(default: until the job ends)")
     _hosts_options(record)
 
     report = sub.add_parser("report", help="summary with the verdict, from a recording or a live job")

@@ -14,8 +14,8 @@ import pytest
 import probe
 from perfmon_analysis.analysis import Analysis
 from probe import wire
-from tui.stream.discovery import Endpoint, resolve_live
 from tui.stream import feed as feed_module
+from tui.stream.discovery import Endpoint, resolve_live
 from tui.stream.feed import Feed, LiveFeed, StreamStatus, follow
 from tui.stream.sources import StreamError
 
