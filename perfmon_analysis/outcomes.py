@@ -13,6 +13,7 @@ from typing import Any
 
 from perfmon_analysis import units
 from perfmon_analysis.advice import PARALLELISM, comm_fixes, comm_what, exposed_split, loader_fixes, parallelism
+from perfmon_analysis.buffers import MIN_STEPS
 from perfmon_analysis.explain import gaps_lost, peak_note, tensor_active, where_text, who
 from perfmon_analysis.flowchart import FILL_CRIT, LATE_GAP_MIN, LOADER_MAIN, Answer, Explained, Losses, Outcome, round4
 from perfmon_analysis.health_verdict import Crashed, memory_explained, memory_severity
@@ -110,7 +111,8 @@ class WarmingUp(Outcome):
 
     def explain(self, view: JobView, straggler: int | None, losses: Losses,
                 answers: Answers) -> Explained:
-        return "Warming up", [], {}
+        steps = max((r.window_steps for r in view.ranks), default=0)
+        return f"Warming up: {steps} of {MIN_STEPS} steps seen, no verdict yet", [], {"steps": view.metrics.steps}
 
 
 class MemoryFull(Outcome):

@@ -28,7 +28,6 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from perfmon_analysis import straggler_verdict, units
-from perfmon_analysis.buffers import MIN_STEPS
 from perfmon_analysis.explain import findings as secondary_findings, where_text  # findings: beside the outcome
 from perfmon_analysis.flowchart import Answer, Chart, Losses, Outcome, round4
 from perfmon_analysis.gains import Gains, estimate as estimate_gains
@@ -175,10 +174,6 @@ def _before_walk(outcome: Outcome, view: JobView, losses: Losses, answers: dict[
     if view.stuck is not None and outcome.id == "stuck":
         culprits = view.stuck.culprit_ranks
         culprit = culprits[0] if len(culprits) == 1 else None
-    if outcome.id == "warming_up":
-        steps = max((r.window_steps for r in view.ranks), default=0)
-        headline = f"Warming up: {steps} of {MIN_STEPS} steps seen, no verdict yet"
-        extra = {"steps": view.metrics.steps}
     return Verdict(outcome.id, outcome.severity(view, losses), headline, [], extra, suggestions, culprit,
                    secondary_findings(view), losses=losses, stuck=view.stuck if outcome.id == "stuck" else None,
                    straggler_host=_host_of(view, culprit), where=view.where, answers=answers)

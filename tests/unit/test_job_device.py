@@ -95,9 +95,10 @@ def test_a_cpu_model_on_a_gpu_host_is_a_cpu_job(simulated_cuda, simulated_nvml, 
     view = run.view()
     verdict = V.evaluate(view)
     assert view.device_type == "cpu" and view.metrics.device_busy_source == "thread_cpu"
-    # judged as the CPU job it is: healthy, or host_wait where a loaded host took the CPU from its
-    # thread; never host_overhead, as the idle host GPU would have it
-    assert verdict.bottleneck in ("healthy", "host_wait"), verdict.headline
+    # judged as the CPU job it is, on its thread's CPU; never from the idle host GPU (host_overhead,
+    # low fill, syncs), whatever a loaded machine's scheduler took from the thread between its steps
+    assert verdict.bottleneck not in ("host_overhead", "low_fill", "host_sync", "not_measured"), verdict.headline
+    assert "GPU" not in verdict.headline and "CUDA" not in verdict.headline, verdict.headline
 
 
 def test_watch_before_cuda_follows_the_model_to_the_gpu(simulated_cuda, simulated_nvml, tmp_path):
