@@ -10,11 +10,25 @@ import dataclasses
 import pytest
 
 from perfmon_analysis import units
-from perfmon_analysis.flowchart import MEMORY_PEAK_MAX, Answer
+from perfmon_analysis.flowchart import HOST_AHEAD_SHARE, MEMORY_PEAK_MAX, Answer
 from perfmon_analysis.health import JobHealth
 from perfmon_analysis.losses import Loss
 from perfmon_analysis.memory_growth import MemoryGrowth
-from perfmon_analysis.questions import Memory, ask_largest, busy_missing, qualifying
+from perfmon_analysis.questions import (
+    CommExposed,
+    DeviceBusy,
+    HostWaiting,
+    LoopFeeds,
+    LoopWaiting,
+    Memory,
+    Mfu,
+    Straggler,
+    Syncs,
+    ask_largest,
+    busy_missing,
+    in_loop,
+    qualifying,
+)
 from perfmon_analysis.views import JobView, MemoryMetrics
 from tests.unit.verdict_synth import Rank, job
 
@@ -89,3 +103,86 @@ def test_a_loss_is_the_cause_only_over_its_threshold_and_when_none_over_theirs_i
         ("yes", 0.2, MEMORY_PEAK_MAX, "", "", True)
     assert qualifying((Loss("data_wait", "d", 0.05, "s"), Loss("memory", "m", 0.9, "s"))) == \
         [Loss("data_wait", "d", 0.05, "s")]
+
+
+# -- each question on planted losses and metrics -------------------------------------------------------
+def _losses(**shares: float | None) -> tuple[Loss, ...]:
+    """Every loss the questions read, each unmeasured unless given."""
+    ids = ("data_wait", "comm_exposed", "loop", "device_idle", "step_gaps")
+    return tuple(Loss(i, i.replace("_", " "), shares.get(i), "planted" if shares.get(i) is not None else "not planted")
+                 for i in ids)
+
+
+def _with(view: JobView, **metrics) -> JobView:
+    return dataclasses.replace(view, metrics=dataclasses.replace(view.metrics, **metrics))
+
+
+def test_busy_while_the_loop_runs_takes_the_pauses_out_and_never_passes_one():
+    assert (in_loop(None, 0.2), in_loop(0.5, None), in_loop(0.5, 1.0), in_loop(0.5, 1.5)) == (None, 0.5, 0.5, 0.5)
+    assert (in_loop(0.4, 0.5), in_loop(0.9, 0.5), in_loop(0.5, 0.0)) == (0.8, 1.0, 0.5)
+
+
+def test_device_busy_says_when_it_was_judged_with_the_pauses_out():
+    view = _with(_view(), device_busy=0.6, device_busy_source="thread_cpu")
+    paused = DeviceBusy().ask(view, _losses(step_gaps=0.25))
+    assert (paused.answer, paused.reason, paused.measure) == \
+        ("no", "thread_cpu", "busy while the loop runs (pauses between steps out)")
+    assert paused.value == pytest.approx(0.8)
+    plain = DeviceBusy().ask(view, _losses(step_gaps=0.0))
+    assert (plain.answer, plain.value, plain.measure) == ("yes", 0.6, "")
+
+
+def test_syncs_that_leave_the_device_busy_cost_little_and_unknown_idle_leaves_them_unasked():
+    cuda = dataclasses.replace(_with(_view(), syncs_per_step=3.0), device_type="cuda")
+    little = Syncs().ask(cuda, _losses(device_idle=0.05))
+    assert _said(little) == ("no", 3.0, 1.0, "the device idles only 5% of the step: the syncs cost little",
+                             "device idle 5% < 10%", True)
+    assert _said(Syncs().ask(cuda, _losses(device_idle=0.1))) == ("yes", 3.0, 1.0, "", "", True)
+    assert _said(Syncs().ask(cuda, _losses())) == (
+        None, None, 1.0, "device idle in time not measured: the time syncs cost cannot be told", "", True)
+
+
+def test_the_loops_wait_and_feed_questions_say_what_they_judged():
+    view = _with(_view(), loop_wait_frac=0.75, loop_prep_frac=0.25)
+    assert _said(LoopWaiting().ask(view, _losses())) == (
+        "yes", 0.75, 0.5, "the training thread's time off CPU between steps", "", True)
+    assert _said(LoopFeeds().ask(view, _losses())) == (
+        "no", 0.25, 0.5, "busy between-step samples before the step's lines", "", True)
+
+
+def test_a_comm_status_with_idle_unexplained_on_several_ranks_is_not_measured():
+    two = dataclasses.replace(_view(), world_size=2, comm_status="NCCL: all_to_all not hooked")
+    a = CommExposed().ask(two, _losses(comm_exposed=0.05, device_idle=0.3))
+    assert (a.answer, a.reason, a.otherwise) == (
+        None, "NCCL: all_to_all not hooked (the 5% timed is the other collectives)", "not_measured")
+    for view, losses in ((dataclasses.replace(two, comm_status=None), _losses(comm_exposed=0.05, device_idle=0.3)),
+                         (dataclasses.replace(two, world_size=1), _losses(comm_exposed=0.05, device_idle=0.3)),
+                         (two, _losses(comm_exposed=0.05, device_idle=0.09)),
+                         (two, _losses(comm_exposed=0.3, device_idle=0.3))):
+        assert CommExposed().ask(view, losses).answer is not None
+    assert CommExposed().ask(two, _losses(comm_exposed=0.05, device_idle=0.1)).otherwise == "not_measured"
+    one_rank_of_two = dataclasses.replace(two, world_size=1, ranks=two.ranks * 2)
+    assert CommExposed().ask(one_rank_of_two, _losses(comm_exposed=0.05, device_idle=0.3)).otherwise == "not_measured"
+    assert CommExposed().ask(dataclasses.replace(two, world_size=3), _losses(comm_exposed=0.05, device_idle=0.09)) \
+        .answer == "no"
+
+
+def test_a_cpu_jobs_host_wait_is_its_whole_unexplained_loss_and_a_cuda_jobs_counts_its_samples():
+    assert _said(HostWaiting().ask(_view(), _losses(device_idle=0.2))) == (
+        "yes", 1.0, 0.5, "CPU job: the unexplained loss is the training thread's time off CPU", "", True)
+    cuda = dataclasses.replace(_with(_view(), host_wait_frac=0.25, host_queued_whole_frac=0.25), device_type="cuda",
+                               where=None)
+    assert _said(HostWaiting().ask(cuda, _losses())) == ("no", 0.25, 0.5, "0 stack samples", "", True)
+    ahead = HostWaiting().ask(_with(cuda, host_queued_whole_frac=HOST_AHEAD_SHARE), _losses())
+    assert (ahead.answer, ahead.applies) == (None, False)
+
+
+def test_a_cpu_job_has_no_tensor_cores_to_ask_about():
+    cpu = _with(_view(), mfu=None)
+    assert Mfu().ask(cpu, _losses()).reason == "CPU job: no peak FLOP/s known (set PERFMON_PEAK_TFLOPS for an MFU)"
+
+
+def test_two_ranks_seen_in_a_job_without_a_world_size_have_a_peer():
+    two = dataclasses.replace(_with(_view(), compute_ratio=None), world_size=1, ranks=_view().ranks * 2)
+    assert (Straggler().ask(two, _losses()).reason, Straggler().ask(two, _losses()).applies) == \
+        ("needs compute time of two or more ranks", True)
