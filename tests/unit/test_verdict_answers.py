@@ -5,8 +5,9 @@ screen show these words beside each number, so a reason that names the wrong qua
 that drops what decided it fails here.
 
 ``verdict_answers.json`` holds them, one line per question, as [answer, value (4 places), threshold,
-reason, measure, decided_by, otherwise, applies, silent]: written from the code and read line by line; a
-change of wording changes that file with it."""
+reason, measure, decided_by, otherwise, applies, silent]; ``verdict_findings.json`` each verdict's findings and
+the report's verdict keys no headline shows. Both were written from the code and read line by line; a change
+of wording changes the file with it."""
 
 from __future__ import annotations
 
@@ -36,3 +37,18 @@ def test_the_golden_file_has_every_view_and_every_question():
 def test_each_question_answers_in_its_own_words(name):
     answers = V.evaluate(VIEWS[name]()).answers
     assert {q: said(a) for q, a in answers.items()} == GOLDEN[name]
+
+
+# The findings beside the outcome (the losses it does not name, where the host spends them, what else is
+# wrong) and the report JSON's verdict keys that no headline shows: the loss named, what was not measured
+# and why, the straggler's host, what fixing it buys, what stayed undecided, the sampled lines, a stuck job.
+FINDINGS = json.loads((Path(__file__).parent / "verdict_findings.json").read_text())
+JSON_KEYS = ("loss", "unknown", "straggler_host", "gain_headline", "gains_combined", "gains_basis", "undecided",
+             "where", "stuck")
+
+
+@pytest.mark.parametrize("name", list(VIEWS))
+def test_each_verdicts_findings_and_report_keys_golden(name):
+    v = V.evaluate(VIEWS[name]())
+    out = json.loads(json.dumps(v.as_json()))            # as the report writes it
+    assert {"findings": json.loads(json.dumps(v.findings)), "json": {k: out[k] for k in JSON_KEYS}} == FINDINGS[name]
