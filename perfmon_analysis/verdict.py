@@ -89,8 +89,9 @@ class Verdict:
 
     def gain_headline(self, price: float | None = None, compact: bool = False) -> str | None:
         """What fixing the named loss buys ('fixing it: up to 1.4× faster, 3.1 GPU-h/day'); a healthy
-        job that loses time between steps is priced on that time."""
-        if self.gains is None or self.bottleneck in ("crashed", "stuck", "warming_up"):
+        job that loses time between steps is priced on that time. The outcomes before the walk (crashed,
+        stuck, warming up) have no gains to price."""
+        if self.gains is None:
             return None
         loss = self.loss or ("step_gaps" if self.bottleneck == "healthy" and self.severity != "ok" else None)
         return self.gains.headline(loss, price, compact)

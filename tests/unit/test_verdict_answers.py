@@ -11,6 +11,7 @@ of wording changes the file with it."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from pathlib import Path
 
@@ -19,6 +20,7 @@ import pytest
 from perfmon_analysis import verdict as V
 from perfmon_analysis.flowchart import Answer
 from tests.unit.test_verdict_explain import VIEWS
+from tests.unit.verdict_synth import T0, Rank, between, job
 
 GOLDEN = json.loads((Path(__file__).parent / "verdict_answers.json").read_text())
 
@@ -52,3 +54,19 @@ def test_each_verdicts_findings_and_report_keys_golden(name):
     v = V.evaluate(VIEWS[name]())
     out = json.loads(json.dumps(v.as_json()))            # as the report writes it
     assert {"findings": json.loads(json.dumps(v.findings)), "json": {k: out[k] for k in JSON_KEYS}} == FINDINGS[name]
+
+
+def test_a_loss_the_outcome_does_not_name_says_where_the_samples_found_the_thread():
+    """The unexplained device idle names the top waiting line in steps; the loop's work, the top line
+    between steps, whatever its state."""
+    idle = V.evaluate(dataclasses.replace(VIEWS["data_loading_main_process"](), where=VIEWS["host_wait_cpu"]().where))
+    assert idle.bottleneck == "data_loading"
+    assert [f["message"] for f in idle.findings if f["id"] == "device_idle"] == [
+        "device idle, no other cause also takes 25% of each step (most waiting in time.sleep(0.04) at train.py:21 in "
+        "fetch_from_service)"]
+    view = job(Rank(gap=0.03, extra_records=[between(T0, T0 + 3.0, [(60, "busy", 10, 0)])])).view()
+    loop = V.evaluate(dataclasses.replace(view, metrics=dataclasses.replace(
+        view.metrics, data_wait_frac=0.4, loader_workers=0, data_cpu_frac=0.01)))
+    assert (loop.bottleneck, loop.loss) == ("data_loading", "data_wait")
+    assert [f["message"] for f in loop.findings if f["id"] == "loop"] == [
+        "loop work between steps also takes 30% of each step (most busy in train at train.py:60 in train)"]
