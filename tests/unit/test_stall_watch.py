@@ -299,8 +299,10 @@ def test_in_a_real_gloo_group_the_generic_recorder_is_read_and_nccls_too_where_t
     name, world = "world", flight["groups"]["world"]
     assert world["enqueued"] >= 2 and world["backend"] == "gloo"
     assert all((e["op"], e["backend"]) == ("all_reduce", "gloo") for e in flight["entries"])
-    deadline = time.monotonic() + 10      # gloo retires an entry on its own thread, after the call returned
-    while flight["entries"] and time.monotonic() < deadline:
+    # gloo retires an entry and counts it completed on its own thread, after the call returned: wait for both
+    deadline = time.monotonic() + 10
+    while (flight["entries"] or flight["groups"][name]["completed"] != world["enqueued"]) \
+            and time.monotonic() < deadline:
         flight = F.flight_recorder()["flight"]
     assert flight["entries"] == [] and flight["groups"][name]["completed"] == world["enqueued"]
     # a CUDA build adds ProcessGroupNCCL's recorder (this CPU build has none: stand one in)
