@@ -67,3 +67,25 @@ def test_a_recorded_rank_viewed_with_a_live_clock_is_not_silent():
     assert r.silent_s is None and r.since_last_step_s == pytest.approx(2.0)
     hello_only = feed(records(Rank(steps=0)))                    # a process that died before its first step
     assert hello_only.view(now=T0 + 3.0, clock=500.0).ranks[0].silent_s is None
+
+
+def test_every_per_rank_buffer_is_bounded_by_its_own_limit():
+    """A rank that streams for days holds a bounded history: each record kind's deque keeps its limit."""
+    from perfmon_analysis import buffers as B
+    from tests.helpers import records as Rec
+
+    state = B.RankState(0, "r0", Rec.hello(0, t=T0), 0)
+    limits = {"samples": B.SAMPLE_BUFFER, "cpu": B.SAMPLE_BUFFER, "memory": B.MEMORY_BUFFER, "comm": B.COMM_BUFFER,
+              "events": B.EVENT_BUFFER, "where": B.WHERE_BUFFER, "ops": B.OPS_BUFFER, "steps": STEP_BUFFER}
+    assert {name: getattr(state, name).maxlen for name in limits} == limits
+
+
+def test_a_repeated_hello_replaces_the_first_and_marks_the_rank_changed():
+    from perfmon_analysis import buffers as B
+    from tests.helpers import records as Rec
+
+    state = B.RankState(0, "r0", Rec.hello(0, t=T0), 0)
+    before = state.version
+    again = Rec.hello(0, t=T0 + 5, pid=4242)
+    state.set_hello(again)
+    assert (state.hello, state.info.pid, state.version) == (again, 4242, before + 1)
